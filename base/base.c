@@ -1,0 +1,128 @@
+#define _POSIX_C_SOURCE 200809L
+#include "base.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+int sp_fail(sp_err *e, int code, const char *fmt, ...)
+{
+    if (e && e->code == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+        e->code = code;
+    }
+    return code;
+}
+
+void sp_err_prefix(sp_err *e, const char *fmt, ...)
+{
+    char pre[1024], old[sizeof e->msg];
+    va_list ap;
+    if (!e || e->code == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    memcpy(old, e->msg, sizeof old);
+    snprintf(e->msg, sizeof e->msg, "%s%s", pre, old);
+}
+
+void sp_err_clear(sp_err *e)
+{
+    e->code = 0;
+    e->msg[0] = 0;
+}
+
+uint16_t sp_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float sp_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float sp_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)man, -24); /* zero or subnormal */
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t sp_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    float a = fabsf(f);
+    if (a != a)
+        return (uint16_t)(sign | 0x7e00u);
+    if (a >= 65520.0f)
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 6.103515625e-05f) /* subnormal: round a * 2^24 to nearest even */
+        return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f));
+    memcpy(&u, &a, 4);
+    uint32_t exp = (u >> 23) - 112u, man = u & 0x7fffffu;
+    uint32_t h = (exp << 10) | (man >> 13);
+    uint32_t rest = man & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+float sp_rng_normal(uint64_t seed, uint64_t ctr)
+{
+    /* u1 in (0, 1] so the log is finite */
+    double u1 = ((double)(sp_rng_u64(seed, 2 * ctr) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(sp_rng_u64(seed, 2 * ctr + 1) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+double sp_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double sp_wall_time(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t sp_fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}

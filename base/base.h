@@ -1,0 +1,79 @@
+/* base/base.h — what every module shares: the error record and exit codes,
+ * bf16/f16 conversion, a counter-based RNG (identical on CPU and GPU), and
+ * a monotonic clock. Owns no state: every function is pure or reads the clock. */
+#ifndef SPOTUNE_BASE_H
+#define SPOTUNE_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exit codes, as DESIGN.md fixes them. */
+enum {
+    SP_OK = 0,
+    SP_EXIT_OTHER = 1,     /* anything else */
+    SP_EXIT_USAGE = 2,     /* usage or config error */
+    SP_EXIT_INPUT = 3,     /* bad model, data or checkpoint input */
+    SP_EXIT_PREEMPTED = 75 /* stopped on a signal after a complete checkpoint */
+};
+
+/* An error travels up as a return code plus this record; the first failure
+ * wins so the message names the root cause, not a later symptom. */
+typedef struct sp_err {
+    int code;
+    char msg[2048];
+} sp_err;
+
+#if defined(__GNUC__)
+#define SP_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define SP_PRINTF(a, b)
+#endif
+
+/* Records the error (if none is recorded yet) and returns code. */
+int sp_fail(sp_err *e, int code, const char *fmt, ...) SP_PRINTF(3, 4);
+/* Prefixes context to an already recorded message ("file.h5: " + msg). */
+void sp_err_prefix(sp_err *e, const char *fmt, ...) SP_PRINTF(2, 3);
+void sp_err_clear(sp_err *e);
+
+/* float <-> bfloat16 (round to nearest even, NaN kept NaN), f16 -> float. */
+uint16_t sp_f32_to_bf16(float f);
+float sp_bf16_to_f32(uint16_t h);
+float sp_f16_to_f32(uint16_t h);
+uint16_t sp_f32_to_f16(float f);
+
+/* Counter-based RNG: value i of stream (seed, offset) is a pure function, so
+ * a GPU kernel, a CPU loop and a resumed run all draw the same numbers with no
+ * state to save. sp_rng_u64 is SplitMix64's finaliser over a mixed key. */
+static inline uint64_t sp_mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static inline uint64_t sp_rng_u64(uint64_t seed, uint64_t ctr)
+{
+    return sp_mix64(sp_mix64(seed) ^ ctr);
+}
+/* Uniform in [0, 1) with 24 random bits (exact in float). */
+static inline float sp_rng_uniform(uint64_t seed, uint64_t ctr)
+{
+    return (float)(sp_rng_u64(seed, ctr) >> 40) * (1.0f / 16777216.0f);
+}
+/* Derives an independent stream seed from a parent seed and a tag. */
+static inline uint64_t sp_rng_stream(uint64_t seed, uint64_t tag)
+{
+    return sp_mix64(seed ^ sp_mix64(tag + 0x632be59bd9b4e019ULL));
+}
+/* Standard normal via Box-Muller from two draws (ctr*2, ctr*2+1). */
+float sp_rng_normal(uint64_t seed, uint64_t ctr);
+
+/* Seconds on a monotonic clock; wall-clock seconds since the epoch. */
+double sp_now(void);
+double sp_wall_time(void);
+
+/* FNV-1a 64-bit over bytes, chainable (pass the previous hash as h). */
+#define SP_FNV_INIT 0xcbf29ce484222325ULL
+uint64_t sp_fnv1a(uint64_t h, const void *data, size_t n);
+
+#endif

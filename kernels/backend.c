@@ -1,0 +1,188 @@
+/* Backend selection, dtype helpers and the host-side conversions shared by
+ * every backend. */
+#include "backend.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_backend.h"
+#ifdef SPOTUNE_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+size_t dtype_size(dtype_t dt)
+{
+    switch (dt) {
+    case DT_F32: return 4;
+    case DT_BF16: return 2;
+    case DT_F16: return 2;
+    case DT_I32: return 4;
+    case DT_U8: return 1;
+    }
+    return 0;
+}
+
+const char *dtype_name(dtype_t dt)
+{
+    switch (dt) {
+    case DT_F32: return "F32";
+    case DT_BF16: return "BF16";
+    case DT_F16: return "F16";
+    case DT_I32: return "I32";
+    case DT_U8: return "U8";
+    }
+    return "?";
+}
+
+tensor_t tensor_view(tensor_t t, size_t off, size_t n)
+{
+    if (off > t.n || n > t.n - off) {
+        fprintf(stderr, "spotune: internal error: tensor view [%zu, +%zu) outside %zu elements\n",
+                off, n, t.n);
+        abort();
+    }
+    tensor_t v = t;
+    if (t.p)
+        v.p = (char *)t.p + off * dtype_size(t.dt);
+    v.n = n;
+    return v;
+}
+
+void be_fail(backend_t *be, const char *file, int line, const char *fmt, ...)
+{
+    if (be->err.code)
+        return;
+    char body[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    sp_fail(&be->err, SP_EXIT_OTHER, "%s backend: %s (%s:%d)", be->name, body, file, line);
+}
+
+int be_check(backend_t *be, sp_err *err)
+{
+    if (!be->err.code)
+        return 0;
+    return sp_fail(err, be->err.code, "%s", be->err.msg);
+}
+
+int dtype_convert(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, size_t n)
+{
+    if (dst_dt == src_dt) {
+        memcpy(dst, src, n * dtype_size(dst_dt));
+        return 0;
+    }
+    if (dst_dt == DT_F32) {
+        float *d = dst;
+        const uint16_t *s = src;
+        if (src_dt == DT_BF16) {
+            for (size_t i = 0; i < n; i++)
+                d[i] = sp_bf16_to_f32(s[i]);
+            return 0;
+        }
+        if (src_dt == DT_F16) {
+            for (size_t i = 0; i < n; i++)
+                d[i] = sp_f16_to_f32(s[i]);
+            return 0;
+        }
+        return -1;
+    }
+    if (dst_dt == DT_BF16 || dst_dt == DT_F16) {
+        uint16_t *d = dst;
+        uint16_t (*to)(float) = dst_dt == DT_BF16 ? sp_f32_to_bf16 : sp_f32_to_f16;
+        if (src_dt == DT_F32) {
+            const float *s = src;
+            for (size_t i = 0; i < n; i++)
+                d[i] = to(s[i]);
+            return 0;
+        }
+        if (src_dt == DT_BF16 || src_dt == DT_F16) {
+            const uint16_t *s = src;
+            float (*from)(uint16_t) = src_dt == DT_BF16 ? sp_bf16_to_f32 : sp_f16_to_f32;
+            for (size_t i = 0; i < n; i++)
+                d[i] = to(from(s[i]));
+            return 0;
+        }
+    }
+    return -1;
+}
+
+void be_upload(backend_t *be, tensor_t t, const void *src, dtype_t src_dt)
+{
+    size_t bytes = t.n * dtype_size(t.dt);
+    if (src_dt == t.dt) {
+        be->ops->h2d(be, t.p, src, bytes);
+        return;
+    }
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) {
+        be_fail(be, __FILE__, __LINE__, "out of host memory converting %zu bytes", bytes);
+        return;
+    }
+    if (dtype_convert(tmp, t.dt, src, src_dt, t.n) != 0)
+        be_fail(be, __FILE__, __LINE__, "cannot convert %s to %s", dtype_name(src_dt),
+                dtype_name(t.dt));
+    else
+        be->ops->h2d(be, t.p, tmp, bytes);
+    free(tmp);
+}
+
+void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t)
+{
+    size_t bytes = t.n * dtype_size(t.dt);
+    if (dst_dt == t.dt) {
+        be->ops->d2h(be, dst, t.p, bytes);
+        return;
+    }
+    void *tmp = malloc(bytes ? bytes : 1);
+    if (!tmp) {
+        be_fail(be, __FILE__, __LINE__, "out of host memory converting %zu bytes", bytes);
+        return;
+    }
+    be->ops->d2h(be, tmp, t.p, bytes);
+    if (dtype_convert(dst, dst_dt, tmp, t.dt, t.n) != 0)
+        be_fail(be, __FILE__, __LINE__, "cannot convert %s to %s", dtype_name(t.dt),
+                dtype_name(dst_dt));
+    free(tmp);
+}
+
+int backend_cuda_available(void)
+{
+#ifdef SPOTUNE_WITH_CUDA
+    return cuda_backend_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+int backend_create(backend_t **out, const char *kind, int device, int threads, sp_err *err)
+{
+    *out = NULL;
+    if (strcmp(kind, "auto") == 0)
+        kind = backend_cuda_available() ? "cuda" : "cpu";
+    if (strcmp(kind, "cpu") == 0)
+        return cpu_backend_create(out, threads, 0, err);
+    if (strcmp(kind, "cpu-ref") == 0)
+        return cpu_backend_create(out, threads, 1, err);
+    if (strcmp(kind, "cuda") == 0) {
+#ifdef SPOTUNE_WITH_CUDA
+        return cuda_backend_create(out, device, threads, err);
+#else
+        (void)device;
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "runtime.backend: cuda requested but this spotune was built without CUDA "
+                       "(rebuild with nvcc on PATH)");
+#endif
+    }
+    return sp_fail(err, SP_EXIT_USAGE, "unknown backend '%s' (expected auto, cpu, cpu-ref or cuda)",
+                   kind);
+}
+
+void backend_destroy(backend_t *be)
+{
+    if (be)
+        be->ops->destroy(be);
+}

@@ -1,0 +1,168 @@
+/* kernels/backend.h — the op interface the model is written against, once.
+ *
+ * Owns: device memory (tensor handles), host<->device copies, and every math
+ * op of a Llama-family training step, each backward beside its forward.
+ * Knows nothing of models, files or ranks.
+ *
+ * Conventions shared by every backend:
+ *  - Matrices are row-major. A tensor is a handle to device memory; host code
+ *    never dereferences t.p (on the CPU backend it happens to be host memory).
+ *  - be->act_dt is the dtype of activations and of the compute copy of
+ *    weights: F32 on the CPU backend, BF16 on CUDA. Reductions, norms,
+ *    softmax and the loss are computed in fp32 on every backend.
+ *  - Ops whose comment says "+=" accumulate into their output; the others
+ *    overwrite it.
+ *  - Ops do not return errors: a failure is recorded in the backend's sticky
+ *    error (first one wins, with file:line) and read with be_check().
+ */
+#ifndef SPOTUNE_BACKEND_H
+#define SPOTUNE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/base.h"
+
+typedef enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2, DT_I32 = 3, DT_U8 = 4 } dtype_t;
+
+size_t dtype_size(dtype_t dt);
+const char *dtype_name(dtype_t dt);
+
+typedef struct tensor {
+    void *p;    /* device address of element 0 */
+    size_t n;   /* number of elements */
+    dtype_t dt;
+} tensor_t;
+
+/* A view of n elements starting at element off (bounds checked: a bad view
+ * aborts the process, since it is a programming error, not bad input). */
+tensor_t tensor_view(tensor_t t, size_t off, size_t n);
+
+typedef struct adamw_args {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale; /* gradients are multiplied by this first (clipping) */
+    int64_t step;     /* 1-based, for bias correction */
+} adamw_args;
+
+typedef struct backend backend_t;
+
+typedef struct backend_ops {
+    /* memory: alloc returns zeroed memory, or a tensor with p == NULL and the
+     * sticky error set */
+    tensor_t (*alloc)(backend_t *be, dtype_t dt, size_t n);
+    void (*free)(backend_t *be, tensor_t *t);
+    void (*h2d)(backend_t *be, void *dst, const void *src, size_t bytes);
+    void (*d2h)(backend_t *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(backend_t *be, tensor_t t);
+    /* dst = src, converting between F32 and BF16 if their dtypes differ */
+    void (*copy)(backend_t *be, tensor_t dst, tensor_t src);
+    void (*sync)(backend_t *be);
+
+    /* C[M,N] = alpha * op(A) op(B) + beta * C; op(A) is M x K (A stored K x M
+     * when transA), op(B) is K x N (B stored N x K when transB). A and B are
+     * act_dt (or F32 on the CPU backend); C is act_dt or F32. */
+    void (*matmul)(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
+                   int transA, int transB, float alpha, float beta);
+
+    /* out = w * (x * rstd), rstd[r] = 1/sqrt(mean(x[r]^2) + eps) (F32) */
+    void (*rmsnorm_forward)(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
+                            int rows, int cols, float eps);
+    /* dx += d/dx, dw += d/dw (F32; skipped when dw.p == NULL) */
+    void (*rmsnorm_backward)(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
+                             tensor_t w, tensor_t rstd, int rows, int cols);
+
+    /* In place on x[B,T,nh,hd], rotate-half convention; cos, sin are F32
+     * [T, hd/2]. inverse applies the transposed rotation (the backward). */
+    void (*rope)(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T, int nh,
+                 int hd, int inverse);
+
+    /* Causal grouped-query attention, scale 1/sqrt(hd).
+     * q, out [B,T,nh,hd]; k, v [B,T,nkv,hd]; lse F32 [B,nh,T] (log-sum-exp
+     * of each softmax row, kept for the backward). dq, dk, dv overwritten. */
+    void (*attention_forward)(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
+                              tensor_t v, int B, int T, int nh, int nkv, int hd);
+    void (*attention_backward)(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
+                               tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
+                               tensor_t k, tensor_t v, int B, int T, int nh, int nkv, int hd);
+
+    /* out = silu(g) * u; backward overwrites dg, du */
+    void (*swiglu_forward)(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
+    void (*swiglu_backward)(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
+                            tensor_t u, size_t n);
+
+    /* out[i,:] = table[tokens[i],:]; tokens I32 [n]; backward: dtable += (F32) */
+    void (*embedding_forward)(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
+                              int H);
+    void (*embedding_backward)(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens,
+                               int n, int H);
+
+    /* Fused softmax cross-entropy and its backward, in place.
+     * logits [rows,V] (act_dt) becomes dlogits = (softmax - onehot)*grad_scale;
+     * loss[r] (F32) = -log softmax(logits[r])[targets[r]].
+     * targets I32; a row with target < 0 is ignored: loss 0, dlogits 0. */
+    void (*cross_entropy)(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets,
+                          int rows, int V, float grad_scale);
+
+    /* y += alpha * x */
+    void (*add)(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
+    /* y[r,:] += b;  db += sum_r dy[r,:] (F32) */
+    void (*add_bias)(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
+    void (*bias_backward)(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols);
+
+    /* out = in * keep / (1 - p), keep = uniform(seed, offset + i) >= p.
+     * The same call on gradients is the backward. p == 0 copies. */
+    void (*dropout)(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
+                    uint64_t offset);
+
+    /* sum of squares of x (F32) in double, returned to the host (synchronous);
+     * deterministic: does not depend on the number of threads */
+    double (*sumsq)(backend_t *be, tensor_t x, size_t n);
+
+    /* AdamW with decoupled decay on F32 params, grads, moments; when
+     * param_copy.p != NULL it receives the updated params in its dtype. */
+    void (*adamw)(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
+                  tensor_t v, size_t n, const adamw_args *a);
+
+    /* x[i] = lo + (hi-lo)*uniform(seed, offset+i);  x[i] = mean + std*normal(...) */
+    void (*fill_uniform)(backend_t *be, tensor_t x, size_t n, float lo, float hi, uint64_t seed,
+                         uint64_t offset);
+    void (*fill_normal)(backend_t *be, tensor_t x, size_t n, float mean, float std, uint64_t seed,
+                        uint64_t offset);
+
+    void (*destroy)(backend_t *be);
+} backend_ops;
+
+struct backend {
+    const backend_ops *ops;
+    const char *name;      /* "cpu" or "cuda" */
+    dtype_t act_dt;        /* activations and compute weights */
+    int threads;           /* host threads the backend uses */
+    size_t bytes_in_use;   /* device memory currently allocated */
+    size_t bytes_peak;
+    char device_name[128];
+    sp_err err;            /* sticky: first failure, with file:line */
+    void *impl;
+};
+
+/* Creates "cpu" or "cuda" ("auto": cuda when a device is visible, else cpu).
+ * device is the GPU ordinal (ignored by cpu); threads 0 = all cores. */
+int backend_create(backend_t **out, const char *kind, int device, int threads, sp_err *err);
+void backend_destroy(backend_t *be);
+/* 1 when this binary was built with the CUDA backend and a device is visible. */
+int backend_cuda_available(void);
+
+/* Copies the sticky error into err and returns its code (0 if none). */
+int be_check(backend_t *be, sp_err *err);
+/* Records a failure in the sticky error (first wins). */
+void be_fail(backend_t *be, const char *file, int line, const char *fmt, ...) SP_PRINTF(4, 5);
+
+/* Upload n host values of dtype src_dt into t (converting to t.dt). */
+void be_upload(backend_t *be, tensor_t t, const void *src, dtype_t src_dt);
+/* Download t into n host values of dtype dst_dt (converting). */
+void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t);
+
+/* Host-side conversion of n values between F32, BF16 and F16; I32/U8 only to
+ * themselves. Returns 0, or -1 when the pair is unsupported. */
+int dtype_convert(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, size_t n);
+
+#endif

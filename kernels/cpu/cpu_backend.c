@@ -1,0 +1,187 @@
+/* CPU backend: memory, copies and the matmul (OpenBLAS or plain loops). */
+#include "cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct cpu_impl {
+    int reference;
+} cpu_impl;
+
+static int cpu_reference(backend_t *be)
+{
+    return ((cpu_impl *)be->impl)->reference;
+}
+
+static tensor_t cpu_alloc(backend_t *be, dtype_t dt, size_t n)
+{
+    tensor_t t = {NULL, n, dt};
+    size_t bytes = n * dtype_size(dt);
+    /* 64-byte alignment for vector loads; calloc-like zeroing */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    t.p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!t.p) {
+        be_fail(be, __FILE__, __LINE__, "out of memory allocating %zu bytes", bytes);
+        t.n = 0;
+        return t;
+    }
+    memset(t.p, 0, rounded ? rounded : 64);
+    be->bytes_in_use += bytes;
+    if (be->bytes_in_use > be->bytes_peak)
+        be->bytes_peak = be->bytes_in_use;
+    return t;
+}
+
+static void cpu_free(backend_t *be, tensor_t *t)
+{
+    if (t->p) {
+        be->bytes_in_use -= t->n * dtype_size(t->dt);
+        free(t->p);
+    }
+    t->p = NULL;
+    t->n = 0;
+}
+
+static void cpu_h2d(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes)
+        memcpy(dst, src, bytes);
+}
+
+static void cpu_zero(backend_t *be, tensor_t t)
+{
+    (void)be;
+    if (t.n)
+        memset(t.p, 0, t.n * dtype_size(t.dt));
+}
+
+static void cpu_copy(backend_t *be, tensor_t dst, tensor_t src)
+{
+    if (dst.n != src.n) {
+        be_fail(be, __FILE__, __LINE__, "copy of %zu elements into %zu", src.n, dst.n);
+        return;
+    }
+    if (dtype_convert(dst.p, dst.dt, src.p, src.dt, src.n) != 0)
+        be_fail(be, __FILE__, __LINE__, "copy from %s to %s unsupported", dtype_name(src.dt),
+                dtype_name(dst.dt));
+}
+
+static void cpu_sync(backend_t *be)
+{
+    (void)be;
+}
+
+static int check_f32(backend_t *be, const char *op, tensor_t a, tensor_t b, tensor_t c)
+{
+    if (a.dt != DT_F32 || b.dt != DT_F32 || c.dt != DT_F32) {
+        be_fail(be, __FILE__, __LINE__, "%s: the CPU backend computes in F32 only", op);
+        return -1;
+    }
+    return 0;
+}
+
+/* The reference: C = alpha*op(A)op(B) + beta*C with a double accumulator. */
+static void matmul_plain(float *C, const float *A, const float *B, int M, int N, int K,
+                         int transA, int transB, float alpha, float beta)
+{
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            double acc = 0.0;
+            for (int k = 0; k < K; k++) {
+                float a = transA ? A[(size_t)k * M + i] : A[(size_t)i * K + k];
+                float b = transB ? B[(size_t)j * K + k] : B[(size_t)k * N + j];
+                acc += (double)a * (double)b;
+            }
+            float *c = &C[(size_t)i * N + j];
+            *c = (float)(alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * *c));
+        }
+    }
+}
+
+static void cpu_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
+                       int transA, int transB, float alpha, float beta)
+{
+    if (check_f32(be, "matmul", A, B, C))
+        return;
+    if ((size_t)M * K > A.n || (size_t)K * N > B.n || (size_t)M * N > C.n) {
+        be_fail(be, __FILE__, __LINE__, "matmul %dx%dx%d exceeds its operands (%zu, %zu, %zu)",
+                M, N, K, A.n, B.n, C.n);
+        return;
+    }
+    if (M == 0 || N == 0)
+        return;
+    if (cpu_reference(be) || K == 0) {
+        matmul_plain(C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+                transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A.p, transA ? M : K, B.p,
+                transB ? K : N, beta, C.p, N);
+}
+
+static void cpu_destroy(backend_t *be)
+{
+    free(be->impl);
+    free(be);
+}
+
+static const backend_ops cpu_ops = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .h2d = cpu_h2d,
+    .d2h = cpu_h2d,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .sync = cpu_sync,
+    .matmul = cpu_matmul,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope = cpu_rope,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .cross_entropy = cpu_cross_entropy,
+    .add = cpu_add,
+    .add_bias = cpu_add_bias,
+    .bias_backward = cpu_bias_backward,
+    .dropout = cpu_dropout,
+    .sumsq = cpu_sumsq,
+    .adamw = cpu_adamw,
+    .fill_uniform = cpu_fill_uniform,
+    .fill_normal = cpu_fill_normal,
+    .destroy = cpu_destroy,
+};
+
+int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
+{
+    backend_t *be = calloc(1, sizeof *be);
+    cpu_impl *impl = calloc(1, sizeof *impl);
+    if (!be || !impl) {
+        free(be);
+        free(impl);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory creating the CPU backend");
+    }
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    impl->reference = reference;
+    be->ops = &cpu_ops;
+    be->name = reference ? "cpu-ref" : "cpu";
+    be->act_dt = DT_F32;
+    be->threads = threads;
+    be->impl = impl;
+    strcpy(be->device_name, "CPU");
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    *out = be;
+    return 0;
+}

@@ -1,0 +1,45 @@
+/* kernels/cpu/cpu_backend.h — the CPU backend: float32 throughout, OpenBLAS
+ * sgemm and OpenMP loops (the fast path), or plain loops for every op (the
+ * reference, kind "cpu-ref"). Owns its thread settings and nothing else. */
+#ifndef SPOTUNE_CPU_BACKEND_H
+#define SPOTUNE_CPU_BACKEND_H
+
+#include "../backend.h"
+
+int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err);
+
+/* The math ops, shared by the fast and reference tables (cpu_ops.c). */
+void cpu_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
+                         int rows, int cols, float eps);
+void cpu_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
+                          tensor_t w, tensor_t rstd, int rows, int cols);
+void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T, int nh, int hd,
+              int inverse);
+void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
+                           tensor_t v, int B, int T, int nh, int nkv, int hd);
+void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
+                            tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B,
+                            int T, int nh, int nkv, int hd);
+void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
+void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
+                         tensor_t u, size_t n);
+void cpu_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
+                           int H);
+void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens, int n,
+                            int H);
+void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
+                       int V, float grad_scale);
+void cpu_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
+void cpu_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
+void cpu_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols);
+void cpu_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
+                 uint64_t offset);
+double cpu_sumsq(backend_t *be, tensor_t x, size_t n);
+void cpu_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
+               tensor_t v, size_t n, const adamw_args *a);
+void cpu_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi, uint64_t seed,
+                      uint64_t offset);
+void cpu_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std, uint64_t seed,
+                     uint64_t offset);
+
+#endif

@@ -1,0 +1,418 @@
+/* CPU math ops: the specification of each op's math, forward and backward
+ * side by side. Float32 storage; sums that decide results (norms, softmax,
+ * losses, reductions) accumulate in double. Every loop is parallel over
+ * independent outputs only, so results never depend on the thread count. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+
+#define F(t) ((float *)(t).p)
+#define I(t) ((int32_t *)(t).p)
+
+/* ---- RMSNorm ------------------------------------------------------------ */
+
+void cpu_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
+                         int rows, int cols, float eps)
+{
+    (void)be;
+    const float *X = F(x), *W = F(w);
+    float *O = F(out), *R = F(rstd);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = X + (size_t)r * cols;
+        double ss = 0.0;
+        for (int c = 0; c < cols; c++)
+            ss += (double)xr[c] * xr[c];
+        float s = (float)(1.0 / sqrt(ss / cols + (double)eps));
+        R[r] = s;
+        float *o = O + (size_t)r * cols;
+        for (int c = 0; c < cols; c++)
+            o[c] = W[c] * (xr[c] * s);
+    }
+}
+
+void cpu_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
+                          tensor_t w, tensor_t rstd, int rows, int cols)
+{
+    (void)be;
+    const float *X = F(x), *W = F(w), *DO = F(dout), *R = F(rstd);
+    float *DX = F(dx);
+    /* dx = rstd * (g - xhat * mean(g * xhat)),  g = dout * w,  xhat = x * rstd */
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = X + (size_t)r * cols, *dor = DO + (size_t)r * cols;
+        float s = R[r];
+        double dot = 0.0;
+        for (int c = 0; c < cols; c++)
+            dot += (double)dor[c] * W[c] * (xr[c] * s);
+        float mean = (float)(dot / cols);
+        float *dxr = DX + (size_t)r * cols;
+        for (int c = 0; c < cols; c++)
+            dxr[c] += s * (dor[c] * W[c] - (xr[c] * s) * mean);
+    }
+    if (!dw.p)
+        return;
+    float *DW = F(dw);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < cols; c++) {
+        double acc = 0.0;
+        for (int r = 0; r < rows; r++)
+            acc += (double)DO[(size_t)r * cols + c] * (X[(size_t)r * cols + c] * R[r]);
+        DW[c] += (float)acc;
+    }
+}
+
+/* ---- RoPE (rotate-half) --------------------------------------------------- */
+
+void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T, int nh, int hd,
+              int inverse)
+{
+    (void)be;
+    float *X = F(x);
+    const float *C = F(cos), *S = F(sin);
+    int half = hd / 2;
+    float sgn = inverse ? -1.0f : 1.0f;
+    /* out[i] = x[i] cos - x[i+half] sin;  out[i+half] = x[i+half] cos + x[i] sin */
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        int t = bt % T;
+        const float *c = C + (size_t)t * half, *s = S + (size_t)t * half;
+        for (int h = 0; h < nh; h++) {
+            float *v = X + ((size_t)bt * nh + h) * hd;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half], sn = sgn * s[i];
+                v[i] = a * c[i] - b * sn;
+                v[i + half] = b * c[i] + a * sn;
+            }
+        }
+    }
+}
+
+/* ---- causal grouped-query attention ------------------------------------- */
+
+static float dotf(const float *a, const float *b, int n)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
+
+void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
+                           tensor_t v, int B, int T, int nh, int nkv, int hd)
+{
+    (void)be;
+    const float *Q = F(q), *K = F(k), *V = F(v);
+    float *O = F(out), *L = F(lse);
+    int group = nh / nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel
+    {
+        float *p = malloc(sizeof(float) * (size_t)T);
+        double *acc = malloc(sizeof(double) * (size_t)hd);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < nh; h++) {
+                int kh = h / group;
+                for (int t = 0; t < T; t++) {
+                    const float *qt = Q + (((size_t)b * T + t) * nh + h) * hd;
+                    float m = -INFINITY;
+                    for (int j = 0; j <= t; j++) {
+                        const float *kj = K + (((size_t)b * T + j) * nkv + kh) * hd;
+                        p[j] = dotf(qt, kj, hd) * scale;
+                        if (p[j] > m)
+                            m = p[j];
+                    }
+                    double l = 0.0;
+                    for (int d = 0; d < hd; d++)
+                        acc[d] = 0.0;
+                    for (int j = 0; j <= t; j++) {
+                        float e = expf(p[j] - m);
+                        l += e;
+                        const float *vj = V + (((size_t)b * T + j) * nkv + kh) * hd;
+                        for (int d = 0; d < hd; d++)
+                            acc[d] += (double)e * vj[d];
+                    }
+                    float *ot = O + (((size_t)b * T + t) * nh + h) * hd;
+                    for (int d = 0; d < hd; d++)
+                        ot[d] = (float)(acc[d] / l);
+                    L[((size_t)b * nh + h) * T + t] = m + (float)log(l);
+                }
+            }
+        free(p);
+        free(acc);
+    }
+}
+
+void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
+                            tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B,
+                            int T, int nh, int nkv, int hd)
+{
+    (void)be;
+    const float *Q = F(q), *K = F(k), *V = F(v), *O = F(out), *DO = F(dout), *L = F(lse);
+    float *DQ = F(dq), *DK = F(dk), *DV = F(dv);
+    int group = nh / nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+    /* One task per (batch, kv head): it owns dk, dv of that head, and dq of
+     * the query heads that share it, so no two tasks write the same output. */
+#pragma omp parallel
+    {
+        float *ds = malloc(sizeof(float) * (size_t)T);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int b = 0; b < B; b++)
+            for (int kh = 0; kh < nkv; kh++) {
+                for (int t = 0; t < T; t++) {
+                    size_t kvo = (((size_t)b * T + t) * nkv + kh) * hd;
+                    memset(DK + kvo, 0, sizeof(float) * hd);
+                    memset(DV + kvo, 0, sizeof(float) * hd);
+                }
+                for (int h = kh * group; h < (kh + 1) * group; h++) {
+                    for (int t = 0; t < T; t++) {
+                        size_t qo = (((size_t)b * T + t) * nh + h) * hd;
+                        const float *qt = Q + qo, *dot_ = DO + qo;
+                        float lt = L[((size_t)b * nh + h) * T + t];
+                        float D = dotf(dot_, O + qo, hd);
+                        float *dqt = DQ + qo;
+                        for (int d = 0; d < hd; d++)
+                            dqt[d] = 0.0f;
+                        for (int j = 0; j <= t; j++) {
+                            size_t kvo = (((size_t)b * T + j) * nkv + kh) * hd;
+                            float pj = expf(dotf(qt, K + kvo, hd) * scale - lt);
+                            float dp = dotf(dot_, V + kvo, hd);
+                            ds[j] = pj * (dp - D) * scale;
+                            float *dvj = DV + kvo;
+                            for (int d = 0; d < hd; d++)
+                                dvj[d] += pj * dot_[d];
+                        }
+                        for (int j = 0; j <= t; j++) {
+                            size_t kvo = (((size_t)b * T + j) * nkv + kh) * hd;
+                            const float *kj = K + kvo;
+                            float *dkj = DK + kvo;
+                            for (int d = 0; d < hd; d++) {
+                                dqt[d] += ds[j] * kj[d];
+                                dkj[d] += ds[j] * qt[d];
+                            }
+                        }
+                    }
+                }
+            }
+        free(ds);
+    }
+}
+
+/* ---- SwiGLU ------------------------------------------------------------- */
+
+void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n)
+{
+    (void)be;
+    const float *G = F(g), *U = F(u);
+    float *O = F(out);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-G[i]));
+        O[i] = G[i] * s * U[i];
+    }
+}
+
+void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
+                         tensor_t u, size_t n)
+{
+    (void)be;
+    const float *G = F(g), *U = F(u), *DO = F(dout);
+    float *DG = F(dg), *DU = F(du);
+    /* silu'(g) = s (1 + g (1 - s)) */
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-G[i]));
+        float d = DO[i];
+        DG[i] = d * U[i] * s * (1.0f + G[i] * (1.0f - s));
+        DU[i] = d * G[i] * s;
+    }
+}
+
+/* ---- embedding ---------------------------------------------------------- */
+
+void cpu_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
+                           int H)
+{
+    (void)be;
+    const float *W = F(table);
+    const int32_t *tok = I(tokens);
+    float *O = F(out);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++)
+        memcpy(O + (size_t)i * H, W + (size_t)tok[i] * H, sizeof(float) * H);
+}
+
+void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens, int n,
+                            int H)
+{
+    (void)be;
+    const float *DO = F(dout);
+    const int32_t *tok = I(tokens);
+    float *DW = F(dtable);
+    /* parallel over columns: each row of dtable is summed in token order */
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < H; c++)
+        for (int i = 0; i < n; i++)
+            DW[(size_t)tok[i] * H + c] += DO[(size_t)i * H + c];
+}
+
+/* ---- fused softmax cross-entropy ---------------------------------------- */
+
+void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
+                       int V, float grad_scale)
+{
+    (void)be;
+    float *X = F(logits), *Lo = F(loss);
+    const int32_t *tg = I(targets);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *x = X + (size_t)r * V;
+        int t = tg[r];
+        if (t < 0) {
+            memset(x, 0, sizeof(float) * V);
+            Lo[r] = 0.0f;
+            continue;
+        }
+        float m = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (x[i] > m)
+                m = x[i];
+        double s = 0.0;
+        for (int i = 0; i < V; i++)
+            s += exp((double)x[i] - m);
+        double lse = m + log(s);
+        Lo[r] = (float)(lse - x[t]);
+        for (int i = 0; i < V; i++)
+            x[i] = (float)exp((double)x[i] - lse) * grad_scale;
+        x[t] -= grad_scale;
+    }
+}
+
+/* ---- elementwise and reductions ----------------------------------------- */
+
+void cpu_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n)
+{
+    (void)be;
+    float *Y = F(y);
+    const float *X = F(x);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        Y[i] += alpha * X[i];
+}
+
+void cpu_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols)
+{
+    (void)be;
+    float *Y = F(y);
+    const float *Bv = F(b);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            Y[(size_t)r * cols + c] += Bv[c];
+}
+
+void cpu_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols)
+{
+    (void)be;
+    float *DB = F(db);
+    const float *DY = F(dy);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < cols; c++) {
+        double acc = 0.0;
+        for (int r = 0; r < rows; r++)
+            acc += DY[(size_t)r * cols + c];
+        DB[c] += (float)acc;
+    }
+}
+
+void cpu_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
+                 uint64_t offset)
+{
+    (void)be;
+    float *O = F(out);
+    const float *X = F(in);
+    if (p <= 0.0f) {
+        if (O != X)
+            memcpy(O, X, sizeof(float) * n);
+        return;
+    }
+    float keep_scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        O[i] = sp_rng_uniform(seed, offset + i) >= p ? X[i] * keep_scale : 0.0f;
+}
+
+/* Fixed blocks summed in order: the result is the same on any thread count. */
+#define SUMSQ_BLOCK 8192
+double cpu_sumsq(backend_t *be, tensor_t x, size_t n)
+{
+    (void)be;
+    const float *X = F(x);
+    size_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    if (nb == 0)
+        return 0.0;
+    double *part = malloc(sizeof(double) * nb);
+    if (!part) {
+        be_fail(be, __FILE__, __LINE__, "out of memory in sumsq");
+        return 0.0;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nb; b++) {
+        size_t lo = b * SUMSQ_BLOCK, hi = lo + SUMSQ_BLOCK < n ? lo + SUMSQ_BLOCK : n;
+        double acc = 0.0;
+        for (size_t i = lo; i < hi; i++)
+            acc += (double)X[i] * X[i];
+        part[b] = acc;
+    }
+    double total = 0.0;
+    for (size_t b = 0; b < nb; b++)
+        total += part[b];
+    free(part);
+    return total;
+}
+
+void cpu_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
+               tensor_t v, size_t n, const adamw_args *a)
+{
+    float *P = F(param), *M = F(m), *Vv = F(v);
+    const float *G = F(grad);
+    double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
+    double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
+    float step_size = (float)(a->lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float decay = 1.0f - a->lr * a->weight_decay;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = G[i] * a->grad_scale;
+        M[i] = a->beta1 * M[i] + (1.0f - a->beta1) * g;
+        Vv[i] = a->beta2 * Vv[i] + (1.0f - a->beta2) * g * g;
+        float denom = sqrtf(Vv[i]) / bc2_sqrt + a->eps;
+        P[i] = P[i] * decay - step_size * M[i] / denom;
+    }
+    if (param_copy.p && param_copy.p != param.p)
+        be->ops->copy(be, param_copy, tensor_view(param, 0, n));
+}
+
+void cpu_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi, uint64_t seed,
+                      uint64_t offset)
+{
+    (void)be;
+    float *X = F(x);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        X[i] = lo + (hi - lo) * sp_rng_uniform(seed, offset + i);
+}
+
+void cpu_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std, uint64_t seed,
+                     uint64_t offset)
+{
+    (void)be;
+    float *X = F(x);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        X[i] = mean + std * sp_rng_normal(seed, offset + i);
+}
