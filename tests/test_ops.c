@@ -1,0 +1,538 @@
+/* Each CPU op (fast path and reference path): forward against a
+ * double-precision reference written here from the definitions, backward
+ * against central finite differences of that double reference.
+ * Tolerances: forward 1e-5 relative to the largest output (f32 storage
+ * with double accumulation); backward 1e-4 relative to the largest gradient
+ * (the difference quotient in double has error ~1e-9). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+
+static backend_t *be;
+
+static void setup(void)
+{
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&be, "cpu", 2, 2, &err), 0, "%s", err.msg);
+}
+
+static void teardown(void)
+{
+    backend_destroy(be);
+}
+
+TestSuite(ops, .init = setup, .fini = teardown);
+
+static uint64_t g_seed = 42;
+
+static float *rnd(size_t n, float scale)
+{
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * (2.0f * sp_rng_uniform(g_seed, i) - 1.0f);
+    g_seed++;
+    return x;
+}
+
+static tensor_t dev(const float *host, size_t n)
+{
+    tensor_t t = be->ops->alloc(be, DT_F32, n);
+    if (host)
+        be_upload(be, t, host, DT_F32);
+    return t;
+}
+
+static float *host(tensor_t t)
+{
+    float *h = malloc(sizeof(float) * t.n);
+    be_download(be, h, DT_F32, t);
+    return h;
+}
+
+static double max_abs_d(const double *x, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(x[i]) > m)
+            m = fabs(x[i]);
+    return m;
+}
+
+/* max |got - want| / max |want| */
+static double rel_err(const float *got, const double *want, size_t n)
+{
+    double m = max_abs_d(want, n), e = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(got[i] - want[i]) > e)
+            e = fabs(got[i] - want[i]);
+    return m > 0 ? e / m : e;
+}
+
+#define FWD_TOL 1e-5
+#define BWD_TOL 1e-4
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+static void check_matmul(const char *kind, int M, int N, int K, int ta, int tb, float alpha,
+                         float beta)
+{
+    backend_t *b2;
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&b2, kind, 0, 2, &err), 0);
+    float *A = rnd((size_t)M * K, 1), *B = rnd((size_t)K * N, 1), *C = rnd((size_t)M * N, 1);
+    double *want = malloc(sizeof(double) * M * N);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++)
+                acc += (double)(ta ? A[k * M + i] : A[i * K + k]) *
+                       (tb ? B[j * K + k] : B[k * N + j]);
+            want[i * N + j] = alpha * acc + beta * C[i * N + j];
+        }
+    tensor_t tA = b2->ops->alloc(b2, DT_F32, (size_t)M * K), tB = b2->ops->alloc(b2, DT_F32, (size_t)K * N),
+             tC = b2->ops->alloc(b2, DT_F32, (size_t)M * N);
+    be_upload(b2, tA, A, DT_F32);
+    be_upload(b2, tB, B, DT_F32);
+    be_upload(b2, tC, C, DT_F32);
+    b2->ops->matmul(b2, tC, tA, tB, M, N, K, ta, tb, alpha, beta);
+    float *got = malloc(sizeof(float) * M * N);
+    be_download(b2, got, DT_F32, tC);
+    double e = rel_err(got, want, (size_t)M * N);
+    cr_expect_lt(e, FWD_TOL, "%s matmul %dx%dx%d ta=%d tb=%d: rel err %g", kind, M, N, K, ta, tb, e);
+    b2->ops->free(b2, &tA);
+    b2->ops->free(b2, &tB);
+    b2->ops->free(b2, &tC);
+    backend_destroy(b2);
+    free(A), free(B), free(C), free(want), free(got);
+}
+
+Test(ops, matmul_all_transposes_odd_sizes)
+{
+    const char *kinds[] = {"cpu", "cpu-ref"};
+    for (int k = 0; k < 2; k++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                check_matmul(kinds[k], 7, 13, 5, ta, tb, 1.0f, 0.0f);
+                check_matmul(kinds[k], 33, 17, 65, ta, tb, 0.5f, 1.0f);
+            }
+}
+
+/* ---- RMSNorm ----------------------------------------------------------------- */
+
+static void rmsnorm_ref(double *out, const double *x, const double *w, int rows, int cols,
+                        double eps)
+{
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int c = 0; c < cols; c++)
+            ss += x[r * cols + c] * x[r * cols + c];
+        double s = 1.0 / sqrt(ss / cols + eps);
+        for (int c = 0; c < cols; c++)
+            out[r * cols + c] = w[c] * x[r * cols + c] * s;
+    }
+}
+
+static double *to_d(const float *f, size_t n)
+{
+    double *d = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++)
+        d[i] = f[i];
+    return d;
+}
+
+/* <R, f(x)> in double, for finite differences */
+static double dot_d(const double *a, const float *R, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * R[i];
+    return s;
+}
+
+Test(ops, rmsnorm_forward_backward)
+{
+    int rows = 5, cols = 37;
+    size_t n = (size_t)rows * cols;
+    float *x = rnd(n, 2), *w = rnd((size_t)cols, 1), *R = rnd(n, 1);
+    double eps = 1e-5;
+    tensor_t tx = dev(x, n), tw = dev(w, (size_t)cols), to = dev(NULL, n), tr = dev(NULL, (size_t)rows);
+    be->ops->rmsnorm_forward(be, to, tr, tx, tw, rows, cols, (float)eps);
+    double *xd = to_d(x, n), *wd = to_d(w, (size_t)cols), *want = malloc(sizeof(double) * n);
+    rmsnorm_ref(want, xd, wd, rows, cols, eps);
+    float *got = host(to);
+    cr_expect_lt(rel_err(got, want, n), FWD_TOL);
+    /* backward with dout = R; dx accumulates onto a non-zero start */
+    float *dx0 = rnd(n, 1);
+    tensor_t tdo = dev(R, n), tdx = dev(dx0, n), tdw = dev(NULL, (size_t)cols);
+    be->ops->rmsnorm_backward(be, tdx, tdw, tdo, tx, tw, tr, rows, cols);
+    float *dx = host(tdx), *dw = host(tdw);
+    double *fdx = malloc(sizeof(double) * n), *fdw = malloc(sizeof(double) * cols);
+    double h = 1e-6, *tmp = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) {
+        double keep = xd[i];
+        xd[i] = keep + h;
+        rmsnorm_ref(tmp, xd, wd, rows, cols, eps);
+        double lp = dot_d(tmp, R, n);
+        xd[i] = keep - h;
+        rmsnorm_ref(tmp, xd, wd, rows, cols, eps);
+        double lm = dot_d(tmp, R, n);
+        xd[i] = keep;
+        fdx[i] = (lp - lm) / (2 * h) + dx0[i];
+    }
+    for (int c = 0; c < cols; c++) {
+        double keep = wd[c];
+        wd[c] = keep + h;
+        rmsnorm_ref(tmp, xd, wd, rows, cols, eps);
+        double lp = dot_d(tmp, R, n);
+        wd[c] = keep - h;
+        rmsnorm_ref(tmp, xd, wd, rows, cols, eps);
+        double lm = dot_d(tmp, R, n);
+        wd[c] = keep;
+        fdw[c] = (lp - lm) / (2 * h);
+    }
+    cr_expect_lt(rel_err(dx, fdx, n), BWD_TOL, "dx rel err %g", rel_err(dx, fdx, n));
+    cr_expect_lt(rel_err(dw, fdw, (size_t)cols), BWD_TOL, "dw rel err %g", rel_err(dw, fdw, (size_t)cols));
+    free(x), free(w), free(R), free(xd), free(wd), free(want), free(got), free(dx0), free(dx), free(dw);
+    free(fdx), free(fdw), free(tmp);
+}
+
+/* ---- RoPE ---------------------------------------------------------------------- */
+
+static void rope_ref(double *out, const double *x, const float *cs, const float *sn, int B, int T,
+                     int nh, int hd)
+{
+    int half = hd / 2;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh; h++) {
+                size_t o = (((size_t)b * T + t) * nh + h) * hd;
+                for (int i = 0; i < half; i++) {
+                    double c = cs[t * half + i], s = sn[t * half + i];
+                    out[o + i] = x[o + i] * c - x[o + i + half] * s;
+                    out[o + i + half] = x[o + i + half] * c + x[o + i] * s;
+                }
+            }
+}
+
+Test(ops, rope_forward_and_inverse)
+{
+    int B = 2, T = 7, nh = 3, hd = 8, half = hd / 2;
+    size_t n = (size_t)B * T * nh * hd;
+    float *x = rnd(n, 1), *cs = malloc(sizeof(float) * T * half), *sn = malloc(sizeof(float) * T * half);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double a = t * pow(10000.0, -2.0 * i / hd);
+            cs[t * half + i] = (float)cos(a);
+            sn[t * half + i] = (float)sin(a);
+        }
+    tensor_t tx = dev(x, n), tc = dev(cs, (size_t)T * half), ts = dev(sn, (size_t)T * half);
+    be->ops->rope(be, tx, tc, ts, B, T, nh, hd, 0);
+    double *xd = to_d(x, n), *want = malloc(sizeof(double) * n);
+    rope_ref(want, xd, cs, sn, B, T, nh, hd);
+    float *got = host(tx);
+    cr_expect_lt(rel_err(got, want, n), FWD_TOL);
+    /* the inverse is the transpose: <R, rope(x)> = <rope^T(R), x> */
+    float *R = rnd(n, 1);
+    tensor_t tR = dev(R, n);
+    be->ops->rope(be, tR, tc, ts, B, T, nh, hd, 1);
+    float *rt = host(tR);
+    double lhs = dot_d(want, R, n), rhs = 0;
+    for (size_t i = 0; i < n; i++)
+        rhs += (double)rt[i] * x[i];
+    cr_expect_lt(fabs(lhs - rhs), 1e-4 * (fabs(lhs) + 1));
+    free(x), free(cs), free(sn), free(xd), free(want), free(got), free(R), free(rt);
+}
+
+/* ---- attention --------------------------------------------------------------- */
+
+static void attn_ref(double *out, const double *q, const double *k, const double *v, int B, int T,
+                     int nh, int nkv, int hd)
+{
+    int g = nh / nkv;
+    double *p = malloc(sizeof(double) * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++)
+            for (int t = 0; t < T; t++) {
+                const double *qt = q + (((size_t)b * T + t) * nh + h) * hd;
+                double m = -1e300, l = 0;
+                for (int j = 0; j <= t; j++) {
+                    const double *kj = k + (((size_t)b * T + j) * nkv + h / g) * hd;
+                    double s = 0;
+                    for (int d = 0; d < hd; d++)
+                        s += qt[d] * kj[d];
+                    p[j] = s / sqrt((double)hd);
+                    if (p[j] > m)
+                        m = p[j];
+                }
+                for (int j = 0; j <= t; j++)
+                    l += (p[j] = exp(p[j] - m));
+                double *o = out + (((size_t)b * T + t) * nh + h) * hd;
+                for (int d = 0; d < hd; d++) {
+                    double acc = 0;
+                    for (int j = 0; j <= t; j++)
+                        acc += p[j] * v[(((size_t)b * T + j) * nkv + h / g) * hd + d];
+                    o[d] = acc / l;
+                }
+            }
+    free(p);
+}
+
+static void check_attention(int B, int T, int nh, int nkv, int hd)
+{
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1), *R = rnd(nq, 1);
+    tensor_t tq = dev(q, nq), tk = dev(k, nk), tv = dev(v, nk), to = dev(NULL, nq),
+             tl = dev(NULL, (size_t)B * nh * T);
+    be->ops->attention_forward(be, to, tl, tq, tk, tv, B, T, nh, nkv, hd);
+    double *qd = to_d(q, nq), *kd = to_d(k, nk), *vd = to_d(v, nk), *want = malloc(sizeof(double) * nq);
+    attn_ref(want, qd, kd, vd, B, T, nh, nkv, hd);
+    float *got = host(to);
+    cr_expect_lt(rel_err(got, want, nq), FWD_TOL, "attention fwd %d %d %d %d %d", B, T, nh, nkv, hd);
+    tensor_t tdo = dev(R, nq), tdq = dev(NULL, nq), tdk = dev(NULL, nk), tdv = dev(NULL, nk);
+    be->ops->attention_backward(be, tdq, tdk, tdv, tdo, to, tl, tq, tk, tv, B, T, nh, nkv, hd);
+    float *dq = host(tdq), *dk = host(tdk), *dv = host(tdv);
+    double h = 1e-6, *tmp = malloc(sizeof(double) * nq);
+    double *fd[3] = {malloc(sizeof(double) * nq), malloc(sizeof(double) * nk), malloc(sizeof(double) * nk)};
+    double *xs[3] = {qd, kd, vd};
+    size_t ns[3] = {nq, nk, nk};
+    for (int which = 0; which < 3; which++)
+        for (size_t i = 0; i < ns[which]; i++) {
+            double keep = xs[which][i];
+            xs[which][i] = keep + h;
+            attn_ref(tmp, qd, kd, vd, B, T, nh, nkv, hd);
+            double lp = dot_d(tmp, R, nq);
+            xs[which][i] = keep - h;
+            attn_ref(tmp, qd, kd, vd, B, T, nh, nkv, hd);
+            double lm = dot_d(tmp, R, nq);
+            xs[which][i] = keep;
+            fd[which][i] = (lp - lm) / (2 * h);
+        }
+    cr_expect_lt(rel_err(dq, fd[0], nq), BWD_TOL, "dq %g", rel_err(dq, fd[0], nq));
+    cr_expect_lt(rel_err(dk, fd[1], nk), BWD_TOL, "dk %g", rel_err(dk, fd[1], nk));
+    cr_expect_lt(rel_err(dv, fd[2], nk), BWD_TOL, "dv %g", rel_err(dv, fd[2], nk));
+    free(q), free(k), free(v), free(R), free(qd), free(kd), free(vd), free(want), free(got);
+    free(dq), free(dk), free(dv), free(tmp), free(fd[0]), free(fd[1]), free(fd[2]);
+}
+
+Test(ops, attention_gqa_causal)
+{
+    check_attention(2, 5, 4, 2, 4);  /* grouped query */
+    check_attention(1, 9, 3, 3, 6);  /* multi-head, odd T */
+    check_attention(1, 3, 4, 1, 2);  /* multi-query */
+}
+
+/* ---- SwiGLU, embedding, bias, add ------------------------------------------- */
+
+Test(ops, swiglu_forward_backward)
+{
+    size_t n = 301;
+    float *g = rnd(n, 4), *u = rnd(n, 2), *R = rnd(n, 1);
+    tensor_t tg = dev(g, n), tu = dev(u, n), to = dev(NULL, n);
+    be->ops->swiglu_forward(be, to, tg, tu, n);
+    float *got = host(to);
+    double *want = malloc(sizeof(double) * n), *fg = malloc(sizeof(double) * n), *fu = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) {
+        double G = g[i], U = u[i], h = 1e-6;
+#define SW(a, b) ((a) / (1 + exp(-(a))) * (b))
+        want[i] = SW(G, U);
+        fg[i] = R[i] * (SW(G + h, U) - SW(G - h, U)) / (2 * h);
+        fu[i] = R[i] * (SW(G, U + h) - SW(G, U - h)) / (2 * h);
+#undef SW
+    }
+    cr_expect_lt(rel_err(got, want, n), FWD_TOL);
+    tensor_t tdo = dev(R, n), tdg = dev(NULL, n), tdu = dev(NULL, n);
+    be->ops->swiglu_backward(be, tdg, tdu, tdo, tg, tu, n);
+    float *dg = host(tdg), *du = host(tdu);
+    cr_expect_lt(rel_err(dg, fg, n), BWD_TOL);
+    cr_expect_lt(rel_err(du, fu, n), BWD_TOL);
+    free(g), free(u), free(R), free(got), free(want), free(fg), free(fu), free(dg), free(du);
+}
+
+Test(ops, embedding_forward_backward)
+{
+    int V = 11, H = 6, n = 9;
+    int32_t tok[9] = {3, 0, 10, 3, 7, 7, 7, 1, 3};
+    float *W = rnd((size_t)V * H, 1), *R = rnd((size_t)n * H, 1);
+    tensor_t tW = dev(W, (size_t)V * H), to = dev(NULL, (size_t)n * H);
+    tensor_t tt = be->ops->alloc(be, DT_I32, (size_t)n);
+    be_upload(be, tt, tok, DT_I32);
+    be->ops->embedding_forward(be, to, tW, tt, n, H);
+    float *got = host(to);
+    for (int i = 0; i < n; i++)
+        cr_expect_eq(memcmp(got + i * H, W + tok[i] * H, sizeof(float) * H), 0);
+    tensor_t tdW = dev(NULL, (size_t)V * H), tdo = dev(R, (size_t)n * H);
+    be->ops->embedding_backward(be, tdW, tdo, tt, n, H);
+    float *dW = host(tdW);
+    double *want = calloc((size_t)V * H, sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < H; c++)
+            want[tok[i] * H + c] += R[i * H + c];
+    cr_expect_lt(rel_err(dW, want, (size_t)V * H), FWD_TOL);
+    free(W), free(R), free(got), free(dW), free(want);
+}
+
+Test(ops, bias_add_and_backward)
+{
+    int rows = 6, cols = 5;
+    float *y = rnd((size_t)rows * cols, 1), *b = rnd((size_t)cols, 1);
+    tensor_t ty = dev(y, (size_t)rows * cols), tb = dev(b, (size_t)cols), tdb = dev(NULL, (size_t)cols);
+    be->ops->add_bias(be, ty, tb, rows, cols);
+    float *got = host(ty);
+    double want[30], dbw[5] = {0};
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            want[r * cols + c] = (double)y[r * cols + c] + b[c];
+            dbw[c] += y[r * cols + c];
+        }
+    cr_expect_lt(rel_err(got, want, 30), FWD_TOL);
+    tensor_t ty0 = dev(y, (size_t)rows * cols);
+    be->ops->bias_backward(be, tdb, ty0, rows, cols);
+    float *db = host(tdb);
+    cr_expect_lt(rel_err(db, dbw, 5), FWD_TOL);
+    free(y), free(b), free(got), free(db);
+}
+
+/* ---- cross-entropy ------------------------------------------------------------ */
+
+Test(ops, cross_entropy_loss_and_gradient)
+{
+    int rows = 4, V = 13;
+    int32_t tg[4] = {2, -1, 12, 0};
+    float *x = rnd((size_t)rows * V, 5);
+    float scale = 0.25f;
+    tensor_t tx = dev(x, (size_t)rows * V), tl = dev(NULL, (size_t)rows);
+    tensor_t tt = be->ops->alloc(be, DT_I32, (size_t)rows);
+    be_upload(be, tt, tg, DT_I32);
+    be->ops->cross_entropy(be, tx, tl, tt, rows, V, scale);
+    float *loss = host(tl), *dx = host(tx);
+    double h = 1e-6;
+    for (int r = 0; r < rows; r++) {
+        double m = -1e300, s = 0;
+        for (int i = 0; i < V; i++)
+            m = fmax(m, x[r * V + i]);
+        for (int i = 0; i < V; i++)
+            s += exp(x[r * V + i] - m);
+        double lse = m + log(s);
+        if (tg[r] < 0) {
+            cr_expect_eq(loss[r], 0.0f);
+            for (int i = 0; i < V; i++)
+                cr_expect_eq(dx[r * V + i], 0.0f, "ignored row has a gradient");
+            continue;
+        }
+        cr_expect_lt(fabs(loss[r] - (lse - x[r * V + tg[r]])), 1e-5 * (lse + 1));
+        for (int i = 0; i < V; i++) {
+            /* d(scale * loss)/dx_i by finite differences in double */
+            double xp[13];
+            for (int j = 0; j < V; j++)
+                xp[j] = x[r * V + j];
+            double f[2];
+            for (int sgn = 0; sgn < 2; sgn++) {
+                xp[i] = x[r * V + i] + (sgn ? -h : h);
+                double mm = -1e300, ss = 0;
+                for (int j = 0; j < V; j++)
+                    mm = fmax(mm, xp[j]);
+                for (int j = 0; j < V; j++)
+                    ss += exp(xp[j] - mm);
+                f[sgn] = scale * (mm + log(ss) - xp[tg[r]]);
+            }
+            double want = (f[0] - f[1]) / (2 * h);
+            cr_expect_lt(fabs(dx[r * V + i] - want), 1e-5, "row %d col %d: %g vs %g", r, i, dx[r * V + i], want);
+        }
+    }
+    free(x), free(loss), free(dx);
+}
+
+/* ---- dropout, sumsq, adamw, fills --------------------------------------------- */
+
+Test(ops, dropout_mask_is_a_pure_function)
+{
+    size_t n = 100000;
+    float *x = rnd(n, 1);
+    tensor_t tx = dev(x, n), a = dev(NULL, n), b = dev(NULL, n);
+    be->ops->dropout(be, a, tx, n, 0.25f, 77, 1000);
+    be->ops->dropout(be, b, tx, n, 0.25f, 77, 1000);
+    float *ha = host(a), *hb = host(b);
+    cr_expect_eq(memcmp(ha, hb, sizeof(float) * n), 0, "same stream, same mask");
+    size_t dropped = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ha[i] == 0.0f)
+            dropped++;
+        else
+            cr_assert_lt(fabsf(ha[i] - x[i] / 0.75f), 1e-6f);
+    }
+    /* binomial(1e5, 0.25): sd ~ 137; 6 sd */
+    cr_expect_lt(fabs((double)dropped - 25000.0), 822.0, "dropped %zu", dropped);
+    be->ops->dropout(be, b, tx, n, 0.0f, 77, 1000);
+    float *hc = host(b);
+    cr_expect_eq(memcmp(hc, x, sizeof(float) * n), 0, "p = 0 copies");
+    free(x), free(ha), free(hb), free(hc);
+}
+
+Test(ops, sumsq_is_exact_and_thread_independent)
+{
+    size_t n = 1000003;
+    float *x = rnd(n, 3);
+    double want = 0;
+    for (size_t i = 0; i < n; i++)
+        want += (double)x[i] * x[i];
+    tensor_t tx = dev(x, n);
+    double got = be->ops->sumsq(be, tx, n);
+    cr_expect_lt(fabs(got - want), 1e-9 * want);
+    backend_t *one;
+    sp_err err = {0};
+    backend_create(&one, "cpu", 0, 1, &err);
+    double got1 = one->ops->sumsq(one, tx, n);
+    cr_expect_eq(got, got1, "1 thread %.17g vs 2 threads %.17g", got1, got);
+    backend_destroy(one);
+    free(x);
+}
+
+Test(ops, adamw_matches_the_pytorch_formula)
+{
+    size_t n = 257;
+    float *p = rnd(n, 1), *g = rnd(n, 1), *m = rnd(n, 0.1f), *v = rnd(n, 0.1f);
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                    .grad_scale = 0.5f, .step = 3};
+    tensor_t tp = dev(p, n), tg = dev(g, n), tm = dev(m, n), tv = dev(v, n);
+    be->ops->adamw(be, tp, (tensor_t){0}, tg, tm, tv, n, &a);
+    float *hp = host(tp);
+    double *want = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) {
+        double gi = g[i] * 0.5, mi = 0.9 * m[i] + 0.1 * gi, vi = 0.95 * v[i] + 0.05 * gi * gi;
+        double pi = p[i] * (1 - 1e-2 * 0.1);
+        double bc1 = 1 - pow(0.9, 3), bc2 = 1 - pow(0.95, 3);
+        want[i] = pi - 1e-2 / bc1 * mi / (sqrt(vi) / sqrt(bc2) + 1e-8);
+    }
+    cr_expect_lt(rel_err(hp, want, n), 1e-6);
+    free(p), free(g), free(m), free(v), free(hp), free(want);
+}
+
+Test(ops, fills_have_the_right_distribution)
+{
+    size_t n = 200000;
+    tensor_t t = dev(NULL, n);
+    be->ops->fill_uniform(be, t, n, -0.5f, 1.5f, 9, 0);
+    float *u = host(t);
+    double mean = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(u[i] >= -0.5f && u[i] < 1.5f);
+        mean += u[i];
+    }
+    /* sd of the mean: (2/sqrt 12)/sqrt n = 1.3e-3; 6 sd */
+    cr_expect_lt(fabs(mean / n - 0.5), 8e-3);
+    be->ops->fill_normal(be, t, n, 1.0f, 0.02f, 9, 0);
+    float *g = host(t);
+    double s = 0, ss = 0;
+    for (size_t i = 0; i < n; i++) {
+        s += g[i];
+        ss += (double)(g[i] - 1.0) * (g[i] - 1.0);
+    }
+    cr_expect_lt(fabs(s / n - 1.0), 6 * 0.02 / sqrt((double)n));
+    cr_expect_lt(fabs(sqrt(ss / n) - 0.02), 0.02 * 0.02);
+    free(u), free(g);
+}

@@ -1,0 +1,29 @@
+/* Helpers shared by the trainer suites: fixture paths, temporary
+ * directories, running the spotune binary, reading files. */
+#ifndef SPOTUNE_TEST_UTIL_H
+#define SPOTUNE_TEST_UTIL_H
+
+#include <stddef.h>
+
+#include "kernels/backend.h"
+#include "trainer/safetensors.h"
+
+/* SPOTUNE_SOURCE_DIR "/tests/fixtures/" rel */
+const char *fixture(const char *rel);
+/* A fresh directory under the build tree, removed by tu_rmtree. */
+char *tu_tempdir(const char *tag);
+void tu_rmtree(const char *dir);
+/* Runs the spotune binary with args through /bin/sh; captures stdout+stderr
+ * into *output (malloc'd, may be NULL) and returns the exit status (or 128+signal). */
+int tu_spotune(char **output, const char *fmt, ...);
+/* Runs a shell command the same way. */
+int tu_sh(char **output, const char *fmt, ...);
+char *tu_read_file(const char *path, size_t *len);
+int tu_write_file(const char *path, const char *text);
+/* Loads one F32 tensor of a safetensors file into malloc'd memory. */
+float *tu_load_f32(const char *path, const char *name, size_t *n);
+/* max |a-b| / max |b| */
+double tu_rel_err(const float *a, const float *b, size_t n);
+int tu_contains(const char *haystack, const char *needle);
+
+#endif

@@ -1,0 +1,46 @@
+/* trainer/data.h — the token dataset (one HDF5 file: /tokens uint32,
+ * /loss_mask uint8, /doc_offsets uint64; attributes vocab_size, eos_id,
+ * tokenizer), cut into windows of seq_len predictions, visited in a
+ * permutation fixed by (seed, epoch). A position in the stream of samples is
+ * one integer (the global sample index): sample s is window
+ * perm_{s / W}[s % W]. Owns the open file and the current epoch's
+ * permutation. */
+#ifndef SPOTUNE_DATA_H
+#define SPOTUNE_DATA_H
+
+#include <stdint.h>
+
+#include "../base/base.h"
+
+typedef struct dataset {
+    char *path;
+    int64_t file, tokens, mask; /* HDF5 handles */
+    uint64_t n_tokens, n_docs, n_windows;
+    int64_t vocab_size, eos_id;
+    char tokenizer[256];
+    int64_t seq_len;
+    uint64_t seed;
+    uint64_t perm_epoch; /* epoch whose permutation is in perm (UINT64_MAX: none) */
+    uint64_t *perm;
+} dataset_t;
+
+/* Opens and checks path: the three datasets, their lengths, doc_offsets
+ * monotone and ending at n, every token < model_vocab (scanned), at least
+ * one window of seq_len. Errors are SP_EXIT_INPUT and name the file. */
+int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
+                 uint64_t seed, sp_err *err);
+void dataset_close(dataset_t *d);
+/* Window index of global sample s (and its epoch). */
+int dataset_window_of(dataset_t *d, uint64_t sample, uint64_t *window, uint64_t *epoch,
+                      sp_err *err);
+/* Reads window w: inputs[t] = tokens[w*T + t], targets[t] = tokens[w*T + t + 1]
+ * or -1 where that token's loss_mask is 0. Returns the trained targets. */
+int dataset_read_window(dataset_t *d, uint64_t w, int32_t *inputs, int32_t *targets,
+                        int64_t *trained, sp_err *err);
+
+/* Writes a dataset file (used by prepare-text and the tests). */
+int dataset_write(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,
+                  const uint64_t *doc_offsets, uint64_t n_docs, int64_t vocab_size,
+                  int64_t eos_id, const char *tokenizer, sp_err *err);
+
+#endif

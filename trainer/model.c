@@ -1,0 +1,535 @@
+/* The parameter table, the trainable arenas, allocation and initialisation. */
+#define _POSIX_C_SOURCE 200809L
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+#define RNG_TAG_BASE_INIT 0x1001
+#define RNG_TAG_LORA_INIT 0x1002
+
+static const char *proj_module(int p)
+{
+    return p <= PROJ_O ? "self_attn" : "mlp";
+}
+
+void model_base_name(char *buf, size_t n, int layer, int proj, int bias)
+{
+    snprintf(buf, n, "model.layers.%d.%s.%s.%s", layer, proj_module(proj),
+             config_target_names[proj], bias ? "bias" : "weight");
+}
+
+void model_lora_name(char *buf, size_t n, int layer, int proj, int b_matrix)
+{
+    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer,
+             proj_module(proj), config_target_names[proj], b_matrix ? 'B' : 'A');
+}
+
+static param_t *add_param(model_t *m, int kind, int layer, int proj, int64_t d0, int64_t d1,
+                          int trainable, int decay, const char *name)
+{
+    param_t *p = &m->params[m->nparams++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->kind = kind;
+    p->layer = layer;
+    p->proj = proj;
+    p->ndim = d1 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->n = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+    p->trainable = trainable;
+    p->decay = decay;
+    return p;
+}
+
+static int lora_on(const model_t *m, int proj)
+{
+    return m->o.mode == MODE_LORA && (m->o.lora_targets & (1 << proj));
+}
+
+static void build_table(model_t *m)
+{
+    const model_config_t *mc = &m->mc;
+    int full = m->o.mode == MODE_FULL;
+    char name[160];
+    m->embed = add_param(m, PK_EMBED, -1, -1, mc->vocab, mc->hidden, full, 1,
+                         "model.embed_tokens.weight");
+    for (int l = 0; l < mc->layers; l++) {
+        layer_params *L = &m->layers[l];
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        L->attn_norm = add_param(m, PK_NORM, l, -1, mc->hidden, 0, full, 0, name);
+        snprintf(name, sizeof name, "model.layers.%d.post_attention_layernorm.weight", l);
+        L->mlp_norm = add_param(m, PK_NORM, l, -1, mc->hidden, 0, full, 0, name);
+        for (int p = 0; p < PROJ_COUNT; p++) {
+            int64_t in, out;
+            model_config_proj_dims(mc, p, &in, &out);
+            model_base_name(name, sizeof name, l, p, 0);
+            L->w[p] = add_param(m, PK_WEIGHT, l, p, out, in, full, 1, name);
+            if (mc->bias[p]) {
+                model_base_name(name, sizeof name, l, p, 1);
+                L->b[p] = add_param(m, PK_BIAS, l, p, out, 0, full, 0, name);
+            }
+            if (lora_on(m, p)) {
+                model_lora_name(name, sizeof name, l, p, 0);
+                L->lora_a[p] = add_param(m, PK_LORA_A, l, p, m->o.lora_r, in, 1, 1, name);
+                model_lora_name(name, sizeof name, l, p, 1);
+                L->lora_b[p] = add_param(m, PK_LORA_B, l, p, out, m->o.lora_r, 1, 1, name);
+            }
+        }
+    }
+    m->final_norm = add_param(m, PK_NORM, -1, -1, mc->hidden, 0, full, 0, "model.norm.weight");
+    if (mc->tie_embeddings)
+        m->lm_head = m->embed;
+    else
+        m->lm_head = add_param(m, PK_LM_HEAD, -1, -1, mc->vocab, mc->hidden, full, 1,
+                               "lm_head.weight");
+}
+
+/* Rank of a parameter in the order the backward finishes its gradient:
+ * lm_head, final norm, layers from last to first, the embedding last. */
+static long backward_rank(const model_t *m, const param_t *p)
+{
+    long L = (long)m->mc.layers;
+    if (p == m->embed)
+        return 4 * (L + 2);
+    if (p->kind == PK_LM_HEAD)
+        return 0;
+    if (p == m->final_norm)
+        return 1;
+    return 4 + 4 * (L - 1 - p->layer) + (p->decay ? 0 : 1);
+}
+
+typedef struct ranked {
+    long rank;
+    int index;
+} ranked;
+
+static int cmp_ranked(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->rank != y->rank)
+        return x->rank < y->rank ? -1 : 1;
+    return x->index - y->index;
+}
+
+/* Assigns arena offsets and the AdamW runs (adjacent params sharing a decay
+ * flag are updated by one call). */
+static int layout_arenas(model_t *m, sp_err *err)
+{
+    ranked *order = calloc((size_t)m->nparams, sizeof *order);
+    m->runs = calloc((size_t)m->nparams + 1, sizeof *m->runs);
+    if (!order || !m->runs) {
+        free(order);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
+    int n = 0;
+    for (int i = 0; i < m->nparams; i++)
+        if (m->params[i].trainable)
+            order[n++] = (ranked){backward_rank(m, &m->params[i]), i};
+    qsort(order, (size_t)n, sizeof *order, cmp_ranked);
+    size_t off = 0;
+    m->nruns = 0;
+    for (int i = 0; i < n; i++) {
+        param_t *p = &m->params[order[i].index];
+        p->offset = off;
+        adamw_run *last = m->nruns ? &m->runs[m->nruns - 1] : NULL;
+        if (last && last->decay == p->decay)
+            last->n += p->n;
+        else
+            m->runs[m->nruns++] = (adamw_run){off, p->n, p->decay};
+        off += p->n;
+    }
+    m->n_trainable = off;
+    free(order);
+    return 0;
+}
+
+static size_t act_elems_per_layer(const model_config_t *mc, const model_opts *o, int which)
+{
+    /* which: 0 = everything but x, 1 = att + lse only */
+    size_t BT = (size_t)(o->max_batch * o->seq_len), H = (size_t)mc->hidden;
+    size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
+    size_t I = (size_t)mc->intermediate;
+    size_t att = BT * qd + (size_t)o->max_batch * (size_t)mc->heads * (size_t)o->seq_len;
+    if (which == 1)
+        return att;
+    size_t lora = 0;
+    if (o->mode == MODE_LORA)
+        for (int p = 0; p < PROJ_COUNT; p++)
+            if (o->lora_targets & (1 << p))
+                lora += BT * (size_t)o->lora_r;
+    return 2 * BT + 3 * BT * H + BT * qd + 2 * BT * kvd + att + 3 * BT * I + lora;
+}
+
+static size_t max_in_features(const model_config_t *mc)
+{
+    size_t q = (size_t)(mc->heads * mc->head_dim), mx = (size_t)mc->hidden;
+    if (q > mx)
+        mx = q;
+    if ((size_t)mc->intermediate > mx)
+        mx = (size_t)mc->intermediate;
+    return mx;
+}
+
+static int64_t logits_chunk_rows(const model_config_t *mc, const model_opts *o, dtype_t act_dt)
+{
+    int64_t BT = o->max_batch * o->seq_len;
+    int64_t rows = (int64_t)((64u << 20) / ((size_t)mc->vocab * dtype_size(act_dt)));
+    if (rows < 1)
+        rows = 1;
+    return rows < BT ? rows : BT;
+}
+
+void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act_dt,
+                      model_plan *plan)
+{
+    size_t a = dtype_size(act_dt), BT = (size_t)(o->max_batch * o->seq_len);
+    size_t H = (size_t)mc->hidden, I = (size_t)mc->intermediate;
+    size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
+    size_t total = (size_t)model_config_params(mc), lora = 0;
+    if (o->mode == MODE_LORA)
+        for (int p = 0; p < PROJ_COUNT; p++)
+            if (o->lora_targets & (1 << p)) {
+                int64_t in, out;
+                model_config_proj_dims(mc, p, &in, &out);
+                lora += (size_t)mc->layers * (size_t)o->lora_r * (size_t)(in + out);
+            }
+    size_t trainable = o->mode == MODE_FULL ? total : lora;
+    plan->weights = (o->mode == MODE_FULL ? 0 : total) * a;
+    plan->trainable = trainable * (16 + (act_dt == DT_F32 ? 0 : a));
+    size_t per = act_elems_per_layer(mc, o, 0), L = (size_t)mc->layers;
+    size_t acts = (L + 1) * BT * H; /* every layer's input, and the final one */
+    if (o->recompute == RECOMPUTE_LAYER)
+        acts += per;
+    else if (o->recompute == RECOMPUTE_ATTENTION)
+        acts += L * (per - act_elems_per_layer(mc, o, 1)) + act_elems_per_layer(mc, o, 1);
+    else
+        acts += L * per;
+    plan->activations = acts * a;
+    size_t bwd = 3 * BT * I > 2 * BT * (qd + kvd) ? 3 * BT * I : 2 * BT * (qd + kvd);
+    size_t drop = o->mode == MODE_LORA && o->lora_dropout > 0 ? BT * max_in_features(mc) : 0;
+    size_t chunk = (size_t)logits_chunk_rows(mc, o, act_dt);
+    plan->scratch = (BT + 3 * BT * H + bwd + BT * (size_t)o->lora_r + drop +
+                     chunk * (size_t)mc->vocab) * a +
+                    BT * 4 * 3 + (size_t)o->seq_len * (size_t)mc->head_dim * 4;
+}
+
+static tensor_t act_alloc(model_t *m, size_t n, dtype_t dt)
+{
+    tensor_t t = m->be->ops->alloc(m->be, dt, n ? n : 1);
+    m->bytes_acts += n * dtype_size(dt);
+    return t;
+}
+
+/* Allocates one set of per-layer activations (everything but x); part 1:
+ * only att and lse, part 2: everything but them, 0: all. */
+static void alloc_layer_set(model_t *m, layer_acts *a, int part)
+{
+    const model_config_t *mc = &m->mc;
+    dtype_t d = m->be->act_dt;
+    size_t BT = (size_t)(m->o.max_batch * m->o.seq_len), H = (size_t)mc->hidden;
+    size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
+    size_t I = (size_t)mc->intermediate;
+    if (part != 2) {
+        a->att = act_alloc(m, BT * qd, d);
+        a->lse = act_alloc(m, (size_t)m->o.max_batch * (size_t)mc->heads * (size_t)m->o.seq_len,
+                           DT_F32);
+    }
+    if (part == 1)
+        return;
+    a->rstd1 = act_alloc(m, BT, DT_F32);
+    a->rstd2 = act_alloc(m, BT, DT_F32);
+    a->h1 = act_alloc(m, BT * H, d);
+    a->h2 = act_alloc(m, BT * H, d);
+    a->x_mid = act_alloc(m, BT * H, d);
+    a->q = act_alloc(m, BT * qd, d);
+    a->k = act_alloc(m, BT * kvd, d);
+    a->v = act_alloc(m, BT * kvd, d);
+    a->g = act_alloc(m, BT * I, d);
+    a->u = act_alloc(m, BT * I, d);
+    a->a = act_alloc(m, BT * I, d);
+    for (int p = 0; p < PROJ_COUNT; p++)
+        if (lora_on(m, p))
+            a->xr[p] = act_alloc(m, BT * (size_t)m->o.lora_r, d);
+}
+
+static void alloc_activations(model_t *m)
+{
+    const model_config_t *mc = &m->mc;
+    dtype_t d = m->be->act_dt;
+    size_t BT = (size_t)(m->o.max_batch * m->o.seq_len), H = (size_t)mc->hidden;
+    int L = (int)mc->layers;
+    layer_acts shared;
+    memset(&shared, 0, sizeof shared);
+    if (m->o.recompute == RECOMPUTE_LAYER)
+        alloc_layer_set(m, &shared, 0);
+    else if (m->o.recompute == RECOMPUTE_ATTENTION)
+        alloc_layer_set(m, &shared, 1);
+    for (int l = 0; l < L; l++) {
+        layer_acts *a = &m->acts[l];
+        if (m->o.recompute == RECOMPUTE_LAYER) {
+            *a = shared;
+        } else {
+            int shared_attention = m->o.recompute == RECOMPUTE_ATTENTION;
+            alloc_layer_set(m, a, shared_attention ? 2 : 0);
+            if (shared_attention) {
+                a->att = shared.att;
+                a->lse = shared.lse;
+            }
+        }
+        a->x = act_alloc(m, BT * H, d);
+    }
+    model_scratch *s = MODEL_SCRATCH(m);
+    size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
+    size_t I = (size_t)mc->intermediate;
+    size_t bwd = 3 * BT * I > 2 * BT * (qd + kvd) ? 3 * BT * I : 2 * BT * (qd + kvd);
+    s->x_final = act_alloc(m, BT * H, d);
+    s->rstd_f = act_alloc(m, BT, DT_F32);
+    s->hf = act_alloc(m, BT * H, d);
+    s->dres = act_alloc(m, BT * H, d);
+    s->dh = act_alloc(m, BT * H, d);
+    s->bwd = act_alloc(m, bwd, d);
+    if (m->o.mode == MODE_LORA) {
+        s->dxr = act_alloc(m, BT * (size_t)m->o.lora_r, d);
+        if (m->o.lora_dropout > 0)
+            s->drop = act_alloc(m, BT * max_in_features(mc), d);
+    }
+    s->chunk_rows = logits_chunk_rows(mc, &m->o, d);
+    s->logits = act_alloc(m, (size_t)s->chunk_rows * (size_t)mc->vocab, d);
+    s->loss = act_alloc(m, BT, DT_F32);
+    s->tokens = act_alloc(m, BT, DT_I32);
+    s->targets = act_alloc(m, BT, DT_I32);
+    size_t half = (size_t)mc->head_dim / 2, T = (size_t)m->o.seq_len;
+    s->rope_cos = act_alloc(m, T * half, DT_F32);
+    s->rope_sin = act_alloc(m, T * half, DT_F32);
+    float *c = malloc(sizeof(float) * T * half), *sn = malloc(sizeof(float) * T * half);
+    if (c && sn) {
+        model_config_rope_tables(mc, (int64_t)T, c, sn);
+        be_upload(m->be, s->rope_cos, c, DT_F32);
+        be_upload(m->be, s->rope_sin, sn, DT_F32);
+    } else {
+        be_fail(m->be, __FILE__, __LINE__, "out of host memory for RoPE tables");
+    }
+    free(c);
+    free(sn);
+}
+
+static void alloc_params(model_t *m)
+{
+    backend_t *be = m->be;
+    size_t N = m->n_trainable ? m->n_trainable : 1;
+    m->master = be->ops->alloc(be, DT_F32, N);
+    m->grad = be->ops->alloc(be, DT_F32, N);
+    m->adam_m = be->ops->alloc(be, DT_F32, N);
+    m->adam_v = be->ops->alloc(be, DT_F32, N);
+    if (be->act_dt != DT_F32)
+        m->copy = be->ops->alloc(be, be->act_dt, N);
+    m->bytes_trainable = N * (16 + (be->act_dt != DT_F32 ? dtype_size(be->act_dt) : 0));
+    for (int i = 0; i < m->nparams && !be->err.code; i++) {
+        param_t *p = &m->params[i];
+        if (p->trainable) {
+            p->master = tensor_view(m->master, p->offset, p->n);
+            p->grad = tensor_view(m->grad, p->offset, p->n);
+            p->w = be->act_dt == DT_F32 ? p->master : tensor_view(m->copy, p->offset, p->n);
+        } else {
+            p->w = be->ops->alloc(be, be->act_dt, p->n);
+            m->bytes_weights += p->n * dtype_size(be->act_dt);
+        }
+    }
+}
+
+int model_create(model_t **out, backend_t *be, const model_config_t *mc, const model_opts *o,
+                 sp_err *err)
+{
+    *out = NULL;
+    model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    m->mc = *mc;
+    m->o = *o;
+    m->be = be;
+    int max_params = 4 + (int)mc->layers * (2 + 4 * PROJ_COUNT);
+    m->params = calloc((size_t)max_params, sizeof *m->params);
+    m->layers = calloc((size_t)mc->layers, sizeof *m->layers);
+    m->acts = calloc((size_t)mc->layers, sizeof *m->acts);
+    m->scratch = calloc(1, sizeof(model_scratch));
+    if (!m->params || !m->layers || !m->acts || !m->scratch) {
+        model_destroy(m);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
+    if (o->mode == MODE_LORA)
+        m->lora_scale = (float)(o->rslora ? o->lora_alpha / sqrt((double)o->lora_r)
+                                          : o->lora_alpha / (double)o->lora_r);
+    build_table(m);
+    if (layout_arenas(m, err)) {
+        model_destroy(m);
+        return err->code;
+    }
+    alloc_params(m);
+    if (!be->err.code)
+        alloc_activations(m);
+    if (be_check(be, err)) {
+        model_destroy(m);
+        return err->code;
+    }
+    *out = m;
+    return 0;
+}
+
+static void free_if_owned(backend_t *be, tensor_t *t, tensor_t *shared_with)
+{
+    if (t->p && (!shared_with || shared_with->p != t->p))
+        be->ops->free(be, t);
+}
+
+void model_destroy(model_t *m)
+{
+    if (!m)
+        return;
+    backend_t *be = m->be;
+    for (int i = 0; i < m->nparams; i++)
+        if (!m->params[i].trainable)
+            free_if_owned(be, &m->params[i].w, NULL);
+    tensor_t *arenas[] = {&m->master, &m->grad, &m->adam_m, &m->adam_v, &m->copy};
+    for (size_t i = 0; i < 5; i++)
+        free_if_owned(be, arenas[i], NULL);
+    /* shared activation sets are freed once, through the last layer's handles */
+    int L = m->acts ? (int)m->mc.layers : 0;
+    for (int l = 0; l < L; l++) {
+        layer_acts *a = &m->acts[l];
+        layer_acts *next = l + 1 < L ? &m->acts[l + 1] : NULL;
+        tensor_t *fields[] = {&a->rstd1, &a->h1, &a->q, &a->k, &a->v, &a->att, &a->lse,
+                              &a->x_mid, &a->rstd2, &a->h2, &a->g, &a->u, &a->a};
+        tensor_t *nfields[] = {next ? &next->rstd1 : NULL, next ? &next->h1 : NULL,
+                               next ? &next->q : NULL, next ? &next->k : NULL,
+                               next ? &next->v : NULL, next ? &next->att : NULL,
+                               next ? &next->lse : NULL, next ? &next->x_mid : NULL,
+                               next ? &next->rstd2 : NULL, next ? &next->h2 : NULL,
+                               next ? &next->g : NULL, next ? &next->u : NULL,
+                               next ? &next->a : NULL};
+        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+            free_if_owned(be, fields[f], nfields[f]);
+        for (int p = 0; p < PROJ_COUNT; p++)
+            free_if_owned(be, &a->xr[p], next ? &next->xr[p] : NULL);
+        free_if_owned(be, &a->x, NULL);
+    }
+    model_scratch *s = m->scratch;
+    if (s) {
+        tensor_t *fields[] = {&s->x_final, &s->rstd_f, &s->hf, &s->dres, &s->dh,
+                              &s->bwd, &s->dxr, &s->drop, &s->logits, &s->loss,
+                              &s->tokens, &s->targets, &s->rope_cos, &s->rope_sin};
+        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+            free_if_owned(be, fields[f], NULL);
+    }
+    free(m->scratch);
+    free(m->acts);
+    free(m->layers);
+    free(m->params);
+    free(m->runs);
+    free(m);
+}
+
+/* Fills a parameter on the device: the master when trainable (then the
+ * compute copy from it), else the weight itself. */
+static tensor_t fill_target(model_t *m, param_t *p)
+{
+    return p->trainable ? p->master : p->w;
+}
+
+static void sync_copy(model_t *m, param_t *p)
+{
+    if (p->trainable && p->w.p != p->master.p)
+        m->be->ops->copy(m->be, p->w, p->master);
+}
+
+static void fill_const(model_t *m, param_t *p, float value)
+{
+    m->be->ops->fill_uniform(m->be, fill_target(m, p), p->n, value, value, 0, 0);
+    sync_copy(m, p);
+}
+
+void model_init_base_random(model_t *m, uint64_t seed)
+{
+    uint64_t s = sp_rng_stream(seed, RNG_TAG_BASE_INIT);
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (p->kind == PK_NORM) {
+            fill_const(m, p, 1.0f);
+        } else if (p->kind == PK_BIAS) {
+            fill_const(m, p, 0.0f);
+        } else if (p->kind == PK_EMBED || p->kind == PK_WEIGHT || p->kind == PK_LM_HEAD) {
+            m->be->ops->fill_normal(m->be, fill_target(m, p), p->n, 0.0f, 0.02f,
+                                    sp_rng_stream(s, (uint64_t)i), 0);
+            sync_copy(m, p);
+        }
+    }
+}
+
+void model_init_lora(model_t *m, uint64_t seed)
+{
+    uint64_t s = sp_rng_stream(seed, RNG_TAG_LORA_INIT);
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (p->kind == PK_LORA_A) {
+            float bound = 1.0f / sqrtf((float)p->shape[1]);
+            uint64_t tag = (uint64_t)p->layer * PROJ_COUNT + (uint64_t)p->proj;
+            m->be->ops->fill_uniform(m->be, p->master, p->n, -bound, bound,
+                                     sp_rng_stream(s, tag), 0);
+            sync_copy(m, p);
+        } else if (p->kind == PK_LORA_B) {
+            fill_const(m, p, 0.0f);
+        }
+    }
+}
+
+void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt)
+{
+    be_upload(m->be, fill_target(m, p), src, src_dt);
+    sync_copy(m, p);
+}
+
+void model_param_download(model_t *m, const param_t *p, float *dst)
+{
+    be_download(m->be, dst, DT_F32, p->trainable ? p->master : p->w);
+}
+
+param_t *model_find_param(model_t *m, const char *name)
+{
+    for (int i = 0; i < m->nparams; i++)
+        if (strcmp(m->params[i].name, name) == 0)
+            return &m->params[i];
+    return NULL;
+}
+
+void model_zero_grads(model_t *m)
+{
+    if (m->n_trainable)
+        m->be->ops->zero(m->be, m->grad);
+}
+
+double model_grad_sumsq(model_t *m)
+{
+    if (!m->n_trainable)
+        return 0.0;
+    return m->be->ops->sumsq(m->be, m->grad, m->n_trainable);
+}
+
+void model_adamw(model_t *m, const adamw_args *a)
+{
+    for (int i = 0; i < m->nruns; i++) {
+        const adamw_run *r = &m->runs[i];
+        adamw_args ra = *a;
+        if (!r->decay)
+            ra.weight_decay = 0.0f;
+        tensor_t copy = m->copy.p ? tensor_view(m->copy, r->offset, r->n) : (tensor_t){0};
+        m->be->ops->adamw(m->be, tensor_view(m->master, r->offset, r->n), copy,
+                          tensor_view(m->grad, r->offset, r->n),
+                          tensor_view(m->adam_m, r->offset, r->n),
+                          tensor_view(m->adam_v, r->offset, r->n), r->n, &ra);
+    }
+}

@@ -1,0 +1,124 @@
+/* trainer/model.h — the Llama-family model written once against
+ * kernels/backend.h: the parameter table (Hugging Face and PEFT names, which
+ * are trainable), the trainable arenas (fp32 masters, gradients, AdamW
+ * moments), activations sized for (micro_batch, seq_len), and the forward,
+ * backward and evaluation of a micro-batch. Owns every device buffer of the
+ * model. Never dereferences device memory. */
+#ifndef SPOTUNE_MODEL_H
+#define SPOTUNE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../kernels/backend.h"
+#include "config.h"
+#include "model_config.h"
+
+enum { PK_EMBED, PK_NORM, PK_WEIGHT, PK_BIAS, PK_LM_HEAD, PK_LORA_A, PK_LORA_B };
+
+typedef struct param {
+    char name[160]; /* as Hugging Face (base) or PEFT (adapter) names it */
+    int kind, layer, proj;
+    int ndim;
+    int64_t shape[2];
+    size_t n;
+    int trainable, decay;
+    size_t offset;   /* in the trainable arenas */
+    tensor_t w;      /* compute copy (act_dt): what the ops read */
+    tensor_t master; /* F32 master (trainable only; on the CPU the same memory as w) */
+    tensor_t grad;   /* F32 gradient (trainable only) */
+} param_t;
+
+typedef struct layer_params {
+    param_t *attn_norm, *mlp_norm;
+    param_t *w[PROJ_COUNT], *b[PROJ_COUNT];
+    param_t *lora_a[PROJ_COUNT], *lora_b[PROJ_COUNT]; /* NULL: not a target */
+} layer_params;
+
+typedef struct model_opts {
+    int mode; /* MODE_LORA or MODE_FULL */
+    int64_t lora_r;
+    double lora_alpha, lora_dropout;
+    int64_t lora_targets;
+    int rslora;
+    int64_t max_batch, seq_len;
+    int recompute;
+    uint64_t seed;
+} model_opts;
+
+/* A micro-batch: host arrays of B*T token ids. targets < 0 are not trained. */
+typedef struct model_batch {
+    const int32_t *inputs, *targets;
+    const uint64_t *sample_ids; /* [B] global sample index of each window (dropout streams) */
+    int B, T;
+    float grad_scale; /* d(step loss)/d(sum of token losses): 1 / trained tokens of the step */
+} model_batch;
+
+typedef struct layer_acts layer_acts;
+
+typedef struct adamw_run {
+    size_t offset, n;
+    int decay;
+} adamw_run;
+
+typedef struct model {
+    model_config_t mc;
+    model_opts o;
+    backend_t *be;
+    param_t *params;
+    int nparams;
+    param_t *embed, *final_norm, *lm_head;
+    layer_params *layers;
+    float lora_scale;
+    /* trainable arenas, laid out in the order the backward produces them */
+    size_t n_trainable;
+    tensor_t master, grad, adam_m, adam_v, copy;
+    adamw_run *runs;
+    int nruns;
+    /* activations and scratch */
+    layer_acts *acts;
+    void *scratch;
+    size_t bytes_weights, bytes_trainable, bytes_acts;
+} model_t;
+
+/* Builds the parameter table and allocates everything (weights zero: load or
+ * initialise next). */
+int model_create(model_t **out, backend_t *be, const model_config_t *mc, const model_opts *o,
+                 sp_err *err);
+void model_destroy(model_t *m);
+/* Base weights ~ N(0, 0.02), norms 1, biases 0 (as Hugging Face initialises). */
+void model_init_base_random(model_t *m, uint64_t seed);
+/* LoRA A Kaiming-uniform (a = sqrt 5, i.e. U(-1/sqrt(in), 1/sqrt(in))), B = 0. */
+void model_init_lora(model_t *m, uint64_t seed);
+/* Copies host values (dtype src_dt) into a parameter (master and compute copy). */
+void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt);
+/* Reads a parameter's value (the F32 master when trainable) into host F32. */
+void model_param_download(model_t *m, const param_t *p, float *dst);
+param_t *model_find_param(model_t *m, const char *name);
+
+void model_zero_grads(model_t *m);
+/* Forward and backward of one micro-batch; adds the micro-batch's summed
+ * token loss to *loss_sum and its gradients (scaled by grad_scale) into the
+ * gradient arena. */
+int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err);
+/* Forward only: adds the summed token loss to *loss_sum. */
+int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *err);
+/* Forward only: writes the logits [B*T, vocab] (F32) to host memory. */
+int model_forward_logits(model_t *m, const model_batch *b, float *logits, sp_err *err);
+/* Sum of squares of every trainable gradient. */
+double model_grad_sumsq(model_t *m);
+/* One AdamW step over every trainable parameter (no decay on norms, biases). */
+void model_adamw(model_t *m, const adamw_args *a);
+
+/* Bytes the model needs, by category, before anything is allocated. */
+typedef struct model_plan {
+    size_t weights, trainable, activations, scratch;
+} model_plan;
+void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act_dt,
+                      model_plan *plan);
+
+/* Hugging Face / PEFT names. */
+void model_base_name(char *buf, size_t n, int layer, int proj, int bias);
+void model_lora_name(char *buf, size_t n, int layer, int proj, int b_matrix);
+
+#endif

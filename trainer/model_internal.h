@@ -1,0 +1,29 @@
+/* trainer/model_internal.h — private to model.c and model_graph.c: the
+ * activation and scratch buffers of the model. */
+#ifndef SPOTUNE_MODEL_INTERNAL_H
+#define SPOTUNE_MODEL_INTERNAL_H
+
+#include "model.h"
+
+/* What a layer's backward needs from its forward. With recompute=layer only
+ * x is kept per layer and the rest point at one shared set; with
+ * recompute=attention att and lse are shared and recomputed. */
+struct layer_acts {
+    tensor_t x; /* layer input (the residual stream) [BT,H] */
+    tensor_t rstd1, h1, q, k, v, att, lse, x_mid, rstd2, h2, g, u, a;
+    tensor_t xr[PROJ_COUNT]; /* LoRA x.A^T [BT,r] */
+};
+
+typedef struct model_scratch {
+    tensor_t x_final, rstd_f, hf; /* final norm input/output */
+    tensor_t dres, dh;            /* residual gradient, norm-output gradient */
+    tensor_t bwd;                 /* union: MLP (dg, du, da) or attention (dq, dk, dv, datt) */
+    tensor_t dxr, drop;           /* LoRA: d(x.A^T), dropped input */
+    tensor_t logits, loss, tokens, targets;
+    tensor_t rope_cos, rope_sin;
+    int64_t chunk_rows; /* rows of logits materialised at once */
+} model_scratch;
+
+#define MODEL_SCRATCH(m) ((model_scratch *)(m)->scratch)
+
+#endif

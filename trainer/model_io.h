@@ -1,0 +1,26 @@
+/* trainer/model_io.h — Hugging Face model directories in and out: loading
+ * the base weights from model.safetensors or the shards named by
+ * model.safetensors.index.json (memory-mapped; every tensor's presence,
+ * dtype and shape checked against the config), writing a model directory in
+ * the same layout (init-model, full fine-tuning, merged export), and the
+ * base model's identity (a hash that a resumed LoRA run must match). */
+#ifndef SPOTUNE_MODEL_IO_H
+#define SPOTUNE_MODEL_IO_H
+
+#include "model.h"
+
+/* Loads every base (non-LoRA) parameter from dir. */
+int model_io_load_base(model_t *m, const char *dir, sp_err *err);
+/* Writes dir/config.json and model.safetensors (sharded above shard_bytes,
+ * with model.safetensors.index.json) holding the base parameters in dtype
+ * (F32 or BF16). With merge_lora, LoRA updates are folded into the weights. */
+int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, size_t shard_bytes,
+                  sp_err *err);
+/* 16 hex digits identifying the base model: its config.json and the names,
+ * shapes, dtypes and sampled bytes of its tensors. */
+int model_io_identity(const char *dir, char out[17], sp_err *err);
+/* Lists the safetensors files of a model directory (index shards or the
+ * single file). Caller frees each string and the array. */
+int model_io_weight_files(const char *dir, char ***files, int *n, sp_err *err);
+
+#endif
