@@ -141,6 +141,8 @@ struct backend {
     size_t bytes_peak;
     char device_name[128];
     sp_err err;            /* sticky: first failure, with file:line */
+    void *stream;          /* CUDA: the compute stream (cudaStream_t); CPU: NULL */
+    size_t mem_total;      /* device memory in bytes (CPU: physical RAM) */
     void *impl;
 };
 

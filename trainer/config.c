@@ -94,6 +94,12 @@ static const key_def keys[] = {
     {"runtime.recompute", K_ENUM, O(recompute), "none", 0, 0, recomputes, 0,
      "Activation recomputation: none, attention (recompute attention and norms in the "
      "backward) or layer (keep only each layer's input; recompute the layer)."},
+    {"comm.bucket_mb", K_FLOAT, O(comm_bucket_mb), "25", 0.0625, 4096, NULL, 0,
+     "Gradients are all-reduced in buckets of this many MiB (on GPUs, overlapping the backward "
+     "pass)."},
+    {"comm.timeout_s", K_FLOAT, O(comm_timeout_s), "60", 1, 86400, NULL, 0,
+     "A collective that does not finish in this many seconds ends the whole job (a rank died "
+     "or hangs)."},
 };
 #undef O
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -329,7 +335,7 @@ static int load_mapping(config_t *cfg, yaml_document_t *doc, const char *path, s
         if (!section_exists(sec, strlen(sec)))
             return sp_fail(err, SP_EXIT_USAGE,
                            "%s:%ld: unknown section '%s' (expected run, model, train, lora, data, "
-                           "log, runtime; see configs/README.md)",
+                           "log, runtime, comm; see configs/README.md)",
                            path, line, sec);
         if (vn->type == YAML_SCALAR_NODE && vn->data.scalar.length == 0)
             continue; /* "section:" with nothing under it */
@@ -397,6 +403,9 @@ int config_set(config_t *cfg, const char *assignment, sp_err *err)
         return sp_fail(err, SP_EXIT_USAGE, "--set: unknown key '%s' (see configs/README.md)",
                        name);
     const char *val = eq + 1;
+    origin so = {"--set", 0};
+    if (k->type == K_STRING) /* taken literally: paths may hold ': ' */
+        return set_scalar(cfg, k, val, 0, so, err);
     yaml_parser_t parser;
     yaml_document_t doc;
     int rc;

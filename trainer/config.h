@@ -51,6 +51,8 @@ typedef struct config {
     char *backend;
     int64_t threads;
     int recompute;
+    /* comm */
+    double comm_bucket_mb, comm_timeout_s;
 } config_t;
 
 /* Fills cfg with every key's default. */

@@ -101,7 +101,7 @@ void model_zero_grads(model_t *m);
  * token loss to *loss_sum and its gradients (scaled by grad_scale) into the
  * gradient arena. */
 int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err);
-/* Forward only: adds the summed token loss to *loss_sum. */
+/* Forward only, no dropout: adds the summed token loss to *loss_sum. */
 int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *err);
 /* Forward only: writes the logits [B*T, vocab] (F32) to host memory. */
 int model_forward_logits(model_t *m, const model_batch *b, float *logits, sp_err *err);

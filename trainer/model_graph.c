@@ -13,6 +13,7 @@ typedef struct step_ctx {
     model_t *m;
     const model_batch *b;
     int rows;
+    int training; /* dropout on */
 } step_ctx;
 
 static tensor_t rows_of(tensor_t t, int rows, int64_t cols)
@@ -32,7 +33,7 @@ static tensor_t no_tensor(void)
 static tensor_t lora_input(const step_ctx *c, int l, int p, tensor_t x, int64_t in)
 {
     model_t *m = c->m;
-    if (m->o.lora_dropout <= 0)
+    if (m->o.lora_dropout <= 0 || !c->training)
         return x;
     model_scratch *s = MODEL_SCRATCH(m);
     size_t win = (size_t)c->b->T * (size_t)in;
@@ -278,7 +279,7 @@ static int forward(const step_ctx *c, sp_err *err)
 
 int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
 {
-    step_ctx c = {m, b, b->B * b->T};
+    step_ctx c = {m, b, b->B * b->T, 1};
     if (forward(&c, err) || head(&c, 1, loss_sum, err))
         return err->code;
     for (int l = (int)m->mc.layers - 1; l >= 0; l--)
@@ -291,7 +292,7 @@ int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, s
 
 int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
 {
-    step_ctx c = {m, b, b->B * b->T};
+    step_ctx c = {m, b, b->B * b->T, 0};
     if (forward(&c, err) || head(&c, 0, loss_sum, err))
         return err->code;
     return be_check(m->be, err);
@@ -299,7 +300,7 @@ int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *e
 
 int model_forward_logits(model_t *m, const model_batch *b, float *logits, sp_err *err)
 {
-    step_ctx c = {m, b, b->B * b->T};
+    step_ctx c = {m, b, b->B * b->T, 0};
     model_scratch *s = MODEL_SCRATCH(m);
     int H = (int)m->mc.hidden, V = (int)m->mc.vocab;
     if (forward(&c, err))

@@ -350,3 +350,20 @@ int model_io_identity(const char *dir, char out[17], sp_err *err)
     snprintf(out, 17, "%016llx", (unsigned long long)h);
     return rc;
 }
+
+int model_io_weights_dtype(const char *dir, dtype_t *dt, sp_err *err)
+{
+    char **files, path[4096];
+    int nf;
+    *dt = DT_F32;
+    if (model_io_weight_files(dir, &files, &nf, err))
+        return err->code;
+    snprintf(path, sizeof path, "%s/%s", dir, files[0]);
+    free_files(files, nf);
+    st_file f;
+    int rc = st_open(&f, path, err);
+    if (!rc && f.n > 0)
+        *dt = f.tensors[0].dt == DT_F32 ? DT_F32 : DT_BF16;
+    st_close(&f);
+    return rc;
+}

@@ -19,6 +19,9 @@ int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, si
 /* 16 hex digits identifying the base model: its config.json and the names,
  * shapes, dtypes and sampled bytes of its tensors. */
 int model_io_identity(const char *dir, char out[17], sp_err *err);
+/* The dtype a model directory stores its weights in: BF16 (for BF16 and
+ * F16) or F32, read from its first tensor; an exported model keeps it. */
+int model_io_weights_dtype(const char *dir, dtype_t *dt, sp_err *err);
 /* Lists the safetensors files of a model directory (index shards or the
  * single file). Caller frees each string and the array. */
 int model_io_weight_files(const char *dir, char ***files, int *n, sp_err *err);

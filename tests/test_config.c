@@ -1,0 +1,178 @@
+/* Config loading: defaults, every type, --set overrides, the resolved YAML
+ * round trip, and each bad input with the message naming file:line and key
+ * and exit code 2. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "trainer/config.h"
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = tu_tempdir("config");
+    cr_assert(dir);
+}
+
+static void teardown(void)
+{
+    tu_rmtree(dir);
+    free(dir);
+}
+
+TestSuite(config, .init = setup, .fini = teardown);
+
+static const char *write_cfg(const char *name, const char *text)
+{
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    cr_assert_eq(tu_write_file(path, text), 0);
+    return path;
+}
+
+static const char *good =
+    "run:\n  dir: runs/x\n  seed: 7\n"
+    "model:\n  path: m\n"
+    "train:\n  mode: full\n  steps: 30\n  lr: 3e-4\n  schedule: linear\n  micro_batch: 2\n"
+    "lora:\n  targets: [q_proj, down_proj]\n  rslora: true\n"
+    "data:\n  train: d.h5\n";
+
+Test(config, loads_every_type_over_the_defaults)
+{
+    config_t c;
+    sp_err err = {0};
+    config_defaults(&c);
+    const char *p = write_cfg("good.yaml", good);
+    cr_assert_eq(config_load(&c, p, &err), 0, "%s", err.msg);
+    cr_assert_eq(config_validate(&c, &err), 0, "%s", err.msg);
+    cr_expect_str_eq(c.run_dir, "runs/x");
+    cr_expect_eq(c.seed, 7);
+    cr_expect_eq(c.mode, MODE_FULL);
+    cr_expect_eq(c.steps, 30);
+    cr_expect_float_eq(c.lr, 3e-4, 1e-15);
+    cr_expect_eq(c.schedule, SCHED_LINEAR);
+    cr_expect_eq(c.lora_targets, TARGET_Q | TARGET_DOWN);
+    cr_expect_eq(c.lora_rslora, 1);
+    cr_expect_eq(c.grad_accum, 1, "default kept");
+    cr_expect_eq(c.lora_r, 16, "default kept");
+    config_free(&c);
+}
+
+Test(config, set_overrides_and_resolved_yaml_round_trips)
+{
+    config_t c, d;
+    sp_err err = {0};
+    config_defaults(&c);
+    cr_assert_eq(config_load(&c, write_cfg("good.yaml", good), &err), 0);
+    cr_assert_eq(config_set(&c, "train.steps=99", &err), 0, "%s", err.msg);
+    cr_assert_eq(config_set(&c, "lora.targets=[v_proj,up_proj]", &err), 0, "%s", err.msg);
+    cr_assert_eq(config_set(&c, "lora.targets=k_proj,o_proj", &err), 0, "%s", err.msg);
+    cr_assert_eq(config_set(&c, "run.dir=with space: and colon", &err), 0, "%s", err.msg);
+    cr_expect_eq(c.steps, 99);
+    cr_expect_eq(c.lora_targets, TARGET_K | TARGET_O);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/resolved.yaml", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_eq(config_write_yaml(&c, f, &err), 0);
+    fclose(f);
+    config_defaults(&d);
+    cr_assert_eq(config_load(&d, path, &err), 0, "%s", err.msg);
+    cr_expect_eq(config_math_hash(&c), config_math_hash(&d));
+    cr_expect_str_eq(d.run_dir, "with space: and colon");
+    cr_expect_eq(d.steps, 99);
+    cr_expect_eq(d.lora_targets, TARGET_K | TARGET_O);
+    cr_expect_float_eq(d.lr, c.lr, 0.0);
+    /* harmless keys leave the math hash alone; math keys change it */
+    cr_assert_eq(config_set(&d, "train.steps=5", &err), 0);
+    cr_assert_eq(config_set(&d, "log.every=3", &err), 0);
+    cr_expect_eq(config_math_hash(&c), config_math_hash(&d));
+    cr_assert_eq(config_set(&d, "lora.r=8", &err), 0);
+    cr_expect_neq(config_math_hash(&c), config_math_hash(&d));
+    config_free(&c);
+    config_free(&d);
+}
+
+static void expect_error(const char *text, const char *want1, const char *want2)
+{
+    config_t c;
+    sp_err err = {0};
+    config_defaults(&c);
+    const char *p = write_cfg("bad.yaml", text);
+    int rc = config_load(&c, p, &err);
+    if (!rc)
+        rc = config_validate(&c, &err);
+    cr_expect_eq(rc, SP_EXIT_USAGE, "rc %d for: %s", rc, text);
+    cr_expect(tu_contains(err.msg, want1), "message '%s' lacks '%s'", err.msg, want1);
+    cr_expect(tu_contains(err.msg, want2), "message '%s' lacks '%s'", err.msg, want2);
+    config_free(&c);
+}
+
+Test(config, unknown_key_names_file_line_and_key)
+{
+    expect_error("run:\n  dir: x\ntrain:\n  stepz: 3\n", "bad.yaml:4", "train.stepz");
+}
+
+Test(config, unknown_section)
+{
+    expect_error("run:\n  dir: x\ntraining:\n  steps: 3\n", "bad.yaml:3", "training");
+}
+
+Test(config, wrong_type)
+{
+    expect_error("train:\n  steps: many\n", "bad.yaml:2", "train.steps: expected an integer");
+    expect_error("train:\n  lr: \"0.1\"\n", "bad.yaml:2", "train.lr: expected a number");
+    expect_error("lora:\n  rslora: maybe\n", "bad.yaml:2", "lora.rslora");
+    expect_error("lora:\n  targets: {a: 1}\n", "bad.yaml:2", "lora.targets");
+}
+
+Test(config, negative_lr_is_out_of_range)
+{
+    expect_error("train:\n  lr: -0.001\n", "bad.yaml:2", "train.lr: -0.001 is out of range");
+}
+
+Test(config, bad_choice_and_bad_target)
+{
+    expect_error("train:\n  schedule: cosin\n", "bad.yaml:2", "not one of: cosine, linear, constant");
+    expect_error("lora:\n  targets: [q_proj, qkv_proj]\n", "bad.yaml:2", "unknown target 'qkv_proj'");
+}
+
+Test(config, yaml_syntax_error_has_a_position)
+{
+    expect_error("train:\n  steps: [1, 2\n", "bad.yaml:", "YAML error");
+}
+
+Test(config, missing_required_keys_and_cross_checks)
+{
+    expect_error("run:\n  dir: x\nmodel:\n  path: m\n", "bad.yaml", "data.train is required");
+    expect_error("run:\n  dir: x\nmodel:\n  path: m\ndata:\n  train: d\ntrain:\n  lr: 1e-4\n  "
+                 "min_lr: 1e-3\n",
+                 "train.min_lr", "larger than train.lr");
+}
+
+Test(config, missing_file)
+{
+    config_t c;
+    sp_err err = {0};
+    config_defaults(&c);
+    cr_expect_eq(config_load(&c, "/nonexistent/x.yaml", &err), SP_EXIT_USAGE);
+    cr_expect(tu_contains(err.msg, "/nonexistent/x.yaml"));
+    config_free(&c);
+}
+
+Test(config, bad_set_assignments)
+{
+    config_t c;
+    sp_err err = {0};
+    config_defaults(&c);
+    cr_expect_eq(config_set(&c, "train.nope=1", &err), SP_EXIT_USAGE);
+    cr_expect(tu_contains(err.msg, "train.nope"));
+    sp_err_clear(&err);
+    cr_expect_eq(config_set(&c, "train.lr", &err), SP_EXIT_USAGE);
+    sp_err_clear(&err);
+    cr_expect_eq(config_set(&c, "train.lr=-1", &err), SP_EXIT_USAGE);
+    cr_expect(tu_contains(err.msg, "--set"), "%s", err.msg);
+    config_free(&c);
+}

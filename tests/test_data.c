@@ -1,0 +1,215 @@
+/* Token datasets: windows and targets, the per-epoch permutation, the
+ * integer cursor, prepare-text, and each bad input (exit code 3 with the
+ * file named). */
+#include <criterion/criterion.h>
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "trainer/data.h"
+#include "trainer/prepare_text.h"
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = tu_tempdir("data");
+}
+
+static void teardown(void)
+{
+    tu_rmtree(dir);
+    free(dir);
+}
+
+TestSuite(data, .init = setup, .fini = teardown);
+
+static const char *path_of(const char *name)
+{
+    static char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return p;
+}
+
+/* n tokens i mod modulo, mask 1 except every 5th; attribute vocab_size */
+static void make_mod(const char *name, uint64_t n, int64_t vocab, int64_t modulo)
+{
+    uint32_t *t = malloc(sizeof(uint32_t) * (n ? n : 1));
+    uint8_t *m = malloc(n ? n : 1);
+    for (uint64_t i = 0; i < n; i++) {
+        t[i] = (uint32_t)(i % (uint64_t)modulo);
+        m[i] = i % 5 != 0;
+    }
+    uint64_t off[2] = {0, n};
+    sp_err err = {0};
+    cr_assert_eq(dataset_write(path_of(name), t, m, n, off, 1, vocab, 0, "test", &err), 0, "%s",
+                 err.msg);
+    free(t);
+    free(m);
+}
+
+static void make(const char *name, uint64_t n, int64_t vocab)
+{
+    make_mod(name, n, vocab, vocab);
+}
+
+Test(data, windows_targets_and_masks)
+{
+    make("a.h5", 101, 1000);
+    dataset_t d;
+    sp_err err = {0};
+    cr_assert_eq(dataset_open(&d, path_of("a.h5"), 10, 1000, 1, &err), 0, "%s", err.msg);
+    cr_expect_eq(d.n_windows, 10, "(101 - 1) / 10");
+    int32_t in[10], tg[10];
+    int64_t trained;
+    cr_assert_eq(dataset_read_window(&d, 3, in, tg, &trained, &err), 0);
+    int64_t want_trained = 0;
+    for (int t = 0; t < 10; t++) {
+        cr_expect_eq(in[t], 30 + t);
+        int on = (31 + t) % 5 != 0;
+        cr_expect_eq(tg[t], on ? 31 + t : -1);
+        want_trained += on;
+    }
+    cr_expect_eq(trained, want_trained);
+    cr_expect_str_eq(d.tokenizer, "test");
+    dataset_close(&d);
+}
+
+Test(data, each_epoch_is_a_seeded_permutation)
+{
+    make("p.h5", 1001, 1000);
+    dataset_t d, e;
+    sp_err err = {0};
+    cr_assert_eq(dataset_open(&d, path_of("p.h5"), 10, 1000, 5, &err), 0);
+    cr_assert_eq(dataset_open(&e, path_of("p.h5"), 10, 1000, 5, &err), 0);
+    uint64_t W = d.n_windows, w, ep, first[100], same = 0;
+    int seen[100];
+    for (uint64_t epoch = 0; epoch < 3; epoch++) {
+        memset(seen, 0, sizeof seen);
+        for (uint64_t i = 0; i < W; i++) {
+            cr_assert_eq(dataset_window_of(&d, epoch * W + i, &w, &ep, &err), 0);
+            cr_assert_eq(ep, epoch);
+            cr_assert_lt(w, W);
+            seen[w]++;
+            if (epoch == 0)
+                first[i] = w;
+            else if (epoch == 1)
+                same += first[i] == w;
+        }
+        for (uint64_t i = 0; i < W; i++)
+            cr_expect_eq(seen[i], 1, "epoch %llu window %llu seen %d times",
+                         (unsigned long long)epoch, (unsigned long long)i, seen[i]);
+    }
+    cr_expect_lt(same, 20, "epochs 0 and 1 should differ (%llu equal)", (unsigned long long)same);
+    /* an integer cursor lands anywhere directly: same window from a fresh reader */
+    for (uint64_t s = 0; s < 3 * W; s += 7) {
+        uint64_t a, b;
+        cr_assert_eq(dataset_window_of(&d, s, &a, NULL, &err), 0);
+        cr_assert_eq(dataset_window_of(&e, s, &b, NULL, &err), 0);
+        cr_expect_eq(a, b);
+    }
+    dataset_close(&d);
+    dataset_close(&e);
+}
+
+static void expect_open_error(const char *name, int64_t seq, int64_t vocab, const char *want)
+{
+    dataset_t d;
+    sp_err err = {0};
+    int rc = dataset_open(&d, path_of(name), seq, vocab, 1, &err);
+    cr_expect_eq(rc, SP_EXIT_INPUT, "rc %d: %s", rc, err.msg);
+    cr_expect(tu_contains(err.msg, name), "'%s' does not name the file", err.msg);
+    cr_expect(tu_contains(err.msg, want), "'%s' lacks '%s'", err.msg, want);
+    dataset_close(&d);
+}
+
+Test(data, token_not_below_vocab)
+{
+    make_mod("v.h5", 300, 250, 300); /* claims 250 ids, holds 300 */
+    expect_open_error("v.h5", 10, 250, "token 250 at position 250 is not below");
+}
+
+Test(data, dataset_vocab_larger_than_model)
+{
+    make("vv.h5", 200, 300);
+    expect_open_error("vv.h5", 10, 299, "vocab_size 300 exceeds the model's 299");
+}
+
+Test(data, empty_dataset)
+{
+    make("e.h5", 0, 100);
+    expect_open_error("e.h5", 10, 100, "empty");
+}
+
+Test(data, too_short_for_one_window)
+{
+    make("s.h5", 10, 100);
+    expect_open_error("s.h5", 10, 100, "too few for one window");
+}
+
+Test(data, loss_mask_length_differs)
+{
+    hid_t f = H5Fcreate(path_of("m.h5"), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t n1 = 50, n2 = 49, n3 = 2;
+    uint32_t tok[50] = {0};
+    uint8_t msk[49] = {0};
+    uint64_t off[2] = {0, 50};
+    hid_t s1 = H5Screate_simple(1, &n1, NULL), s2 = H5Screate_simple(1, &n2, NULL),
+          s3 = H5Screate_simple(1, &n3, NULL);
+    hid_t d1 = H5Dcreate2(f, "tokens", H5T_STD_U32LE, s1, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t d2 = H5Dcreate2(f, "loss_mask", H5T_STD_U8LE, s2, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t d3 = H5Dcreate2(f, "doc_offsets", H5T_STD_U64LE, s3, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(d1, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tok);
+    H5Dwrite(d2, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, msk);
+    H5Dwrite(d3, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, off);
+    H5Dclose(d1), H5Dclose(d2), H5Dclose(d3), H5Sclose(s1), H5Sclose(s2), H5Sclose(s3);
+    H5Fclose(f);
+    expect_open_error("m.h5", 10, 100, "/loss_mask has 49 entries but /tokens has 50");
+}
+
+Test(data, missing_dataset_and_not_hdf5)
+{
+    hid_t f = H5Fcreate(path_of("x.h5"), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    H5Fclose(f);
+    expect_open_error("x.h5", 10, 100, "dataset /tokens is missing");
+    tu_write_file(path_of("t.h5"), "this is text, not HDF5\n");
+    expect_open_error("t.h5", 10, 100, "not an HDF5 file");
+    expect_open_error("absent.h5", 10, 100, "cannot read");
+}
+
+Test(data, prepare_text_paragraphs_and_split)
+{
+    const char *txt = path_of("in.txt");
+    FILE *f = fopen(txt, "w");
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "paragraph %d line one\nline two\n\n", i);
+    fclose(f);
+    char prefix[4096];
+    snprintf(prefix, sizeof prefix, "%s/out", dir);
+    prepare_text_stats st;
+    sp_err err = {0};
+    cr_assert_eq(prepare_text(txt, prefix, 0.25, 3, &st, &err), 0, "%s", err.msg);
+    cr_expect_eq(st.train_docs + st.val_docs, 40);
+    cr_expect_gt(st.val_docs, 3);
+    cr_expect_gt(st.train_docs, 20);
+    dataset_t d;
+    char p[4200];
+    snprintf(p, sizeof p, "%s.train.h5", prefix);
+    cr_assert_eq(dataset_open(&d, p, 8, BYTE_VOCAB, 1, &err), 0, "%s", err.msg);
+    cr_expect_eq(d.n_docs, st.train_docs);
+    cr_expect_eq(d.n_tokens, st.train_tokens);
+    cr_expect_eq(d.eos_id, BYTE_EOS);
+    int32_t in[8], tg[8];
+    cr_assert_eq(dataset_read_window(&d, 0, in, tg, NULL, &err), 0);
+    cr_expect_eq(in[0], BYTE_BOS, "documents start with bos");
+    cr_expect_eq(in[1], 'p');
+    cr_expect_eq(tg[0], 'p', "bytes are trained");
+    dataset_close(&d);
+    /* empty text is an error */
+    tu_write_file(txt, "\n\n  \n");
+    sp_err_clear(&err);
+    cr_expect_eq(prepare_text(txt, prefix, 0.1, 3, &st, &err), SP_EXIT_INPUT);
+    cr_expect(tu_contains(err.msg, "empty"));
+}

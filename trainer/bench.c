@@ -1,0 +1,217 @@
+/* Training-step benchmark on random weights. */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "grad_sync.h"
+#include "model.h"
+#include "optim.h"
+
+typedef struct bench_opts {
+    const char *preset, *backend;
+    int mode; /* 0 lora, 1 full, 2 both */
+    int micro_batch, seq_len, steps, warmup, lora_r, recompute, threads, json;
+    double peak_tflops;
+} bench_opts;
+
+/* Dense bf16 tensor-core peaks (TFLOP/s) by device name. */
+static double gpu_peak_tflops(const char *name)
+{
+    static const struct { const char *key; double tflops; } peaks[] = {
+        {"H200", 989.0},  {"H100 PCIe", 756.0}, {"H100", 989.0},   {"H800", 989.0},
+        {"A100", 312.0},  {"A800", 312.0},      {"L40S", 362.0},   {"L40", 181.0},
+        {"A10G", 70.0},   {"A10", 125.0},       {"RTX 4090", 165.0}, {"RTX 3090", 71.0},
+        {"A6000", 155.0}, {"L4", 121.0},
+    };
+    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
+        if (strstr(name, peaks[i].key))
+            return peaks[i].tflops;
+    return 0.0;
+}
+
+/* Model FLOPs per trained token (PaLM's convention: matmuls forward 2N,
+ * backward 2N for activations plus 2N for weights when they train, attention
+ * 12 * layers * heads * head_dim * T; recomputation is not counted). */
+static double flops_per_token(const model_t *m, int T)
+{
+    const model_config_t *mc = &m->mc;
+    double nmm = (double)mc->vocab * (double)mc->hidden, lora = 0;
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        int64_t in, out;
+        model_config_proj_dims(mc, p, &in, &out);
+        nmm += (double)mc->layers * (double)(in * out);
+    }
+    if (m->o.mode == MODE_LORA)
+        lora = (double)m->n_trainable;
+    double mm = m->o.mode == MODE_FULL ? 6.0 * nmm : 4.0 * nmm + 6.0 * lora;
+    return mm + 12.0 * (double)mc->layers * (double)(mc->heads * mc->head_dim) * (double)T;
+}
+
+static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
+{
+    model_config_t mc;
+    if (model_config_preset(&mc, bo->preset))
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "bench: unknown preset '%s' (tiny, small, llama-7b, llama-13b)", bo->preset);
+    backend_t *be;
+    if (backend_create(&be, bo->backend, comm_local_rank(comm), bo->threads, err))
+        return err->code;
+    model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
+                    .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
+                    .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};
+    model_t *m;
+    if (model_create(&m, be, &mc, &o, err)) {
+        backend_destroy(be);
+        return err->code;
+    }
+    model_init_base_random(m, 1);
+    if (mode == MODE_LORA)
+        model_init_lora(m, 1);
+    size_t n = (size_t)bo->micro_batch * (size_t)bo->seq_len;
+    int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+    uint64_t ids[4096];
+    for (size_t i = 0; i < n; i++) {
+        in[i] = (int32_t)(sp_rng_u64(7, i) % (uint64_t)mc.vocab);
+        tg[i] = (int32_t)(sp_rng_u64(8, i) % (uint64_t)mc.vocab);
+    }
+    for (int b = 0; b < bo->micro_batch && b < 4096; b++)
+        ids[b] = (uint64_t)b;
+    model_batch batch = {in, tg, ids, bo->micro_batch, bo->seq_len, (float)(1.0 / (double)n)};
+    adamw_args a = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .weight_decay = 0.0f, .grad_scale = 1.0f};
+    double t0 = 0, loss = 0;
+    int rc = 0;
+    for (int s = 0; s < bo->warmup + bo->steps && !rc; s++) {
+        if (s == bo->warmup) {
+            be->ops->sync(be);
+            rc = comm_barrier(comm, err);
+            t0 = sp_now();
+        }
+        model_zero_grads(m);
+        rc = rc || model_forward_backward(m, &batch, &loss, err) ||
+             grad_sync(m, comm, 25.0, err);
+        if (!rc) {
+            a.step = s + 1;
+            a.grad_scale = (float)optim_clip_scale(sqrt(model_grad_sumsq(m)), 1.0);
+            model_adamw(m, &a);
+        }
+    }
+    be->ops->sync(be);
+    rc = rc || be_check(be, err) || comm_barrier(comm, err);
+    double dt = (sp_now() - t0) / (bo->steps > 0 ? bo->steps : 1);
+    if (!rc && comm_rank(comm) == 0) {
+        int world = comm_size(comm);
+        double tps = (double)n * world / dt;
+        double peak = strcmp(be->name, "cuda") == 0 ? gpu_peak_tflops(be->device_name)
+                                                     : bo->peak_tflops;
+        double mfu = peak > 0 ? flops_per_token(m, bo->seq_len) * tps / world / (peak * 1e12) : -1;
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        double peak_mem = strcmp(be->name, "cuda") == 0 ? (double)be->bytes_peak
+                                                         : (double)ru.ru_maxrss * 1024.0;
+        const char *modes[] = {"lora", "full"};
+        if (bo->json) {
+            json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I}",
+                                  "preset", bo->preset, "mode", modes[mode], "backend", be->name,
+                                  "device", be->device_name, "ranks", world, "micro_batch",
+                                  bo->micro_batch, "seq_len", bo->seq_len, "threads",
+                                  be->threads, "step_s", dt, "tokens_per_s", tps, "mfu", mfu,
+                                  "peak_mem_bytes", peak_mem, "trainable_params",
+                                  (json_int_t)m->n_trainable);
+            char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+            printf("%s\n", s);
+            free(s);
+            json_decref(j);
+        } else {
+            printf("%-9s %-4s %-5s %-20s ranks %d  mb %d  seq %d  step %.3f s  %10.1f tok/s  "
+                   "peak %.2f GiB",
+                   bo->preset, modes[mode], be->name, be->device_name, world, bo->micro_batch,
+                   bo->seq_len, dt, tps, peak_mem / (1 << 30));
+            if (mfu >= 0)
+                printf("  MFU %.1f%%", 100.0 * mfu);
+            printf("\n");
+        }
+        fflush(stdout);
+    }
+    free(in);
+    free(tg);
+    model_destroy(m);
+    backend_destroy(be);
+    return rc;
+}
+
+static void bench_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: spotune bench [options]\n"
+            "Times training steps of a preset model with random weights (no files).\n"
+            "  --preset NAME        tiny, small, llama-7b, llama-13b (default small)\n"
+            "  --mode MODE          lora, full or both (default both)\n"
+            "  --micro-batch N      windows per step (default 1)\n"
+            "  --seq-len N          tokens per window (default 2048)\n"
+            "  --steps N            timed steps (default 5)\n"
+            "  --warmup N           untimed steps first (default 1)\n"
+            "  --lora-r N           LoRA rank on all 7 projections (default 16)\n"
+            "  --recompute WHAT     none, attention or layer (default none)\n"
+            "  --backend NAME       auto, cpu, cpu-ref or cuda (default auto)\n"
+            "  --threads N          CPU threads (default: all cores)\n"
+            "  --peak-tflops X      peak of the device, for MFU on a CPU\n"
+            "  --json               one JSON object per mode\n");
+}
+
+int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
+{
+    bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0};
+    static const struct option longopts[] = {
+        {"preset", 1, 0, 'p'},      {"mode", 1, 0, 'm'},     {"micro-batch", 1, 0, 'b'},
+        {"seq-len", 1, 0, 's'},     {"steps", 1, 0, 'n'},    {"warmup", 1, 0, 'w'},
+        {"lora-r", 1, 0, 'r'},      {"recompute", 1, 0, 'c'}, {"backend", 1, 0, 'k'},
+        {"threads", 1, 0, 't'},     {"json", 0, 0, 'j'},     {"peak-tflops", 1, 0, 'f'},
+        {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'p': bo.preset = optarg; break;
+        case 'm':
+            bo.mode = !strcmp(optarg, "lora") ? 0 : !strcmp(optarg, "full") ? 1
+                      : !strcmp(optarg, "both") ? 2 : -1;
+            if (bo.mode < 0)
+                return sp_fail(err, SP_EXIT_USAGE, "bench: --mode must be lora, full or both");
+            break;
+        case 'b': bo.micro_batch = atoi(optarg); break;
+        case 's': bo.seq_len = atoi(optarg); break;
+        case 'n': bo.steps = atoi(optarg); break;
+        case 'w': bo.warmup = atoi(optarg); break;
+        case 'r': bo.lora_r = atoi(optarg); break;
+        case 'c':
+            bo.recompute = !strcmp(optarg, "none") ? RECOMPUTE_NONE
+                           : !strcmp(optarg, "attention") ? RECOMPUTE_ATTENTION
+                           : !strcmp(optarg, "layer") ? RECOMPUTE_LAYER : -1;
+            if (bo.recompute < 0)
+                return sp_fail(err, SP_EXIT_USAGE,
+                               "bench: --recompute must be none, attention or layer");
+            break;
+        case 'k': bo.backend = optarg; break;
+        case 't': bo.threads = atoi(optarg); break;
+        case 'j': bo.json = 1; break;
+        case 'f': bo.peak_tflops = atof(optarg); break;
+        case 'h': bench_usage(stdout); return 0;
+        default: bench_usage(stderr); return sp_fail(err, SP_EXIT_USAGE, "bench: bad option");
+        }
+    }
+    if (bo.micro_batch < 1 || bo.micro_batch > 4096 || bo.seq_len < 2 || bo.steps < 1 ||
+        bo.warmup < 0 || bo.lora_r < 1)
+        return sp_fail(err, SP_EXIT_USAGE, "bench: sizes must be positive");
+    for (int mode = 0; mode < 2; mode++)
+        if ((bo.mode == 2 || bo.mode == mode) && bench_one(&bo, mode, comm, err))
+            return err->code;
+    return 0;
+}

@@ -1,0 +1,274 @@
+/* Subcommand dispatch, options and help. */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../comm/comm.h"
+#include "bench.h"
+#include "config.h"
+#include "model.h"
+#include "model_io.h"
+#include "prepare_text.h"
+#include "train.h"
+
+#define VERSION "0.1.0"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "spotune %s: fine-tune Llama-family models with LoRA or full parameters,\n"
+            "data-parallel over MPI ranks, on CPUs or CUDA GPUs.\n\n"
+            "usage: spotune COMMAND [options]     (spotune COMMAND --help for details)\n\n"
+            "commands:\n"
+            "  train CONFIG.yaml [--set section.key=value ...]\n"
+            "                      train as the config says (run it under mpirun for several ranks)\n"
+            "  init-model --preset NAME --seed S [--dtype f32|bf16] OUT_DIR\n"
+            "                      write a randomly initialised model directory (tiny, small,\n"
+            "                      llama-7b, llama-13b)\n"
+            "  prepare-text IN.txt OUT_PREFIX [--val-fraction F] [--seed S]\n"
+            "                      byte-level tokenization of a text into OUT_PREFIX.train.h5/.val.h5\n"
+            "  bench [--preset NAME] [--mode lora|full|both] ...\n"
+            "                      time training steps of a preset with random weights\n"
+            "  config-reference    print the reference of every config key (Markdown)\n\n"
+            "exit codes: 0 done, 1 other failure, 2 usage or config error, 3 bad model, data\n"
+            "or checkpoint input, 75 stopped by a signal after a complete checkpoint.\n",
+            VERSION);
+}
+
+/* ---- train ------------------------------------------------------------------ */
+
+static void train_usage(FILE *f)
+{
+    fprintf(f, "usage: spotune train CONFIG.yaml [--set section.key=value ...]\n"
+               "Trains as CONFIG.yaml says; --set overrides one key (repeatable), e.g.\n"
+               "  --set train.steps=500 --set lora.targets=[q_proj,v_proj]\n"
+               "Every key is documented in configs/README.md (spotune config-reference).\n"
+               "Under mpirun each rank takes its share of every global batch.\n");
+}
+
+static int finish_error(comm_t *comm, sp_err *err)
+{
+    if (comm && comm_size(comm) > 1)
+        comm_abort(comm, err->code, err->msg); /* ends every rank, never returns */
+    fprintf(stderr, "spotune: error: %s\n", err->msg);
+    return err->code;
+}
+
+static int cmd_train(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"set", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    config_t cfg;
+    sp_err err = {0};
+    config_defaults(&cfg);
+    const char *sets[256];
+    int nsets = 0, ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (ch == 'h') {
+            train_usage(stdout);
+            config_free(&cfg);
+            return 0;
+        }
+        if (ch != 's' || nsets == 256) {
+            train_usage(stderr);
+            config_free(&cfg);
+            return SP_EXIT_USAGE;
+        }
+        sets[nsets++] = optarg;
+    }
+    if (optind != argc - 1) {
+        train_usage(stderr);
+        config_free(&cfg);
+        return SP_EXIT_USAGE;
+    }
+    int rc = config_load(&cfg, argv[optind], &err);
+    for (int i = 0; i < nsets && !rc; i++)
+        rc = config_set(&cfg, sets[i], &err);
+    if (!rc)
+        rc = config_validate(&cfg, &err);
+    if (rc) {
+        fprintf(stderr, "spotune: error: %s\n", err.msg);
+        config_free(&cfg);
+        return rc;
+    }
+    comm_t *comm = NULL;
+    comm_opts co = {.timeout_s = cfg.comm_timeout_s};
+    if (comm_init(&comm, &argc, &argv, &co, &err)) {
+        fprintf(stderr, "spotune: error: %s\n", err.msg);
+        config_free(&cfg);
+        return err.code;
+    }
+    rc = train_run(&cfg, comm, &err);
+    if (rc)
+        finish_error(comm, &err);
+    comm_finalize(comm);
+    config_free(&cfg);
+    return rc;
+}
+
+/* ---- init-model ----------------------------------------------------------------- */
+
+static void init_usage(FILE *f)
+{
+    fprintf(f, "usage: spotune init-model --preset NAME --seed S [--dtype f32|bf16] OUT_DIR\n"
+               "Writes a randomly initialised model (weights N(0, 0.02), norms 1) as a Hugging\n"
+               "Face directory: config.json + model.safetensors.\n"
+               "presets: tiny (byte-level vocabulary 260, ~1M parameters), small (vocabulary\n"
+               "32000, hidden 768, 12 layers, 12 heads / 4 KV heads, ~110M), llama-7b, llama-13b.\n");
+}
+
+static int cmd_init_model(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"preset", 1, 0, 'p'}, {"seed", 1, 0, 's'},
+                                             {"dtype", 1, 0, 'd'},  {"help", 0, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *preset = NULL, *dtype = "f32";
+    long long seed = -1;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'p': preset = optarg; break;
+        case 's': seed = strtoll(optarg, NULL, 10); break;
+        case 'd': dtype = optarg; break;
+        case 'h': init_usage(stdout); return 0;
+        default: init_usage(stderr); return SP_EXIT_USAGE;
+        }
+    }
+    if (!preset || seed < 0 || optind != argc - 1 ||
+        (strcmp(dtype, "f32") != 0 && strcmp(dtype, "bf16") != 0)) {
+        init_usage(stderr);
+        return SP_EXIT_USAGE;
+    }
+    sp_err err = {0};
+    model_config_t mc;
+    if (model_config_preset(&mc, preset)) {
+        fprintf(stderr, "spotune: error: unknown preset '%s' (tiny, small, llama-7b, llama-13b)\n",
+                preset);
+        return SP_EXIT_USAGE;
+    }
+    backend_t *be;
+    model_t *m = NULL;
+    /* LoRA mode with no targets: every base weight, no optimizer state */
+    model_opts o = {.mode = MODE_LORA, .lora_r = 1, .lora_alpha = 1, .max_batch = 1,
+                    .seq_len = 2, .seed = (uint64_t)seed};
+    int rc = backend_create(&be, "cpu", 0, 0, &err);
+    if (!rc)
+        rc = model_create(&m, be, &mc, &o, &err);
+    if (!rc) {
+        model_init_base_random(m, (uint64_t)seed);
+        rc = model_io_save(m, argv[optind], strcmp(dtype, "bf16") == 0 ? DT_BF16 : DT_F32, 0,
+                           (size_t)5 << 30, &err);
+    }
+    if (!rc)
+        printf("wrote %s: %s preset, %.2fM parameters, %s\n", argv[optind], preset,
+               (double)model_config_params(&mc) / 1e6, dtype);
+    model_destroy(m);
+    if (!rc || be)
+        backend_destroy(be);
+    if (rc)
+        fprintf(stderr, "spotune: error: %s\n", err.msg);
+    return rc;
+}
+
+/* ---- prepare-text --------------------------------------------------------------- */
+
+static void prep_usage(FILE *f)
+{
+    fprintf(f, "usage: spotune prepare-text IN.txt OUT_PREFIX [--val-fraction F] [--seed S]\n"
+               "Byte-level tokenization (bytes 0-255, bos 256, eos 257) of a text: each\n"
+               "paragraph a document; writes OUT_PREFIX.train.h5 and, with F > 0 (default\n"
+               "0.05), OUT_PREFIX.val.h5. Real tokenizers: scripts/prepare_data.py.\n");
+}
+
+static int cmd_prepare_text(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"val-fraction", 1, 0, 'v'}, {"seed", 1, 0, 's'},
+                                             {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    double frac = 0.05;
+    long long seed = 1234;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'v': frac = atof(optarg); break;
+        case 's': seed = strtoll(optarg, NULL, 10); break;
+        case 'h': prep_usage(stdout); return 0;
+        default: prep_usage(stderr); return SP_EXIT_USAGE;
+        }
+    }
+    if (optind != argc - 2 || frac < 0 || frac >= 1) {
+        prep_usage(stderr);
+        return SP_EXIT_USAGE;
+    }
+    sp_err err = {0};
+    prepare_text_stats st;
+    if (prepare_text(argv[optind], argv[optind + 1], frac, (uint64_t)seed, &st, &err)) {
+        fprintf(stderr, "spotune: error: %s\n", err.msg);
+        return err.code;
+    }
+    printf("train: %llu documents, %llu tokens -> %s.train.h5\n", (unsigned long long)st.train_docs,
+           (unsigned long long)st.train_tokens, argv[optind + 1]);
+    if (st.val_docs)
+        printf("val:   %llu documents, %llu tokens -> %s.val.h5\n", (unsigned long long)st.val_docs,
+               (unsigned long long)st.val_tokens, argv[optind + 1]);
+    return 0;
+}
+
+/* ---- bench ---------------------------------------------------------------------- */
+
+static int cmd_bench(int argc, char **argv)
+{
+    sp_err err = {0};
+    comm_t *comm = NULL;
+    comm_opts co = {.timeout_s = 600};
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return bench_main(argc, argv, NULL, &err);
+    if (comm_init(&comm, &argc, &argv, &co, &err)) {
+        fprintf(stderr, "spotune: error: %s\n", err.msg);
+        return err.code;
+    }
+    int rc = bench_main(argc, argv, comm, &err);
+    if (rc)
+        finish_error(comm, &err);
+    comm_finalize(comm);
+    return rc;
+}
+
+int cli_main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return SP_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("spotune %s\n", VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "train"))
+        return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "init-model"))
+        return cmd_init_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "prepare-text"))
+        return cmd_prepare_text(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "config-reference")) {
+        config_write_reference(stdout);
+        return 0;
+    }
+    fprintf(stderr, "spotune: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return SP_EXIT_USAGE;
+}

@@ -1,0 +1,110 @@
+/* Progress lines and the metrics JSONL (written with jansson). */
+#define _POSIX_C_SOURCE 200809L
+#include "log.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+int metrics_open(metrics_t *m, const char *run_dir, sp_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    m->f = fopen(path, "a"); /* a resumed run appends */
+    if (!m->f)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
+    return 0;
+}
+
+void metrics_close(metrics_t *m)
+{
+    if (m->f)
+        fclose(m->f);
+    m->f = NULL;
+}
+
+static void emit(metrics_t *m, json_t *o)
+{
+    json_object_set_new(o, "time", json_real(sp_wall_time()));
+    if (m && m->f) {
+        char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (s) {
+            fprintf(m->f, "%s\n", s);
+            fflush(m->f);
+            free(s);
+        }
+    }
+    json_decref(o);
+}
+
+static json_t *num(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+void log_duration(char *buf, size_t n, double s)
+{
+    if (!isfinite(s) || s < 0)
+        s = 0;
+    long t = (long)(s + 0.5);
+    snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+}
+
+void log_step(FILE *out, metrics_t *m, const step_report *r, int print)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "event", json_string("train"));
+    json_object_set_new(o, "step", json_integer(r->step));
+    json_object_set_new(o, "loss", num(r->loss));
+    json_object_set_new(o, "lr", num(r->lr));
+    json_object_set_new(o, "grad_norm", num(r->grad_norm));
+    json_object_set_new(o, "tokens_per_s", num(r->tokens_per_s));
+    json_object_set_new(o, "step_s", num(r->step_s));
+    json_object_set_new(o, "elapsed_s", num(r->elapsed_s));
+    json_object_set_new(o, "trained_tokens", json_integer(r->tokens));
+    emit(m, o);
+    if (!print || !out)
+        return;
+    char el[32], eta[32];
+    log_duration(el, sizeof el, r->elapsed_s);
+    log_duration(eta, sizeof eta, r->eta_s);
+    fprintf(out, "step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %s elapsed | "
+                 "ETA %s\n",
+            (long long)r->step, (long long)r->total_steps, r->loss, r->lr, r->grad_norm,
+            r->tokens_per_s, el, eta);
+    fflush(out);
+}
+
+void log_val(FILE *out, metrics_t *m, int64_t step, double val_loss, int64_t tokens)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "event", json_string("val"));
+    json_object_set_new(o, "step", json_integer(step));
+    json_object_set_new(o, "val_loss", num(val_loss));
+    json_object_set_new(o, "val_tokens", json_integer(tokens));
+    emit(m, o);
+    if (out) {
+        fprintf(out, "step %6lld | val_loss %.4f (%lld tokens)\n", (long long)step, val_loss,
+                (long long)tokens);
+        fflush(out);
+    }
+}
+
+void log_event(FILE *out, metrics_t *m, const char *event, const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_t *o = json_object();
+    json_object_set_new(o, "event", json_string(event));
+    json_object_set_new(o, "message", json_string(msg));
+    emit(m, o);
+    if (out) {
+        fprintf(out, "%s: %s\n", event, msg);
+        fflush(out);
+    }
+}

@@ -1,0 +1,33 @@
+/* trainer/log.h — what a run tells its user: the progress line (step, loss,
+ * lr, grad norm, tokens/s, elapsed, ETA) and the metrics JSONL file a user
+ * plots (one JSON object per line, "event" says which kind). Owns the
+ * metrics file handle. Only rank 0 logs. */
+#ifndef SPOTUNE_LOG_H
+#define SPOTUNE_LOG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../base/base.h"
+
+typedef struct metrics {
+    FILE *f;
+} metrics_t;
+
+int metrics_open(metrics_t *m, const char *run_dir, sp_err *err);
+void metrics_close(metrics_t *m);
+
+typedef struct step_report {
+    int64_t step, total_steps;
+    double loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s, step_s;
+    int64_t tokens; /* trained (masked-in) tokens of this step, all ranks */
+} step_report;
+
+void log_step(FILE *out, metrics_t *m, const step_report *r, int print);
+void log_val(FILE *out, metrics_t *m, int64_t step, double val_loss, int64_t tokens);
+/* An event with a free-form message (info, warning) to both outputs. */
+void log_event(FILE *out, metrics_t *m, const char *event, const char *fmt, ...) SP_PRINTF(4, 5);
+/* h:mm:ss */
+void log_duration(char *buf, size_t n, double seconds);
+
+#endif

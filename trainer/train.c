@@ -1,0 +1,413 @@
+/* The training loop. Every rank runs the same sequence of collectives; only
+ * rank 0 prints and writes files. */
+#define _POSIX_C_SOURCE 200809L
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "adapter.h"
+#include "data.h"
+#include "grad_sync.h"
+#include "log.h"
+#include "model.h"
+#include "model_io.h"
+#include "optim.h"
+
+typedef struct trainer {
+    const config_t *cfg;
+    comm_t *comm;
+    int rank, world;
+    FILE *out; /* stdout on rank 0, NULL elsewhere */
+    backend_t *be;
+    model_config_t mc;
+    model_t *m;
+    dataset_t train, val;
+    int has_val;
+    metrics_t metrics;
+    int64_t T, mb, ga, global_batch;
+    int32_t *inputs, *targets;
+    uint64_t *sample_ids;
+    /* progress */
+    int64_t step;    /* optimizer steps done */
+    uint64_t cursor; /* global samples consumed */
+    double elapsed_s, steps_time_s;
+    int64_t steps_timed;
+} trainer_t;
+
+static int mkdir_p(const char *dir, sp_err *err)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", buf, strerror(errno));
+            *p = '/';
+        }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", buf, strerror(errno));
+    return 0;
+}
+
+static int write_resolved_config(trainer_t *t, sp_err *err)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/config.yaml", t->cfg->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", tmp, strerror(errno));
+    fprintf(f, "# resolved configuration of this run (every key, defaults included)\n");
+    int rc = config_write_yaml(t->cfg, f, err);
+    if (fclose(f) != 0 && !rc)
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", tmp);
+    if (!rc && rename(tmp, path) != 0)
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", path, strerror(errno));
+    return rc;
+}
+
+static size_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
+static double mib(size_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
+
+/* Prints the memory plan and refuses a run that cannot fit. */
+static int check_memory(trainer_t *t, const model_opts *o, sp_err *err)
+{
+    model_plan p;
+    model_plan_bytes(&t->mc, o, t->be->act_dt, &p);
+    size_t total = p.weights + p.trainable + p.activations + p.scratch;
+    size_t avail = t->be->mem_total ? t->be->mem_total : mem_available();
+    if (strcmp(t->be->name, "cuda") != 0) {
+        size_t a = mem_available();
+        int per_node = comm_local_size(t->comm);
+        avail = a / (size_t)(per_node > 0 ? per_node : 1);
+    }
+    if (t->out)
+        fprintf(t->out,
+                "memory plan (%s): weights %.1f MiB, trainable state %.1f MiB, activations %.1f "
+                "MiB, workspace %.1f MiB; total %.1f MiB of %.1f MiB available\n",
+                t->be->device_name, mib(p.weights), mib(p.trainable), mib(p.activations),
+                mib(p.scratch), mib(total), mib(avail));
+    if (avail && total > avail)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "the run needs %.1f MiB but %s has %.1f MiB available: reduce "
+                       "train.micro_batch (%lld) or train.seq_len (%lld), or set "
+                       "runtime.recompute: layer",
+                       mib(total), t->be->device_name, mib(avail), (long long)t->mb,
+                       (long long)t->T);
+    return 0;
+}
+
+static int setup_model(trainer_t *t, sp_err *err)
+{
+    const config_t *c = t->cfg;
+    if (model_config_load(&t->mc, c->model_path, err))
+        return err->code;
+    if (t->mc.sliding_window > 0 && t->mc.sliding_window < c->seq_len)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s/config.json: sliding_window %lld is shorter than train.seq_len %lld; "
+                       "sliding-window attention is not supported, so use seq_len <= %lld",
+                       c->model_path, (long long)t->mc.sliding_window, (long long)c->seq_len,
+                       (long long)t->mc.sliding_window);
+    if (t->out && c->seq_len > t->mc.max_pos)
+        log_event(t->out, NULL, "warning",
+                  "train.seq_len %lld exceeds the model's max_position_embeddings %lld",
+                  (long long)c->seq_len, (long long)t->mc.max_pos);
+    model_opts o = {.mode = c->mode,
+                    .lora_r = c->lora_r,
+                    .lora_alpha = c->lora_alpha,
+                    .lora_dropout = c->lora_dropout,
+                    .lora_targets = c->lora_targets,
+                    .rslora = c->lora_rslora,
+                    .max_batch = c->micro_batch,
+                    .seq_len = c->seq_len,
+                    .recompute = c->recompute,
+                    .seed = (uint64_t)c->seed};
+    if (check_memory(t, &o, err) || model_create(&t->m, t->be, &t->mc, &o, err) ||
+        model_io_load_base(t->m, c->model_path, err))
+        return err->code;
+    if (c->mode == MODE_LORA)
+        model_init_lora(t->m, (uint64_t)c->seed);
+    if (t->out) {
+        int64_t total = model_config_params(&t->mc);
+        fprintf(t->out,
+                "model: %s, %lld layers, hidden %lld, %.1fM parameters; %s: %.3fM trainable "
+                "(%.3f%%)\n",
+                t->mc.architecture, (long long)t->mc.layers, (long long)t->mc.hidden,
+                (double)total / 1e6, c->mode == MODE_LORA ? "LoRA" : "full fine-tuning",
+                (double)t->m->n_trainable / 1e6, 100.0 * (double)t->m->n_trainable / (double)total);
+    }
+    return be_check(t->be, err);
+}
+
+static int setup_data(trainer_t *t, sp_err *err)
+{
+    const config_t *c = t->cfg;
+    if (dataset_open(&t->train, c->data_train, c->seq_len, t->mc.vocab, (uint64_t)c->seed, err))
+        return err->code;
+    t->has_val = c->data_val && *c->data_val;
+    if (t->has_val &&
+        dataset_open(&t->val, c->data_val, c->seq_len, t->mc.vocab, (uint64_t)c->seed, err))
+        return err->code;
+    size_t n = (size_t)(t->ga * t->mb * t->T);
+    t->inputs = malloc(sizeof(int32_t) * n);
+    t->targets = malloc(sizeof(int32_t) * n);
+    t->sample_ids = malloc(sizeof(uint64_t) * (size_t)(t->ga * t->mb));
+    if (!t->inputs || !t->targets || !t->sample_ids)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (t->out)
+        fprintf(t->out,
+                "data: %s: %llu tokens, %llu documents, %llu windows of %lld; global batch %lld "
+                "windows (%d ranks x %lld x %lld) = %lld tokens; %.2f epochs in %lld steps\n",
+                c->data_train, (unsigned long long)t->train.n_tokens,
+                (unsigned long long)t->train.n_docs, (unsigned long long)t->train.n_windows,
+                (long long)t->T, (long long)t->global_batch, t->world, (long long)t->mb,
+                (long long)t->ga, (long long)(t->global_batch * t->T),
+                (double)(t->global_batch * c->steps) / (double)t->train.n_windows,
+                (long long)c->steps);
+    return 0;
+}
+
+/* Reads this rank's windows of the next step; returns the global count of
+ * trained tokens in *trained. */
+static int load_step(trainer_t *t, int64_t *trained, sp_err *err)
+{
+    int64_t local = 0;
+    for (int64_t k = 0; k < t->ga; k++)
+        for (int64_t j = 0; j < t->mb; j++) {
+            int64_t slot = k * t->mb + j;
+            uint64_t sample = t->cursor + (uint64_t)((k * t->world + t->rank) * t->mb + j), w;
+            int64_t n = 0;
+            t->sample_ids[slot] = sample;
+            if (dataset_window_of(&t->train, sample, &w, NULL, err) ||
+                dataset_read_window(&t->train, w, t->inputs + slot * t->T,
+                                    t->targets + slot * t->T, &n, err))
+                return err->code;
+            local += n;
+        }
+    if (comm_allreduce(t->comm, &local, 1, COMM_I64, COMM_SUM, err))
+        return err->code;
+    *trained = local;
+    return 0;
+}
+
+static int run_step(trainer_t *t, step_report *rep, sp_err *err)
+{
+    const config_t *c = t->cfg;
+    double t0 = sp_now();
+    int64_t trained = 0;
+    if (load_step(t, &trained, err))
+        return err->code;
+    double loss_sum = 0.0, gnorm = 0.0, lr = optim_lr(c, t->step);
+    if (trained > 0) {
+        model_zero_grads(t->m);
+        for (int64_t k = 0; k < t->ga; k++) {
+            model_batch b = {t->inputs + k * t->mb * t->T, t->targets + k * t->mb * t->T,
+                             t->sample_ids + k * t->mb, (int)t->mb, (int)t->T,
+                             (float)(1.0 / (double)trained)};
+            if (model_forward_backward(t->m, &b, &loss_sum, err))
+                return err->code;
+        }
+        if (grad_sync(t->m, t->comm, c->comm_bucket_mb, err) ||
+            comm_allreduce(t->comm, &loss_sum, 1, COMM_F64, COMM_SUM, err))
+            return err->code;
+        gnorm = sqrt(model_grad_sumsq(t->m));
+        if (!isfinite(loss_sum) || !isfinite(gnorm))
+            return sp_fail(err, SP_EXIT_OTHER,
+                           "step %lld: the loss or the gradient is not finite (loss %g, grad "
+                           "norm %g); lower train.lr or check the data",
+                           (long long)t->step + 1, loss_sum / (double)trained, gnorm);
+        adamw_args a = {.lr = (float)lr,
+                        .beta1 = (float)c->beta1,
+                        .beta2 = (float)c->beta2,
+                        .eps = (float)c->adam_eps,
+                        .weight_decay = (float)c->weight_decay,
+                        .grad_scale = (float)optim_clip_scale(gnorm, c->clip_grad_norm),
+                        .step = t->step + 1};
+        model_adamw(t->m, &a);
+        if (be_check(t->be, err))
+            return err->code;
+    } else if (t->out) {
+        log_event(t->out, &t->metrics, "warning",
+                  "step %lld has no trained tokens (loss_mask is 0 everywhere); no update",
+                  (long long)t->step + 1);
+    }
+    t->step++;
+    t->cursor += (uint64_t)t->global_batch;
+    double dt = sp_now() - t0;
+    t->elapsed_s += dt;
+    if (t->step > 1 || c->steps == 1) { /* the first step pays one-time costs */
+        t->steps_time_s += dt;
+        t->steps_timed++;
+    }
+    double per_step = t->steps_timed ? t->steps_time_s / (double)t->steps_timed : dt;
+    *rep = (step_report){.step = t->step,
+                         .total_steps = c->steps,
+                         .loss = trained > 0 ? loss_sum / (double)trained : NAN,
+                         .lr = lr,
+                         .grad_norm = gnorm,
+                         .tokens_per_s = (double)(t->global_batch * t->T) / dt,
+                         .elapsed_s = t->elapsed_s,
+                         .eta_s = per_step * (double)(c->steps - t->step),
+                         .step_s = dt,
+                         .tokens = trained};
+    return 0;
+}
+
+static int run_validation(trainer_t *t, sp_err *err)
+{
+    uint64_t nwin = t->val.n_windows < (uint64_t)t->cfg->val_windows
+                        ? t->val.n_windows
+                        : (uint64_t)t->cfg->val_windows;
+    double sums[2] = {0.0, 0.0}; /* loss, tokens */
+    int64_t filled = 0;
+    for (uint64_t w = (uint64_t)t->rank;; w += (uint64_t)t->world) {
+        int last = w >= nwin;
+        if (!last) {
+            int64_t n = 0;
+            t->sample_ids[filled] = w;
+            if (dataset_read_window(&t->val, w, t->inputs + filled * t->T,
+                                    t->targets + filled * t->T, &n, err))
+                return err->code;
+            sums[1] += (double)n;
+            filled++;
+        }
+        if (filled == t->mb || (last && filled > 0)) {
+            model_batch b = {t->inputs, t->targets, t->sample_ids, (int)filled, (int)t->T, 0.0f};
+            if (model_evaluate(t->m, &b, &sums[0], err))
+                return err->code;
+            filled = 0;
+        }
+        if (last)
+            break;
+    }
+    if (comm_allreduce(t->comm, sums, 2, COMM_F64, COMM_SUM, err))
+        return err->code;
+    if (t->out)
+        log_val(t->out, &t->metrics, t->step, sums[1] > 0 ? sums[0] / sums[1] : NAN,
+                (int64_t)sums[1]);
+    return 0;
+}
+
+static int finish(trainer_t *t, sp_err *err)
+{
+    const config_t *c = t->cfg;
+    if (t->rank != 0)
+        return 0;
+    char dir[4096];
+    if (c->mode == MODE_LORA) {
+        snprintf(dir, sizeof dir, "%s/adapter", c->run_dir);
+        if (adapter_save(t->m, dir, c->model_path, err))
+            return err->code;
+        fprintf(t->out, "adapter (PEFT layout): %s/adapter_model.safetensors\n", dir);
+    } else {
+        snprintf(dir, sizeof dir, "%s/model", c->run_dir);
+        dtype_t dt;
+        if (model_io_weights_dtype(c->model_path, &dt, err))
+            return err->code;
+        if (model_io_save(t->m, dir, dt, 0, (size_t)5 << 30, err))
+            return err->code;
+        fprintf(t->out, "model (Hugging Face layout, %s): %s\n", dtype_name(dt), dir);
+    }
+    return 0;
+}
+
+static void trainer_free(trainer_t *t)
+{
+    model_destroy(t->m);
+    backend_destroy(t->be);
+    dataset_close(&t->train);
+    if (t->has_val)
+        dataset_close(&t->val);
+    metrics_close(&t->metrics);
+    free(t->inputs);
+    free(t->targets);
+    free(t->sample_ids);
+}
+
+static int setup(trainer_t *t, sp_err *err)
+{
+    const config_t *c = t->cfg;
+    if (t->rank == 0 && (mkdir_p(c->run_dir, err) || write_resolved_config(t, err) ||
+                         metrics_open(&t->metrics, c->run_dir, err)))
+        return err->code;
+    int threads = (int)c->threads;
+    if (threads == 0 && strcmp(c->backend, "cuda") != 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int local = comm_local_size(t->comm) > 0 ? comm_local_size(t->comm) : 1;
+        threads = cores / local > 0 ? (int)(cores / local) : 1;
+    }
+    if (backend_create(&t->be, c->backend, comm_local_rank(t->comm), threads, err))
+        return err->code;
+    if (t->out)
+        fprintf(t->out, "spotune: %d rank%s, backend %s (%s, %d threads per rank)\n", t->world,
+                t->world > 1 ? "s" : "", t->be->name, t->be->device_name, t->be->threads);
+    return setup_model(t, err) || setup_data(t, err) ? err->code : 0;
+}
+
+static int train_loop(trainer_t *t, sp_err *err)
+{
+    const config_t *c = t->cfg;
+    while (t->step < c->steps) {
+        step_report rep;
+        if (run_step(t, &rep, err))
+            return err->code;
+        int print = t->step % c->log_every == 0 || t->step == c->steps || t->step == 1;
+        if (t->rank == 0)
+            log_step(t->out, &t->metrics, &rep, print);
+        int val_due = t->has_val && ((c->val_every > 0 && t->step % c->val_every == 0) ||
+                                     t->step == c->steps);
+        if (val_due && run_validation(t, err))
+            return err->code;
+    }
+    return 0;
+}
+
+int train_run(const config_t *cfg, comm_t *comm, sp_err *err)
+{
+    trainer_t t;
+    memset(&t, 0, sizeof t);
+    t.train.file = t.train.tokens = t.train.mask = -1;
+    t.cfg = cfg;
+    t.comm = comm;
+    t.rank = comm_rank(comm);
+    t.world = comm_size(comm);
+    t.out = t.rank == 0 ? stdout : NULL;
+    t.T = cfg->seq_len;
+    t.mb = cfg->micro_batch;
+    t.ga = cfg->grad_accum;
+    t.global_batch = (int64_t)t.world * t.mb * t.ga;
+    int rc = setup(&t, err);
+    if (!rc && t.has_val)
+        rc = run_validation(&t, err); /* the starting point of the curve */
+    if (!rc)
+        rc = train_loop(&t, err);
+    if (!rc)
+        rc = finish(&t, err);
+    if (!rc && t.out)
+        fprintf(t.out, "done: %lld steps in %.1f s; metrics: %s/metrics.jsonl\n",
+                (long long)t.step, t.elapsed_s, cfg->run_dir);
+    trainer_free(&t);
+    return rc;
+}
