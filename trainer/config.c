@@ -439,10 +439,6 @@ int config_validate(const config_t *c, sp_err *err)
     if (c->min_lr > c->lr)
         return sp_fail(err, SP_EXIT_USAGE, "%s: train.min_lr (%g) is larger than train.lr (%g)",
                        src, c->min_lr, c->lr);
-    if (c->warmup_steps > c->steps)
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "%s: train.warmup_steps (%lld) is larger than train.steps (%lld)", src,
-                       (long long)c->warmup_steps, (long long)c->steps);
     if (c->mode == MODE_LORA && !c->lora_targets)
         return sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", src);
     return 0;

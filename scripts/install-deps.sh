@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# install-deps.sh — what spotune needs to build and run its tests on Debian 12:
+# the C toolchain and the libraries (apt-get), and a Python virtual
+# environment in .venv for the data-preparation scripts (pip). Idempotent and
+# quick when everything is present. Needs root or sudo for apt-get.
+#
+# usage: scripts/install-deps.sh [--python]      (--python: also the .venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS="build-essential cmake ninja-build pkg-config git libyaml-dev libjansson-dev
+libhdf5-dev hdf5-tools libopenblas-openmp-dev libcriterion-dev libopenmpi-dev openmpi-bin
+libcurl4-openssl-dev libssl-dev libxml2-dev python3 python3-venv python3-pip ca-certificates"
+
+missing=""
+for p in $PKGS; do
+  st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [ "$st" = "install ok installed" ] || missing="$missing $p"
+done
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+if [ -n "$missing" ]; then
+  echo "install-deps: installing$missing"
+  $SUDO apt-get update -q
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+fi
+
+if [ "${1:-}" = "--python" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  want=$(cat scripts/requirements-data.txt scripts/requirements-plot.txt | sha256sum | cut -c1-16)
+  if [ "$(cat .venv/.installed 2>/dev/null || true)" != "$want" ]; then
+    echo "install-deps: pip install into .venv (data preparation, plots)"
+    .venv/bin/pip install -q --disable-pip-version-check \
+      -r scripts/requirements-data.txt -r scripts/requirements-plot.txt
+    echo "$want" > .venv/.installed
+  fi
+fi

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# test.sh — builds spotune and runs the whole suite, as CI does:
+#   1. installs what is missing (Debian packages, the .venv for Python tests,
+#      the local S3 test server's packages);
+#   2. the normal build (the CUDA backend compiled and linked when nvcc is
+#      found; its tests report "skipped" without a GPU) and every test;
+#   3. a build with AddressSanitizer + UndefinedBehaviorSanitizer and every
+#      CPU test again.
+# usage: scripts/test.sh [--no-asan] [-R REGEX]   (-R: only the ctest tests matching)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+asan=1
+filter=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-asan) asan=0 ;;
+    -R) filter=(-R "$2"); shift ;;
+    *) echo "usage: scripts/test.sh [--no-asan] [-R REGEX]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+scripts/install-deps.sh --python
+if [ -x scripts/install-s3-test-deps.sh ]; then scripts/install-s3-test-deps.sh; fi
+export PATH="$root/.venv/bin:$PATH"
+if [ -d /usr/local/cuda/bin ]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
+# Open MPI refuses to run as root unless told; tests spawn mpirun.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+echo "== build: build/"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+ninja -C build
+echo "== tests: build/"
+(cd build && ctest --output-on-failure --timeout 1500 "${filter[@]}")
+
+if [ "$asan" = 1 ]; then
+  echo "== build: build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer)"
+  cmake -S . -B build-asan -G Ninja -DSPOTUNE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
+  ninja -C build-asan
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=0"
+  export LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  echo "== tests: build-asan/ (every CPU test; the Python ones ran above)"
+  (cd build-asan && ctest --output-on-failure --timeout 3000 -LE python "${filter[@]}")
+fi
+echo "== all tests passed"
