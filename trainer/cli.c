@@ -44,11 +44,15 @@ static void usage(FILE *f)
 
 static void train_usage(FILE *f)
 {
-    fprintf(f, "usage: spotune train CONFIG.yaml [--set section.key=value ...]\n"
+    fprintf(f, "usage: spotune train CONFIG.yaml [--set section.key=value ...] [--resume WHAT]\n"
                "Trains as CONFIG.yaml says; --set overrides one key (repeatable), e.g.\n"
                "  --set train.steps=500 --set lora.targets=[q_proj,v_proj]\n"
                "Every key is documented in configs/README.md (spotune config-reference).\n"
-               "Under mpirun each rank takes its share of every global batch.\n");
+               "Under mpirun each rank takes its share of every global batch.\n"
+               "--resume auto (default): continue from the newest valid checkpoint of run.dir\n"
+               "  (or of checkpoint.remote when that is newer); none: start afresh; PATH: a\n"
+               "  checkpoint directory or s3://bucket/prefix/step-NNNNNNNN.\n"
+               "SIGTERM, SIGINT or SIGUSR1: checkpoint at the next step boundary, exit 75.\n");
 }
 
 static int finish_error(comm_t *comm, sp_err *err)
@@ -61,7 +65,9 @@ static int finish_error(comm_t *comm, sp_err *err)
 
 static int cmd_train(int argc, char **argv)
 {
-    static const struct option longopts[] = {{"set", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option longopts[] = {
+        {"set", 1, 0, 's'}, {"resume", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    const char *resume = "auto";
     config_t cfg;
     sp_err err = {0};
     config_defaults(&cfg);
@@ -73,6 +79,10 @@ static int cmd_train(int argc, char **argv)
             train_usage(stdout);
             config_free(&cfg);
             return 0;
+        }
+        if (ch == 'r') {
+            resume = optarg;
+            continue;
         }
         if (ch != 's' || nsets == 256) {
             train_usage(stderr);
@@ -103,9 +113,13 @@ static int cmd_train(int argc, char **argv)
         config_free(&cfg);
         return err.code;
     }
-    rc = train_run(&cfg, comm, &err);
-    if (rc)
+    rc = train_run(&cfg, comm, resume, &err);
+    if (rc == SP_EXIT_PREEMPTED) {
+        if (comm_rank(comm) == 0)
+            fprintf(stderr, "spotune: %s\n", err.msg);
+    } else if (rc) {
         finish_error(comm, &err);
+    }
     comm_finalize(comm);
     config_free(&cfg);
     return rc;

@@ -30,6 +30,7 @@ typedef struct key_def {
 static const char *const modes[] = {"lora", "full", NULL};
 static const char *const schedules[] = {"cosine", "linear", "constant", NULL};
 static const char *const recomputes[] = {"none", "attention", "layer", NULL};
+static const char *const addressings[] = {"auto", "path", "virtual", NULL};
 
 #define O(f) offsetof(config_t, f)
 #define BIG 9.0e15
@@ -100,6 +101,34 @@ static const key_def keys[] = {
     {"comm.timeout_s", K_FLOAT, O(comm_timeout_s), "60", 1, 86400, NULL, 0,
      "A collective that does not finish in this many seconds ends the whole job (a rank died "
      "or hangs)."},
+    {"checkpoint.every_steps", K_INT, O(ckpt_every_steps), "0", 0, BIG, NULL, 0,
+     "Checkpoint every N optimizer steps (0: off). Checkpoints are also written every "
+     "checkpoint.every_minutes, at the end, and on SIGTERM, SIGINT or SIGUSR1."},
+    {"checkpoint.every_minutes", K_FLOAT, O(ckpt_every_minutes), "30", 0, 1e9, NULL, 0,
+     "Checkpoint when this many minutes have passed since the last one (0: off); rank 0's "
+     "clock decides for all ranks at a step boundary."},
+    {"checkpoint.keep", K_INT, O(ckpt_keep), "3", 1, 1000000, NULL, 0,
+     "Keep the newest N complete checkpoints (locally and in checkpoint.remote)."},
+    {"checkpoint.keep_every", K_INT, O(ckpt_keep_every), "0", 0, BIG, NULL, 0,
+     "Also keep every checkpoint whose step is a multiple of N (0: none)."},
+    {"checkpoint.remote", K_STRING, O(ckpt_remote), "", 0, 0, NULL, 0,
+     "Object store the checkpoints are pushed to in the background: s3://bucket/prefix or "
+     "file:///path (a mounted share). Empty: local only. Credentials come from "
+     "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, never from this file."},
+    {"checkpoint.endpoint", K_STRING, O(ckpt_endpoint), "", 0, 0, NULL, 0,
+     "S3 endpoint URL for non-AWS stores (MinIO, Ceph, R2, OSS, COS, Swift); empty: "
+     "AWS_ENDPOINT_URL or AWS S3."},
+    {"checkpoint.region", K_STRING, O(ckpt_region), "", 0, 0, NULL, 0,
+     "Signing region; empty: AWS_REGION, AWS_DEFAULT_REGION or us-east-1."},
+    {"checkpoint.addressing", K_ENUM, O(ckpt_addressing), "auto", 0, 0, addressings, 0,
+     "S3 addressing: path (endpoint/bucket/key), virtual (bucket.endpoint/key) or auto."},
+    {"checkpoint.part_mb", K_INT, O(ckpt_part_mb), "16", 5, 5120, NULL, 0,
+     "Multipart upload part size and ranged download chunk in MiB (S3's minimum is 5)."},
+    {"checkpoint.upload_deadline_s", K_FLOAT, O(ckpt_upload_deadline_s), "90", 0, 86400, NULL,
+     0, "On a preemption signal, wait at most this long for the upload before exiting 75."},
+    {"checkpoint.final_upload_timeout_s", K_FLOAT, O(ckpt_final_upload_timeout_s), "1800", 0,
+     1e9, NULL, 0,
+     "At the end of the run, wait at most this long for the remaining uploads."},
 };
 #undef O
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -335,7 +364,7 @@ static int load_mapping(config_t *cfg, yaml_document_t *doc, const char *path, s
         if (!section_exists(sec, strlen(sec)))
             return sp_fail(err, SP_EXIT_USAGE,
                            "%s:%ld: unknown section '%s' (expected run, model, train, lora, data, "
-                           "log, runtime, comm; see configs/README.md)",
+                           "log, runtime, comm, checkpoint; see configs/README.md)",
                            path, line, sec);
         if (vn->type == YAML_SCALAR_NODE && vn->data.scalar.length == 0)
             continue; /* "section:" with nothing under it */
@@ -363,31 +392,47 @@ static int load_mapping(config_t *cfg, yaml_document_t *doc, const char *path, s
     return 0;
 }
 
+static int load_parser(config_t *cfg, yaml_parser_t *parser, const char *name, sp_err *err)
+{
+    yaml_document_t doc;
+    int rc;
+    if (!yaml_parser_load(parser, &doc)) {
+        rc = sp_fail(err, SP_EXIT_USAGE, "%s:%lu:%lu: YAML error: %s", name,
+                     (unsigned long)parser->problem_mark.line + 1,
+                     (unsigned long)parser->problem_mark.column + 1,
+                     parser->problem ? parser->problem : "unknown");
+    } else {
+        rc = load_mapping(cfg, &doc, name, err);
+        yaml_document_delete(&doc);
+    }
+    if (!rc) {
+        free(cfg->source);
+        cfg->source = strdup(name);
+    }
+    return rc;
+}
+
 int config_load(config_t *cfg, const char *path, sp_err *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return sp_fail(err, SP_EXIT_USAGE, "%s: cannot open config: %s", path, strerror(errno));
     yaml_parser_t parser;
-    yaml_document_t doc;
-    int rc = 0;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_file(&parser, f);
-    if (!yaml_parser_load(&parser, &doc)) {
-        rc = sp_fail(err, SP_EXIT_USAGE, "%s:%lu:%lu: YAML error: %s", path,
-                     (unsigned long)parser.problem_mark.line + 1,
-                     (unsigned long)parser.problem_mark.column + 1,
-                     parser.problem ? parser.problem : "unknown");
-    } else {
-        rc = load_mapping(cfg, &doc, path, err);
-        yaml_document_delete(&doc);
-    }
+    int rc = load_parser(cfg, &parser, path, err);
     yaml_parser_delete(&parser);
     fclose(f);
-    if (!rc) {
-        free(cfg->source);
-        cfg->source = strdup(path);
-    }
+    return rc;
+}
+
+int config_load_text(config_t *cfg, const char *text, const char *name, sp_err *err)
+{
+    yaml_parser_t parser;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
+    int rc = load_parser(cfg, &parser, name, err);
+    yaml_parser_delete(&parser);
     return rc;
 }
 
@@ -561,6 +606,26 @@ uint64_t config_math_hash(const config_t *cfg)
         h = sp_fnv1a(h, val, strlen(val) + 1);
     }
     return h;
+}
+
+int config_diff_math(const config_t *a, const config_t *b, char *buf, size_t n)
+{
+    int count = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < NKEYS; i++) {
+        const key_def *k = &keys[i];
+        if (!k->math || strcmp(k->name, "model.path") == 0)
+            continue;
+        char va[1024], vb[1024];
+        value_text(a, k, va, sizeof va);
+        value_text(b, k, vb, sizeof vb);
+        if (strcmp(va, vb) == 0)
+            continue;
+        size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "%s%s (%s, now %s)", count ? ", " : "", k->name, va, vb);
+        count++;
+    }
+    return count;
 }
 
 void config_write_reference(FILE *f)

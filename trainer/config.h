@@ -53,12 +53,27 @@ typedef struct config {
     int recompute;
     /* comm */
     double comm_bucket_mb, comm_timeout_s;
+    /* checkpoint */
+    int64_t ckpt_every_steps;
+    double ckpt_every_minutes;
+    int64_t ckpt_keep, ckpt_keep_every;
+    char *ckpt_remote, *ckpt_endpoint, *ckpt_region;
+    int ckpt_addressing;
+    int64_t ckpt_part_mb;
+    double ckpt_upload_deadline_s, ckpt_final_upload_timeout_s;
 } config_t;
+
+enum { ADDR_AUTO = 0, ADDR_PATH = 1, ADDR_VIRTUAL = 2 };
 
 /* Fills cfg with every key's default. */
 void config_defaults(config_t *cfg);
 /* Loads a YAML file over the defaults. Errors name file:line and key. */
 int config_load(config_t *cfg, const char *path, sp_err *err);
+/* Loads YAML text (a saved resolved config); name is used in messages. */
+int config_load_text(config_t *cfg, const char *text, const char *name, sp_err *err);
+/* Lists the math keys whose values differ ("lora.r (8, now 16), ..."), returns
+ * how many. */
+int config_diff_math(const config_t *was, const config_t *now, char *buf, size_t n);
 /* Applies "section.key=value" (value parsed as YAML). */
 int config_set(config_t *cfg, const char *assignment, sp_err *err);
 /* Cross-key checks once everything is loaded (required keys, ranges that

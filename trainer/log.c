@@ -64,16 +64,21 @@ void log_step(FILE *out, metrics_t *m, const step_report *r, int print)
     json_object_set_new(o, "step_s", num(r->step_s));
     json_object_set_new(o, "elapsed_s", num(r->elapsed_s));
     json_object_set_new(o, "trained_tokens", json_integer(r->tokens));
+    if (r->remote_behind >= 0)
+        json_object_set_new(o, "remote_behind", json_integer(r->remote_behind));
     emit(m, o);
     if (!print || !out)
         return;
     char el[32], eta[32];
     log_duration(el, sizeof el, r->elapsed_s);
     log_duration(eta, sizeof eta, r->eta_s);
+    char remote[48] = "";
+    if (r->remote_behind >= 0)
+        snprintf(remote, sizeof remote, " | remote behind %d", r->remote_behind);
     fprintf(out, "step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %s elapsed | "
-                 "ETA %s\n",
+                 "ETA %s%s\n",
             (long long)r->step, (long long)r->total_steps, r->loss, r->lr, r->grad_norm,
-            r->tokens_per_s, el, eta);
+            r->tokens_per_s, el, eta, remote);
     fflush(out);
 }
 

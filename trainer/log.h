@@ -20,7 +20,8 @@ void metrics_close(metrics_t *m);
 typedef struct step_report {
     int64_t step, total_steps;
     double loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s, step_s;
-    int64_t tokens; /* trained (masked-in) tokens of this step, all ranks */
+    int64_t tokens;    /* trained (masked-in) tokens of this step, all ranks */
+    int remote_behind; /* checkpoints not yet in the remote store; -1: no remote */
 } step_report;
 
 void log_step(FILE *out, metrics_t *m, const step_report *r, int print);

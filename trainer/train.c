@@ -12,12 +12,14 @@
 #include <unistd.h>
 
 #include "adapter.h"
+#include "checkpointing.h"
 #include "data.h"
 #include "grad_sync.h"
 #include "log.h"
 #include "model.h"
 #include "model_io.h"
 #include "optim.h"
+#include "signals.h"
 
 typedef struct trainer {
     const config_t *cfg;
@@ -33,11 +35,12 @@ typedef struct trainer {
     int64_t T, mb, ga, global_batch;
     int32_t *inputs, *targets;
     uint64_t *sample_ids;
-    /* progress */
-    int64_t step;    /* optimizer steps done */
-    uint64_t cursor; /* global samples consumed */
-    double elapsed_s, steps_time_s;
-    int64_t steps_timed;
+    ckpt_ctl *ck;
+    const char *resume;
+    int resumed;
+    train_progress p;
+    double steps_time_s;
+    int64_t steps_timed, steps_run;
 } trainer_t;
 
 static int mkdir_p(const char *dir, sp_err *err)
@@ -149,6 +152,12 @@ static int setup_model(trainer_t *t, sp_err *err)
         return err->code;
     if (c->mode == MODE_LORA)
         model_init_lora(t->m, (uint64_t)c->seed);
+    char identity[17];
+    if (model_io_identity(c->model_path, identity, err) ||
+        ckpt_ctl_open(&t->ck, c, t->comm, identity, t->out, &t->metrics, err) ||
+        ckpt_ctl_resume(t->ck, t->m, t->resume, t->mb, &t->ga, &t->p, &t->resumed, err))
+        return err->code;
+    t->global_batch = (int64_t)t->world * t->mb * t->ga;
     if (t->out) {
         int64_t total = model_config_params(&t->mc);
         fprintf(t->out,
@@ -197,7 +206,7 @@ static int load_step(trainer_t *t, int64_t *trained, sp_err *err)
     for (int64_t k = 0; k < t->ga; k++)
         for (int64_t j = 0; j < t->mb; j++) {
             int64_t slot = k * t->mb + j;
-            uint64_t sample = t->cursor + (uint64_t)((k * t->world + t->rank) * t->mb + j), w;
+            uint64_t sample = t->p.cursor + (uint64_t)((k * t->world + t->rank) * t->mb + j), w;
             int64_t n = 0;
             t->sample_ids[slot] = sample;
             if (dataset_window_of(&t->train, sample, &w, NULL, err) ||
@@ -219,7 +228,7 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
     int64_t trained = 0;
     if (load_step(t, &trained, err))
         return err->code;
-    double loss_sum = 0.0, gnorm = 0.0, lr = optim_lr(c, t->step);
+    double loss_sum = 0.0, gnorm = 0.0, lr = optim_lr(c, t->p.step);
     if (trained > 0) {
         model_zero_grads(t->m);
         for (int64_t k = 0; k < t->ga; k++) {
@@ -237,41 +246,42 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
             return sp_fail(err, SP_EXIT_OTHER,
                            "step %lld: the loss or the gradient is not finite (loss %g, grad "
                            "norm %g); lower train.lr or check the data",
-                           (long long)t->step + 1, loss_sum / (double)trained, gnorm);
+                           (long long)t->p.step + 1, loss_sum / (double)trained, gnorm);
         adamw_args a = {.lr = (float)lr,
                         .beta1 = (float)c->beta1,
                         .beta2 = (float)c->beta2,
                         .eps = (float)c->adam_eps,
                         .weight_decay = (float)c->weight_decay,
                         .grad_scale = (float)optim_clip_scale(gnorm, c->clip_grad_norm),
-                        .step = t->step + 1};
+                        .step = t->p.step + 1};
         model_adamw(t->m, &a);
         if (be_check(t->be, err))
             return err->code;
     } else if (t->out) {
         log_event(t->out, &t->metrics, "warning",
                   "step %lld has no trained tokens (loss_mask is 0 everywhere); no update",
-                  (long long)t->step + 1);
+                  (long long)t->p.step + 1);
     }
-    t->step++;
-    t->cursor += (uint64_t)t->global_batch;
+    t->p.step++;
+    t->p.cursor += (uint64_t)t->global_batch;
     double dt = sp_now() - t0;
-    t->elapsed_s += dt;
-    if (t->step > 1 || c->steps == 1) { /* the first step pays one-time costs */
+    t->p.elapsed_s += dt;
+    if (t->steps_run++ > 0) { /* the first step of a process pays one-time costs */
         t->steps_time_s += dt;
         t->steps_timed++;
     }
     double per_step = t->steps_timed ? t->steps_time_s / (double)t->steps_timed : dt;
-    *rep = (step_report){.step = t->step,
+    *rep = (step_report){.step = t->p.step,
                          .total_steps = c->steps,
                          .loss = trained > 0 ? loss_sum / (double)trained : NAN,
                          .lr = lr,
                          .grad_norm = gnorm,
                          .tokens_per_s = (double)(t->global_batch * t->T) / dt,
-                         .elapsed_s = t->elapsed_s,
-                         .eta_s = per_step * (double)(c->steps - t->step),
+                         .elapsed_s = t->p.elapsed_s,
+                         .eta_s = per_step * (double)(c->steps - t->p.step),
                          .step_s = dt,
-                         .tokens = trained};
+                         .tokens = trained,
+                         .remote_behind = ckpt_ctl_remote_behind(t->ck)};
     return 0;
 }
 
@@ -305,7 +315,7 @@ static int run_validation(trainer_t *t, sp_err *err)
     if (comm_allreduce(t->comm, sums, 2, COMM_F64, COMM_SUM, err))
         return err->code;
     if (t->out)
-        log_val(t->out, &t->metrics, t->step, sums[1] > 0 ? sums[0] / sums[1] : NAN,
+        log_val(t->out, &t->metrics, t->p.step, sums[1] > 0 ? sums[0] / sums[1] : NAN,
                 (int64_t)sums[1]);
     return 0;
 }
@@ -366,31 +376,44 @@ static int setup(trainer_t *t, sp_err *err)
     return setup_model(t, err) || setup_data(t, err) ? err->code : 0;
 }
 
+/* Returns 0 when the last step is done, SP_EXIT_PREEMPTED after a stop
+ * signal and its checkpoint, or an error. */
 static int train_loop(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
-    while (t->step < c->steps) {
+    int stop = 0;
+    if (t->p.step >= c->steps) /* a resumed run that had already finished */
+        return ckpt_ctl_boundary(t->ck, t->m, &t->p, 1, &stop, err);
+    while (t->p.step < c->steps) {
         step_report rep;
         if (run_step(t, &rep, err))
             return err->code;
-        int print = t->step % c->log_every == 0 || t->step == c->steps || t->step == 1;
+        int print = t->p.step % c->log_every == 0 || t->p.step == c->steps || t->steps_run == 1;
         if (t->rank == 0)
             log_step(t->out, &t->metrics, &rep, print);
-        int val_due = t->has_val && ((c->val_every > 0 && t->step % c->val_every == 0) ||
-                                     t->step == c->steps);
+        int val_due = t->has_val && ((c->val_every > 0 && t->p.step % c->val_every == 0) ||
+                                     t->p.step == c->steps);
         if (val_due && run_validation(t, err))
             return err->code;
+        if (ckpt_ctl_boundary(t->ck, t->m, &t->p, t->p.step == c->steps, &stop, err))
+            return err->code;
+        if (stop)
+            return sp_fail(err, SP_EXIT_PREEMPTED,
+                           "stopped by a signal after committing checkpoint step %lld; run the "
+                           "same command to resume",
+                           (long long)t->p.step);
     }
     return 0;
 }
 
-int train_run(const config_t *cfg, comm_t *comm, sp_err *err)
+int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err)
 {
     trainer_t t;
     memset(&t, 0, sizeof t);
     t.train.file = t.train.tokens = t.train.mask = -1;
     t.cfg = cfg;
     t.comm = comm;
+    t.resume = resume ? resume : "auto";
     t.rank = comm_rank(comm);
     t.world = comm_size(comm);
     t.out = t.rank == 0 ? stdout : NULL;
@@ -398,16 +421,21 @@ int train_run(const config_t *cfg, comm_t *comm, sp_err *err)
     t.mb = cfg->micro_batch;
     t.ga = cfg->grad_accum;
     t.global_batch = (int64_t)t.world * t.mb * t.ga;
+    signals_install();
     int rc = setup(&t, err);
-    if (!rc && t.has_val)
+    if (!rc && t.has_val && !t.resumed)
         rc = run_validation(&t, err); /* the starting point of the curve */
     if (!rc)
         rc = train_loop(&t, err);
     if (!rc)
         rc = finish(&t, err);
+    sp_err cerr = {0};
+    int crc = ckpt_ctl_close(t.ck, rc == 0, &cerr);
+    if (!rc && crc)
+        rc = sp_fail(err, crc, "%s", cerr.msg);
     if (!rc && t.out)
         fprintf(t.out, "done: %lld steps in %.1f s; metrics: %s/metrics.jsonl\n",
-                (long long)t.step, t.elapsed_s, cfg->run_dir);
+                (long long)t.p.step, t.p.elapsed_s, cfg->run_dir);
     trainer_free(&t);
     return rc;
 }

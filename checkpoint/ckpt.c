@@ -1,0 +1,687 @@
+/* Checkpoint directories: snapshot, HDF5 state, MANIFEST, verify, list, prune. */
+#define _GNU_SOURCE
+#include "ckpt.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <jansson.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- snapshot ----------------------------------------------------------------- */
+
+void ckpt_snapshot_init(ckpt_snapshot *s)
+{
+    memset(s, 0, sizeof *s);
+}
+
+void ckpt_snapshot_free(ckpt_snapshot *s)
+{
+    for (int i = 0; i < s->nattrs; i++)
+        free(s->attrs[i].s);
+    for (int i = 0; i < s->narrays; i++) {
+        free(s->arrays[i].name);
+        free(s->arrays[i].data);
+    }
+    free(s->attrs);
+    free(s->arrays);
+    memset(s, 0, sizeof *s);
+}
+
+static ckpt_attr *new_attr(ckpt_snapshot *s, const char *name)
+{
+    for (int i = 0; i < s->nattrs; i++)
+        if (strcmp(s->attrs[i].name, name) == 0) {
+            free(s->attrs[i].s);
+            s->attrs[i].s = NULL;
+            return &s->attrs[i];
+        }
+    if (s->nattrs == s->cap_attrs) {
+        int cap = s->cap_attrs ? 2 * s->cap_attrs : 16;
+        ckpt_attr *a = realloc(s->attrs, sizeof *a * (size_t)cap);
+        if (!a)
+            return NULL;
+        s->attrs = a;
+        s->cap_attrs = cap;
+    }
+    ckpt_attr *a = &s->attrs[s->nattrs++];
+    memset(a, 0, sizeof *a);
+    snprintf(a->name, sizeof a->name, "%s", name);
+    return a;
+}
+
+int ckpt_set_int(ckpt_snapshot *s, const char *name, int64_t v)
+{
+    ckpt_attr *a = new_attr(s, name);
+    if (!a)
+        return -1;
+    a->type = CKPT_ATTR_INT;
+    a->i = v;
+    return 0;
+}
+
+int ckpt_set_real(ckpt_snapshot *s, const char *name, double v)
+{
+    ckpt_attr *a = new_attr(s, name);
+    if (!a)
+        return -1;
+    a->type = CKPT_ATTR_REAL;
+    a->d = v;
+    return 0;
+}
+
+int ckpt_set_str(ckpt_snapshot *s, const char *name, const char *v)
+{
+    ckpt_attr *a = new_attr(s, name);
+    if (!a)
+        return -1;
+    a->type = CKPT_ATTR_STR;
+    a->s = strdup(v);
+    return a->s ? 0 : -1;
+}
+
+float *ckpt_add_array(ckpt_snapshot *s, const char *name, int ndim, const int64_t *shape)
+{
+    if (s->narrays == s->cap_arrays) {
+        int cap = s->cap_arrays ? 2 * s->cap_arrays : 64;
+        ckpt_array *a = realloc(s->arrays, sizeof *a * (size_t)cap);
+        if (!a)
+            return NULL;
+        s->arrays = a;
+        s->cap_arrays = cap;
+    }
+    ckpt_array *a = &s->arrays[s->narrays];
+    memset(a, 0, sizeof *a);
+    a->ndim = ndim;
+    a->n = 1;
+    for (int d = 0; d < ndim; d++) {
+        a->shape[d] = shape[d];
+        a->n *= (size_t)shape[d];
+    }
+    a->name = strdup(name);
+    a->data = malloc(sizeof(float) * (a->n ? a->n : 1));
+    if (!a->name || !a->data) {
+        free(a->name);
+        free(a->data);
+        return NULL;
+    }
+    s->narrays++;
+    s->bytes += a->n * sizeof(float);
+    return a->data;
+}
+
+const ckpt_attr *ckpt_get(const ckpt_snapshot *s, const char *name)
+{
+    for (int i = 0; i < s->nattrs; i++)
+        if (strcmp(s->attrs[i].name, name) == 0)
+            return &s->attrs[i];
+    return NULL;
+}
+
+const ckpt_array *ckpt_find_array(const ckpt_snapshot *s, const char *name)
+{
+    for (int i = 0; i < s->narrays; i++)
+        if (strcmp(s->arrays[i].name, name) == 0)
+            return &s->arrays[i];
+    return NULL;
+}
+
+void ckpt_dir_name(char *buf, size_t n, int64_t step)
+{
+    snprintf(buf, n, "step-%08lld", (long long)step);
+}
+
+/* ---- files -------------------------------------------------------------------- */
+
+static int fsync_path(const char *path, int dir)
+{
+    int fd = open(path, (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int ckpt_file_sha256(const char *path, char hex[65], uint64_t *size, sp_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned char buf[1 << 16], md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    uint64_t total = 0;
+    size_t got;
+    int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
+    while (ok && (got = fread(buf, 1, sizeof buf, f)) > 0) {
+        ok = EVP_DigestUpdate(ctx, buf, got) == 1;
+        total += got;
+    }
+    ok = ok && !ferror(f) && EVP_DigestFinal_ex(ctx, md, &len) == 1 && len == 32;
+    fclose(f);
+    EVP_MD_CTX_free(ctx);
+    if (!ok)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot read for its checksum", path);
+    for (unsigned i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    if (size)
+        *size = total;
+    return 0;
+}
+
+static int write_attrs(hid_t f, const ckpt_snapshot *s)
+{
+    for (int i = 0; i < s->nattrs; i++) {
+        const ckpt_attr *a = &s->attrs[i];
+        hid_t sp = H5Screate(H5S_SCALAR), ty, mem;
+        const void *buf;
+        const char *str = a->s;
+        if (a->type == CKPT_ATTR_INT) {
+            ty = H5Tcopy(H5T_STD_I64LE);
+            mem = H5Tcopy(H5T_NATIVE_INT64);
+            buf = &a->i;
+        } else if (a->type == CKPT_ATTR_REAL) {
+            ty = H5Tcopy(H5T_IEEE_F64LE);
+            mem = H5Tcopy(H5T_NATIVE_DOUBLE);
+            buf = &a->d;
+        } else {
+            ty = H5Tcopy(H5T_C_S1);
+            H5Tset_size(ty, H5T_VARIABLE);
+            H5Tset_cset(ty, H5T_CSET_UTF8);
+            mem = H5Tcopy(ty);
+            buf = &str;
+        }
+        hid_t at = H5Acreate2(f, a->name, ty, sp, H5P_DEFAULT, H5P_DEFAULT);
+        herr_t rc = at < 0 ? -1 : H5Awrite(at, mem, buf);
+        if (at >= 0)
+            H5Aclose(at);
+        H5Tclose(ty);
+        H5Tclose(mem);
+        H5Sclose(sp);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int write_arrays(hid_t f, const ckpt_snapshot *s)
+{
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    int rc = 0;
+    for (int i = 0; i < s->narrays && !rc; i++) {
+        const ckpt_array *a = &s->arrays[i];
+        hsize_t dims[4];
+        for (int d = 0; d < a->ndim; d++)
+            dims[d] = (hsize_t)a->shape[d];
+        hid_t sp = H5Screate_simple(a->ndim, dims, NULL);
+        hid_t ds = H5Dcreate2(f, a->name, H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+        if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a->data) < 0)
+            rc = -1;
+        if (ds >= 0)
+            H5Dclose(ds);
+        H5Sclose(sp);
+    }
+    H5Pclose(lcpl);
+    return rc;
+}
+
+static int write_state(const char *path, const ckpt_snapshot *s, sp_err *err)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create", path);
+    int bad = write_attrs(f, s) || write_arrays(f, s);
+    if (H5Fclose(f) < 0)
+        bad = 1;
+    if (bad || fsync_path(path, 0) != 0)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the checkpoint state", path);
+    return 0;
+}
+
+static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *const *files,
+                          int nfiles, sp_err *err)
+{
+    json_t *m = json_object(), *fl = json_object();
+    json_object_set_new(m, "format", json_string("spotune-checkpoint"));
+    json_object_set_new(m, "format_version", json_integer(CKPT_FORMAT_VERSION));
+    json_object_set_new(m, "step", json_integer(s->step));
+    json_object_set_new(m, "world_size", json_integer(s->world_size));
+    json_object_set_new(m, "config_hash", json_string(s->config_hash));
+    json_object_set_new(m, "base_model", json_string(s->base_model));
+    json_object_set_new(m, "created", json_real(sp_wall_time()));
+    int rc = 0;
+    for (int i = 0; i < nfiles && !rc; i++) {
+        char path[4096], hex[65];
+        uint64_t size;
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        rc = ckpt_file_sha256(path, hex, &size, err);
+        if (!rc)
+            json_object_set_new(fl, files[i],
+                                json_pack("{s:I, s:s}", "size", (json_int_t)size, "sha256", hex));
+    }
+    json_object_set_new(m, "files", fl);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+    if (!rc && (json_dump_file(m, path, JSON_INDENT(2)) != 0 || fsync_path(path, 0) != 0))
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path);
+    json_decref(m);
+    return rc;
+}
+
+static int rm_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            rc |= rm_tree(p);
+        else
+            rc |= unlink(p);
+    }
+    closedir(d);
+    return rc | rmdir(dir);
+}
+
+int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t out_n, sp_err *err)
+{
+    char name[64], tmp[4096], fin[4096], path[4200];
+    if (mkdir(root, 0755) != 0 && errno != EEXIST)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", root, strerror(errno));
+    ckpt_dir_name(name, sizeof name, s->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", root, name, (int)getpid());
+    snprintf(fin, sizeof fin, "%s/%s", root, name);
+    rm_tree(tmp);
+    if (mkdir(tmp, 0755) != 0)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", tmp, strerror(errno));
+    snprintf(path, sizeof path, "%s/%s", tmp, CKPT_STATE_FILE);
+    const char *files[] = {CKPT_STATE_FILE};
+    int rc = write_state(path, s, err);
+    if (!rc)
+        rc = write_manifest(tmp, s, files, 1, err);
+    if (!rc && fsync_path(tmp, 1) != 0)
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (!rc) {
+        /* an older copy of this step (an incomplete one, or a resumed run
+         * writing it again) is replaced */
+        struct stat sb;
+        if (stat(fin, &sb) == 0) {
+            char old[4200];
+            snprintf(old, sizeof old, "%s/.old-%s-%d", root, name, (int)getpid());
+            if (rename(fin, old) == 0)
+                rm_tree(old);
+        }
+        if (rename(tmp, fin) != 0)
+            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot rename to %s: %s", tmp, fin,
+                         strerror(errno));
+        else
+            fsync_path(root, 1);
+    }
+    if (rc)
+        rm_tree(tmp);
+    else if (out_dir)
+        snprintf(out_dir, out_n, "%s", fin);
+    return rc;
+}
+
+/* ---- MANIFEST and verification --------------------------------------------------- */
+
+int ckpt_manifest_parse(const char *text, size_t len, ckpt_manifest *m, sp_err *err)
+{
+    memset(m, 0, sizeof *m);
+    json_error_t je;
+    json_t *j = json_loadb(text, len, 0, &je);
+    if (!j)
+        return sp_fail(err, SP_EXIT_INPUT, "MANIFEST.json is not valid JSON: %s", je.text);
+    int rc = 0;
+    json_t *fv = json_object_get(j, "format_version"), *st = json_object_get(j, "step"),
+           *ws = json_object_get(j, "world_size"), *fl = json_object_get(j, "files");
+    if (!json_is_integer(fv) || !json_is_integer(st) || !json_is_integer(ws) ||
+        !json_is_object(fl)) {
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "MANIFEST.json lacks format_version, step, world_size or files");
+    } else if (json_integer_value(fv) > CKPT_FORMAT_VERSION) {
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "MANIFEST.json: format version %lld is newer than this spotune reads (%d)",
+                     (long long)json_integer_value(fv), CKPT_FORMAT_VERSION);
+    } else {
+        m->format_version = (int)json_integer_value(fv);
+        m->step = json_integer_value(st);
+        m->world_size = (int)json_integer_value(ws);
+        const char *ch = json_string_value(json_object_get(j, "config_hash"));
+        const char *bm = json_string_value(json_object_get(j, "base_model"));
+        snprintf(m->config_hash, sizeof m->config_hash, "%s", ch ? ch : "");
+        snprintf(m->base_model, sizeof m->base_model, "%s", bm ? bm : "");
+        m->created = json_number_value(json_object_get(j, "created"));
+        const char *k;
+        json_t *v;
+        json_object_foreach(fl, k, v)
+        {
+            json_t *sz = json_object_get(v, "size"), *sh = json_object_get(v, "sha256");
+            if (m->nfiles == 16 || !json_is_integer(sz) || !json_is_string(sh) ||
+                strlen(json_string_value(sh)) != 64 || strchr(k, '/') || strlen(k) >= 128) {
+                rc = sp_fail(err, SP_EXIT_INPUT, "MANIFEST.json: bad entry for file '%s'", k);
+                break;
+            }
+            snprintf(m->files[m->nfiles].name, 128, "%s", k);
+            m->files[m->nfiles].size = (uint64_t)json_integer_value(sz);
+            snprintf(m->files[m->nfiles].sha256, 65, "%s", json_string_value(sh));
+            m->nfiles++;
+        }
+        if (!rc && m->nfiles == 0)
+            rc = sp_fail(err, SP_EXIT_INPUT, "MANIFEST.json names no files");
+    }
+    json_decref(j);
+    return rc;
+}
+
+int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: no MANIFEST.json (an incomplete checkpoint)", dir);
+    char *text = NULL;
+    size_t len = 0, cap = 0, got;
+    char buf[4096];
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+        if (len + got > cap) {
+            cap = 2 * (len + got);
+            char *t = realloc(text, cap);
+            if (!t) {
+                free(text);
+                fclose(f);
+                return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+            }
+            text = t;
+        }
+        memcpy(text + len, buf, got);
+        len += got;
+    }
+    fclose(f);
+    int rc = ckpt_manifest_parse(text ? text : "", len, m, err);
+    free(text);
+    if (rc) {
+        sp_err_prefix(err, "%s: ", dir);
+        return rc;
+    }
+    for (int i = 0; i < m->nfiles; i++) {
+        char hex[65];
+        uint64_t size;
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, m->files[i].name);
+        if (stat(path, &sb) != 0)
+            return sp_fail(err, SP_EXIT_INPUT, "%s: MANIFEST.json names %s, which is missing",
+                           dir, m->files[i].name);
+        if ((uint64_t)sb.st_size != m->files[i].size)
+            return sp_fail(err, SP_EXIT_INPUT,
+                           "%s: %s has %llu bytes, MANIFEST.json says %llu (truncated?)", dir,
+                           m->files[i].name, (unsigned long long)sb.st_size,
+                           (unsigned long long)m->files[i].size);
+        if (ckpt_file_sha256(path, hex, &size, err))
+            return err->code;
+        if (strcmp(hex, m->files[i].sha256) != 0)
+            return sp_fail(err, SP_EXIT_INPUT,
+                           "%s: %s fails its SHA-256 checksum (the file is corrupted)", dir,
+                           m->files[i].name);
+    }
+    return 0;
+}
+
+/* ---- reading --------------------------------------------------------------------- */
+
+static herr_t read_attr(hid_t loc, const char *name, const H5A_info_t *info, void *vs)
+{
+    (void)info;
+    ckpt_snapshot *s = vs;
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT), ty = H5Aget_type(a);
+    H5T_class_t cls = H5Tget_class(ty);
+    herr_t rc = 0;
+    if (cls == H5T_INTEGER) {
+        int64_t v;
+        rc = H5Aread(a, H5T_NATIVE_INT64, &v);
+        if (rc >= 0)
+            ckpt_set_int(s, name, v);
+    } else if (cls == H5T_FLOAT) {
+        double v;
+        rc = H5Aread(a, H5T_NATIVE_DOUBLE, &v);
+        if (rc >= 0)
+            ckpt_set_real(s, name, v);
+    } else if (cls == H5T_STRING && H5Tis_variable_str(ty) > 0) {
+        char *v = NULL;
+        hid_t mem = H5Tcopy(H5T_C_S1);
+        H5Tset_size(mem, H5T_VARIABLE);
+        H5Tset_cset(mem, H5Tget_cset(ty));
+        rc = H5Aread(a, mem, &v);
+        if (rc >= 0 && v) {
+            ckpt_set_str(s, name, v);
+            H5free_memory(v);
+        }
+        H5Tclose(mem);
+    }
+    H5Tclose(ty);
+    H5Aclose(a);
+    return rc < 0 ? -1 : 0;
+}
+
+#if H5_VERSION_GE(1, 12, 0)
+typedef H5O_info2_t obj_info_t;
+#define OBJ_VISIT(f, cb, ctx) H5Ovisit3(f, H5_INDEX_NAME, H5_ITER_INC, cb, ctx, H5O_INFO_BASIC)
+#else
+typedef H5O_info_t obj_info_t;
+#define OBJ_VISIT(f, cb, ctx) H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_INC, cb, ctx, H5O_INFO_BASIC)
+#endif
+
+static herr_t read_object(hid_t root, const char *name, const obj_info_t *info, void *vs)
+{
+    if (info->type != H5O_TYPE_DATASET)
+        return 0;
+    ckpt_snapshot *s = vs;
+    hid_t ds = H5Dopen2(root, name, H5P_DEFAULT), sp = H5Dget_space(ds);
+    int nd = H5Sget_simple_extent_ndims(sp);
+    hsize_t dims[4] = {0};
+    herr_t rc = -1;
+    if (nd >= 1 && nd <= 4) {
+        H5Sget_simple_extent_dims(sp, dims, NULL);
+        int64_t shape[4];
+        for (int d = 0; d < nd; d++)
+            shape[d] = (int64_t)dims[d];
+        float *buf = ckpt_add_array(s, name, nd, shape);
+        if (buf)
+            rc = H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    }
+    H5Sclose(sp);
+    H5Dclose(ds);
+    return rc < 0 ? -1 : 0;
+}
+
+int ckpt_read(const char *dir, ckpt_snapshot *s, sp_err *err)
+{
+    ckpt_manifest m;
+    if (ckpt_verify(dir, &m, err))
+        return err->code;
+    ckpt_snapshot_init(s);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_STATE_FILE);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot open as HDF5", path);
+    hsize_t idx = 0;
+    int bad = H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, &idx, read_attr, s) < 0 ||
+              OBJ_VISIT(f, read_object, s) < 0;
+    H5Fclose(f);
+    if (bad) {
+        ckpt_snapshot_free(s);
+        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot read the checkpoint state", path);
+    }
+    s->step = m.step;
+    s->world_size = m.world_size;
+    memcpy(s->config_hash, m.config_hash, sizeof s->config_hash);
+    memcpy(s->base_model, m.base_model, sizeof s->base_model);
+    return 0;
+}
+
+/* ---- listing and retention ------------------------------------------------------- */
+
+static uint64_t dir_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    uint64_t total = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char p[4096];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] != '.' && stat(p, &sb) == 0 && S_ISREG(sb.st_mode))
+            total += (uint64_t)sb.st_size;
+    }
+    if (d)
+        closedir(d);
+    return total;
+}
+
+static int cmp_info(const void *a, const void *b)
+{
+    const ckpt_info *x = a, *y = b;
+    if (x->step != y->step)
+        return x->step > y->step ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(root);
+    if (!d)
+        return errno == ENOENT ? 0 : sp_fail(err, SP_EXIT_INPUT, "%s: %s", root, strerror(errno));
+    struct dirent *e;
+    int cap = 0, rc = 0;
+    while ((e = readdir(d))) {
+        long long step;
+        char tail[8];
+        int tmp = strncmp(e->d_name, ".tmp-step-", 10) == 0;
+        const char *num = tmp ? e->d_name + 10 : e->d_name + 5;
+        if (!tmp && (strncmp(e->d_name, "step-", 5) != 0 ||
+                     sscanf(num, "%lld%7s", &step, tail) != 1))
+            continue;
+        if (tmp && sscanf(num, "%lld", &step) != 1)
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            ckpt_info *g = realloc(*out, sizeof *g * (size_t)cap);
+            if (!g) {
+                rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+                break;
+            }
+            *out = g;
+        }
+        ckpt_info *ci = &(*out)[(*n)++];
+        memset(ci, 0, sizeof *ci);
+        snprintf(ci->name, sizeof ci->name, "%s", e->d_name);
+        ci->step = step;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        ci->bytes = dir_bytes(path);
+        if (tmp) {
+            snprintf(ci->problem, sizeof ci->problem, "incomplete (never committed)");
+            continue;
+        }
+        if (!verify) {
+            ci->ok = 1;
+            continue;
+        }
+        sp_err ve = {0};
+        ckpt_manifest m;
+        if (ckpt_verify(path, &m, &ve) == 0) {
+            ci->ok = 1;
+            ci->created = m.created;
+        } else {
+            snprintf(ci->problem, sizeof ci->problem, "%s", ve.msg);
+        }
+    }
+    closedir(d);
+    if (*n)
+        qsort(*out, (size_t)*n, sizeof **out, cmp_info);
+    return rc;
+}
+
+int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
+                     void (*report)(void *ctx, const ckpt_info *bad), void *ctx, sp_err *err)
+{
+    ckpt_info *list;
+    int count;
+    *found = 0;
+    if (ckpt_list(root, 1, &list, &count, err))
+        return err->code;
+    for (int i = 0; i < count; i++) {
+        if (strncmp(list[i].name, ".tmp-", 5) == 0)
+            continue; /* never committed: not a candidate, not worth a warning */
+        if (list[i].ok) {
+            snprintf(path, n, "%s/%s", root, list[i].name);
+            *found = 1;
+            break;
+        }
+        if (report)
+            report(ctx, &list[i]);
+    }
+    free(list);
+    return 0;
+}
+
+int ckpt_prune(const char *root, int keep, int64_t keep_every,
+               void (*deleted)(void *ctx, const char *name), void *ctx, sp_err *err)
+{
+    ckpt_info *list;
+    int count, kept = 0;
+    if (ckpt_list(root, 0, &list, &count, err))
+        return err->code;
+    for (int i = 0; i < count; i++) {
+        ckpt_info *ci = &list[i];
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", root, ci->name);
+        if (strncmp(ci->name, ".tmp-", 5) == 0) {
+            /* a leftover of a crashed writer: only the newest may still be live */
+            int pid = 0;
+            const char *dash = strrchr(ci->name, '-');
+            if (dash)
+                pid = atoi(dash + 1);
+            if (pid > 0 && pid != (int)getpid() && kill(pid, 0) != 0)
+                rm_tree(path);
+            continue;
+        }
+        int keep_this = kept < keep || (keep_every > 0 && ci->step % keep_every == 0);
+        if (kept < keep)
+            kept++;
+        if (keep_this)
+            continue;
+        char manifest[4200];
+        snprintf(manifest, sizeof manifest, "%s/%s", path, CKPT_MANIFEST);
+        unlink(manifest); /* MANIFEST first: a half-deleted checkpoint is never trusted */
+        fsync_path(path, 1);
+        if (rm_tree(path) == 0 && deleted)
+            deleted(ctx, ci->name);
+    }
+    free(list);
+    return 0;
+}

@@ -1,0 +1,115 @@
+/* checkpoint/ckpt.h — the checkpoint directory protocol. A checkpoint is a
+ * directory ROOT/step-NNNNNNNN/ holding HDF5 files (state.h5: the replicated
+ * state) and MANIFEST.json, written last: format version, step, world size,
+ * config hash, base-model identity, and every file's size and SHA-256. It is
+ * written as ROOT/.tmp-step-NNNNNNNN-PID/, every file and the directory
+ * fsynced, then renamed; a checkpoint without a valid MANIFEST, or whose files
+ * fail their checksums, does not exist. Owns: the snapshot (host copies of
+ * named arrays and scalar attributes), HDF5 writing and reading, MANIFEST,
+ * verification, listing, retention, and a background writer thread. Does not
+ * decide when to checkpoint, and knows nothing of models. */
+#ifndef SPOTUNE_CKPT_H
+#define SPOTUNE_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+
+#define CKPT_FORMAT_VERSION 1
+#define CKPT_MANIFEST "MANIFEST.json"
+#define CKPT_STATE_FILE "state.h5"
+
+enum { CKPT_ATTR_INT, CKPT_ATTR_REAL, CKPT_ATTR_STR };
+
+typedef struct ckpt_attr {
+    char name[64];
+    int type;
+    int64_t i;
+    double d;
+    char *s;
+} ckpt_attr;
+
+/* A named float32 array in host memory (owned by the snapshot). The name is
+ * a path inside the HDF5 file ("params/<tensor name>"). */
+typedef struct ckpt_array {
+    char *name;
+    float *data;
+    int ndim;
+    int64_t shape[4];
+    size_t n;
+} ckpt_array;
+
+typedef struct ckpt_snapshot {
+    int64_t step;
+    int world_size;
+    char config_hash[17];
+    char base_model[17];
+    ckpt_attr *attrs;
+    int nattrs, cap_attrs;
+    ckpt_array *arrays;
+    int narrays, cap_arrays;
+    size_t bytes;
+} ckpt_snapshot;
+
+void ckpt_snapshot_init(ckpt_snapshot *s);
+void ckpt_snapshot_free(ckpt_snapshot *s);
+int ckpt_set_int(ckpt_snapshot *s, const char *name, int64_t v);
+int ckpt_set_real(ckpt_snapshot *s, const char *name, double v);
+int ckpt_set_str(ckpt_snapshot *s, const char *name, const char *v);
+/* Adds an array of n floats; returns its buffer to fill (NULL: out of memory). */
+float *ckpt_add_array(ckpt_snapshot *s, const char *name, int ndim, const int64_t *shape);
+const ckpt_attr *ckpt_get(const ckpt_snapshot *s, const char *name);
+const ckpt_array *ckpt_find_array(const ckpt_snapshot *s, const char *name);
+
+/* Writes the snapshot as ROOT/step-NNNNNNNN (atomically). out_dir (may be
+ * NULL) receives the final path. Fails with EEXIST-like error if that step
+ * already exists complete. */
+int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t out_n, sp_err *err);
+/* Verifies MANIFEST and every file's size and checksum; reads the state. */
+int ckpt_read(const char *dir, ckpt_snapshot *s, sp_err *err);
+
+typedef struct ckpt_manifest {
+    int format_version;
+    int64_t step;
+    int world_size;
+    char config_hash[17];
+    char base_model[17];
+    double created;
+    int nfiles;
+    struct { char name[128]; uint64_t size; char sha256[65]; } files[16];
+} ckpt_manifest;
+
+/* Checks MANIFEST.json and every file it names (size, SHA-256). Errors are
+ * SP_EXIT_INPUT and say what is wrong (missing MANIFEST, missing file,
+ * truncated file, checksum mismatch). */
+int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err);
+int ckpt_manifest_parse(const char *json_text, size_t len, ckpt_manifest *m, sp_err *err);
+/* SHA-256 of a file as 64 hex digits (and its size). */
+int ckpt_file_sha256(const char *path, char hex[65], uint64_t *size, sp_err *err);
+
+typedef struct ckpt_info {
+    char name[64]; /* step-NNNNNNNN */
+    int64_t step;
+    int ok;            /* verified */
+    char problem[512]; /* why not, when !ok */
+    double created;
+    uint64_t bytes;
+} ckpt_info;
+
+/* Lists ROOT's checkpoints (and leftover .tmp- directories as incomplete),
+ * newest first, verifying each when verify is set. */
+int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err);
+/* Finds the newest checkpoint that verifies; reports every newer one that
+ * does not through report (may be NULL). Returns 0 with found = 0 if none. */
+int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
+                     void (*report)(void *ctx, const ckpt_info *bad), void *ctx, sp_err *err);
+/* Deletes all but the newest keep complete checkpoints (and every one whose
+ * step is a multiple of keep_every, when > 0), and stale .tmp- directories.
+ * Deleting removes MANIFEST first. Returns the names deleted via cb. */
+int ckpt_prune(const char *root, int keep, int64_t keep_every,
+               void (*deleted)(void *ctx, const char *name), void *ctx, sp_err *err);
+/* "step-%08lld" */
+void ckpt_dir_name(char *buf, size_t n, int64_t step);
+
+#endif

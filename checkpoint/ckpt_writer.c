@@ -1,0 +1,120 @@
+/* The background writer thread. */
+#define _POSIX_C_SOURCE 200809L
+#include "ckpt_writer.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ckpt_writer {
+    char root[4096];
+    ckpt_written_fn done;
+    void *ctx;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ckpt_snapshot job;
+    int has_job, busy, stop;
+    sp_err last; /* the last write's outcome */
+};
+
+static void *writer_main(void *arg)
+{
+    ckpt_writer *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->has_job && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (!w->has_job && w->stop)
+            break;
+        ckpt_snapshot s = w->job;
+        memset(&w->job, 0, sizeof w->job);
+        w->has_job = 0;
+        w->busy = 1;
+        pthread_mutex_unlock(&w->mu);
+
+        sp_err err = {0};
+        char dir[4096];
+        double t0 = sp_now();
+        int rc = ckpt_write(w->root, &s, dir, sizeof dir, &err);
+        double dt = sp_now() - t0;
+        if (w->done)
+            w->done(w->ctx, rc ? NULL : dir, &s, dt, &err);
+        ckpt_snapshot_free(&s);
+
+        pthread_mutex_lock(&w->mu);
+        w->last = err;
+        w->busy = 0;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+int ckpt_writer_start(ckpt_writer **out, const char *root, ckpt_written_fn done, void *ctx,
+                      sp_err *err)
+{
+    ckpt_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    snprintf(w->root, sizeof w->root, "%s", root);
+    w->done = done;
+    w->ctx = ctx;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
+        free(w);
+        return sp_fail(err, SP_EXIT_OTHER, "cannot start the checkpoint writer thread");
+    }
+    *out = w;
+    return 0;
+}
+
+static void wait_idle(ckpt_writer *w)
+{
+    while (w->has_job || w->busy)
+        pthread_cond_wait(&w->cv, &w->mu);
+}
+
+int ckpt_writer_submit(ckpt_writer *w, ckpt_snapshot *s, double *waited_s, sp_err *err)
+{
+    double t0 = sp_now();
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    if (waited_s)
+        *waited_s = sp_now() - t0;
+    w->job = *s;
+    memset(s, 0, sizeof *s);
+    w->has_job = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    (void)err;
+    return 0;
+}
+
+int ckpt_writer_wait(ckpt_writer *w, sp_err *err)
+{
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    sp_err last = w->last;
+    pthread_mutex_unlock(&w->mu);
+    if (last.code)
+        return sp_fail(err, last.code, "%s", last.msg);
+    return 0;
+}
+
+void ckpt_writer_stop(ckpt_writer *w)
+{
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    w->stop = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}

@@ -1,0 +1,28 @@
+/* checkpoint/ckpt_writer.h — the background checkpoint writer: one thread
+ * that takes a host snapshot and writes and commits it (ckpt_write), so the
+ * step loop only pays for copying its state to host memory. One write at a
+ * time: a submit while the previous write is still running waits for it
+ * (and says how long). Owns the thread and the snapshot being written. */
+#ifndef SPOTUNE_CKPT_WRITER_H
+#define SPOTUNE_CKPT_WRITER_H
+
+#include "checkpoint/ckpt.h"
+
+typedef struct ckpt_writer ckpt_writer;
+
+/* Called on the writer thread after each write: dir is the committed
+ * checkpoint (NULL on failure, with err set). */
+typedef void (*ckpt_written_fn)(void *ctx, const char *dir, const ckpt_snapshot *s,
+                                double write_s, const sp_err *err);
+
+int ckpt_writer_start(ckpt_writer **out, const char *root, ckpt_written_fn done, void *ctx,
+                      sp_err *err);
+/* Moves *s to the thread (*s is left empty). Waits first while a previous
+ * write runs; *waited_s (may be NULL) receives the wait. */
+int ckpt_writer_submit(ckpt_writer *w, ckpt_snapshot *s, double *waited_s, sp_err *err);
+/* Waits until idle; returns the error of the last write (0 if it succeeded). */
+int ckpt_writer_wait(ckpt_writer *w, sp_err *err);
+/* Waits for the write in progress, then stops the thread. NULL is a no-op. */
+void ckpt_writer_stop(ckpt_writer *w);
+
+#endif

@@ -1,0 +1,622 @@
+/* Checkpoint policy, snapshots of the model, resume. */
+#define _GNU_SOURCE
+#include "checkpointing.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../checkpoint/ckpt.h"
+#include "../checkpoint/ckpt_writer.h"
+#include "../checkpoint/store.h"
+#include "../checkpoint/uploader.h"
+#include "signals.h"
+
+#define VERSION_TAG "spotune 0.1.0"
+#define RNG_TAG "splitmix64-counter-v1"
+
+struct ckpt_ctl {
+    const config_t *cfg;
+    comm_t *comm;
+    int rank, world;
+    FILE *log;
+    metrics_t *metrics;
+    char root[4096];
+    char base_identity[17], config_hash[17];
+    ckpt_writer *writer;
+    store_t *store;
+    uploader_t *up;
+    double last_time;
+    int64_t last_step;
+};
+
+/* ---- logging from any thread (stdio locks each call) ------------------------- */
+
+static void on_written(void *ctx, const char *dir, const ckpt_snapshot *s, double write_s,
+                       const sp_err *err)
+{
+    ckpt_ctl *c = ctx;
+    if (!dir) {
+        log_event(c->log, c->metrics, "error", "checkpoint step %lld was not written: %s",
+                  (long long)s->step, err->msg);
+        return;
+    }
+    log_event(c->log, c->metrics, "checkpoint_committed",
+              "step %lld committed to %s (%.1f MiB, written in %.2f s)", (long long)s->step, dir,
+              (double)s->bytes / 1048576.0, write_s);
+    sp_err perr = {0};
+    if (ckpt_prune(c->root, (int)c->cfg->ckpt_keep, c->cfg->ckpt_keep_every, NULL, NULL, &perr))
+        log_event(c->log, c->metrics, "warning", "retention: %s", perr.msg);
+    if (c->up) {
+        sp_err uerr = {0};
+        const char *name = strrchr(dir, '/') + 1;
+        int dropped = uploader_submit(c->up, dir, name, &uerr);
+        if (dropped < 0)
+            log_event(c->log, c->metrics, "warning", "upload of %s not queued: %s", name,
+                      uerr.msg);
+        else if (dropped > 0)
+            log_event(c->log, c->metrics, "warning",
+                      "the remote store is behind: %d older checkpoint(s) will not be pushed "
+                      "(superseded by %s)",
+                      dropped, name);
+    }
+}
+
+static void on_upload(void *arg, const uploader_event *ev)
+{
+    ckpt_ctl *c = arg;
+    switch (ev->kind) {
+    case UPLOADER_JOB_DONE:
+        log_event(c->log, c->metrics, "checkpoint_uploaded", "%s/%s", store_url(c->store),
+                  ev->prefix);
+        break;
+    case UPLOADER_JOB_RETRY:
+        log_event(c->log, c->metrics, "warning",
+                  "upload of %s failed (attempt %d), retrying in %.0f s: %s", ev->prefix,
+                  ev->attempt, ev->retry_in_s, ev->err ? ev->err->msg : "");
+        break;
+    case UPLOADER_JOB_FAILED:
+        log_event(c->log, c->metrics, "warning", "upload of %s abandoned: %s",
+                  ev->prefix ? ev->prefix : "?", ev->err ? ev->err->msg : "");
+        break;
+    case UPLOADER_PRUNE_FAILED:
+        log_event(c->log, c->metrics, "warning", "remote retention failed: %s",
+                  ev->err ? ev->err->msg : "");
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- open / close ------------------------------------------------------------------ */
+
+static int open_remote(ckpt_ctl *c, sp_err *err)
+{
+    const config_t *cfg = c->cfg;
+    store_opts so = {0};
+    so.endpoint = cfg->ckpt_endpoint && *cfg->ckpt_endpoint ? cfg->ckpt_endpoint : NULL;
+    so.region = cfg->ckpt_region && *cfg->ckpt_region ? cfg->ckpt_region : NULL;
+    so.addressing = cfg->ckpt_addressing == ADDR_PATH      ? STORE_ADDR_PATH
+                    : cfg->ckpt_addressing == ADDR_VIRTUAL ? STORE_ADDR_VHOST
+                                                           : STORE_ADDR_AUTO;
+    so.part_bytes = (size_t)cfg->ckpt_part_mb << 20;
+    if (store_open(&c->store, cfg->ckpt_remote, &so, err)) {
+        sp_err_prefix(err, "checkpoint.remote: ");
+        if (!err->code)
+            err->code = SP_EXIT_USAGE;
+        return err->code;
+    }
+    uploader_opts uo = {.keep = (int)cfg->ckpt_keep,
+                        .keep_every = (int)cfg->ckpt_keep_every,
+                        .on_event = on_upload,
+                        .arg = c};
+    if (uploader_start(&c->up, c->store, &uo, err))
+        return err->code ? err->code : SP_EXIT_OTHER;
+    return 0;
+}
+
+int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char *base_identity,
+                  FILE *log, metrics_t *metrics, sp_err *err)
+{
+    ckpt_ctl *c = calloc(1, sizeof *c);
+    if (!c)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    c->cfg = cfg;
+    c->comm = comm;
+    c->rank = comm_rank(comm);
+    c->world = comm_size(comm);
+    c->log = log;
+    c->metrics = metrics;
+    c->last_time = sp_now();
+    c->last_step = -1;
+    snprintf(c->root, sizeof c->root, "%s/checkpoints", cfg->run_dir);
+    snprintf(c->base_identity, sizeof c->base_identity, "%s", base_identity);
+    snprintf(c->config_hash, sizeof c->config_hash, "%016llx",
+             (unsigned long long)config_math_hash(cfg));
+    *out = c;
+    int rc = 0;
+    if (c->rank == 0) {
+        if (mkdir(c->root, 0755) != 0 && errno != EEXIST)
+            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", c->root, strerror(errno));
+        if (!rc)
+            rc = ckpt_writer_start(&c->writer, c->root, on_written, c, err);
+        if (!rc && cfg->ckpt_remote && *cfg->ckpt_remote)
+            rc = open_remote(c, err);
+    }
+    /* every rank learns whether rank 0 could open its side */
+    int32_t code = rc;
+    if (comm_allreduce(comm, &code, 1, COMM_I32, COMM_MAX, err))
+        return err->code;
+    if (code && !rc)
+        return sp_fail(err, code, "rank 0 could not set up checkpointing");
+    return rc;
+}
+
+int ckpt_ctl_remote_behind(ckpt_ctl *c)
+{
+    return c && c->up ? uploader_pending(c->up) : -1;
+}
+
+int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
+{
+    if (!c)
+        return 0;
+    int rc = 0;
+    if (c->writer) {
+        rc = ckpt_writer_wait(c->writer, err);
+        ckpt_writer_stop(c->writer);
+    }
+    if (c->up) {
+        if (wait_uploads && uploader_pending(c->up) > 0) {
+            log_event(c->log, c->metrics, "info", "waiting up to %.0f s for %d upload(s) to %s",
+                      c->cfg->ckpt_final_upload_timeout_s, uploader_pending(c->up),
+                      store_url(c->store));
+            if (!uploader_wait(c->up, c->cfg->ckpt_final_upload_timeout_s))
+                log_event(c->log, c->metrics, "warning",
+                          "the remote store is %d checkpoint(s) behind; the local checkpoints in "
+                          "%s are complete",
+                          uploader_pending(c->up), c->root);
+        }
+        uploader_stop(c->up);
+    }
+    if (c->store)
+        store_close(c->store);
+    free(c);
+    return rc;
+}
+
+/* ---- snapshots ------------------------------------------------------------------------ */
+
+static int add_param_arrays(model_t *m, ckpt_snapshot *s, sp_err *err)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (!p->trainable)
+            continue;
+        const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
+        tensor_t src[3] = {p->master, tensor_view(m->adam_m, p->offset, p->n),
+                           tensor_view(m->adam_v, p->offset, p->n)};
+        for (int g = 0; g < 3; g++) {
+            char name[256];
+            snprintf(name, sizeof name, "%s%s", groups[g], p->name);
+            float *buf = ckpt_add_array(s, name, p->ndim, p->shape);
+            if (!buf)
+                return sp_fail(err, SP_EXIT_OTHER, "out of host memory for a checkpoint");
+            be_download(m->be, buf, DT_F32, src[g]);
+        }
+    }
+    return be_check(m->be, err);
+}
+
+static int snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_snapshot *s,
+                    sp_err *err)
+{
+    const config_t *cfg = c->cfg;
+    ckpt_snapshot_init(s);
+    s->step = p->step;
+    s->world_size = c->world;
+    memcpy(s->config_hash, c->config_hash, sizeof s->config_hash);
+    memcpy(s->base_model, c->base_identity, sizeof s->base_model);
+    char *yaml = NULL;
+    size_t yaml_len = 0;
+    FILE *mem = open_memstream(&yaml, &yaml_len);
+    int rc = mem ? config_write_yaml(cfg, mem, err) : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (mem)
+        fclose(mem);
+    int bad = rc || ckpt_set_int(s, "step", p->step) ||
+              ckpt_set_int(s, "cursor", (int64_t)p->cursor) ||
+              ckpt_set_real(s, "elapsed_s", p->elapsed_s) ||
+              ckpt_set_int(s, "global_batch", (int64_t)c->world * cfg->micro_batch * cfg->grad_accum) ||
+              ckpt_set_int(s, "world_size", c->world) || ckpt_set_int(s, "seed", cfg->seed) ||
+              ckpt_set_str(s, "config", yaml) || ckpt_set_str(s, "config_hash", c->config_hash) ||
+              ckpt_set_str(s, "base_model", c->base_identity) ||
+              ckpt_set_str(s, "mode", cfg->mode == MODE_LORA ? "lora" : "full") ||
+              ckpt_set_str(s, "rng", RNG_TAG) || ckpt_set_str(s, "writer", VERSION_TAG);
+    free(yaml);
+    if (bad && !err->code)
+        sp_fail(err, SP_EXIT_OTHER, "out of memory building a checkpoint");
+    if (err->code || add_param_arrays(m, s, err)) {
+        ckpt_snapshot_free(s);
+        return err->code;
+    }
+    return 0;
+}
+
+/* ---- the step boundary ----------------------------------------------------------------- */
+
+static int write_now(ckpt_ctl *c, model_t *m, const train_progress *p, const char *reason,
+                     sp_err *err)
+{
+    if (c->rank != 0)
+        return 0;
+    double t0 = sp_now(), waited = 0;
+    ckpt_snapshot s;
+    if (snapshot(c, m, p, &s, err))
+        return err->code;
+    size_t bytes = s.bytes;
+    if (ckpt_writer_submit(c->writer, &s, &waited, err))
+        return err->code;
+    double stall = sp_now() - t0;
+    if (c->metrics && c->metrics->f) {
+        /* the stall is what a user tunes cadence by: its own record */
+        fprintf(c->metrics->f,
+                "{\"event\":\"checkpoint\",\"step\":%lld,\"reason\":\"%s\",\"stall_s\":%.6f,"
+                "\"waited_for_previous_s\":%.6f,\"bytes\":%zu,\"time\":%.3f}\n",
+                (long long)p->step, reason, stall, waited, bytes, sp_wall_time());
+        fflush(c->metrics->f);
+    }
+    if (c->log)
+        fprintf(c->log,
+                "checkpoint step %lld (%s): training held %.3f s (snapshot %.1f MiB%s); writing "
+                "in the background\n",
+                (long long)p->step, reason, stall, (double)bytes / 1048576.0,
+                waited > 0.001 ? ", including a wait for the previous write" : "");
+    return 0;
+}
+
+int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int final, int *stop,
+                      sp_err *err)
+{
+    const config_t *cfg = c->cfg;
+    *stop = 0;
+    int32_t flags[2] = {signals_received() > 0, 0};
+    if (c->rank == 0 && cfg->ckpt_every_minutes > 0 &&
+        sp_now() - c->last_time >= cfg->ckpt_every_minutes * 60.0)
+        flags[1] = 1;
+    if (comm_allreduce(c->comm, flags, 2, COMM_I32, COMM_MAX, err))
+        return err->code;
+    int every = cfg->ckpt_every_steps > 0 && p->step % cfg->ckpt_every_steps == 0;
+    const char *reason = flags[0] ? "signal" : final ? "end" : every ? "every_steps"
+                         : flags[1] ? "every_minutes" : NULL;
+    if (!reason)
+        return 0;
+    if (p->step != c->last_step) {
+        if (write_now(c, m, p, reason, err))
+            return err->code;
+        c->last_step = p->step;
+        c->last_time = sp_now();
+    }
+    if (!flags[0])
+        return 0;
+    /* stop: commit, push up to the deadline, and only then let every rank go */
+    int32_t code = 0;
+    if (c->rank == 0) {
+        if (c->log)
+            fprintf(c->log, "stop requested (%s): committing checkpoint step %lld\n",
+                    signals_received() ? signals_first_name() : "another rank",
+                    (long long)p->step);
+        code = ckpt_writer_wait(c->writer, err);
+        if (!code && c->up) {
+            int pushed = uploader_wait(c->up, cfg->ckpt_upload_deadline_s);
+            log_event(c->log, c->metrics, pushed ? "info" : "warning",
+                      pushed ? "checkpoint step %lld is in %s"
+                             : "checkpoint step %lld is not yet in %s after %.0f s; it is "
+                               "complete locally",
+                      (long long)p->step, store_url(c->store), cfg->ckpt_upload_deadline_s);
+        }
+    }
+    double saved = comm_timeout(c->comm);
+    comm_set_timeout(c->comm, saved + cfg->ckpt_upload_deadline_s + 600.0);
+    int rc = comm_allreduce(c->comm, &code, 1, COMM_I32, COMM_MAX, err);
+    comm_set_timeout(c->comm, saved);
+    if (rc)
+        return rc;
+    if (code)
+        return c->rank == 0 ? code : sp_fail(err, code, "rank 0 could not commit the checkpoint");
+    *stop = 1;
+    return 0;
+}
+
+/* ---- resume --------------------------------------------------------------------------- */
+
+typedef struct resume_header {
+    int32_t code, found;
+    int64_t step, grad_accum;
+    uint64_t cursor;
+    double elapsed_s;
+    char msg[1536];
+} resume_header;
+
+static void report_bad(void *ctx, const ckpt_info *bad)
+{
+    ckpt_ctl *c = ctx;
+    log_event(c->log, c->metrics, "warning", "skipping checkpoint %s: %s", bad->name,
+              bad->problem);
+}
+
+static int rm_dir(const char *dir)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", dir);
+    return system(cmd);
+}
+
+/* Downloads remote step-N into the local root and verifies it. */
+static int pull_verified(ckpt_ctl *c, store_t *st, const char *name, char *path, size_t n,
+                         sp_err *err)
+{
+    char local[4096];
+    snprintf(local, sizeof local, "%s/%s", c->root, name);
+    rm_dir(local); /* a broken local copy of the same step */
+    if (store_pull_dir(st, name, local, NULL, err))
+        return err->code ? err->code : SP_EXIT_OTHER;
+    ckpt_manifest mf;
+    if (ckpt_verify(local, &mf, err)) {
+        rm_dir(local);
+        return err->code;
+    }
+    snprintf(path, n, "%s", local);
+    return 0;
+}
+
+/* The newest remote checkpoint newer than local_step that verifies. */
+static int find_remote(ckpt_ctl *c, int64_t local_step, char *path, size_t n, int *found,
+                       sp_err *err)
+{
+    store_listing l;
+    *found = 0;
+    if (store_list(c->store, "step-", &l, err)) {
+        log_event(c->log, c->metrics, "warning",
+                  "cannot list %s (%s); resuming from local checkpoints only",
+                  store_url(c->store), err->msg);
+        sp_err_clear(err);
+        return 0;
+    }
+    for (size_t i = l.n; i-- > 0 && !*found;) { /* sorted: newest last */
+        const char *k = l.items[i].key;
+        long long step;
+        char name[64];
+        if (sscanf(k, "step-%lld/", &step) != 1 || !strstr(k, "/" CKPT_MANIFEST) ||
+            step <= local_step)
+            continue;
+        ckpt_dir_name(name, sizeof name, step);
+        log_event(c->log, c->metrics, "info", "downloading %s/%s", store_url(c->store), name);
+        sp_err perr = {0};
+        if (pull_verified(c, c->store, name, path, n, &perr) == 0)
+            *found = 1;
+        else
+            log_event(c->log, c->metrics, "warning", "skipping remote checkpoint %s: %s", name,
+                      perr.msg);
+    }
+    store_list_free(&l);
+    return 0;
+}
+
+/* Rank 0: which checkpoint to restore (path empty: none). */
+static int choose(ckpt_ctl *c, const char *resume, char *path, size_t n, sp_err *err)
+{
+    path[0] = 0;
+    if (strcmp(resume, "none") == 0)
+        return 0;
+    if (strncmp(resume, "s3://", 5) == 0 || strncmp(resume, "file://", 7) == 0) {
+        char url[4096];
+        snprintf(url, sizeof url, "%s", resume);
+        char *slash = strrchr(url, '/');
+        if (!slash || strncmp(slash + 1, "step-", 5) != 0)
+            return sp_fail(err, SP_EXIT_USAGE, "--resume %s: expected .../step-NNNNNNNN", resume);
+        *slash = 0;
+        store_opts so = {0};
+        so.endpoint = *c->cfg->ckpt_endpoint ? c->cfg->ckpt_endpoint : NULL;
+        so.region = *c->cfg->ckpt_region ? c->cfg->ckpt_region : NULL;
+        store_t *st;
+        if (store_open(&st, url, &so, err))
+            return err->code ? err->code : SP_EXIT_USAGE;
+        int rc = pull_verified(c, st, slash + 1, path, n, err);
+        store_close(st);
+        return rc;
+    }
+    if (strcmp(resume, "auto") != 0) {
+        ckpt_manifest mf;
+        if (ckpt_verify(resume, &mf, err))
+            return err->code;
+        snprintf(path, n, "%s", resume);
+        return 0;
+    }
+    int found = 0;
+    if (ckpt_find_latest(c->root, path, n, &found, report_bad, c, err))
+        return err->code;
+    int64_t local_step = -1;
+    if (found) {
+        const char *b = strrchr(path, '/');
+        local_step = strtoll(b + 6, NULL, 10);
+    } else {
+        path[0] = 0;
+    }
+    if (c->store) {
+        int rfound = 0;
+        char rpath[4096];
+        if (find_remote(c, local_step, rpath, sizeof rpath, &rfound, err))
+            return err->code;
+        if (rfound)
+            snprintf(path, n, "%s", rpath);
+    }
+    return 0;
+}
+
+static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const char *path,
+                            int64_t micro_batch, int64_t *ga, sp_err *err)
+{
+    const config_t *cfg = c->cfg;
+    const ckpt_attr *conf = ckpt_get(s, "config"), *gb = ckpt_get(s, "global_batch");
+    if (!conf || conf->type != CKPT_ATTR_STR || !gb)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: the checkpoint lacks its config or global batch",
+                       path);
+    if (strcmp(s->config_hash, c->config_hash) != 0) {
+        config_t was;
+        char diff[1200] = "";
+        config_defaults(&was);
+        if (config_load_text(&was, conf->s, "checkpoint config", err) == 0)
+            config_diff_math(&was, cfg, diff, sizeof diff);
+        config_free(&was);
+        sp_err_clear(err);
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s was trained with different settings: %s. Resuming would change the "
+                       "math of the run; restore them, or start afresh with --resume none or a "
+                       "new run.dir",
+                       path, diff[0] ? diff : "(the config hash differs)");
+    }
+    if (cfg->mode == MODE_LORA && strcmp(s->base_model, c->base_identity) != 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s was trained on another base model (identity %s; %s is %s): a LoRA "
+                       "checkpoint only fits the model it was trained on",
+                       path, s->base_model, cfg->model_path, c->base_identity);
+    int64_t G = gb->i, per = (int64_t)c->world * micro_batch;
+    if (per * *ga == G)
+        return 0;
+    if (G % per != 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s has a global batch of %lld windows, which %d ranks x micro_batch %lld "
+                       "cannot split evenly; choose train.micro_batch so that %d x micro_batch "
+                       "divides %lld",
+                       path, (long long)G, c->world, (long long)micro_batch, c->world,
+                       (long long)G);
+    log_event(c->log, c->metrics, "info",
+              "the checkpoint ran with %d rank(s); train.grad_accum is now %lld to keep the "
+              "global batch of %lld windows",
+              s->world_size, (long long)(G / per), (long long)G);
+    *ga = G / per;
+    return 0;
+}
+
+/* Every rank: the trainable state from rank 0's snapshot (s is NULL elsewhere). */
+static int restore_params(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *err)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (!p->trainable)
+            continue;
+        const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
+        tensor_t dst[3] = {p->master, tensor_view(m->adam_m, p->offset, p->n),
+                           tensor_view(m->adam_v, p->offset, p->n)};
+        float *buf = malloc(sizeof(float) * p->n);
+        int32_t code = buf ? 0 : SP_EXIT_OTHER;
+        for (int g = 0; g < 3; g++) {
+            char name[256];
+            snprintf(name, sizeof name, "%s%s", groups[g], p->name);
+            if (s && !code) {
+                const ckpt_array *a = ckpt_find_array(s, name);
+                if (!a || a->n != p->n)
+                    code = sp_fail(err, SP_EXIT_INPUT, "the checkpoint %s %s", a ? "has the wrong size of" : "lacks", name);
+                else
+                    memcpy(buf, a->data, sizeof(float) * p->n);
+            }
+            if (comm_allreduce(c->comm, &code, 1, COMM_I32, COMM_MAX, err))
+                return err->code;
+            if (code) {
+                free(buf);
+                return err->code ? err->code : sp_fail(err, code, "rank 0 could not restore %s", name);
+            }
+            if (comm_bcast(c->comm, buf, sizeof(float) * p->n, 0, err))
+                return err->code;
+            if (g == 0)
+                model_param_upload(m, p, buf, DT_F32);
+            else
+                be_upload(m->be, dst[g], buf, DT_F32);
+        }
+        free(buf);
+    }
+    return be_check(m->be, err);
+}
+
+/* A resumed run rewrites metrics.jsonl without the records of steps after
+ * the checkpoint, so the curve a user plots has no repeated steps. */
+static void trim_metrics(ckpt_ctl *c, int64_t step)
+{
+    if (!c->metrics || !c->metrics->f)
+        return;
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", c->cfg->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    fflush(c->metrics->f);
+    FILE *in = fopen(path, "r"), *out = fopen(tmp, "w");
+    char *line = NULL;
+    size_t cap = 0;
+    while (in && out && getline(&line, &cap, in) > 0) {
+        const char *sp = strstr(line, "\"step\":");
+        if (!sp || strtoll(sp + 7, NULL, 10) <= step)
+            fputs(line, out);
+    }
+    free(line);
+    if (in)
+        fclose(in);
+    if (out && fclose(out) == 0 && rename(tmp, path) == 0) {
+        fclose(c->metrics->f);
+        c->metrics->f = fopen(path, "a");
+    }
+}
+
+int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
+                    int64_t *grad_accum, train_progress *p, int *resumed, sp_err *err)
+{
+    resume_header h;
+    memset(&h, 0, sizeof h);
+    ckpt_snapshot s;
+    ckpt_snapshot_init(&s);
+    char path[4096] = "";
+    *resumed = 0;
+    if (c->rank == 0) {
+        sp_err e = {0};
+        int64_t ga = *grad_accum;
+        int rc = choose(c, resume, path, sizeof path, &e);
+        if (!rc && path[0]) {
+            rc = ckpt_read(path, &s, &e);
+            if (!rc)
+                rc = check_compatible(c, &s, path, micro_batch, &ga, &e);
+        }
+        h.code = rc;
+        h.found = !rc && path[0];
+        snprintf(h.msg, sizeof h.msg, "%s", e.msg);
+        if (h.found) {
+            const ckpt_attr *cur = ckpt_get(&s, "cursor"), *el = ckpt_get(&s, "elapsed_s");
+            h.step = s.step;
+            h.cursor = cur ? (uint64_t)cur->i : 0;
+            h.elapsed_s = el ? el->d : 0;
+            h.grad_accum = ga;
+        }
+    }
+    if (comm_bcast(c->comm, &h, sizeof h, 0, err))
+        return err->code;
+    if (h.code) {
+        ckpt_snapshot_free(&s);
+        return sp_fail(err, h.code, "%s", h.msg);
+    }
+    if (!h.found)
+        return 0;
+    int rc = restore_params(c, m, c->rank == 0 ? &s : NULL, err);
+    ckpt_snapshot_free(&s);
+    if (rc)
+        return rc;
+    p->step = h.step;
+    p->cursor = h.cursor;
+    p->elapsed_s = h.elapsed_s;
+    *grad_accum = h.grad_accum;
+    *resumed = 1;
+    c->last_step = h.step;
+    if (c->rank == 0) {
+        trim_metrics(c, h.step);
+        log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu", path,
+                  (long long)h.step, (unsigned long long)h.cursor);
+    }
+    return 0;
+}

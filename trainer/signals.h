@@ -1,0 +1,16 @@
+/* trainer/signals.h — SIGTERM, SIGINT and SIGUSR1 (which mpirun forwards to
+ * every rank, and which scripts/spot-run.sh sends on a spot-termination
+ * notice) become a request to stop: the training loop sees it at the next
+ * step boundary, all ranks agree, write a checkpoint and exit 75. A second
+ * signal during that save changes nothing. The handler's counter is the
+ * process's one piece of global mutable state: a signal handler can reach
+ * nothing else. */
+#ifndef SPOTUNE_SIGNALS_H
+#define SPOTUNE_SIGNALS_H
+
+void signals_install(void);
+/* Signals received so far, and the name of the first. */
+int signals_received(void);
+const char *signals_first_name(void);
+
+#endif
