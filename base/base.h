@@ -72,6 +72,9 @@ float sp_rng_normal(uint64_t seed, uint64_t ctr);
 double sp_now(void);
 double sp_wall_time(void);
 
+/* mkdir -p: creates path and its missing parents (mode 0755); 0 or -1 with errno. */
+int sp_mkdir_p(const char *path);
+
 /* FNV-1a 64-bit over bytes, chainable (pass the previous hash as h). */
 #define SP_FNV_INIT 0xcbf29ce484222325ULL
 uint64_t sp_fnv1a(uint64_t h, const void *data, size_t n);

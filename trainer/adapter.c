@@ -12,19 +12,7 @@
 
 #include "safetensors.h"
 
-typedef struct fetch_ctx {
-    model_t *m;
-    param_t **params;
-} fetch_ctx;
-
-static int fetch_lora(void *vctx, size_t i, void *buf, sp_err *err)
-{
-    fetch_ctx *c = vctx;
-    model_param_download(c->m, c->params[i], buf);
-    return be_check(c->m->be, err);
-}
-
-static json_t *adapter_config(const model_t *m, const char *base)
+static json_t *adapter_config(const model_opts *o, const char *base)
 {
     json_t *targets = json_array();
     /* PEFT writes target_modules sorted */
@@ -32,69 +20,63 @@ static json_t *adapter_config(const model_t *m, const char *base)
                             "v_proj"};
     for (int i = 0; i < PROJ_COUNT; i++)
         for (int p = 0; p < PROJ_COUNT; p++)
-            if ((m->o.lora_targets & (1 << p)) && strcmp(config_target_names[p], sorted[i]) == 0)
+            if ((o->lora_targets & (1 << p)) && strcmp(config_target_names[p], sorted[i]) == 0)
                 json_array_append_new(targets, json_string(sorted[i]));
-    double alpha = m->o.lora_alpha;
+    double alpha = o->lora_alpha;
     json_t *jalpha = alpha == floor(alpha) && fabs(alpha) < 1e15 ? json_integer((json_int_t)alpha)
                                                                  : json_real(alpha);
-    json_t *o = json_object();
-    json_object_set_new(o, "peft_type", json_string("LORA"));
-    json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
-    json_object_set_new(o, "base_model_name_or_path", base ? json_string(base) : json_null());
-    json_object_set_new(o, "revision", json_null());
-    json_object_set_new(o, "r", json_integer(m->o.lora_r));
-    json_object_set_new(o, "lora_alpha", jalpha);
-    json_object_set_new(o, "lora_dropout", json_real(m->o.lora_dropout));
-    json_object_set_new(o, "target_modules", targets);
-    json_object_set_new(o, "bias", json_string("none"));
-    json_object_set_new(o, "use_rslora", json_boolean(m->o.rslora));
-    json_object_set_new(o, "use_dora", json_false());
-    json_object_set_new(o, "fan_in_fan_out", json_false());
-    json_object_set_new(o, "inference_mode", json_true());
-    json_object_set_new(o, "init_lora_weights", json_true());
-    json_object_set_new(o, "modules_to_save", json_null());
-    json_object_set_new(o, "layers_to_transform", json_null());
-    json_object_set_new(o, "layers_pattern", json_null());
-    json_object_set_new(o, "rank_pattern", json_object());
-    json_object_set_new(o, "alpha_pattern", json_object());
-    json_object_set_new(o, "megatron_config", json_null());
-    json_object_set_new(o, "megatron_core", json_string("megatron.core"));
-    json_object_set_new(o, "loftq_config", json_object());
-    json_object_set_new(o, "layer_replication", json_null());
-    return o;
+    json_t *j = json_object();
+    json_object_set_new(j, "peft_type", json_string("LORA"));
+    json_object_set_new(j, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(j, "base_model_name_or_path", base ? json_string(base) : json_null());
+    json_object_set_new(j, "revision", json_null());
+    json_object_set_new(j, "r", json_integer(o->lora_r));
+    json_object_set_new(j, "lora_alpha", jalpha);
+    json_object_set_new(j, "lora_dropout", json_real(o->lora_dropout));
+    json_object_set_new(j, "target_modules", targets);
+    json_object_set_new(j, "bias", json_string("none"));
+    json_object_set_new(j, "use_rslora", json_boolean(o->rslora));
+    json_object_set_new(j, "use_dora", json_false());
+    json_object_set_new(j, "fan_in_fan_out", json_false());
+    json_object_set_new(j, "inference_mode", json_true());
+    json_object_set_new(j, "init_lora_weights", json_true());
+    json_object_set_new(j, "modules_to_save", json_null());
+    json_object_set_new(j, "layers_to_transform", json_null());
+    json_object_set_new(j, "layers_pattern", json_null());
+    json_object_set_new(j, "rank_pattern", json_object());
+    json_object_set_new(j, "alpha_pattern", json_object());
+    json_object_set_new(j, "megatron_config", json_null());
+    json_object_set_new(j, "megatron_core", json_string("megatron.core"));
+    json_object_set_new(j, "loftq_config", json_object());
+    json_object_set_new(j, "layer_replication", json_null());
+    return j;
 }
 
-int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_err *err)
+static int cmp_entry(const void *a, const void *b)
 {
-    if (m->o.mode != MODE_LORA)
-        return sp_fail(err, SP_EXIT_OTHER, "adapter_save: the model has no LoRA adapters");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    return strcmp(((const st_entry *)a)->name, ((const st_entry *)b)->name);
+}
+
+int adapter_write(const char *dir, const model_opts *o, const char *base_model_path,
+                  const adapter_tensor *t, size_t n, sp_err *err)
+{
+    if (sp_mkdir_p(dir) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", dir, strerror(errno));
-    st_entry *e = calloc((size_t)m->nparams, sizeof *e);
-    param_t **ps = calloc((size_t)m->nparams, sizeof *ps);
-    if (!e || !ps) {
-        free(e);
-        free(ps);
+    st_entry *e = calloc(n ? n : 1, sizeof *e);
+    if (!e)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
-    }
-    size_t n = 0;
-    for (int i = 0; i < m->nparams; i++) {
-        param_t *p = &m->params[i];
-        if (p->kind != PK_LORA_A && p->kind != PK_LORA_B)
-            continue;
-        e[n] = (st_entry){p->name, DT_F32, 2, {p->shape[0], p->shape[1]}, NULL};
-        ps[n++] = p;
-    }
+    for (size_t i = 0; i < n; i++)
+        e[i] = (st_entry){t[i].name, DT_F32, 2, {t[i].shape[0], t[i].shape[1]}, t[i].data};
+    /* sorted by name: the same adapter gives the same bytes, whoever writes it */
+    qsort(e, n, sizeof *e, cmp_entry);
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     const char *meta[] = {"format", "pt"};
-    fetch_ctx ctx = {m, ps};
-    int rc = st_write_fetch(path, e, n, meta, 1, fetch_lora, &ctx, err);
+    int rc = st_write(path, e, n, meta, 1, err);
     free(e);
-    free(ps);
     if (rc)
         return rc;
-    json_t *cfg = adapter_config(m, base_model_path);
+    json_t *cfg = adapter_config(o, base_model_path);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -103,6 +85,37 @@ int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_er
     if (rc || rename(tmp, path) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path);
     return 0;
+}
+
+int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_err *err)
+{
+    if (m->o.mode != MODE_LORA)
+        return sp_fail(err, SP_EXIT_OTHER, "adapter_save: the model has no LoRA adapters");
+    adapter_tensor *t = calloc((size_t)m->nparams, sizeof *t);
+    if (!t)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    size_t n = 0;
+    int rc = 0;
+    for (int i = 0; i < m->nparams && !rc; i++) {
+        param_t *p = &m->params[i];
+        if (p->kind != PK_LORA_A && p->kind != PK_LORA_B)
+            continue;
+        float *buf = malloc(sizeof(float) * p->n);
+        if (!buf) {
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+            break;
+        }
+        model_param_download(m, p, buf);
+        t[n++] = (adapter_tensor){p->name, {p->shape[0], p->shape[1]}, buf};
+    }
+    if (!rc)
+        rc = be_check(m->be, err);
+    if (!rc)
+        rc = adapter_write(dir, &m->o, base_model_path, t, n, err);
+    for (size_t i = 0; i < n; i++)
+        free((void *)t[i].data);
+    free(t);
+    return rc;
 }
 
 static int check_config(const model_t *m, const char *dir, sp_err *err)

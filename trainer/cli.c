@@ -10,6 +10,7 @@
 
 #include "../comm/comm.h"
 #include "bench.h"
+#include "cmd_ckpt.h"
 #include "config.h"
 #include "model.h"
 #include "model_io.h"
@@ -32,6 +33,10 @@ static void usage(FILE *f)
             "                      llama-7b, llama-13b)\n"
             "  prepare-text IN.txt OUT_PREFIX [--val-fraction F] [--seed S]\n"
             "                      byte-level tokenization of a text into OUT_PREFIX.train.h5/.val.h5\n"
+            "  ckpt list|verify|pull ...\n"
+            "                      list and verify checkpoints, local or in an object store\n"
+            "  export CHECKPOINT --peft OUT_DIR | --merged OUT_DIR\n"
+            "                      the adapter (PEFT layout) or the merged model of a checkpoint\n"
             "  bench [--preset NAME] [--mode lora|full|both] ...\n"
             "                      time training steps of a preset with random weights\n"
             "  config-reference    print the reference of every config key (Markdown)\n\n"
@@ -278,6 +283,10 @@ int cli_main(int argc, char **argv)
         return cmd_prepare_text(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "ckpt"))
+        return cmd_ckpt(argc - 1, argv + 1);
+    if (!strcmp(cmd, "export"))
+        return cmd_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "config-reference")) {
         config_write_reference(stdout);
         return 0;

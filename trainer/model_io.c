@@ -225,7 +225,7 @@ static int write_index(const char *dir, st_entry *e, int *shard_of, size_t n, in
 int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, size_t shard_bytes,
                   sp_err *err)
 {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    if (sp_mkdir_p(dir) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", dir, strerror(errno));
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);

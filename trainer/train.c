@@ -45,17 +45,8 @@ typedef struct trainer {
 
 static int mkdir_p(const char *dir, sp_err *err)
 {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", buf, strerror(errno));
-            *p = '/';
-        }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", buf, strerror(errno));
+    if (sp_mkdir_p(dir) != 0)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", dir, strerror(errno));
     return 0;
 }
 

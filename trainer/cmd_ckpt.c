@@ -1,0 +1,423 @@
+/* ckpt list / verify / pull, and export. */
+#define _GNU_SOURCE
+#include "cmd_ckpt.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../checkpoint/ckpt.h"
+#include "../checkpoint/store.h"
+#include "adapter.h"
+#include "config.h"
+#include "model.h"
+#include "model_io.h"
+
+static int is_url(const char *s)
+{
+    return strncmp(s, "s3://", 5) == 0 || strncmp(s, "file://", 7) == 0;
+}
+
+static int fail(sp_err *err)
+{
+    fprintf(stderr, "spotune: error: %s\n", err->msg);
+    return err->code ? err->code : 1;
+}
+
+typedef struct store_args {
+    store_opts o;
+} store_args;
+
+/* Splits ".../step-NNNNNNNN" into the store URL and the step name. */
+static int split_step_url(const char *url, char *base, size_t n, char *name, size_t m,
+                          sp_err *err)
+{
+    snprintf(base, n, "%s", url);
+    size_t len = strlen(base);
+    while (len > 0 && base[len - 1] == '/')
+        base[--len] = 0;
+    char *slash = strrchr(base, '/');
+    if (!slash || strncmp(slash + 1, "step-", 5) != 0)
+        return sp_fail(err, SP_EXIT_USAGE, "%s: expected a checkpoint URL ending in /step-NNNNNNNN",
+                       url);
+    snprintf(name, m, "%s", slash + 1);
+    *slash = 0;
+    return 0;
+}
+
+/* Pulls a remote checkpoint into dest (which must not exist) and verifies it. */
+static int pull(const char *url, const char *dest, const store_opts *o, sp_err *err)
+{
+    char base[4096], name[128];
+    if (split_step_url(url, base, sizeof base, name, sizeof name, err))
+        return err->code;
+    store_t *st;
+    if (store_open(&st, base, o, err))
+        return err->code ? err->code : SP_EXIT_USAGE;
+    int rc = store_pull_dir(st, name, dest, NULL, err);
+    store_close(st);
+    if (rc)
+        return err->code ? err->code : SP_EXIT_OTHER;
+    ckpt_manifest m;
+    return ckpt_verify(dest, &m, err);
+}
+
+static char *temp_dir(void)
+{
+    const char *t = getenv("TMPDIR");
+    char tmpl[4096];
+    snprintf(tmpl, sizeof tmpl, "%s/spotune-ckpt-XXXXXX", t && *t ? t : "/tmp");
+    char *d = mkdtemp(tmpl);
+    return d ? strdup(d) : NULL;
+}
+
+static void remove_tree(const char *dir)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "spotune: could not remove %s\n", dir);
+}
+
+/* A URL is pulled into a temporary directory (*tmp, removed by the caller). */
+static int local_checkpoint(const char *what, const store_opts *o, char *dir, size_t n,
+                            char **tmp, sp_err *err)
+{
+    *tmp = NULL;
+    if (!is_url(what)) {
+        snprintf(dir, n, "%s", what);
+        return 0;
+    }
+    *tmp = temp_dir();
+    if (!*tmp)
+        return sp_fail(err, SP_EXIT_OTHER, "cannot create a temporary directory");
+    snprintf(dir, n, "%s/ckpt", *tmp);
+    return pull(what, dir, o, err);
+}
+
+/* ---- ckpt list ---------------------------------------------------------------- */
+
+static void fmt_time(char *buf, size_t n, double t)
+{
+    if (t <= 0) {
+        snprintf(buf, n, "-");
+        return;
+    }
+    time_t s = (time_t)t;
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    strftime(buf, n, "%Y-%m-%d %H:%M:%SZ", &tm);
+}
+
+static int list_local(const char *arg, sp_err *err)
+{
+    char root[4096];
+    struct stat sb;
+    snprintf(root, sizeof root, "%s/checkpoints", arg);
+    if (stat(root, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        snprintf(root, sizeof root, "%s", arg);
+    if (stat(root, &sb) != 0)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: no such run or checkpoint directory", arg);
+    ckpt_info *l;
+    int n;
+    if (ckpt_list(root, 1, &l, &n, err))
+        return err->code;
+    printf("%-22s %10s  %-21s %10s  %s\n", "checkpoint", "step", "time", "size", "status");
+    for (int i = 0; i < n; i++) {
+        char t[64];
+        fmt_time(t, sizeof t, l[i].created);
+        printf("%-22s %10lld  %-21s %8.1f MiB  %s\n", l[i].name, (long long)l[i].step, t,
+               (double)l[i].bytes / 1048576.0, l[i].ok ? "ok" : l[i].problem);
+    }
+    if (n == 0)
+        printf("(no checkpoints in %s)\n", root);
+    free(l);
+    return 0;
+}
+
+static int list_remote(const char *url, const store_opts *o, sp_err *err)
+{
+    store_t *st;
+    if (store_open(&st, url, o, err))
+        return err->code ? err->code : SP_EXIT_USAGE;
+    store_listing l;
+    int rc = store_list(st, "step-", &l, err);
+    if (rc) {
+        store_close(st);
+        return err->code ? err->code : SP_EXIT_OTHER;
+    }
+    printf("%-22s %10s  %-21s %10s  %s\n", "checkpoint", "step", "time", "size", "status");
+    size_t i = 0;
+    int shown = 0;
+    while (i < l.n) {
+        const char *k = l.items[i].key, *slash = strchr(k, '/');
+        size_t plen = slash ? (size_t)(slash - k) : strlen(k);
+        uint64_t bytes = 0;
+        int has_manifest = 0;
+        size_t j = i;
+        for (; j < l.n && strncmp(l.items[j].key, k, plen) == 0 && l.items[j].key[plen] == '/'; j++) {
+            bytes += l.items[j].size;
+            has_manifest |= strcmp(l.items[j].key + plen + 1, CKPT_MANIFEST) == 0;
+        }
+        if (j == i)
+            j = i + 1;
+        char name[128], t[64] = "-", key[256];
+        snprintf(name, sizeof name, "%.*s", (int)plen, k);
+        long long step = strtoll(name + 5, NULL, 10);
+        if (has_manifest) {
+            void *data = NULL;
+            size_t n = 0;
+            ckpt_manifest m;
+            sp_err e = {0};
+            snprintf(key, sizeof key, "%s/%s", name, CKPT_MANIFEST);
+            if (store_get_bytes(st, key, &data, &n, &e) == 0 &&
+                ckpt_manifest_parse(data, n, &m, &e) == 0)
+                fmt_time(t, sizeof t, m.created);
+            free(data);
+        }
+        printf("%-22s %10lld  %-21s %8.1f MiB  %s\n", name, step, t, (double)bytes / 1048576.0,
+               has_manifest ? "complete (MANIFEST present; `spotune ckpt verify` checks the data)"
+                            : "incomplete (no MANIFEST)");
+        shown++;
+        i = j;
+    }
+    if (!shown)
+        printf("(no checkpoints in %s)\n", url);
+    store_list_free(&l);
+    store_close(st);
+    return 0;
+}
+
+static void ckpt_usage(FILE *f)
+{
+    fprintf(f, "usage: spotune ckpt list RUN_DIR | CHECKPOINTS_DIR | s3://bucket/prefix\n"
+               "       spotune ckpt verify CHECKPOINT_DIR | s3://bucket/prefix/step-NNNNNNNN\n"
+               "       spotune ckpt pull s3://bucket/prefix/step-NNNNNNNN DIR\n"
+               "options for s3://: --endpoint URL --region R --path-style\n"
+               "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN]\n");
+}
+
+static int parse_store_opts(int argc, char **argv, store_opts *o, const char *extra,
+                            const char **out_a, const char **out_b, const char **out_c)
+{
+    static const struct option lo[] = {
+        {"endpoint", 1, 0, 'e'}, {"region", 1, 0, 'r'}, {"path-style", 0, 0, 'p'},
+        {"peft", 1, 0, 'P'},     {"merged", 1, 0, 'M'}, {"model", 1, 0, 'm'},
+        {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (ch) {
+        case 'e': o->endpoint = optarg; break;
+        case 'r': o->region = optarg; break;
+        case 'p': o->addressing = STORE_ADDR_PATH; break;
+        case 'P':
+        case 'M':
+        case 'm':
+            if (!extra || !strchr(extra, ch))
+                return -1;
+            if (ch == 'P')
+                *out_a = optarg;
+            else if (ch == 'M')
+                *out_b = optarg;
+            else
+                *out_c = optarg;
+            break;
+        case 'h': return 1;
+        default: return -1;
+        }
+    }
+    return 0;
+}
+
+int cmd_ckpt(int argc, char **argv)
+{
+    store_opts o = {0};
+    const char *unused = NULL;
+    if (argc < 2) {
+        ckpt_usage(stderr);
+        return SP_EXIT_USAGE;
+    }
+    const char *sub = argv[1];
+    int prc = parse_store_opts(argc - 1, argv + 1, &o, NULL, &unused, &unused, &unused);
+    if (prc) {
+        ckpt_usage(prc > 0 ? stdout : stderr);
+        return prc > 0 ? 0 : SP_EXIT_USAGE;
+    }
+    int nargs = argc - 1 - optind;
+    char **args = argv + 1 + optind;
+    sp_err err = {0};
+    if (!strcmp(sub, "list") && nargs == 1) {
+        int rc = is_url(args[0]) ? list_remote(args[0], &o, &err) : list_local(args[0], &err);
+        return rc ? fail(&err) : 0;
+    }
+    if (!strcmp(sub, "verify") && nargs == 1) {
+        char dir[4096], *tmp;
+        ckpt_manifest m;
+        int rc = local_checkpoint(args[0], &o, dir, sizeof dir, &tmp, &err);
+        if (!rc)
+            rc = ckpt_verify(dir, &m, &err);
+        if (tmp) {
+            remove_tree(tmp);
+            free(tmp);
+        }
+        if (rc)
+            return fail(&err);
+        printf("%s: ok (step %lld, %d file(s) verified, world size %d)\n", args[0],
+               (long long)m.step, m.nfiles, m.world_size);
+        return 0;
+    }
+    if (!strcmp(sub, "pull") && nargs == 2) {
+        if (!is_url(args[0])) {
+            sp_fail(&err, SP_EXIT_USAGE, "ckpt pull: %s is not a URL", args[0]);
+            return fail(&err);
+        }
+        if (pull(args[0], args[1], &o, &err))
+            return fail(&err);
+        printf("%s -> %s: verified\n", args[0], args[1]);
+        return 0;
+    }
+    ckpt_usage(stderr);
+    return SP_EXIT_USAGE;
+}
+
+/* ---- export ---------------------------------------------------------------------- */
+
+static void opts_from_config(const config_t *c, model_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->mode = c->mode;
+    o->lora_r = c->lora_r;
+    o->lora_alpha = c->lora_alpha;
+    o->lora_dropout = c->lora_dropout;
+    o->lora_targets = c->lora_targets;
+    o->rslora = c->lora_rslora;
+    o->max_batch = 1;
+    o->seq_len = 2;
+    o->seed = (uint64_t)c->seed;
+}
+
+static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *base,
+                       const char *out, sp_err *err)
+{
+    if (c->mode != MODE_LORA)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "--peft: this checkpoint is a full fine-tune; use --merged");
+    adapter_tensor *t = calloc((size_t)s->narrays + 1, sizeof *t);
+    size_t n = 0;
+    if (!t)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    for (int i = 0; i < s->narrays; i++) {
+        const ckpt_array *a = &s->arrays[i];
+        if (strncmp(a->name, "params/", 7) != 0 || a->ndim != 2)
+            continue;
+        t[n++] = (adapter_tensor){a->name + 7, {a->shape[0], a->shape[1]}, a->data};
+    }
+    model_opts o;
+    opts_from_config(c, &o);
+    int rc = n ? adapter_write(out, &o, base, t, n, err)
+               : sp_fail(err, SP_EXIT_INPUT, "the checkpoint holds no LoRA weights");
+    free(t);
+    return rc;
+}
+
+static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *base,
+                         const char *out, sp_err *err)
+{
+    model_config_t mc;
+    if (model_config_load(&mc, base, err))
+        return err->code;
+    char identity[17];
+    if (c->mode == MODE_LORA) {
+        if (model_io_identity(base, identity, err))
+            return err->code;
+        if (strcmp(identity, s->base_model) != 0)
+            return sp_fail(err, SP_EXIT_USAGE,
+                           "%s is not the base model this checkpoint was trained on (identity %s, "
+                           "expected %s)",
+                           base, identity, s->base_model);
+    }
+    backend_t *be;
+    model_t *m = NULL;
+    model_opts o;
+    opts_from_config(c, &o);
+    dtype_t dt;
+    int rc = model_io_weights_dtype(base, &dt, err);
+    if (!rc)
+        rc = backend_create(&be, "cpu", 0, 0, err);
+    if (!rc && (rc = model_create(&m, be, &mc, &o, err)) == 0)
+        rc = model_io_load_base(m, base, err);
+    for (int i = 0; m && !rc && i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (!p->trainable)
+            continue;
+        char name[256];
+        snprintf(name, sizeof name, "params/%s", p->name);
+        const ckpt_array *a = ckpt_find_array(s, name);
+        if (!a || a->n != p->n)
+            rc = sp_fail(err, SP_EXIT_INPUT, "the checkpoint lacks %s", name);
+        else
+            model_param_upload(m, p, a->data, DT_F32);
+    }
+    if (!rc)
+        rc = model_io_save(m, out, dt, c->mode == MODE_LORA, (size_t)5 << 30, err);
+    if (m)
+        model_destroy(m);
+    if (m || rc == 0)
+        backend_destroy(be);
+    return rc;
+}
+
+static void export_usage(FILE *f)
+{
+    fprintf(f, "usage: spotune export CHECKPOINT [--peft OUT_DIR] [--merged OUT_DIR] [--model DIR]\n"
+               "CHECKPOINT: a checkpoint directory or s3://bucket/prefix/step-NNNNNNNN.\n"
+               "--peft: the LoRA adapter in the PEFT layout (adapter_model.safetensors +\n"
+               "  adapter_config.json), for Hugging Face PEFT, vLLM and SGLang.\n"
+               "--merged: base + adapter (or the fully fine-tuned weights) as a Hugging Face\n"
+               "  model directory in the base model's dtype.\n"
+               "--model: the base model directory (default: model.path of the run).\n"
+               "options for s3://: --endpoint URL --region R --path-style\n");
+}
+
+int cmd_export(int argc, char **argv)
+{
+    store_opts o = {0};
+    const char *peft = NULL, *merged = NULL, *model = NULL;
+    int prc = parse_store_opts(argc, argv, &o, "PMm", &peft, &merged, &model);
+    if (prc || optind != argc - 1 || (!peft && !merged)) {
+        export_usage(prc > 0 ? stdout : stderr);
+        return prc > 0 ? 0 : SP_EXIT_USAGE;
+    }
+    sp_err err = {0};
+    char dir[4096], *tmp;
+    ckpt_snapshot s;
+    config_t c;
+    config_defaults(&c);
+    ckpt_snapshot_init(&s);
+    int rc = local_checkpoint(argv[optind], &o, dir, sizeof dir, &tmp, &err);
+    if (!rc)
+        rc = ckpt_read(dir, &s, &err);
+    const ckpt_attr *conf = rc ? NULL : ckpt_get(&s, "config");
+    if (!rc && !conf)
+        rc = sp_fail(&err, SP_EXIT_INPUT, "%s: the checkpoint lacks its config", dir);
+    if (!rc)
+        rc = config_load_text(&c, conf->s, "checkpoint config", &err);
+    const char *base = model ? model : c.model_path;
+    if (!rc && peft && (rc = export_peft(&s, &c, base, peft, &err)) == 0)
+        printf("adapter (PEFT layout): %s\n", peft);
+    if (!rc && merged && (rc = export_merged(&s, &c, base, merged, &err)) == 0)
+        printf("merged model (Hugging Face layout): %s\n", merged);
+    ckpt_snapshot_free(&s);
+    config_free(&c);
+    if (tmp) {
+        remove_tree(tmp);
+        free(tmp);
+    }
+    return rc ? fail(&err) : 0;
+}
