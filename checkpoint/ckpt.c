@@ -649,11 +649,32 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
     return 0;
 }
 
+/* .del- directories whose deleting process died */
+static void remove_leftovers(const char *root)
+{
+    DIR *d = opendir(root);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (strncmp(e->d_name, ".del-", 5) != 0)
+            continue;
+        const char *dash = strrchr(e->d_name, '-');
+        int pid = dash ? atoi(dash + 1) : 0;
+        if (pid > 0 && pid != (int)getpid() && kill(pid, 0) == 0)
+            continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        rm_tree(p);
+    }
+    if (d)
+        closedir(d);
+}
+
 int ckpt_prune(const char *root, int keep, int64_t keep_every,
                void (*deleted)(void *ctx, const char *name), void *ctx, sp_err *err)
 {
     ckpt_info *list;
     int count, kept = 0;
+    remove_leftovers(root);
     if (ckpt_list(root, 0, &list, &count, err))
         return err->code;
     for (int i = 0; i < count; i++) {
@@ -675,11 +696,14 @@ int ckpt_prune(const char *root, int keep, int64_t keep_every,
             kept++;
         if (keep_this)
             continue;
-        char manifest[4200];
-        snprintf(manifest, sizeof manifest, "%s/%s", path, CKPT_MANIFEST);
-        unlink(manifest); /* MANIFEST first: a half-deleted checkpoint is never trusted */
-        fsync_path(path, 1);
-        if (rm_tree(path) == 0 && deleted)
+        /* out of sight first (an atomic rename), then deleted: a crash in
+         * between leaves a .del- directory, never a half-deleted step- one */
+        char gone[4200];
+        snprintf(gone, sizeof gone, "%s/.del-%s-%d", root, ci->name, (int)getpid());
+        if (rename(path, gone) != 0)
+            continue;
+        fsync_path(root, 1);
+        if (rm_tree(gone) == 0 && deleted)
             deleted(ctx, ci->name);
     }
     free(list);

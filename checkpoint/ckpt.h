@@ -106,7 +106,9 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
                      void (*report)(void *ctx, const ckpt_info *bad), void *ctx, sp_err *err);
 /* Deletes all but the newest keep complete checkpoints (and every one whose
  * step is a multiple of keep_every, when > 0), and stale .tmp- directories.
- * Deleting removes MANIFEST first. Returns the names deleted via cb. */
+ * A checkpoint is first renamed out of sight (.del-...), then deleted, so a
+ * crash never leaves a half-deleted step-... directory. deleted (may be
+ * NULL) is called with each name removed. */
 int ckpt_prune(const char *root, int keep, int64_t keep_every,
                void (*deleted)(void *ctx, const char *name), void *ctx, sp_err *err);
 /* "step-%08lld" */

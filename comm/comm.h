@@ -7,6 +7,9 @@
  * error polling and ncclCommAbort on NCCL) and the job-wide abort.
  * Knows nothing of models.
  *
+ * A comm_t belongs to one thread (its watchdog thread aside): collectives
+ * are called in the same order on every rank, one at a time.
+ *
  * Every collective either completes on all ranks or ends the whole job:
  * a rank that fails calls comm_abort(), and a collective that does not
  * finish within the timeout aborts the job with a message naming the rank
@@ -24,12 +27,17 @@ typedef struct comm comm_t;
 typedef enum { COMM_F32 = 0, COMM_F64, COMM_I32, COMM_I64, COMM_U8, COMM_BF16 } comm_dtype;
 typedef enum { COMM_SUM = 0, COMM_MAX, COMM_MIN, COMM_AVG } comm_op;
 
+/* Zero in a field means its default, so `comm_opts o = {0}` is valid. */
 typedef struct comm_opts {
-    double timeout_s; /* a collective that takes longer aborts the job (default 60) */
+    double timeout_s; /* a collective that takes longer aborts the job (default 60;
+                         negative: never) */
+    size_t chunk_bytes; /* host collectives move at most this much per MPI call
+                           (default 4 MiB, or env SPOTUNE_COMM_CHUNK_BYTES) */
 } comm_opts;
 
 /* Initialises MPI when the process was started by a launcher (mpirun, srun),
- * else a world of one with no MPI at all. */
+ * else a world of one with no MPI at all. On failure *out is NULL; if MPI
+ * was already started, end the job with comm_abort(NULL, ...). */
 int comm_init(comm_t **out, int *argc, char ***argv, const comm_opts *opts, sp_err *err);
 void comm_finalize(comm_t *c);
 
@@ -40,9 +48,19 @@ int comm_local_size(const comm_t *c);
 const char *comm_host(const comm_t *c);
 /* GPU ordinal this rank should use: local rank modulo the visible devices. */
 int comm_device_for_rank(const comm_t *c, int visible_devices);
+/* Same meaning as comm_opts.timeout_s: 0 restores 60 s, negative disables. */
 void comm_set_timeout(comm_t *c, double timeout_s);
+double comm_timeout(const comm_t *c);
+/* Bytes per element of dt (0 for an unknown dtype). */
+size_t comm_dtype_size(comm_dtype dt);
 
-/* Host-buffer collectives (MPI; trivial copies in a world of one). */
+/* Host-buffer collectives (MPI; trivial copies in a world of one).
+ * Reductions are computed in a fixed order (rank 0 + rank 1 + ... per
+ * element), so results are bit-identical on every rank and from run to run
+ * for a given world size, whatever MPI's own algorithms would do. AVG is
+ * the sum divided by the world size (integers: truncated). BF16 is
+ * accumulated in fp32 and rounded once. Any size works: large buffers are
+ * moved in chunks. */
 int comm_allreduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op, sp_err *err);
 int comm_bcast(comm_t *c, void *buf, size_t bytes, int root, sp_err *err);
 /* recv holds size * n elements; rank r's n elements land at offset r*n */
@@ -54,16 +72,22 @@ int comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n, comm_
 int comm_any(comm_t *c, int flag, int *any, sp_err *err);
 int comm_barrier(comm_t *c, sp_err *err);
 
-/* Ends every rank of the job: prints "rank R on HOST: msg" to stderr and
- * exits with code (MPI_Abort under a launcher). Never returns. */
-void comm_abort(comm_t *c, int code, const char *msg);
+/* Ends every rank of the job: prints "spotune: rank R on HOST: msg" to
+ * stderr and exits with code (MPI_Abort under a launcher, so mpirun exits
+ * with code too; code 0 becomes 1). c may be NULL (after comm_init failed).
+ * Safe to call from any thread. Never returns. */
+_Noreturn void comm_abort(comm_t *c, int code, const char *msg);
 
 /* Device-buffer collectives (NCCL). comm_device_init binds the rank to a
  * CUDA device and builds a non-blocking NCCL communicator. The collectives
  * are enqueued on stream (a cudaStream_t) and return at once;
  * comm_device_wait blocks until the stream's work is done, polling NCCL for
  * asynchronous errors and aborting the communicator on timeout.
- * Without a CUDA build they return an error. */
+ * Without a CUDA build they return an error. In a world of one without MPI
+ * no NCCL communicator is made: the collectives are local copies.
+ * After any error the communicator is aborted and unusable: end the job
+ * with comm_abort(). */
+int comm_device_available(void); /* 1 when built with CUDA and NCCL */
 int comm_device_init(comm_t *c, int device, sp_err *err);
 int comm_device_allreduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op,
                           void *stream, sp_err *err);

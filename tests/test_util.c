@@ -8,6 +8,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *fixture(const char *rel)
@@ -150,4 +153,69 @@ double tu_rel_err(const float *a, const float *b, size_t n)
 int tu_contains(const char *h, const char *n)
 {
     return h && n && strstr(h, n) != NULL;
+}
+
+int tu_spawn(const char *log, const char *fmt, ...)
+{
+    char cmd[12288], full[12400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "exec %s", cmd);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(126);
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    return (int)pid;
+}
+
+void tu_sleep(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+int tu_wait(int pid, double timeout_s)
+{
+    double t0 = sp_now();
+    int st = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            break;
+        if (r < 0)
+            return -1;
+        if (sp_now() - t0 > timeout_s) {
+            kill(-pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        tu_sleep(0.02);
+    }
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+}
+
+const char *tu_mpirun(int ranks)
+{
+    static char buf[2048];
+    /* Open MPI keeps allocations until exit and has no frame pointers: in a
+     * sanitizer build its leaks are suppressed, not ours */
+    const char *asan = getenv("ASAN_OPTIONS"), *lsan = getenv("LSAN_OPTIONS");
+    snprintf(buf, sizeof buf,
+             "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+             "ASAN_OPTIONS=%s%sfast_unwind_on_malloc=0 "
+             "LSAN_OPTIONS=%s%ssuppressions=%s/tests/lsan.supp:print_suppressions=0 "
+             "mpirun --oversubscribe --mca pml ob1 --mca btl tcp,self -np %d",
+             asan ? asan : "", asan && *asan ? ":" : "", lsan ? lsan : "",
+             lsan && *lsan ? ":" : "", SPOTUNE_SOURCE_DIR, ranks);
+    return buf;
 }

@@ -25,5 +25,16 @@ float *tu_load_f32(const char *path, const char *name, size_t *n);
 /* max |a-b| / max |b| */
 double tu_rel_err(const float *a, const float *b, size_t n);
 int tu_contains(const char *haystack, const char *needle);
+/* Starts `sh -c "exec CMD"` in its own process group with stdout and stderr
+ * into log; returns the pid (the process itself, thanks to exec). */
+int tu_spawn(const char *log, const char *fmt, ...);
+/* Waits for pid up to timeout_s (then SIGKILLs its group); returns the exit
+ * status, 128+signal, or -1 on timeout. */
+int tu_wait(int pid, double timeout_s);
+/* Sleeps s seconds. */
+void tu_sleep(double s);
+/* The mpirun prefix for N ranks over TCP (environment for root and for
+ * sanitizer builds included). */
+const char *tu_mpirun(int ranks);
 
 #endif

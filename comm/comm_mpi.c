@@ -1,0 +1,351 @@
+/* comm/comm_mpi.c — the process world, the watchdog and the job-wide abort.
+ *
+ * Owns: detecting a launcher (mpirun, srun) and starting MPI only then (a
+ * process started by hand, or a Criterion test, is a world of one that makes
+ * no MPI call at all); rank, local rank and host; the watchdog thread that
+ * ends the job when a collective overruns comm.timeout_s; comm_abort.
+ * The host collectives themselves live in comm_host.c. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm_internal.h"
+
+/* ---- launcher detection and settings ------------------------------------ */
+
+static int env_set(const char *name)
+{
+    const char *v = getenv(name);
+    return v && v[0];
+}
+
+/* True when a process manager started us, so MPI_Init will find its peers. */
+static int under_launcher(void)
+{
+    if (env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMIX_RANK") || env_set("PMI_RANK"))
+        return 1;
+    return env_set("SLURM_PROCID") &&
+           (env_set("PMI_FD") || env_set("PMI_SIZE") || env_set("PMIX_NAMESPACE"));
+}
+
+static int env_int(const char *name, int fallback)
+{
+    const char *v = getenv(name);
+    char *end;
+    long x;
+    if (!v || !v[0])
+        return fallback;
+    x = strtol(v, &end, 10);
+    return (*end || x < 0 || x > INT_MAX) ? fallback : (int)x;
+}
+
+/* A size in bytes from the environment, or `fallback` when unset. */
+static int env_bytes(const char *name, size_t fallback, size_t *out, sp_err *err)
+{
+    const char *v = getenv(name);
+    char *end;
+    unsigned long long x;
+    *out = fallback;
+    if (!v || !v[0])
+        return 0;
+    errno = 0;
+    x = strtoull(v, &end, 10);
+    if (errno || *end || v[0] == '-')
+        return sp_fail(err, SP_EXIT_USAGE, "%s=%s: expected a number of bytes", name, v);
+    *out = (size_t)x;
+    return 0;
+}
+
+static double resolve_timeout(double t)
+{
+    return t == 0 ? COMM_DEFAULT_TIMEOUT_S : t;
+}
+
+static int apply_opts(comm_t *c, const comm_opts *opts, sp_err *err)
+{
+    comm_opts none = {0};
+    if (!opts)
+        opts = &none;
+    comm_set_timeout(c, opts->timeout_s);
+    c->chunk_bytes = opts->chunk_bytes;
+    if (c->chunk_bytes == 0 &&
+        env_bytes("SPOTUNE_COMM_CHUNK_BYTES", COMM_DEFAULT_CHUNK_BYTES, &c->chunk_bytes, err))
+        return err->code;
+    if (c->chunk_bytes == 0)
+        c->chunk_bytes = COMM_DEFAULT_CHUNK_BYTES;
+    if (c->chunk_bytes > COMM_MAX_CHUNK_BYTES)
+        c->chunk_bytes = COMM_MAX_CHUNK_BYTES;
+    return env_bytes("SPOTUNE_COMM_SMALL_BYTES", COMM_DEFAULT_SMALL_BYTES, &c->small_bytes, err);
+}
+
+/* ---- watchdog ----------------------------------------------------------- */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static struct timespec ns_timespec(int64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+    return ts;
+}
+
+/* How often the watchdog looks: a tenth of the timeout, within 10 ms..1 s,
+ * so it fires at most 10% (or 1 s) late. */
+static int64_t watchdog_period_ns(int64_t timeout_ns)
+{
+    int64_t p = timeout_ns > 0 ? timeout_ns / 10 : 1000000000;
+    return p < 10000000 ? 10000000 : p > 1000000000 ? 1000000000 : p;
+}
+
+static _Noreturn void watchdog_fire(comm_t *c, const char *what, int64_t timeout_ns)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg, "collective %s timed out after %g s (a peer may have died)",
+             what ? what : "?", (double)timeout_ns * 1e-9);
+    comm_abort(c, SP_EXIT_OTHER, msg);
+}
+
+static void *watchdog_main(void *arg)
+{
+    comm_t *c = arg;
+    struct comm_watchdog *w = &c->wd;
+    pthread_mutex_lock(&w->mu);
+    while (!w->stop) {
+        int64_t limit = atomic_load(&w->timeout_ns);
+        int64_t since = atomic_load(&w->busy_since_ns);
+        if (limit > 0 && since > 0 && now_ns() - since > limit) {
+            pthread_mutex_unlock(&w->mu);
+            watchdog_fire(c, atomic_load(&w->what), limit);
+        }
+        struct timespec ts = ns_timespec(now_ns() + watchdog_period_ns(limit));
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static int watchdog_start(comm_t *c, sp_err *err)
+{
+    pthread_condattr_t attr;
+    int rc = pthread_condattr_init(&attr);
+    if (!rc)
+        rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (!rc)
+        rc = pthread_cond_init(&c->wd.cv, &attr);
+    pthread_condattr_destroy(&attr);
+    if (!rc)
+        rc = pthread_mutex_init(&c->wd.mu, NULL);
+    if (!rc)
+        rc = pthread_create(&c->wd.thread, NULL, watchdog_main, c);
+    if (rc)
+        return sp_fail(err, SP_EXIT_OTHER, "%s:%d: watchdog thread: %s", __FILE__, __LINE__,
+                       strerror(rc));
+    c->wd.started = 1;
+    return 0;
+}
+
+static void watchdog_stop(comm_t *c)
+{
+    if (!c->wd.started)
+        return;
+    pthread_mutex_lock(&c->wd.mu);
+    c->wd.stop = 1;
+    pthread_cond_signal(&c->wd.cv);
+    pthread_mutex_unlock(&c->wd.mu);
+    pthread_join(c->wd.thread, NULL);
+    pthread_cond_destroy(&c->wd.cv);
+    pthread_mutex_destroy(&c->wd.mu);
+    c->wd.started = 0;
+}
+
+void comm_watch_begin(comm_t *c, const char *what)
+{
+    atomic_store_explicit(&c->wd.what, what, memory_order_relaxed);
+    atomic_store_explicit(&c->wd.busy_since_ns, now_ns(), memory_order_release);
+}
+
+void comm_watch_end(comm_t *c)
+{
+    atomic_store_explicit(&c->wd.busy_since_ns, 0, memory_order_release);
+}
+
+void comm_set_timeout(comm_t *c, double timeout_s)
+{
+    c->timeout_s = resolve_timeout(timeout_s);
+    atomic_store(&c->wd.timeout_ns, c->timeout_s > 0 ? (int64_t)(c->timeout_s * 1e9) : 0);
+}
+
+double comm_timeout(const comm_t *c)
+{
+    return c->timeout_s;
+}
+
+/* ---- errors and abort --------------------------------------------------- */
+
+int comm_mpi_fail(comm_t *c, sp_err *err, int rc, const char *fn, const char *file, int line)
+{
+    char reason[MPI_MAX_ERROR_STRING] = "unknown MPI error";
+    int len = 0;
+    if (MPI_Error_string(rc, reason, &len) != MPI_SUCCESS)
+        snprintf(reason, sizeof reason, "MPI error %d", rc);
+    return sp_fail(err, SP_EXIT_OTHER, "%s:%d: rank %d on %s: %s: %s", file, line, c->rank,
+                   c->host, fn, reason);
+}
+
+/* MPI is live when we, or whoever started it, have not finalized it yet.
+ * Asked only under a launcher, so a world of one makes no MPI call. */
+static int mpi_live(void)
+{
+    int init = 0, fini = 0;
+    if (!under_launcher())
+        return 0;
+    MPI_Initialized(&init);
+    if (init)
+        MPI_Finalized(&fini);
+    return init && !fini;
+}
+
+_Noreturn void comm_abort(comm_t *c, int code, const char *msg)
+{
+    char host[256] = "?";
+    int rank = c ? c->rank : env_int("OMPI_COMM_WORLD_RANK", env_int("PMIX_RANK", 0));
+    if (c)
+        snprintf(host, sizeof host, "%s", c->host);
+    else if (gethostname(host, sizeof host - 1) != 0)
+        snprintf(host, sizeof host, "?");
+    if (code == 0)
+        code = SP_EXIT_OTHER;
+    fprintf(stderr, "spotune: rank %d on %s: %s\n", rank, host, msg ? msg : "aborted");
+    fflush(stderr);
+    /* MPI_Abort from the watchdog thread needs MPI_THREAD_MULTIPLE, which
+     * comm_init asks for. MPI_COMM_WORLD (not our duplicate of it) so that
+     * Open MPI's own notice names the communicator plainly. */
+    if ((c && c->use_mpi) || (!c && mpi_live()))
+        MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+/* ---- world -------------------------------------------------------------- */
+
+static int world_alloc(comm_t *c, sp_err *err)
+{
+    size_t n = (size_t)c->size;
+    c->counts = calloc(5 * n, sizeof *c->counts);
+    if (!c->counts)
+        return sp_fail(err, SP_EXIT_OTHER, "comm: out of memory for %d ranks", c->size);
+    c->displs = c->counts + n;
+    c->scounts = c->counts + 2 * n;
+    c->rcounts = c->counts + 3 * n;
+    c->rdispls = c->counts + 4 * n;
+    c->blocks = calloc(n, sizeof *c->blocks);
+    if (!c->blocks)
+        return sp_fail(err, SP_EXIT_OTHER, "comm: out of memory for %d ranks", c->size);
+    return 0;
+}
+
+/* Ranks that share memory share a node: their order there is the local rank. */
+static int world_local(comm_t *c, sp_err *err)
+{
+    MPI_Comm node;
+    int rc = MPI_Comm_split_type(c->world, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS) {
+        c->local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", -1);
+        c->local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", -1);
+        if (c->local_rank < 0 || c->local_size < 1)
+            return comm_mpi_fail(c, err, rc, "MPI_Comm_split_type", __FILE__, __LINE__);
+        return 0;
+    }
+    COMM_MPI(c, err, MPI_Comm_rank, (node, &c->local_rank));
+    COMM_MPI(c, err, MPI_Comm_size, (node, &c->local_size));
+    COMM_MPI(c, err, MPI_Comm_free, (&node));
+    return 0;
+}
+
+static int world_init_mpi(comm_t *c, int *argc, char ***argv, sp_err *err)
+{
+    int init = 0, provided = 0;
+    COMM_MPI(c, err, MPI_Initialized, (&init));
+    if (!init) {
+        COMM_MPI(c, err, MPI_Init_thread, (argc, argv, MPI_THREAD_MULTIPLE, &provided));
+        c->owns_mpi = 1;
+    }
+    c->use_mpi = 1;
+    COMM_MPI(c, err, MPI_Comm_dup, (MPI_COMM_WORLD, &c->world));
+    COMM_MPI(c, err, MPI_Comm_set_errhandler, (c->world, MPI_ERRORS_RETURN));
+    COMM_MPI(c, err, MPI_Comm_rank, (c->world, &c->rank));
+    COMM_MPI(c, err, MPI_Comm_size, (c->world, &c->size));
+    if (world_local(c, err) || world_alloc(c, err))
+        return err->code;
+    return watchdog_start(c, err);
+}
+
+static int world_init_single(comm_t *c, sp_err *err)
+{
+    c->world = MPI_COMM_NULL;
+    c->rank = c->local_rank = 0;
+    c->size = c->local_size = 1;
+    return world_alloc(c, err);
+}
+
+int comm_init(comm_t **out, int *argc, char ***argv, const comm_opts *opts, sp_err *err)
+{
+    comm_t *c = calloc(1, sizeof *c);
+    int rc;
+    *out = NULL;
+    if (!c)
+        return sp_fail(err, SP_EXIT_OTHER, "comm_init: out of memory");
+    if (gethostname(c->host, sizeof c->host - 1) != 0)
+        snprintf(c->host, sizeof c->host, "unknown-host");
+    rc = apply_opts(c, opts, err);
+    if (!rc)
+        rc = under_launcher() ? world_init_mpi(c, argc, argv, err)
+                                    : world_init_single(c, err);
+    if (rc) {
+        watchdog_stop(c);
+        free(c->counts);
+        free(c->blocks);
+        free(c); /* MPI stays up: the caller ends the job with comm_abort(NULL) */
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void comm_finalize(comm_t *c)
+{
+    if (!c)
+        return;
+    comm_device_free(c);
+    if (c->use_mpi) {
+        comm_watch_begin(c, "finalize");
+        MPI_Comm_free(&c->world);
+        if (c->owns_mpi)
+            MPI_Finalize();
+        comm_watch_end(c);
+    }
+    watchdog_stop(c);
+    free(c->scratch);
+    free(c->counts);
+    free(c->blocks);
+    free(c);
+}
+
+int comm_rank(const comm_t *c) { return c->rank; }
+int comm_size(const comm_t *c) { return c->size; }
+int comm_local_rank(const comm_t *c) { return c->local_rank; }
+int comm_local_size(const comm_t *c) { return c->local_size; }
+const char *comm_host(const comm_t *c) { return c->host; }
+
+int comm_device_for_rank(const comm_t *c, int visible_devices)
+{
+    return visible_devices > 0 ? c->local_rank % visible_devices : 0;
+}

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# scripts/launch.sh — starts a spotune job under mpirun (Open MPI), one rank
+# per GPU, on one node or on several listed in a hostfile. It passes the
+# NCCL_*, SPOTUNE_* and AWS_* variables that are set (by name: values, AWS
+# secrets included, are never printed), prints the mpirun command, and runs
+# it (or only prints it with --dry-run). See docs/launching.md.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: scripts/launch.sh [options] [--] PROGRAM [ARGS...]
+
+  e.g. scripts/launch.sh build/spotune train configs/llama7b-lora-8gpu.yaml
+
+options:
+  -g, --gpus-per-node N  ranks per node (default: GPUs that nvidia-smi lists,
+                         or the entries of CUDA_VISIBLE_DEVICES; 1 without GPUs)
+  --hostfile FILE        run on the hosts in FILE (see scripts/hostfile.example)
+  --nodes N              use the first N hosts of the hostfile (default: all)
+  --bind none|numa       CPU binding of each rank (default: none, which leaves
+                         the CUDA, NCCL and OpenMP threads free to move)
+  --tcp                  MPI over TCP only (--mca btl tcp,self): for containers
+                         where shared-memory transport fails, or to rule it out
+  -x NAME                also pass variable NAME (repeatable)
+  --mpirun PATH          the mpirun to use (default: mpirun on PATH)
+  --dry-run              print the command and exit
+  -h, --help             this text
+EOF
+}
+
+gpus_here() {
+    if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+        local IFS=,
+        local ids=($CUDA_VISIBLE_DEVICES)
+        echo "${#ids[@]}"
+    elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        nvidia-smi -L | grep -c '^GPU' || true
+    else
+        echo 1
+    fi
+}
+
+# Hosts in an Open MPI hostfile: non-empty lines that are not comments.
+hostfile_nodes() {
+    { grep -v '^[[:space:]]*\(#\|$\)' "$1" || true; } | wc -l
+}
+
+die() {
+    echo "launch.sh: $*" >&2
+    exit 2
+}
+
+gpus="" hostfile="" nodes="" bind="none" tcp=0 dry=0 mpirun="mpirun"
+extra_vars=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    -g | --gpus-per-node) gpus="${2:?}"; shift 2 ;;
+    --hostfile) hostfile="${2:?}"; shift 2 ;;
+    --nodes) nodes="${2:?}"; shift 2 ;;
+    --bind) bind="${2:?}"; shift 2 ;;
+    --tcp) tcp=1; shift ;;
+    -x) extra_vars+=("${2:?}"); shift 2 ;;
+    --mpirun) mpirun="${2:?}"; shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    --) shift; break ;;
+    -*) usage >&2; die "unknown option $1" ;;
+    *) break ;;
+    esac
+done
+[[ $# -gt 0 ]] || { usage >&2; die "no program to launch"; }
+
+[[ -n "$gpus" ]] || gpus=$(gpus_here)
+[[ "$gpus" =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node: expected a positive number, got '$gpus'"
+[[ "$bind" == none || "$bind" == numa ]] || die "--bind: none or numa, got '$bind'"
+
+cmd=("$mpirun")
+if [[ -n "$hostfile" ]]; then
+    [[ -r "$hostfile" ]] || die "cannot read hostfile $hostfile"
+    avail=$(hostfile_nodes "$hostfile")
+    [[ -n "$nodes" ]] || nodes=$avail
+    [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "--nodes: expected a positive number, got '$nodes'"
+    ((nodes <= avail)) || die "--nodes $nodes, but $hostfile lists $avail host(s)"
+    cmd+=(--hostfile "$hostfile" -np $((nodes * gpus)) --map-by "ppr:${gpus}:node")
+else
+    [[ -z "$nodes" || "$nodes" == 1 ]] || die "--nodes needs --hostfile"
+    cmd+=(-np "$gpus" --map-by slot)
+fi
+cmd+=(--bind-to "$bind")
+((tcp)) && cmd+=(--mca btl tcp,self)
+[[ $(id -u) -eq 0 ]] && cmd+=(--allow-run-as-root)
+
+# Variables to pass, by name only: mpirun copies the value from here.
+vars=()
+while IFS= read -r name; do
+    vars+=("$name")
+done < <(compgen -e | grep -E '^(NCCL_|SPOTUNE_|AWS_)' || true)
+for name in CUDA_VISIBLE_DEVICES OMP_NUM_THREADS; do
+    [[ -n "${!name+x}" ]] && vars+=("$name")
+done
+# Remote nodes start with a bare environment: give them ours for finding
+# the program and its libraries.
+[[ -n "$hostfile" ]] && vars+=(PATH LD_LIBRARY_PATH)
+for name in "${extra_vars[@]+"${extra_vars[@]}"}"; do
+    [[ -n "${!name+x}" ]] && vars+=("$name") || echo "launch.sh: -x $name: not set, skipped" >&2
+done
+for name in "${vars[@]+"${vars[@]}"}"; do
+    [[ -n "${!name+x}" ]] && cmd+=(-x "$name")
+done
+
+# Prints the command as a shell would take it back, quoting only where needed.
+show() {
+    local line="+" a
+    for a in "$@"; do
+        if [[ "$a" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then line+=" $a"; else line+=" $(printf '%q' "$a")"; fi
+    done
+    echo "$line" >&2
+}
+
+cmd+=("$@")
+show "${cmd[@]}"
+((dry)) && exit 0
+exec "${cmd[@]}"
