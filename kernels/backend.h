@@ -129,6 +129,12 @@ typedef struct backend_ops {
     void (*fill_normal)(backend_t *be, tensor_t x, size_t n, float mean, float std, uint64_t seed,
                         uint64_t offset);
 
+    /* Streams for overlapping communication with compute (CUDA); NULL on
+     * the CPU. aux_stream: a second stream (cudaStream_t); stream_fence:
+     * makes `waiter` wait for everything enqueued so far on `waitee`. */
+    void *(*aux_stream)(backend_t *be);
+    void (*stream_fence)(backend_t *be, void *waiter, void *waitee);
+
     void (*destroy)(backend_t *be);
 } backend_ops;
 

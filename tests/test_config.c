@@ -176,3 +176,36 @@ Test(config, bad_set_assignments)
     cr_expect(tu_contains(err.msg, "--set"), "%s", err.msg);
     config_free(&c);
 }
+
+/* configs/README.md carries the reference table that the schema prints. */
+Test(config, reference_in_configs_readme_is_current)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/reference.md", dir);
+    FILE *f = fopen(path, "w");
+    config_write_reference(f);
+    fclose(f);
+    char *want = tu_read_file(path, NULL), *readme = tu_read_file(SPOTUNE_SOURCE_DIR "/configs/README.md", NULL);
+    cr_assert(want && readme);
+    cr_expect(tu_contains(readme, want),
+              "configs/README.md is out of date: regenerate its table with spotune config-reference");
+    free(want);
+    free(readme);
+}
+
+/* Every shipped config parses and validates. */
+Test(config, shipped_configs_are_valid)
+{
+    const char *names[] = {"tiny-cpu", "llama-7b-lora", "llama-13b-lora", "llama-7b-lora-multinode",
+                           "tinyllama-1b-full"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[4096];
+        config_t c;
+        sp_err err = {0};
+        snprintf(path, sizeof path, "%s/configs/%s.yaml", SPOTUNE_SOURCE_DIR, names[i]);
+        config_defaults(&c);
+        cr_expect_eq(config_load(&c, path, &err), 0, "%s", err.msg);
+        cr_expect_eq(config_validate(&c, &err), 0, "%s", err.msg);
+        config_free(&c);
+    }
+}

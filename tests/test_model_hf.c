@@ -101,7 +101,7 @@ static void close_case(hf_case *hc)
 static model_batch batch_of(hf_case *hc, int first, int count)
 {
     model_batch b = {hc->inputs + first * hc->T, hc->targets + first * hc->T,
-                     hc->sample_ids + first, count, hc->T, (float)(1.0 / hc->count)};
+                     hc->sample_ids + first, count, hc->T, (float)(1.0 / hc->count), 1};
     return b;
 }
 

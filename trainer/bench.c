@@ -83,7 +83,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     }
     for (int b = 0; b < bo->micro_batch && b < 4096; b++)
         ids[b] = (uint64_t)b;
-    model_batch batch = {in, tg, ids, bo->micro_batch, bo->seq_len, (float)(1.0 / (double)n)};
+    model_batch batch = {in, tg, ids, bo->micro_batch, bo->seq_len, (float)(1.0 / (double)n), 1};
     adamw_args a = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .weight_decay = 0.0f, .grad_scale = 1.0f};
     double t0 = 0, loss = 0;
@@ -94,9 +94,10 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             rc = comm_barrier(comm, err);
             t0 = sp_now();
         }
+        grad_sync_t gs;
         model_zero_grads(m);
-        rc = rc || model_forward_backward(m, &batch, &loss, err) ||
-             grad_sync(m, comm, 25.0, err);
+        grad_sync_begin(&gs, m, comm, 25.0);
+        rc = rc || model_forward_backward(m, &batch, &loss, err) || grad_sync_finish(&gs, err);
         if (!rc) {
             a.step = s + 1;
             a.grad_scale = (float)optim_clip_scale(sqrt(model_grad_sumsq(m)), 1.0);

@@ -87,6 +87,9 @@ static const key_def keys[] = {
     {"data.val_windows", K_INT, O(val_windows), "64", 1, BIG, NULL, 0,
      "At most this many windows of the validation set are evaluated, from its start."},
     {"log.every", K_INT, O(log_every), "10", 1, BIG, NULL, 0, "Print a log line every N steps."},
+    {"log.samples", K_BOOL, O(log_samples), "false", 0, 0, NULL, 0,
+     "Audit the data order: each rank appends the windows it trains on to "
+     "RUN_DIR/samples/rank-R.tsv (step, global sample index, epoch, window)."},
     {"runtime.backend", K_STRING, O(backend), "auto", 0, 0, NULL, 0,
      "auto (cuda when a GPU is visible, else cpu), cpu, cpu-ref (plain loops, slow; for "
      "checking) or cuda."},

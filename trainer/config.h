@@ -47,6 +47,7 @@ typedef struct config {
     int64_t val_every, val_windows;
     /* log */
     int64_t log_every;
+    int log_samples;
     /* runtime */
     char *backend;
     int64_t threads;

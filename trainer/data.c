@@ -273,6 +273,11 @@ int dataset_read_window(dataset_t *d, uint64_t w, int32_t *inputs, int32_t *targ
         rc = sp_fail(err, SP_EXIT_INPUT, "%s: cannot read window %llu", d->path,
                      (unsigned long long)w);
     int64_t n = 0;
+    for (uint64_t t = 0; t <= T && !rc; t++)
+        if (msk[t] > 1)
+            rc = sp_fail(err, SP_EXIT_INPUT,
+                         "%s: loss_mask value %u at position %llu (expected 0 or 1)", d->path,
+                         msk[t], (unsigned long long)(off + t));
     for (uint64_t t = 0; t < T && !rc; t++) {
         inputs[t] = (int32_t)tok[t];
         targets[t] = msk[t + 1] ? (int32_t)tok[t + 1] : -1;

@@ -34,7 +34,8 @@ void dataset_close(dataset_t *d);
 int dataset_window_of(dataset_t *d, uint64_t sample, uint64_t *window, uint64_t *epoch,
                       sp_err *err);
 /* Reads window w: inputs[t] = tokens[w*T + t], targets[t] = tokens[w*T + t + 1]
- * or -1 where that token's loss_mask is 0. Returns the trained targets. */
+ * or -1 where that token's loss_mask is 0. Returns the trained targets. A
+ * loss_mask value other than 0 or 1 is an error (SP_EXIT_INPUT). */
 int dataset_read_window(dataset_t *d, uint64_t w, int32_t *inputs, int32_t *targets,
                         int64_t *trained, sp_err *err);
 

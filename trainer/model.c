@@ -133,9 +133,21 @@ static int layout_arenas(model_t *m, sp_err *err)
             order[n++] = (ranked){backward_rank(m, &m->params[i]), i};
     qsort(order, (size_t)n, sizeof *order, cmp_ranked);
     size_t off = 0;
+    long L = (long)m->mc.layers;
+    m->ready_upto = calloc((size_t)L + 1, sizeof *m->ready_upto);
+    if (!m->ready_upto) {
+        free(order);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
     m->nruns = 0;
     for (int i = 0; i < n; i++) {
         param_t *p = &m->params[order[i].index];
+        /* ready after the head (ranks 0, 1) or after layer l (rank 4 + 4(L-1-l) + 0..1) */
+        for (long l = 0; l <= L; l++) {
+            long limit = l == 0 ? 1 : 4 + 4 * (L - l) + 1;
+            if (order[i].rank <= limit)
+                m->ready_upto[l] = off + p->n;
+        }
         p->offset = off;
         adamw_run *last = m->nruns ? &m->runs[m->nruns - 1] : NULL;
         if (last && last->decay == p->decay)
@@ -431,6 +443,7 @@ void model_destroy(model_t *m)
     free(m->layers);
     free(m->params);
     free(m->runs);
+    free(m->ready_upto);
     free(m);
 }
 

@@ -52,7 +52,14 @@ typedef struct model_batch {
     const uint64_t *sample_ids; /* [B] global sample index of each window (dropout streams) */
     int B, T;
     float grad_scale; /* d(step loss)/d(sum of token losses): 1 / trained tokens of the step */
+    int last;         /* the step's last micro-batch: gradients become final (grads_ready) */
 } model_batch;
+
+/* Called during the backward of the step's last micro-batch each time the
+ * prefix [0, upto) of the gradient arena holds its final values (the arena
+ * is laid out in the order the backward finishes gradients), so their
+ * reduction across ranks can start while the backward goes on. */
+typedef void (*model_grads_ready_fn)(void *ctx, size_t upto);
 
 typedef struct layer_acts layer_acts;
 
@@ -75,6 +82,11 @@ typedef struct model {
     tensor_t master, grad, adam_m, adam_v, copy;
     adamw_run *runs;
     int nruns;
+    /* arena prefix final after the head (index 0) and after layer l's
+     * backward (index 1 + l) */
+    size_t *ready_upto;
+    model_grads_ready_fn grads_ready;
+    void *grads_ready_ctx;
     /* activations and scratch */
     layer_acts *acts;
     void *scratch;

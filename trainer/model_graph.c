@@ -277,16 +277,26 @@ static int forward(const step_ctx *c, sp_err *err)
     return 0;
 }
 
+static void grads_ready(model_t *m, const model_batch *b, size_t upto)
+{
+    if (b->last && m->grads_ready && upto > 0)
+        m->grads_ready(m->grads_ready_ctx, upto);
+}
+
 int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
 {
     step_ctx c = {m, b, b->B * b->T, 1};
     if (forward(&c, err) || head(&c, 1, loss_sum, err))
         return err->code;
-    for (int l = (int)m->mc.layers - 1; l >= 0; l--)
+    grads_ready(m, b, m->ready_upto[0]);
+    for (int l = (int)m->mc.layers - 1; l >= 0; l--) {
         layer_backward(&c, l);
+        grads_ready(m, b, m->ready_upto[1 + l]);
+    }
     if (m->embed->trainable)
         m->be->ops->embedding_backward(m->be, m->embed->grad, MODEL_SCRATCH(m)->dres,
                                        MODEL_SCRATCH(m)->tokens, c.rows, (int)m->mc.hidden);
+    grads_ready(m, b, m->n_trainable);
     return be_check(m->be, err);
 }
 

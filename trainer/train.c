@@ -36,6 +36,7 @@ typedef struct trainer {
     int32_t *inputs, *targets;
     uint64_t *sample_ids;
     ckpt_ctl *ck;
+    FILE *samples; /* log.samples audit, or NULL */
     const char *resume;
     int resumed;
     train_progress p;
@@ -197,15 +198,21 @@ static int load_step(trainer_t *t, int64_t *trained, sp_err *err)
     for (int64_t k = 0; k < t->ga; k++)
         for (int64_t j = 0; j < t->mb; j++) {
             int64_t slot = k * t->mb + j;
-            uint64_t sample = t->p.cursor + (uint64_t)((k * t->world + t->rank) * t->mb + j), w;
+            uint64_t sample = t->p.cursor + (uint64_t)((k * t->world + t->rank) * t->mb + j), w, e;
             int64_t n = 0;
             t->sample_ids[slot] = sample;
-            if (dataset_window_of(&t->train, sample, &w, NULL, err) ||
+            if (dataset_window_of(&t->train, sample, &w, &e, err) ||
                 dataset_read_window(&t->train, w, t->inputs + slot * t->T,
                                     t->targets + slot * t->T, &n, err))
                 return err->code;
+            if (t->samples)
+                fprintf(t->samples, "%lld\t%llu\t%llu\t%llu\n", (long long)t->p.step + 1,
+                        (unsigned long long)sample, (unsigned long long)e,
+                        (unsigned long long)w);
             local += n;
         }
+    if (t->samples)
+        fflush(t->samples);
     if (comm_allreduce(t->comm, &local, 1, COMM_I64, COMM_SUM, err))
         return err->code;
     *trained = local;
@@ -221,15 +228,19 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
         return err->code;
     double loss_sum = 0.0, gnorm = 0.0, lr = optim_lr(c, t->p.step);
     if (trained > 0) {
+        grad_sync_t gs;
         model_zero_grads(t->m);
+        grad_sync_begin(&gs, t->m, t->comm, c->comm_bucket_mb);
         for (int64_t k = 0; k < t->ga; k++) {
             model_batch b = {t->inputs + k * t->mb * t->T, t->targets + k * t->mb * t->T,
                              t->sample_ids + k * t->mb, (int)t->mb, (int)t->T,
-                             (float)(1.0 / (double)trained)};
-            if (model_forward_backward(t->m, &b, &loss_sum, err))
+                             (float)(1.0 / (double)trained), k == t->ga - 1};
+            if (model_forward_backward(t->m, &b, &loss_sum, err)) {
+                t->m->grads_ready = NULL;
                 return err->code;
+            }
         }
-        if (grad_sync(t->m, t->comm, c->comm_bucket_mb, err) ||
+        if (grad_sync_finish(&gs, err) ||
             comm_allreduce(t->comm, &loss_sum, 1, COMM_F64, COMM_SUM, err))
             return err->code;
         gnorm = sqrt(model_grad_sumsq(t->m));
@@ -295,7 +306,7 @@ static int run_validation(trainer_t *t, sp_err *err)
             filled++;
         }
         if (filled == t->mb || (last && filled > 0)) {
-            model_batch b = {t->inputs, t->targets, t->sample_ids, (int)filled, (int)t->T, 0.0f};
+            model_batch b = {t->inputs, t->targets, t->sample_ids, (int)filled, (int)t->T, 0.0f, 0};
             if (model_evaluate(t->m, &b, &sums[0], err))
                 return err->code;
             filled = 0;
@@ -342,6 +353,8 @@ static void trainer_free(trainer_t *t)
     if (t->has_val)
         dataset_close(&t->val);
     metrics_close(&t->metrics);
+    if (t->samples)
+        fclose(t->samples);
     free(t->inputs);
     free(t->targets);
     free(t->sample_ids);
@@ -361,6 +374,17 @@ static int setup(trainer_t *t, sp_err *err)
     }
     if (backend_create(&t->be, c->backend, comm_local_rank(t->comm), threads, err))
         return err->code;
+    if (c->log_samples) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/samples", c->run_dir);
+        comm_barrier(t->comm, err); /* rank 0 made run.dir */
+        if (err->code || mkdir_p(path, err))
+            return err->code;
+        snprintf(path, sizeof path, "%s/samples/rank-%d.tsv", c->run_dir, t->rank);
+        t->samples = fopen(path, "a");
+        if (!t->samples)
+            return sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
+    }
     if (t->out)
         fprintf(t->out, "spotune: %d rank%s, backend %s (%s, %d threads per rank)\n", t->world,
                 t->world > 1 ? "s" : "", t->be->name, t->be->device_name, t->be->threads);

@@ -1,0 +1,155 @@
+/* checkpoint/store.h — object stores for checkpoints: one API over a
+ * directory (file:///abs/path, local disk, NFS or a FUSE mount) and S3-compatible
+ * object storage (s3://bucket/prefix: AWS S3, MinIO, Ceph RGW, Swift s3api,
+ * R2, OSS, COS), plus the directory-level operations the checkpoint protocol
+ * needs (push a checkpoint with MANIFEST.json last, pull one, prune old ones
+ * MANIFEST first). Owns: URL parsing, S3 request signing (SigV4 via libcurl),
+ * multipart and ranged transfers, retries with backoff, atomic publication on
+ * file://. Does not own: what a checkpoint contains or whether it is valid
+ * (checkpoint code verifies MANIFEST checksums after a pull).
+ *
+ * Keys are relative to the URL's prefix ("step-00001200/state.h5"): no leading
+ * '/', no empty, "." or ".." segments, at most 1024 bytes, no control chars.
+ *
+ * Errors: every int-returning function returns 0 or a negative STORE_E* value
+ * and records a message in *err ("s3://b/p/step-1/state.h5: PUT failed: 403
+ * SignatureDoesNotMatch: ..."). err->code holds the process exit code the
+ * failure maps to (SP_EXIT_INPUT for a missing object, SP_EXIT_USAGE for a bad
+ * URL, key or option, SP_EXIT_OTHER otherwise). Messages never contain
+ * credentials.
+ *
+ * Credentials (s3://) come only from the environment, read once by store_open:
+ * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and, for temporary credentials,
+ * AWS_SESSION_TOKEN.
+ *
+ * Threads: every function may be called concurrently on one store_t (for
+ * example the uploader thread pushing while the main thread lists), except
+ * store_close, which must not overlap any other call on that store. */
+#ifndef SPOTUNE_STORE_H
+#define SPOTUNE_STORE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/base.h"
+
+typedef struct store store_t;
+
+/* Return values (negative; 0 is success). */
+enum {
+    STORE_EFAIL = -1,     /* remote or transport failure (after retries) */
+    STORE_ENOENT = -2,    /* no such object (or nothing under a prefix) */
+    STORE_EEXIST = -3,    /* if_none_match and the object exists; or a conflict */
+    STORE_EAUTH = -4,     /* 401/403: credentials, signature, permissions */
+    STORE_ELOCAL = -5,    /* local file or directory error */
+    STORE_EUSAGE = -6,    /* bad URL, key or option */
+    STORE_ECANCELED = -7  /* a cancel flag was raised */
+};
+
+enum { STORE_ADDR_AUTO = 0, STORE_ADDR_PATH = 1, STORE_ADDR_VHOST = 2 };
+
+/* Zero or NULL fields take the default shown. */
+typedef struct store_opts {
+    const char *endpoint;  /* "https://host[:port]"; else AWS_ENDPOINT_URL_S3, else
+                              AWS_ENDPOINT_URL, else AWS's regional endpoint */
+    const char *region;    /* else AWS_REGION, else AWS_DEFAULT_REGION, else us-east-1 */
+    int addressing;        /* STORE_ADDR_AUTO (default): virtual-host on AWS, Alibaba
+                              OSS and Tencent COS endpoints (unless the bucket name has
+                              '.', '_' or capitals), path-style elsewhere;
+                              STORE_ADDR_PATH: endpoint/bucket/key;
+                              STORE_ADDR_VHOST: bucket.endpoint/key */
+    size_t part_bytes;     /* multipart part and ranged-GET chunk size: >= 5 MiB, default 16 MiB */
+    int parallel;          /* connections per multipart upload / ranged GET, default 4 */
+    int max_retries;       /* retries after the first attempt, default 8; < 0: none */
+    double timeout_s;      /* longest transfer stall, default 30 (connect: at most 10) */
+    double retry_base_s;   /* first backoff ceiling, default 0.25 s, doubling ... */
+    double retry_max_s;    /* ... up to this ceiling, default 20 s (full jitter below it) */
+    uint64_t max_send_bps; /* per-connection upload limit in bytes/s, 0: none */
+    uint64_t max_recv_bps; /* per-connection download limit in bytes/s, 0: none */
+} store_opts;
+
+typedef struct store_entry {
+    char *key;
+    uint64_t size;
+} store_entry;
+
+typedef struct store_list {
+    store_entry *items;
+    size_t n;
+} store_listing;
+
+/* url: "file:///abs/path" or "s3://bucket[/prefix]". opts may be NULL. */
+int store_open(store_t **out, const char *url, const store_opts *opts, sp_err *err);
+void store_close(store_t *s);
+/* "s3://bucket/prefix" or "file:///path", without a trailing '/'. */
+const char *store_url(const store_t *s);
+
+/* Uploads a file or a buffer. Objects larger than part_bytes go up as a
+ * multipart upload. if_none_match: never replace an existing object; then
+ * STORE_EEXIST if it exists. S3 sends "If-None-Match: *"; a store that answers
+ * 501 NotImplemented (Swift s3api, older MinIO/Ceph) is remembered and then
+ * checked with a HEAD before a plain PUT, which is not atomic against a
+ * concurrent writer. file:// links a temporary file into place (atomic). */
+int store_put_file(store_t *s, const char *key, const char *local_path, int if_none_match,
+                   sp_err *err);
+int store_put_bytes(store_t *s, const char *key, const void *data, size_t n, int if_none_match,
+                    sp_err *err);
+
+/* Downloads into local_path through a temporary file in the same directory,
+ * fsync'ed and renamed into place (an existing file is replaced). Large objects
+ * are fetched as parallel ranged GETs pinned to one ETag. */
+int store_get_file(store_t *s, const char *key, const char *local_path, sp_err *err);
+/* *data is malloc'ed (one extra NUL byte after n, not counted); free() it. */
+int store_get_bytes(store_t *s, const char *key, void **data, size_t *n, sp_err *err);
+
+/* Every object whose key starts with key_prefix ("" for all), keys relative
+ * to the store prefix, sorted by byte value. */
+int store_list(store_t *s, const char *key_prefix, store_listing *out, sp_err *err);
+void store_list_free(store_listing *l);
+
+/* Deleting a missing object succeeds (as S3 does). */
+int store_delete(store_t *s, const char *key, sp_err *err);
+/* *exists = 0 and 0 returned when the object is missing; size may be NULL. */
+int store_exists(store_t *s, const char *key, int *exists, uint64_t *size, sp_err *err);
+
+/* Creates the URL's bucket (s3://; "already owned by you" is success) or
+ * directory (file://). Checkpoint runs expect the bucket to exist; this is for
+ * tools and tests. */
+int store_create_bucket(store_t *s, sp_err *err);
+
+/* ---- checkpoint directories ---------------------------------------------- */
+
+/* Options of the directory-level operations; NULL for none. */
+typedef struct store_xfer_opts {
+    const atomic_int *cancel; /* nonzero: stop at once (transfers in flight, backoff sleeps) */
+    void (*on_key)(void *arg, const char *key); /* after each object put, got or deleted */
+    void *arg;
+} store_xfer_opts;
+
+/* Pushes checkpoint directory local_dir to prefix/ ("step-00001200"): every
+ * regular file (recursively) except the top-level MANIFEST.json, then
+ * MANIFEST.json last with if_none_match. local_dir must hold MANIFEST.json.
+ * A remote MANIFEST.json identical to the local one means the checkpoint is
+ * already pushed (success, nothing sent); a different one is STORE_EEXIST and
+ * nothing is overwritten. */
+int store_push_dir(store_t *s, const char *local_dir, const char *prefix,
+                   const store_xfer_opts *x, sp_err *err);
+
+/* Downloads every object under prefix/ into a temporary sibling of local_dir,
+ * then renames it to local_dir, which must not exist. STORE_ENOENT when the
+ * prefix holds nothing. Does not verify the checkpoint. */
+int store_pull_dir(store_t *s, const char *prefix, const char *local_dir,
+                   const store_xfer_opts *x, sp_err *err);
+
+/* Retention over the checkpoints "step-<digits>/" at the top of the store:
+ * keeps the newest `keep` (>= 1) complete ones (holding MANIFEST.json) and,
+ * when keep_every > 0, every complete one whose step is a multiple of it.
+ * Deletes the other complete ones, and incomplete ones older than the newest
+ * complete one (newer ones may be uploads in flight). Each is deleted MANIFEST
+ * first, so a half-deleted checkpoint is never taken for a complete one.
+ * *n_pruned (may be NULL) receives how many checkpoints were deleted. */
+int store_prune_steps(store_t *s, int keep, int keep_every, const store_xfer_opts *x,
+                      int *n_pruned, sp_err *err);
+
+#endif

@@ -1,0 +1,508 @@
+/* checkpoint/store_file.c — the file:///path backend (local disk, NFS, FUSE)
+ * and the local-file routines every backend uses: objects are files under the
+ * root; a put writes a temporary file beside the target, fsyncs it, then
+ * renames it into place (or links it, so that if_none_match never replaces an
+ * existing object) and fsyncs the directory. Listing walks the tree and skips
+ * temporary files. Holds no state but the root path, so it is thread-safe. */
+#define _GNU_SOURCE
+#include "checkpoint/store_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define COPY_CHUNK ((size_t)8 << 20)
+
+typedef struct fstore {
+    char *root;
+} fstore;
+
+/* ---- local files (shared by all backends) ----------------------------------- */
+
+int store_local_mkdirs(const char *dir)
+{
+    char *p = strdup(dir);
+    if (!p)
+        return ENOMEM;
+    int rc = 0;
+    for (char *q = p + 1;; q++) {
+        if (*q != '/' && *q != 0)
+            continue;
+        char saved = *q;
+        *q = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            rc = errno;
+            break;
+        }
+        *q = saved;
+        if (!saved)
+            break;
+    }
+    free(p);
+    return rc;
+}
+
+int store_local_mkparents(const char *path)
+{
+    char *p = strdup(path);
+    if (!p)
+        return ENOMEM;
+    int rc = store_local_mkdirs(dirname(p));
+    free(p);
+    return rc;
+}
+
+/* Like mkstemp, but mode 0666 & ~umask, as a plain create would give. */
+int store_local_tmp(const char *path, char **tmp_path, int *fd)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return ENOMEM;
+    const char *dir = dirname(copy);
+    uint64_t rng = store_rng_seed();
+    int e = EEXIST;
+    for (int i = 0; i < 100 && e == EEXIST; i++) {
+        rng = sp_mix64(rng + (uint64_t)i);
+        char *t = store_strdup_printf("%s/" STORE_TMP_MARK "%016llx", dir, (unsigned long long)rng);
+        if (!t) {
+            e = ENOMEM;
+            break;
+        }
+        int f = open(t, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (f >= 0) {
+            *tmp_path = t;
+            *fd = f;
+            e = 0;
+            break;
+        }
+        e = errno;
+        free(t);
+    }
+    free(copy);
+    return e;
+}
+
+static int fsync_parent(const char *path)
+{
+    char *p = strdup(path);
+    if (!p)
+        return ENOMEM;
+    int d = open(dirname(p), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(p);
+    if (d < 0)
+        return errno;
+    /* some network file systems refuse fsync on a directory: not an error */
+    if (fsync(d) != 0 && errno != EINVAL && errno != EROFS && errno != EBADF) {
+        int e = errno;
+        close(d);
+        return e;
+    }
+    close(d);
+    return 0;
+}
+
+static int link_noreplace(const char *tmp, const char *path)
+{
+    if (link(tmp, path) == 0) {
+        unlink(tmp);
+        return 0;
+    }
+    int e = errno;
+    if (e != EPERM && e != ENOTSUP && e != ENOSYS && e != EMLINK)
+        return e;
+    /* no hard links (some FUSE mounts): atomic no-replace rename, else check first */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+        return 0;
+    e = errno;
+    if (e != EINVAL && e != ENOSYS && e != ENOTSUP)
+        return e;
+    if (access(path, F_OK) == 0)
+        return EEXIST;
+    return rename(tmp, path) == 0 ? 0 : errno;
+}
+
+int store_local_publish(int fd, const char *tmp_path, const char *path, int noreplace)
+{
+    int rc = fsync(fd) == 0 ? 0 : errno;
+    if (close(fd) != 0 && !rc)
+        rc = errno;
+    if (!rc)
+        rc = noreplace ? link_noreplace(tmp_path, path)
+                       : (rename(tmp_path, path) == 0 ? 0 : errno);
+    if (rc) {
+        unlink(tmp_path);
+        return rc;
+    }
+    return fsync_parent(path);
+}
+
+int store_local_read(const char *path, void **data, size_t *n)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno;
+    membuf b = {0};
+    char buf[65536];
+    int rc = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = errno;
+            break;
+        }
+        if (r == 0)
+            break;
+        if (membuf_append(&b, buf, (size_t)r)) {
+            rc = ENOMEM;
+            break;
+        }
+    }
+    close(fd);
+    if (!rc && !b.p && membuf_append(&b, "", 0))
+        rc = ENOMEM;
+    if (rc) {
+        membuf_free(&b);
+        return rc;
+    }
+    *data = b.p;
+    *n = b.n;
+    return 0;
+}
+
+void store_local_rmtree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            char *p = store_strdup_printf("%s/%s", dir, e->d_name);
+            struct stat st;
+            if (p && lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+                store_local_rmtree(p);
+            else if (p)
+                unlink(p);
+            free(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* Copies in to out (both at offset 0), checking cancel between chunks. */
+static int copy_fd(int in, int out, store_cancel c)
+{
+    int use_cfr = 1;
+    char *buf = NULL;
+    int rc = 0;
+    for (;;) {
+        if (store_canceled(c)) {
+            rc = ECANCELED;
+            break;
+        }
+        ssize_t n;
+        if (use_cfr) {
+            n = copy_file_range(in, NULL, out, NULL, COPY_CHUNK, 0);
+            if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL ||
+                          errno == EOPNOTSUPP)) {
+                use_cfr = 0;
+                continue;
+            }
+        } else {
+            if (!buf && !(buf = malloc(1 << 20))) {
+                rc = ENOMEM;
+                break;
+            }
+            n = read(in, buf, 1 << 20);
+            for (ssize_t w = 0, k; n > 0 && w < n; w += k)
+                if ((k = write(out, buf + w, (size_t)(n - w))) < 0) {
+                    n = -1;
+                    break;
+                }
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = errno;
+            break;
+        }
+        if (n == 0)
+            break;
+    }
+    free(buf);
+    return rc;
+}
+
+/* ---- the backend ------------------------------------------------------------ */
+
+static char *fpath(const store_t *s, const char *key)
+{
+    const fstore *f = s->impl;
+    return store_strdup_printf("%s/%s", strcmp(f->root, "/") ? f->root : "", key);
+}
+
+static int io_fail(const store_t *s, sp_err *err, int rc, const char *key, const char *what,
+                   int e)
+{
+    if (e == ECANCELED)
+        return store_fail(s, err, STORE_ECANCELED, key, "%s canceled", what);
+    return store_fail(s, err, rc, key, "%s failed: %s", what, strerror(e));
+}
+
+/* Copies src_fd into a temporary beside dst and publishes it. */
+static int copy_publish(int src_fd, const char *dst, int noreplace, store_cancel c)
+{
+    int e = store_local_mkparents(dst);
+    char *tmp = NULL;
+    int fd = -1;
+    if (!e)
+        e = store_local_tmp(dst, &tmp, &fd);
+    if (!e) {
+        e = copy_fd(src_fd, fd, c);
+        if (e) {
+            close(fd);
+            unlink(tmp);
+        } else {
+            e = store_local_publish(fd, tmp, dst, noreplace);
+        }
+    }
+    free(tmp);
+    return e;
+}
+
+static int f_put_file(store_t *s, const char *key, const char *path, int inm, store_cancel c,
+                      sp_err *err)
+{
+    int src = open(path, O_RDONLY | O_CLOEXEC);
+    if (src < 0)
+        return store_fail(s, err, STORE_ELOCAL, key, "put failed: %s: %s", path, strerror(errno));
+    char *dst = fpath(s, key);
+    int e = dst ? copy_publish(src, dst, inm, c) : ENOMEM;
+    close(src);
+    free(dst);
+    if (e == EEXIST && inm)
+        return store_fail(s, err, STORE_EEXIST, key, "put failed: the object already exists");
+    return e ? io_fail(s, err, STORE_EFAIL, key, "put", e) : 0;
+}
+
+static int write_all(int fd, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int f_put_bytes(store_t *s, const char *key, const void *data, size_t n, int inm,
+                       store_cancel c, sp_err *err)
+{
+    char *dst = fpath(s, key), *tmp = NULL;
+    int fd = -1, e = dst ? store_local_mkparents(dst) : ENOMEM;
+    if (!e)
+        e = store_local_tmp(dst, &tmp, &fd);
+    if (!e) {
+        e = store_canceled(c) ? ECANCELED : write_all(fd, data, n);
+        if (e) {
+            close(fd);
+            unlink(tmp);
+        } else {
+            e = store_local_publish(fd, tmp, dst, inm);
+        }
+    }
+    free(tmp);
+    free(dst);
+    if (e == EEXIST && inm)
+        return store_fail(s, err, STORE_EEXIST, key, "put failed: the object already exists");
+    return e ? io_fail(s, err, STORE_EFAIL, key, "put", e) : 0;
+}
+
+static int f_get_file(store_t *s, const char *key, const char *path, store_cancel c,
+                      sp_err *err)
+{
+    char *src_path = fpath(s, key);
+    int src = src_path ? open(src_path, O_RDONLY | O_CLOEXEC) : -1;
+    int e = src_path ? errno : ENOMEM;
+    free(src_path);
+    if (src < 0 && (e == ENOENT || e == ENOTDIR))
+        return store_fail(s, err, STORE_ENOENT, key, "get failed: no such object");
+    if (src < 0)
+        return io_fail(s, err, STORE_EFAIL, key, "get", e);
+    e = copy_publish(src, path, 0, c);
+    close(src);
+    if (e)
+        return e == ECANCELED ? io_fail(s, err, STORE_ECANCELED, key, "get", e)
+                              : store_fail(s, err, STORE_ELOCAL, key, "get failed: %s: %s", path,
+                                           strerror(e));
+    return 0;
+}
+
+static int f_get_bytes(store_t *s, const char *key, void **data, size_t *n, store_cancel c,
+                       sp_err *err)
+{
+    char *p = fpath(s, key);
+    int e = p ? store_local_read(p, data, n) : ENOMEM;
+    free(p);
+    if (e == ENOENT || e == ENOTDIR)
+        return store_fail(s, err, STORE_ENOENT, key, "get failed: no such object");
+    return e ? io_fail(s, err, STORE_EFAIL, key, "get", e) : 0;
+}
+
+typedef struct walk_out {
+    store_listing *l;
+    size_t cap;
+    const char *prefix;
+    size_t plen;
+} walk_out;
+
+static int walk_add(walk_out *w, const char *key, uint64_t size)
+{
+    return store_list_add(w->l, &w->cap, key, size) ? ENOMEM : 0;
+}
+
+/* Can a key below directory rel ("a/b/") start with the prefix? */
+static int dir_may_match(const walk_out *w, const char *rel)
+{
+    size_t n = strlen(rel);
+    return strncmp(rel, w->prefix, n < w->plen ? n : w->plen) == 0;
+}
+
+static int walk(walk_out *w, const char *dir, const char *rel, store_cancel c)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT || errno == ENOTDIR ? 0 : errno; /* none, or removed meanwhile */
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+            !strncmp(e->d_name, STORE_TMP_MARK, strlen(STORE_TMP_MARK)))
+            continue;
+        struct stat st;
+        char *child_rel = store_strdup_printf("%s%s", rel, e->d_name);
+        char *child = store_strdup_printf("%s/%s", dir, e->d_name);
+        if (!child_rel || !child)
+            rc = ENOMEM;
+        else if (store_canceled(c))
+            rc = ECANCELED;
+        else if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            rc = errno == ENOENT ? 0 : errno; /* deleted meanwhile */
+        else if (S_ISREG(st.st_mode) && !strncmp(child_rel, w->prefix, w->plen))
+            rc = walk_add(w, child_rel, (uint64_t)st.st_size);
+        else if (S_ISDIR(st.st_mode)) {
+            char *sub = store_strdup_printf("%s/", child_rel);
+            rc = !sub ? ENOMEM : dir_may_match(w, sub) ? walk(w, child, sub, c) : 0;
+            free(sub);
+        }
+        free(child_rel);
+        free(child);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int f_list(store_t *s, const char *prefix, store_listing *out, store_cancel c, sp_err *err)
+{
+    walk_out w = {out, 0, prefix, strlen(prefix)};
+    const fstore *f = s->impl;
+    int e = walk(&w, f->root, "", c);
+    return e ? io_fail(s, err, STORE_EFAIL, prefix, "list", e) : 0;
+}
+
+/* Removes now-empty directories from dirname(path) up to (not including) the root. */
+static void prune_empty_parents(const store_t *s, char *path)
+{
+    const fstore *f = s->impl;
+    size_t rootlen = strlen(f->root);
+    for (;;) {
+        char *slash = strrchr(path, '/');
+        if (!slash || (size_t)(slash - path) <= rootlen)
+            return;
+        *slash = 0;
+        if (rmdir(path) != 0)
+            return;
+    }
+}
+
+static int f_del(store_t *s, const char *key, store_cancel c, sp_err *err)
+{
+    char *p = fpath(s, key);
+    if (!p)
+        return io_fail(s, err, STORE_EFAIL, key, "delete", ENOMEM);
+    int e = unlink(p) == 0 || errno == ENOENT || errno == ENOTDIR ? 0 : errno;
+    if (!e)
+        prune_empty_parents(s, p);
+    free(p);
+    return e ? io_fail(s, err, STORE_EFAIL, key, "delete", e) : 0;
+}
+
+static int f_exists(store_t *s, const char *key, int *exists, uint64_t *size, store_cancel c,
+                    sp_err *err)
+{
+    char *p = fpath(s, key);
+    struct stat st;
+    int e = !p ? ENOMEM : stat(p, &st) == 0 ? 0 : errno;
+    free(p);
+    *exists = !e && S_ISREG(st.st_mode);
+    *size = *exists ? (uint64_t)st.st_size : 0;
+    if (e == ENOENT || e == ENOTDIR)
+        e = 0;
+    return e ? io_fail(s, err, STORE_EFAIL, key, "stat", e) : 0;
+}
+
+static int f_create_bucket(store_t *s, sp_err *err)
+{
+    const fstore *f = s->impl;
+    int e = store_local_mkdirs(f->root);
+    return e ? io_fail(s, err, STORE_EFAIL, NULL, "mkdir", e) : 0;
+}
+
+static void f_close(store_t *s)
+{
+    fstore *f = s->impl;
+    if (f)
+        free(f->root);
+    free(f);
+}
+
+static const store_ops file_ops = {
+    .put_file = f_put_file,
+    .put_bytes = f_put_bytes,
+    .get_file = f_get_file,
+    .get_bytes = f_get_bytes,
+    .list = f_list,
+    .del = f_del,
+    .exists = f_exists,
+    .create_bucket = f_create_bucket,
+    .close = f_close,
+};
+
+int store_file_open(store_t *s, const char *root, sp_err *err)
+{
+    struct stat st;
+    if (stat(root, &st) == 0 && !S_ISDIR(st.st_mode))
+        return store_fail(s, err, STORE_EUSAGE, NULL, "not a directory");
+    fstore *f = calloc(1, sizeof *f);
+    if (!f || !(f->root = strdup(root))) {
+        free(f);
+        return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
+    }
+    s->impl = f;
+    s->ops = &file_ops;
+    return 0;
+}

@@ -1,0 +1,503 @@
+/* checkpoint/store_s3.c — the s3:// backend's operations: endpoint,
+ * addressing and region resolution, credentials from the environment (read
+ * once, wiped on close), single-request PUT/GET/HEAD/DELETE, conditional PUT
+ * with its fallback for stores that reject If-None-Match (remembered per
+ * handle), ListObjectsV2 with continuation tokens, and CreateBucket. Requests
+ * and retries are in store_s3_request.c; multipart uploads and ranged GETs in
+ * store_s3_multipart.c. Thread safety: the backend record is read-only after
+ * open, except the mutex-guarded handle pool and the atomic flag above. */
+#define _GNU_SOURCE
+#include "checkpoint/store_s3.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* libcurl and libxml2 need one process-wide initialisation. */
+static pthread_once_t libs_once = PTHREAD_ONCE_INIT;
+static CURLcode libs_rc = CURLE_FAILED_INIT; /* written once, inside pthread_once */
+
+static void libs_init(void)
+{
+    libs_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+    xmlInitParser();
+}
+
+/* ---- single-request operations ------------------------------------------- */
+
+int s3_head(store_t *s, const char *key, int *exists, uint64_t *size, char etag[160],
+            store_cancel c, sp_err *err)
+{
+    s3_req r = {.method = "HEAD", .key = key, .fd = -1};
+    sp_err e1 = {0};
+    int rc = s3_call(s, &r, c, &e1);
+    *exists = rc == 0;
+    *size = rc == 0 ? r.content_length : 0;
+    if (etag)
+        snprintf(etag, 160, "%s", rc == 0 ? r.etag : "");
+    if (rc == STORE_ENOENT)
+        rc = 0;
+    else if (rc)
+        s3_err_take(err, &e1);
+    s3_req_free(&r);
+    return rc;
+}
+
+static int put_plain(store_t *s, const char *key, const void *data, size_t n, const char *sha,
+                     const char *cond, store_cancel c, sp_err *err, s3_req *out)
+{
+    s3_req r = {.method = "PUT", .key = key, .body = data, .body_len = n, .body_sha = sha,
+                .fd = -1, .hdr = {"Content-Type: application/octet-stream", cond}};
+    int rc = s3_call(s, &r, c, err);
+    if (out)
+        *out = r;
+    else
+        s3_req_free(&r);
+    return rc;
+}
+
+static int exists_fail(store_t *s, const char *key, sp_err *err)
+{
+    return store_fail(s, err, STORE_EEXIST, key, "PUT failed: the object already exists");
+}
+
+/* If-None-Match: *, or where the store rejects it, HEAD then PUT. */
+static int put_small(store_t *s, const char *key, const void *data, size_t n, int inm,
+                     store_cancel c, sp_err *err)
+{
+    s3_backend *b = s->impl;
+    char sha[65];
+    s3_sha256_hex(data, n, sha);
+    if (!inm)
+        return put_plain(s, key, data, n, sha, NULL, c, err, NULL);
+    if (!atomic_load(&b->inm_unsupported)) {
+        sp_err e1 = {0};
+        s3_req r;
+        int rc = put_plain(s, key, data, n, sha, "If-None-Match: *", c, &e1, &r);
+        int notimpl = r.status == 501 || (r.status == 400 && !strcmp(r.code, "NotImplemented"));
+        s3_req_free(&r);
+        if (rc == STORE_EEXIST)
+            return exists_fail(s, key, err);
+        if (rc == 0 || !notimpl) {
+            s3_err_take(err, &e1);
+            return rc;
+        }
+        atomic_store(&b->inm_unsupported, 1);
+    }
+    int exists = 0;
+    uint64_t size;
+    int rc = s3_head(s, key, &exists, &size, NULL, c, err);
+    if (!rc && exists)
+        return exists_fail(s, key, err);
+    return rc ? rc : put_plain(s, key, data, n, sha, NULL, c, err, NULL);
+}
+
+static int s3_put_bytes(store_t *s, const char *key, const void *data, size_t n, int inm,
+                        store_cancel c, sp_err *err)
+{
+    if (n <= s->opts.part_bytes)
+        return put_small(s, key, data, n, inm, c, err);
+    s3_src src = {-1, data, n};
+    return s3_put_multipart(s, key, &src, inm, c, err);
+}
+
+static int read_fully(int fd, void *buf, size_t n)
+{
+    for (size_t got = 0; got < n;) {
+        ssize_t k = pread(fd, (char *)buf + got, n - got, (off_t)got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 ? errno : EIO;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+static int s3_put_file(store_t *s, const char *key, const char *path, int inm, store_cancel c,
+                       sp_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return store_fail(s, err, STORE_ELOCAL, key, "PUT failed: %s: %s", path, strerror(e));
+    }
+    int rc;
+    if ((uint64_t)st.st_size > s->opts.part_bytes) {
+        s3_src src = {fd, NULL, (uint64_t)st.st_size};
+        rc = s3_put_multipart(s, key, &src, inm, c, err);
+    } else {
+        void *buf = malloc(st.st_size ? (size_t)st.st_size : 1);
+        int e = buf ? read_fully(fd, buf, (size_t)st.st_size) : ENOMEM;
+        rc = e ? store_fail(s, err, STORE_ELOCAL, key, "PUT failed: %s: %s", path, strerror(e))
+               : put_small(s, key, buf, (size_t)st.st_size, inm, c, err);
+        free(buf);
+    }
+    close(fd);
+    return rc;
+}
+
+static int s3_get_bytes(store_t *s, const char *key, void **data, size_t *n, store_cancel c,
+                        sp_err *err)
+{
+    membuf body = {0};
+    s3_req r = {.method = "GET", .key = key, .out = &body, .fd = -1};
+    int rc = s3_call(s, &r, c, err);
+    s3_req_free(&r);
+    if (!rc && !body.p && membuf_append(&body, "", 0))
+        rc = store_fail(s, err, STORE_EFAIL, key, "GET failed: out of memory");
+    if (rc) {
+        membuf_free(&body);
+        return rc;
+    }
+    *data = body.p;
+    *n = body.n;
+    return 0;
+}
+
+static int s3_get_file(store_t *s, const char *key, const char *path, store_cancel c,
+                       sp_err *err)
+{
+    int exists = 0, fd = -1;
+    uint64_t size = 0;
+    char etag[160], *tmp = NULL;
+    int rc = s3_head(s, key, &exists, &size, etag, c, err);
+    if (!rc && !exists)
+        rc = store_fail(s, err, STORE_ENOENT, key, "GET failed: no such object");
+    if (rc)
+        return rc;
+    int e = store_local_mkparents(path);
+    if (!e)
+        e = store_local_tmp(path, &tmp, &fd);
+    if (!e && size && ftruncate(fd, (off_t)size) != 0)
+        e = errno;
+    if (e)
+        rc = store_fail(s, err, STORE_ELOCAL, key, "GET failed: %s: %s", path, strerror(e));
+    if (!rc && size)
+        rc = s3_get_ranges(s, key, fd, size, etag, c, err);
+    if (!rc && (e = store_local_publish(fd, tmp, path, 0)) != 0)
+        rc = store_fail(s, err, STORE_ELOCAL, key, "GET failed: %s: %s", path, strerror(e));
+    else if (rc && fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    }
+    free(tmp);
+    return rc;
+}
+
+static int s3_exists(store_t *s, const char *key, int *exists, uint64_t *size, store_cancel c,
+                     sp_err *err)
+{
+    return s3_head(s, key, exists, size, NULL, c, err);
+}
+
+static int s3_del(store_t *s, const char *key, store_cancel c, sp_err *err)
+{
+    s3_req r = {.method = "DELETE", .key = key, .fd = -1};
+    int rc = s3_call(s, &r, c, err);
+    s3_req_free(&r);
+    return rc == STORE_ENOENT ? 0 : rc;
+}
+
+/* ---- listing ---------------------------------------------------------------- */
+
+typedef struct list_page {
+    store_listing *out;
+    size_t cap;
+    size_t strip;     /* length of "prefix/" to remove from keys */
+    int truncated;
+    char *token;
+} list_page;
+
+static int page_entry(list_page *p, const xmlNode *contents)
+{
+    char *key = s3_xml_text(s3_xml_node(contents->children, "Key"));
+    char *size = s3_xml_text(s3_xml_node(contents->children, "Size"));
+    int rc = 0;
+    if (!key)
+        rc = -1;
+    else if (strlen(key) > p->strip) /* skip the prefix itself, if it is an object */
+        rc = store_list_add(p->out, &p->cap, key + p->strip, size ? strtoull(size, NULL, 10) : 0);
+    free(key);
+    free(size);
+    return rc;
+}
+
+static int parse_page(list_page *p, const membuf *body)
+{
+    xmlDoc *doc = s3_xml_parse(body);
+    const xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
+    int rc = root ? 0 : -1;
+    free(p->token);
+    p->token = NULL;
+    p->truncated = 0;
+    for (const xmlNode *n = root ? root->children : NULL; n && !rc; n = n->next) {
+        if (n->type != XML_ELEMENT_NODE)
+            continue;
+        const char *name = (const char *)n->name;
+        if (!strcmp(name, "Contents")) {
+            rc = page_entry(p, n);
+        } else if (!strcmp(name, "IsTruncated")) {
+            char *t = s3_xml_text(n);
+            p->truncated = t && !strcmp(t, "true");
+            free(t);
+        } else if (!strcmp(name, "NextContinuationToken")) {
+            p->token = s3_xml_text(n);
+        }
+    }
+    xmlFreeDoc(doc);
+    return rc;
+}
+
+static char *list_query(const char *token, const char *enc_prefix)
+{
+    if (!token)
+        return store_strdup_printf("list-type=2&prefix=%s", enc_prefix);
+    char *t = s3_uri_encode(token, 0);
+    char *q = t ? store_strdup_printf("continuation-token=%s&list-type=2&prefix=%s", t, enc_prefix)
+                : NULL;
+    free(t);
+    return q;
+}
+
+static int s3_list(store_t *s, const char *prefix, store_listing *out, store_cancel c, sp_err *err)
+{
+    s3_backend *b = s->impl;
+    char *fp = b->prefix[0] ? store_strdup_printf("%s/%s", b->prefix, prefix) : strdup(prefix);
+    char *enc = fp ? s3_uri_encode(fp, 0) : NULL;
+    list_page p = {out, 0, b->prefix[0] ? strlen(b->prefix) + 1 : 0, 0, NULL};
+    int rc = enc ? 0 : store_fail(s, err, STORE_EFAIL, prefix, "LIST failed: out of memory");
+    do {
+        membuf body = {0};
+        char *q = rc ? NULL : list_query(p.token, enc);
+        s3_req r = {.method = "GET", .what = "ListObjectsV2", .query = q, .out = &body, .fd = -1};
+        if (!rc && !q)
+            rc = store_fail(s, err, STORE_EFAIL, prefix, "LIST failed: out of memory");
+        if (!rc)
+            rc = s3_call(s, &r, c, err);
+        if (!rc && parse_page(&p, &body))
+            rc = store_fail(s, err, STORE_EFAIL, prefix, "ListObjectsV2: unreadable answer");
+        if (!rc && p.truncated && !p.token)
+            rc = store_fail(s, err, STORE_EFAIL, prefix,
+                            "ListObjectsV2: truncated page without a continuation token");
+        s3_req_free(&r);
+        membuf_free(&body);
+        free(q);
+    } while (!rc && p.truncated);
+    free(p.token);
+    free(fp);
+    free(enc);
+    return rc;
+}
+
+/* ---- bucket ----------------------------------------------------------------- */
+
+static int s3_create_bucket(store_t *s, sp_err *err)
+{
+    s3_backend *b = s->impl;
+    char *body = NULL, sha[65] = S3_EMPTY_SHA256;
+    if (b->aws_default && strcmp(b->region, "us-east-1")) /* AWS wants the region spelled out */
+        body = store_strdup_printf(
+            "<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
+            "<LocationConstraint>%s</LocationConstraint></CreateBucketConfiguration>",
+            b->region);
+    if (body)
+        s3_sha256_hex(body, strlen(body), sha);
+    s3_req r = {.method = "PUT", .what = "CreateBucket", .body = body,
+                .body_len = body ? strlen(body) : 0, .body_sha = sha, .fd = -1};
+    sp_err e1 = {0};
+    int rc = s3_call(s, &r, NULL, &e1);
+    if (rc && r.status == 409 && !strcmp(r.code, "BucketAlreadyOwnedByYou"))
+        rc = 0;
+    if (rc)
+        s3_err_take(err, &e1);
+    s3_req_free(&r);
+    free(body);
+    return rc;
+}
+
+/* ---- open / close ----------------------------------------------------------- */
+
+static void free_secret(char *p)
+{
+    if (p) {
+        explicit_bzero(p, strlen(p));
+        free(p);
+    }
+}
+
+static void s3_close(store_t *s)
+{
+    s3_backend *b = s->impl;
+    if (!b)
+        return;
+    for (size_t i = 0; i < b->pool_n; i++)
+        curl_easy_cleanup(b->pool[i]);
+    free(b->pool);
+    pthread_mutex_destroy(&b->mu);
+    free_secret(b->access_key);
+    free_secret(b->secret_key);
+    free_secret(b->token_hdr);
+    free(b->bucket);
+    free(b->prefix);
+    free(b->region);
+    free(b->base);
+    free(b->bucket_url);
+    free(b->sigv4);
+    free(b->ca_bundle);
+    free(b);
+    s->impl = NULL;
+}
+
+static const store_ops s3_ops = {
+    .put_file = s3_put_file,
+    .put_bytes = s3_put_bytes,
+    .get_file = s3_get_file,
+    .get_bytes = s3_get_bytes,
+    .list = s3_list,
+    .del = s3_del,
+    .exists = s3_exists,
+    .create_bucket = s3_create_bucket,
+    .close = s3_close,
+};
+
+static const char *env_nonempty(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+static int load_credentials(store_t *s, s3_backend *b, sp_err *err)
+{
+    const char *id = env_nonempty("AWS_ACCESS_KEY_ID");
+    const char *secret = env_nonempty("AWS_SECRET_ACCESS_KEY");
+    const char *token = env_nonempty("AWS_SESSION_TOKEN");
+    if (!id || !secret)
+        return store_fail(s, err, STORE_EUSAGE, NULL,
+                          "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
+    b->access_key = strdup(id);
+    b->secret_key = strdup(secret);
+    if (token)
+        b->token_hdr = store_strdup_printf("x-amz-security-token: %s", token);
+    if (!b->access_key || !b->secret_key || (token && !b->token_hdr))
+        return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
+    return 0;
+}
+
+/* Splits "scheme://host[:port][/path]" into "scheme://" and the rest. */
+static int split_endpoint(const char *ep, char **scheme, char **rest)
+{
+    const char *sep = strstr(ep, "://");
+    if (!sep || (strncmp(ep, "http://", 7) && strncmp(ep, "https://", 8)) || !sep[3])
+        return -1;
+    *scheme = strndup(ep, (size_t)(sep - ep) + 3);
+    *rest = strdup(sep + 3);
+    if (!*scheme || !*rest)
+        return -1;
+    size_t n = strlen(*rest);
+    while (n > 0 && (*rest)[n - 1] == '/')
+        (*rest)[--n] = 0;
+    return n ? 0 : -1;
+}
+
+/* Stores that want (or only take) virtual-host addressing. */
+static int endpoint_wants_vhost(const char *hostport)
+{
+    static const char *const domains[] = {".amazonaws.com", ".amazonaws.com.cn", ".aliyuncs.com",
+                                          ".myqcloud.com"};
+    char host[256];
+    snprintf(host, sizeof host, "%.*s", (int)strcspn(hostport, ":/"), hostport);
+    size_t n = strlen(host);
+    for (size_t i = 0; i < sizeof domains / sizeof *domains; i++) {
+        size_t d = strlen(domains[i]);
+        if (n > d && !strcmp(host + n - d, domains[i]))
+            return 1;
+    }
+    return 0;
+}
+
+static int bucket_is_dns_safe(const char *bucket)
+{
+    for (const char *p = bucket; *p; p++)
+        if (*p == '.' || *p == '_' || (*p >= 'A' && *p <= 'Z'))
+            return 0;
+    return 1;
+}
+
+static int resolve_endpoint(store_t *s, s3_backend *b, sp_err *err)
+{
+    const char *ep = s->opts.endpoint ? s->opts.endpoint : env_nonempty("AWS_ENDPOINT_URL_S3");
+    if (!ep)
+        ep = env_nonempty("AWS_ENDPOINT_URL");
+    char *aws = NULL, *scheme = NULL, *rest = NULL;
+    b->aws_default = !ep;
+    if (!ep)
+        ep = aws = store_strdup_printf("https://s3.%s.amazonaws.com%s", b->region,
+                                       strncmp(b->region, "cn-", 3) ? "" : ".cn");
+    int rc = 0;
+    if (!ep || split_endpoint(ep, &scheme, &rest))
+        rc = store_fail(s, err, STORE_EUSAGE, NULL,
+                        "bad endpoint '%s' (want http[s]://host[:port])", ep ? ep : "");
+    int style = s->opts.addressing;
+    if (style == STORE_ADDR_AUTO)
+        style = !rc && endpoint_wants_vhost(rest) && bucket_is_dns_safe(b->bucket)
+                    ? STORE_ADDR_VHOST
+                    : STORE_ADDR_PATH;
+    if (!rc && style == STORE_ADDR_PATH) {
+        b->base = store_strdup_printf("%s%s/%s", scheme, rest, b->bucket);
+        b->bucket_url = b->base ? strdup(b->base) : NULL;
+    } else if (!rc) {
+        b->base = store_strdup_printf("%s%s.%s", scheme, b->bucket, rest);
+        b->bucket_url = b->base ? store_strdup_printf("%s/", b->base) : NULL;
+    }
+    if (!rc && (!b->base || !b->bucket_url))
+        rc = store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
+    free(aws);
+    free(scheme);
+    free(rest);
+    return rc;
+}
+
+static const char *pick_region(const store_t *s)
+{
+    if (s->opts.region)
+        return s->opts.region;
+    const char *r = env_nonempty("AWS_REGION");
+    if (!r)
+        r = env_nonempty("AWS_DEFAULT_REGION");
+    return r ? r : "us-east-1";
+}
+
+int store_s3_open(store_t *s, const char *bucket, const char *prefix, sp_err *err)
+{
+    pthread_once(&libs_once, libs_init);
+    if (libs_rc != CURLE_OK)
+        return store_fail(s, err, STORE_EFAIL, NULL, "curl_global_init failed: %s",
+                          curl_easy_strerror(libs_rc));
+    s3_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
+    s->impl = b;
+    s->ops = &s3_ops;
+    pthread_mutex_init(&b->mu, NULL);
+    atomic_init(&b->inm_unsupported, 0);
+    b->pool_cap = (size_t)s->opts.parallel + 4;
+    b->pool = calloc(b->pool_cap, sizeof *b->pool);
+    b->bucket = strdup(bucket);
+    b->prefix = strdup(prefix);
+    b->region = strdup(pick_region(s));
+    b->sigv4 = b->region ? store_strdup_printf("aws:amz:%s:s3", b->region) : NULL;
+    if (env_nonempty("AWS_CA_BUNDLE"))
+        b->ca_bundle = strdup(env_nonempty("AWS_CA_BUNDLE"));
+    if (!b->pool || !b->bucket || !b->prefix || !b->region || !b->sigv4)
+        return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
+    int rc = resolve_endpoint(s, b, err);
+    return rc ? rc : load_credentials(s, b, err);
+}

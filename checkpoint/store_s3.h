@@ -1,0 +1,96 @@
+/* checkpoint/store_s3.h — private to the s3:// backend: the backend record,
+ * one HTTP request (s3_req) and the call that runs it with retries (s3_call,
+ * store_s3_request.c), shared by store_s3.c (single requests, listing, the
+ * backend table) and store_s3_multipart.c (multipart upload, ranged GET). */
+#ifndef SPOTUNE_STORE_S3_H
+#define SPOTUNE_STORE_S3_H
+
+#include "checkpoint/store_impl.h"
+
+#include <curl/curl.h>
+#include <libxml/parser.h>
+#include <libxml/tree.h>
+#include <pthread.h>
+
+/* Read-only after store_s3_open, except the pool (under mu) and the flag. */
+typedef struct s3_backend {
+    char *bucket, *prefix; /* prefix: "" or without a trailing '/' */
+    char *region;
+    char *base;            /* objects live at base + "/" + encoded key */
+    char *bucket_url;      /* bucket-level requests (list, create) */
+    char *sigv4;           /* "aws:amz:REGION:s3" */
+    char *access_key, *secret_key, *token_hdr;
+    char *ca_bundle;
+    int aws_default;       /* no endpoint given: AWS itself */
+    pthread_mutex_t mu;
+    CURL **pool;           /* idle handles; each keeps its connections */
+    size_t pool_n, pool_cap;
+    atomic_int inm_unsupported; /* the store answered If-None-Match with 501 */
+} s3_backend;
+
+#define S3_EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+typedef struct s3_req {
+    /* request */
+    const char *method;        /* GET PUT HEAD POST DELETE */
+    const char *what;          /* name in messages ("UploadPart 3"); NULL: method */
+    const char *key;           /* relative to the store prefix; NULL: the bucket */
+    const char *query;         /* canonical query string (sorted, encoded) or NULL */
+    const void *body;          /* PUT/POST body from memory */
+    size_t body_len;
+    const char *body_sha;      /* hex SHA-256 of body; NULL: the empty hash */
+    const char *hdr[4];        /* extra headers, NULL-terminated */
+    membuf *out;               /* GET body into memory (reset on each attempt) */
+    int fd;                    /* GET body into fd at [off, end] (ranged, resumed on retry) */
+    uint64_t off, end;
+    int body_may_be_error;     /* 200 whose body is <Error> is an error (CompleteMultipartUpload) */
+    int tries;                 /* attempts; 0: 1 + opts.max_retries */
+    double stall_s;            /* 0: opts.timeout_s */
+    store_cancel cancel2;      /* a second cancel flag (sibling transfer failed) */
+    /* response, valid after s3_call */
+    long status;
+    int attempts;
+    uint64_t got;              /* body bytes delivered to fd (kept across retries) */
+    uint64_t content_length;
+    char etag[160];
+    char code[96];             /* the store's <Code>, or "" */
+    char msg[512];             /* the store's <Message>, or "" */
+    /* private to the request core */
+    membuf ebody;
+    size_t sent;
+    uint64_t req_start;
+    int sink_errno;
+    int sink_bad_range;
+} s3_req;
+
+/* Runs r with retries. 0 on 2xx; else STORE_ENOENT (404), STORE_EEXIST (412),
+ * STORE_EAUTH (401/403), STORE_ECANCELED, STORE_ELOCAL (fd write failed) or
+ * STORE_EFAIL, with the message recorded in *err unless err is NULL. */
+int s3_call(store_t *s, s3_req *r, store_cancel c, sp_err *err);
+void s3_req_free(s3_req *r);
+
+/* Percent-encodes for SigV4 (unreserved kept; '/' kept when keep_slash). */
+char *s3_uri_encode(const char *in, int keep_slash);
+void s3_sha256_hex(const void *data, size_t n, char out[65]);
+/* The first descendant element named `name` of the XML in b; its text malloc'ed. */
+char *s3_xml_find(const membuf *b, const char *name);
+xmlDoc *s3_xml_parse(const membuf *b);                             /* NULL if not XML */
+const xmlNode *s3_xml_node(const xmlNode *n, const char *name);    /* n, siblings, descendants */
+char *s3_xml_text(const xmlNode *n);                               /* malloc'ed, or NULL */
+/* Copies src into dst when dst holds no error yet (first failure wins). */
+void s3_err_take(sp_err *dst, const sp_err *src);
+
+/* store_s3_multipart.c */
+typedef struct s3_src {
+    int fd;                    /* read with pread when mem is NULL */
+    const unsigned char *mem;
+    uint64_t size;
+} s3_src;
+int s3_put_multipart(store_t *s, const char *key, const s3_src *src, int inm, store_cancel c,
+                     sp_err *err);
+int s3_get_ranges(store_t *s, const char *key, int fd, uint64_t size, const char *etag,
+                  store_cancel c, sp_err *err);
+int s3_head(store_t *s, const char *key, int *exists, uint64_t *size, char etag[160],
+            store_cancel c, sp_err *err);
+
+#endif

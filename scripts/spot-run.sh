@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# spot-run.sh — keeps a spotune training alive on spot/preemptible machines.
+#
+# Runs COMMAND (e.g. `mpirun -np 8 spotune train run.yaml`, or scripts/launch.sh)
+# and, beside it, a watcher that polls the cloud's spot-termination notice:
+#   AWS        IMDSv2 token, then  /latest/meta-data/spot/instance-action
+#   GCP        /computeMetadata/v1/instance/preempted        (Metadata-Flavor: Google)
+#   Azure      /metadata/scheduledevents (an event of type Preempt; Metadata: true)
+#   Alibaba    /latest/meta-data/instance/spot/termination-time
+# When the notice appears it sends SIGUSR1 to COMMAND (mpirun forwards it to
+# every rank): the ranks agree at the next step boundary, write a checkpoint,
+# push it to checkpoint.remote (up to checkpoint.upload_deadline_s) and exit 75.
+# The machine is going away, so the supervisor then stops (exit 75); on the
+# next machine the same command resumes from the checkpoint.
+#
+# Exit codes of COMMAND decide what happens next:
+#   0        finished: stop, exit 0
+#   2, 3     config or input error: restarting cannot help; stop with that code
+#   75       checkpointed on a signal: restart at once (unless it was the spot
+#            notice or a signal to this script, which means the machine or the
+#            user is stopping us)
+#   other    a crash (a rank died, out of memory, ...): restart after a backoff
+#            (doubling from --backoff up to --max-backoff), at most --max-restarts
+# SIGTERM or SIGINT to this script become SIGUSR1 to COMMAND (a graceful stop).
+#
+# usage: scripts/spot-run.sh [options] -- COMMAND [ARGS...]
+#   --cloud NAME          aws, gcp, azure, alibaba, auto (default: probe each) or none
+#   --metadata-url URL    base URL of the metadata service (tests, proxies)
+#   --poll SECONDS        notice polling interval (default 5)
+#   --max-restarts N      (default 20)
+#   --backoff SECONDS     first crash backoff (default 10)
+#   --max-backoff SECONDS (default 300)
+#   --check-notice        poll once, print "notice" or "none", exit 0/1 (diagnostics)
+set -uo pipefail
+
+cloud=auto
+meta_url=""
+poll=5
+max_restarts=20
+backoff=10
+max_backoff=300
+check_only=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cloud) cloud=$2; shift 2 ;;
+    --metadata-url) meta_url=$2; shift 2 ;;
+    --poll) poll=$2; shift 2 ;;
+    --max-restarts) max_restarts=$2; shift 2 ;;
+    --backoff) backoff=$2; shift 2 ;;
+    --max-backoff) max_backoff=$2; shift 2 ;;
+    --check-notice) check_only=1; shift ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "spot-run: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [ "$check_only" = 0 ] && [ $# -eq 0 ]; then
+  echo "spot-run: no command given (usage: spot-run.sh [options] -- COMMAND ...)" >&2
+  exit 2
+fi
+
+say() { echo "spot-run: $(date -u +%H:%M:%SZ) $*" >&2; }
+
+base_for() {
+  if [ -n "$meta_url" ]; then echo "$meta_url"; return; fi
+  case "$1" in
+    aws|azure) echo "http://169.254.169.254" ;;
+    gcp) echo "http://metadata.google.internal" ;;
+    alibaba) echo "http://100.100.100.200" ;;
+  esac
+}
+
+# Prints "notice" and returns 0 when the cloud has scheduled our termination.
+notice_for() {
+  local c=$1 b body code token
+  b=$(base_for "$c")
+  case "$c" in
+    aws)
+      token=$(curl -s -m 2 -X PUT "$b/latest/api/token" \
+        -H "X-aws-ec2-metadata-token-ttl-seconds: 300" 2>/dev/null) || return 1
+      code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' \
+        -H "X-aws-ec2-metadata-token: $token" "$b/latest/meta-data/spot/instance-action")
+      [ "$code" = 200 ] ;;
+    gcp)
+      body=$(curl -s -m 2 -H "Metadata-Flavor: Google" \
+        "$b/computeMetadata/v1/instance/preempted" 2>/dev/null) || return 1
+      [ "$body" = TRUE ] ;;
+    azure)
+      body=$(curl -s -m 2 -H "Metadata: true" \
+        "$b/metadata/scheduledevents?api-version=2020-07-01" 2>/dev/null) || return 1
+      echo "$body" | grep -Eq '"EventType"[[:space:]]*:[[:space:]]*"Preempt"' ;;
+    alibaba)
+      code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' \
+        "$b/latest/meta-data/instance/spot/termination-time")
+      [ "$code" = 200 ] ;;
+    *) return 1 ;;
+  esac
+}
+
+# Which cloud answers (auto): the first whose metadata service responds.
+detect_cloud() {
+  local b
+  b=$(base_for aws)
+  if curl -s -m 1 -o /dev/null -X PUT "$b/latest/api/token" \
+       -H "X-aws-ec2-metadata-token-ttl-seconds: 60" -w '%{http_code}' 2>/dev/null | grep -q 200; then
+    echo aws; return; fi
+  b=$(base_for gcp)
+  if curl -s -m 1 -H "Metadata-Flavor: Google" "$b/computeMetadata/v1/instance/id" >/dev/null 2>&1; then
+    echo gcp; return; fi
+  b=$(base_for azure)
+  if curl -s -m 1 -H "Metadata: true" "$b/metadata/instance?api-version=2021-02-01" 2>/dev/null | grep -q compute; then
+    echo azure; return; fi
+  b=$(base_for alibaba)
+  if curl -s -m 1 "$b/latest/meta-data/instance-id" >/dev/null 2>&1; then
+    echo alibaba; return; fi
+  echo none
+}
+
+if [ "$cloud" = auto ]; then cloud=$(detect_cloud); fi
+if [ "$check_only" = 1 ]; then
+  if notice_for "$cloud"; then echo notice; exit 0; else echo none; exit 1; fi
+fi
+[ "$cloud" = none ] && say "no cloud metadata service: the spot-notice watcher is off"
+
+state=$(mktemp -d "${TMPDIR:-/tmp}/spot-run.XXXXXX")
+trap 'rm -rf "$state"' EXIT
+child=""
+on_signal() {
+  say "$1 received: asking the run to checkpoint and stop (SIGUSR1)"
+  touch "$state/stopping"
+  [ -n "$child" ] && kill -USR1 "$child" 2>/dev/null
+}
+trap 'on_signal SIGTERM' TERM
+trap 'on_signal SIGINT' INT
+
+watch() { # $1: pid to signal
+  while kill -0 "$1" 2>/dev/null; do
+    if notice_for "$cloud"; then
+      say "spot termination notice from $cloud: sending SIGUSR1 to the run (pid $1)"
+      touch "$state/notice"
+      kill -USR1 "$1" 2>/dev/null
+      return
+    fi
+    sleep "$poll"
+  done
+}
+
+restarts=0
+delay=$backoff
+while :; do
+  rm -f "$state/notice"
+  say "starting: $*"
+  "$@" &
+  child=$!
+  watcher=""
+  if [ "$cloud" != none ]; then watch "$child" & watcher=$!; fi
+  while :; do
+    wait "$child"; rc=$?
+    # a trapped signal interrupts wait; the child is still running then
+    kill -0 "$child" 2>/dev/null || break
+  done
+  [ -n "$watcher" ] && kill "$watcher" 2>/dev/null && wait "$watcher" 2>/dev/null
+  child=""
+  case "$rc" in
+    0) say "finished"; exit 0 ;;
+    2|3) say "exit $rc: a config or input error; not restarting"; exit "$rc" ;;
+    75)
+      if [ -e "$state/notice" ] || [ -e "$state/stopping" ]; then
+        say "checkpointed and stopped (exit 75); this machine is going away"
+        exit 75
+      fi
+      say "checkpointed on a signal (exit 75): restarting" ;;
+    *)
+      if [ -e "$state/stopping" ]; then say "stopped (exit $rc)"; exit "$rc"; fi
+      if [ "$restarts" -ge "$max_restarts" ]; then
+        say "exit $rc after $restarts restart(s): giving up"
+        exit "$rc"
+      fi
+      say "exit $rc (a crash): restarting in ${delay}s"
+      sleep "$delay" &
+      wait $! 2>/dev/null
+      [ -e "$state/stopping" ] && exit "$rc"
+      delay=$(( delay * 2 > max_backoff ? max_backoff : delay * 2 )) ;;
+  esac
+  restarts=$((restarts + 1))
+done

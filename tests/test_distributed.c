@@ -1,0 +1,227 @@
+/* Data-parallel training through mpirun (TCP between ranks, as across
+ * nodes): 1, 2 and 4 ranks with the same global batch follow the same loss
+ * trajectory (1e-5 relative: only the order of the sums differs); every
+ * window of an epoch is trained exactly once across ranks; a rank killed
+ * with SIGKILL ends the job within comm.timeout_s; a rank hitting bad input
+ * ends the job cleanly with the rank named. */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+#include "trainer/data.h"
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = tu_tempdir("dist");
+    cr_assert(dir);
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "%s/scripts/make_demo_text.sh %s/text.txt 4 && %s/spotune prepare-text "
+                   "%s/text.txt %s/data --val-fraction 0 && %s/spotune init-model --preset tiny "
+                   "--seed 8 %s/model",
+                   SPOTUNE_SOURCE_DIR, dir, SPOTUNE_BINARY_DIR, dir, dir, SPOTUNE_BINARY_DIR, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    char path[4096], cfg[4096];
+    snprintf(path, sizeof path, "%s/run.yaml", dir);
+    snprintf(cfg, sizeof cfg,
+             "run:\n  seed: 5\nmodel:\n  path: %s/model\n"
+             "train:\n  mode: lora\n  steps: 6\n  seq_len: 32\n  micro_batch: 1\n"
+             "  grad_accum: 1\n  lr: 3e-3\n"
+             "lora:\n  r: 4\n  alpha: 8\n  dropout: 0.1\n  targets: [q_proj, k_proj, down_proj]\n"
+             "data:\n  train: %s/data.train.h5\n"
+             "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
+             "comm:\n  timeout_s: 10\ncheckpoint:\n  every_minutes: 0\n",
+             dir, dir);
+    cr_assert_eq(tu_write_file(path, cfg), 0);
+}
+
+static void teardown(void)
+{
+    tu_rmtree(dir);
+    free(dir);
+}
+
+TestSuite(distributed, .init = setup, .fini = teardown, .timeout = 900);
+
+static int train(int ranks, const char *name, const char *extra, char **out)
+{
+    return tu_sh(out, "%s %s/spotune train %s/run.yaml --set run.dir=%s/%s %s",
+                 ranks > 0 ? tu_mpirun(ranks) : "", SPOTUNE_BINARY_DIR, dir, dir, name,
+                 extra ? extra : "");
+}
+
+static int losses(const char *name, double *v, int max)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, name);
+    char *text = tu_read_file(path, NULL);
+    cr_assert(text, "no %s", path);
+    int n = 0;
+    for (char *p = strstr(text, "\"event\":\"train\""); p && n < max;
+         p = strstr(p + 1, "\"event\":\"train\""))
+        v[n++] = strtod(strstr(p, "\"loss\":") + 7, NULL);
+    free(text);
+    return n;
+}
+
+static void same_trajectory(const char *mode)
+{
+    /* global batch 4 windows: 1 x 4, 2 x 2, 4 x 1 (and 1 rank by accumulation) */
+    const struct { int ranks; int mb, ga; } runs[] = {{0, 4, 1}, {1, 1, 4}, {2, 2, 1}, {4, 1, 1}};
+    double ref[16];
+    for (int r = 0; r < 4; r++) {
+        char name[64], extra[256], *out = NULL;
+        snprintf(name, sizeof name, "%s-%d-%d-%d", mode, runs[r].ranks, runs[r].mb, runs[r].ga);
+        snprintf(extra, sizeof extra,
+                 "--set train.mode=%s --set train.micro_batch=%d --set train.grad_accum=%d", mode,
+                 runs[r].mb, runs[r].ga);
+        cr_assert_eq(train(runs[r].ranks, name, extra, &out), 0, "%s", out);
+        free(out);
+        double v[16];
+        int n = losses(name, v, 16);
+        cr_assert_eq(n, 6, "%s: %d steps", name, n);
+        for (int i = 0; i < n; i++) {
+            if (r == 0)
+                ref[i] = v[i];
+            else
+                cr_expect_lt(fabs(v[i] - ref[i]), 1e-5 * fabs(ref[i]),
+                             "%s step %d: %.9f vs %.9f (1 rank)", name, i + 1, v[i], ref[i]);
+        }
+    }
+}
+
+Test(distributed, one_two_four_ranks_same_trajectory_lora)
+{
+    same_trajectory("lora");
+}
+
+Test(distributed, one_two_four_ranks_same_trajectory_full)
+{
+    same_trajectory("full");
+}
+
+/* The union of the windows all ranks trained in an epoch is the epoch's
+ * permutation, with no window twice. */
+static void exactly_once(int ranks)
+{
+    dataset_t d;
+    sp_err err = {0};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/data.train.h5", dir);
+    cr_assert_eq(dataset_open(&d, path, 32, 260, 5, &err), 0, "%s", err.msg);
+    uint64_t W = d.n_windows;
+    dataset_close(&d);
+    /* two epochs in steps of 4 windows (W need not be a multiple of 4) */
+    long steps = (long)((2 * W + 3) / 4);
+    char name[64], extra[256], *out = NULL;
+    snprintf(name, sizeof name, "once-%d", ranks);
+    snprintf(extra, sizeof extra,
+             "--set log.samples=true --set train.steps=%ld --set train.micro_batch=%d "
+             "--set train.mode=lora --set lora.targets=[q_proj] --set log.every=1000",
+             steps, 4 / ranks);
+    cr_assert_eq(train(ranks, name, extra, &out), 0, "%s", out);
+    free(out);
+    int *seen = calloc(2 * W, sizeof *seen);
+    uint64_t rows = 0;
+    for (int r = 0; r < ranks; r++) {
+        snprintf(path, sizeof path, "%s/%s/samples/rank-%d.tsv", dir, name, r);
+        FILE *f = fopen(path, "r");
+        cr_assert(f, "no %s", path);
+        long long step;
+        unsigned long long sample, epoch, window;
+        while (fscanf(f, "%lld %llu %llu %llu", &step, &sample, &epoch, &window) == 4) {
+            rows++;
+            cr_assert_lt(window, W);
+            if (epoch < 2)
+                seen[epoch * W + window]++;
+        }
+        fclose(f);
+    }
+    cr_expect_eq(rows, (uint64_t)steps * 4, "every slot of every step logged once");
+    for (uint64_t e = 0; e < 2; e++)
+        for (uint64_t w = 0; w < W; w++)
+            cr_expect_eq(seen[e * W + w], 1, "%d ranks: epoch %llu window %llu trained %d times",
+                         ranks, (unsigned long long)e, (unsigned long long)w, seen[e * W + w]);
+    free(seen);
+}
+
+Test(distributed, every_window_once_per_epoch_2_ranks)
+{
+    exactly_once(2);
+}
+
+Test(distributed, every_window_once_per_epoch_4_ranks)
+{
+    exactly_once(4);
+}
+
+Test(distributed, a_rank_killed_ends_the_job_within_the_timeout)
+{
+    char log[4096];
+    snprintf(log, sizeof log, "%s/kill.log", dir);
+    int pid = tu_spawn(log, "%s %s/spotune train %s/run.yaml --set run.dir=%s/kill --set "
+                            "train.steps=100000 --set train.micro_batch=2",
+                       tu_mpirun(2), SPOTUNE_BINARY_DIR, dir, dir);
+    /* wait until training runs, then SIGKILL one rank (a child of mpirun) */
+    char metrics[4096];
+    snprintf(metrics, sizeof metrics, "%s/kill/metrics.jsonl", dir);
+    for (int i = 0; i < 3000; i++) {
+        char *t = tu_read_file(metrics, NULL);
+        int going = tu_contains(t, "\"step\":3,");
+        free(t);
+        if (going)
+            break;
+        tu_sleep(0.02);
+    }
+    char *victim = NULL;
+    tu_sh(&victim, "pgrep -P %d -x spotune | tail -1", pid);
+    int vpid = victim ? atoi(victim) : 0;
+    free(victim);
+    cr_assert_gt(vpid, 0, "no rank found under mpirun %d", pid);
+    double t0 = sp_now();
+    kill(vpid, SIGKILL);
+    int rc = tu_wait(pid, 60);
+    double dt = sp_now() - t0;
+    cr_expect(rc != 0 && rc != -1, "mpirun exit %d", rc);
+    cr_expect_lt(dt, 10.0 + 5.0, "the job took %.1f s to end (timeout 10 s)", dt);
+    /* nothing is left running */
+    cr_expect_neq(tu_sh(NULL, "pgrep -P %d", pid), 0);
+}
+
+Test(distributed, bad_input_on_one_rank_aborts_the_job_naming_it)
+{
+    /* 8 windows of 32; window 5's loss_mask holds a 7: only the rank that
+     * reads window 5 can see it */
+    uint64_t n = 8 * 32 + 1;
+    uint32_t *tok = calloc(n, sizeof *tok);
+    uint8_t *msk = calloc(n, 1);
+    for (uint64_t i = 0; i < n; i++) {
+        tok[i] = (uint32_t)(i % 200);
+        msk[i] = 1;
+    }
+    msk[5 * 32 + 3] = 7;
+    uint64_t off[2] = {0, n};
+    sp_err err = {0};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/bad.h5", dir);
+    cr_assert_eq(dataset_write(path, tok, msk, n, off, 1, 258, 257, "test", &err), 0);
+    free(tok);
+    free(msk);
+    char *out = NULL, extra[4200];
+    snprintf(extra, sizeof extra,
+             "--set data.train=%s --set train.micro_batch=4 --set train.steps=2", path);
+    int rc = train(2, "bad", extra, &out);
+    cr_expect_eq(rc, 3, "exit %d: %s", rc, out);
+    cr_expect(tu_contains(out, "spotune: rank ") && tu_contains(out, " on "), "%s", out);
+    cr_expect(tu_contains(out, "bad.h5: loss_mask value 7 at position 163"), "%s", out);
+    free(out);
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# scripts/spot-run.sh against a fake metadata service on loopback:
+#   - each cloud's notice format is recognised (and its absence too);
+#   - a notice during training: SIGUSR1 -> checkpoint -> exit 75, no restart,
+#     and the same command on the "next machine" resumes and finishes;
+#   - a crash (SIGKILL of the trainer) is restarted with a backoff and the
+#     run completes; a config error (exit 2) is not restarted.
+# usage: tests/test_spot_run.sh BUILD_DIR
+set -uo pipefail
+build=$(cd "${1:?usage: test_spot_run.sh BUILD_DIR}" && pwd)
+src=$(cd "$(dirname "$0")/.." && pwd)
+spot="$src/scripts/spot-run.sh"
+work=$(mktemp -d "$build/tmp-spot.XXXXXX")
+server=""
+cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+fails=0
+check() { # description, command...
+  local what=$1; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fails=$((fails + 1)); fi
+}
+
+python3 "$src/tests/tools/fake_metadata.py" --trigger "$work/notice" > "$work/port" &
+server=$!
+for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
+url="http://127.0.0.1:$(cat "$work/port")"
+
+for c in aws gcp azure alibaba; do
+  check "$c: no notice yet" bash -c "! '$spot' --cloud $c --metadata-url $url --check-notice >/dev/null"
+done
+touch "$work/notice"
+for c in aws gcp azure alibaba; do
+  check "$c: notice seen" bash -c "'$spot' --cloud $c --metadata-url $url --check-notice | grep -qx notice"
+done
+rm -f "$work/notice"
+
+# a small training run
+"$src/scripts/make_demo_text.sh" "$work/text.txt" 5 >/dev/null
+"$build/spotune" prepare-text "$work/text.txt" "$work/data" --val-fraction 0 >/dev/null
+"$build/spotune" init-model --preset tiny --seed 2 "$work/model" >/dev/null
+cat > "$work/run.yaml" <<YAML
+run: {dir: $work/run, seed: 3}
+model: {path: $work/model}
+train: {mode: lora, steps: 400, seq_len: 32, micro_batch: 2, lr: 1e-3}
+lora: {r: 2, alpha: 4, targets: [q_proj]}
+data: {train: $work/data.train.h5}
+log: {every: 1}
+runtime: {backend: cpu, threads: 1}
+checkpoint: {every_minutes: 0}
+YAML
+train=("$build/spotune" train "$work/run.yaml")
+
+# 1. the notice arrives mid-run
+( "$spot" --cloud aws --metadata-url "$url" --poll 0.2 -- "${train[@]}" > "$work/notice.log" 2>&1
+  echo $? > "$work/notice.rc" ) &
+for _ in $(seq 600); do grep -q '"step":20,' "$work/run/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+touch "$work/notice"
+for _ in $(seq 600); do [ -s "$work/notice.rc" ] && break; sleep 0.1; done
+check "notice: the supervisor exits 75" test "$(cat "$work/notice.rc" 2>/dev/null)" = 75
+check "notice: the watcher signalled the run" grep -q "spot termination notice from aws" "$work/notice.log"
+check "notice: a checkpoint was committed" grep -q "after committing checkpoint step" "$work/notice.log"
+check "notice: no restart on this machine" bash -c "[ \$(grep -c 'starting:' '$work/notice.log') = 1 ]"
+rm -f "$work/notice"
+
+# 2. crashes are restarted with a backoff; the run resumes and completes
+"$spot" --cloud none --backoff 1 --max-restarts 5 -- "${train[@]}" > "$work/crash.log" 2>&1 &
+sup=$!
+victim=""
+for _ in $(seq 200); do victim=$(pgrep -P "$sup" -x spotune) && break; sleep 0.05; done
+sleep 0.5
+[ -n "$victim" ] && kill -KILL "$victim"
+wait "$sup"
+echo $? > "$work/crash.rc"
+check "crash: the trainer was killed" test -n "$victim"
+check "crash: the run finally succeeds" test "$(cat "$work/crash.rc" 2>/dev/null)" = 0
+check "crash: restarted after a backoff" grep -q "a crash): restarting in 1s" "$work/crash.log"
+check "crash: resumed from the checkpoint" grep -q "resumed from" "$work/crash.log"
+check "crash: 400 steps logged, none twice" \
+  bash -c "[ \$(grep -c '\"event\":\"train\"' '$work/run/metrics.jsonl') = 400 ]"
+
+# 3. a config error is not restarted
+"$spot" --cloud none --backoff 1 -- "$build/spotune" train "$work/run.yaml" --set train.lr=-1 \
+  > "$work/bad.log" 2>&1
+rc=$?
+check "config error: exit 2" test "$rc" = 2
+check "config error: not restarted" grep -q "not restarting" "$work/bad.log"
+
+if [ "$fails" -gt 0 ]; then echo "$fails check(s) failed"; cat "$work"/*.log; exit 1; fi
+echo "all spot-run checks passed"

@@ -1,0 +1,592 @@
+/* tests/test_store_file.c — the store API on file:// (in-process, no server):
+ * round trips, no-replace puts, listing, deletes, key and URL checks, checkpoint
+ * push/pull/prune ordering, and the uploader (retry while the store is
+ * unreachable, bounded queue, prompt stop). */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint/store.h"
+#include "checkpoint/uploader.h"
+#include "test_store_util.h"
+
+#define MIB ((size_t)1 << 20)
+
+TestSuite(store_file, .timeout = 120);
+
+typedef struct fixture {
+    char *dir;   /* scratch */
+    char *root;  /* store root (dir/store) */
+    char *url;
+    store_t *s;
+} fixture;
+
+static fixture open_fixture(const char *tag)
+{
+    fixture f = {0};
+    f.dir = tu_tmpdir(tag);
+    cr_assert(asprintf(&f.root, "%s/store", f.dir) > 0);
+    cr_assert(asprintf(&f.url, "file://%s", f.root) > 0);
+    sp_err err = {0};
+    cr_assert_eq(store_open(&f.s, f.url, NULL, &err), 0, "%s", err.msg);
+    return f;
+}
+
+static void close_fixture(fixture *f)
+{
+    store_close(f->s);
+    tu_rmtree(f->dir);
+    free(f->dir);
+    free(f->root);
+    free(f->url);
+}
+
+static char *path_in(const char *dir, const char *name)
+{
+    char *p = NULL;
+    cr_assert(asprintf(&p, "%s/%s", dir, name) > 0);
+    return p;
+}
+
+static void roundtrip_file(fixture *f, size_t n, uint64_t seed)
+{
+    char *src = path_in(f->dir, "src.bin"), *back = path_in(f->dir, "back/got.bin");
+    tu_random_file(src, n, seed);
+    sp_err err = {0};
+    cr_assert_eq(store_put_file(f->s, "rt/obj.bin", src, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(store_get_file(f->s, "rt/obj.bin", back, &err), 0, "%s", err.msg);
+    cr_assert(tu_files_equal(src, back), "%zu bytes differ after a round trip", n);
+    int exists = 0;
+    uint64_t size = 0;
+    cr_assert_eq(store_exists(f->s, "rt/obj.bin", &exists, &size, &err), 0);
+    cr_assert(exists);
+    cr_assert_eq(size, n);
+    free(src);
+    free(back);
+}
+
+Test(store_file, roundtrip_sizes)
+{
+    fixture f = open_fixture("rt");
+    roundtrip_file(&f, 1024, 1);
+    roundtrip_file(&f, 5 * MIB, 2);
+    roundtrip_file(&f, 37 * MIB, 3);
+    roundtrip_file(&f, 0, 4);
+    cr_assert_str_eq(store_url(f.s), f.url);
+    close_fixture(&f);
+}
+
+Test(store_file, bytes_roundtrip_and_missing)
+{
+    fixture f = open_fixture("bytes");
+    sp_err err = {0};
+    const char msg[] = "hello, checkpoint";
+    cr_assert_eq(store_put_bytes(f.s, "a/b/c.txt", msg, sizeof msg - 1, 0, &err), 0, "%s", err.msg);
+    void *data = NULL;
+    size_t n = 0;
+    cr_assert_eq(store_get_bytes(f.s, "a/b/c.txt", &data, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, sizeof msg - 1);
+    cr_assert_eq(memcmp(data, msg, n), 0);
+    cr_assert_eq(((char *)data)[n], 0, "NUL-terminated");
+    free(data);
+
+    int rc = store_get_bytes(f.s, "a/b/none.txt", &data, &n, &err);
+    cr_assert_eq(rc, STORE_ENOENT);
+    cr_assert_eq(err.code, SP_EXIT_INPUT);
+    cr_assert(strstr(err.msg, "a/b/none.txt"), "message names the key: %s", err.msg);
+    sp_err_clear(&err);
+    char *dst = path_in(f.dir, "x.bin");
+    cr_assert_eq(store_get_file(f.s, "nope", dst, &err), STORE_ENOENT);
+    cr_assert_neq(access(dst, F_OK), 0, "no local file after a failed get");
+    free(dst);
+    close_fixture(&f);
+}
+
+Test(store_file, if_none_match_never_replaces)
+{
+    fixture f = open_fixture("inm");
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(f.s, "m/MANIFEST.json", "one", 3, 1, &err), 0, "%s", err.msg);
+    cr_assert_eq(store_put_bytes(f.s, "m/MANIFEST.json", "two", 3, 1, &err), STORE_EEXIST);
+    cr_assert(strstr(err.msg, "already exists"), "%s", err.msg);
+    sp_err_clear(&err);
+    char *src = path_in(f.dir, "three");
+    tu_write_file(src, "three", 5);
+    cr_assert_eq(store_put_file(f.s, "m/MANIFEST.json", src, 1, &err), STORE_EEXIST);
+    sp_err_clear(&err);
+    void *data;
+    size_t n;
+    cr_assert_eq(store_get_bytes(f.s, "m/MANIFEST.json", &data, &n, &err), 0);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(memcmp(data, "one", 3), 0, "the first object is kept");
+    free(data);
+    /* a plain put does replace */
+    cr_assert_eq(store_put_file(f.s, "m/MANIFEST.json", src, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(store_get_bytes(f.s, "m/MANIFEST.json", &data, &n, &err), 0);
+    cr_assert_eq(n, 5);
+    free(data);
+    free(src);
+    close_fixture(&f);
+}
+
+Test(store_file, list_sorted_filtered_and_skips_temporaries)
+{
+    fixture f = open_fixture("list");
+    sp_err err = {0};
+    store_listing l;
+    cr_assert_eq(store_list(f.s, "", &l, &err), 0, "missing root lists as empty: %s", err.msg);
+    cr_assert_eq(l.n, 0);
+    store_list_free(&l);
+    const char *keys[] = {"step-2/b", "step-10/a", "step-1/z/deep.h5", "step-1/a", "other"};
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(store_put_bytes(f.s, keys[i], keys[i], strlen(keys[i]), 0, &err), 0);
+    char *junk = path_in(f.root, "step-1/.spotune-tmp.abc123");
+    tu_write_file(junk, "x", 1);
+    free(junk);
+
+    cr_assert_eq(store_list(f.s, "", &l, &err), 0);
+    cr_assert_eq(l.n, 5);
+    const char *sorted[] = {"other", "step-1/a", "step-1/z/deep.h5", "step-10/a", "step-2/b"};
+    for (int i = 0; i < 5; i++) {
+        cr_assert_str_eq(l.items[i].key, sorted[i]);
+        cr_assert_eq(l.items[i].size, strlen(sorted[i]));
+    }
+    store_list_free(&l);
+    cr_assert_eq(store_list(f.s, "step-1", &l, &err), 0);
+    cr_assert_eq(l.n, 3, "string prefix: step-1/ and step-10/");
+    store_list_free(&l);
+    cr_assert_eq(store_list(f.s, "step-1/", &l, &err), 0);
+    cr_assert_eq(l.n, 2);
+    cr_assert_str_eq(l.items[1].key, "step-1/z/deep.h5");
+    store_list_free(&l);
+    close_fixture(&f);
+}
+
+Test(store_file, delete_is_idempotent_and_tidies_directories)
+{
+    fixture f = open_fixture("del");
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(f.s, "d/e/f.bin", "x", 1, 0, &err), 0);
+    cr_assert_eq(store_delete(f.s, "d/e/f.bin", &err), 0, "%s", err.msg);
+    cr_assert_eq(store_delete(f.s, "d/e/f.bin", &err), 0, "deleting a missing object succeeds");
+    int exists = 1;
+    cr_assert_eq(store_exists(f.s, "d/e/f.bin", &exists, NULL, &err), 0);
+    cr_assert_eq(exists, 0);
+    char *d = path_in(f.root, "d");
+    struct stat st;
+    cr_assert_neq(stat(d, &st), 0, "empty parent directories are removed");
+    cr_assert_eq(stat(f.root, &st), 0, "the root stays");
+    free(d);
+    close_fixture(&f);
+}
+
+Test(store_file, bad_keys_and_urls)
+{
+    fixture f = open_fixture("bad");
+    const char *bad[] = {"", "/abs", "a//b", "a/../b", "..", "./a", "a/", "a\nb"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        sp_err err = {0};
+        cr_assert_eq(store_put_bytes(f.s, bad[i], "x", 1, 0, &err), STORE_EUSAGE, "key '%s'",
+                     bad[i]);
+        cr_assert_eq(err.code, SP_EXIT_USAGE);
+    }
+    const char *urls[] = {"file://relative/path", "ftp://host/x", "s3://", "s3://bad bucket/x",
+                          "/just/a/path", "s3://b/a/../x"};
+    for (size_t i = 0; i < sizeof urls / sizeof *urls; i++) {
+        sp_err err = {0};
+        store_t *s = (store_t *)1;
+        cr_assert_eq(store_open(&s, urls[i], NULL, &err), STORE_EUSAGE, "url '%s'", urls[i]);
+        cr_assert_null(s);
+        cr_assert_eq(err.code, SP_EXIT_USAGE);
+    }
+    sp_err err = {0};
+    store_t *s = NULL;
+    store_opts o = {.part_bytes = 1 * MIB};
+    cr_assert_eq(store_open(&s, f.url, &o, &err), STORE_EUSAGE, "part size below 5 MiB");
+    close_fixture(&f);
+}
+
+/* ---- checkpoint directories ---------------------------------------------- */
+
+typedef struct key_log {
+    pthread_mutex_t mu;
+    char *keys[256];
+    int n;
+} key_log;
+
+static void log_key(void *arg, const char *key)
+{
+    key_log *l = arg;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < 256)
+        l->keys[l->n++] = strdup(key);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void key_log_free(key_log *l)
+{
+    for (int i = 0; i < l->n; i++)
+        free(l->keys[i]);
+    l->n = 0;
+}
+
+/* A checkpoint directory: state.h5, two shards, a sub/ file, MANIFEST.json. */
+static char *make_ckpt(const char *parent, const char *name, uint64_t seed, size_t big)
+{
+    char *d = path_in(parent, name);
+    cr_assert_eq(mkdir(d, 0777), 0);
+    char *p;
+    const char *files[] = {"state.h5", "shard-00000-of-00002.h5", "shard-00001-of-00002.h5",
+                           "sub/extra.bin"};
+    for (int i = 0; i < 4; i++) {
+        p = path_in(d, files[i]);
+        if (i == 3) {
+            char *sub = path_in(d, "sub");
+            mkdir(sub, 0777);
+            free(sub);
+        }
+        tu_random_file(p, i == 0 ? big : 1000 + (size_t)i, seed * 10 + (uint64_t)i);
+        free(p);
+    }
+    p = path_in(d, "MANIFEST.json");
+    char man[128];
+    int n = snprintf(man, sizeof man, "{\"step\": \"%s\", \"seed\": %llu}", name,
+                     (unsigned long long)seed);
+    tu_write_file(p, man, (size_t)n);
+    free(p);
+    return d;
+}
+
+static void assert_same_tree(const char *a, const char *b)
+{
+    const char *files[] = {"MANIFEST.json", "state.h5", "shard-00000-of-00002.h5",
+                           "shard-00001-of-00002.h5", "sub/extra.bin"};
+    for (int i = 0; i < 5; i++) {
+        char *pa = path_in(a, files[i]), *pb = path_in(b, files[i]);
+        cr_assert(tu_files_equal(pa, pb), "%s differs", files[i]);
+        free(pa);
+        free(pb);
+    }
+}
+
+Test(store_file, push_manifest_last_pull_identical)
+{
+    fixture f = open_fixture("push");
+    char *local = path_in(f.dir, "local");
+    mkdir(local, 0777);
+    char *ck = make_ckpt(local, "step-00000100", 7, 3 * MIB);
+    key_log log = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
+    store_xfer_opts x = {NULL, log_key, &log};
+    sp_err err = {0};
+    cr_assert_eq(store_push_dir(f.s, ck, "step-00000100/", &x, &err), 0, "%s", err.msg);
+    cr_assert_eq(log.n, 5);
+    cr_assert_str_eq(log.keys[4], "step-00000100/MANIFEST.json", "MANIFEST last");
+    for (int i = 0; i < 4; i++)
+        cr_assert_null(strstr(log.keys[i], "MANIFEST"));
+    key_log_free(&log);
+
+    /* pushing the same checkpoint again sends nothing */
+    cr_assert_eq(store_push_dir(f.s, ck, "step-00000100", &x, &err), 0, "%s", err.msg);
+    cr_assert_eq(log.n, 0);
+
+    char *back = path_in(f.dir, "pulled/step-00000100");
+    cr_assert_eq(store_pull_dir(f.s, "step-00000100", back, &x, &err), 0, "%s", err.msg);
+    assert_same_tree(ck, back);
+    key_log_free(&log);
+    cr_assert_eq(store_pull_dir(f.s, "step-00000100", back, NULL, &err), STORE_ELOCAL,
+                 "pull refuses an existing directory");
+    sp_err_clear(&err);
+    char *missing = path_in(f.dir, "pulled/none");
+    cr_assert_eq(store_pull_dir(f.s, "step-00000999", missing, NULL, &err), STORE_ENOENT);
+    cr_assert_eq(err.code, SP_EXIT_INPUT);
+    cr_assert_neq(access(missing, F_OK), 0);
+    free(missing);
+    free(back);
+    free(ck);
+    free(local);
+    close_fixture(&f);
+}
+
+Test(store_file, push_refuses_incomplete_and_conflicting)
+{
+    fixture f = open_fixture("conflict");
+    char *local = path_in(f.dir, "local");
+    mkdir(local, 0777);
+    char *ck = make_ckpt(local, "step-00000100", 1, 1000);
+    sp_err err = {0};
+    cr_assert_eq(store_push_dir(f.s, ck, "step-00000100", NULL, &err), 0, "%s", err.msg);
+
+    char *other = make_ckpt(local, "other", 2, 1000);
+    cr_assert_eq(store_push_dir(f.s, other, "step-00000100", NULL, &err), STORE_EEXIST);
+    cr_assert(strstr(err.msg, "MANIFEST.json differs"), "%s", err.msg);
+    char *back = path_in(f.dir, "back");
+    sp_err_clear(&err);
+    cr_assert_eq(store_pull_dir(f.s, "step-00000100", back, NULL, &err), 0, "%s", err.msg);
+    assert_same_tree(ck, back); /* nothing of `other` was written */
+
+    char *nomanifest = path_in(local, "other/MANIFEST.json");
+    unlink(nomanifest);
+    sp_err_clear(&err);
+    cr_assert_eq(store_push_dir(f.s, other, "step-00000200", NULL, &err), STORE_ELOCAL);
+    cr_assert(strstr(err.msg, "no MANIFEST.json"), "%s", err.msg);
+    store_listing l;
+    cr_assert_eq(store_list(f.s, "step-00000200", &l, &err), 0);
+    cr_assert_eq(l.n, 0, "nothing uploaded for an incomplete checkpoint");
+    store_list_free(&l);
+    free(nomanifest);
+    free(back);
+    free(other);
+    free(ck);
+    free(local);
+    close_fixture(&f);
+}
+
+static void put_step(store_t *s, unsigned step, int complete)
+{
+    char key[64];
+    sp_err err = {0};
+    const char *files[] = {"state.h5", "shard-00000-of-00001.h5"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(key, sizeof key, "step-%08u/%s", step, files[i]);
+        cr_assert_eq(store_put_bytes(s, key, "data", 4, 0, &err), 0, "%s", err.msg);
+    }
+    if (complete) {
+        snprintf(key, sizeof key, "step-%08u/MANIFEST.json", step);
+        cr_assert_eq(store_put_bytes(s, key, "{}", 2, 1, &err), 0, "%s", err.msg);
+    }
+}
+
+/* every deleted checkpoint lost its MANIFEST before any other file */
+static void assert_manifest_first(const key_log *log)
+{
+    for (int i = 0; i < log->n; i++) {
+        char dir[64];
+        const char *slash = strchr(log->keys[i], '/');
+        cr_assert_not_null(slash);
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - log->keys[i] + 1), log->keys[i]);
+        int first = -1;
+        for (int j = 0; j < log->n && first < 0; j++)
+            if (!strncmp(log->keys[j], dir, strlen(dir)))
+                first = j;
+        char man[96];
+        snprintf(man, sizeof man, "%sMANIFEST.json", dir);
+        int has_manifest = 0;
+        for (int j = 0; j < log->n; j++)
+            has_manifest |= !strcmp(log->keys[j], man);
+        if (has_manifest)
+            cr_assert_str_eq(log->keys[first], man, "%s: MANIFEST deleted first", dir);
+    }
+}
+
+Test(store_file, prune_keeps_newest_and_multiples_manifest_first)
+{
+    fixture f = open_fixture("prune");
+    put_step(f.s, 50, 0); /* incomplete, older: garbage */
+    for (unsigned st = 100; st <= 600; st += 100)
+        put_step(f.s, st, 1);
+    put_step(f.s, 700, 0); /* incomplete, newer: an upload in flight */
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(f.s, "unrelated/file", "x", 1, 0, &err), 0);
+    key_log log = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
+    store_xfer_opts x = {NULL, log_key, &log};
+    int pruned = -1;
+    cr_assert_eq(store_prune_steps(f.s, 2, 300, &x, &pruned, &err), 0, "%s", err.msg);
+    cr_assert_eq(pruned, 4, "50, 100, 200, 400 go");
+    assert_manifest_first(&log);
+    cr_assert_eq(log.n, 2 + 3 * 3);
+
+    store_listing l;
+    cr_assert_eq(store_list(f.s, "", &l, &err), 0);
+    const char *left[] = {"step-00000300/", "step-00000500/", "step-00000600/", "step-00000700/",
+                          "unrelated/"};
+    int seen[5] = {0};
+    for (size_t i = 0; i < l.n; i++) {
+        int ok = 0;
+        for (int k = 0; k < 5; k++)
+            if (!strncmp(l.items[i].key, left[k], strlen(left[k])))
+                ok = 1, seen[k] = 1;
+        cr_assert(ok, "unexpected survivor %s", l.items[i].key);
+    }
+    for (int k = 0; k < 5; k++)
+        cr_assert(seen[k], "%s was deleted", left[k]);
+    store_list_free(&l);
+    cr_assert_eq(store_prune_steps(f.s, 0, 0, NULL, NULL, &err), STORE_EUSAGE);
+    key_log_free(&log);
+    close_fixture(&f);
+}
+
+/* ---- uploader ----------------------------------------------------------------- */
+
+typedef struct ev_log {
+    pthread_mutex_t mu;
+    int done, retry, failed, dropped, files;
+    char last_prefix[64];
+} ev_log;
+
+static void on_event(void *arg, const uploader_event *ev)
+{
+    ev_log *l = arg;
+    pthread_mutex_lock(&l->mu);
+    switch (ev->kind) {
+    case UPLOADER_JOB_DONE:
+        l->done++;
+        snprintf(l->last_prefix, sizeof l->last_prefix, "%s", ev->prefix);
+        break;
+    case UPLOADER_JOB_RETRY: l->retry++; break;
+    case UPLOADER_JOB_FAILED: l->failed++; break;
+    case UPLOADER_JOB_DROPPED: l->dropped++; break;
+    case UPLOADER_FILE_DONE: l->files++; break;
+    default: break;
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+static int ev_get(ev_log *l, const int *field)
+{
+    pthread_mutex_lock(&l->mu);
+    int v = *field;
+    pthread_mutex_unlock(&l->mu);
+    return v;
+}
+
+/* "Takes the store down": the store root's parent becomes a regular file. */
+static void block_store(const fixture *f, const char *moved)
+{
+    cr_assert_eq(rename(f->root, moved), 0);
+    tu_write_file(f->root, "blocker", 7);
+}
+
+static void unblock_store(const fixture *f, const char *moved)
+{
+    cr_assert_eq(unlink(f->root), 0);
+    cr_assert_eq(rename(moved, f->root), 0);
+}
+
+Test(store_file, uploader_pushes_backlog_after_outage)
+{
+    fixture f = open_fixture("upl");
+    sp_err err = {0};
+    cr_assert_eq(store_create_bucket(f.s, &err), 0);
+    char *local = path_in(f.dir, "local"), *moved = path_in(f.dir, "moved");
+    mkdir(local, 0777);
+    char *c1 = make_ckpt(local, "step-00000100", 1, 2 * MIB);
+    char *c2 = make_ckpt(local, "step-00000200", 2, 2 * MIB);
+    block_store(&f, moved);
+
+    ev_log ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    uploader_opts o = {.max_queue = 4, .retry_base_s = 0.05, .retry_max_s = 0.2,
+                       .on_event = on_event, .arg = &ev};
+    uploader_t *u;
+    cr_assert_eq(uploader_start(&u, f.s, &o, &err), 0, "%s", err.msg);
+    cr_assert_eq(uploader_submit(u, c1, "step-00000100", &err), 0);
+    cr_assert_eq(uploader_submit(u, c2, "step-00000200", &err), 0);
+    cr_assert_eq(uploader_wait(u, 0.6), 0, "store down: not everything pushed");
+    cr_assert_eq(uploader_pending(u), 2, "remote is behind by 2");
+    cr_assert_gt(ev_get(&ev, &ev.retry), 1, "the job was retried");
+    sp_err last = {0};
+    cr_assert_eq(uploader_last_error(u, &last), 1);
+    cr_assert(strstr(last.msg, "file://"), "%s", last.msg);
+
+    unblock_store(&f, moved);
+    cr_assert_eq(uploader_wait(u, 20), 1, "backlog pushed after the store came back");
+    cr_assert_eq(uploader_pending(u), 0);
+    cr_assert_eq(ev_get(&ev, &ev.done), 2);
+    cr_assert_str_eq(ev.last_prefix, "step-00000200", "oldest first");
+    cr_assert_eq(uploader_last_error(u, NULL), 0);
+    uploader_stop(u);
+
+    char *b1 = path_in(f.dir, "b1"), *b2 = path_in(f.dir, "b2");
+    cr_assert_eq(store_pull_dir(f.s, "step-00000100", b1, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(store_pull_dir(f.s, "step-00000200", b2, NULL, &err), 0, "%s", err.msg);
+    assert_same_tree(c1, b1);
+    assert_same_tree(c2, b2);
+    free(b1);
+    free(b2);
+    free(c1);
+    free(c2);
+    free(local);
+    free(moved);
+    close_fixture(&f);
+}
+
+Test(store_file, uploader_bounded_queue_drops_oldest_waiting)
+{
+    fixture f = open_fixture("drop");
+    sp_err err = {0};
+    cr_assert_eq(store_create_bucket(f.s, &err), 0);
+    char *local = path_in(f.dir, "local"), *moved = path_in(f.dir, "moved");
+    mkdir(local, 0777);
+    char *c[4];
+    for (int i = 0; i < 4; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "step-%08d", (i + 1) * 100);
+        c[i] = make_ckpt(local, name, (uint64_t)i, 1000);
+    }
+    block_store(&f, moved);
+    ev_log ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    uploader_opts o = {.max_queue = 2, .retry_base_s = 0.05, .retry_max_s = 0.1, .keep = 2,
+                       .on_event = on_event, .arg = &ev};
+    uploader_t *u;
+    cr_assert_eq(uploader_start(&u, f.s, &o, &err), 0);
+    int dropped = 0;
+    for (int i = 0; i < 4; i++) {
+        dropped += uploader_submit(u, c[i], strrchr(c[i], '/') + 1, &err);
+        usleep(100 * 1000); /* let the thread try (and fail) */
+    }
+    cr_assert_eq(dropped + ev_get(&ev, &ev.dropped), 2, "two of four superseded");
+    cr_assert_eq(uploader_pending(u), 2);
+    unblock_store(&f, moved);
+    cr_assert_eq(uploader_wait(u, 20), 1);
+    uploader_stop(u);
+    int exists = 0;
+    cr_assert_eq(store_exists(f.s, "step-00000400/MANIFEST.json", &exists, NULL, &err), 0);
+    cr_assert(exists, "the newest checkpoint was pushed");
+    cr_assert_eq(store_exists(f.s, "step-00000300/MANIFEST.json", &exists, NULL, &err), 0);
+    cr_assert(exists);
+    cr_assert_eq(store_exists(f.s, "step-00000100/MANIFEST.json", &exists, NULL, &err), 0);
+    cr_assert_not(exists, "dropped");
+    for (int i = 0; i < 4; i++)
+        free(c[i]);
+    free(local);
+    free(moved);
+    close_fixture(&f);
+}
+
+Test(store_file, uploader_drops_job_whose_directory_vanished_and_stops_promptly)
+{
+    fixture f = open_fixture("gone");
+    sp_err err = {0};
+    ev_log ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    uploader_opts o = {.retry_base_s = 5, .retry_max_s = 5, .on_event = on_event, .arg = &ev};
+    uploader_t *u;
+    cr_assert_eq(uploader_start(&u, f.s, &o, &err), 0);
+    char *gone = path_in(f.dir, "no-such-dir");
+    cr_assert_eq(uploader_submit(u, gone, "step-00000001", &err), 0);
+    cr_assert_eq(uploader_wait(u, 10), 1);
+    cr_assert_eq(ev_get(&ev, &ev.failed), 1, "failed for good, not retried");
+    cr_assert_eq(ev_get(&ev, &ev.retry), 0);
+
+    /* a job waiting for its 5 s retry does not delay stop */
+    char *moved = path_in(f.dir, "moved");
+    cr_assert_eq(store_create_bucket(f.s, &err), 0);
+    char *local = path_in(f.dir, "local");
+    mkdir(local, 0777);
+    char *ck = make_ckpt(local, "step-00000002", 3, 1000);
+    block_store(&f, moved);
+    cr_assert_eq(uploader_submit(u, ck, "step-00000002", &err), 0);
+    usleep(200 * 1000);
+    double t0 = sp_now();
+    uploader_stop(u);
+    cr_assert_lt(sp_now() - t0, 1.0, "stop took %.2f s", sp_now() - t0);
+    unblock_store(&f, moved);
+    free(ck);
+    free(local);
+    free(moved);
+    free(gone);
+    close_fixture(&f);
+}

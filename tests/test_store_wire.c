@@ -1,0 +1,230 @@
+/* tests/test_store_wire.c — the S3 client's requests on the wire, against an
+ * in-process fake endpoint that records each request and plays back canned
+ * answers (no server needed): signing headers, payload hash, temporary
+ * credentials, key encoding, and the retry policy (503 SlowDown retried, 403
+ * reported at once). */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "checkpoint/store.h"
+
+TestSuite(store_wire, .timeout = 60);
+
+enum { MAX_REQ = 8 };
+
+typedef struct fake {
+    int listen_fd, port;
+    const char *answers[MAX_REQ]; /* one per connection; NULL ends */
+    char *requests[MAX_REQ];
+    int n;
+    pthread_t th;
+} fake;
+
+static char *read_request(int fd)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = calloc(1, cap + 1);
+    while (n < cap) {
+        ssize_t k = read(fd, buf + n, cap - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+        char *end = strstr(buf, "\r\n\r\n");
+        if (!end)
+            continue;
+        const char *cl = strcasestr(buf, "content-length:");
+        size_t body = cl ? strtoul(cl + 15, NULL, 10) : 0;
+        if (n >= (size_t)(end + 4 - buf) + body)
+            break;
+    }
+    return buf;
+}
+
+static void *serve(void *arg)
+{
+    fake *f = arg;
+    for (int i = 0; i < MAX_REQ && f->answers[i]; i++) {
+        int c = accept(f->listen_fd, NULL, NULL);
+        if (c < 0)
+            break;
+        f->requests[i] = read_request(c);
+        f->n = i + 1;
+        ssize_t w = write(c, f->answers[i], strlen(f->answers[i]));
+        (void)w;
+        close(c);
+    }
+    return NULL;
+}
+
+static void fake_start(fake *f)
+{
+    f->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(f->listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(f->listen_fd, 8), 0);
+    socklen_t len = sizeof a;
+    getsockname(f->listen_fd, (struct sockaddr *)&a, &len);
+    f->port = ntohs(a.sin_port);
+    cr_assert_eq(pthread_create(&f->th, NULL, serve, f), 0);
+}
+
+/* Stops the server; the recorded requests stay readable until fake_free. */
+static void fake_stop(fake *f)
+{
+    shutdown(f->listen_fd, SHUT_RDWR);
+    close(f->listen_fd);
+    pthread_join(f->th, NULL);
+}
+
+static void fake_free(fake *f)
+{
+    for (int i = 0; i < f->n; i++)
+        free(f->requests[i]);
+    f->n = 0;
+}
+
+static store_t *open_fake(const fake *f, const char *url, store_opts *o)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", f->port);
+    o->endpoint = ep;
+    store_t *s = NULL;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&s, url, o, &err), 0, "%s", err.msg);
+    return s;
+}
+
+#define OK_EMPTY "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+static const char *header_line(const char *req, const char *name)
+{
+    const char *p = strcasestr(req, name);
+    cr_assert_not_null(p, "no %s in:\n%s", name, req);
+    return p;
+}
+
+Test(store_wire, put_signs_payload_hash_and_token_never_the_secret)
+{
+    setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-never-on-the-wire", 1);
+    setenv("AWS_SESSION_TOKEN", "TOKEN-abc/123=", 1);
+    fake f = {.answers = {OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {.region = "eu-west-3"};
+    store_t *s = open_fake(&f, "s3://bkt/run 1", &o);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "step-1/a b+c.h5", "abc", 3, 0, &err), 0, "%s", err.msg);
+    store_close(s);
+    fake_stop(&f);
+    const char *r = f.requests[0];
+    cr_assert(!strncmp(r, "PUT /bkt/run%201/step-1/a%20b%2Bc.h5 HTTP/1.1\r\n", 47),
+              "path-style, SigV4-encoded key:\n%s", r);
+    /* SHA-256("abc") */
+    header_line(r, "x-amz-content-sha256: "
+                   "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\r\n");
+    header_line(r, "x-amz-security-token: TOKEN-abc/123=\r\n");
+    const char *auth = header_line(r, "Authorization: AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/");
+    cr_assert(strstr(auth, "/eu-west-3/s3/aws4_request"), "%s", auth);
+    cr_assert(strstr(auth, "x-amz-content-sha256;x-amz-date;x-amz-security-token"), "%s", auth);
+    cr_assert_null(strstr(r, "s3cr3t"), "the secret is on the wire");
+    fake_free(&f);
+}
+
+Test(store_wire, get_head_delete_send_the_empty_payload_hash)
+{
+    setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+    unsetenv("AWS_SESSION_TOKEN");
+    fake f = {.answers = {"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n",
+                          "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"}};
+    fake_start(&f);
+    store_opts o = {0};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    sp_err err = {0};
+    cr_assert_eq(store_delete(s, "k", &err), 0, "%s", err.msg);
+    void *data;
+    size_t n;
+    cr_assert_eq(store_get_bytes(s, "k", &data, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, 5);
+    cr_assert_eq(memcmp(data, "hello", 5), 0);
+    free(data);
+    store_close(s);
+    fake_stop(&f);
+    cr_assert(!strncmp(f.requests[0], "DELETE /bkt/k ", 14), "%s", f.requests[0]);
+    for (int i = 0; i < 2; i++) {
+        header_line(f.requests[i], "x-amz-content-sha256: "
+                                   "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        cr_assert_null(strcasestr(f.requests[i], "x-amz-security-token"));
+    }
+    fake_free(&f);
+}
+
+/* An XML error answer with a correct Content-Length (static storage). */
+static const char *error_answer(int slot, const char *status, const char *code, const char *msg)
+{
+    static char buf[4][512];
+    char body[256];
+    int n = snprintf(body, sizeof body, "<Error><Code>%s</Code><Message>%s</Message></Error>",
+                     code, msg);
+    snprintf(buf[slot], sizeof buf[slot],
+             "HTTP/1.1 %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
+             "Connection: close\r\n\r\n%s",
+             status, n, body);
+    return buf[slot];
+}
+
+#define SLOWDOWN error_answer(0, "503 Slow Down", "SlowDown", "Please reduce your request rate.")
+#define DENIED error_answer(1, "403 Forbidden", "AccessDenied", "Access Denied")
+
+Test(store_wire, slowdown_is_retried_access_denied_is_not)
+{
+    setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+    fake f = {.answers = {SLOWDOWN, SLOWDOWN, OK_EMPTY, DENIED, OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {.retry_base_s = 0.01, .retry_max_s = 0.05};
+    store_t *s = open_fake(&f, "s3://bkt/p", &o);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "a", "x", 1, 0, &err), 0, "after two 503s: %s", err.msg);
+    cr_assert_eq(f.n, 3);
+    int rc = store_put_bytes(s, "b", "x", 1, 0, &err);
+    cr_assert_eq(rc, STORE_EAUTH);
+    cr_assert_str_eq(err.msg, "s3://bkt/p/b: PUT failed: 403 AccessDenied: Access Denied");
+    usleep(200 * 1000);
+    cr_assert_eq(f.n, 4, "403 is not retried");
+    store_close(s);
+    /* release the server thread waiting for a fifth connection */
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    close(c);
+    fake_stop(&f);
+    fake_free(&f);
+}
+
+Test(store_wire, retries_give_up_with_the_last_reason)
+{
+    setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+    fake f = {.answers = {SLOWDOWN, SLOWDOWN, SLOWDOWN}};
+    fake_start(&f);
+    store_opts o = {.max_retries = 2, .retry_base_s = 0.01, .retry_max_s = 0.02};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "k", "x", 1, 0, &err), STORE_EFAIL);
+    cr_assert_str_eq(err.msg, "s3://bkt/k: PUT failed: 503 SlowDown: Please reduce your request "
+                              "rate. (after 3 attempts)");
+    cr_assert_eq(f.n, 3);
+    store_close(s);
+    fake_stop(&f);
+    fake_free(&f);
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""A fake cloud metadata service on loopback, for testing scripts/spot-run.sh.
+
+Serves the spot/preemption endpoints of AWS (IMDSv2: a token is required),
+GCP, Azure and Alibaba Cloud. The termination notice appears once the file
+given by --trigger exists. Prints the port it listens on, then serves until
+killed. Standard library only.
+
+usage: fake_metadata.py --trigger PATH [--port 0]
+"""
+import argparse
+import http.server
+import json
+import os
+import sys
+
+TOKEN = "fake-imds-token"
+
+
+def make_handler(trigger):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, code, body=b"", ctype="text/plain"):
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_PUT(self):
+            if self.path == "/latest/api/token" and \
+                    self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                self.reply(200, TOKEN.encode())
+            else:
+                self.reply(400)
+
+        def do_GET(self):
+            noticed = os.path.exists(trigger)
+            p = self.path
+            if p.startswith("/latest/meta-data/spot/instance-action"):
+                if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+                    self.reply(401)
+                elif noticed:
+                    body = json.dumps({"action": "terminate", "time": "2026-11-29T12:00:00Z"})
+                    self.reply(200, body.encode(), "application/json")
+                else:
+                    self.reply(404)
+            elif p.startswith("/computeMetadata/v1/instance/preempted"):
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    self.reply(403)
+                else:
+                    self.reply(200, b"TRUE" if noticed else b"FALSE")
+            elif p.startswith("/metadata/scheduledevents"):
+                if self.headers.get("Metadata") != "true":
+                    self.reply(400)
+                    return
+                events = []
+                if noticed:
+                    events.append({"EventId": "1", "EventType": "Preempt",
+                                   "ResourceType": "VirtualMachine", "Resources": ["vm0"],
+                                   "EventStatus": "Scheduled", "NotBefore": "Sun, 29 Nov 2026"})
+                body = json.dumps({"DocumentIncarnation": 1, "Events": events})
+                self.reply(200, body.encode(), "application/json")
+            elif p.startswith("/latest/meta-data/instance/spot/termination-time"):
+                if noticed:
+                    self.reply(200, b"2026-11-29T12:00:00Z")
+                else:
+                    self.reply(404)
+            else:
+                self.reply(404)
+
+    return Handler
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trigger", required=True)
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(args.trigger))
+    print(srv.server_address[1], flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
