@@ -51,6 +51,8 @@ typedef struct backend_ops {
      * sticky error set */
     tensor_t (*alloc)(backend_t *be, dtype_t dt, size_t n);
     void (*free)(backend_t *be, tensor_t *t);
+    /* copies between host and device memory; they return once the copy is
+     * complete (ordered after the work already on the compute stream) */
     void (*h2d)(backend_t *be, void *dst, const void *src, size_t bytes);
     void (*d2h)(backend_t *be, void *dst, const void *src, size_t bytes);
     void (*zero)(backend_t *be, tensor_t t);
@@ -130,8 +132,9 @@ typedef struct backend_ops {
                         uint64_t offset);
 
     /* Streams for overlapping communication with compute (CUDA); NULL on
-     * the CPU. aux_stream: a second stream (cudaStream_t); stream_fence:
-     * makes `waiter` wait for everything enqueued so far on `waitee`. */
+     * the CPU. aux_stream: a second stream (cudaStream_t), owned by the
+     * backend; stream_fence: makes `waiter` wait for everything enqueued so
+     * far on `waitee`. */
     void *(*aux_stream)(backend_t *be);
     void (*stream_fence)(backend_t *be, void *waiter, void *waitee);
 
@@ -148,7 +151,9 @@ struct backend {
     char device_name[128];
     sp_err err;            /* sticky: first failure, with file:line */
     void *stream;          /* CUDA: the compute stream (cudaStream_t); CPU: NULL */
-    size_t mem_total;      /* device memory in bytes (CPU: physical RAM) */
+    size_t mem_total;      /* device memory free for this process at creation (CPU: 0) */
+    size_t workspace_bytes; /* the backend's own scratch at most (matmul workspace,
+                               attention blocks), for memory plans */
     void *impl;
 };
 

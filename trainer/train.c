@@ -91,6 +91,7 @@ static int check_memory(trainer_t *t, const model_opts *o, sp_err *err)
 {
     model_plan p;
     model_plan_bytes(&t->mc, o, t->be->act_dt, &p);
+    p.scratch += t->be->workspace_bytes;
     size_t total = p.weights + p.trainable + p.activations + p.scratch;
     size_t avail = t->be->mem_total ? t->be->mem_total : mem_available();
     if (strcmp(t->be->name, "cuda") != 0) {

@@ -1,0 +1,346 @@
+/* kernels/cuda/cuda_attention.cu — causal grouped-query attention, forward
+ * and backward, with the math of cpu_attention_forward/backward.
+ *
+ * Algorithm: batched cuBLASLt products with a fused masked-softmax kernel,
+ * tiled over query rows (not a single flash-style kernel). For each batch b,
+ * query head offset g within a kv group, a chunk of kv heads and a block of
+ * R query rows [r0, r0+R): S = scale Q K^T over keys [0, r0+R) only (the
+ * causal bound: about 5/8 of the full T x T products at R = T/4), one
+ * kernel turns S into P = exp(S - lse) (writing lse), and O = P V. The
+ * backward recomputes P from lse (nothing T x T is kept between the
+ * passes): dP = dO V^T, dS = P (dP - D) scale with D = rowsum(dO * O),
+ * dQ = dS K, and dK += dS^T Q, dV += P^T dO accumulate in fp32 buffers over
+ * row blocks and the query heads of a group, then are converted.
+ *
+ * Memory: the score blocks live only inside the op, in the backend's
+ * scratch buffer, bounded by ATTN_BUDGET (forward 6 bytes, backward 12 bytes
+ * per score element for bf16), plus D (B x nh x T) and the two fp32 dK/dV
+ * buffers of one batch (T x nkv x hd each) in the backward.
+ * Precision: scores and softmax in fp32; P and dS are rounded to the
+ * activation dtype (bf16) before their products, as flash attention does. */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+#define ATTN_BUDGET ((size_t)256 << 20)
+#define ATTN_ROWS 512
+#define SOFTMAX_BLOCK 128
+
+typedef struct attn_plan {
+    int R;     /* query rows per block */
+    int nc;    /* kv heads per batched product */
+    int ldS;   /* row stride of a score block (T rounded up to 8) */
+    size_t hs; /* elements of one head's score block, R * ldS */
+} attn_plan;
+
+static attn_plan attn_plan_for(int T, int nkv, size_t bytes_per_score)
+{
+    attn_plan p;
+    p.ldS = (T + 7) & ~7;
+    p.R = T < ATTN_ROWS ? T : ATTN_ROWS;
+    while (p.R > 64 && (size_t)p.R * p.ldS * bytes_per_score > ATTN_BUDGET)
+        p.R /= 2;
+    p.hs = (size_t)p.R * p.ldS;
+    size_t nc = ATTN_BUDGET / (p.hs * bytes_per_score);
+    if (nc < 1)
+        nc = 1;
+    if (nc > (size_t)nkv)
+        nc = (size_t)nkv;
+    p.nc = (int)nc;
+    return p;
+}
+
+/* Reserves bytes at *off (256-byte aligned) and returns the offset. */
+static size_t carve(size_t *off, size_t bytes)
+{
+    size_t at = (*off + 255) & ~(size_t)255;
+    *off = at + bytes;
+    return at;
+}
+
+/* ---- kernels -------------------------------------------------------------------- */
+
+/* One block per (query row i of the block, head c of the chunk): the row's
+ * max and sum of exponentials over keys j <= t (fp32), lse = m + log(sum),
+ * P[j] = exp(S[j] - lse) for j <= t and 0 for the masked keys up to kend. */
+__global__ void attn_softmax_forward_kernel(const float *S, void *P, int pdt, float *lse,
+                                            size_t hs, int ldS, int r0, int kend, size_t lbase,
+                                            size_t lstride)
+{
+    __shared__ float sh[33];
+    int i = blockIdx.x, c = blockIdx.y, t = r0 + i;
+    size_t row = (size_t)c * hs + (size_t)i * ldS;
+    float m = -INFINITY, s = 0.0f;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+        float x = S[row + j];
+        if (x > m) {
+            s = s * expf(m - x) + 1.0f;
+            m = x;
+        } else {
+            s += expf(x - m);
+        }
+    }
+    float M = block_max(m, sh);
+    float l = M + logf(block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sh));
+    for (int j = threadIdx.x; j < kend; j += blockDim.x)
+        st_f(P, pdt, row + j, j <= t ? expf(S[row + j] - l) : 0.0f);
+    if (threadIdx.x == 0)
+        lse[lbase + (size_t)c * lstride + t] = l;
+}
+
+/* D[(b*nh + h)*T + t] = dot(dO[b,t,h,:], O[b,t,h,:]): one warp per row */
+__global__ void attn_rowdot_kernel(float *D, const void *dO, const void *O, int dt, int T, int nh,
+                                   int hd, size_t nrows)
+{
+    size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; /* (b*T + t)*nh + h */
+    if (r >= nrows)
+        return; /* the whole warp leaves together */
+    int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += 32)
+        acc += ld_f(dO, dt, r * hd + d) * ld_f(O, dt, r * hd + d);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        size_t h = r % nh, bt = r / nh, t = bt % T, b = bt / T;
+        D[(b * nh + h) * T + t] = acc;
+    }
+}
+
+/* One block per (query row i of the block, head c of the chunk), threads
+ * over keys j < kend: P = exp(S - lse), dS = P (dP - D) scale, both 0 for
+ * the masked keys. */
+__global__ void attn_softmax_backward_kernel(const float *S, const float *dP, void *P, void *dS,
+                                             int dt, const float *lse, const float *D, size_t hs,
+                                             int ldS, int r0, int kend, size_t lbase,
+                                             size_t lstride, float scale)
+{
+    int i = blockIdx.x, c = blockIdx.y, t = r0 + i;
+    size_t row = (size_t)c * hs + (size_t)i * ldS;
+    size_t li = lbase + (size_t)c * lstride + t;
+    float l = lse[li], d = D[li];
+    for (int j = threadIdx.x; j < kend; j += blockDim.x) {
+        float p = 0.0f, ds = 0.0f;
+        if (j <= t) {
+            p = expf(S[row + j] - l);
+            ds = p * (dP[row + j] - d) * scale;
+        }
+        st_f(P, dt, row + j, p);
+        st_f(dS, dt, row + j, ds);
+    }
+}
+
+/* ---- shared argument checks ------------------------------------------------------ */
+
+static int attn_args(backend_t *be, const char *op, int B, int T, int nh, int nkv, int hd)
+{
+    if (be->err.code)
+        return -1;
+    if (B <= 0 || T <= 0 || nh <= 0 || nkv <= 0 || hd <= 0 || nh % nkv) {
+        cuda_fail(be, __FILE__, __LINE__,
+                  "%s: bad shape B=%d T=%d heads=%d kv_heads=%d head_dim=%d", op, B, T, nh, nkv,
+                  hd);
+        return -1;
+    }
+    return 0;
+}
+
+static int same_dtype(backend_t *be, const char *op, const tensor_t *ts, int n)
+{
+    for (int i = 1; i < n; i++)
+        if (ts[i].dt != ts[0].dt) {
+            cuda_fail(be, __FILE__, __LINE__,
+                      "%s: q, k, v, out and their gradients must share one dtype (%s and %s)",
+                      op, dtype_name(ts[0].dt), dtype_name(ts[i].dt));
+            return -1;
+        }
+    return 0;
+}
+
+/* The product S = scale Q_blk K[0:kend]^T of one (b, g, chunk, row block),
+ * and its twin dP = dO_blk V^T (same shapes). */
+static void scores(backend_t *be, float *S, const char *Q, const char *K, dtype_t dt,
+                   const attn_plan *pl, int rows, int kend, int ncc, int nh, int nkv, int group,
+                   int hd, float alpha)
+{
+    gemm_desc d;
+    memset(&d, 0, sizeof d);
+    d.M = rows;
+    d.N = kend;
+    d.K = hd;
+    d.transB = 1;
+    d.adt = d.bdt = dt;
+    d.cdt = DT_F32;
+    d.lda = (int64_t)nh * hd;
+    d.ldb = (int64_t)nkv * hd;
+    d.ldc = pl->ldS;
+    d.batch = ncc;
+    d.sa = (int64_t)group * hd;
+    d.sb = hd;
+    d.sc = (int64_t)pl->hs;
+    cuda_gemm(be, &d, Q, K, S, alpha, 0.0f);
+}
+
+/* ---- forward ----------------------------------------------------------------------- */
+
+extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
+                                       tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
+                                       int hd)
+{
+    const char *op = "attention_forward";
+    if (attn_args(be, op, B, T, nh, nkv, hd))
+        return;
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    tensor_t all[] = {q, k, v, out};
+    if (ARG(be, op, out, nq, DTS_FLOAT) || ARG(be, op, lse, (size_t)B * nh * T, DTS_F32) ||
+        ARG(be, op, q, nq, DTS_FLOAT) || ARG(be, op, k, nk, DTS_FLOAT) ||
+        ARG(be, op, v, nk, DTS_FLOAT) || same_dtype(be, op, all, 4))
+        return;
+    dtype_t dt = q.dt;
+    size_t esz = dtype_size(dt);
+    attn_plan pl = attn_plan_for(T, nkv, 4 + esz);
+    size_t off = 0;
+    size_t oS = carve(&off, 4 * pl.hs * pl.nc), oP = carve(&off, esz * pl.hs * pl.nc);
+    char *ws = (char *)cuda_scratch(be, off);
+    if (!ws)
+        return;
+    float *S = (float *)(ws + oS);
+    void *P = ws + oP;
+    cudaStream_t st = CUDA_IMPL(be)->stream;
+    int group = nh / nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < group; g++)
+            for (int k0 = 0; k0 < nkv; k0 += pl.nc)
+                for (int r0 = 0; r0 < T && !be->err.code; r0 += pl.R) {
+                    int ncc = nkv - k0 < pl.nc ? nkv - k0 : pl.nc;
+                    int rows = T - r0 < pl.R ? T - r0 : pl.R, kend = r0 + rows;
+                    size_t qoff = (((size_t)b * T + r0) * nh + (size_t)k0 * group + g) * hd;
+                    size_t koff = ((size_t)b * T * nkv + k0) * hd;
+                    size_t lbase = ((size_t)b * nh + (size_t)k0 * group + g) * T;
+                    scores(be, S, (const char *)q.p + qoff * esz, (const char *)k.p + koff * esz,
+                           dt, &pl, rows, kend, ncc, nh, nkv, group, hd, scale);
+                    attn_softmax_forward_kernel<<<dim3(rows, ncc), SOFTMAX_BLOCK, 0, st>>>(
+                        S, P, dt, (float *)lse.p, pl.hs, pl.ldS, r0, kend, lbase,
+                        (size_t)group * T);
+                    if (LAUNCHED(be, "attn_softmax_forward_kernel"))
+                        return;
+                    gemm_desc o;
+                    memset(&o, 0, sizeof o);
+                    o.M = rows;
+                    o.N = hd;
+                    o.K = kend;
+                    o.adt = o.bdt = o.cdt = dt;
+                    o.lda = pl.ldS;
+                    o.ldb = (int64_t)nkv * hd;
+                    o.ldc = (int64_t)nh * hd;
+                    o.batch = ncc;
+                    o.sa = (int64_t)pl.hs;
+                    o.sb = hd;
+                    o.sc = (int64_t)group * hd;
+                    cuda_gemm(be, &o, P, (const char *)v.p + koff * esz,
+                              (char *)out.p + qoff * esz, 1.0f, 0.0f);
+                }
+}
+
+/* ---- backward ---------------------------------------------------------------------- */
+
+extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
+                                        tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
+                                        tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
+                                        int hd)
+{
+    const char *op = "attention_backward";
+    if (attn_args(be, op, B, T, nh, nkv, hd))
+        return;
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    tensor_t all[] = {q, k, v, out, dout, dq, dk, dv};
+    if (ARG(be, op, dq, nq, DTS_FLOAT) || ARG(be, op, dk, nk, DTS_FLOAT) ||
+        ARG(be, op, dv, nk, DTS_FLOAT) || ARG(be, op, dout, nq, DTS_FLOAT) ||
+        ARG(be, op, out, nq, DTS_FLOAT) || ARG(be, op, lse, (size_t)B * nh * T, DTS_F32) ||
+        ARG(be, op, q, nq, DTS_FLOAT) || ARG(be, op, k, nk, DTS_FLOAT) ||
+        ARG(be, op, v, nk, DTS_FLOAT) || same_dtype(be, op, all, 8))
+        return;
+    dtype_t dt = q.dt;
+    size_t esz = dtype_size(dt);
+    attn_plan pl = attn_plan_for(T, nkv, 8 + 2 * esz);
+    size_t per_b = (size_t)T * nkv * hd, off = 0;
+    size_t oS = carve(&off, 4 * pl.hs * pl.nc), odP = carve(&off, 4 * pl.hs * pl.nc);
+    size_t oP = carve(&off, esz * pl.hs * pl.nc), odS = carve(&off, esz * pl.hs * pl.nc);
+    size_t oD = carve(&off, 4 * (size_t)B * nh * T);
+    size_t odK = carve(&off, 4 * per_b), odV = carve(&off, 4 * per_b);
+    char *ws = (char *)cuda_scratch(be, off);
+    if (!ws)
+        return;
+    float *S = (float *)(ws + oS), *dP = (float *)(ws + odP), *D = (float *)(ws + oD);
+    float *dK32 = (float *)(ws + odK), *dV32 = (float *)(ws + odV);
+    void *P = ws + oP, *dS = ws + odS;
+    cudaStream_t st = CUDA_IMPL(be)->stream;
+    int group = nh / nkv;
+    float scale = 1.0f / sqrtf((float)hd);
+
+    size_t nrows = (size_t)B * T * nh;
+    attn_rowdot_kernel<<<(unsigned)((nrows + 7) / 8), 256, 0, st>>>(D, dout.p, out.p, dt, T, nh,
+                                                                    hd, nrows);
+    if (LAUNCHED(be, "attn_rowdot_kernel"))
+        return;
+    for (int b = 0; b < B && !be->err.code; b++) {
+        if (CUDA_OK(be, cudaMemsetAsync(dK32, 0, 4 * per_b, st)) ||
+            CUDA_OK(be, cudaMemsetAsync(dV32, 0, 4 * per_b, st)))
+            return;
+        for (int g = 0; g < group; g++)
+            for (int k0 = 0; k0 < nkv; k0 += pl.nc)
+                for (int r0 = 0; r0 < T && !be->err.code; r0 += pl.R) {
+                    int ncc = nkv - k0 < pl.nc ? nkv - k0 : pl.nc;
+                    int rows = T - r0 < pl.R ? T - r0 : pl.R, kend = r0 + rows;
+                    size_t qoff = (((size_t)b * T + r0) * nh + (size_t)k0 * group + g) * hd;
+                    size_t koff = ((size_t)b * T * nkv + k0) * hd;
+                    size_t lbase = ((size_t)b * nh + (size_t)k0 * group + g) * T;
+                    const char *Qb = (const char *)q.p + qoff * esz;
+                    const char *dOb = (const char *)dout.p + qoff * esz;
+                    const char *Kb = (const char *)k.p + koff * esz;
+                    const char *Vb = (const char *)v.p + koff * esz;
+                    scores(be, S, Qb, Kb, dt, &pl, rows, kend, ncc, nh, nkv, group, hd, scale);
+                    scores(be, dP, dOb, Vb, dt, &pl, rows, kend, ncc, nh, nkv, group, hd, 1.0f);
+                    attn_softmax_backward_kernel<<<dim3(rows, ncc), SOFTMAX_BLOCK, 0, st>>>(
+                        S, dP, P, dS, dt, (const float *)lse.p, D, pl.hs, pl.ldS, r0, kend, lbase,
+                        (size_t)group * T, scale);
+                    if (LAUNCHED(be, "attn_softmax_backward_kernel"))
+                        return;
+                    /* dQ_blk = dS K[0:kend] (every query row written once) */
+                    gemm_desc d;
+                    memset(&d, 0, sizeof d);
+                    d.M = rows;
+                    d.N = hd;
+                    d.K = kend;
+                    d.adt = d.bdt = d.cdt = dt;
+                    d.lda = pl.ldS;
+                    d.ldb = (int64_t)nkv * hd;
+                    d.ldc = (int64_t)nh * hd;
+                    d.batch = ncc;
+                    d.sa = (int64_t)pl.hs;
+                    d.sb = hd;
+                    d.sc = (int64_t)group * hd;
+                    cuda_gemm(be, &d, dS, Kb, (char *)dq.p + qoff * esz, 1.0f, 0.0f);
+                    /* dK[0:kend] += dS^T Q_blk;  dV[0:kend] += P^T dO_blk (fp32) */
+                    memset(&d, 0, sizeof d);
+                    d.M = kend;
+                    d.N = hd;
+                    d.K = rows;
+                    d.transA = 1;
+                    d.adt = d.bdt = dt;
+                    d.cdt = DT_F32;
+                    d.lda = pl.ldS;
+                    d.ldb = (int64_t)nh * hd;
+                    d.ldc = (int64_t)nkv * hd;
+                    d.batch = ncc;
+                    d.sa = (int64_t)pl.hs;
+                    d.sb = (int64_t)group * hd;
+                    d.sc = hd;
+                    cuda_gemm(be, &d, dS, Qb, dK32 + (size_t)k0 * hd, 1.0f, 1.0f);
+                    cuda_gemm(be, &d, P, dOb, dV32 + (size_t)k0 * hd, 1.0f, 1.0f);
+                }
+        cuda_convert(be, (char *)dk.p + (size_t)b * per_b * esz, dt, dK32, DT_F32, per_b);
+        cuda_convert(be, (char *)dv.p + (size_t)b * per_b * esz, dt, dV32, DT_F32, per_b);
+    }
+}

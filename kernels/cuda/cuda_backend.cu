@@ -1,0 +1,357 @@
+/* kernels/cuda/cuda_backend.cu — the CUDA backend's device, stream and
+ * handles; memory (plain cudaMalloc, zeroed, counted in bytes_in_use and
+ * bytes_peak), host<->device copies, copy/convert, the shared scratch
+ * buffer, error reporting, and the op table. The math lives in
+ * cuda_matmul.cu, cuda_ops.cu and cuda_attention.cu. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* ---- errors ----------------------------------------------------------------- */
+
+static int device_of(backend_t *be)
+{
+    return be && be->impl ? CUDA_IMPL(be)->device : -1;
+}
+
+extern "C" void cuda_fail(backend_t *be, const char *file, int line, const char *fmt, ...)
+{
+    if (be->err.code)
+        return;
+    char body[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    be_fail(be, file, line, "device %d (%s): %s", device_of(be), be->device_name, body);
+}
+
+extern "C" int cuda_ok(backend_t *be, cudaError_t e, const char *call, const char *file, int line)
+{
+    if (e == cudaSuccess)
+        return 0;
+    cuda_fail(be, file, line, "%.300s: %s (%s)", call, cudaGetErrorString(e), cudaGetErrorName(e));
+    return -1;
+}
+
+extern "C" int cublas_ok(backend_t *be, cublasStatus_t s, const char *call, const char *file,
+                         int line)
+{
+    if (s == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    cuda_fail(be, file, line, "%.300s: %s (%d)", call, cublasGetStatusString(s), (int)s);
+    return -1;
+}
+
+extern "C" int cuda_arg(backend_t *be, const char *op, const char *name, tensor_t t, size_t n,
+                        unsigned dts, const char *file, int line)
+{
+    if (be->err.code)
+        return -1;
+    if (!t.p) {
+        cuda_fail(be, file, line, "%s: %s is not allocated", op, name);
+        return -1;
+    }
+    if (!(dts & (1u << t.dt))) {
+        cuda_fail(be, file, line, "%s: %s has dtype %s, which the CUDA backend does not take here",
+                  op, name, dtype_name(t.dt));
+        return -1;
+    }
+    if (t.n < n) {
+        cuda_fail(be, file, line, "%s: %s has %zu elements, needs %zu", op, name, t.n, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- memory ----------------------------------------------------------------- */
+
+static void count_alloc(backend_t *be, size_t bytes)
+{
+    be->bytes_in_use += bytes;
+    if (be->bytes_in_use > be->bytes_peak)
+        be->bytes_peak = be->bytes_in_use;
+}
+
+static tensor_t cuda_alloc(backend_t *be, dtype_t dt, size_t n)
+{
+    tensor_t t = {NULL, n, dt};
+    cuda_impl *im = CUDA_IMPL(be);
+    size_t bytes = n * dtype_size(dt);
+    size_t rounded = (bytes + 255) & ~(size_t)255;
+    if (rounded == 0)
+        rounded = 256;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, rounded);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        cuda_fail(be, __FILE__, __LINE__,
+                  "cudaMalloc of %zu bytes (%zu elements of %s): %s; %.1f MiB in use by spotune, "
+                  "%.1f MiB free on the device",
+                  rounded, n, dtype_name(dt), cudaGetErrorString(e),
+                  (double)be->bytes_in_use / 1048576.0, (double)free_b / 1048576.0);
+        t.n = 0;
+        return t;
+    }
+    if (CUDA_OK(be, cudaMemsetAsync(p, 0, rounded, im->stream))) {
+        cudaFree(p);
+        t.n = 0;
+        return t;
+    }
+    t.p = p;
+    count_alloc(be, bytes);
+    return t;
+}
+
+static void cuda_free(backend_t *be, tensor_t *t)
+{
+    if (t->p) {
+        /* cudaFree waits for the device; nothing queued can still use t */
+        CUDA_OK(be, cudaFree(t->p));
+        be->bytes_in_use -= t->n * dtype_size(t->dt);
+    }
+    t->p = NULL;
+    t->n = 0;
+}
+
+extern "C" void *cuda_scratch(backend_t *be, size_t bytes)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (bytes <= im->scratch_bytes)
+        return im->scratch;
+    size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    if (im->scratch) {
+        if (CUDA_OK(be, cudaStreamSynchronize(im->stream)) || CUDA_OK(be, cudaFree(im->scratch)))
+            return NULL;
+        be->bytes_in_use -= im->scratch_bytes;
+        im->scratch = NULL;
+        im->scratch_bytes = 0;
+    }
+    void *p = NULL;
+    if (CUDA_OK(be, cudaMalloc(&p, want)))
+        return NULL;
+    im->scratch = p;
+    im->scratch_bytes = want;
+    count_alloc(be, want);
+    return p;
+}
+
+/* ---- copies ----------------------------------------------------------------- */
+
+/* Both directions wait for the copy: the caller may reuse or free its host
+ * buffer, or read the result, as soon as the call returns. */
+static void cuda_h2d(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (!bytes || be->err.code)
+        return;
+    if (!CUDA_OK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, im->stream)))
+        CUDA_OK(be, cudaStreamSynchronize(im->stream));
+}
+
+static void cuda_d2h(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (!bytes)
+        return;
+    if (be->err.code) { /* the device's results are not to be trusted */
+        memset(dst, 0, bytes);
+        return;
+    }
+    if (CUDA_OK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, im->stream)) ||
+        CUDA_OK(be, cudaStreamSynchronize(im->stream)))
+        memset(dst, 0, bytes);
+}
+
+static void cuda_zero(backend_t *be, tensor_t t)
+{
+    if (!t.n || be->err.code)
+        return;
+    CUDA_OK(be, cudaMemsetAsync(t.p, 0, t.n * dtype_size(t.dt), CUDA_IMPL(be)->stream));
+}
+
+static void cuda_copy(backend_t *be, tensor_t dst, tensor_t src)
+{
+    if (be->err.code)
+        return;
+    if (dst.n != src.n) {
+        cuda_fail(be, __FILE__, __LINE__, "copy of %zu elements into %zu", src.n, dst.n);
+        return;
+    }
+    if (!src.n || dst.p == src.p)
+        return;
+    if (dst.dt == src.dt) {
+        CUDA_OK(be, cudaMemcpyAsync(dst.p, src.p, src.n * dtype_size(src.dt),
+                                    cudaMemcpyDeviceToDevice, CUDA_IMPL(be)->stream));
+        return;
+    }
+    if (ARG(be, "copy", dst, 0, DTS_FLOAT) || ARG(be, "copy", src, 0, DTS_FLOAT))
+        return;
+    cuda_convert(be, dst.p, dst.dt, src.p, src.dt, src.n);
+}
+
+static void cuda_sync(backend_t *be)
+{
+    CUDA_OK(be, cudaStreamSynchronize(CUDA_IMPL(be)->stream));
+}
+
+/* ---- streams ---------------------------------------------------------------- */
+
+/* The second stream (gradient all-reduce overlapping the backward); the
+ * backend owns it and destroys it with itself. */
+static void *cuda_aux_stream(backend_t *be)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (!im->aux && CUDA_OK(be, cudaStreamCreateWithFlags(&im->aux, cudaStreamNonBlocking)))
+        return NULL;
+    return (void *)im->aux;
+}
+
+/* waiter waits (on the device, the host does not) for all work enqueued on
+ * waitee so far. */
+static void cuda_stream_fence(backend_t *be, void *waiter, void *waitee)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (be->err.code || !waiter || !waitee || waiter == waitee)
+        return;
+    if (!im->fence && CUDA_OK(be, cudaEventCreateWithFlags(&im->fence, cudaEventDisableTiming)))
+        return;
+    if (!CUDA_OK(be, cudaEventRecord(im->fence, (cudaStream_t)waitee)))
+        CUDA_OK(be, cudaStreamWaitEvent((cudaStream_t)waiter, im->fence, 0));
+}
+
+/* ---- lifetime --------------------------------------------------------------- */
+
+static void cuda_destroy(backend_t *be)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (im) {
+        if (im->aux)
+            cudaStreamSynchronize(im->aux);
+        if (im->stream)
+            cudaStreamSynchronize(im->stream);
+        cuda_mm_destroy(be);
+        if (im->scratch)
+            cudaFree(im->scratch);
+        if (im->host_sum)
+            cudaFreeHost(im->host_sum);
+        if (im->blas)
+            cublasDestroy(im->blas);
+        if (im->lt)
+            cublasLtDestroy(im->lt);
+        if (im->fence)
+            cudaEventDestroy(im->fence);
+        if (im->aux)
+            cudaStreamDestroy(im->aux);
+        if (im->stream)
+            cudaStreamDestroy(im->stream);
+        free(im);
+    }
+    free(be);
+}
+
+/* C++20 designated initializers: the compiler checks the field order. */
+static const backend_ops cuda_ops_table = {
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .h2d = cuda_h2d,
+    .d2h = cuda_d2h,
+    .zero = cuda_zero,
+    .copy = cuda_copy,
+    .sync = cuda_sync,
+    .matmul = cuda_matmul,
+    .rmsnorm_forward = cuda_rmsnorm_forward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .rope = cuda_rope,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .swiglu_forward = cuda_swiglu_forward,
+    .swiglu_backward = cuda_swiglu_backward,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
+    .cross_entropy = cuda_cross_entropy,
+    .add = cuda_add,
+    .add_bias = cuda_add_bias,
+    .bias_backward = cuda_bias_backward,
+    .dropout = cuda_dropout,
+    .sumsq = cuda_sumsq,
+    .adamw = cuda_adamw,
+    .fill_uniform = cuda_fill_uniform,
+    .fill_normal = cuda_fill_normal,
+    .aux_stream = cuda_aux_stream,
+    .stream_fence = cuda_stream_fence,
+    .destroy = cuda_destroy,
+};
+
+extern "C" int cuda_backend_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: clear, and say none */
+        return 0;
+    }
+    return n > 0 ? n : 0;
+}
+
+/* The setup after the device is bound; any failure is left in be->err. */
+static int cuda_setup(backend_t *be, cuda_impl *im)
+{
+    cudaDeviceProp prop;
+    if (CUDA_OK(be, cudaGetDeviceProperties(&prop, im->device)))
+        return -1;
+    snprintf(be->device_name, sizeof be->device_name, "%.127s", prop.name);
+    size_t free_b = 0, total_b = 0;
+    if (CUDA_OK(be, cudaMemGetInfo(&free_b, &total_b)))
+        return -1;
+    be->mem_total = free_b; /* what this process can still plan on */
+    /* matmul workspace, attention score blocks, and the fp32 dK/dV
+     * accumulators of a long sequence */
+    be->workspace_bytes = ((size_t)32 << 20) + ((size_t)256 << 20) + ((size_t)64 << 20);
+    if (CUDA_OK(be, cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking)))
+        return -1;
+    be->stream = (void *)im->stream;
+    if (CUBLAS_OK(be, cublasCreate(&im->blas)) || CUBLAS_OK(be, cublasLtCreate(&im->lt)) ||
+        CUBLAS_OK(be, cublasSetStream(im->blas, im->stream)))
+        return -1;
+    if (CUDA_OK(be, cudaMallocHost((void **)&im->host_sum, sizeof(double))))
+        return -1;
+    return cuda_mm_init(be);
+}
+
+extern "C" int cuda_backend_create(backend_t **out, int device, int threads, sp_err *err)
+{
+    *out = NULL;
+    int count = cuda_backend_device_count();
+    if (count <= 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "runtime.backend: cuda requested but no CUDA device is visible (no NVIDIA "
+                       "driver, no GPU, or CUDA_VISIBLE_DEVICES hides them)");
+    backend_t *be = (backend_t *)calloc(1, sizeof *be);
+    cuda_impl *im = (cuda_impl *)calloc(1, sizeof *im);
+    if (!be || !im) {
+        free(be);
+        free(im);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory creating the CUDA backend");
+    }
+    im->device = (device < 0 ? 0 : device) % count;
+    be->ops = &cuda_ops_table;
+    be->name = "cuda";
+    be->act_dt = DT_BF16;
+    be->threads = threads > 0 ? threads : 1;
+    be->impl = im;
+    snprintf(be->device_name, sizeof be->device_name, "CUDA device %d", im->device);
+    if (!CUDA_OK(be, cudaSetDevice(im->device)))
+        cuda_setup(be, im);
+    if (be->err.code) {
+        int code = sp_fail(err, be->err.code, "%s", be->err.msg);
+        cuda_destroy(be);
+        return code;
+    }
+    *out = be;
+    return 0;
+}

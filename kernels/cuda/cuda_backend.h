@@ -1,0 +1,26 @@
+/* kernels/cuda/cuda_backend.h — the CUDA backend: bf16 activations and
+ * compute weights, fp32 accumulation, cuBLASLt matmuls and one CUDA kernel
+ * per op of backend.h, all on one non-default stream of one device.
+ * Owns its device memory, stream, cuBLAS/cuBLASLt handles, matmul plan
+ * cache and workspaces; nothing else. C interface. */
+#ifndef SPOTUNE_CUDA_BACKEND_H
+#define SPOTUNE_CUDA_BACKEND_H
+
+#include "../backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Binds to GPU device % (number of visible devices) and creates the backend
+ * (act_dt BF16). Fails with a message when no device is visible. */
+int cuda_backend_create(backend_t **out, int device, int threads, sp_err *err);
+
+/* Number of visible CUDA devices; 0 (not an error) without a driver or device. */
+int cuda_backend_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,292 @@
+/* kernels/cuda/cuda_internal.h — private to the CUDA backend's .cu files:
+ * its state, the checks that turn every failed CUDA/cuBLAS call into the
+ * backend's sticky error (device ordinal, call, file:line), fp32 loads and
+ * stores of F32/BF16 tensors, the device twins of base.h's bf16 rounding and
+ * counter RNG, and the entry points of each file (C linkage). */
+#ifndef SPOTUNE_CUDA_INTERNAL_H
+#define SPOTUNE_CUDA_INTERNAL_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "../backend.h"
+}
+#include "cuda_backend.h"
+
+/* ---- state ------------------------------------------------------------------ */
+
+typedef struct mm_cache mm_cache; /* cuda_matmul.cu */
+
+typedef struct cuda_impl {
+    int device;
+    cudaStream_t stream;      /* every op runs on it */
+    cudaStream_t aux;         /* a second stream for communication (created on demand) */
+    cudaEvent_t fence;        /* reused by stream_fence */
+    cublasHandle_t blas;      /* batched fallback when cuBLASLt has no algorithm */
+    cublasLtHandle_t lt;
+    void *mm_ws;              /* matmul workspace, allocated once */
+    size_t mm_ws_bytes;
+    mm_cache *mm;             /* matmul plans by shape, transposes, dtypes, alignment */
+    void *scratch;            /* grow-only workspace of reductions and attention; */
+    size_t scratch_bytes;     /* nothing in it survives an op */
+    double *host_sum;         /* pinned: sumsq's result */
+} cuda_impl;
+
+#define CUDA_IMPL(be) ((cuda_impl *)(be)->impl)
+
+/* ---- checks ----------------------------------------------------------------- */
+
+extern "C" {
+/* Return 0 when the call succeeded; else record it (first wins) and return -1. */
+int cuda_ok(backend_t *be, cudaError_t e, const char *call, const char *file, int line);
+int cublas_ok(backend_t *be, cublasStatus_t s, const char *call, const char *file, int line);
+/* A failure that is not a CUDA status (bad argument, unsupported dtype). */
+void cuda_fail(backend_t *be, const char *file, int line, const char *fmt, ...) SP_PRINTF(4, 5);
+}
+
+#define CUDA_OK(be, call) cuda_ok((be), (call), #call, __FILE__, __LINE__)
+#define CUBLAS_OK(be, call) cublas_ok((be), (call), #call, __FILE__, __LINE__)
+/* After every kernel launch: a bad configuration is reported here, a fault
+ * in the kernel at the next synchronising call. */
+#define LAUNCHED(be, name) cuda_ok((be), cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
+
+/* Allowed dtypes of a tensor argument, as a bit set of 1u << dtype. */
+#define DTS_F32 (1u << DT_F32)
+#define DTS_FLOAT ((1u << DT_F32) | (1u << DT_BF16))
+#define DTS_I32 (1u << DT_I32)
+
+extern "C" {
+/* 0 when t is allocated, has at least n elements and an allowed dtype; else
+ * records "op: name ..." and returns -1. */
+int cuda_arg(backend_t *be, const char *op, const char *name, tensor_t t, size_t n, unsigned dts,
+             const char *file, int line);
+/* A device buffer of at least bytes, reused by every op (grown on demand,
+ * after the stream drains); NULL with the sticky error set on failure. */
+void *cuda_scratch(backend_t *be, size_t bytes);
+}
+#define ARG(be, op, t, n, dts) cuda_arg((be), (op), #t, (t), (n), (dts), __FILE__, __LINE__)
+
+/* ---- launch shapes ---------------------------------------------------------- */
+
+#define CUDA_BLOCK 256
+
+/* Blocks for a grid-stride loop over n elements. */
+static inline unsigned cuda_blocks(size_t n)
+{
+    size_t b = (n + CUDA_BLOCK - 1) / CUDA_BLOCK;
+    if (b > (1u << 20))
+        b = 1u << 20;
+    return b ? (unsigned)b : 1u;
+}
+
+#define GRID_STRIDE(i, n)                                                                    \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- bf16 and dtype-generic loads/stores (fp32 in registers) ---------------- */
+
+/* Twins of sp_bf16_to_f32 / sp_f32_to_bf16 (round to nearest even, NaN
+ * stays a quiet NaN), bit for bit. */
+static __device__ __forceinline__ float bf16_to_f32(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+static __device__ __forceinline__ uint16_t f32_to_bf16(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Element i of an F32 or BF16 buffer, as float; the dtype is uniform across
+ * a launch, so the branch costs nothing. */
+static __device__ __forceinline__ float ld_f(const void *p, int dt, size_t i)
+{
+    if (dt == DT_BF16)
+        return bf16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static __device__ __forceinline__ void st_f(void *p, int dt, size_t i, float v)
+{
+    if (dt == DT_BF16)
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* ---- the counter RNG: twins of base.h, bit for bit -------------------------- */
+
+static __device__ __forceinline__ uint64_t d_mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static __device__ __forceinline__ uint64_t d_rng_u64(uint64_t seed, uint64_t ctr)
+{
+    return d_mix64(d_mix64(seed) ^ ctr);
+}
+
+static __device__ __forceinline__ float d_rng_uniform(uint64_t seed, uint64_t ctr)
+{
+    return __fmul_rn((float)(d_rng_u64(seed, ctr) >> 40), 1.0f / 16777216.0f);
+}
+
+/* Box-Muller in double as sp_rng_normal; CUDA's log and cos are within an
+ * ulp or two of glibc's, so the float result agrees to about 1e-7. */
+static __device__ __forceinline__ float d_rng_normal(uint64_t seed, uint64_t ctr)
+{
+    double u1 = ((double)(d_rng_u64(seed, 2 * ctr) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(d_rng_u64(seed, 2 * ctr + 1) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* ---- block reductions (fixed shape: deterministic) --------------------------- */
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ double warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum (or max) over the block, returned to every thread. sh holds 33 values;
+ * blockDim.x is a multiple of 32. */
+static __device__ __forceinline__ float block_sum(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* a previous call's readers are done with sh */
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = warp_sum(lane < nw ? sh[lane] : 0.0f);
+        if (lane == 0)
+            sh[32] = v;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+static __device__ __forceinline__ float block_max(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = warp_max(lane < nw ? sh[lane] : -INFINITY);
+        if (lane == 0)
+            sh[32] = v;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+static __device__ __forceinline__ double block_sum_d(double v, double *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = warp_sum_d(lane < nw ? sh[lane] : 0.0);
+        if (lane == 0)
+            sh[32] = v;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+/* ---- the entry points of each file -------------------------------------------- */
+
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C over `batch` matrices at
+ * element strides sa, sb, sc; leading dimensions are row strides. */
+typedef struct gemm_desc {
+    int M, N, K, transA, transB;
+    dtype_t adt, bdt, cdt;
+    int64_t lda, ldb, ldc;
+    int batch;
+    int64_t sa, sb, sc;
+} gemm_desc;
+
+extern "C" {
+/* cuda_matmul.cu */
+int cuda_mm_init(backend_t *be);
+void cuda_mm_destroy(backend_t *be);
+void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B, void *C,
+               float alpha, float beta);
+void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
+                 int transA, int transB, float alpha, float beta);
+
+/* cuda_ops.cu */
+void cuda_convert(backend_t *be, void *dst, dtype_t ddt, const void *src, dtype_t sdt, size_t n);
+void cuda_scale(backend_t *be, void *x, dtype_t dt, size_t n, float alpha);
+void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
+                          int rows, int cols, float eps);
+void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
+                           tensor_t w, tensor_t rstd, int rows, int cols);
+void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T, int nh,
+               int hd, int inverse);
+void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
+void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
+                          tensor_t u, size_t n);
+void cuda_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
+                            int H);
+void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens,
+                             int n, int H);
+void cuda_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
+                        int V, float grad_scale);
+void cuda_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
+void cuda_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
+void cuda_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols);
+void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
+                  uint64_t offset);
+double cuda_sumsq(backend_t *be, tensor_t x, size_t n);
+void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
+                tensor_t v, size_t n, const adamw_args *a);
+void cuda_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi, uint64_t seed,
+                       uint64_t offset);
+void cuda_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std, uint64_t seed,
+                      uint64_t offset);
+
+/* cuda_attention.cu */
+void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
+                            tensor_t v, int B, int T, int nh, int nkv, int hd);
+void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
+                             tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
+                             int B, int T, int nh, int nkv, int hd);
+}
+
+#endif

@@ -1,0 +1,586 @@
+/* kernels/cuda/cuda_ops.cu — the CUDA kernels of every op but matmul and
+ * attention, each backward beside its forward, with the math of
+ * kernels/cpu/cpu_ops.c. Tensors are F32 or BF16 (act_dt) as model_graph.c
+ * passes them; every value is loaded into fp32 registers, and norms,
+ * softmax, loss and reductions are computed there.
+ *
+ * Determinism: the column sums (rmsnorm's dw, bias_backward) and sumsq are
+ * fixed two-pass reductions (partials in double over fixed row or element
+ * blocks, then summed in a fixed order), so they do not change between runs.
+ * embedding_backward adds with atomics: its F32 sums may differ in the last
+ * bits from run to run when a token repeats within a micro-batch.
+ * The RNG ops draw exactly the CPU backend's numbers (cuda_internal.h). */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+#define STREAM(be) (CUDA_IMPL(be)->stream)
+
+/* ---- conversions ------------------------------------------------------------- */
+
+__global__ void convert_kernel(void *dst, int ddt, const void *src, int sdt, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st_f(dst, ddt, i, ld_f(src, sdt, i));
+}
+
+extern "C" void cuda_convert(backend_t *be, void *dst, dtype_t ddt, const void *src, dtype_t sdt,
+                             size_t n)
+{
+    if (be->err.code || !n)
+        return;
+    convert_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(dst, ddt, src, sdt, n);
+    LAUNCHED(be, "convert_kernel");
+}
+
+/* x *= alpha; alpha == 0 writes zeros (NaN-safe, as beta == 0 in a matmul) */
+__global__ void scale_kernel(void *x, int dt, size_t n, float alpha)
+{
+    GRID_STRIDE(i, n)
+    st_f(x, dt, i, alpha == 0.0f ? 0.0f : alpha * ld_f(x, dt, i));
+}
+
+extern "C" void cuda_scale(backend_t *be, void *x, dtype_t dt, size_t n, float alpha)
+{
+    if (be->err.code || !n || alpha == 1.0f)
+        return;
+    scale_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(x, dt, n, alpha);
+    LAUNCHED(be, "scale_kernel");
+}
+
+/* ---- column sums: fixed two-pass reduction ----------------------------------- */
+
+/* part[chunk][c] = sum over the chunk's rows of a[r,c] (times x[r,c]*rstd[r]
+ * when x != NULL), in double. */
+__global__ void colsum_partial_kernel(double *part, const void *a, int adt, const void *x,
+                                      int xdt, const float *rstd, int rows, int cols,
+                                      int rows_per_chunk)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols)
+        return;
+    int r0 = blockIdx.y * rows_per_chunk;
+    int r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    double acc = 0.0;
+    for (int r = r0; r < r1; r++) {
+        size_t i = (size_t)r * cols + c;
+        float v = ld_f(a, adt, i);
+        if (x)
+            v = v * (ld_f(x, xdt, i) * rstd[r]);
+        acc += (double)v;
+    }
+    part[(size_t)blockIdx.y * cols + c] = acc;
+}
+
+/* out[c] += sum over chunks of part[chunk][c], chunks in order */
+__global__ void colsum_finish_kernel(float *out, const double *part, int chunks, int cols)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols)
+        return;
+    double acc = 0.0;
+    for (int k = 0; k < chunks; k++)
+        acc += part[(size_t)k * cols + c];
+    out[c] += (float)acc;
+}
+
+static void colsum(backend_t *be, tensor_t out, const void *a, int adt, const void *x, int xdt,
+                   const float *rstd, int rows, int cols)
+{
+    if (rows <= 0 || cols <= 0)
+        return;
+    int chunks = (rows + 31) / 32;
+    if (chunks > 128)
+        chunks = 128;
+    int per = (rows + chunks - 1) / chunks;
+    chunks = (rows + per - 1) / per;
+    double *part = (double *)cuda_scratch(be, sizeof(double) * (size_t)chunks * cols);
+    if (!part)
+        return;
+    dim3 grid((unsigned)((cols + CUDA_BLOCK - 1) / CUDA_BLOCK), (unsigned)chunks);
+    colsum_partial_kernel<<<grid, CUDA_BLOCK, 0, STREAM(be)>>>(part, a, adt, x, xdt, rstd, rows,
+                                                               cols, per);
+    if (LAUNCHED(be, "colsum_partial_kernel"))
+        return;
+    colsum_finish_kernel<<<(cols + CUDA_BLOCK - 1) / CUDA_BLOCK, CUDA_BLOCK, 0, STREAM(be)>>>(
+        (float *)out.p, part, chunks, cols);
+    LAUNCHED(be, "colsum_finish_kernel");
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------ */
+
+#define ROW_BLOCK 256
+
+/* one block per row: rstd = 1/sqrt(mean(x^2) + eps), out = w * (x * rstd) */
+__global__ void rmsnorm_forward_kernel(void *out, int odt, float *rstd, const void *x, int xdt,
+                                       const void *w, int wdt, int cols, float eps)
+{
+    __shared__ float sh[33];
+    size_t base = (size_t)blockIdx.x * cols;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = ld_f(x, xdt, base + c);
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    float s = 1.0f / sqrtf(ss / (float)cols + eps);
+    if (threadIdx.x == 0)
+        rstd[blockIdx.x] = s;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        st_f(out, odt, base + c, ld_f(w, wdt, c) * (ld_f(x, xdt, base + c) * s));
+}
+
+/* dx += rstd * (g - xhat * mean(g * xhat)),  g = dout * w,  xhat = x * rstd */
+__global__ void rmsnorm_backward_kernel(void *dx, int dxdt, const void *dout, int ddt,
+                                        const void *x, int xdt, const void *w, int wdt,
+                                        const float *rstd, int cols)
+{
+    __shared__ float sh[33];
+    size_t base = (size_t)blockIdx.x * cols;
+    float s = rstd[blockIdx.x];
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        dot += ld_f(dout, ddt, base + c) * ld_f(w, wdt, c) * (ld_f(x, xdt, base + c) * s);
+    float mean = block_sum(dot, sh) / (float)cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        size_t i = base + c;
+        float g = ld_f(dout, ddt, i) * ld_f(w, wdt, c);
+        st_f(dx, dxdt, i, ld_f(dx, dxdt, i) + s * (g - (ld_f(x, xdt, i) * s) * mean));
+    }
+}
+
+extern "C" void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x,
+                                     tensor_t w, int rows, int cols, float eps)
+{
+    size_t n = (size_t)rows * cols;
+    const char *op = "rmsnorm_forward";
+    if (ARG(be, op, out, n, DTS_FLOAT) || ARG(be, op, rstd, rows, DTS_F32) ||
+        ARG(be, op, x, n, DTS_FLOAT) || ARG(be, op, w, cols, DTS_FLOAT) || rows <= 0)
+        return;
+    rmsnorm_forward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, (float *)rstd.p, x.p,
+                                                               x.dt, w.p, w.dt, cols, eps);
+    LAUNCHED(be, "rmsnorm_forward_kernel");
+}
+
+extern "C" void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout,
+                                      tensor_t x, tensor_t w, tensor_t rstd, int rows, int cols)
+{
+    size_t n = (size_t)rows * cols;
+    const char *op = "rmsnorm_backward";
+    if (ARG(be, op, dx, n, DTS_FLOAT) || ARG(be, op, dout, n, DTS_FLOAT) ||
+        ARG(be, op, x, n, DTS_FLOAT) || ARG(be, op, w, cols, DTS_FLOAT) ||
+        ARG(be, op, rstd, rows, DTS_F32) || (dw.p && ARG(be, op, dw, cols, DTS_F32)) || rows <= 0)
+        return;
+    rmsnorm_backward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(
+        dx.p, dx.dt, dout.p, dout.dt, x.p, x.dt, w.p, w.dt, (const float *)rstd.p, cols);
+    if (LAUNCHED(be, "rmsnorm_backward_kernel") || !dw.p)
+        return;
+    colsum(be, dw, dout.p, dout.dt, x.p, x.dt, (const float *)rstd.p, rows, cols);
+}
+
+/* ---- RoPE (rotate-half); the inverse is the backward ------------------------------ */
+
+__global__ void rope_kernel(void *x, int dt, const float *cosv, const float *sinv, int T, int nh,
+                            int hd, size_t n, float sgn)
+{
+    GRID_STRIDE(idx, n)
+    {
+        int hh = hd / 2;
+        int i = (int)(idx % hh);
+        size_t head = idx / hh; /* (b*T + t)*nh + h */
+        int t = (int)((head / nh) % T);
+        size_t base = head * (size_t)hd;
+        float c = cosv[(size_t)t * hh + i], sn = sgn * sinv[(size_t)t * hh + i];
+        float a = ld_f(x, dt, base + i), b = ld_f(x, dt, base + i + hh);
+        st_f(x, dt, base + i, a * c - b * sn);
+        st_f(x, dt, base + i + hh, b * c + a * sn);
+    }
+}
+
+extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T,
+                          int nh, int hd, int inverse)
+{
+    int hh = hd / 2;
+    size_t n = (size_t)B * T * nh * hh;
+    const char *op = "rope";
+    if (ARG(be, op, x, (size_t)B * T * nh * hd, DTS_FLOAT) ||
+        ARG(be, op, cos, (size_t)T * hh, DTS_F32) || ARG(be, op, sin, (size_t)T * hh, DTS_F32) ||
+        !n)
+        return;
+    rope_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
+        x.p, x.dt, (const float *)cos.p, (const float *)sin.p, T, nh, hd, n,
+        inverse ? -1.0f : 1.0f);
+    LAUNCHED(be, "rope_kernel");
+}
+
+/* ---- SwiGLU --------------------------------------------------------------------- */
+
+__global__ void swiglu_forward_kernel(void *out, int odt, const void *g, int gdt, const void *u,
+                                      int udt, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float gv = ld_f(g, gdt, i);
+        float s = 1.0f / (1.0f + expf(-gv));
+        st_f(out, odt, i, gv * s * ld_f(u, udt, i));
+    }
+}
+
+/* silu'(g) = s (1 + g (1 - s)) */
+__global__ void swiglu_backward_kernel(void *dg, int dgdt, void *du, int dudt, const void *dout,
+                                       int ddt, const void *g, int gdt, const void *u, int udt,
+                                       size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float gv = ld_f(g, gdt, i), uv = ld_f(u, udt, i), d = ld_f(dout, ddt, i);
+        float s = 1.0f / (1.0f + expf(-gv));
+        st_f(dg, dgdt, i, d * uv * s * (1.0f + gv * (1.0f - s)));
+        st_f(du, dudt, i, d * gv * s);
+    }
+}
+
+extern "C" void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n)
+{
+    const char *op = "swiglu_forward";
+    if (ARG(be, op, out, n, DTS_FLOAT) || ARG(be, op, g, n, DTS_FLOAT) ||
+        ARG(be, op, u, n, DTS_FLOAT) || !n)
+        return;
+    swiglu_forward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, g.p, g.dt,
+                                                                        u.p, u.dt, n);
+    LAUNCHED(be, "swiglu_forward_kernel");
+}
+
+extern "C" void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout,
+                                     tensor_t g, tensor_t u, size_t n)
+{
+    const char *op = "swiglu_backward";
+    if (ARG(be, op, dg, n, DTS_FLOAT) || ARG(be, op, du, n, DTS_FLOAT) ||
+        ARG(be, op, dout, n, DTS_FLOAT) || ARG(be, op, g, n, DTS_FLOAT) ||
+        ARG(be, op, u, n, DTS_FLOAT) || !n)
+        return;
+    swiglu_backward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
+        dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n);
+    LAUNCHED(be, "swiglu_backward_kernel");
+}
+
+/* ---- embedding ------------------------------------------------------------------- */
+
+/* out[i,:] = table[tokens[i],:]; an id outside the table (the model checks
+ * ids first) gives a zero row rather than a fault */
+__global__ void embedding_forward_kernel(void *out, int odt, const void *table, int tdt,
+                                         const int32_t *tok, size_t vocab, int H, size_t n)
+{
+    GRID_STRIDE(idx, n)
+    {
+        size_t i = idx / H;
+        int c = (int)(idx % H);
+        int32_t t = tok[i];
+        float v = t >= 0 && (size_t)t < vocab ? ld_f(table, tdt, (size_t)t * H + c) : 0.0f;
+        st_f(out, odt, idx, v);
+    }
+}
+
+/* dtable[tokens[i],:] += dout[i,:] with float atomics (order not fixed) */
+__global__ void embedding_backward_kernel(float *dtable, const void *dout, int ddt,
+                                          const int32_t *tok, size_t vocab, int H, size_t n)
+{
+    GRID_STRIDE(idx, n)
+    {
+        size_t i = idx / H;
+        int c = (int)(idx % H);
+        int32_t t = tok[i];
+        if (t >= 0 && (size_t)t < vocab)
+            atomicAdd(&dtable[(size_t)t * H + c], ld_f(dout, ddt, idx));
+    }
+}
+
+extern "C" void cuda_embedding_forward(backend_t *be, tensor_t out, tensor_t table,
+                                       tensor_t tokens, int n, int H)
+{
+    size_t total = (size_t)n * H;
+    const char *op = "embedding_forward";
+    if (ARG(be, op, out, total, DTS_FLOAT) || ARG(be, op, table, H, DTS_FLOAT) ||
+        ARG(be, op, tokens, n, DTS_I32) || !total)
+        return;
+    embedding_forward_kernel<<<cuda_blocks(total), CUDA_BLOCK, 0, STREAM(be)>>>(
+        out.p, out.dt, table.p, table.dt, (const int32_t *)tokens.p, table.n / H, H, total);
+    LAUNCHED(be, "embedding_forward_kernel");
+}
+
+extern "C" void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout,
+                                        tensor_t tokens, int n, int H)
+{
+    size_t total = (size_t)n * H;
+    const char *op = "embedding_backward";
+    if (ARG(be, op, dtable, H, DTS_F32) || ARG(be, op, dout, total, DTS_FLOAT) ||
+        ARG(be, op, tokens, n, DTS_I32) || !total)
+        return;
+    embedding_backward_kernel<<<cuda_blocks(total), CUDA_BLOCK, 0, STREAM(be)>>>(
+        (float *)dtable.p, dout.p, dout.dt, (const int32_t *)tokens.p, dtable.n / H, H, total);
+    LAUNCHED(be, "embedding_backward_kernel");
+}
+
+/* ---- fused softmax cross-entropy ----------------------------------------------- */
+
+#define CE_BLOCK 512
+
+/* One block per row, in place: one pass for the running max and sum of
+ * exponentials (fp32), one writing dlogits = (softmax - onehot) * grad_scale
+ * back in the logits' dtype. No fp32 copy of the row is ever made. */
+__global__ void cross_entropy_kernel(void *logits, int dt, float *loss, const int32_t *targets,
+                                     int V, float grad_scale)
+{
+    __shared__ float sh[33];
+    size_t base = (size_t)blockIdx.x * V;
+    int t = targets[blockIdx.x];
+    if (t < 0 || t >= V) { /* ignored row */
+        for (int i = threadIdx.x; i < V; i += blockDim.x)
+            st_f(logits, dt, base + i, 0.0f);
+        if (threadIdx.x == 0)
+            loss[blockIdx.x] = 0.0f;
+        return;
+    }
+    float xt = threadIdx.x == 0 ? ld_f(logits, dt, base + t) : 0.0f; /* read before any write */
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float x = ld_f(logits, dt, base + i);
+        if (x > m) {
+            s = s * expf(m - x) + 1.0f;
+            m = x;
+        } else {
+            s += expf(x - m);
+        }
+    }
+    float M = block_max(m, sh);
+    float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sh);
+    float lse = M + logf(S);
+    if (threadIdx.x == 0)
+        loss[blockIdx.x] = lse - xt;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float d = expf(ld_f(logits, dt, base + i) - lse) * grad_scale;
+        if (i == t)
+            d -= grad_scale;
+        st_f(logits, dt, base + i, d);
+    }
+}
+
+extern "C" void cuda_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss,
+                                   tensor_t targets, int rows, int V, float grad_scale)
+{
+    const char *op = "cross_entropy";
+    if (ARG(be, op, logits, (size_t)rows * V, DTS_FLOAT) || ARG(be, op, loss, rows, DTS_F32) ||
+        ARG(be, op, targets, rows, DTS_I32) || rows <= 0)
+        return;
+    cross_entropy_kernel<<<rows, CE_BLOCK, 0, STREAM(be)>>>(logits.p, logits.dt, (float *)loss.p,
+                                                           (const int32_t *)targets.p, V,
+                                                           grad_scale);
+    LAUNCHED(be, "cross_entropy_kernel");
+}
+
+/* ---- elementwise ---------------------------------------------------------------- */
+
+__global__ void add_kernel(void *y, int ydt, const void *x, int xdt, float alpha, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st_f(y, ydt, i, ld_f(y, ydt, i) + alpha * ld_f(x, xdt, i));
+}
+
+extern "C" void cuda_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n)
+{
+    if (ARG(be, "add", y, n, DTS_FLOAT) || ARG(be, "add", x, n, DTS_FLOAT) || !n)
+        return;
+    add_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, x.p, x.dt, alpha, n);
+    LAUNCHED(be, "add_kernel");
+}
+
+__global__ void add_bias_kernel(void *y, int ydt, const void *b, int bdt, int cols, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st_f(y, ydt, i, ld_f(y, ydt, i) + ld_f(b, bdt, i % cols));
+}
+
+extern "C" void cuda_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols)
+{
+    size_t n = (size_t)rows * cols;
+    if (ARG(be, "add_bias", y, n, DTS_FLOAT) || ARG(be, "add_bias", b, cols, DTS_FLOAT) || !n)
+        return;
+    add_bias_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, b.p, b.dt, cols, n);
+    LAUNCHED(be, "add_bias_kernel");
+}
+
+extern "C" void cuda_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols)
+{
+    if (ARG(be, "bias_backward", db, cols, DTS_F32) ||
+        ARG(be, "bias_backward", dy, (size_t)rows * cols, DTS_FLOAT))
+        return;
+    colsum(be, db, dy.p, dy.dt, NULL, 0, NULL, rows, cols);
+}
+
+/* ---- dropout: keep = uniform(seed, offset + i) >= p, the CPU's draw ------------ */
+
+__global__ void dropout_kernel(void *out, int odt, const void *in, int idt, size_t n, float p,
+                               float keep_scale, uint64_t seed, uint64_t offset)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = ld_f(in, idt, i);
+        st_f(out, odt, i, d_rng_uniform(seed, offset + i) >= p ? __fmul_rn(v, keep_scale) : 0.0f);
+    }
+}
+
+extern "C" void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p,
+                             uint64_t seed, uint64_t offset)
+{
+    if (ARG(be, "dropout", out, n, DTS_FLOAT) || ARG(be, "dropout", in, n, DTS_FLOAT) || !n)
+        return;
+    if (p <= 0.0f) {
+        if (out.p == in.p && out.dt == in.dt)
+            return;
+        if (out.dt == in.dt)
+            CUDA_OK(be, cudaMemcpyAsync(out.p, in.p, n * dtype_size(in.dt),
+                                        cudaMemcpyDeviceToDevice, STREAM(be)));
+        else
+            cuda_convert(be, out.p, out.dt, in.p, in.dt, n);
+        return;
+    }
+    float keep_scale = 1.0f / (1.0f - p);
+    dropout_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, in.p, in.dt, n, p,
+                                                                 keep_scale, seed, offset);
+    LAUNCHED(be, "dropout_kernel");
+}
+
+/* ---- sumsq: fixed blocks, then their partials in order, all in double -------------- */
+
+#define SUMSQ_CHUNK 8192
+#define SUMSQ_FINISH_BLOCK 1024
+
+__global__ void sumsq_partial_kernel(double *part, const void *x, int dt, size_t n)
+{
+    __shared__ double sh[33];
+    size_t lo = (size_t)blockIdx.x * SUMSQ_CHUNK;
+    size_t hi = lo + SUMSQ_CHUNK < n ? lo + SUMSQ_CHUNK : n;
+    double acc = 0.0;
+    for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        double v = (double)ld_f(x, dt, i);
+        acc += v * v;
+    }
+    acc = block_sum_d(acc, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = acc;
+}
+
+__global__ void sumsq_finish_kernel(double *out, const double *part, size_t nb)
+{
+    __shared__ double sh[33];
+    double acc = 0.0;
+    for (size_t i = threadIdx.x; i < nb; i += blockDim.x)
+        acc += part[i];
+    acc = block_sum_d(acc, sh);
+    if (threadIdx.x == 0)
+        *out = acc;
+}
+
+extern "C" double cuda_sumsq(backend_t *be, tensor_t x, size_t n)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (ARG(be, "sumsq", x, n, DTS_FLOAT) || !n)
+        return 0.0;
+    size_t nb = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double *part = (double *)cuda_scratch(be, sizeof(double) * (nb + 1));
+    if (!part)
+        return 0.0;
+    if (nb > 0x7fffffffu) {
+        cuda_fail(be, __FILE__, __LINE__, "sumsq of %zu elements: too many blocks", n);
+        return 0.0;
+    }
+    sumsq_partial_kernel<<<(unsigned)nb, CUDA_BLOCK, 0, im->stream>>>(part, x.p, x.dt, n);
+    if (LAUNCHED(be, "sumsq_partial_kernel"))
+        return 0.0;
+    sumsq_finish_kernel<<<1, SUMSQ_FINISH_BLOCK, 0, im->stream>>>(part + nb, part, nb);
+    if (LAUNCHED(be, "sumsq_finish_kernel") ||
+        CUDA_OK(be, cudaMemcpyAsync(im->host_sum, part + nb, sizeof(double),
+                                    cudaMemcpyDeviceToHost, im->stream)) ||
+        CUDA_OK(be, cudaStreamSynchronize(im->stream)))
+        return 0.0;
+    return *im->host_sum;
+}
+
+/* ---- AdamW ------------------------------------------------------------------------ */
+
+__global__ void adamw_kernel(float *P, void *copy, int cdt, const float *G, float *M, float *V,
+                             size_t n, float beta1, float beta2, float eps, float grad_scale,
+                             float step_size, float bc2_sqrt, float decay)
+{
+    GRID_STRIDE(i, n)
+    {
+        float g = G[i] * grad_scale;
+        float m = beta1 * M[i] + (1.0f - beta1) * g;
+        float v = beta2 * V[i] + (1.0f - beta2) * g * g;
+        M[i] = m;
+        V[i] = v;
+        float denom = sqrtf(v) / bc2_sqrt + eps;
+        float p = P[i] * decay - step_size * m / denom;
+        P[i] = p;
+        if (copy)
+            st_f(copy, cdt, i, p);
+    }
+}
+
+extern "C" void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad,
+                           tensor_t m, tensor_t v, size_t n, const adamw_args *a)
+{
+    const char *op = "adamw";
+    if (ARG(be, op, param, n, DTS_F32) || ARG(be, op, grad, n, DTS_F32) ||
+        ARG(be, op, m, n, DTS_F32) || ARG(be, op, v, n, DTS_F32) ||
+        (param_copy.p && ARG(be, op, param_copy, n, DTS_FLOAT)) || !n)
+        return;
+    /* the host-side constants exactly as the CPU backend derives them */
+    double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
+    double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
+    float step_size = (float)(a->lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float decay = 1.0f - a->lr * a->weight_decay;
+    void *copy = param_copy.p && param_copy.p != param.p ? param_copy.p : NULL;
+    adamw_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
+        (float *)param.p, copy, param_copy.dt, (const float *)grad.p, (float *)m.p, (float *)v.p,
+        n, a->beta1, a->beta2, a->eps, a->grad_scale, step_size, bc2_sqrt, decay);
+    LAUNCHED(be, "adamw_kernel");
+}
+
+/* ---- fills: the CPU's numbers (no fused multiply-add, so bit-identical) --------- */
+
+__global__ void fill_uniform_kernel(void *x, int dt, size_t n, float lo, float hi, uint64_t seed,
+                                    uint64_t offset)
+{
+    GRID_STRIDE(i, n)
+    st_f(x, dt, i, __fadd_rn(lo, __fmul_rn(hi - lo, d_rng_uniform(seed, offset + i))));
+}
+
+__global__ void fill_normal_kernel(void *x, int dt, size_t n, float mean, float std, uint64_t seed,
+                                   uint64_t offset)
+{
+    GRID_STRIDE(i, n)
+    st_f(x, dt, i, __fadd_rn(mean, __fmul_rn(std, d_rng_normal(seed, offset + i))));
+}
+
+extern "C" void cuda_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi,
+                                  uint64_t seed, uint64_t offset)
+{
+    if (ARG(be, "fill_uniform", x, n, DTS_FLOAT) || !n)
+        return;
+    fill_uniform_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(x.p, x.dt, n, lo, hi, seed,
+                                                                      offset);
+    LAUNCHED(be, "fill_uniform_kernel");
+}
+
+extern "C" void cuda_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std,
+                                 uint64_t seed, uint64_t offset)
+{
+    if (ARG(be, "fill_normal", x, n, DTS_FLOAT) || !n)
+        return;
+    fill_normal_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(x.p, x.dt, n, mean, std,
+                                                                     seed, offset);
+    LAUNCHED(be, "fill_normal_kernel");
+}

@@ -1,0 +1,755 @@
+/* Every op of the CUDA backend against its CPU twin: both backends get the
+ * same inputs (random values rounded to bf16, so the CPU's F32 copy holds
+ * exactly what the GPU's BF16 tensor holds), on several shapes including
+ * odd ones, forward and backward.
+ *
+ * Tolerances, as max |gpu - cpu| / max |cpu| over a tensor:
+ *   TOL_BF16 1e-2  outputs stored in bf16 (one rounding is 2^-9 = 2e-3
+ *                  relative; attention also rounds P and dS to bf16 before
+ *                  their products, as flash attention does)
+ *   TOL_F32  1e-4  outputs stored in F32 from identical inputs (rstd, lse,
+ *                  loss, dw, db, dtable, F32 matmuls): only fp32-vs-double
+ *                  summation order differs
+ *   sumsq 1e-10 relative (double on both sides, another summation order);
+ *   AdamW 1e-6
+ *   dropout masks and fill_uniform: bit for bit; fill_normal 1e-6 (the GPU's
+ *   double log/cos differ from glibc's in the last ulp)
+ * Without a CUDA device main prints "skipped: no CUDA device" and exits 77. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+
+#define TOL_BF16 1e-2
+#define TOL_F32 1e-4
+
+static backend_t *gpu, *cpu;
+static uint64_t g_seed = 1000;
+
+static void setup(void)
+{
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&cpu, "cpu", 0, 2, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_create(&gpu, "cuda", 0, 1, &err), 0, "%s", err.msg);
+}
+
+static void teardown(void)
+{
+    sp_err err = {0};
+    if (gpu)
+        cr_expect_eq(be_check(gpu, &err), 0, "sticky error left: %s", err.msg);
+    backend_destroy(gpu);
+    backend_destroy(cpu);
+}
+
+TestSuite(cuda_ops, .init = setup, .fini = teardown, .timeout = 300);
+
+/* ---- test utilities ------------------------------------------------------------ */
+
+static float to_bf16(float x)
+{
+    return sp_bf16_to_f32(sp_f32_to_bf16(x));
+}
+
+/* n values uniform in [-scale, scale], rounded to bf16 */
+static float *rnd(size_t n, float scale)
+{
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++)
+        x[i] = to_bf16(scale * (2.0f * sp_rng_uniform(g_seed, i) - 1.0f));
+    g_seed++;
+    return x;
+}
+
+static tensor_t up(backend_t *be, dtype_t dt, const float *h, size_t n)
+{
+    tensor_t t = be->ops->alloc(be, dt, n);
+    cr_assert(t.p, "alloc of %zu %s failed", n, dtype_name(dt));
+    if (h)
+        be_upload(be, t, h, DT_F32);
+    return t;
+}
+
+static float *down(backend_t *be, tensor_t t)
+{
+    float *h = malloc(sizeof(float) * (t.n ? t.n : 1));
+    be_download(be, h, DT_F32, t);
+    sp_err err = {0};
+    cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
+    return h;
+}
+
+static void drop(backend_t *be, tensor_t *t)
+{
+    be->ops->free(be, t);
+}
+
+/* max |got - want| / max |want| */
+static double rel_err(const float *got, const float *want, size_t n)
+{
+    double m = 0, e = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs((double)want[i]) > m)
+            m = fabs((double)want[i]);
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (d > e || d != d)
+            e = d != d ? INFINITY : d;
+    }
+    return m > 0 ? e / m : e;
+}
+
+/* Downloads both tensors and compares them within tol. */
+static void expect_close(const char *what, tensor_t g, tensor_t c, size_t n, double tol)
+{
+    float *a = down(gpu, g), *b = down(cpu, c);
+    double e = rel_err(a, b, n);
+    cr_expect(e <= tol, "%s: rel err %.3g > %.3g", what, e, tol);
+    free(a);
+    free(b);
+}
+
+static double tol_for(dtype_t dt)
+{
+    return dt == DT_BF16 ? TOL_BF16 : TOL_F32;
+}
+
+static void gpu_ok(void)
+{
+    sp_err err = {0};
+    gpu->ops->sync(gpu);
+    cr_assert_eq(be_check(gpu, &err), 0, "%s", err.msg);
+}
+
+/* ---- the backend itself ------------------------------------------------------------ */
+
+Test(cuda_ops, creation_sets_the_memory_plan_fields)
+{
+    cr_expect_str_eq(gpu->name, "cuda");
+    cr_expect_eq(gpu->act_dt, DT_BF16);
+    cr_expect(gpu->stream != NULL, "the compute stream is not the default stream");
+    cr_expect_gt(gpu->mem_total, (size_t)0);
+    cr_expect(strlen(gpu->device_name) > 0 && strcmp(gpu->device_name, "CPU") != 0,
+              "device name '%s'", gpu->device_name);
+    cr_expect_geq(gpu->threads, 1);
+}
+
+Test(cuda_ops, aux_stream_and_fences)
+{
+    void *aux = gpu->ops->aux_stream(gpu);
+    cr_assert(aux != NULL);
+    cr_expect(aux != gpu->stream, "the aux stream is a second stream");
+    cr_expect(gpu->ops->aux_stream(gpu) == aux, "one aux stream per backend");
+    tensor_t t = up(gpu, DT_F32, NULL, 1 << 20);
+    gpu->ops->fill_uniform(gpu, t, t.n, 1.0f, 1.0f, 0, 0);
+    gpu->ops->stream_fence(gpu, aux, gpu->stream);
+    gpu->ops->stream_fence(gpu, gpu->stream, aux);
+    gpu->ops->stream_fence(gpu, gpu->stream, gpu->stream); /* a no-op */
+    float *h = down(gpu, t);
+    cr_expect_eq(h[t.n - 1], 1.0f);
+    free(h);
+    drop(gpu, &t);
+    gpu_ok();
+}
+
+Test(cuda_ops, alloc_is_zeroed_and_counted)
+{
+    size_t before = gpu->bytes_in_use;
+    tensor_t t = gpu->ops->alloc(gpu, DT_F32, 1000003);
+    cr_assert(t.p);
+    cr_expect_geq(gpu->bytes_in_use, before + 1000003 * 4);
+    cr_expect_geq(gpu->bytes_peak, gpu->bytes_in_use);
+    float *h = down(gpu, t);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < t.n; i++)
+        nonzero += h[i] != 0.0f;
+    cr_expect_eq(nonzero, 0, "%zu nonzero values in fresh memory", nonzero);
+    free(h);
+    drop(gpu, &t);
+    cr_expect_eq(gpu->bytes_in_use, before);
+    cr_expect_null(t.p);
+}
+
+Test(cuda_ops, copies_and_conversions_are_exact)
+{
+    size_t n = 4099;
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) /* not bf16-representable: rounding is tested */
+        x[i] = (float)(sp_rng_normal(5, i) * 3.0);
+    x[0] = NAN;
+    x[1] = INFINITY;
+    x[2] = -0.0f;
+    x[3] = 1.00390625f; /* a tie: rounds to even */
+    tensor_t f = up(gpu, DT_F32, x, n), b = up(gpu, DT_BF16, NULL, n), f2 = up(gpu, DT_F32, NULL, n);
+    gpu->ops->copy(gpu, b, f);
+    gpu->ops->copy(gpu, f2, b);
+    uint16_t *hb = malloc(2 * n);
+    gpu->ops->d2h(gpu, hb, b.p, 2 * n);
+    float *hf = down(gpu, f2);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t want = sp_f32_to_bf16(x[i]);
+        cr_expect_eq(hb[i], want, "bf16 of x[%zu] = %g: %04x vs %04x", i, x[i], hb[i], want);
+        uint32_t a, w;
+        float wf = sp_bf16_to_f32(want);
+        memcpy(&a, &hf[i], 4);
+        memcpy(&w, &wf, 4);
+        cr_expect_eq(a, w, "f32 of bf16 [%zu]", i);
+    }
+    gpu->ops->zero(gpu, f);
+    float *z = down(gpu, f);
+    cr_expect_eq(z[0], 0.0f);
+    cr_expect_eq(z[n - 1], 0.0f);
+    free(z);
+    free(hb);
+    free(hf);
+    free(x);
+    drop(gpu, &f);
+    drop(gpu, &b);
+    drop(gpu, &f2);
+    gpu_ok();
+}
+
+Test(cuda_ops, failures_are_sticky_and_name_the_device_and_line)
+{
+    sp_err err = {0};
+    backend_t *be;
+    cr_assert_eq(backend_create(&be, "cuda", 0, 1, &err), 0, "%s", err.msg);
+    tensor_t a = be->ops->alloc(be, DT_BF16, 16), c = be->ops->alloc(be, DT_BF16, 16);
+    tensor_t i = be->ops->alloc(be, DT_I32, 16);
+    be->ops->matmul(be, c, a, i, 4, 4, 4, 0, 0, 1.0f, 0.0f);
+    be->ops->copy(be, a, tensor_view(c, 0, 8)); /* a second failure must not replace the first */
+    cr_expect_neq(be_check(be, &err), 0);
+    cr_expect(strstr(err.msg, "device 0") != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "cuda_matmul.cu:") != NULL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "I32") != NULL, "%s", err.msg);
+    tensor_t huge = be->ops->alloc(be, DT_F32, (size_t)1 << 46); /* 256 TiB */
+    cr_expect_null(huge.p);
+    be->ops->free(be, &a);
+    be->ops->free(be, &c);
+    be->ops->free(be, &i);
+    backend_destroy(be);
+}
+
+/* ---- matmul -------------------------------------------------------------------------- */
+
+static void check_matmul(int M, int N, int K, int ta, int tb, float alpha, float beta,
+                         dtype_t cdt, dtype_t abdt)
+{
+    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)K * N, 1.0f), *C = rnd((size_t)M * N, 1.0f);
+    tensor_t gA = up(gpu, abdt, A, (size_t)M * K), gB = up(gpu, abdt, B, (size_t)K * N);
+    tensor_t gC = up(gpu, cdt, C, (size_t)M * N);
+    tensor_t cA = up(cpu, DT_F32, A, (size_t)M * K), cB = up(cpu, DT_F32, B, (size_t)K * N);
+    tensor_t cC = up(cpu, DT_F32, C, (size_t)M * N);
+    gpu->ops->matmul(gpu, gC, gA, gB, M, N, K, ta, tb, alpha, beta);
+    cpu->ops->matmul(cpu, cC, cA, cB, M, N, K, ta, tb, alpha, beta);
+    gpu_ok();
+    char what[160];
+    snprintf(what, sizeof what, "matmul %dx%dx%d ta%d tb%d alpha %g beta %g %s x %s -> %s", M, N,
+             K, ta, tb, alpha, beta, dtype_name(abdt), dtype_name(abdt), dtype_name(cdt));
+    expect_close(what, gC, cC, (size_t)M * N, tol_for(cdt));
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &gC);
+    drop(cpu, &cA), drop(cpu, &cB), drop(cpu, &cC);
+    free(A), free(B), free(C);
+}
+
+Test(cuda_ops, matmul_bf16_into_bf16_every_transpose)
+{
+    static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {128, 96, 64}, {257, 130, 31}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            check_matmul(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, 1.0f, 0.0f,
+                         DT_BF16, DT_BF16);
+}
+
+Test(cuda_ops, matmul_accumulates_with_alpha_and_beta)
+{
+    for (int t = 0; t < 4; t++) {
+        check_matmul(45, 19, 77, t & 1, t >> 1, 0.5f, 1.0f, DT_BF16, DT_BF16);
+        check_matmul(45, 19, 77, t & 1, t >> 1, 2.0f, 1.0f, DT_F32, DT_BF16); /* weight grads */
+        check_matmul(6, 300, 11, t & 1, t >> 1, -1.0f, 0.25f, DT_F32, DT_BF16);
+    }
+}
+
+Test(cuda_ops, matmul_f32_operands_and_empty_k)
+{
+    check_matmul(31, 29, 37, 0, 1, 1.0f, 0.0f, DT_F32, DT_F32);
+    check_matmul(31, 29, 37, 1, 0, 1.0f, 1.0f, DT_F32, DT_F32);
+    check_matmul(5, 6, 0, 0, 1, 1.0f, 0.5f, DT_BF16, DT_BF16);
+}
+
+/* The model's repeated shapes reuse one cached plan: the same call twice
+ * gives the same bits. */
+Test(cuda_ops, matmul_repeats_bit_for_bit)
+{
+    int M = 96, N = 160, K = 200;
+    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)N * K, 1.0f);
+    tensor_t gA = up(gpu, DT_BF16, A, (size_t)M * K), gB = up(gpu, DT_BF16, B, (size_t)N * K);
+    tensor_t c1 = up(gpu, DT_F32, NULL, (size_t)M * N), c2 = up(gpu, DT_F32, NULL, (size_t)M * N);
+    for (int i = 0; i < 3; i++)
+        gpu->ops->matmul(gpu, c1, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
+    gpu->ops->matmul(gpu, c2, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
+    float *h1 = down(gpu, c1), *h2 = down(gpu, c2);
+    cr_expect_eq(memcmp(h1, h2, sizeof(float) * M * N), 0);
+    free(h1), free(h2), free(A), free(B);
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &c1), drop(gpu, &c2);
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------ */
+
+static void check_rmsnorm(int rows, int cols, int with_dw)
+{
+    size_t n = (size_t)rows * cols;
+    float *x = rnd(n, 2.0f), *w = rnd(cols, 1.5f), *dout = rnd(n, 1.0f), *dx0 = rnd(n, 0.5f);
+    float *dw0 = rnd(cols, 0.5f);
+    dtype_t a = gpu->act_dt;
+    tensor_t gx = up(gpu, a, x, n), gw = up(gpu, a, w, cols), go = up(gpu, a, NULL, n);
+    tensor_t gr = up(gpu, DT_F32, NULL, rows), gd = up(gpu, a, dout, n), gdx = up(gpu, a, dx0, n);
+    tensor_t gdw = up(gpu, DT_F32, dw0, cols);
+    tensor_t cx = up(cpu, DT_F32, x, n), cw = up(cpu, DT_F32, w, cols), co = up(cpu, DT_F32, NULL, n);
+    tensor_t cr = up(cpu, DT_F32, NULL, rows), cd = up(cpu, DT_F32, dout, n);
+    tensor_t cdx = up(cpu, DT_F32, dx0, n), cdw = up(cpu, DT_F32, dw0, cols);
+    gpu->ops->rmsnorm_forward(gpu, go, gr, gx, gw, rows, cols, 1e-5f);
+    cpu->ops->rmsnorm_forward(cpu, co, cr, cx, cw, rows, cols, 1e-5f);
+    tensor_t none = {0};
+    gpu->ops->rmsnorm_backward(gpu, gdx, with_dw ? gdw : none, gd, gx, gw, gr, rows, cols);
+    cpu->ops->rmsnorm_backward(cpu, cdx, with_dw ? cdw : none, cd, cx, cw, cr, rows, cols);
+    gpu_ok();
+    char what[96];
+    snprintf(what, sizeof what, "rmsnorm %dx%d out", rows, cols);
+    expect_close(what, go, co, n, TOL_BF16);
+    snprintf(what, sizeof what, "rmsnorm %dx%d rstd", rows, cols);
+    expect_close(what, gr, cr, rows, TOL_F32);
+    snprintf(what, sizeof what, "rmsnorm %dx%d dx (+=)", rows, cols);
+    expect_close(what, gdx, cdx, n, TOL_BF16);
+    snprintf(what, sizeof what, "rmsnorm %dx%d dw (+=)", rows, cols);
+    expect_close(what, gdw, cdw, cols, TOL_F32);
+    tensor_t gs[] = {gx, gw, go, gr, gd, gdx, gdw}, cs[] = {cx, cw, co, cr, cd, cdx, cdw};
+    for (int i = 0; i < 7; i++)
+        drop(gpu, &gs[i]), drop(cpu, &cs[i]);
+    free(x), free(w), free(dout), free(dx0), free(dw0);
+}
+
+Test(cuda_ops, rmsnorm_forward_and_backward)
+{
+    check_rmsnorm(1, 8, 1);
+    check_rmsnorm(5, 48, 1);
+    check_rmsnorm(37, 129, 1);
+    check_rmsnorm(300, 1000, 1);
+    check_rmsnorm(9, 77, 0); /* frozen norm: no dw */
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------ */
+
+static void check_rope(int B, int T, int nh, int hd)
+{
+    size_t n = (size_t)B * T * nh * hd, half = (size_t)hd / 2;
+    float *x = rnd(n, 1.0f), *c = malloc(sizeof(float) * T * half), *s = malloc(sizeof(float) * T * half);
+    for (int t = 0; t < T; t++)
+        for (size_t i = 0; i < half; i++) {
+            double th = t * pow(10000.0, -2.0 * (double)i / hd);
+            c[t * half + i] = (float)cos(th);
+            s[t * half + i] = (float)sin(th);
+        }
+    for (int inverse = 0; inverse < 2; inverse++) {
+        tensor_t gx = up(gpu, gpu->act_dt, x, n), gc = up(gpu, DT_F32, c, T * half);
+        tensor_t gs = up(gpu, DT_F32, s, T * half);
+        tensor_t cx = up(cpu, DT_F32, x, n), cc = up(cpu, DT_F32, c, T * half);
+        tensor_t cs = up(cpu, DT_F32, s, T * half);
+        gpu->ops->rope(gpu, gx, gc, gs, B, T, nh, hd, inverse);
+        cpu->ops->rope(cpu, cx, cc, cs, B, T, nh, hd, inverse);
+        gpu_ok();
+        char what[96];
+        snprintf(what, sizeof what, "rope B%d T%d nh%d hd%d inverse %d", B, T, nh, hd, inverse);
+        expect_close(what, gx, cx, n, TOL_BF16);
+        drop(gpu, &gx), drop(gpu, &gc), drop(gpu, &gs), drop(cpu, &cx), drop(cpu, &cc), drop(cpu, &cs);
+    }
+    free(x), free(c), free(s);
+}
+
+Test(cuda_ops, rope_and_its_inverse)
+{
+    check_rope(2, 5, 3, 8);
+    check_rope(1, 17, 2, 64);
+    check_rope(3, 33, 4, 128);
+}
+
+/* ---- attention ------------------------------------------------------------------------- */
+
+static void check_attention(int B, int T, int nh, int nkv, int hd)
+{
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
+    dtype_t a = gpu->act_dt;
+    tensor_t gq = up(gpu, a, q, nq), gk = up(gpu, a, k, nk), gv = up(gpu, a, v, nk);
+    tensor_t go = up(gpu, a, NULL, nq), gl = up(gpu, DT_F32, NULL, nl), gdo = up(gpu, a, dout, nq);
+    tensor_t gdq = up(gpu, a, NULL, nq), gdk = up(gpu, a, NULL, nk), gdv = up(gpu, a, NULL, nk);
+    tensor_t cq = up(cpu, DT_F32, q, nq), ck = up(cpu, DT_F32, k, nk), cv = up(cpu, DT_F32, v, nk);
+    tensor_t co = up(cpu, DT_F32, NULL, nq), cl = up(cpu, DT_F32, NULL, nl);
+    tensor_t cdo = up(cpu, DT_F32, dout, nq), cdq = up(cpu, DT_F32, NULL, nq);
+    tensor_t cdk = up(cpu, DT_F32, NULL, nk), cdv = up(cpu, DT_F32, NULL, nk);
+    gpu->ops->attention_forward(gpu, go, gl, gq, gk, gv, B, T, nh, nkv, hd);
+    cpu->ops->attention_forward(cpu, co, cl, cq, ck, cv, B, T, nh, nkv, hd);
+    gpu_ok();
+    char what[128];
+    snprintf(what, sizeof what, "attention B%d T%d nh%d nkv%d hd%d", B, T, nh, nkv, hd);
+    char w2[160];
+    snprintf(w2, sizeof w2, "%s out", what);
+    expect_close(w2, go, co, nq, TOL_BF16);
+    snprintf(w2, sizeof w2, "%s lse", what);
+    expect_close(w2, gl, cl, nl, TOL_F32);
+    /* the backward from the same forward output on both sides (the GPU's,
+     * rounded to bf16, is what the model keeps) */
+    float *o = down(gpu, go);
+    be_upload(cpu, co, o, DT_F32);
+    free(o);
+    gpu->ops->attention_backward(gpu, gdq, gdk, gdv, gdo, go, gl, gq, gk, gv, B, T, nh, nkv, hd);
+    cpu->ops->attention_backward(cpu, cdq, cdk, cdv, cdo, co, cl, cq, ck, cv, B, T, nh, nkv, hd);
+    gpu_ok();
+    snprintf(w2, sizeof w2, "%s dq", what);
+    expect_close(w2, gdq, cdq, nq, TOL_BF16);
+    snprintf(w2, sizeof w2, "%s dk", what);
+    expect_close(w2, gdk, cdk, nk, TOL_BF16);
+    snprintf(w2, sizeof w2, "%s dv", what);
+    expect_close(w2, gdv, cdv, nk, TOL_BF16);
+    tensor_t gs[] = {gq, gk, gv, go, gl, gdo, gdq, gdk, gdv};
+    tensor_t cs[] = {cq, ck, cv, co, cl, cdo, cdq, cdk, cdv};
+    for (int i = 0; i < 9; i++)
+        drop(gpu, &gs[i]), drop(cpu, &cs[i]);
+    free(q), free(k), free(v), free(dout);
+}
+
+Test(cuda_ops, attention_small_and_odd_shapes)
+{
+    check_attention(1, 1, 1, 1, 8);
+    check_attention(2, 7, 6, 2, 8);   /* grouped: 3 query heads per kv head */
+    check_attention(1, 33, 4, 4, 16);
+    check_attention(2, 65, 8, 2, 32);
+    check_attention(1, 11, 3, 1, 5);  /* odd head_dim, one kv head */
+}
+
+Test(cuda_ops, attention_several_row_blocks)
+{
+    check_attention(1, 600, 2, 1, 64);  /* T > 512: two query-row blocks */
+    check_attention(2, 1031, 4, 2, 64); /* three blocks, odd T */
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------------- */
+
+Test(cuda_ops, swiglu_forward_and_backward)
+{
+    size_t sizes[] = {1, 1000, 4097};
+    for (int s = 0; s < 3; s++) {
+        size_t n = sizes[s];
+        float *g = rnd(n, 4.0f), *u = rnd(n, 2.0f), *d = rnd(n, 1.0f);
+        dtype_t a = gpu->act_dt;
+        tensor_t gg = up(gpu, a, g, n), gu = up(gpu, a, u, n), gd = up(gpu, a, d, n);
+        tensor_t go = up(gpu, a, NULL, n), gdg = up(gpu, a, NULL, n), gdu = up(gpu, a, NULL, n);
+        tensor_t cg = up(cpu, DT_F32, g, n), cu = up(cpu, DT_F32, u, n), cd = up(cpu, DT_F32, d, n);
+        tensor_t co = up(cpu, DT_F32, NULL, n), cdg = up(cpu, DT_F32, NULL, n);
+        tensor_t cdu = up(cpu, DT_F32, NULL, n);
+        gpu->ops->swiglu_forward(gpu, go, gg, gu, n);
+        cpu->ops->swiglu_forward(cpu, co, cg, cu, n);
+        gpu->ops->swiglu_backward(gpu, gdg, gdu, gd, gg, gu, n);
+        cpu->ops->swiglu_backward(cpu, cdg, cdu, cd, cg, cu, n);
+        gpu_ok();
+        expect_close("swiglu out", go, co, n, TOL_BF16);
+        expect_close("swiglu dg", gdg, cdg, n, TOL_BF16);
+        expect_close("swiglu du", gdu, cdu, n, TOL_BF16);
+        tensor_t gs[] = {gg, gu, gd, go, gdg, gdu}, cs[] = {cg, cu, cd, co, cdg, cdu};
+        for (int i = 0; i < 6; i++)
+            drop(gpu, &gs[i]), drop(cpu, &cs[i]);
+        free(g), free(u), free(d);
+    }
+}
+
+/* ---- embedding ---------------------------------------------------------------------- */
+
+Test(cuda_ops, embedding_forward_and_backward)
+{
+    int vocab = 50, H = 48, n = 37;
+    float *table = rnd((size_t)vocab * H, 1.0f), *dout = rnd((size_t)n * H, 1.0f);
+    float *dt0 = rnd((size_t)vocab * H, 0.1f);
+    int32_t tok[37];
+    for (int i = 0; i < n; i++)
+        tok[i] = (int32_t)(sp_rng_u64(3, i) % 12); /* repeats: the backward sums them */
+    tok[5] = vocab - 1;
+    tensor_t gt = up(gpu, gpu->act_dt, table, (size_t)vocab * H);
+    tensor_t gi = gpu->ops->alloc(gpu, DT_I32, n), ci = cpu->ops->alloc(cpu, DT_I32, n);
+    be_upload(gpu, gi, tok, DT_I32);
+    be_upload(cpu, ci, tok, DT_I32);
+    tensor_t go = up(gpu, gpu->act_dt, NULL, (size_t)n * H), gd = up(gpu, gpu->act_dt, dout, (size_t)n * H);
+    tensor_t gdt = up(gpu, DT_F32, dt0, (size_t)vocab * H);
+    tensor_t ct = up(cpu, DT_F32, table, (size_t)vocab * H), co = up(cpu, DT_F32, NULL, (size_t)n * H);
+    tensor_t cd = up(cpu, DT_F32, dout, (size_t)n * H), cdt = up(cpu, DT_F32, dt0, (size_t)vocab * H);
+    gpu->ops->embedding_forward(gpu, go, gt, gi, n, H);
+    cpu->ops->embedding_forward(cpu, co, ct, ci, n, H);
+    gpu->ops->embedding_backward(gpu, gdt, gd, gi, n, H);
+    cpu->ops->embedding_backward(cpu, cdt, cd, ci, n, H);
+    gpu_ok();
+    expect_close("embedding out", go, co, (size_t)n * H, 0.0); /* a gather: exact */
+    expect_close("embedding dtable (+=)", gdt, cdt, (size_t)vocab * H, TOL_F32);
+    tensor_t gs[] = {gt, gi, go, gd, gdt}, cs[] = {ct, ci, co, cd, cdt};
+    for (int i = 0; i < 5; i++)
+        drop(gpu, &gs[i]), drop(cpu, &cs[i]);
+    free(table), free(dout), free(dt0);
+}
+
+/* ---- cross-entropy --------------------------------------------------------------------- */
+
+static void check_cross_entropy(int rows, int V, float grad_scale, float spread)
+{
+    size_t n = (size_t)rows * V;
+    float *x = rnd(n, spread);
+    int32_t *tg = malloc(sizeof(int32_t) * rows);
+    for (int r = 0; r < rows; r++)
+        tg[r] = (int32_t)(sp_rng_u64(9, r) % (uint64_t)V);
+    if (rows > 2)
+        tg[1] = -1; /* ignored */
+    if (rows > 3)
+        tg[2] = V - 1;
+    tensor_t gx = up(gpu, gpu->act_dt, x, n), gl = up(gpu, DT_F32, NULL, rows);
+    tensor_t cx = up(cpu, DT_F32, x, n), cl = up(cpu, DT_F32, NULL, rows);
+    tensor_t gt = gpu->ops->alloc(gpu, DT_I32, rows), ct = cpu->ops->alloc(cpu, DT_I32, rows);
+    be_upload(gpu, gt, tg, DT_I32);
+    be_upload(cpu, ct, tg, DT_I32);
+    gpu->ops->cross_entropy(gpu, gx, gl, gt, rows, V, grad_scale);
+    cpu->ops->cross_entropy(cpu, cx, cl, ct, rows, V, grad_scale);
+    gpu_ok();
+    char what[96];
+    snprintf(what, sizeof what, "cross_entropy %dx%d scale %g loss", rows, V, grad_scale);
+    expect_close(what, gl, cl, rows, TOL_F32);
+    snprintf(what, sizeof what, "cross_entropy %dx%d scale %g dlogits", rows, V, grad_scale);
+    expect_close(what, gx, cx, n, TOL_BF16);
+    if (rows > 2) { /* the ignored row: loss 0, dlogits 0 */
+        float *h = down(gpu, gx), *l = down(gpu, gl);
+        cr_expect_eq(l[1], 0.0f);
+        for (int i = 0; i < V; i++)
+            cr_expect_eq(h[(size_t)V + i], 0.0f);
+        free(h), free(l);
+    }
+    drop(gpu, &gx), drop(gpu, &gl), drop(gpu, &gt), drop(cpu, &cx), drop(cpu, &cl), drop(cpu, &ct);
+    free(x), free(tg);
+}
+
+Test(cuda_ops, cross_entropy_loss_and_dlogits_in_place)
+{
+    check_cross_entropy(1, 1, 1.0f, 1.0f);
+    check_cross_entropy(5, 97, 0.25f, 3.0f);
+    check_cross_entropy(3, 32000, 1.0f, 8.0f);
+    check_cross_entropy(4, 128256, 0.5f, 4.0f);
+    check_cross_entropy(7, 333, 0.0f, 2.0f); /* evaluation: loss only, zero gradient */
+}
+
+/* ---- elementwise and bias ------------------------------------------------------------- */
+
+Test(cuda_ops, add_add_bias_and_bias_backward)
+{
+    size_t n = 1001;
+    float *y = rnd(n, 1.0f), *x = rnd(n, 1.0f);
+    tensor_t gy = up(gpu, gpu->act_dt, y, n), gx = up(gpu, gpu->act_dt, x, n);
+    tensor_t cy = up(cpu, DT_F32, y, n), cx = up(cpu, DT_F32, x, n);
+    gpu->ops->add(gpu, gy, gx, -0.7f, n);
+    cpu->ops->add(cpu, cy, cx, -0.7f, n);
+    gpu_ok();
+    expect_close("add", gy, cy, n, TOL_BF16);
+    drop(gpu, &gy), drop(gpu, &gx), drop(cpu, &cy), drop(cpu, &cx);
+    free(y), free(x);
+
+    static const int shapes[][2] = {{7, 33}, {300, 45}, {1, 1}, {129, 1000}};
+    for (int s = 0; s < 4; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1];
+        size_t m = (size_t)rows * cols;
+        float *Y = rnd(m, 1.0f), *b = rnd(cols, 1.0f), *db0 = rnd(cols, 0.5f);
+        tensor_t gY = up(gpu, gpu->act_dt, Y, m), gb = up(gpu, gpu->act_dt, b, cols);
+        tensor_t gdb = up(gpu, DT_F32, db0, cols);
+        tensor_t cY = up(cpu, DT_F32, Y, m), cb = up(cpu, DT_F32, b, cols);
+        tensor_t cdb = up(cpu, DT_F32, db0, cols);
+        gpu->ops->bias_backward(gpu, gdb, gY, rows, cols);
+        cpu->ops->bias_backward(cpu, cdb, cY, rows, cols);
+        gpu->ops->add_bias(gpu, gY, gb, rows, cols);
+        cpu->ops->add_bias(cpu, cY, cb, rows, cols);
+        gpu_ok();
+        char what[64];
+        snprintf(what, sizeof what, "add_bias %dx%d", rows, cols);
+        expect_close(what, gY, cY, m, TOL_BF16);
+        snprintf(what, sizeof what, "bias_backward %dx%d (+=)", rows, cols);
+        expect_close(what, gdb, cdb, cols, TOL_F32);
+        drop(gpu, &gY), drop(gpu, &gb), drop(gpu, &gdb), drop(cpu, &cY), drop(cpu, &cb), drop(cpu, &cdb);
+        free(Y), free(b), free(db0);
+    }
+}
+
+/* ---- dropout: the CPU's mask, bit for bit ----------------------------------------------- */
+
+static void check_dropout(size_t n, float p, uint64_t seed, uint64_t offset, dtype_t dt,
+                          int in_place)
+{
+    float *x = rnd(n, 2.0f);
+    for (size_t i = 0; i < n; i += 7)
+        x[i] = 1.0f; /* no value that is zero by chance */
+    tensor_t gi = up(gpu, dt, x, n), go = in_place ? gi : up(gpu, dt, NULL, n);
+    tensor_t ci = up(cpu, DT_F32, x, n), co = up(cpu, DT_F32, NULL, n);
+    gpu->ops->dropout(gpu, go, gi, n, p, seed, offset);
+    cpu->ops->dropout(cpu, co, ci, n, p, seed, offset);
+    gpu_ok();
+    float *g = down(gpu, go), *c = down(cpu, co);
+    size_t bad = 0, kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = dt == DT_BF16 ? to_bf16(c[i]) : c[i];
+        bad += memcmp(&g[i], &want, 4) != 0;
+        kept += c[i] != 0.0f;
+    }
+    cr_expect_eq(bad, 0, "dropout n %zu p %g %s: %zu values differ from the CPU's", n, p,
+                 dtype_name(dt), bad);
+    if (p > 0 && n > 1000)
+        cr_expect(fabs((double)kept / n - (1.0 - p)) < 0.05, "kept %zu of %zu at p %g", kept, n, p);
+    free(g), free(c), free(x);
+    if (!in_place)
+        drop(gpu, &go);
+    drop(gpu, &gi), drop(cpu, &ci), drop(cpu, &co);
+}
+
+Test(cuda_ops, dropout_masks_match_the_cpu_bit_for_bit)
+{
+    check_dropout(10007, 0.1f, 42, 0, DT_F32, 0);
+    check_dropout(10007, 0.5f, sp_rng_stream(7, 0x2001), (uint64_t)3 << 40, DT_F32, 0);
+    check_dropout(4099, 0.3f, 99, 12345, DT_BF16, 0);
+    check_dropout(4099, 0.3f, 99, 12345, DT_BF16, 1); /* in place: the backward on a gradient */
+    check_dropout(513, 0.0f, 1, 0, DT_BF16, 0);       /* p == 0 copies */
+}
+
+/* ---- sumsq ------------------------------------------------------------------------------ */
+
+Test(cuda_ops, sumsq_matches_and_is_deterministic)
+{
+    size_t sizes[] = {1, 8191, 8193, 1000003};
+    for (int s = 0; s < 4; s++) {
+        size_t n = sizes[s];
+        float *x = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)sp_rng_normal(11, i) * 1e-3f;
+        tensor_t g = up(gpu, DT_F32, x, n), c = up(cpu, DT_F32, x, n);
+        double a = gpu->ops->sumsq(gpu, g, n), b = cpu->ops->sumsq(cpu, c, n);
+        double a2 = gpu->ops->sumsq(gpu, g, n);
+        gpu_ok();
+        cr_expect(fabs(a - b) <= 1e-10 * fabs(b), "sumsq n %zu: %.17g vs %.17g", n, a, b);
+        cr_expect(memcmp(&a, &a2, sizeof a) == 0, "sumsq n %zu differs between calls", n);
+        drop(gpu, &g), drop(cpu, &c);
+        free(x);
+    }
+}
+
+/* ---- AdamW ----------------------------------------------------------------------------- */
+
+static void check_adamw(size_t n, int64_t step, float wd, float grad_scale, int with_copy)
+{
+    float *p = rnd(n, 1.0f), *g = rnd(n, 0.1f), *m = rnd(n, 0.01f), *v = rnd(n, 0.001f);
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    tensor_t gp = up(gpu, DT_F32, p, n), gg = up(gpu, DT_F32, g, n), gm = up(gpu, DT_F32, m, n);
+    tensor_t gv = up(gpu, DT_F32, v, n), gc = up(gpu, DT_BF16, NULL, n);
+    tensor_t cp = up(cpu, DT_F32, p, n), cg = up(cpu, DT_F32, g, n), cm = up(cpu, DT_F32, m, n);
+    tensor_t cv = up(cpu, DT_F32, v, n);
+    adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .weight_decay = wd, .grad_scale = grad_scale, .step = step};
+    tensor_t none = {0};
+    gpu->ops->adamw(gpu, gp, with_copy ? gc : none, gg, gm, gv, n, &a);
+    cpu->ops->adamw(cpu, cp, none, cg, cm, cv, n, &a);
+    gpu_ok();
+    expect_close("adamw param", gp, cp, n, 1e-6);
+    expect_close("adamw m", gm, cm, n, 1e-6);
+    expect_close("adamw v", gv, cv, n, 1e-6);
+    if (with_copy) { /* the bf16 compute copy is the rounded master */
+        float *master = down(gpu, gp);
+        uint16_t *copy = malloc(2 * n);
+        gpu->ops->d2h(gpu, copy, gc.p, 2 * n);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += copy[i] != sp_f32_to_bf16(master[i]);
+        cr_expect_eq(bad, 0, "%zu copy values are not the rounded master", bad);
+        free(master), free(copy);
+    }
+    tensor_t gs[] = {gp, gg, gm, gv, gc}, cs[] = {cp, cg, cm, cv};
+    for (int i = 0; i < 5; i++)
+        drop(gpu, &gs[i]);
+    for (int i = 0; i < 4; i++)
+        drop(cpu, &cs[i]);
+    free(p), free(g), free(m), free(v);
+}
+
+Test(cuda_ops, adamw_updates_master_moments_and_copy)
+{
+    check_adamw(1000, 1, 0.0f, 1.0f, 1);
+    check_adamw(4097, 10, 0.1f, 0.5f, 1);
+    check_adamw(33, 1000, 0.01f, 1.0f, 0);
+}
+
+/* ---- fills: the CPU's numbers ---------------------------------------------------------- */
+
+static void check_fill(int normal, size_t n, uint64_t seed, uint64_t offset, float a, float b,
+                       dtype_t dt)
+{
+    tensor_t g = up(gpu, dt, NULL, n), c = up(cpu, DT_F32, NULL, n);
+    if (normal) {
+        gpu->ops->fill_normal(gpu, g, n, a, b, seed, offset);
+        cpu->ops->fill_normal(cpu, c, n, a, b, seed, offset);
+    } else {
+        gpu->ops->fill_uniform(gpu, g, n, a, b, seed, offset);
+        cpu->ops->fill_uniform(cpu, c, n, a, b, seed, offset);
+    }
+    gpu_ok();
+    float *hg = down(gpu, g), *hc = down(cpu, c);
+    size_t bad = 0, first = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = dt == DT_BF16 ? to_bf16(hc[i]) : hc[i];
+        if (normal) {
+            double d = fabs((double)hg[i] - want);
+            double tol = dt == DT_BF16 ? fabs(want) / 128.0 + 1e-30 : 1e-6 * fmax(1.0, fabs(want));
+            if (d > worst)
+                worst = d;
+            if (d > tol && !bad++)
+                first = i;
+        } else if (memcmp(&hg[i], &want, 4) != 0 && !bad++) {
+            first = i;
+        }
+    }
+    cr_expect_eq(bad, 0, "fill_%s %s n %zu: %zu values differ (first at %zu: %.9g vs %.9g), worst %g",
+                 normal ? "normal" : "uniform", dtype_name(dt), n, bad, first, hg[first], hc[first],
+                 worst);
+    free(hg), free(hc);
+    drop(gpu, &g), drop(cpu, &c);
+}
+
+Test(cuda_ops, fill_uniform_is_the_cpu_bit_for_bit)
+{
+    check_fill(0, 100003, 5, 0, -0.25f, 0.25f, DT_F32);
+    check_fill(0, 4097, sp_rng_stream(3, 0x1002), 777, -1.0f / 7.0f, 1.0f / 7.0f, DT_F32);
+    check_fill(0, 4097, 8, 1, -2.0f, 3.0f, DT_BF16);
+    check_fill(0, 100, 0, 0, 1.0f, 1.0f, DT_BF16); /* the model's constant fills */
+}
+
+Test(cuda_ops, fill_normal_within_1e_6)
+{
+    check_fill(1, 100003, 17, 0, 0.0f, 0.02f, DT_F32);
+    check_fill(1, 100003, 18, 5, 1.0f, 1.0f, DT_F32);
+    check_fill(1, 4097, 19, 0, 0.0f, 0.02f, DT_BF16);
+}
+
+/* ---- main: skip (77) without a device ---------------------------------------------------- */
+
+int main(int argc, char *argv[])
+{
+    if (!backend_cuda_available()) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true))
+        result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
+}
