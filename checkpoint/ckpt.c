@@ -279,7 +279,7 @@ static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *c
     return rc;
 }
 
-static int rm_tree(const char *dir)
+int ckpt_remove_tree(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -293,7 +293,7 @@ static int rm_tree(const char *dir)
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         struct stat sb;
         if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rc |= rm_tree(p);
+            rc |= ckpt_remove_tree(p);
         else
             rc |= unlink(p);
     }
@@ -309,7 +309,7 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t o
     ckpt_dir_name(name, sizeof name, s->step);
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", root, name, (int)getpid());
     snprintf(fin, sizeof fin, "%s/%s", root, name);
-    rm_tree(tmp);
+    ckpt_remove_tree(tmp);
     if (mkdir(tmp, 0755) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", tmp, strerror(errno));
     snprintf(path, sizeof path, "%s/%s", tmp, CKPT_STATE_FILE);
@@ -327,7 +327,7 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t o
             char old[4200];
             snprintf(old, sizeof old, "%s/.old-%s-%d", root, name, (int)getpid());
             if (rename(fin, old) == 0)
-                rm_tree(old);
+                ckpt_remove_tree(old);
         }
         if (rename(tmp, fin) != 0)
             rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot rename to %s: %s", tmp, fin,
@@ -336,7 +336,7 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t o
             fsync_path(root, 1);
     }
     if (rc)
-        rm_tree(tmp);
+        ckpt_remove_tree(tmp);
     else if (out_dir)
         snprintf(out_dir, out_n, "%s", fin);
     return rc;
@@ -663,7 +663,7 @@ static void remove_leftovers(const char *root)
             continue;
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", root, e->d_name);
-        rm_tree(p);
+        ckpt_remove_tree(p);
     }
     if (d)
         closedir(d);
@@ -688,7 +688,7 @@ int ckpt_prune(const char *root, int keep, int64_t keep_every,
             if (dash)
                 pid = atoi(dash + 1);
             if (pid > 0 && pid != (int)getpid() && kill(pid, 0) != 0)
-                rm_tree(path);
+                ckpt_remove_tree(path);
             continue;
         }
         int keep_this = kept < keep || (keep_every > 0 && ci->step % keep_every == 0);
@@ -703,7 +703,7 @@ int ckpt_prune(const char *root, int keep, int64_t keep_every,
         if (rename(path, gone) != 0)
             continue;
         fsync_path(root, 1);
-        if (rm_tree(gone) == 0 && deleted)
+        if (ckpt_remove_tree(gone) == 0 && deleted)
             deleted(ctx, ci->name);
     }
     free(list);

@@ -111,6 +111,8 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
  * NULL) is called with each name removed. */
 int ckpt_prune(const char *root, int keep, int64_t keep_every,
                void (*deleted)(void *ctx, const char *name), void *ctx, sp_err *err);
+/* Deletes a directory and everything under it (no error if missing). */
+int ckpt_remove_tree(const char *dir);
 /* "step-%08lld" */
 void ckpt_dir_name(char *buf, size_t n, int64_t step);
 

@@ -128,19 +128,28 @@ static void expect_same_run(const char *a, const char *b, int bitwise)
                      0, "final adapters of %s and %s differ", a, b);
 }
 
-static void stop_with(const char *prefix, const char *name, const char *extra, int sig,
-                      int at_step)
+static void stop_with_signals(const char *prefix, const char *name, const char *extra, int sig,
+                              int at_step, int times)
 {
     char log[4096];
     snprintf(log, sizeof log, "%s/%s.log", dir, name);
     int pid = tu_spawn(log, "%s", train_cmd(prefix, name, extra));
     wait_step(name, at_step, pid);
-    kill(pid, sig);
+    for (int i = 0; i < times; i++) {
+        kill(pid, sig);
+        tu_sleep(0.002);
+    }
     int rc = tu_wait(pid, 300);
     char *text = tu_read_file(log, NULL);
     cr_assert_eq(rc, 75, "exit %d after signal %d: %s", rc, sig, text);
     cr_expect(tu_contains(text, "after committing checkpoint step"), "%s", text);
     free(text);
+}
+
+static void stop_with(const char *prefix, const char *name, const char *extra, int sig,
+                      int at_step)
+{
+    stop_with_signals(prefix, name, extra, sig, at_step, 1);
 }
 
 Test(resume, sigterm_then_resume_is_bit_identical)
@@ -155,6 +164,29 @@ Test(resume, sigterm_then_resume_is_bit_identical)
     cr_expect(tu_contains(out, "resumed from"), "%s", out);
     free(out);
     expect_same_run("whole", "cut", 1);
+}
+
+/* A second (and third) signal while the stop checkpoint is being written
+ * changes nothing: the same exit, a checkpoint that verifies, the same end. */
+Test(resume, repeated_signals_during_the_save_corrupt_nothing)
+{
+    char *out = NULL;
+    cr_assert_eq(run(NULL, "whole", NULL, &out), 0, "%s", out);
+    free(out);
+    stop_with_signals(NULL, "twice", NULL, SIGTERM, 10, 3);
+    char root[4096];
+    snprintf(root, sizeof root, "%s/twice/checkpoints", dir);
+    ckpt_info *l;
+    int n;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_list(root, 1, &l, &n, &err), 0);
+    cr_assert_geq(n, 1);
+    for (int i = 0; i < n; i++)
+        cr_expect(l[i].ok, "%s: %s", l[i].name, l[i].problem);
+    free(l);
+    cr_assert_eq(run(NULL, "twice", NULL, &out), 0, "%s", out);
+    free(out);
+    expect_same_run("whole", "twice", 1);
 }
 
 Test(resume, sigkill_just_after_a_checkpoint_then_resume_is_bit_identical)

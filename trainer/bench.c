@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "grad_sync.h"
 #include "model.h"
@@ -61,8 +62,19 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         return sp_fail(err, SP_EXIT_USAGE,
                        "bench: unknown preset '%s' (tiny, small, llama-7b, llama-13b)", bo->preset);
     backend_t *be;
-    if (backend_create(&be, bo->backend, comm_local_rank(comm), bo->threads, err))
+    int threads = bo->threads;
+    if (threads == 0) { /* the node's cores shared between its ranks */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int local = comm_local_size(comm) > 0 ? comm_local_size(comm) : 1;
+        threads = cores / local > 0 ? (int)(cores / local) : 1;
+    }
+    if (backend_create(&be, bo->backend, comm_local_rank(comm), threads, err))
         return err->code;
+    if (strcmp(be->name, "cuda") == 0 && comm_size(comm) > 1 &&
+        comm_device_init(comm, be->device, err)) {
+        backend_destroy(be);
+        return err->code;
+    }
     model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
                     .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
                     .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};

@@ -345,25 +345,18 @@ static void report_bad(void *ctx, const ckpt_info *bad)
               bad->problem);
 }
 
-static int rm_dir(const char *dir)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", dir);
-    return system(cmd);
-}
-
 /* Downloads remote step-N into the local root and verifies it. */
 static int pull_verified(ckpt_ctl *c, store_t *st, const char *name, char *path, size_t n,
                          sp_err *err)
 {
     char local[4096];
     snprintf(local, sizeof local, "%s/%s", c->root, name);
-    rm_dir(local); /* a broken local copy of the same step */
+    ckpt_remove_tree(local); /* a broken local copy of the same step */
     if (store_pull_dir(st, name, local, NULL, err))
         return err->code ? err->code : SP_EXIT_OTHER;
     ckpt_manifest mf;
     if (ckpt_verify(local, &mf, err)) {
-        rm_dir(local);
+        ckpt_remove_tree(local);
         return err->code;
     }
     snprintf(path, n, "%s", local);

@@ -78,9 +78,7 @@ static char *temp_dir(void)
 
 static void remove_tree(const char *dir)
 {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", dir);
-    if (system(cmd) != 0)
+    if (ckpt_remove_tree(dir) != 0)
         fprintf(stderr, "spotune: could not remove %s\n", dir);
 }
 

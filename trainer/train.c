@@ -386,6 +386,10 @@ static int setup(trainer_t *t, sp_err *err)
         if (!t->samples)
             return sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
     }
+    /* device gradients travel over NCCL, bootstrapped over MPI */
+    if (strcmp(t->be->name, "cuda") == 0 && t->world > 1 &&
+        comm_device_init(t->comm, t->be->device, err))
+        return err->code;
     if (t->out)
         fprintf(t->out, "spotune: %d rank%s, backend %s (%s, %d threads per rank)\n", t->world,
                 t->world > 1 ? "s" : "", t->be->name, t->be->device_name, t->be->threads);

@@ -178,6 +178,7 @@ int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
     be->name = reference ? "cpu-ref" : "cpu";
     be->act_dt = DT_F32;
     be->threads = threads;
+    be->device = -1;
     be->impl = impl;
     strcpy(be->device_name, "CPU");
     omp_set_num_threads(threads);

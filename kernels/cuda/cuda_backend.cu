@@ -339,6 +339,7 @@ extern "C" int cuda_backend_create(backend_t **out, int device, int threads, sp_
         return sp_fail(err, SP_EXIT_OTHER, "out of memory creating the CUDA backend");
     }
     im->device = (device < 0 ? 0 : device) % count;
+    be->device = im->device;
     be->ops = &cuda_ops_table;
     be->name = "cuda";
     be->act_dt = DT_BF16;
