@@ -40,6 +40,7 @@ for mode in lora full; do
   else
     theirs="(no torch)" ratio="-"
   fi
+  [ "$peer_ok" = 1 ] && theirs=$(printf "%.1f" "$theirs")
   printf "%-6s %16.1f %16s %8s\n" "$mode" "$ours" "$theirs" "$ratio"
 done
 [ "$peer_ok" = 1 ] || echo "the peer needs: pip install torch transformers peft"

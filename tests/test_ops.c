@@ -12,6 +12,8 @@
 #include "kernels/backend.h"
 
 static backend_t *be;
+static tensor_t owned[64]; /* every tensor a test allocates, freed by teardown */
+static int nowned;
 
 static void setup(void)
 {
@@ -21,7 +23,17 @@ static void setup(void)
 
 static void teardown(void)
 {
+    for (int i = 0; i < nowned; i++)
+        be->ops->free(be, &owned[i]);
     backend_destroy(be);
+}
+
+static tensor_t talloc(dtype_t dt, size_t n)
+{
+    tensor_t t = be->ops->alloc(be, dt, n);
+    cr_assert(t.p && nowned < 64);
+    owned[nowned++] = t;
+    return t;
 }
 
 TestSuite(ops, .init = setup, .fini = teardown);
@@ -39,7 +51,7 @@ static float *rnd(size_t n, float scale)
 
 static tensor_t dev(const float *host, size_t n)
 {
-    tensor_t t = be->ops->alloc(be, DT_F32, n);
+    tensor_t t = talloc(DT_F32, n);
     if (host)
         be_upload(be, t, host, DT_F32);
     return t;
@@ -357,7 +369,7 @@ Test(ops, embedding_forward_backward)
     int32_t tok[9] = {3, 0, 10, 3, 7, 7, 7, 1, 3};
     float *W = rnd((size_t)V * H, 1), *R = rnd((size_t)n * H, 1);
     tensor_t tW = dev(W, (size_t)V * H), to = dev(NULL, (size_t)n * H);
-    tensor_t tt = be->ops->alloc(be, DT_I32, (size_t)n);
+    tensor_t tt = talloc(DT_I32, (size_t)n);
     be_upload(be, tt, tok, DT_I32);
     be->ops->embedding_forward(be, to, tW, tt, n, H);
     float *got = host(to);
@@ -404,7 +416,7 @@ Test(ops, cross_entropy_loss_and_gradient)
     float *x = rnd((size_t)rows * V, 5);
     float scale = 0.25f;
     tensor_t tx = dev(x, (size_t)rows * V), tl = dev(NULL, (size_t)rows);
-    tensor_t tt = be->ops->alloc(be, DT_I32, (size_t)rows);
+    tensor_t tt = talloc(DT_I32, (size_t)rows);
     be_upload(be, tt, tg, DT_I32);
     be->ops->cross_entropy(be, tx, tl, tt, rows, V, scale);
     float *loss = host(tl), *dx = host(tx);
@@ -535,4 +547,15 @@ Test(ops, fills_have_the_right_distribution)
     cr_expect_lt(fabs(s / n - 1.0), 6 * 0.02 / sqrt((double)n));
     cr_expect_lt(fabs(sqrt(ss / n) - 0.02), 0.02 * 0.02);
     free(u), free(g);
+}
+
+/* The reference backend's attention (plain loops) against the same double
+ * reference and finite differences. */
+Test(ops, attention_reference_path)
+{
+    sp_err err = {0};
+    backend_destroy(be);
+    cr_assert_eq(backend_create(&be, "cpu-ref", 0, 2, &err), 0, "%s", err.msg);
+    check_attention(2, 5, 4, 2, 4);
+    check_attention(1, 9, 3, 3, 6);
 }

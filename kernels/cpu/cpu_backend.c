@@ -130,7 +130,39 @@ static void cpu_destroy(backend_t *be)
     free(be);
 }
 
+/* The fast path: OpenBLAS for the matmuls and the attention products. */
 static const backend_ops cpu_ops = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .h2d = cpu_h2d,
+    .d2h = cpu_h2d,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .sync = cpu_sync,
+    .matmul = cpu_matmul,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope = cpu_rope,
+    .attention_forward = cpu_attention_forward_blas,
+    .attention_backward = cpu_attention_backward_blas,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .cross_entropy = cpu_cross_entropy,
+    .add = cpu_add,
+    .add_bias = cpu_add_bias,
+    .bias_backward = cpu_bias_backward,
+    .dropout = cpu_dropout,
+    .sumsq = cpu_sumsq,
+    .adamw = cpu_adamw,
+    .fill_uniform = cpu_fill_uniform,
+    .fill_normal = cpu_fill_normal,
+    .destroy = cpu_destroy,
+};
+
+/* The reference: plain loops for every op (kind "cpu-ref"). */
+static const backend_ops cpu_ref_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .h2d = cpu_h2d,
@@ -174,7 +206,7 @@ int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
         threads = n > 0 ? (int)n : 1;
     }
     impl->reference = reference;
-    be->ops = &cpu_ops;
+    be->ops = reference ? &cpu_ref_ops : &cpu_ops;
     be->name = reference ? "cpu-ref" : "cpu";
     be->act_dt = DT_F32;
     be->threads = threads;

@@ -20,6 +20,12 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                             tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B,
                             int T, int nh, int nkv, int hd);
+/* The fast path's attention (sgemm per head, cpu_attention_blas.c). */
+void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
+                                tensor_t v, int B, int T, int nh, int nkv, int hd);
+void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
+                                 tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
+                                 tensor_t k, tensor_t v, int B, int T, int nh, int nkv, int hd);
 void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
 void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
                          tensor_t u, size_t n);

@@ -277,17 +277,20 @@ void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t t
             Lo[r] = 0.0f;
             continue;
         }
-        float m = -INFINITY;
+        float m = -INFINITY, xt = x[t];
         for (int i = 0; i < V; i++)
             if (x[i] > m)
                 m = x[i];
         double s = 0.0;
+        for (int i = 0; i < V; i++) { /* one exp per logit, kept for the gradient */
+            float e = expf(x[i] - m);
+            x[i] = e;
+            s += e;
+        }
+        Lo[r] = (float)(m + log(s) - xt);
+        float g = (float)(grad_scale / s);
         for (int i = 0; i < V; i++)
-            s += exp((double)x[i] - m);
-        double lse = m + log(s);
-        Lo[r] = (float)(lse - x[t]);
-        for (int i = 0; i < V; i++)
-            x[i] = (float)exp((double)x[i] - lse) * grad_scale;
+            x[i] *= g;
         x[t] -= grad_scale;
     }
 }

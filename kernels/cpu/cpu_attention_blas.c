@@ -1,0 +1,149 @@
+/* Causal grouped-query attention for the fast CPU backend: the score and
+ * value products of each head through sgemm (single-threaded inside an
+ * OpenMP task), the masked softmax in between. Same semantics as the plain
+ * loops of cpu_ops.c (the reference); the T x T scores of one head live only
+ * inside the op. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+
+#define F(t) ((float *)(t).p)
+
+/* S = scale * Q_h K^T, then P = softmax over j <= t (masked to 0 above the
+ * diagonal); writes the row log-sum-exps when lse != NULL, else uses them. */
+static void scores(float *S, const float *q, const float *k, int T, int ldq, int ldk, int hd,
+                   float scale)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, ldq, k, ldk, 0.0f,
+                S, T);
+}
+
+static void softmax_rows(float *S, float *lse, int T)
+{
+    for (int t = 0; t < T; t++) {
+        float *s = S + (size_t)t * T;
+        float m = -INFINITY;
+        for (int j = 0; j <= t; j++)
+            m = s[j] > m ? s[j] : m;
+        double l = 0.0;
+        for (int j = 0; j <= t; j++) {
+            s[j] = expf(s[j] - m);
+            l += s[j];
+        }
+        float inv = (float)(1.0 / l);
+        for (int j = 0; j <= t; j++)
+            s[j] *= inv;
+        for (int j = t + 1; j < T; j++)
+            s[j] = 0.0f;
+        lse[t] = m + (float)log(l);
+    }
+}
+
+void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
+                                tensor_t v, int B, int T, int nh, int nkv, int hd)
+{
+    const float *Q = F(q), *K = F(k), *V = F(v);
+    float *O = F(out), *L = F(lse);
+    int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * (size_t)T * (size_t)T);
+        if (!S) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < nh; h++) {
+                if (!S)
+                    continue;
+                int kh = h / group;
+                const float *qh = Q + (size_t)b * T * ldq + (size_t)h * hd;
+                const float *kk = K + (size_t)b * T * ldk + (size_t)kh * hd;
+                const float *vv = V + (size_t)b * T * ldk + (size_t)kh * hd;
+                scores(S, qh, kk, T, ldq, ldk, hd, scale);
+                softmax_rows(S, L + ((size_t)b * nh + h) * T, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, S, T, vv,
+                            ldk, 0.0f, O + (size_t)b * T * ldq + (size_t)h * hd, ldq);
+            }
+        free(S);
+    }
+    if (failed)
+        be_fail(be, __FILE__, __LINE__, "out of memory for attention scores (T=%d)", T);
+}
+
+void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
+                                 tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
+                                 tensor_t k, tensor_t v, int B, int T, int nh, int nkv, int hd)
+{
+    const float *Q = F(q), *K = F(k), *V = F(v), *O = F(out), *DO = F(dout), *L = F(lse);
+    float *DQ = F(dq), *DK = F(dk), *DV = F(dv);
+    int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int failed = 0;
+    /* one task per (batch, kv head): it owns dK, dV of that head */
+#pragma omp parallel
+    {
+        float *P = malloc(sizeof(float) * (size_t)T * (size_t)T);
+        float *dP = malloc(sizeof(float) * (size_t)T * (size_t)T);
+        float *D = malloc(sizeof(float) * (size_t)T);
+        if (!P || !dP || !D) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int b = 0; b < B; b++)
+            for (int kh = 0; kh < nkv; kh++) {
+                if (!P || !dP || !D)
+                    continue;
+                const float *kk = K + (size_t)b * T * ldk + (size_t)kh * hd;
+                const float *vv = V + (size_t)b * T * ldk + (size_t)kh * hd;
+                float *dkk = DK + (size_t)b * T * ldk + (size_t)kh * hd;
+                float *dvv = DV + (size_t)b * T * ldk + (size_t)kh * hd;
+                for (int h = kh * group; h < (kh + 1) * group; h++) {
+                    size_t qo = (size_t)b * T * ldq + (size_t)h * hd;
+                    const float *lh = L + ((size_t)b * nh + h) * T;
+                    /* P from the saved log-sum-exps */
+                    scores(P, Q + qo, kk, T, ldq, ldk, hd, scale);
+                    for (int t = 0; t < T; t++) {
+                        float *p = P + (size_t)t * T;
+                        for (int j = 0; j <= t; j++)
+                            p[j] = expf(p[j] - lh[t]);
+                        for (int j = t + 1; j < T; j++)
+                            p[j] = 0.0f;
+                        const float *ot = O + qo + (size_t)t * ldq, *dot = DO + qo + (size_t)t * ldq;
+                        float acc = 0.0f;
+                        for (int d = 0; d < hd; d++)
+                            acc += dot[d] * ot[d];
+                        D[t] = acc;
+                    }
+                    /* dV += P^T dO;  dP = dO V^T;  dS = P (dP - D) scale */
+                    float beta = h == kh * group ? 0.0f : 1.0f;
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T,
+                                DO + qo, ldq, beta, dvv, ldk);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, DO + qo,
+                                ldq, vv, ldk, 0.0f, dP, T);
+                    for (int t = 0; t < T; t++) {
+                        float *p = P + (size_t)t * T, *g = dP + (size_t)t * T;
+                        for (int j = 0; j <= t; j++)
+                            p[j] = p[j] * (g[j] - D[t]) * scale;
+                    }
+                    /* dQ = dS K;  dK += dS^T Q */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, P, T,
+                                kk, ldk, 0.0f, DQ + qo, ldq);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, P, T,
+                                Q + qo, ldq, beta, dkk, ldk);
+                }
+            }
+        free(P);
+        free(dP);
+        free(D);
+    }
+    if (failed)
+        be_fail(be, __FILE__, __LINE__, "out of memory for attention scores (T=%d)", T);
+}
