@@ -31,6 +31,8 @@ void ckpt_snapshot_free(ckpt_snapshot *s)
         free(s->arrays[i].name);
         free(s->arrays[i].data);
     }
+    for (int i = 0; i < s->nfiles; i++)
+        free(s->files[i].data);
     free(s->attrs);
     free(s->arrays);
     memset(s, 0, sizeof *s);
@@ -116,6 +118,23 @@ float *ckpt_add_array(ckpt_snapshot *s, const char *name, int ndim, const int64_
     s->narrays++;
     s->bytes += a->n * sizeof(float);
     return a->data;
+}
+
+int ckpt_add_file(ckpt_snapshot *s, const char *name, const void *data, size_t n)
+{
+    if (s->nfiles == 4 || strlen(name) >= sizeof s->files[0].name || strchr(name, '/') ||
+        !strcmp(name, CKPT_MANIFEST) || !strcmp(name, CKPT_STATE_FILE))
+        return -1;
+    ckpt_file *f = &s->files[s->nfiles];
+    f->data = malloc(n ? n : 1);
+    if (!f->data)
+        return -1;
+    memcpy(f->data, data, n);
+    f->n = n;
+    snprintf(f->name, sizeof f->name, "%s", name);
+    s->nfiles++;
+    s->bytes += n;
+    return 0;
 }
 
 const ckpt_attr *ckpt_get(const ckpt_snapshot *s, const char *name)
@@ -313,10 +332,21 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t o
     if (mkdir(tmp, 0755) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", tmp, strerror(errno));
     snprintf(path, sizeof path, "%s/%s", tmp, CKPT_STATE_FILE);
-    const char *files[] = {CKPT_STATE_FILE};
+    const char *files[5] = {CKPT_STATE_FILE};
+    int nfiles = 1;
     int rc = write_state(path, s, err);
+    for (int i = 0; i < s->nfiles && !rc; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, s->files[i].name);
+        FILE *f = fopen(path, "wb");
+        int bad = !f || fwrite(s->files[i].data, 1, s->files[i].n, f) != s->files[i].n;
+        if (f && fclose(f) != 0)
+            bad = 1;
+        if (bad || fsync_path(path, 0) != 0)
+            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path);
+        files[nfiles++] = s->files[i].name;
+    }
     if (!rc)
-        rc = write_manifest(tmp, s, files, 1, err);
+        rc = write_manifest(tmp, s, files, nfiles, err);
     if (!rc && fsync_path(tmp, 1) != 0)
         rc = sp_fail(err, SP_EXIT_OTHER, "%s: fsync failed: %s", tmp, strerror(errno));
     if (!rc) {

@@ -40,6 +40,13 @@ typedef struct ckpt_array {
     size_t n;
 } ckpt_array;
 
+/* A file stored beside state.h5 as it is (e.g. the run's metrics so far). */
+typedef struct ckpt_file {
+    char name[64];
+    void *data;
+    size_t n;
+} ckpt_file;
+
 typedef struct ckpt_snapshot {
     int64_t step;
     int world_size;
@@ -49,6 +56,8 @@ typedef struct ckpt_snapshot {
     int nattrs, cap_attrs;
     ckpt_array *arrays;
     int narrays, cap_arrays;
+    ckpt_file files[4];
+    int nfiles;
     size_t bytes;
 } ckpt_snapshot;
 
@@ -59,6 +68,9 @@ int ckpt_set_real(ckpt_snapshot *s, const char *name, double v);
 int ckpt_set_str(ckpt_snapshot *s, const char *name, const char *v);
 /* Adds an array of n floats; returns its buffer to fill (NULL: out of memory). */
 float *ckpt_add_array(ckpt_snapshot *s, const char *name, int ndim, const int64_t *shape);
+/* Adds a copy of n bytes to be written as file `name` of the checkpoint
+ * (listed in MANIFEST like state.h5); at most 4. */
+int ckpt_add_file(ckpt_snapshot *s, const char *name, const void *data, size_t n);
 const ckpt_attr *ckpt_get(const ckpt_snapshot *s, const char *name);
 const ckpt_array *ckpt_find_array(const ckpt_snapshot *s, const char *name);
 

@@ -114,6 +114,16 @@ Test(remote, preempted_run_resumes_from_the_bucket_on_a_fresh_machine)
     cr_assert_eq(run("spot", NULL, &out), 0, "%s", out);
     cr_expect(tu_contains(out, "downloading s3://") && tu_contains(out, "resumed from"), "%s", out);
     free(out);
+    /* the metrics came back with the checkpoint: the whole curve, once */
+    char mpath[4096];
+    snprintf(mpath, sizeof mpath, "%s/spot/metrics.jsonl", dir);
+    char *m = tu_read_file(mpath, NULL);
+    int lines = 0;
+    for (char *p = m ? strstr(m, "\"event\":\"train\"") : NULL; p; p = strstr(p + 1, "\"event\":\"train\""))
+        lines++;
+    cr_expect_eq(lines, 40, "metrics.jsonl holds %d train records after the resume", lines);
+    cr_expect(tu_contains(m, "\"step\":1,") && tu_contains(m, "\"step\":40,"), "%s", m);
+    free(m);
     cr_expect_eq(tu_sh(NULL, "cmp %s/whole/adapter/adapter_model.safetensors "
                              "%s/spot/adapter/adapter_model.safetensors",
                        dir, dir),

@@ -29,6 +29,7 @@ struct ckpt_ctl {
     uploader_t *up;
     double last_time;
     int64_t last_step;
+    int fresh_metrics; /* the run directory had no metrics yet (a new machine) */
 };
 
 /* ---- logging from any thread (stdio locks each call) ------------------------- */
@@ -131,6 +132,10 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->last_time = sp_now();
     c->last_step = -1;
     snprintf(c->root, sizeof c->root, "%s/checkpoints", cfg->run_dir);
+    char mpath[4096];
+    struct stat msb;
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg->run_dir);
+    c->fresh_metrics = stat(mpath, &msb) != 0 || msb.st_size == 0;
     snprintf(c->base_identity, sizeof c->base_identity, "%s", base_identity);
     snprintf(c->config_hash, sizeof c->config_hash, "%016llx",
              (unsigned long long)config_math_hash(cfg));
@@ -209,6 +214,29 @@ static int add_param_arrays(model_t *m, ckpt_snapshot *s, sp_err *err)
     return be_check(m->be, err);
 }
 
+static char *read_small_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            char *g = realloc(buf, cap *= 2);
+            if (!g) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = g;
+        }
+    }
+    fclose(f);
+    *n = len;
+    return buf;
+}
+
 static int snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_snapshot *s,
                     sp_err *err)
 {
@@ -234,6 +262,17 @@ static int snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_snaps
               ckpt_set_str(s, "mode", cfg->mode == MODE_LORA ? "lora" : "full") ||
               ckpt_set_str(s, "rng", RNG_TAG) || ckpt_set_str(s, "writer", VERSION_TAG);
     free(yaml);
+    /* the curve so far travels with the checkpoint, so a new machine has it */
+    if (!bad && c->metrics && c->metrics->f) {
+        char path[4096];
+        size_t n = 0;
+        fflush(c->metrics->f);
+        snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run_dir);
+        char *text = read_small_file(path, &n);
+        if (text)
+            bad = ckpt_add_file(s, "metrics.jsonl", text, n) != 0;
+        free(text);
+    }
     if (bad && !err->code)
         sp_fail(err, SP_EXIT_OTHER, "out of memory building a checkpoint");
     if (err->code || add_param_arrays(m, s, err)) {
@@ -533,22 +572,31 @@ static int restore_params(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_er
 }
 
 /* A resumed run rewrites metrics.jsonl without the records of steps after
- * the checkpoint, so the curve a user plots has no repeated steps. */
-static void trim_metrics(ckpt_ctl *c, int64_t step)
+ * the checkpoint, so the curve a user plots has no repeated steps; on a new
+ * machine (no metrics yet) it starts from the checkpoint's copy. */
+static void trim_metrics(ckpt_ctl *c, const char *ckpt_dir, int64_t step)
 {
     if (!c->metrics || !c->metrics->f)
         return;
-    char path[4096], tmp[4200];
+    char path[4096], tmp[4200], saved[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", c->cfg->run_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(saved, sizeof saved, "%s/metrics.jsonl", ckpt_dir);
     fflush(c->metrics->f);
-    FILE *in = fopen(path, "r"), *out = fopen(tmp, "w");
+    FILE *in = fopen(c->fresh_metrics ? saved : path, "r"), *out = fopen(tmp, "w");
     char *line = NULL;
     size_t cap = 0;
     while (in && out && getline(&line, &cap, in) > 0) {
         const char *sp = strstr(line, "\"step\":");
         if (!sp || strtoll(sp + 7, NULL, 10) <= step)
             fputs(line, out);
+    }
+    if (c->fresh_metrics && out) { /* this process's own records so far */
+        FILE *mine = fopen(path, "r");
+        while (mine && getline(&line, &cap, mine) > 0)
+            fputs(line, out);
+        if (mine)
+            fclose(mine);
     }
     free(line);
     if (in)
@@ -607,7 +655,7 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
     *resumed = 1;
     c->last_step = h.step;
     if (c->rank == 0) {
-        trim_metrics(c, h.step);
+        trim_metrics(c, path, h.step);
         log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu", path,
                   (long long)h.step, (unsigned long long)h.cursor);
     }
