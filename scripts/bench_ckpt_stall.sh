@@ -50,9 +50,9 @@ if [ "$s3" = 1 ]; then
   export SWIFT_S3_BASE=$PWD/$work/swift
   scripts/swift-s3.sh start --clean >/dev/null
   export AWS_ACCESS_KEY_ID=test:tester AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
-  build-cpu/spotune-store-tool --endpoint http://127.0.0.1:28080 --path-style mb s3://stall-bench >/dev/null 2>&1 ||
+  build-cpu/checkpoint/spotune-store-tool --endpoint http://127.0.0.1:28080 --path-style mb s3://stall-bench >/dev/null 2>&1 ||
     { ninja -C build-cpu spotune-store-tool >/dev/null &&
-      build-cpu/spotune-store-tool --endpoint http://127.0.0.1:28080 --path-style mb s3://stall-bench >/dev/null; }
+      build-cpu/checkpoint/spotune-store-tool --endpoint http://127.0.0.1:28080 --path-style mb s3://stall-bench >/dev/null; }
   modes+=("s3://stall-bench/run")
 fi
 

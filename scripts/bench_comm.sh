@@ -65,7 +65,7 @@ fi
 
 # "mode TOKENS_PER_S" per JSON line, sorted by mode.
 tokens_per_s() {
-    "${mpirun[@]}" --oversubscribe -np "$1" "$spotune" bench --preset small --steps 3 --warmup 1 \
+    "${mpirun[@]}" --oversubscribe --bind-to none -np "$1" "$spotune" bench --preset small --steps 3 --warmup 1 \
         --micro-batch 4 --seq-len 256 --backend "${SPOTUNE_BENCH_BACKEND:-auto}" --json |
         sed -n 's/.*"mode":[[:space:]]*"\([a-z]*\)".*"tokens_per_s":[[:space:]]*\([-0-9.eE+]*\).*/\1 \2/p' |
         sort
