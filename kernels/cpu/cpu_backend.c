@@ -130,7 +130,26 @@ static void cpu_destroy(backend_t *be)
     free(be);
 }
 
-/* The fast path: OpenBLAS for the matmuls and the attention products. */
+/* Attention: sgemm per head on the fast path, plain loops for the reference. */
+static void cpu_attention_fwd(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
+                              tensor_t v, int B, int T, int nh, int nkv, int hd)
+{
+    if (cpu_reference(be))
+        cpu_attention_forward(be, out, lse, q, k, v, B, T, nh, nkv, hd);
+    else
+        cpu_attention_forward_blas(be, out, lse, q, k, v, B, T, nh, nkv, hd);
+}
+
+static void cpu_attention_bwd(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
+                              tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
+                              int B, int T, int nh, int nkv, int hd)
+{
+    if (cpu_reference(be))
+        cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
+    else
+        cpu_attention_backward_blas(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
+}
+
 static const backend_ops cpu_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -143,39 +162,8 @@ static const backend_ops cpu_ops = {
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .rope = cpu_rope,
-    .attention_forward = cpu_attention_forward_blas,
-    .attention_backward = cpu_attention_backward_blas,
-    .swiglu_forward = cpu_swiglu_forward,
-    .swiglu_backward = cpu_swiglu_backward,
-    .embedding_forward = cpu_embedding_forward,
-    .embedding_backward = cpu_embedding_backward,
-    .cross_entropy = cpu_cross_entropy,
-    .add = cpu_add,
-    .add_bias = cpu_add_bias,
-    .bias_backward = cpu_bias_backward,
-    .dropout = cpu_dropout,
-    .sumsq = cpu_sumsq,
-    .adamw = cpu_adamw,
-    .fill_uniform = cpu_fill_uniform,
-    .fill_normal = cpu_fill_normal,
-    .destroy = cpu_destroy,
-};
-
-/* The reference: plain loops for every op (kind "cpu-ref"). */
-static const backend_ops cpu_ref_ops = {
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .h2d = cpu_h2d,
-    .d2h = cpu_h2d,
-    .zero = cpu_zero,
-    .copy = cpu_copy,
-    .sync = cpu_sync,
-    .matmul = cpu_matmul,
-    .rmsnorm_forward = cpu_rmsnorm_forward,
-    .rmsnorm_backward = cpu_rmsnorm_backward,
-    .rope = cpu_rope,
-    .attention_forward = cpu_attention_forward,
-    .attention_backward = cpu_attention_backward,
+    .attention_forward = cpu_attention_fwd,
+    .attention_backward = cpu_attention_bwd,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,
     .embedding_forward = cpu_embedding_forward,
@@ -206,7 +194,7 @@ int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
         threads = n > 0 ? (int)n : 1;
     }
     impl->reference = reference;
-    be->ops = reference ? &cpu_ref_ops : &cpu_ops;
+    be->ops = &cpu_ops;
     be->name = reference ? "cpu-ref" : "cpu";
     be->act_dt = DT_F32;
     be->threads = threads;
