@@ -1,0 +1,230 @@
+/* Model directories and parameters: sharded safetensors round trips, BF16
+ * and F16 weights, PEFT's LoRA initialisation, the frozen base kept out of
+ * the optimizer, weight decay skipping norms and biases, the learning-rate
+ * schedules and gradient clipping. */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+#include "trainer/model.h"
+#include "trainer/model_io.h"
+#include "trainer/optim.h"
+
+static char *dir;
+static backend_t *be;
+
+static void setup(void)
+{
+    dir = tu_tempdir("modelio");
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&be, "cpu", 0, 2, &err), 0);
+}
+
+static void teardown(void)
+{
+    backend_destroy(be);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+TestSuite(model_io, .init = setup, .fini = teardown);
+
+static model_t *tiny(int mode, int64_t targets)
+{
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, "tiny"), 0);
+    mc.bias[PROJ_Q] = mc.bias[PROJ_K] = mc.bias[PROJ_V] = 1; /* as Qwen2 */
+    model_opts o = {.mode = mode, .lora_r = 4, .lora_alpha = 8, .lora_targets = targets,
+                    .max_batch = 1, .seq_len = 4, .seed = 3};
+    model_t *m;
+    sp_err err = {0};
+    cr_assert_eq(model_create(&m, be, &mc, &o, &err), 0, "%s", err.msg);
+    return m;
+}
+
+static float *values(model_t *m, const param_t *p)
+{
+    float *v = malloc(sizeof(float) * p->n);
+    model_param_download(m, p, v);
+    return v;
+}
+
+Test(model_io, sharded_round_trip_in_f32_and_bf16)
+{
+    model_t *a = tiny(MODE_LORA, 0);
+    model_init_base_random(a, 11);
+    sp_err err = {0};
+    char sharded[4096], bf[4096];
+    snprintf(sharded, sizeof sharded, "%s/sharded", dir);
+    snprintf(bf, sizeof bf, "%s/bf16", dir);
+    /* 300 kB shards: the ~4 MB model spreads over many files and an index */
+    cr_assert_eq(model_io_save(a, sharded, DT_F32, 0, 300000, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_io_save(a, bf, DT_BF16, 0, (size_t)1 << 30, &err), 0, "%s", err.msg);
+    char **files;
+    int nf;
+    cr_assert_eq(model_io_weight_files(sharded, &files, &nf, &err), 0, "%s", err.msg);
+    cr_expect_gt(nf, 5, "%d shards", nf);
+    for (int i = 0; i < nf; i++)
+        free(files[i]);
+    free(files);
+    dtype_t dt;
+    cr_assert_eq(model_io_weights_dtype(bf, &dt, &err), 0);
+    cr_expect_eq(dt, DT_BF16);
+    model_t *b = tiny(MODE_LORA, 0), *c = tiny(MODE_LORA, 0);
+    cr_assert_eq(model_io_load_base(b, sharded, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_io_load_base(c, bf, &err), 0, "%s", err.msg);
+    for (int i = 0; i < a->nparams; i++) {
+        float *va = values(a, &a->params[i]), *vb = values(b, &b->params[i]),
+              *vc = values(c, &c->params[i]);
+        cr_expect_eq(memcmp(va, vb, sizeof(float) * a->params[i].n), 0, "%s differs after shards",
+                     a->params[i].name);
+        for (size_t j = 0; j < a->params[i].n; j++)
+            cr_assert_eq(vc[j], sp_bf16_to_f32(sp_f32_to_bf16(va[j])), "%s[%zu] bf16",
+                         a->params[i].name, j);
+        free(va), free(vb), free(vc);
+    }
+    /* the identity of a model changes with its bytes */
+    char id1[17], id2[17];
+    cr_assert_eq(model_io_identity(sharded, id1, &err), 0);
+    cr_assert_eq(model_io_identity(bf, id2, &err), 0);
+    cr_expect_str_neq(id1, id2);
+    model_destroy(a), model_destroy(b), model_destroy(c);
+}
+
+Test(model_io, f16_weights_load)
+{
+    model_t *a = tiny(MODE_LORA, 0);
+    model_init_base_random(a, 12);
+    sp_err err = {0};
+    char d[4096];
+    snprintf(d, sizeof d, "%s/f16", dir);
+    cr_assert_eq(model_io_save(a, d, DT_F32, 0, (size_t)1 << 30, &err), 0);
+    /* rewrite the weights as F16 */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    st_file f;
+    cr_assert_eq(st_open(&f, path, &err), 0);
+    size_t nt = f.n;
+    st_entry *e = calloc(nt, sizeof *e);
+    uint16_t **bufs = calloc(nt, sizeof *bufs);
+    for (size_t i = 0; i < f.n; i++) {
+        bufs[i] = malloc(2 * f.tensors[i].numel);
+        dtype_convert(bufs[i], DT_F16, f.tensors[i].data, DT_F32, f.tensors[i].numel);
+        e[i] = (st_entry){f.tensors[i].name, DT_F16, f.tensors[i].ndim,
+                          {f.tensors[i].shape[0], f.tensors[i].shape[1]}, bufs[i]};
+    }
+    char out[4300];
+    snprintf(out, sizeof out, "%s.new", path);
+    cr_assert_eq(st_write(out, e, f.n, NULL, 0, &err), 0);
+    st_close(&f);
+    rename(out, path);
+    model_t *b = tiny(MODE_LORA, 0);
+    cr_assert_eq(model_io_load_base(b, d, &err), 0, "%s", err.msg);
+    float *va = values(a, b->embed), *vb = values(b, b->embed);
+    for (size_t j = 0; j < b->embed->n; j++)
+        cr_assert_lt(fabsf(va[j] - vb[j]), 1e-3f * fabsf(va[j]) + 1e-7f);
+    free(va), free(vb);
+    for (size_t i = 0; i < nt; i++)
+        free(bufs[i]);
+    free(bufs), free(e);
+    model_destroy(a), model_destroy(b);
+}
+
+Test(model_io, lora_initialisation_follows_peft)
+{
+    model_t *m = tiny(MODE_LORA, (1 << PROJ_COUNT) - 1);
+    model_init_lora(m, 5);
+    size_t lora = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (p->kind == PK_LORA_B) {
+            float *v = values(m, p);
+            for (size_t j = 0; j < p->n; j++)
+                cr_assert_eq(v[j], 0.0f, "%s is not zero", p->name);
+            free(v);
+        }
+        if (p->kind == PK_LORA_A) {
+            /* Kaiming-uniform with a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in)) */
+            float bound = 1.0f / sqrtf((float)p->shape[1]), *v = values(m, p);
+            double s = 0, ss = 0;
+            for (size_t j = 0; j < p->n; j++) {
+                cr_assert(fabsf(v[j]) <= bound, "%s[%zu] = %g outside +-%g", p->name, j, v[j], bound);
+                s += v[j];
+                ss += (double)v[j] * v[j];
+            }
+            double var = ss / p->n, want = (double)bound * bound / 3.0;
+            cr_expect_lt(fabs(var - want), 0.25 * want, "%s variance %g vs %g", p->name, var, want);
+            free(v);
+        }
+        if (p->kind == PK_LORA_A || p->kind == PK_LORA_B)
+            lora += p->n;
+        else
+            cr_expect(!p->trainable, "%s is frozen base and must not be trainable", p->name);
+    }
+    /* the optimizer state covers the adapters only */
+    cr_expect_eq(m->n_trainable, lora);
+    cr_expect_float_eq(m->lora_scale, 2.0f, 0.0f, "alpha / r");
+    model_destroy(m);
+}
+
+Test(model_io, weight_decay_skips_norms_and_biases)
+{
+    model_t *m = tiny(MODE_FULL, 0);
+    model_init_base_random(m, 6);
+    for (int i = 0; i < m->nparams; i++) /* biases and norms non-zero so decay would show */
+        if (m->params[i].kind == PK_BIAS || m->params[i].kind == PK_NORM) {
+            float *v = calloc(m->params[i].n, sizeof(float));
+            for (size_t j = 0; j < m->params[i].n; j++)
+                v[j] = 0.5f;
+            model_param_upload(m, &m->params[i], v, DT_F32);
+            free(v);
+        }
+    model_zero_grads(m);
+    float *before = malloc(sizeof(float) * m->n_trainable), *after = malloc(sizeof(float) * m->n_trainable);
+    be_download(be, before, DT_F32, m->master);
+    adamw_args a = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.5f,
+                    .grad_scale = 1.0f, .step = 1};
+    model_adamw(m, &a);
+    be_download(be, after, DT_F32, m->master);
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        float b0 = before[p->offset], a0 = after[p->offset];
+        if (p->kind == PK_NORM || p->kind == PK_BIAS)
+            cr_expect_eq(a0, b0, "%s decayed", p->name);
+        else
+            cr_expect_float_eq(a0, b0 * (1.0f - 0.05f), 1e-7f, "%s not decayed", p->name);
+    }
+    free(before), free(after);
+    model_destroy(m);
+}
+
+Test(model_io, schedules_and_clipping)
+{
+    config_t c;
+    config_defaults(&c);
+    c.lr = 1e-3;
+    c.min_lr = 1e-4;
+    c.steps = 110;
+    c.warmup_steps = 10;
+    c.schedule = SCHED_COSINE;
+    cr_expect_float_eq(optim_lr(&c, 0), 1e-4, 1e-12, "warmup starts at lr / warmup");
+    cr_expect_float_eq(optim_lr(&c, 9), 1e-3, 1e-12, "warmup ends at lr");
+    cr_expect_float_eq(optim_lr(&c, 10), 1e-3, 1e-12, "decay starts at lr");
+    cr_expect_float_eq(optim_lr(&c, 109), 1e-4, 1e-12, "ends at min_lr");
+    double mid = optim_lr(&c, 59); /* progress 49/99: cos(0.495 pi) ~ 0.016 */
+    cr_expect_lt(fabs(mid - (1e-3 + 1e-4) / 2), 2e-5, "cosine halfway %g", mid);
+    c.schedule = SCHED_LINEAR;
+    cr_expect_float_eq(optim_lr(&c, 109), 1e-4, 1e-12);
+    cr_expect_float_eq(optim_lr(&c, 10 + 99 / 3), 1e-3 - (1e-3 - 1e-4) * 33.0 / 99.0, 1e-12);
+    c.schedule = SCHED_CONSTANT;
+    cr_expect_float_eq(optim_lr(&c, 80), 1e-3, 1e-12);
+    cr_expect_float_eq(optim_clip_scale(0.5, 1.0), 1.0, 0.0);
+    cr_expect_float_eq(optim_clip_scale(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-12);
+    cr_expect_float_eq(optim_clip_scale(4.0, 0.0), 1.0, 0.0, "0 disables clipping");
+    config_free(&c);
+}
