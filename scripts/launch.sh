@@ -10,7 +10,7 @@ usage() {
     cat <<'EOF'
 usage: scripts/launch.sh [options] [--] PROGRAM [ARGS...]
 
-  e.g. scripts/launch.sh build/spotune train configs/llama7b-lora-8gpu.yaml
+  e.g. scripts/launch.sh build/spotune train configs/llama-7b-lora.yaml
 
 options:
   -g, --gpus-per-node N  ranks per node (default: GPUs that nvidia-smi lists,
@@ -87,6 +87,9 @@ else
     cmd+=(-np "$gpus" --map-by slot)
 fi
 cmd+=(--bind-to "$bind")
+# On SIGTERM mpirun kills the ranks after odls_base_sigkill_timeout seconds
+# (default 1): give a rank's stop checkpoint and upload time to finish.
+cmd+=(--mca odls_base_sigkill_timeout "${SPOTUNE_SIGKILL_TIMEOUT:-120}")
 ((tcp)) && cmd+=(--mca btl tcp,self)
 [[ $(id -u) -eq 0 ]] && cmd+=(--allow-run-as-root)
 
