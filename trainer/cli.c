@@ -60,6 +60,19 @@ static void train_usage(FILE *f)
                "SIGTERM, SIGINT or SIGUSR1: checkpoint at the next step boundary, exit 75.\n");
 }
 
+/* Before MPI starts, the launcher's environment says which rank this is:
+ * a config error is then printed once, by rank 0, not by every rank. */
+static int launcher_rank(void)
+{
+    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v)
+            return atoi(v);
+    }
+    return 0;
+}
+
 static int finish_error(comm_t *comm, sp_err *err)
 {
     if (comm && comm_size(comm) > 1)
@@ -107,7 +120,8 @@ static int cmd_train(int argc, char **argv)
     if (!rc)
         rc = config_validate(&cfg, &err);
     if (rc) {
-        fprintf(stderr, "spotune: error: %s\n", err.msg);
+        if (launcher_rank() == 0)
+            fprintf(stderr, "spotune: error: %s\n", err.msg);
         config_free(&cfg);
         return rc;
     }
