@@ -23,11 +23,7 @@ static void setup(void)
     dir = tu_tempdir("dist");
     cr_assert(dir);
     char *out = NULL;
-    int rc = tu_sh(&out,
-                   "%s/scripts/make_demo_text.sh %s/text.txt 4 && %s/spotune prepare-text "
-                   "%s/text.txt %s/data --val-fraction 0 && %s/spotune init-model --preset tiny "
-                   "--seed 8 %s/model",
-                   SPOTUNE_SOURCE_DIR, dir, SPOTUNE_BINARY_DIR, dir, dir, SPOTUNE_BINARY_DIR, dir);
+    int rc = tu_tiny_inputs(dir, 4, 8, &out);
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
     char path[4096], cfg[4096];

@@ -32,11 +32,7 @@ static void setup(void)
     dir = tu_tempdir("remote");
     cr_assert(dir);
     char *out = NULL;
-    int rc = tu_sh(&out,
-                   "%s/scripts/make_demo_text.sh %s/text.txt 9 && %s/spotune prepare-text "
-                   "%s/text.txt %s/data --val-fraction 0 && %s/spotune init-model --preset tiny "
-                   "--seed 4 %s/model",
-                   SPOTUNE_SOURCE_DIR, dir, SPOTUNE_BINARY_DIR, dir, dir, SPOTUNE_BINARY_DIR, dir);
+    int rc = tu_tiny_inputs(dir, 9, 4, &out);
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
     /* a bucket per test run; the prefix is unique to this test */

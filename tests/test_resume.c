@@ -24,12 +24,10 @@ static void setup(void)
     dir = tu_tempdir("resume");
     cr_assert(dir);
     char *out = NULL;
-    int rc = tu_sh(&out,
-                   "%s/scripts/make_demo_text.sh %s/text.txt 3 && %s/spotune prepare-text "
-                   "%s/text.txt %s/data --val-fraction 0 && %s/spotune init-model --preset tiny "
-                   "--seed 5 %s/model && %s/spotune init-model --preset tiny --seed 6 %s/other",
-                   SPOTUNE_SOURCE_DIR, dir, SPOTUNE_BINARY_DIR, dir, dir, SPOTUNE_BINARY_DIR, dir,
-                   SPOTUNE_BINARY_DIR, dir, SPOTUNE_BINARY_DIR, dir);
+    int rc = tu_tiny_inputs(dir, 3, 5, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = tu_spotune(&out, "init-model --preset tiny --seed 6 %s/other", dir);
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
     char path[4096], cfg[4096];

@@ -219,3 +219,13 @@ const char *tu_mpirun(int ranks)
              lsan && *lsan ? ":" : "", SPOTUNE_SOURCE_DIR, ranks);
     return buf;
 }
+
+int tu_tiny_inputs(const char *dir, int text_seed, int model_seed, char **out)
+{
+    return tu_sh(out,
+                 "%s/scripts/make_demo_text.sh %s/text.txt %d && %s/spotune prepare-text "
+                 "%s/text.txt %s/data --val-fraction 0 && %s/spotune init-model --preset tiny "
+                 "--seed %d %s/model",
+                 SPOTUNE_SOURCE_DIR, dir, text_seed, SPOTUNE_BINARY_DIR, dir, dir,
+                 SPOTUNE_BINARY_DIR, model_seed, dir);
+}

@@ -33,6 +33,10 @@ int tu_spawn(const char *log, const char *fmt, ...);
 int tu_wait(int pid, double timeout_s);
 /* Sleeps s seconds. */
 void tu_sleep(double s);
+/* In dir: the demo's synthetic text (seed text_seed) tokenized to
+ * data.train.h5 (no validation split) and a tiny model in model/ (seed
+ * model_seed). Returns the exit status; *out receives the tools' output. */
+int tu_tiny_inputs(const char *dir, int text_seed, int model_seed, char **out);
 /* The mpirun prefix for N ranks over TCP (environment for root and for
  * sanitizer builds included). */
 const char *tu_mpirun(int ranks);
