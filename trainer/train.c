@@ -442,7 +442,12 @@ int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err
     t.ga = cfg->grad_accum;
     t.global_batch = (int64_t)t.world * t.mb * t.ga;
     signals_install();
+    /* loading a model, or pulling a checkpoint from a bucket, can take some
+     * ranks much longer than others: the watchdog waits longer meanwhile */
+    double timeout = cfg->comm_timeout_s;
+    comm_set_timeout(comm, timeout > 3600.0 ? timeout : 3600.0);
     int rc = setup(&t, err);
+    comm_set_timeout(comm, timeout);
     if (!rc && t.has_val && !t.resumed)
         rc = run_validation(&t, err); /* the starting point of the curve */
     if (!rc)
