@@ -103,7 +103,7 @@ static const key_def keys[] = {
      "pass)."},
     {"comm.timeout_s", K_FLOAT, O(comm_timeout_s), "60", 1, 86400, NULL, 0,
      "A collective that does not finish in this many seconds ends the whole job (a rank died "
-     "or hangs)."},
+     "or hangs). While the ranks load the model and the checkpoint it is at least an hour."},
     {"checkpoint.every_steps", K_INT, O(ckpt_every_steps), "0", 0, BIG, NULL, 0,
      "Checkpoint every N optimizer steps (0: off). Checkpoints are also written every "
      "checkpoint.every_minutes, at the end, and on SIGTERM, SIGINT or SIGUSR1."},
