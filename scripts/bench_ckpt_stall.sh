@@ -49,7 +49,7 @@ if [ "$s3" = 1 ]; then
   scripts/install-s3-test-deps.sh >/dev/null
   export SWIFT_S3_BASE=$PWD/$work/swift
   scripts/swift-s3.sh start --clean >/dev/null
-  export AWS_ACCESS_KEY_ID=test:tester AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
+  export AWS_ACCESS_KEY_ID=test:tester AWS_SECRET_ACCESS_KEY=spotune-local-test-secret-7f3a AWS_REGION=us-east-1
   build-cpu/checkpoint/spotune-store-tool --endpoint http://127.0.0.1:28080 --path-style mb s3://stall-bench >/dev/null 2>&1 ||
     { ninja -C build-cpu spotune-store-tool >/dev/null &&
       build-cpu/checkpoint/spotune-store-tool --endpoint http://127.0.0.1:28080 --path-style mb s3://stall-bench >/dev/null; }

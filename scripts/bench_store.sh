@@ -51,7 +51,7 @@ if [ -z "$ENDPOINT" ]; then
   export SWIFT_S3_BASE=$SWIFT_BASE SWIFT_S3_PORT=28380 SWIFT_S3_BACKEND_PORT=26310
   bash "$HERE/swift-s3.sh" start >/dev/null
   ENDPOINT=http://127.0.0.1:28380
-  export AWS_ACCESS_KEY_ID=test:tester AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
+  export AWS_ACCESS_KEY_ID=test:tester AWS_SECRET_ACCESS_KEY=spotune-local-test-secret-7f3a AWS_REGION=us-east-1
 fi
 export AWS_DEFAULT_REGION=${AWS_REGION:-${AWS_DEFAULT_REGION:-us-east-1}}
 export AWS_EC2_METADATA_DISABLED=true AWS_PAGER=""

@@ -18,7 +18,7 @@
 #        SWIFT_S3_BACKEND_PORT (default 26010)   object=P, container=P+1, account=P+2
 #        SWIFT_S3_TIMEOUT (default 30)           seconds "start" waits for readiness
 #        SWIFT_S3_RINGS=cli                      build rings with swift-ring-builder
-# Test credentials (fixed, public): access key test:tester, secret testing,
+# Test credentials (fixed, public): access key test:tester, secret spotune-local-test-secret-7f3a,
 # region us-east-1. The health check reads them from a netrc file under
 # $BASE/etc, never from its command line.
 set -euo pipefail
@@ -33,7 +33,7 @@ SERVERS="account container object proxy"
 
 write_configs() {
   mkdir -p "$ETC" "$SRV/d1" "$RUN" "$LOG"
-  (umask 077; printf 'machine 127.0.0.1 login test:tester password testing\n' >"$ETC/netrc")
+  (umask 077; printf 'machine 127.0.0.1 login test:tester password spotune-local-test-secret-7f3a\n' >"$ETC/netrc")
 
   # Swift ALWAYS reads /etc/swift/swift.conf (hash prefix/suffix, storage
   # policies); there is no option to move it. The Debian package ships a usable
@@ -113,7 +113,7 @@ storage_domain = localhost
 [filter:tempauth]
 use = egg:swift#tempauth
 # S3 access key = "<account>:<user>", secret = the value
-user_test_tester = testing .admin
+user_test_tester = spotune-local-test-secret-7f3a .admin
 user_admin_admin = admin .admin .reseller_admin
 
 [filter:cache]
@@ -247,7 +247,7 @@ stop_all() {
 
 print_env() {
   cat <<ENVEOF
-export AWS_ACCESS_KEY_ID=test:tester AWS_SECRET_ACCESS_KEY=testing
+export AWS_ACCESS_KEY_ID=test:tester AWS_SECRET_ACCESS_KEY=spotune-local-test-secret-7f3a
 export AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
 export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT SPOTUNE_TEST_S3_ENDPOINT=http://127.0.0.1:$PORT
 ENVEOF

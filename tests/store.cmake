@@ -22,7 +22,7 @@ set(store_fail_regex "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error
 set(store_s3_env
   ${store_server_env} ${store_common_env}
   AWS_ACCESS_KEY_ID=test:tester
-  AWS_SECRET_ACCESS_KEY=testing
+  AWS_SECRET_ACCESS_KEY=spotune-local-test-secret-7f3a
   AWS_REGION=us-east-1
   SPOTUNE_TEST_S3_ENDPOINT=http://127.0.0.1:${SPOTUNE_TEST_S3_PORT})
 
