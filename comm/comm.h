@@ -65,6 +65,10 @@ int comm_allreduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op, sp
 int comm_bcast(comm_t *c, void *buf, size_t bytes, int root, sp_err *err);
 /* recv holds size * n elements; rank r's n elements land at offset r*n */
 int comm_allgather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt, sp_err *err);
+/* recv (root only; other ranks may pass NULL) holds size * n elements; rank
+ * r's n elements land at offset r*n. */
+int comm_gather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt, int root,
+                sp_err *err);
 /* send holds size * n elements; rank r receives the reduced block r (n elements) */
 int comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt,
                         comm_op op, sp_err *err);

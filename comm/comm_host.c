@@ -267,6 +267,49 @@ int comm_allgather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype
     return 0;
 }
 
+static int gather_chunk(comm_t *c, const void *send, void *recv, int m, size_t n, comm_dtype dt,
+                        int root, sp_err *err)
+{
+    MPI_Datatype slot = mpi_type(dt);
+    int strided = (size_t)m != n && c->rank == root, rc;
+    if (strided && strided_type(c, m, n, dt, &slot, err))
+        return err->code;
+    rc = MPI_Gather(send, m, mpi_type(dt), recv, strided ? 1 : m, slot, root, c->world);
+    if (strided)
+        MPI_Type_free(&slot);
+    if (rc != MPI_SUCCESS)
+        return comm_mpi_fail(c, err, rc, "MPI_Gather", __FILE__, __LINE__);
+    return 0;
+}
+
+int comm_gather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt, int root,
+                sp_err *err)
+{
+    size_t es = comm_dtype_size(dt), step;
+    if (check_args(c, "comm_gather", send, n, dt, COMM_SUM, err) ||
+        (c->rank == root && check_args(c, "comm_gather", recv, n, dt, COMM_SUM, err)))
+        return err->code;
+    if (root < 0 || root >= c->size)
+        return sp_fail(err, SP_EXIT_OTHER, "comm_gather: root %d is not a rank (world of %d)",
+                       root, c->size);
+    if (c->size == 1) {
+        if (n > 0 && send != recv)
+            memmove(recv, send, n * es);
+        return 0;
+    }
+    step = chunk_elems(c, dt);
+    for (size_t off = 0; off < n; off += step) {
+        int m = (int)(n - off < step ? n - off : step), rc;
+        comm_watch_begin(c, "gather");
+        rc = gather_chunk(c, (const char *)send + off * es,
+                          c->rank == root ? (char *)recv + off * es : NULL, m, n, dt, root, err);
+        comm_watch_end(c);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 /* Rank r receives chunk [off, off+m) of block r from every rank, in rank
  * order, and folds them into recv. */
 static int reduce_scatter_chunk(comm_t *c, const char *send, char *recv, int m, size_t n,

@@ -296,6 +296,40 @@ static void case_allgather(comm_t *c)
                 allgather_one(c, all_dtypes[d], sizes[s], in_place);
 }
 
+/* Every root in turn receives each rank's n elements in rank order; the
+ * other ranks' receive buffers are not touched. */
+static void gather_one(comm_t *c, comm_dtype dt, size_t n, int root)
+{
+    sp_err err = {0};
+    size_t es = comm_dtype_size(dt), total = n * (size_t)comm_size(c);
+    char *recv = xmalloc(c, total * es + 1), *want = xmalloc(c, total * es + 1);
+    char *mine = xmalloc(c, n * es + 1);
+    memset(recv, 0xEE, total * es);
+    memset(want, 0xEE, total * es);
+    gen_input(dt, 11 + (uint64_t)root, comm_rank(c), 0, n, mine);
+    if (comm_rank(c) == root)
+        for (int r = 0; r < comm_size(c); r++)
+            gen_input(dt, 11 + (uint64_t)root, r, 0, n, want + (size_t)r * n * es);
+    check(c, comm_gather(c, mine, recv, n, dt, root, &err), &err);
+    expect_same(c, comm_rank(c) == root ? "gather at the root" : "gather leaves others alone",
+                recv, want, total, dt);
+    free(mine);
+    free(recv);
+    free(want);
+}
+
+static void case_gather(comm_t *c)
+{
+    for (size_t s = 0; s < NELEM(sizes); s++)
+        for (size_t d = 0; d < NELEM(all_dtypes); d++)
+            for (int root = 0; root < comm_size(c); root++)
+                gather_one(c, all_dtypes[d], sizes[s], root);
+    sp_err err = {0};
+    float x = 1.0f, y[8];
+    if (comm_gather(c, &x, y, 1, COMM_F32, comm_size(c), &err) == 0)
+        fail(c, "gather to root %d (not a rank) succeeded", comm_size(c));
+}
+
 /* Rank r's input is blocks [size][n] of global elements 0..size*n; it must
  * receive the reduced block r, i.e. global elements r*n .. r*n+n. */
 static void reduce_scatter_one(comm_t *c, comm_dtype dt, comm_op op, size_t n, int in_place)
@@ -511,6 +545,7 @@ struct prog_case {
 static const struct prog_case cases[] = {
     {"allreduce", case_allreduce}, {"determinism", case_determinism},
     {"bcast", case_bcast},         {"allgather", case_allgather},
+    {"gather", case_gather},
     {"reduce_scatter", case_reduce_scatter}, {"any", case_any},
     {"kill", case_kill},           {"abort", case_abort},
     {"hang", case_hang},           {"device", case_device},

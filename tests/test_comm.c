@@ -322,6 +322,8 @@ Test(comm_mpi, allreduce_is_bit_identical_run_to_run)
 Test(comm_mpi, bcast) { expect_ok(3, "bcast", small_chunks_large_path); }
 Test(comm_mpi, allgather) { expect_ok(3, "allgather", small_chunks_large_path); }
 Test(comm_mpi, allgather_4_ranks) { expect_ok(4, "allgather", NULL); }
+Test(comm_mpi, gather) { expect_ok(3, "gather", small_chunks_large_path); }
+Test(comm_mpi, gather_2_ranks) { expect_ok(2, "gather", NULL); }
 Test(comm_mpi, reduce_scatter) { expect_ok(3, "reduce_scatter", small_chunks_large_path); }
 Test(comm_mpi, reduce_scatter_2_ranks) { expect_ok(2, "reduce_scatter", NULL); }
 Test(comm_mpi, any) { expect_ok(3, "any", NULL); }

@@ -197,7 +197,7 @@ Test(config, reference_in_configs_readme_is_current)
 Test(config, shipped_configs_are_valid)
 {
     const char *names[] = {"tiny-cpu", "llama-7b-lora", "llama-13b-lora", "llama-7b-lora-multinode",
-                           "tinyllama-1b-full"};
+                           "tinyllama-1b-full", "llama-7b-full"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[4096];
         config_t c;

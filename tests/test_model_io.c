@@ -228,3 +228,32 @@ Test(model_io, schedules_and_clipping)
     cr_expect_float_eq(optim_clip_scale(4.0, 0.0), 1.0, 0.0, "0 disables clipping");
     config_free(&c);
 }
+
+/* The memory plan of full fine-tuning a 7B model at seq_len 2048 with layer
+ * recomputation: every rank holding the optimizer needs more than an 80 GB
+ * card; sharded over 8 ranks the trainable state is 6 + 16/8 bytes per
+ * weight and the run fits. */
+Test(model_io, sharded_optimizer_plan_fits_7b_full_in_80_gb)
+{
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, "llama-7b"), 0);
+    model_opts o = {.mode = MODE_FULL, .max_batch = 1, .seq_len = 2048,
+                    .recompute = RECOMPUTE_LAYER};
+    model_plan whole, shard;
+    model_plan_bytes(&mc, &o, DT_BF16, &whole);
+    o.shard_count = 8;
+    model_plan_bytes(&mc, &o, DT_BF16, &shard);
+    double N = (double)model_config_params(&mc);
+    cr_expect_lt(fabs((double)whole.trainable / N - 18.0), 1e-6, "%.4f B/weight",
+                 (double)whole.trainable / N);
+    cr_expect_lt(fabs((double)shard.trainable / N - 8.0), 1e-3, "%.4f B/weight",
+                 (double)shard.trainable / N);
+    double gib80 = 80e9, tw = (double)(whole.weights + whole.trainable + whole.activations +
+                                       whole.scratch),
+           ts = (double)(shard.weights + shard.trainable + shard.activations + shard.scratch);
+    cr_expect_gt(tw, gib80, "unsharded: %.1f GB", tw / 1e9);
+    cr_expect_lt(ts, 0.9 * gib80, "sharded: %.1f GB", ts / 1e9);
+    cr_expect_eq(model_shard_len(10, 4), 3);
+    cr_expect_eq(model_shard_len(12, 4), 3);
+    cr_expect_eq(model_shard_len(7, 1), 7);
+}

@@ -214,6 +214,72 @@ static int add_param_arrays(model_t *m, ckpt_snapshot *s, sp_err *err)
     return be_check(m->be, err);
 }
 
+/* Copies len values of the flat trainable arena starting at flat element
+ * `start` into the per-parameter arrays (arrays[i] for params[i]). */
+static void scatter_to_params(model_t *m, float **arrays, size_t start, const float *v, size_t len)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (!p->trainable || !arrays[i])
+            continue;
+        size_t lo = p->offset > start ? p->offset : start;
+        size_t hi = p->offset + p->n < start + len ? p->offset + p->n : start + len;
+        if (lo < hi)
+            memcpy(arrays[i] + (lo - p->offset), v + (lo - start), sizeof(float) * (hi - lo));
+    }
+}
+
+/* Sharded optimizer (every rank calls this): rank 0 gathers every rank's
+ * shard of the masters and moments, a piece at a time, into the snapshot's
+ * per-parameter arrays, so the checkpoint is the same as an unsharded run's
+ * and resumes on any number of ranks. s is NULL on the other ranks; code is
+ * rank 0's result so far, which all ranks learn before moving data. */
+static int gather_sharded(ckpt_ctl *c, model_t *m, ckpt_snapshot *s, int32_t code, sp_err *err)
+{
+    int root = c->rank == 0, S = m->shard_count;
+    size_t piece = m->shard_len < ((size_t)1 << 22) ? m->shard_len : (size_t)1 << 22;
+    float *send = malloc(sizeof(float) * piece);
+    float *recv = root ? malloc(sizeof(float) * piece * (size_t)S) : NULL;
+    float **arrays = root ? calloc((size_t)m->nparams, sizeof *arrays) : NULL;
+    if (!code && (!send || (root && (!recv || !arrays))))
+        code = sp_fail(err, SP_EXIT_OTHER, "out of host memory for a checkpoint");
+    const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
+    tensor_t src[3] = {m->master, m->adam_m, m->adam_v};
+    for (int g = 0; g < 3; g++) {
+        for (int i = 0; root && !code && i < m->nparams; i++) {
+            param_t *p = &m->params[i];
+            char name[256];
+            if (!p->trainable)
+                continue;
+            snprintf(name, sizeof name, "%s%s", groups[g], p->name);
+            arrays[i] = ckpt_add_array(s, name, p->ndim, p->shape);
+            if (!arrays[i])
+                code = sp_fail(err, SP_EXIT_OTHER, "out of host memory for a checkpoint");
+        }
+        int32_t all = code;
+        if (comm_allreduce(c->comm, &all, 1, COMM_I32, COMM_MAX, err))
+            break;
+        if (all) {
+            code = code ? code : sp_fail(err, all, "rank 0 could not snapshot the optimizer");
+            break;
+        }
+        for (size_t k = 0; k < m->shard_len; k += piece) {
+            size_t len = m->shard_len - k < piece ? m->shard_len - k : piece;
+            be_download(m->be, send, DT_F32, tensor_view(src[g], k, len));
+            if (be_check(m->be, err) || comm_gather(c->comm, send, recv, len, COMM_F32, 0, err))
+                goto out;
+            for (int r = 0; root && r < S; r++)
+                scatter_to_params(m, arrays, (size_t)r * m->shard_len + k,
+                                  recv + (size_t)r * len, len);
+        }
+    }
+out:
+    free(send);
+    free(recv);
+    free(arrays);
+    return err->code ? err->code : code;
+}
+
 static char *read_small_file(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");
@@ -275,7 +341,7 @@ static int snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_snaps
     }
     if (bad && !err->code)
         sp_fail(err, SP_EXIT_OTHER, "out of memory building a checkpoint");
-    if (err->code || add_param_arrays(m, s, err)) {
+    if (err->code || (m->shard_count == 1 && add_param_arrays(m, s, err))) {
         ckpt_snapshot_free(s);
         return err->code;
     }
@@ -287,12 +353,21 @@ static int snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_snaps
 static int write_now(ckpt_ctl *c, model_t *m, const train_progress *p, const char *reason,
                      sp_err *err)
 {
-    if (c->rank != 0)
+    int sharded = m->shard_count > 1;
+    if (c->rank != 0 && !sharded)
         return 0;
     double t0 = sp_now(), waited = 0;
     ckpt_snapshot s;
-    if (snapshot(c, m, p, &s, err))
+    if (c->rank != 0) /* send this rank's shard of the optimizer state to rank 0 */
+        return gather_sharded(c, m, NULL, 0, err);
+    int32_t code = snapshot(c, m, p, &s, err);
+    if (sharded && gather_sharded(c, m, code ? NULL : &s, code, err)) {
+        if (!code)
+            ckpt_snapshot_free(&s);
         return err->code;
+    }
+    if (code)
+        return code;
     size_t bytes = s.bytes;
     if (ckpt_writer_submit(c->writer, &s, &waited, err))
         return err->code;
@@ -531,6 +606,20 @@ static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const char *pat
     return 0;
 }
 
+/* A parameter's AdamW moment: all of it, or (sharded) the part in this rank's shard. */
+static void upload_moment(model_t *m, const param_t *p, tensor_t arena, tensor_t whole,
+                          const float *v)
+{
+    if (m->shard_count == 1) {
+        be_upload(m->be, whole, v, DT_F32);
+        return;
+    }
+    size_t s = m->shard_lo, e = m->shard_lo + m->shard_len;
+    size_t lo = p->offset > s ? p->offset : s, hi = p->offset + p->n < e ? p->offset + p->n : e;
+    if (lo < hi)
+        be_upload(m->be, tensor_view(arena, lo - s, hi - lo), v + (lo - p->offset), DT_F32);
+}
+
 /* Every rank: the trainable state from rank 0's snapshot (s is NULL elsewhere). */
 static int restore_params(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *err)
 {
@@ -539,8 +628,11 @@ static int restore_params(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_er
         if (!p->trainable)
             continue;
         const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
-        tensor_t dst[3] = {p->master, tensor_view(m->adam_m, p->offset, p->n),
-                           tensor_view(m->adam_v, p->offset, p->n)};
+        tensor_t dst[3] = {{0}};
+        if (m->shard_count == 1) {
+            dst[1] = tensor_view(m->adam_m, p->offset, p->n);
+            dst[2] = tensor_view(m->adam_v, p->offset, p->n);
+        }
         float *buf = malloc(sizeof(float) * p->n);
         int32_t code = buf ? 0 : SP_EXIT_OTHER;
         for (int g = 0; g < 3; g++) {
@@ -564,7 +656,7 @@ static int restore_params(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_er
             if (g == 0)
                 model_param_upload(m, p, buf, DT_F32);
             else
-                be_upload(m->be, dst[g], buf, DT_F32);
+                upload_moment(m, p, g == 1 ? m->adam_m : m->adam_v, dst[g], buf);
         }
         free(buf);
     }

@@ -68,6 +68,11 @@ static const key_def keys[] = {
     {"train.beta1", K_FLOAT, O(beta1), "0.9", 0, 0.999999, NULL, 1, "AdamW beta1."},
     {"train.beta2", K_FLOAT, O(beta2), "0.999", 0, 0.9999999, NULL, 1, "AdamW beta2."},
     {"train.eps", K_FLOAT, O(adam_eps), "1e-8", 1e-30, 1.0, NULL, 1, "AdamW epsilon."},
+    {"train.shard_optimizer", K_BOOL, O(shard_optimizer), "true", 0, 0, NULL, 0,
+     "Full fine-tuning on several ranks: each rank keeps the fp32 master weights and AdamW "
+     "moments of 1/ranks of the parameters (ZeRO stage 1; gradients reduce-scattered, weights "
+     "all-gathered), which is what lets a 7B model train fully on 80 GB GPUs. Same math as "
+     "false; checkpoints are the same either way. LoRA state is small and never sharded."},
     {"lora.r", K_INT, O(lora_r), "16", 1, 65536, NULL, 1, "LoRA rank."},
     {"lora.alpha", K_FLOAT, O(lora_alpha), "32", 1e-9, 1e9, NULL, 1,
      "LoRA alpha: the update is scaled by alpha/r (alpha/sqrt(r) with rslora)."},

@@ -26,6 +26,21 @@ static int launch(grad_sync_t *g, size_t upto, sp_err *err)
     return 0;
 }
 
+/* The whole (padded) arena, once: rank r receives the sum of shard r. */
+static int reduce_scatter(model_t *m, comm_t *comm, int device, sp_err *err)
+{
+    if (m->shard_count != comm_size(comm))
+        return sp_fail(err, SP_EXIT_OTHER, "the optimizer is sharded %d ways over %d ranks",
+                       m->shard_count, comm_size(comm));
+    if (!device)
+        return comm_reduce_scatter(comm, m->grad.p, m->grad_shard.p, m->shard_len, COMM_F32,
+                                   COMM_SUM, err);
+    if (comm_device_reduce_scatter(comm, m->grad.p, m->grad_shard.p, m->shard_len, COMM_F32,
+                                   COMM_SUM, m->be->stream, err))
+        return err->code;
+    return comm_device_wait(comm, m->be->stream, err);
+}
+
 static void on_ready(void *ctx, size_t upto)
 {
     grad_sync_t *g = ctx;
@@ -42,7 +57,7 @@ void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb)
     if (g->bucket < 1)
         g->bucket = 1;
     int device = strcmp(m->be->name, "cuda") == 0;
-    g->overlap = device && comm_size(comm) > 1 && m->be->ops->aux_stream &&
+    g->overlap = device && comm_size(comm) > 1 && m->shard_count == 1 && m->be->ops->aux_stream &&
                  m->be->ops->stream_fence;
     if (g->overlap) {
         g->stream = m->be->ops->aux_stream(m->be);
@@ -62,6 +77,8 @@ int grad_sync_finish(grad_sync_t *g, sp_err *err)
     if (comm_size(g->comm) == 1 || m->n_trainable == 0)
         return 0;
     int device = strcmp(m->be->name, "cuda") == 0;
+    if (m->shard_count > 1)
+        return reduce_scatter(m, g->comm, device, err);
     if (device && !g->overlap) { /* no aux stream: reduce on the compute stream */
         g->overlap = 1;
         g->stream = m->be->stream;
@@ -88,4 +105,29 @@ int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err)
     grad_sync_t g;
     grad_sync_begin(&g, m, comm, bucket_mb);
     return grad_sync_finish(&g, err);
+}
+
+int grad_sync_gather_weights(model_t *m, comm_t *comm, sp_err *err)
+{
+    if (m->shard_count == 1)
+        return 0;
+    if (be_check(m->be, err))
+        return err->code;
+    size_t es = dtype_size(m->copy.dt);
+    void *mine = (char *)m->copy.p + m->shard_lo * es;
+    comm_dtype dt = m->copy.dt == DT_F32 ? COMM_F32 : m->copy.dt == DT_BF16 ? COMM_BF16 : COMM_U8;
+    size_t n = dt == COMM_U8 ? m->shard_len * es : m->shard_len;
+    if (strcmp(m->be->name, "cuda") != 0)
+        return comm_allgather(comm, mine, m->copy.p, n, dt, err);
+    if (comm_device_allgather(comm, mine, m->copy.p, n, dt, m->be->stream, err))
+        return err->code;
+    return comm_device_wait(comm, m->be->stream, err);
+}
+
+int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err)
+{
+    *sumsq = model_grad_sumsq(m);
+    if (m->shard_count == 1)
+        return 0;
+    return comm_allreduce(comm, sumsq, 1, COMM_F64, COMM_SUM, err);
 }

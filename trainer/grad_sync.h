@@ -4,7 +4,13 @@
  * stream as soon as the backward has finished it (the model's grads_ready
  * hook), so communication overlaps the rest of the backward. Each rank
  * scaled its gradients by 1 / (trained tokens of the whole step), so the sum
- * is the mean gradient. */
+ * is the mean gradient.
+ *
+ * With a sharded optimizer (model.shard_count > 1) the arena is
+ * reduce-scattered instead, after the backward: each rank receives the summed
+ * gradient of its own shard only (model.grad_shard), and after the AdamW step
+ * grad_sync_gather_weights all-gathers the updated compute copy so that every
+ * rank has every weight again. */
 #ifndef SPOTUNE_GRAD_SYNC_H
 #define SPOTUNE_GRAD_SYNC_H
 
@@ -27,5 +33,11 @@ void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb)
 int grad_sync_finish(grad_sync_t *g, sp_err *err);
 /* Both at once, after the backward (no overlap). */
 int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err);
+/* Sharded optimizer: every rank's updated shard of the compute copy to every
+ * rank (nothing to do when unsharded). */
+int grad_sync_gather_weights(model_t *m, comm_t *comm, sp_err *err);
+/* The gradient's global sum of squares: model_grad_sumsq summed over the
+ * shards when sharded. */
+int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err);
 
 #endif

@@ -213,7 +213,14 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
             }
     size_t trainable = o->mode == MODE_FULL ? total : lora;
     plan->weights = (o->mode == MODE_FULL ? 0 : total) * a;
-    plan->trainable = trainable * (16 + (act_dt == DT_F32 ? 0 : a));
+    if (o->shard_count > 1) {
+        /* grad and compute copy whole (padded); masters, moments, reduced grad per shard */
+        size_t shard = model_shard_len(trainable, o->shard_count);
+        size_t padded = shard * (size_t)o->shard_count;
+        plan->trainable = padded * (4 + a) + shard * 16;
+    } else {
+        plan->trainable = trainable * (16 + (act_dt == DT_F32 ? 0 : a));
+    }
     size_t per = act_elems_per_layer(mc, o, 0), L = (size_t)mc->layers;
     size_t acts = (L + 1) * BT * H; /* every layer's input, and the final one */
     if (o->recompute == RECOMPUTE_LAYER)
@@ -331,9 +338,51 @@ static void alloc_activations(model_t *m)
     free(sn);
 }
 
+size_t model_shard_len(size_t n, int count)
+{
+    if (count <= 1)
+        return n;
+    size_t len = (n + (size_t)count - 1) / (size_t)count;
+    return len ? len : 1;
+}
+
+/* Sharded optimizer: the whole gradient arena and compute copy, and this
+ * rank's shard of everything the optimizer keeps. */
+static void alloc_sharded(model_t *m)
+{
+    backend_t *be = m->be;
+    size_t S = m->shard_len, padded = S * (size_t)m->shard_count;
+    m->master = be->ops->alloc(be, DT_F32, S);
+    m->adam_m = be->ops->alloc(be, DT_F32, S);
+    m->adam_v = be->ops->alloc(be, DT_F32, S);
+    m->grad_shard = be->ops->alloc(be, DT_F32, S);
+    m->grad = be->ops->alloc(be, DT_F32, padded);
+    m->copy = be->ops->alloc(be, be->act_dt, padded);
+    m->bytes_trainable = padded * (4 + dtype_size(be->act_dt)) + S * 16;
+    if (be->err.code)
+        return;
+    be->ops->zero(be, m->grad);
+    be->ops->zero(be, m->copy);
+    for (int i = 0; i < m->nparams && !be->err.code; i++) {
+        param_t *p = &m->params[i];
+        if (p->trainable) {
+            p->master = (tensor_t){0};
+            p->grad = tensor_view(m->grad, p->offset, p->n);
+            p->w = tensor_view(m->copy, p->offset, p->n);
+        } else {
+            p->w = be->ops->alloc(be, be->act_dt, p->n);
+            m->bytes_weights += p->n * dtype_size(be->act_dt);
+        }
+    }
+}
+
 static void alloc_params(model_t *m)
 {
     backend_t *be = m->be;
+    if (m->shard_count > 1) {
+        alloc_sharded(m);
+        return;
+    }
     size_t N = m->n_trainable ? m->n_trainable : 1;
     m->master = be->ops->alloc(be, DT_F32, N);
     m->grad = be->ops->alloc(be, DT_F32, N);
@@ -382,6 +431,15 @@ int model_create(model_t **out, backend_t *be, const model_config_t *mc, const m
         model_destroy(m);
         return err->code;
     }
+    m->shard_count = o->shard_count > 1 && m->n_trainable > 0 ? o->shard_count : 1;
+    m->shard_rank = m->shard_count > 1 ? o->shard_rank : 0;
+    if (m->shard_rank < 0 || m->shard_rank >= m->shard_count) {
+        model_destroy(m);
+        return sp_fail(err, SP_EXIT_OTHER, "shard %d of %d does not exist", o->shard_rank,
+                       o->shard_count);
+    }
+    m->shard_len = model_shard_len(m->n_trainable, m->shard_count);
+    m->shard_lo = (size_t)m->shard_rank * m->shard_len;
     alloc_params(m);
     if (!be->err.code)
         alloc_activations(m);
@@ -407,8 +465,8 @@ void model_destroy(model_t *m)
     for (int i = 0; i < m->nparams; i++)
         if (!m->params[i].trainable)
             free_if_owned(be, &m->params[i].w, NULL);
-    tensor_t *arenas[] = {&m->master, &m->grad, &m->adam_m, &m->adam_v, &m->copy};
-    for (size_t i = 0; i < 5; i++)
+    tensor_t *arenas[] = {&m->master, &m->grad, &m->adam_m, &m->adam_v, &m->copy, &m->grad_shard};
+    for (size_t i = 0; i < 6; i++)
         free_if_owned(be, arenas[i], NULL);
     /* shared activation sets are freed once, through the last layer's handles */
     int L = m->acts ? (int)m->mc.layers : 0;
@@ -451,11 +509,27 @@ void model_destroy(model_t *m)
  * compute copy from it), else the weight itself. */
 static tensor_t fill_target(model_t *m, param_t *p)
 {
-    return p->trainable ? p->master : p->w;
+    return p->trainable && m->shard_count == 1 ? p->master : p->w;
+}
+
+/* The part of p inside this rank's optimizer shard: [*lo, *hi) of the arena. */
+static int shard_overlap(const model_t *m, const param_t *p, size_t *lo, size_t *hi)
+{
+    size_t a = p->offset, b = p->offset + p->n, s = m->shard_lo, e = m->shard_lo + m->shard_len;
+    *lo = a > s ? a : s;
+    *hi = b < e ? b : e;
+    return p->trainable && *lo < *hi;
 }
 
 static void sync_copy(model_t *m, param_t *p)
 {
+    size_t lo, hi;
+    if (m->shard_count > 1) { /* the shard's masters from the values just written */
+        if (shard_overlap(m, p, &lo, &hi))
+            m->be->ops->copy(m->be, tensor_view(m->master, lo - m->shard_lo, hi - lo),
+                             tensor_view(m->copy, lo, hi - lo));
+        return;
+    }
     if (p->trainable && p->w.p != p->master.p)
         m->be->ops->copy(m->be, p->w, p->master);
 }
@@ -491,7 +565,7 @@ void model_init_lora(model_t *m, uint64_t seed)
         if (p->kind == PK_LORA_A) {
             float bound = 1.0f / sqrtf((float)p->shape[1]);
             uint64_t tag = (uint64_t)p->layer * PROJ_COUNT + (uint64_t)p->proj;
-            m->be->ops->fill_uniform(m->be, p->master, p->n, -bound, bound,
+            m->be->ops->fill_uniform(m->be, fill_target(m, p), p->n, -bound, bound,
                                      sp_rng_stream(s, tag), 0);
             sync_copy(m, p);
         } else if (p->kind == PK_LORA_B) {
@@ -503,12 +577,19 @@ void model_init_lora(model_t *m, uint64_t seed)
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt)
 {
     be_upload(m->be, fill_target(m, p), src, src_dt);
+    size_t lo, hi;
+    if (m->shard_count > 1) { /* the masters straight from src, not from the compute copy */
+        if (shard_overlap(m, p, &lo, &hi))
+            be_upload(m->be, tensor_view(m->master, lo - m->shard_lo, hi - lo),
+                      (const char *)src + (lo - p->offset) * dtype_size(src_dt), src_dt);
+        return;
+    }
     sync_copy(m, p);
 }
 
 void model_param_download(model_t *m, const param_t *p, float *dst)
 {
-    be_download(m->be, dst, DT_F32, p->trainable ? p->master : p->w);
+    be_download(m->be, dst, DT_F32, p->trainable && m->shard_count == 1 ? p->master : p->w);
 }
 
 param_t *model_find_param(model_t *m, const char *name)
@@ -529,20 +610,29 @@ double model_grad_sumsq(model_t *m)
 {
     if (!m->n_trainable)
         return 0.0;
+    if (m->shard_count > 1)
+        return m->be->ops->sumsq(m->be, m->grad_shard, m->shard_len);
     return m->be->ops->sumsq(m->be, m->grad, m->n_trainable);
 }
 
 void model_adamw(model_t *m, const adamw_args *a)
 {
+    int sharded = m->shard_count > 1;
+    tensor_t grad = sharded ? m->grad_shard : m->grad;
+    size_t s = m->shard_lo, e = m->shard_lo + m->shard_len;
     for (int i = 0; i < m->nruns; i++) {
         const adamw_run *r = &m->runs[i];
+        /* the run's part inside the shard (all of it when unsharded) */
+        size_t lo = r->offset > s ? r->offset : s;
+        size_t hi = r->offset + r->n < e ? r->offset + r->n : e;
+        if (lo >= hi)
+            continue;
+        size_t n = hi - lo, at = lo - s;
         adamw_args ra = *a;
         if (!r->decay)
             ra.weight_decay = 0.0f;
-        tensor_t copy = m->copy.p ? tensor_view(m->copy, r->offset, r->n) : (tensor_t){0};
-        m->be->ops->adamw(m->be, tensor_view(m->master, r->offset, r->n), copy,
-                          tensor_view(m->grad, r->offset, r->n),
-                          tensor_view(m->adam_m, r->offset, r->n),
-                          tensor_view(m->adam_v, r->offset, r->n), r->n, &ra);
+        tensor_t copy = m->copy.p ? tensor_view(m->copy, lo, n) : (tensor_t){0};
+        m->be->ops->adamw(m->be, tensor_view(m->master, at, n), copy, tensor_view(grad, at, n),
+                          tensor_view(m->adam_m, at, n), tensor_view(m->adam_v, at, n), n, &ra);
     }
 }

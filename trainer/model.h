@@ -25,7 +25,9 @@ typedef struct param {
     int trainable, decay;
     size_t offset;   /* in the trainable arenas */
     tensor_t w;      /* compute copy (act_dt): what the ops read */
-    tensor_t master; /* F32 master (trainable only; on the CPU the same memory as w) */
+    tensor_t master; /* F32 master (trainable only; on the CPU the same memory as w;
+                        empty when the optimizer is sharded: the masters of the
+                        rank's shard are in model.master) */
     tensor_t grad;   /* F32 gradient (trainable only) */
 } param_t;
 
@@ -44,6 +46,12 @@ typedef struct model_opts {
     int64_t max_batch, seq_len;
     int recompute;
     uint64_t seed;
+    /* Optimizer sharding (ZeRO stage 1): with shard_count > 1 this rank keeps
+     * the fp32 masters and AdamW moments of one contiguous 1/shard_count of
+     * the trainable arena only; the gradients are reduce-scattered into that
+     * shard and the updated compute copy all-gathered (grad_sync.h). 0 or 1:
+     * every rank holds the whole state. */
+    int shard_rank, shard_count;
 } model_opts;
 
 /* A micro-batch: host arrays of B*T token ids. targets < 0 are not trained. */
@@ -80,6 +88,14 @@ typedef struct model {
     /* trainable arenas, laid out in the order the backward produces them */
     size_t n_trainable;
     tensor_t master, grad, adam_m, adam_v, copy;
+    /* sharded optimizer: this rank's shard is [shard_lo, shard_lo + shard_len)
+     * of the arena; grad and copy hold shard_count * shard_len elements (the
+     * tail past n_trainable is zero padding); master, adam_m, adam_v and
+     * grad_shard hold shard_len. Unsharded: shard_lo 0, shard_len
+     * n_trainable, shard_count 1. */
+    int shard_count, shard_rank;
+    size_t shard_lo, shard_len;
+    tensor_t grad_shard;
     adamw_run *runs;
     int nruns;
     /* arena prefix final after the head (index 0) and after layer l's
@@ -104,7 +120,8 @@ void model_init_base_random(model_t *m, uint64_t seed);
 void model_init_lora(model_t *m, uint64_t seed);
 /* Copies host values (dtype src_dt) into a parameter (master and compute copy). */
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt);
-/* Reads a parameter's value (the F32 master when trainable) into host F32. */
+/* Reads a parameter's value (the F32 master when trainable; the compute copy
+ * when the optimizer is sharded) into host F32. */
 void model_param_download(model_t *m, const param_t *p, float *dst);
 param_t *model_find_param(model_t *m, const char *name);
 
@@ -117,9 +134,12 @@ int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, s
 int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *err);
 /* Forward only: writes the logits [B*T, vocab] (F32) to host memory. */
 int model_forward_logits(model_t *m, const model_batch *b, float *logits, sp_err *err);
-/* Sum of squares of every trainable gradient. */
+/* Sum of squares of every trainable gradient (sharded: of this rank's shard
+ * of the reduced gradient; the caller sums over the ranks). */
 double model_grad_sumsq(model_t *m);
-/* One AdamW step over every trainable parameter (no decay on norms, biases). */
+/* One AdamW step over every trainable parameter (no decay on norms, biases);
+ * sharded: over this rank's shard, writing its part of the compute copy,
+ * which the caller then all-gathers. */
 void model_adamw(model_t *m, const adamw_args *a);
 
 /* Bytes the model needs, by category, before anything is allocated. */
@@ -128,6 +148,9 @@ typedef struct model_plan {
 } model_plan;
 void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act_dt,
                       model_plan *plan);
+/* Elements of this rank's optimizer shard when n trainable elements are split
+ * over count ranks (the last shards are padded). */
+size_t model_shard_len(size_t n, int count);
 
 /* Hugging Face / PEFT names. */
 void model_base_name(char *buf, size_t n, int layer, int proj, int bias);

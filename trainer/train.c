@@ -102,9 +102,10 @@ static int check_memory(trainer_t *t, const model_opts *o, sp_err *err)
     if (t->out)
         fprintf(t->out,
                 "memory plan (%s): weights %.1f MiB, trainable state %.1f MiB, activations %.1f "
-                "MiB, workspace %.1f MiB; total %.1f MiB of %.1f MiB available\n",
+                "MiB, workspace %.1f MiB; total %.1f MiB of %.1f MiB available%s\n",
                 t->be->device_name, mib(p.weights), mib(p.trainable), mib(p.activations),
-                mib(p.scratch), mib(total), mib(avail));
+                mib(p.scratch), mib(total), mib(avail),
+                o->shard_count > 1 ? " (optimizer state sharded over the ranks)" : "");
     if (avail && total > avail)
         return sp_fail(err, SP_EXIT_USAGE,
                        "the run needs %.1f MiB but %s has %.1f MiB available: reduce "
@@ -140,6 +141,10 @@ static int setup_model(trainer_t *t, sp_err *err)
                     .seq_len = c->seq_len,
                     .recompute = c->recompute,
                     .seed = (uint64_t)c->seed};
+    if (c->mode == MODE_FULL && c->shard_optimizer && t->world > 1) {
+        o.shard_count = t->world;
+        o.shard_rank = t->rank;
+    }
     if (check_memory(t, &o, err) || model_create(&t->m, t->be, &t->mc, &o, err) ||
         model_io_load_base(t->m, c->model_path, err))
         return err->code;
@@ -244,7 +249,9 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
         if (grad_sync_finish(&gs, err) ||
             comm_allreduce(t->comm, &loss_sum, 1, COMM_F64, COMM_SUM, err))
             return err->code;
-        gnorm = sqrt(model_grad_sumsq(t->m));
+        if (grad_sync_sumsq(t->m, t->comm, &gnorm, err))
+            return err->code;
+        gnorm = sqrt(gnorm);
         if (!isfinite(loss_sum) || !isfinite(gnorm))
             return sp_fail(err, SP_EXIT_OTHER,
                            "step %lld: the loss or the gradient is not finite (loss %g, grad "
@@ -258,7 +265,7 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
                         .grad_scale = (float)optim_clip_scale(gnorm, c->clip_grad_norm),
                         .step = t->p.step + 1};
         model_adamw(t->m, &a);
-        if (be_check(t->be, err))
+        if (be_check(t->be, err) || grad_sync_gather_weights(t->m, t->comm, err))
             return err->code;
     } else if (t->out) {
         log_event(t->out, &t->metrics, "warning",
@@ -341,6 +348,11 @@ static int finish(trainer_t *t, sp_err *err)
             return err->code;
         if (model_io_save(t->m, dir, dt, 0, (size_t)5 << 30, err))
             return err->code;
+        if (t->m->shard_count > 1 && dtype_size(t->be->act_dt) < dtype_size(dt))
+            log_event(t->out, &t->metrics, "info",
+                      "the optimizer is sharded, so %s holds the %s compute weights; the exact "
+                      "fp32 weights are in the last checkpoint (spotune export CKPT --merged DIR)",
+                      dir, dtype_name(t->be->act_dt));
         fprintf(t->out, "model (Hugging Face layout, %s): %s\n", dtype_name(dt), dir);
     }
     return 0;
