@@ -78,6 +78,10 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
                     .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
                     .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};
+    if (mode == MODE_FULL && comm_size(comm) > 1) { /* as train.shard_optimizer does */
+        o.shard_count = comm_size(comm);
+        o.shard_rank = comm_rank(comm);
+    }
     model_t *m;
     if (model_create(&m, be, &mc, &o, err)) {
         backend_destroy(be);
@@ -110,10 +114,13 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         model_zero_grads(m);
         grad_sync_begin(&gs, m, comm, 25.0);
         rc = rc || model_forward_backward(m, &batch, &loss, err) || grad_sync_finish(&gs, err);
+        double sumsq = 0;
+        rc = rc || grad_sync_sumsq(m, comm, &sumsq, err);
         if (!rc) {
             a.step = s + 1;
-            a.grad_scale = (float)optim_clip_scale(sqrt(model_grad_sumsq(m)), 1.0);
+            a.grad_scale = (float)optim_clip_scale(sqrt(sumsq), 1.0);
             model_adamw(m, &a);
+            rc = be_check(be, err) || grad_sync_gather_weights(m, comm, err);
         }
     }
     be->ops->sync(be);
