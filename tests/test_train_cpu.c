@@ -445,3 +445,29 @@ Test(train, config_errors_exit_2)
     expect_fail("--set train.lr=-3e-4", 2, "train.lr", "out of range");
     free(base);
 }
+
+/* `spotune bench --plan` prints each rank's memory without allocating it:
+ * full fine-tuning of 7B on 8 ranks fits an 80 GB card only because the
+ * optimizer is sharded (about 51 GiB per rank against 114 on one). */
+Test(train, bench_plan_shows_the_sharded_optimizer)
+{
+    char *one = NULL, *eight = NULL;
+    cr_assert_eq(tu_spotune(&one, "bench --preset llama-7b --mode full --recompute layer --plan 1"),
+                 0, "%s", one);
+    cr_assert_eq(
+        tu_spotune(&eight, "bench --preset llama-7b --mode full --recompute layer --plan 8"), 0,
+        "%s", eight);
+    const char *a = strstr(one, "total"), *b = strstr(eight, "total");
+    cr_assert(a && b, "%s\n%s", one, eight);
+    double t1 = strtod(a + 5, NULL), t8 = strtod(b + 5, NULL);
+    cr_expect(t1 > 80.0 && t8 < 0.9 * 80.0e9 / (1 << 30), "1 rank %.2f GiB, 8 ranks %.2f GiB", t1,
+              t8);
+    cr_expect(tu_contains(eight, "(optimizer sharded)") && !tu_contains(one, "sharded"), "%s",
+              eight);
+    free(one);
+    free(eight);
+    char *bad = NULL;
+    cr_expect_eq(tu_spotune(&bad, "bench --plan 0"), 2);
+    cr_expect(tu_contains(bad, "--plan takes a rank count"), "%s", bad);
+    free(bad);
+}

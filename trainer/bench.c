@@ -20,6 +20,7 @@ typedef struct bench_opts {
     int mode; /* 0 lora, 1 full, 2 both */
     int micro_batch, seq_len, steps, warmup, lora_r, recompute, threads, json;
     double peak_tflops;
+    int plan_ranks; /* > 0: print the memory plan for this many ranks, run nothing */
 } bench_opts;
 
 /* Dense bf16 tensor-core peaks (TFLOP/s) by device name. */
@@ -167,6 +168,34 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     return rc;
 }
 
+/* What each rank would allocate, from the model's plan: bf16 activations
+ * and weights as on a GPU (f32 with --backend cpu or cpu-ref). */
+static int print_plan(const bench_opts *bo, int mode, sp_err *err)
+{
+    model_config_t mc;
+    if (model_config_preset(&mc, bo->preset))
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "bench: unknown preset '%s' (tiny, small, llama-7b, llama-13b)", bo->preset);
+    dtype_t act = strncmp(bo->backend, "cpu", 3) == 0 ? DT_F32 : DT_BF16;
+    model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
+                    .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
+                    .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};
+    if (mode == MODE_FULL && bo->plan_ranks > 1)
+        o.shard_count = bo->plan_ranks;
+    model_plan p;
+    model_plan_bytes(&mc, &o, act, &p);
+    const double G = 1024.0 * 1024.0 * 1024.0;
+    static const char *recs[] = {"none", "attention", "layer"};
+    printf("%-9s %-4s %-4s ranks %-3d mb %d  seq %-5d recompute %-9s weights %7.2f GiB  trainable "
+           "%7.2f GiB  activations %6.2f GiB  scratch %5.2f GiB  total %7.2f GiB per rank%s\n",
+           bo->preset, mode == MODE_FULL ? "full" : "lora", dtype_name(act), bo->plan_ranks,
+           bo->micro_batch, bo->seq_len, recs[bo->recompute], (double)p.weights / G,
+           (double)p.trainable / G, (double)p.activations / G, (double)p.scratch / G,
+           (double)(p.weights + p.trainable + p.activations + p.scratch) / G,
+           o.shard_count > 1 ? " (optimizer sharded)" : "");
+    return 0;
+}
+
 static void bench_usage(FILE *f)
 {
     fprintf(f,
@@ -183,18 +212,20 @@ static void bench_usage(FILE *f)
             "  --backend NAME       auto, cpu, cpu-ref or cuda (default auto)\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --peak-tflops X      peak of the device, for MFU on a CPU\n"
-            "  --json               one JSON object per mode\n");
+            "  --json               one JSON object per mode\n"
+            "  --plan RANKS         print each rank's memory plan for a run on RANKS ranks\n"
+            "                       (full mode: optimizer sharded) and run nothing\n");
 }
 
 int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
 {
-    bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0};
+    bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0, 0};
     static const struct option longopts[] = {
         {"preset", 1, 0, 'p'},      {"mode", 1, 0, 'm'},     {"micro-batch", 1, 0, 'b'},
         {"seq-len", 1, 0, 's'},     {"steps", 1, 0, 'n'},    {"warmup", 1, 0, 'w'},
         {"lora-r", 1, 0, 'r'},      {"recompute", 1, 0, 'c'}, {"backend", 1, 0, 'k'},
         {"threads", 1, 0, 't'},     {"json", 0, 0, 'j'},     {"peak-tflops", 1, 0, 'f'},
-        {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+        {"plan", 1, 0, 'P'},        {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -223,6 +254,11 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
         case 't': bo.threads = atoi(optarg); break;
         case 'j': bo.json = 1; break;
         case 'f': bo.peak_tflops = atof(optarg); break;
+        case 'P':
+            bo.plan_ranks = atoi(optarg);
+            if (bo.plan_ranks < 1 || bo.plan_ranks > 65536)
+                return sp_fail(err, SP_EXIT_USAGE, "bench: --plan takes a rank count (1..65536)");
+            break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return sp_fail(err, SP_EXIT_USAGE, "bench: bad option");
         }
@@ -230,8 +266,11 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
     if (bo.micro_batch < 1 || bo.micro_batch > 4096 || bo.seq_len < 2 || bo.steps < 1 ||
         bo.warmup < 0 || bo.lora_r < 1)
         return sp_fail(err, SP_EXIT_USAGE, "bench: sizes must be positive");
-    for (int mode = 0; mode < 2; mode++)
-        if ((bo.mode == 2 || bo.mode == mode) && bench_one(&bo, mode, comm, err))
+    for (int mode = 0; mode < 2; mode++) {
+        if (bo.mode != 2 && bo.mode != mode)
+            continue;
+        if (bo.plan_ranks ? print_plan(&bo, mode, err) : bench_one(&bo, mode, comm, err))
             return err->code;
+    }
     return 0;
 }
