@@ -131,6 +131,33 @@ Test(data, token_not_below_vocab)
     expect_open_error("v.h5", 10, 250, "token 250 at position 250 is not below");
 }
 
+/* Each part scans only its slice: with the tokens at positions 250..299 of
+ * 300 out of the vocabulary, parts 0-2 of 4 (positions 0..224) pass, part 3
+ * (225..299) finds position 250, and every part still knows the whole
+ * dataset's windows. */
+Test(data, token_scan_split_between_parts)
+{
+    make_mod("p4.h5", 300, 250, 300);
+    for (int part = 0; part < 4; part++) {
+        dataset_t d;
+        sp_err err = {0};
+        int rc = dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, part, 4, &err);
+        if (part < 3) {
+            cr_expect_eq(rc, 0, "part %d: %s", part, err.msg);
+            cr_expect_eq(d.n_windows, 29, "part %d", part);
+        } else {
+            cr_expect_eq(rc, SP_EXIT_INPUT, "part %d: rc %d", part, rc);
+            cr_expect(tu_contains(err.msg, "token 250 at position 250 is not below"), "%s", err.msg);
+        }
+        dataset_close(&d);
+    }
+    dataset_t d;
+    sp_err err = {0};
+    cr_expect_neq(dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, 4, 4, &err), 0);
+    cr_expect(tu_contains(err.msg, "part 4 of 4"), "%s", err.msg);
+    dataset_close(&d);
+}
+
 Test(data, dataset_vocab_larger_than_model)
 {
     make("vv.h5", 200, 300);

@@ -223,6 +223,47 @@ Test(distributed, bad_input_on_one_rank_aborts_the_job_naming_it)
     free(out);
 }
 
+/* Each rank checks only its slice of the tokens when the job opens the
+ * dataset (rank r: positions [r n/N, (r+1) n/N)), so a token outside the
+ * model's vocabulary is found by the rank whose slice holds it, and the whole
+ * job ends naming that rank and the position. */
+static void bad_token_found_by(uint64_t position, int rank)
+{
+    uint64_t n = 8 * 32 + 1;
+    uint32_t *tok = calloc(n, sizeof *tok);
+    uint8_t *msk = calloc(n, 1);
+    for (uint64_t i = 0; i < n; i++) {
+        tok[i] = (uint32_t)(i % 200);
+        msk[i] = 1;
+    }
+    tok[position] = 300; /* the tiny model's vocabulary is 260 */
+    uint64_t off[2] = {0, n};
+    sp_err err = {0};
+    char path[4096], name[64], want[128];
+    snprintf(name, sizeof name, "tok%llu", (unsigned long long)position);
+    snprintf(path, sizeof path, "%s/%s.h5", dir, name);
+    cr_assert_eq(dataset_write(path, tok, msk, n, off, 1, 258, 257, "test", &err), 0);
+    free(tok);
+    free(msk);
+    char *out = NULL, extra[4200];
+    snprintf(extra, sizeof extra, "--set data.train=%s --set train.micro_batch=2 --set train.steps=2",
+             path);
+    int rc = train(2, name, extra, &out);
+    cr_expect_eq(rc, 3, "exit %d: %s", rc, out);
+    snprintf(want, sizeof want, "spotune: rank %d on ", rank);
+    cr_expect(tu_contains(out, want), "expected %s: %s", want, out);
+    snprintf(want, sizeof want, "token 300 at position %llu is not below",
+             (unsigned long long)position);
+    cr_expect(tu_contains(out, want), "%s", out);
+    free(out);
+}
+
+Test(distributed, each_rank_checks_its_own_slice_of_the_tokens)
+{
+    bad_token_found_by(20, 0);
+    bad_token_found_by(200, 1);
+}
+
 /* The largest relative difference between two F32 safetensors files of the
  * same tensors, and how many values were compared. */
 static void max_rel_diff(const char *a, const char *b, double *worst, size_t *count)

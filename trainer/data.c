@@ -125,15 +125,19 @@ static int check_offsets(dataset_t *d, hid_t off_ds, int64_t n_off, sp_err *err)
     return rc;
 }
 
-/* Every token must be a valid id of the model: found here, not mid-run. */
-static int scan_tokens(dataset_t *d, int64_t model_vocab, sp_err *err)
+/* Every token must be a valid id of the model: found here, not mid-run.
+ * Part `part` of `parts` scans its own contiguous slice, so ranks that
+ * open the same file together read it once between them. */
+static int scan_tokens(dataset_t *d, int64_t model_vocab, int part, int parts, sp_err *err)
 {
     uint32_t *buf = malloc(sizeof(uint32_t) * SCAN_CHUNK);
     if (!buf)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     int rc = 0;
-    for (uint64_t off = 0; off < d->n_tokens && !rc; off += SCAN_CHUNK) {
-        uint64_t n = d->n_tokens - off < SCAN_CHUNK ? d->n_tokens - off : SCAN_CHUNK;
+    uint64_t lo = d->n_tokens / (uint64_t)parts * (uint64_t)part;
+    uint64_t hi = part == parts - 1 ? d->n_tokens : d->n_tokens / (uint64_t)parts * (uint64_t)(part + 1);
+    for (uint64_t off = lo; off < hi && !rc; off += SCAN_CHUNK) {
+        uint64_t n = hi - off < SCAN_CHUNK ? hi - off : SCAN_CHUNK;
         if (read_range((hid_t)d->tokens, H5T_NATIVE_UINT32, off, n, buf)) {
             rc = bad(err, d->path, "cannot read /tokens");
             break;
@@ -154,6 +158,12 @@ static int scan_tokens(dataset_t *d, int64_t model_vocab, sp_err *err)
 
 int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
                  uint64_t seed, sp_err *err)
+{
+    return dataset_open_part(d, path, seq_len, model_vocab, seed, 0, 1, err);
+}
+
+int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
+                      uint64_t seed, int part, int parts, sp_err *err)
 {
     memset(d, 0, sizeof *d);
     d->file = d->tokens = d->mask = -1;
@@ -205,7 +215,9 @@ int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_
                        "%s: %llu tokens is too few for one window of seq_len %lld", path,
                        (unsigned long long)d->n_tokens, (long long)seq_len);
     d->n_windows = (d->n_tokens - 1) / (uint64_t)seq_len;
-    return scan_tokens(d, model_vocab, err);
+    if (parts < 1 || part < 0 || part >= parts)
+        return sp_fail(err, SP_EXIT_OTHER, "dataset part %d of %d does not exist", part, parts);
+    return scan_tokens(d, model_vocab, part, parts, err);
 }
 
 void dataset_close(dataset_t *d)

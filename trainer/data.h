@@ -29,6 +29,11 @@ typedef struct dataset {
  * one window of seq_len. Errors are SP_EXIT_INPUT and name the file. */
 int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
                  uint64_t seed, sp_err *err);
+/* The same, but of the token scan only part `part` of `parts` (a contiguous
+ * slice): the ranks of a job each scan their slice, and an error on any of
+ * them ends the job, so the file is checked whole while each rank reads 1/N. */
+int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
+                      uint64_t seed, int part, int parts, sp_err *err);
 void dataset_close(dataset_t *d);
 /* Window index of global sample s (and its epoch). */
 int dataset_window_of(dataset_t *d, uint64_t sample, uint64_t *window, uint64_t *epoch,

@@ -171,11 +171,13 @@ static int setup_model(trainer_t *t, sp_err *err)
 static int setup_data(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
-    if (dataset_open(&t->train, c->data_train, c->seq_len, t->mc.vocab, (uint64_t)c->seed, err))
+    /* each rank checks its slice of the tokens; any failure ends the whole job */
+    if (dataset_open_part(&t->train, c->data_train, c->seq_len, t->mc.vocab, (uint64_t)c->seed,
+                          t->rank, t->world, err))
         return err->code;
     t->has_val = c->data_val && *c->data_val;
-    if (t->has_val &&
-        dataset_open(&t->val, c->data_val, c->seq_len, t->mc.vocab, (uint64_t)c->seed, err))
+    if (t->has_val && dataset_open_part(&t->val, c->data_val, c->seq_len, t->mc.vocab,
+                                        (uint64_t)c->seed, t->rank, t->world, err))
         return err->code;
     size_t n = (size_t)(t->ga * t->mb * t->T);
     t->inputs = malloc(sizeof(int32_t) * n);
