@@ -106,7 +106,19 @@ Test(train, validation_loss_falls_in_the_demo)
                     "data.val=%s/demo.val.h5",
                     SPOTUNE_SOURCE_DIR, dir, dir, dir, dir);
     cr_assert_eq(rc, 0, "%s", out);
-    cr_expect(tu_contains(out, "tok/s") && tu_contains(out, "ETA"), "progress line: %s", out);
+    /* the progress line of the last step: every field, parsed */
+    const char *last = strstr(out, "step    200/200 |");
+    cr_assert(last, "no progress line for step 200: %s", out);
+    int step, total, eh, em, es, th, tm, ts;
+    double loss, lr, gnorm, tps;
+    int got = sscanf(last,
+                     "step %d/%d | loss %lf | lr %lf | gnorm %lf | %lf tok/s | %d:%d:%d elapsed | "
+                     "ETA %d:%d:%d",
+                     &step, &total, &loss, &lr, &gnorm, &tps, &eh, &em, &es, &th, &tm, &ts);
+    cr_assert_eq(got, 12, "progress line not in the documented form: %.160s", last);
+    cr_expect(step == 200 && total == 200 && loss > 0 && loss < 6 && lr >= 0 && gnorm > 0 &&
+                  tps > 0 && th == 0 && tm == 0 && ts == 0,
+              "%.160s", last);
     double v[8];
     char run[4096];
     snprintf(run, sizeof run, "%s/demo-run", dir);
@@ -443,6 +455,8 @@ Test(train, config_errors_exit_2)
     expect_fail("--set train.stepz=3", 2, "--set", "unknown key 'train.stepz'");
     expect_fail("--set train.steps=ten", 2, "train.steps", "expected an integer");
     expect_fail("--set train.lr=-3e-4", 2, "train.lr", "out of range");
+    expect_fail("--set runtime.backend=gpu", 2, "runtime.backend",
+                "'gpu' is not one of: auto, cpu, cpu-ref, cuda");
     free(base);
 }
 
@@ -470,4 +484,34 @@ Test(train, bench_plan_shows_the_sharded_optimizer)
     cr_expect_eq(tu_spotune(&bad, "bench --plan 0"), 2);
     cr_expect(tu_contains(bad, "--plan takes a rank count"), "%s", bad);
     free(bad);
+}
+
+/* `spotune --help` lists every command, and each command's --help prints its
+ * usage on stdout and exits 0; an unknown command or option is exit 2. */
+Test(train, help_for_every_command)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_spotune(&out, "--help"), 0, "%s", out);
+    const char *cmds[] = {"train", "init-model", "prepare-text", "ckpt", "export", "bench",
+                          "config-reference"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        cr_expect(tu_contains(out, cmds[i]), "spotune --help lacks %s", cmds[i]);
+    cr_expect(tu_contains(out, "exit codes"), "%s", out);
+    free(out);
+    const char *with_help[] = {"train --help",  "init-model --help", "prepare-text --help",
+                               "ckpt list --help", "export --help",  "bench --help",
+                               "config-reference --help"};
+    for (size_t i = 0; i < sizeof with_help / sizeof with_help[0]; i++) {
+        char *h = NULL;
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "%s 2>/dev/null", with_help[i]);
+        cr_expect_eq(tu_spotune(&h, "%s", cmd), 0, "%s", with_help[i]);
+        cr_expect(tu_contains(h, "usage: spotune "), "%s printed: %s", with_help[i], h);
+        free(h);
+    }
+    cr_expect_eq(tu_spotune(&out, "no-such-command"), 2);
+    cr_expect(tu_contains(out, "unknown command 'no-such-command'"), "%s", out);
+    free(out);
+    cr_expect_eq(tu_spotune(&out, "init-model --no-such-option"), 2, "%s", out);
+    free(out);
 }

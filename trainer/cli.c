@@ -302,6 +302,14 @@ int cli_main(int argc, char **argv)
     if (!strcmp(cmd, "export"))
         return cmd_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "config-reference")) {
+        if (argc > 2) {
+            int help = !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h");
+            fprintf(help ? stdout : stderr,
+                    "usage: spotune config-reference\n"
+                    "Prints the table of every config key (type, default, range, whether it may\n"
+                    "change on resume, meaning) in Markdown, as configs/README.md carries it.\n");
+            return help ? 0 : SP_EXIT_USAGE;
+        }
         config_write_reference(stdout);
         return 0;
     }

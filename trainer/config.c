@@ -30,6 +30,7 @@ typedef struct key_def {
 static const char *const modes[] = {"lora", "full", NULL};
 static const char *const schedules[] = {"cosine", "linear", "constant", NULL};
 static const char *const recomputes[] = {"none", "attention", "layer", NULL};
+const char *const config_backend_names[] = {"auto", "cpu", "cpu-ref", "cuda", NULL};
 static const char *const addressings[] = {"auto", "path", "virtual", NULL};
 
 #define O(f) offsetof(config_t, f)
@@ -95,7 +96,7 @@ static const key_def keys[] = {
     {"log.samples", K_BOOL, O(log_samples), "false", 0, 0, NULL, 0,
      "Audit the data order: each rank appends the windows it trains on to "
      "RUN_DIR/samples/rank-R.tsv (step, global sample index, epoch, window)."},
-    {"runtime.backend", K_STRING, O(backend), "auto", 0, 0, NULL, 0,
+    {"runtime.backend", K_ENUM, O(backend), "auto", 0, 0, config_backend_names, 0,
      "auto (cuda when a GPU is visible, else cpu), cpu, cpu-ref (plain loops, slow; for "
      "checking) or cuda."},
     {"runtime.threads", K_INT, O(threads), "0", 0, 4096, NULL, 0,

@@ -22,6 +22,8 @@ enum {
     TARGET_COUNT = 7
 };
 extern const char *const config_target_names[TARGET_COUNT];
+/* runtime.backend choices, indexed by config_t.backend (names backend_create takes) */
+extern const char *const config_backend_names[];
 
 typedef struct config {
     char *source;          /* the YAML file this came from */
@@ -50,7 +52,7 @@ typedef struct config {
     int64_t log_every;
     int log_samples;
     /* runtime */
-    char *backend;
+    int backend; /* index into config_backend_names */
     int64_t threads;
     int recompute;
     /* comm */

@@ -382,12 +382,13 @@ static int setup(trainer_t *t, sp_err *err)
                          metrics_open(&t->metrics, c->run_dir, err)))
         return err->code;
     int threads = (int)c->threads;
-    if (threads == 0 && strcmp(c->backend, "cuda") != 0) {
+    const char *backend = config_backend_names[c->backend];
+    if (threads == 0 && strcmp(backend, "cuda") != 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         int local = comm_local_size(t->comm) > 0 ? comm_local_size(t->comm) : 1;
         threads = cores / local > 0 ? (int)(cores / local) : 1;
     }
-    if (backend_create(&t->be, c->backend, comm_local_rank(t->comm), threads, err))
+    if (backend_create(&t->be, backend, comm_local_rank(t->comm), threads, err))
         return err->code;
     if (c->log_samples) {
         char path[4096];
