@@ -21,6 +21,13 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+# The local S3 server is started and stopped by ctest (tests/store.cmake); if
+# the run is interrupted before ctest stops it, stop it here (Swift detaches
+# from its caller, so nothing else would).
+stop_s3() { if [ -x scripts/swift-s3.sh ]; then scripts/swift-s3.sh stop >/dev/null 2>&1 || true; fi; }
+trap stop_s3 EXIT
+trap 'stop_s3; exit 130' INT TERM
+
 scripts/install-deps.sh --python
 if [ -x scripts/install-s3-test-deps.sh ]; then scripts/install-s3-test-deps.sh; fi
 export PATH="$root/.venv/bin:$PATH"
