@@ -582,7 +582,8 @@ Test(store_file, uploader_drops_job_whose_directory_vanished_and_stops_promptly)
     usleep(200 * 1000);
     double t0 = sp_now();
     uploader_stop(u);
-    cr_assert_lt(sp_now() - t0, 1.0, "stop took %.2f s", sp_now() - t0);
+    /* far below the 5 s the retry would wait, with room for a loaded machine */
+    cr_assert_lt(sp_now() - t0, 3.0, "stop took %.2f s", sp_now() - t0);
     unblock_store(&f, moved);
     free(ck);
     free(local);
