@@ -220,3 +220,78 @@ Test(model_hf, micro_batches_accumulate)
     free(g1), free(g2);
     close_case(&hc);
 }
+
+/* Our adapter writer against PEFT's own files: the adapters PEFT saved
+ * (tests/fixtures/hf/NAME/lora), loaded into the model and written back by
+ * adapter_save, give the same tensor keys, dtypes, shapes and values (exact:
+ * float32 in, float32 out), and an adapter_config.json whose fields that
+ * PEFT, vLLM and SGLang read (peft_type, task_type, r, lora_alpha,
+ * use_rslora, target_modules, bias, lora_dropout, fan_in_fan_out) equal
+ * PEFT's. */
+static void peft_round_trip(const char *name)
+{
+    hf_case hc;
+    open_case(&hc, name, 1, "cpu", RECOMPUTE_NONE);
+    char *out_dir = tu_tempdir("peft-rt");
+    cr_assert(out_dir);
+    char base[4096], peft_dir[4096], path[4096];
+    snprintf(base, sizeof base, "%s%s/model", fixture("hf/"), name);
+    snprintf(peft_dir, sizeof peft_dir, "%s%s/lora", fixture("hf/"), name);
+    sp_err err = {0};
+    cr_assert_eq(adapter_save(hc.m, out_dir, base, &err), 0, "%s", err.msg);
+    st_file a, b;
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", peft_dir);
+    cr_assert_eq(st_open(&a, path, &err), 0, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", out_dir);
+    cr_assert_eq(st_open(&b, path, &err), 0, "%s", err.msg);
+    cr_expect_eq(a.n, b.n, "%s: PEFT wrote %zu tensors, we wrote %zu", name, a.n, b.n);
+    for (size_t i = 0; i < a.n; i++) {
+        const st_tensor *x = &a.tensors[i], *y = st_find(&b, x->name);
+        cr_assert(y, "%s: we did not write %s", name, x->name);
+        cr_expect(x->dt == DT_F32 && y->dt == DT_F32 && x->ndim == 2 && y->ndim == 2 &&
+                      x->shape[0] == y->shape[0] && x->shape[1] == y->shape[1],
+                  "%s: %s differs in dtype or shape", name, x->name);
+        cr_expect_eq(memcmp(x->data, y->data, 4 * x->numel), 0, "%s: %s values differ", name,
+                     x->name);
+    }
+    st_close(&a);
+    st_close(&b);
+    json_error_t je;
+    snprintf(path, sizeof path, "%s/adapter_config.json", peft_dir);
+    json_t *pc = json_load_file(path, 0, &je);
+    snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
+    json_t *oc = json_load_file(path, 0, &je);
+    cr_assert(pc && oc, "%s", je.text);
+    const char *fields[] = {"peft_type", "task_type",     "r",    "lora_alpha",    "use_rslora",
+                            "bias",      "lora_dropout", "fan_in_fan_out", "use_dora"};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        json_t *x = json_object_get(pc, fields[i]), *y = json_object_get(oc, fields[i]);
+        cr_expect(x && y && json_equal(x, y), "%s: adapter_config.json field %s differs", name,
+                  fields[i]);
+    }
+    /* target_modules: the same set (PEFT sorts it) */
+    json_t *pt = json_object_get(pc, "target_modules"), *ot = json_object_get(oc, "target_modules");
+    cr_assert(json_is_array(pt) && json_is_array(ot));
+    cr_expect_eq(json_array_size(pt), json_array_size(ot));
+    size_t k;
+    json_t *v;
+    json_array_foreach(pt, k, v)
+    {
+        int found = 0;
+        for (size_t j = 0; j < json_array_size(ot); j++)
+            found |= json_equal(v, json_array_get(ot, j));
+        cr_expect(found, "%s: target %s missing", name, json_string_value(v));
+    }
+    json_decref(pc);
+    json_decref(oc);
+    tu_rmtree(out_dir);
+    free(out_dir);
+    close_case(&hc);
+}
+
+Test(model_hf, adapter_written_as_peft_writes_it)
+{
+    peft_round_trip("llama_gqa");
+    peft_round_trip("llama_tied_llama3");
+    peft_round_trip("qwen2_bias");
+}
