@@ -21,3 +21,9 @@ if(TARGET spotune_comm)
     SPOTUNE_MPIEXEC="${SPOTUNE_MPIRUN}")
   set_tests_properties(test_comm PROPERTIES TIMEOUT 300)
 endif()
+
+# scripts/launch.sh: the commands it builds, and one real 2-rank launch.
+if(TARGET spotune-comm-prog)
+  add_test(NAME launch_sh COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_launch.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(launch_sh PROPERTIES TIMEOUT 300 LABELS comm)
+endif()

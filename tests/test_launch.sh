@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# tests/test_launch.sh — scripts/launch.sh: the mpirun command it builds for
+# one node (ranks from CUDA_VISIBLE_DEVICES or --gpus-per-node) and for
+# several (hostfile, --nodes, ppr mapping), the variables it passes by name
+# only (never a value: secrets stay off command lines), its errors, and one
+# real launch of 2 ranks of the comm test program.
+# usage: tests/test_launch.sh BUILD_DIR
+set -uo pipefail
+build=$1
+here=$(cd "$(dirname "$0")/.." && pwd)
+launch="$here/scripts/launch.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { # check NAME CONDITION_RESULT DETAIL
+    if [[ $2 -eq 0 ]]; then echo "ok   $1"; else echo "FAIL $1: $3"; fails=$((fails + 1)); fi
+}
+has() { grep -qF -- "$2" <<<"$1"; }
+
+# one node, ranks from CUDA_VISIBLE_DEVICES
+out=$(env -i PATH="$PATH" HOME="$tmp" CUDA_VISIBLE_DEVICES=0,1,2 "$launch" --dry-run prog a b 2>&1)
+has "$out" " -np 3 --map-by slot --bind-to none" && has "$out" " prog a b"
+check "three visible GPUs give 3 ranks" $? "$out"
+has "$out" "-x CUDA_VISIBLE_DEVICES"
+check "CUDA_VISIBLE_DEVICES passed on" $? "$out"
+has "$out" "--mca odls_base_sigkill_timeout 120"
+check "mpirun gives ranks 120 s after SIGTERM" $? "$out"
+
+# secrets by name only
+out=$(env -i PATH="$PATH" HOME="$tmp" AWS_SECRET_ACCESS_KEY=s3cr3t-value-x AWS_ACCESS_KEY_ID=AKIDxyz \
+    NCCL_SOCKET_IFNAME=eth9 SPOTUNE_FOO=1 OTHER=2 "$launch" -g 2 --dry-run prog 2>&1)
+has "$out" "-x AWS_SECRET_ACCESS_KEY" && has "$out" "-x AWS_ACCESS_KEY_ID" &&
+    has "$out" "-x NCCL_SOCKET_IFNAME" && has "$out" "-x SPOTUNE_FOO"
+check "NCCL_*, SPOTUNE_*, AWS_* passed by name" $? "$out"
+! has "$out" "s3cr3t-value-x" && ! has "$out" "AKIDxyz" && ! has "$out" "eth9"
+check "no value printed" $? "$out"
+! has "$out" "-x OTHER"
+check "other variables not passed" $? "$out"
+has "$out" " -np 2 "
+check "--gpus-per-node sets the rank count" $? "$out"
+
+# several nodes
+printf '# two nodes\nnode-a slots=8\n\nnode-b slots=8\n' >"$tmp/hosts"
+out=$(env -i PATH="$PATH" HOME="$tmp" LD_LIBRARY_PATH=/opt/lib "$launch" --hostfile "$tmp/hosts" -g 8 --dry-run prog 2>&1)
+has "$out" "--hostfile $tmp/hosts -np 16 --map-by ppr:8:node" && has "$out" "-x PATH" &&
+    has "$out" "-x LD_LIBRARY_PATH"
+check "hostfile: 2 nodes x 8 ranks, PATH passed" $? "$out"
+out=$(env -i PATH="$PATH" HOME="$tmp" "$launch" --hostfile "$tmp/hosts" -g 4 --nodes 1 --dry-run prog 2>&1)
+has "$out" " -np 4 --map-by ppr:4:node"
+check "--nodes 1 of 2" $? "$out"
+
+# errors: exit 2 and a message naming the problem
+out=$(env -i PATH="$PATH" HOME="$tmp" "$launch" --hostfile "$tmp/hosts" --nodes 3 --dry-run prog 2>&1)
+rc=$?
+[[ $rc -eq 2 ]] && has "$out" "--nodes 3, but $tmp/hosts lists 2 host(s)"
+check "more nodes than the hostfile lists" $? "rc $rc: $out"
+out=$(env -i PATH="$PATH" HOME="$tmp" "$launch" -g zero --dry-run prog 2>&1)
+rc=$?
+[[ $rc -eq 2 ]] && has "$out" "expected a positive number, got 'zero'"
+check "bad --gpus-per-node" $? "rc $rc: $out"
+out=$(env -i PATH="$PATH" HOME="$tmp" "$launch" --hostfile "$tmp/none" --dry-run prog 2>&1)
+rc=$?
+[[ $rc -eq 2 ]] && has "$out" "cannot read hostfile $tmp/none"
+check "missing hostfile" $? "rc $rc: $out"
+out=$(env -i PATH="$PATH" HOME="$tmp" "$launch" --dry-run 2>&1)
+rc=$?
+[[ $rc -eq 2 ]] && has "$out" "no program to launch"
+check "no program" $? "rc $rc: $out"
+
+# a real launch: 2 ranks of the comm test program agree on an all-reduce
+if [[ -x "$build/tests/spotune-comm-prog" ]]; then prog="$build/tests/spotune-comm-prog"
+else prog=$(find "$build" -name spotune-comm-prog -type f | head -1); fi
+if [[ -n "$prog" ]]; then
+    out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES= \
+        timeout 120 "$launch" -g 2 --tcp -- "$prog" allreduce 2>&1)
+    rc=$?
+    [[ $rc -eq 0 ]] && has "$out" "ok "
+    check "2 ranks launched for real" $? "rc $rc: $out"
+else
+    check "2 ranks launched for real" 1 "spotune-comm-prog not found under $build"
+fi
+
+if [[ $fails -gt 0 ]]; then echo "$fails check(s) failed"; exit 1; fi
+echo "all launch.sh checks passed"
