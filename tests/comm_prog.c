@@ -537,6 +537,31 @@ static void case_device(comm_t *c)
 
 #endif
 
+/* Ranks on one host: local ranks 0..n-1 (every rank of this test runs on
+ * one machine), local size n, and GPU local_rank mod visible devices. */
+static void case_local(comm_t *c)
+{
+    sp_err err = {0};
+    int n = comm_size(c), local = comm_local_rank(c);
+    int32_t all[64] = {0};
+    if (n > 64)
+        fail(c, "local: at most 64 ranks");
+    int32_t mine = local;
+    check(c, comm_allgather(c, &mine, all, 1, COMM_I32, &err), &err);
+    for (int r = 0; r < n; r++)
+        for (int q = 0; q < r; q++)
+            if (all[r] == all[q])
+                fail(c, "local: ranks %d and %d both have local rank %d", q, r, all[r]);
+    if (local < 0 || local >= n || comm_local_size(c) != n)
+        fail(c, "local: local rank %d, local size %d, world %d", local, comm_local_size(c), n);
+    if (comm_device_for_rank(c, n) != local || comm_device_for_rank(c, 2) != local % 2 ||
+        comm_device_for_rank(c, 0) != 0)
+        fail(c, "local: rank %d (local %d) binds to GPUs %d of %d, %d of 2", comm_rank(c), local,
+             comm_device_for_rank(c, n), n, comm_device_for_rank(c, 2));
+    if (comm_rank(c) == 0)
+        printf("local ranks distinct, %d per host\n", n);
+}
+
 struct prog_case {
     const char *name;
     void (*run)(comm_t *c);
@@ -545,7 +570,7 @@ struct prog_case {
 static const struct prog_case cases[] = {
     {"allreduce", case_allreduce}, {"determinism", case_determinism},
     {"bcast", case_bcast},         {"allgather", case_allgather},
-    {"gather", case_gather},
+    {"gather", case_gather},       {"local", case_local},
     {"reduce_scatter", case_reduce_scatter}, {"any", case_any},
     {"kill", case_kill},           {"abort", case_abort},
     {"hang", case_hang},           {"device", case_device},

@@ -322,6 +322,9 @@ Test(comm_mpi, allreduce_is_bit_identical_run_to_run)
 Test(comm_mpi, bcast) { expect_ok(3, "bcast", small_chunks_large_path); }
 Test(comm_mpi, allgather) { expect_ok(3, "allgather", small_chunks_large_path); }
 Test(comm_mpi, allgather_4_ranks) { expect_ok(4, "allgather", NULL); }
+/* local rank -> GPU under mpirun: distinct local ranks on the host, and
+ * rank r takes GPU local_rank mod the visible devices */
+Test(comm_mpi, local_ranks_and_device_binding_4_ranks) { expect_ok(4, "local", NULL); }
 Test(comm_mpi, gather) { expect_ok(3, "gather", small_chunks_large_path); }
 Test(comm_mpi, gather_2_ranks) { expect_ok(2, "gather", NULL); }
 Test(comm_mpi, reduce_scatter) { expect_ok(3, "reduce_scatter", small_chunks_large_path); }
