@@ -515,3 +515,54 @@ Test(train, help_for_every_command)
     cr_expect_eq(tu_spotune(&out, "init-model --no-such-option"), 2, "%s", out);
     free(out);
 }
+
+/* `init-model --dtype bf16` writes every tensor in BF16 (the f32 model's
+ * values rounded: same seed), and full fine-tuning from it exports BF16 again:
+ * the input layout and dtype. */
+Test(train, bf16_model_in_bf16_model_out)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_spotune(&out, "init-model --preset tiny --seed 3 --dtype bf16 %s/bf16", dir), 0,
+                 "%s", out);
+    free(out);
+    char a[4096], b[4096];
+    snprintf(a, sizeof a, "%s/bf16/model.safetensors", dir);
+    snprintf(b, sizeof b, "%s/model/model.safetensors", dir);
+    st_file fa, fb;
+    sp_err err = {0};
+    cr_assert_eq(st_open(&fa, a, &err), 0, "%s", err.msg);
+    cr_assert_eq(st_open(&fb, b, &err), 0, "%s", err.msg);
+    cr_assert_eq(fa.n, fb.n);
+    for (size_t i = 0; i < fa.n; i++) {
+        const st_tensor *x = &fa.tensors[i], *y = st_find(&fb, x->name);
+        cr_assert(y && x->dt == DT_BF16 && y->dt == DT_F32 && x->numel == y->numel, "%s",
+                  x->name);
+        for (size_t k = 0; k < x->numel; k += 97) {
+            uint16_t h;
+            float f;
+            memcpy(&h, (const char *)x->data + 2 * k, 2);
+            memcpy(&f, (const char *)y->data + 4 * k, 4);
+            cr_assert_eq(sp_bf16_to_f32(h), sp_bf16_to_f32(sp_f32_to_bf16(f)), "%s[%zu]", x->name,
+                         k);
+        }
+    }
+    st_close(&fb);
+    char sets[4096];
+    snprintf(sets, sizeof sets,
+             "--set model.path=%s/bf16 --set train.mode=full --set train.steps=3 --set "
+             "run.dir=%s/bf16-run",
+             dir, dir);
+    cr_assert_eq(train(&out, sets), 0, "%s", out);
+    free(out);
+    snprintf(b, sizeof b, "%s/bf16-run/model/model.safetensors", dir);
+    cr_assert_eq(st_open(&fb, b, &err), 0, "%s", err.msg);
+    int changed = 0;
+    for (size_t i = 0; i < fa.n; i++) {
+        const st_tensor *x = &fa.tensors[i], *y = st_find(&fb, x->name);
+        cr_assert(y && y->dt == DT_BF16 && y->numel == x->numel, "%s", x->name);
+        changed += memcmp(x->data, y->data, 2 * x->numel) != 0;
+    }
+    cr_expect_eq(changed, (int)fa.n, "every tensor trained (%d of %zu changed)", changed, fa.n);
+    st_close(&fa);
+    st_close(&fb);
+}
