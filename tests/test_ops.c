@@ -255,6 +255,28 @@ Test(ops, rope_forward_and_inverse)
     for (size_t i = 0; i < n; i++)
         rhs += (double)rt[i] * x[i];
     cr_expect_lt(fabs(lhs - rhs), 1e-4 * (fabs(lhs) + 1));
+    /* and by finite differences of L(x) = <R, rope(x)> on the op itself:
+     * dL/dx_i = rope^T(R)_i (central differences, h = 1e-2: L is linear, so
+     * only float rounding separates them) */
+    for (int probe = 0; probe < 12; probe++) {
+        size_t i = (size_t)(sp_rng_u64(77, (uint64_t)probe) % n);
+        double L[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float *xp = malloc(sizeof(float) * n);
+            memcpy(xp, x, sizeof(float) * n);
+            xp[i] += sgn ? -1e-2f : 1e-2f;
+            tensor_t tp = dev(xp, n);
+            be->ops->rope(be, tp, tc, ts, B, T, nh, hd, 0);
+            float *yp = host(tp);
+            L[sgn] = 0;
+            for (size_t k = 0; k < n; k++)
+                L[sgn] += (double)R[k] * yp[k];
+            free(xp), free(yp);
+        }
+        double fd = (L[0] - L[1]) / (2 * (double)1e-2f);
+        cr_expect_lt(fabs(fd - rt[i]), 2e-3 * (fabs(rt[i]) + 1), "x[%zu]: fd %g, backward %g", i,
+                     fd, (double)rt[i]);
+    }
     free(x), free(cs), free(sn), free(xd), free(want), free(got), free(R), free(rt);
 }
 
@@ -383,6 +405,28 @@ Test(ops, embedding_forward_backward)
         for (int c = 0; c < H; c++)
             want[tok[i] * H + c] += R[i * H + c];
     cr_expect_lt(rel_err(dW, want, (size_t)V * H), FWD_TOL);
+    /* finite differences of L(W) = <R, embedding(W)> on the op itself, for a
+     * row used three times (3), once (0), and never (5) */
+    const int probes[][2] = {{3, 0}, {3, 5}, {0, 2}, {5, 1}, {7, 4}};
+    for (size_t p = 0; p < sizeof probes / sizeof probes[0]; p++) {
+        size_t j = (size_t)(probes[p][0] * H + probes[p][1]);
+        double L[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float *Wp = malloc(sizeof(float) * (size_t)V * H);
+            memcpy(Wp, W, sizeof(float) * (size_t)V * H);
+            Wp[j] += sgn ? -1e-2f : 1e-2f;
+            tensor_t tWp = dev(Wp, (size_t)V * H), top = dev(NULL, (size_t)n * H);
+            be->ops->embedding_forward(be, top, tWp, tt, n, H);
+            float *yp = host(top);
+            L[sgn] = 0;
+            for (size_t k = 0; k < (size_t)n * H; k++)
+                L[sgn] += (double)R[k] * yp[k];
+            free(Wp), free(yp);
+        }
+        double fd = (L[0] - L[1]) / (2 * (double)1e-2f);
+        cr_expect_lt(fabs(fd - dW[j]), 2e-3 * (fabs(dW[j]) + 1), "W[%zu]: fd %g, backward %g", j,
+                     fd, (double)dW[j]);
+    }
     free(W), free(R), free(got), free(dW), free(want);
 }
 
