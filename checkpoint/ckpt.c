@@ -426,6 +426,16 @@ int ckpt_manifest_parse(const char *text, size_t len, ckpt_manifest *m, sp_err *
 int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err)
 {
     char path[4096];
+    struct stat dsb;
+    memset(m, 0, sizeof *m);
+    if (stat(dir, &dsb) != 0)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: no such checkpoint directory (%s)", dir,
+                       strerror(errno));
+    if (!S_ISDIR(dsb.st_mode))
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: not a checkpoint directory (a checkpoint is a directory holding "
+                       "MANIFEST.json)",
+                       dir);
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -590,6 +600,23 @@ static uint64_t dir_bytes(const char *dir)
     return total;
 }
 
+/* The process id at the end of a ".tmp-step-NNNNNNNN-PID" or ".del-...-PID"
+ * name (0 if none), and whether that process is alive and not this one: a
+ * writer (or deleter) that may still be at work. EPERM means it exists. */
+static int other_writer_alive(const char *name, int *pid_out)
+{
+    const char *dash = strrchr(name, '-');
+    char *end = NULL;
+    long pid = dash ? strtol(dash + 1, &end, 10) : 0;
+    if (!dash || end == dash + 1 || *end || pid <= 0 || pid > 0x7fffffffL)
+        pid = 0;
+    if (pid_out)
+        *pid_out = (int)pid;
+    if (pid <= 0 || pid == (long)getpid())
+        return 0;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
 static int cmp_info(const void *a, const void *b)
 {
     const ckpt_info *x = a, *y = b;
@@ -634,7 +661,22 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
         snprintf(path, sizeof path, "%s/%s", root, e->d_name);
         ci->bytes = dir_bytes(path);
         if (tmp) {
-            snprintf(ci->problem, sizeof ci->problem, "incomplete (never committed)");
+            int pid;
+            if (other_writer_alive(e->d_name, &pid)) {
+                ci->incomplete = CKPT_BEING_WRITTEN;
+                snprintf(ci->problem, sizeof ci->problem,
+                         "incomplete: being written by process %d (still running)", pid);
+            } else {
+                ci->incomplete = CKPT_INTERRUPTED;
+                if (pid > 0)
+                    snprintf(ci->problem, sizeof ci->problem,
+                             "incomplete: its write never finished (the writing process %d "
+                             "is gone)", pid);
+                else
+                    snprintf(ci->problem, sizeof ci->problem,
+                             "incomplete: its write never finished");
+            }
+            ci->writer_pid = pid;
             continue;
         }
         if (!verify) {
@@ -643,12 +685,12 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
         }
         sp_err ve = {0};
         ckpt_manifest m;
-        if (ckpt_verify(path, &m, &ve) == 0) {
+        memset(&m, 0, sizeof m);
+        if (ckpt_verify(path, &m, &ve) == 0)
             ci->ok = 1;
-            ci->created = m.created;
-        } else {
+        else
             snprintf(ci->problem, sizeof ci->problem, "%s", ve.msg);
-        }
+        ci->created = m.created; /* also of a damaged one whose MANIFEST reads */
     }
     closedir(d);
     if (*n)
@@ -665,15 +707,34 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
     if (ckpt_list(root, 1, &list, &count, err))
         return err->code;
     for (int i = 0; i < count; i++) {
-        if (strncmp(list[i].name, ".tmp-", 5) == 0)
-            continue; /* never committed: not a candidate, not worth a warning */
-        if (list[i].ok) {
-            snprintf(path, n, "%s/%s", root, list[i].name);
-            *found = 1;
-            break;
+        ckpt_info *ci = &list[i];
+        if (ci->incomplete) {
+            /* a write that never finished: never a candidate; reported, and
+             * removed unless another live process is still writing it */
+            size_t len = strlen(ci->problem);
+            if (ci->incomplete == CKPT_INTERRUPTED) {
+                char dead[4096];
+                snprintf(dead, sizeof dead, "%s/%s", root, ci->name);
+                if (ckpt_remove_tree(dead) == 0)
+                    snprintf(ci->problem + len, sizeof ci->problem - len, "; removed");
+                else
+                    snprintf(ci->problem + len, sizeof ci->problem - len,
+                             "; could not remove it: %s", strerror(errno));
+            } else {
+                snprintf(ci->problem + len, sizeof ci->problem - len, "; left alone");
+            }
+            if (report)
+                report(ctx, ci);
+            continue;
         }
-        if (report)
-            report(ctx, &list[i]);
+        if (*found)
+            continue;
+        if (ci->ok) {
+            snprintf(path, n, "%s/%s", root, ci->name);
+            *found = 1;
+        } else if (report) {
+            report(ctx, ci);
+        }
     }
     free(list);
     return 0;
@@ -687,9 +748,7 @@ static void remove_leftovers(const char *root)
     while (d && (e = readdir(d))) {
         if (strncmp(e->d_name, ".del-", 5) != 0)
             continue;
-        const char *dash = strrchr(e->d_name, '-');
-        int pid = dash ? atoi(dash + 1) : 0;
-        if (pid > 0 && pid != (int)getpid() && kill(pid, 0) == 0)
+        if (other_writer_alive(e->d_name, NULL))
             continue;
         char p[4096];
         snprintf(p, sizeof p, "%s/%s", root, e->d_name);
@@ -711,13 +770,12 @@ int ckpt_prune(const char *root, int keep, int64_t keep_every,
         ckpt_info *ci = &list[i];
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", root, ci->name);
-        if (strncmp(ci->name, ".tmp-", 5) == 0) {
-            /* a leftover of a crashed writer: only the newest may still be live */
-            int pid = 0;
-            const char *dash = strrchr(ci->name, '-');
-            if (dash)
-                pid = atoi(dash + 1);
-            if (pid > 0 && pid != (int)getpid() && kill(pid, 0) != 0)
+        if (ci->incomplete) {
+            /* a leftover of a crashed writer; one of another live process is
+             * left to it (this process's own write is not under way: the
+             * writer prunes after committing) */
+            if (ci->incomplete == CKPT_INTERRUPTED && ci->writer_pid > 0 &&
+                ci->writer_pid != (int)getpid())
                 ckpt_remove_tree(path);
             continue;
         }

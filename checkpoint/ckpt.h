@@ -93,31 +93,48 @@ typedef struct ckpt_manifest {
 } ckpt_manifest;
 
 /* Checks MANIFEST.json and every file it names (size, SHA-256). Errors are
- * SP_EXIT_INPUT and say what is wrong (missing MANIFEST, missing file,
- * truncated file, checksum mismatch). */
+ * SP_EXIT_INPUT and say what is wrong (no such directory, missing MANIFEST,
+ * missing file, truncated file, checksum mismatch). m is filled as far as
+ * MANIFEST.json could be read. */
 int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err);
 int ckpt_manifest_parse(const char *json_text, size_t len, ckpt_manifest *m, sp_err *err);
 /* SHA-256 of a file as 64 hex digits (and its size). */
 int ckpt_file_sha256(const char *path, char hex[65], uint64_t *size, sp_err *err);
 
+/* ckpt_info.incomplete: what a .tmp-step-NNNNNNNN-PID directory is */
+enum {
+    CKPT_INTERRUPTED = 1,  /* its writer is gone (or is this process): never finished */
+    CKPT_BEING_WRITTEN = 2 /* process PID, another live one, may still be writing it */
+};
+
 typedef struct ckpt_info {
-    char name[64]; /* step-NNNNNNNN */
+    char name[64]; /* step-NNNNNNNN, or .tmp-step-NNNNNNNN-PID */
     int64_t step;
     int ok;            /* verified */
     char problem[512]; /* why not, when !ok */
-    double created;
-    uint64_t bytes;
+    double created;    /* from MANIFEST.json when it reads (0: unknown) */
+    uint64_t bytes;    /* the files directly in the directory */
+    int incomplete;    /* 0, or for a .tmp- directory CKPT_INTERRUPTED / CKPT_BEING_WRITTEN */
+    int writer_pid;    /* the PID of a .tmp- directory's name (0: none) */
 } ckpt_info;
 
-/* Lists ROOT's checkpoints (and leftover .tmp- directories as incomplete),
- * newest first, verifying each when verify is set. */
+/* Lists ROOT's checkpoints and leftover .tmp- directories (not ok, with
+ * `incomplete` set and the problem saying whether the write never finished
+ * or another live process is writing it), newest first, verifying each
+ * checkpoint when verify is set. Changes nothing. */
 int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err);
-/* Finds the newest checkpoint that verifies; reports every newer one that
- * does not through report (may be NULL). Returns 0 with found = 0 if none. */
+/* For resuming: finds the newest checkpoint that verifies and reports
+ * through report (may be NULL) every newer one that does not, and every
+ * .tmp- directory. A .tmp- directory whose writer is gone (or has this
+ * process's id: a previous incarnation) is removed ("; removed" ends its
+ * problem); one that another live process is writing is left ("; left
+ * alone"). Call it only before this process writes checkpoints into root.
+ * Returns 0 with found = 0 if none verifies. */
 int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
                      void (*report)(void *ctx, const ckpt_info *bad), void *ctx, sp_err *err);
 /* Deletes all but the newest keep complete checkpoints (and every one whose
- * step is a multiple of keep_every, when > 0), and stale .tmp- directories.
+ * step is a multiple of keep_every, when > 0), and .tmp- directories whose
+ * writing process is gone.
  * A checkpoint is first renamed out of sight (.del-...), then deleted, so a
  * crash never leaves a half-deleted step-... directory. deleted (may be
  * NULL) is called with each name removed. */

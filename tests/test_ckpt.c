@@ -1,6 +1,7 @@
 /* The checkpoint directory protocol: a round trip of every field, atomic
  * commit, verification catching each kind of damage with a clear message,
- * listing, the fallback to an older checkpoint, and retention that removes
+ * listing, the fallback to an older checkpoint (reporting, and removing,
+ * the .tmp- leftovers of interrupted writes), and retention that removes
  * MANIFEST first. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
@@ -146,12 +147,63 @@ Test(ckpt, manifest_not_json_or_from_the_future)
     free(p);
 }
 
+/* what ckpt_find_latest reported, in order */
 static int bad_reports;
+static char reported[8][64], reasons[8][512];
 static void count_bad(void *ctx, const ckpt_info *bad)
 {
     (void)ctx;
+    cr_expect(bad->problem[0], "a reason is given for %s", bad->name);
+    if (bad_reports < 8) {
+        snprintf(reported[bad_reports], sizeof reported[0], "%s", bad->name);
+        snprintf(reasons[bad_reports], sizeof reasons[0], "%s", bad->problem);
+    }
     bad_reports++;
-    cr_expect(bad->problem[0], "a reason is given");
+}
+
+/* The id of a process that has just exited (and been reaped): a writer
+ * killed with -9 */
+static int dead_pid(void)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_sh(&out, "echo $$"), 0);
+    int pid = atoi(out);
+    free(out);
+    cr_assert_gt(pid, 0);
+    return pid;
+}
+
+/* ROOT/.tmp-step-<step>-<pid>/ holding a partial state.h5, as a writer
+ * that died before its rename leaves it; returns its name */
+static const char *leftover(int64_t step, int pid)
+{
+    static char name[128];
+    snprintf(name, sizeof name, ".tmp-step-%08lld-%d", (long long)step, pid);
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s/%s && echo partial > %s/%s/state.h5", dir, name, dir,
+                       name),
+                 0);
+    return name;
+}
+
+static int exists(const char *name)
+{
+    char p[4200];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &sb) == 0;
+}
+
+static void find_latest(const char *want)
+{
+    char found_path[4096];
+    int found = 0;
+    sp_err err = {0};
+    bad_reports = 0;
+    cr_assert_eq(ckpt_find_latest(dir, found_path, sizeof found_path, &found, count_bad, NULL,
+                                  &err),
+                 0, "%s", err.msg);
+    cr_assert(found);
+    cr_expect(tu_contains(found_path, want), "chose %s, not %s", found_path, want);
 }
 
 Test(ckpt, newest_damaged_falls_back_to_the_previous)
@@ -160,27 +212,98 @@ Test(ckpt, newest_damaged_falls_back_to_the_previous)
     free(write_step(30));
     char *p = write_step(40);
     tu_sh(NULL, "printf 'X' | dd of=%s/state.h5 bs=1 seek=100 conv=notrunc 2>/dev/null", p);
-    /* a writer that died before its rename leaves a .tmp- directory */
-    tu_sh(NULL, "mkdir -p %s/.tmp-step-00000050-999999 && echo partial > "
-                "%s/.tmp-step-00000050-999999/state.h5",
-          dir, dir);
-    char found_path[4096];
-    int found = 0;
+    /* a writer killed (-9) before its rename leaves a .tmp- directory */
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "%s", leftover(50, dead_pid()));
     sp_err err = {0};
-    bad_reports = 0;
-    cr_assert_eq(ckpt_find_latest(dir, found_path, sizeof found_path, &found, count_bad, NULL, &err), 0);
-    cr_expect(found);
-    cr_expect(tu_contains(found_path, "step-00000030"), "%s", found_path);
-    cr_expect_eq(bad_reports, 1, "the damaged step 40 is reported (the .tmp one is not)");
     ckpt_info *l;
     int n;
+    /* listing shows it as incomplete and changes nothing */
     cr_assert_eq(ckpt_list(dir, 1, &l, &n, &err), 0);
     cr_assert_eq(n, 4);
     cr_expect_eq(l[0].step, 50);
-    cr_expect(!l[0].ok && tu_contains(l[0].problem, "incomplete"));
+    cr_expect_str_eq(l[0].name, tmp);
+    cr_expect(!l[0].ok && l[0].incomplete == CKPT_INTERRUPTED);
+    cr_expect(tu_contains(l[0].problem, "incomplete: its write never finished"), "%s",
+              l[0].problem);
     cr_expect(!l[1].ok && l[2].ok && l[3].ok);
+    cr_expect(l[2].created > 0 && l[1].created > 0, "the time of a damaged one is still shown");
+    free(l);
+    cr_expect(exists(tmp), "ckpt_list removed %s", tmp);
+
+    /* resuming: both newer ones reported (newest first), 30 chosen, the
+     * leftover removed */
+    find_latest("step-00000030");
+    cr_assert_eq(bad_reports, 2, "the .tmp step 50 and the damaged step 40 are reported");
+    cr_expect_str_eq(reported[0], tmp);
+    cr_expect(tu_contains(reasons[0], "its write never finished") &&
+                  tu_contains(reasons[0], "removed"),
+              "%s", reasons[0]);
+    cr_expect_str_eq(reported[1], "step-00000040");
+    cr_expect(tu_contains(reasons[1], "state.h5 fails its SHA-256 checksum"), "%s", reasons[1]);
+    cr_expect(!exists(tmp), "%s was not removed", tmp);
+    cr_assert_eq(ckpt_list(dir, 1, &l, &n, &err), 0);
+    cr_expect_eq(n, 3, "40 (damaged: kept for a human to look at), 30, 20");
     free(l);
     free(p);
+}
+
+/* A .tmp- directory whose PID is a live process other than us is reported
+ * as being written and left alone, by resume and by retention; one named by
+ * our own PID is a previous incarnation's and goes. */
+Test(ckpt, leftover_of_a_live_writer_is_left_alone)
+{
+    free(write_step(10));
+    int other = (int)getppid(); /* alive: it waits for this test */
+    char live[128], mine[128], gone[128];
+    snprintf(live, sizeof live, "%s", leftover(30, other));
+    snprintf(mine, sizeof mine, "%s", leftover(20, (int)getpid()));
+    snprintf(gone, sizeof gone, "%s", leftover(5, dead_pid()));
+    ckpt_info *l;
+    int n;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_list(dir, 1, &l, &n, &err), 0);
+    cr_assert_eq(n, 4);
+    cr_expect_eq(l[0].incomplete, CKPT_BEING_WRITTEN);
+    cr_expect_eq(l[0].writer_pid, other);
+    char want[128];
+    snprintf(want, sizeof want, "being written by process %d", other);
+    cr_expect(tu_contains(l[0].problem, want), "%s", l[0].problem);
+    cr_expect_eq(l[1].incomplete, CKPT_INTERRUPTED, "%s", l[1].problem);
+    cr_expect(l[2].ok && l[2].step == 10 && l[2].incomplete == 0);
+    cr_expect_eq(l[3].incomplete, CKPT_INTERRUPTED, "%s", l[3].problem);
+    free(l);
+
+    find_latest("step-00000010");
+    cr_assert_eq(bad_reports, 3, "every leftover is reported, the older one too");
+    cr_expect_str_eq(reported[0], live);
+    cr_expect(tu_contains(reasons[0], want) && tu_contains(reasons[0], "left alone"), "%s",
+              reasons[0]);
+    cr_expect_str_eq(reported[1], mine);
+    cr_expect(tu_contains(reasons[1], "removed"), "%s", reasons[1]);
+    cr_expect_str_eq(reported[2], gone);
+    cr_expect(tu_contains(reasons[2], "removed"), "%s", reasons[2]);
+    cr_expect(exists(live), "the live writer's %s was removed", live);
+    cr_expect(!exists(mine) && !exists(gone));
+
+    cr_assert_eq(ckpt_prune(dir, 1, 0, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_expect(exists(live), "retention removed the live writer's %s", live);
+}
+
+Test(ckpt, verify_of_a_missing_or_plain_path)
+{
+    char p[4200];
+    ckpt_manifest m;
+    sp_err err = {0};
+    snprintf(p, sizeof p, "%s/step-00000099", dir);
+    cr_expect_eq(ckpt_verify(p, &m, &err), SP_EXIT_INPUT);
+    cr_expect(tu_contains(err.msg, p) && tu_contains(err.msg, "no such checkpoint directory"),
+              "%s", err.msg);
+    cr_assert_eq(tu_write_file(p, "not a directory\n"), 0);
+    sp_err err2 = {0};
+    cr_expect_eq(ckpt_verify(p, &m, &err2), SP_EXIT_INPUT);
+    cr_expect(tu_contains(err2.msg, p) && tu_contains(err2.msg, "not a checkpoint directory"),
+              "%s", err2.msg);
 }
 
 static int deleted;
@@ -195,7 +318,7 @@ Test(ckpt, retention_keeps_newest_and_multiples)
 {
     for (int s = 10; s <= 70; s += 10)
         free(write_step(s));
-    tu_sh(NULL, "mkdir -p %s/.tmp-step-00000080-999999", dir);
+    leftover(80, dead_pid());
     sp_err err = {0};
     deleted = 0;
     cr_assert_eq(ckpt_prune(dir, 2, 40, count_deleted, NULL, &err), 0);
