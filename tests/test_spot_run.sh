@@ -4,7 +4,11 @@
 #   - a notice during training: SIGUSR1 -> checkpoint -> exit 75, no restart,
 #     and the same command on the "next machine" resumes and finishes;
 #   - a crash (SIGKILL of the trainer) is restarted with a backoff and the
-#     run completes; a config error (exit 2) is not restarted.
+#     run completes; a config error (exit 2) is not restarted;
+#   - with a fake command exiting with given codes: exit 75 without a notice
+#     is restarted at once, 0 stops, 2 and 3 stop at once with that code, a
+#     crash loop gives up after --max-restarts, and the backoff doubles up to
+#     --max-backoff.
 # usage: tests/test_spot_run.sh BUILD_DIR
 set -uo pipefail
 build=$(cd "${1:?usage: test_spot_run.sh BUILD_DIR}" && pwd)
@@ -84,6 +88,61 @@ check "crash: 400 steps logged, none twice" \
 rc=$?
 check "config error: exit 2" test "$rc" = 2
 check "config error: not restarted" grep -q "not restarting" "$work/bad.log"
+
+# 4. what each exit code leads to, with a fake command that exits with the
+#    codes of a sequence file, one per run, and logs each run
+cat > "$work/fake.sh" <<'SH'
+#!/usr/bin/env bash
+# fake.sh SEQ RUNS: exits with SEQ's first line (removed), appending it to RUNS
+code=$(head -n 1 "$1")
+sed -i 1d "$1"
+echo "${code:-none}" >> "$2"
+exit "${code:-99}"
+SH
+chmod +x "$work/fake.sh"
+# supervise NAME CODES OPTIONS...: runs spot-run.sh over the fake command; the
+# exit status lands in NAME.rc, the supervisor's messages in NAME.log, the
+# codes of the runs made in NAME.runs
+supervise() {
+  local name=$1 codes=$2; shift 2
+  printf '%s\n' $codes > "$work/$name.seq"
+  : > "$work/$name.runs"
+  timeout 120 "$spot" "$@" -- "$work/fake.sh" "$work/$name.seq" "$work/$name.runs" \
+    > "$work/$name.log" 2>&1
+  echo $? > "$work/$name.rc"
+}
+rc_is() { test "$(cat "$work/$1.rc")" = "$2"; }
+runs_are() { test "$(paste -sd ' ' "$work/$1.runs")" = "$2"; }
+
+# exit 75 with no notice (the watcher polls a service that has none): the run
+# was stopped by someone else's signal; restarted at once, without backoff
+supervise ckpt75 "75 75 0" --cloud aws --metadata-url "$url" --poll 0.1 --backoff 1
+check "exit 75, no notice: restarted until exit 0" rc_is ckpt75 0
+check "exit 75, no notice: 3 runs" runs_are ckpt75 "75 75 0"
+check "exit 75, no notice: restarted at once" \
+  bash -c "[ \$(grep -c 'checkpointed on a signal (exit 75): restarting' '$work/ckpt75.log') = 2 ] &&
+           ! grep -q 'restarting in' '$work/ckpt75.log'"
+supervise finish "0 1" --cloud none --backoff 0
+check "exit 0: the supervisor exits 0" rc_is finish 0
+check "exit 0: not restarted" runs_are finish 0
+for code in 2 3; do
+  supervise "input$code" "$code 0" --cloud none --backoff 0
+  check "exit $code: the supervisor exits $code" rc_is "input$code" "$code"
+  check "exit $code: not restarted" runs_are "input$code" "$code"
+  check "exit $code: says why" grep -q "exit $code: a config or input error; not restarting" \
+    "$work/input$code.log"
+done
+# a crash loop: --max-restarts 2 means 3 runs, then the crash's own exit code
+supervise giveup "42 42 42 0" --cloud none --backoff 0 --max-restarts 2
+check "crash loop: gives up with the crash's exit code" rc_is giveup 42
+check "crash loop: 1 run + 2 restarts" runs_are giveup "42 42 42"
+check "crash loop: says it gives up" grep -q "exit 42 after 2 restart(s): giving up" "$work/giveup.log"
+# backoff doubling from --backoff up to --max-backoff (1 + 2 + 3 s of waiting)
+supervise backoff "1 137 1 0" --cloud none --backoff 1 --max-backoff 3 --max-restarts 5
+check "backoff: restarted until exit 0" rc_is backoff 0
+check "backoff: 4 runs" runs_are backoff "1 137 1 0"
+check "backoff: 1 s, doubled to 2 s, then capped at 3 s" \
+  test "$(grep -o 'a crash): restarting in [0-9]*s' "$work/backoff.log" | grep -o '[0-9]*s$' | paste -sd ' ')" = "1s 2s 3s"
 
 if [ "$fails" -gt 0 ]; then echo "$fails check(s) failed"; cat "$work"/*.log; exit 1; fi
 echo "all spot-run checks passed"
