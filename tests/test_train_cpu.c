@@ -499,7 +499,7 @@ Test(train, help_for_every_command)
     cr_expect(tu_contains(out, "exit codes"), "%s", out);
     free(out);
     const char *with_help[] = {"train --help",  "init-model --help", "prepare-text --help",
-                               "ckpt list --help", "export --help",  "bench --help",
+                               "ckpt --help", "ckpt list --help", "export --help",  "bench --help",
                                "config-reference --help"};
     for (size_t i = 0; i < sizeof with_help / sizeof with_help[0]; i++) {
         char *h = NULL;

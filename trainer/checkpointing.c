@@ -386,6 +386,8 @@ static int write_now(ckpt_ctl *c, model_t *m, const train_progress *p, const cha
                 "in the background\n",
                 (long long)p->step, reason, stall, (double)bytes / 1048576.0,
                 waited > 0.001 ? ", including a wait for the previous write" : "");
+    if (c->log)
+        fflush(c->log);
     return 0;
 }
 
@@ -416,10 +418,12 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
     /* stop: commit, push up to the deadline, and only then let every rank go */
     int32_t code = 0;
     if (c->rank == 0) {
-        if (c->log)
+        if (c->log) {
             fprintf(c->log, "stop requested (%s): committing checkpoint step %lld\n",
                     signals_received() ? signals_first_name() : "another rank",
                     (long long)p->step);
+            fflush(c->log);
+        }
         code = ckpt_writer_wait(c->writer, err);
         if (!code && c->up) {
             int pushed = uploader_wait(c->up, cfg->ckpt_upload_deadline_s);
@@ -730,6 +734,8 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
     }
     if (comm_bcast(c->comm, &h, sizeof h, 0, err))
         return err->code;
+    /* checkpoint.every_minutes counts from here, not from before a download */
+    c->last_time = sp_now();
     if (h.code) {
         ckpt_snapshot_free(&s);
         return sp_fail(err, h.code, "%s", h.msg);

@@ -242,6 +242,10 @@ int cmd_ckpt(int argc, char **argv)
         return SP_EXIT_USAGE;
     }
     const char *sub = argv[1];
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) {
+        ckpt_usage(stdout);
+        return 0;
+    }
     int prc = parse_store_opts(argc - 1, argv + 1, &o, NULL, &unused, &unused, &unused);
     if (prc) {
         ckpt_usage(prc > 0 ? stdout : stderr);

@@ -229,7 +229,8 @@ int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, si
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", dir, strerror(errno));
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (model_config_write(&m->mc, path, dtype == DT_BF16 ? "bfloat16" : "float32", err))
+    const char *torch_dtype = dtype == DT_BF16 ? "bfloat16" : dtype == DT_F16 ? "float16" : "float32";
+    if (model_config_write(&m->mc, path, torch_dtype, err))
         return err->code;
     size_t n = 0, total = 0;
     st_entry *e = calloc((size_t)m->nparams, sizeof *e);
@@ -363,7 +364,7 @@ int model_io_weights_dtype(const char *dir, dtype_t *dt, sp_err *err)
     st_file f;
     int rc = st_open(&f, path, err);
     if (!rc && f.n > 0)
-        *dt = f.tensors[0].dt == DT_F32 ? DT_F32 : DT_BF16;
+        *dt = f.tensors[0].dt == DT_F32 || f.tensors[0].dt == DT_F16 ? f.tensors[0].dt : DT_BF16;
     st_close(&f);
     return rc;
 }

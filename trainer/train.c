@@ -350,7 +350,7 @@ static int finish(trainer_t *t, sp_err *err)
             return err->code;
         if (model_io_save(t->m, dir, dt, 0, (size_t)5 << 30, err))
             return err->code;
-        if (t->m->shard_count > 1 && dtype_size(t->be->act_dt) < dtype_size(dt))
+        if (t->m->shard_count > 1 && t->be->act_dt != DT_F32 && t->be->act_dt != dt)
             log_event(t->out, &t->metrics, "info",
                       "the optimizer is sharded, so %s holds the %s compute weights; the exact "
                       "fp32 weights are in the last checkpoint (spotune export CKPT --merged DIR)",
