@@ -21,15 +21,18 @@
 #            user is stopping us)
 #   other    a crash (a rank died, out of memory, ...): restart after a backoff
 #            (doubling from --backoff up to --max-backoff), at most --max-restarts
+#            crashes in a row; a run that lasted --healthy-after seconds resets
+#            the count and the backoff. Graceful stops (75) are not crashes.
 # SIGTERM or SIGINT to this script become SIGUSR1 to COMMAND (a graceful stop).
 #
 # usage: scripts/spot-run.sh [options] -- COMMAND [ARGS...]
 #   --cloud NAME          aws, gcp, azure, alibaba, auto (default: probe each) or none
 #   --metadata-url URL    base URL of the metadata service (tests, proxies)
 #   --poll SECONDS        notice polling interval (default 5)
-#   --max-restarts N      (default 20)
+#   --max-restarts N      crashes in a row before giving up (default 20)
 #   --backoff SECONDS     first crash backoff (default 10)
 #   --max-backoff SECONDS (default 300)
+#   --healthy-after SECONDS  a run this long resets the crash count (default 600)
 #   --check-notice        poll once, print "notice" or "none", exit 0/1 (diagnostics)
 set -uo pipefail
 
@@ -39,6 +42,7 @@ poll=5
 max_restarts=20
 backoff=10
 max_backoff=300
+healthy_after=600
 check_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -48,12 +52,23 @@ while [ $# -gt 0 ]; do
     --max-restarts) max_restarts=$2; shift 2 ;;
     --backoff) backoff=$2; shift 2 ;;
     --max-backoff) max_backoff=$2; shift 2 ;;
+    --healthy-after) healthy_after=$2; shift 2 ;;
     --check-notice) check_only=1; shift ;;
     --) shift; break ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "spot-run: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+for v in max-restarts:"$max_restarts" backoff:"$backoff" max-backoff:"$max_backoff" \
+         healthy-after:"$healthy_after"; do
+  case "${v#*:}" in
+    ''|*[!0-9]*) echo "spot-run: --${v%%:*} takes a whole number, got '${v#*:}'" >&2; exit 2 ;;
+  esac
+done
+if ! [[ "$poll" =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+  echo "spot-run: --poll takes a number of seconds, got '$poll'" >&2
+  exit 2
+fi
 if [ "$check_only" = 0 ] && [ $# -eq 0 ]; then
   echo "spot-run: no command given (usage: spot-run.sh [options] -- COMMAND ...)" >&2
   exit 2
@@ -145,11 +160,12 @@ watch() { # $1: pid to signal
   done
 }
 
-restarts=0
+crashes=0
 delay=$backoff
 while :; do
   rm -f "$state/notice"
   say "starting: $*"
+  started=$SECONDS
   "$@" &
   child=$!
   watcher=""
@@ -161,6 +177,7 @@ while :; do
   done
   [ -n "$watcher" ] && kill "$watcher" 2>/dev/null && wait "$watcher" 2>/dev/null
   child=""
+  if [ $((SECONDS - started)) -ge "$healthy_after" ]; then crashes=0; delay=$backoff; fi
   case "$rc" in
     0) say "finished"; exit 0 ;;
     2|3) say "exit $rc: a config or input error; not restarting"; exit "$rc" ;;
@@ -172,15 +189,15 @@ while :; do
       say "checkpointed on a signal (exit 75): restarting" ;;
     *)
       if [ -e "$state/stopping" ]; then say "stopped (exit $rc)"; exit "$rc"; fi
-      if [ "$restarts" -ge "$max_restarts" ]; then
-        say "exit $rc after $restarts restart(s): giving up"
+      if [ "$crashes" -ge "$max_restarts" ]; then
+        say "exit $rc after $crashes restart(s) (crashes in a row): giving up"
         exit "$rc"
       fi
+      crashes=$((crashes + 1))
       say "exit $rc (a crash): restarting in ${delay}s"
       sleep "$delay" &
       wait $! 2>/dev/null
       [ -e "$state/stopping" ] && exit "$rc"
       delay=$(( delay * 2 > max_backoff ? max_backoff : delay * 2 )) ;;
   esac
-  restarts=$((restarts + 1))
 done

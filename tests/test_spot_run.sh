@@ -136,7 +136,18 @@ done
 supervise giveup "42 42 42 0" --cloud none --backoff 0 --max-restarts 2
 check "crash loop: gives up with the crash's exit code" rc_is giveup 42
 check "crash loop: 1 run + 2 restarts" runs_are giveup "42 42 42"
-check "crash loop: says it gives up" grep -q "exit 42 after 2 restart(s): giving up" "$work/giveup.log"
+check "crash loop: says it gives up" grep -q "exit 42 after 2 restart(s) (crashes in a row): giving up" "$work/giveup.log"
+# a graceful stop (75) between crashes is not a crash
+supervise mixed "42 75 42 42 0" --cloud none --backoff 0 --max-restarts 2
+check "75 between crashes: not counted as a crash" runs_are mixed "42 75 42 42"
+check "75 between crashes: gives up at the third crash" rc_is mixed 42
+# a run that lasted --healthy-after seconds resets the count
+supervise healthy "42 42 42 0" --cloud none --backoff 0 --max-restarts 1 --healthy-after 0
+check "healthy runs reset the crash count" rc_is healthy 0
+check "healthy runs: every crash restarted" runs_are healthy "42 42 42 0"
+# numeric options are checked
+out=$("$spot" --backoff 0.5 -- true 2>&1); rc=$?
+check "--backoff 0.5 refused" test "$rc" -eq 2 -a -n "$(grep -F "takes a whole number, got '0.5'" <<<"$out")"
 # backoff doubling from --backoff up to --max-backoff (1 + 2 + 3 s of waiting)
 supervise backoff "1 137 1 0" --cloud none --backoff 1 --max-backoff 3 --max-restarts 5
 check "backoff: restarted until exit 0" rc_is backoff 0
