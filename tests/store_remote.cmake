@@ -1,4 +1,4 @@
-# tests/remote.cmake — training with checkpoints in the local S3 test server
+# tests/store_remote.cmake — training with checkpoints in the local S3 test server
 # (the s3 fixture of tests/store.cmake starts and stops it).
 if(TARGET spotune_trainer AND TARGET spotune)
   spotune_test(test_remote SOURCES test_remote.c test_util.c LIBS spotune_trainer LABELS "s3")

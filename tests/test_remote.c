@@ -1,15 +1,20 @@
 /* Checkpoints in a real S3-compatible store (the local Swift server that
  * tests/store.cmake starts), through the spotune binary: preemption, the run
- * directory lost, and a resume from the bucket to the bit-identical result;
- * the store down for a whole run; a remote checkpoint without MANIFEST never
- * used; the ckpt and export commands on s3:// URLs; credentials never written
- * or shown anywhere. */
+ * directory lost, and a resume from the bucket to the bit-identical result
+ * (1 and 2 ranks); the store down for a whole run; the store hung (its proxy
+ * SIGSTOPped) while training goes on, and when a preemption's upload deadline
+ * runs out; a remote checkpoint without MANIFEST, or whose data fails its
+ * size or checksum, never used; the ckpt and export commands on s3:// URLs;
+ * the endpoint from AWS_ENDPOINT_URL; credentials never written or shown
+ * anywhere. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint/ckpt.h"
@@ -61,8 +66,11 @@ static void setup(void)
     cr_assert_eq(tu_write_file(path, cfg), 0);
 }
 
+static void proxy_thaw(void);
+
 static void teardown(void)
 {
+    proxy_thaw(); /* whatever a test did, the proxy runs on */
     tu_rmtree(dir);
     free(dir);
 }
@@ -80,6 +88,145 @@ static const char *cmd(const char *name, const char *extra)
 static int run(const char *name, const char *extra, char **out)
 {
     return tu_sh(out, "%s", cmd(name, extra));
+}
+
+static store_t *open_store(void)
+{
+    store_opts o = {0};
+    o.endpoint = endpoint();
+    o.addressing = STORE_ADDR_PATH;
+    store_t *st = NULL;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&st, url, &o, &err), 0, "%s", err.msg);
+    return st;
+}
+
+/* 1 when the bucket holds key (under this test's prefix) */
+static int remote_has(const char *key)
+{
+    store_t *st = open_store();
+    int exists = 0;
+    sp_err err = {0};
+    cr_assert_eq(store_exists(st, key, &exists, NULL, &err), 0, "%s", err.msg);
+    store_close(st);
+    return exists;
+}
+
+/* ---- the store's proxy, stopped (hung) and resumed -------------------------- */
+
+static pid_t frozen_proxy, freeze_guard;
+
+static pid_t proxy_pid(void)
+{
+    const char *base = getenv("SWIFT_S3_BASE");
+    cr_assert(base && *base, "SWIFT_S3_BASE missing (ctest sets it)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/run/proxy.pid", base);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    int pid = 0;
+    int n = fscanf(f, "%d", &pid);
+    fclose(f);
+    cr_assert(n == 1 && pid > 1, "%s holds no pid", path);
+    return (pid_t)pid;
+}
+
+/* SIGSTOPs the proxy: connections are accepted and never answered. A guard
+ * process sends SIGCONT when this test process ends first (a failed
+ * assertion, a crash, a timeout) or after max_s seconds: a stopped proxy
+ * would break every suite after this one. */
+static void proxy_freeze(double max_s)
+{
+    cr_assert_eq(frozen_proxy, 0);
+    pid_t proxy = proxy_pid(), parent = getpid();
+    pid_t g = fork();
+    cr_assert_geq(g, 0, "fork");
+    if (g == 0) {
+        struct timespec tick = {0, 20 * 1000 * 1000};
+        for (long i = 0; i < (long)(max_s * 50) && getppid() == parent; i++)
+            nanosleep(&tick, NULL);
+        kill(proxy, SIGCONT);
+        _exit(0);
+    }
+    frozen_proxy = proxy;
+    freeze_guard = g;
+    cr_assert_eq(kill(proxy, SIGSTOP), 0, "SIGSTOP %d", (int)proxy);
+}
+
+static void proxy_thaw(void)
+{
+    if (frozen_proxy > 0)
+        kill(frozen_proxy, SIGCONT);
+    if (freeze_guard > 0) {
+        kill(freeze_guard, SIGKILL);
+        waitpid(freeze_guard, NULL, 0);
+    }
+    frozen_proxy = freeze_guard = 0;
+}
+
+/* ---- a run in the background --------------------------------------------------- */
+
+/* The process exists and has not exited (a zombie is not running; it is left
+ * for tu_wait to reap). */
+static int running(int pid)
+{
+    char path[64], buf[512] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    char *rp = strrchr(buf, ')');
+    return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+}
+
+/* The step of the last train record in DIR/name/metrics.jsonl (0: none). */
+static int last_step(const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, name);
+    char *m = tu_read_file(path, NULL);
+    int step = 0;
+    for (char *p = m ? strstr(m, "\"event\":\"train\",\"step\":") : NULL; p;
+         p = strstr(p + 1, "\"event\":\"train\",\"step\":"))
+        step = atoi(p + strlen("\"event\":\"train\",\"step\":"));
+    free(m);
+    return step;
+}
+
+/* Waits (polling, up to limit_s) until the run's metrics reach `step` or
+ * the process ends; returns 1 if the step was reached. */
+static int wait_step(const char *name, int step, int pid, double limit_s)
+{
+    double t0 = sp_now();
+    while (last_step(name) < step) {
+        if (!running(pid) || sp_now() - t0 > limit_s)
+            return last_step(name) >= step;
+        tu_sleep(0.01);
+    }
+    return 1;
+}
+
+/* Waits (polling, up to limit_s) until the log file holds `needle` or the
+ * process ends; returns 1 if it does. */
+static int wait_log(const char *log, const char *needle, int pid, double limit_s)
+{
+    double t0 = sp_now();
+    for (;;) {
+        char *t = tu_read_file(log, NULL);
+        int found = tu_contains(t, needle);
+        free(t);
+        if (found)
+            return 1;
+        if (!running(pid) || sp_now() - t0 > limit_s) {
+            t = tu_read_file(log, NULL);
+            found = tu_contains(t, needle);
+            free(t);
+            return found;
+        }
+        tu_sleep(0.02);
+    }
 }
 
 Test(remote, preempted_run_resumes_from_the_bucket_on_a_fresh_machine)
@@ -191,8 +338,8 @@ Test(remote, a_remote_checkpoint_without_manifest_is_never_used)
     free(out);
 }
 
-/* The secret never reaches a file, a log, the metrics, the saved config or a
- * command line. The command lines checked are those of the run's own process
+/* Neither the secret nor the access key id ever reaches a file, a log, the
+ * metrics, the saved config or a command line. The command lines checked are those of the run's own process
  * group (the spotune process and anything it starts), sampled while it runs:
  * other processes on a shared machine are not the run's doing. */
 Test(remote, credentials_are_never_written_or_shown)
@@ -209,7 +356,7 @@ Test(remote, credentials_are_never_written_or_shown)
         tu_sh(&ps, "ps -eo pgid=,args= | awk '$1 == %d'", pid);
         if (ps && ps[0])
             samples++;
-        if (tu_contains(ps, secret) && !leaked) {
+        if ((tu_contains(ps, secret) || tu_contains(ps, key)) && !leaked) {
             leaked = 1;
             seen = ps;
             ps = NULL;
@@ -220,10 +367,321 @@ Test(remote, credentials_are_never_written_or_shown)
     int rc = tu_wait(pid, 300);
     cr_assert_eq(rc, 0);
     cr_expect_gt(samples, 0, "the run's command lines were never sampled");
-    cr_expect(!leaked, "the secret is on a command line: %s", seen ? seen : "");
+    cr_expect(!leaked, "a credential (secret or key id) is on a command line: %s",
+              seen ? seen : "");
     free(seen);
     char *hits = NULL;
     tu_sh(&hits, "grep -rlF -e '%s' -e '%s' %s/cred %s/cred.log || true", secret, key, dir, dir);
     cr_expect(hits && hits[0] == 0, "credentials found in: %s", hits);
     free(hits);
+}
+
+/* `spotune ckpt pull` downloads a remote checkpoint that verifies and holds
+ * exactly the files the run pushed; a step that is not in the bucket is a
+ * clear error (exit 3) that leaves nothing behind; an existing target
+ * directory is refused and left as it was. */
+Test(remote, ckpt_pull_downloads_what_was_pushed_and_refuses_a_missing_step)
+{
+    char *out = NULL;
+    cr_assert_eq(run("pull", "--set train.steps=10", &out), 0, "%s", out);
+    cr_assert(tu_contains(out, "checkpoint_uploaded: ") && tu_contains(out, "/step-00000010"),
+              "%s", out);
+    free(out);
+    cr_assert_eq(tu_spotune(&out, "ckpt pull %s/step-00000010 %s/pulled --endpoint %s --path-style",
+                            url, dir, endpoint()),
+                 0, "%s", out);
+    cr_expect(tu_contains(out, "verified"), "%s", out);
+    free(out);
+    cr_assert_eq(tu_spotune(&out, "ckpt verify %s/pulled", dir), 0, "%s", out);
+    cr_expect(tu_contains(out, ": ok (step 10"), "%s", out);
+    free(out);
+    /* byte for byte what the run pushed: its own local copy, file by file */
+    cr_expect_eq(tu_sh(&out, "diff -r %s/pull/checkpoints/step-00000010 %s/pulled", dir, dir), 0,
+                 "the pulled checkpoint differs from the pushed one: %s", out);
+    free(out);
+    cr_expect_eq(tu_sh(NULL, "test -s %s/pulled/MANIFEST.json && test -s %s/pulled/state.h5", dir,
+                       dir),
+                 0, "the pulled checkpoint lacks its MANIFEST or state");
+
+    int rc = tu_spotune(&out, "ckpt pull %s/step-00000099 %s/missing --endpoint %s --path-style",
+                        url, dir, endpoint());
+    cr_expect_eq(rc, 3, "a missing checkpoint is an input error (exit 3): %d %s", rc, out);
+    cr_expect(tu_contains(out, "error") && tu_contains(out, "step-00000099"), "%s", out);
+    free(out);
+    cr_expect_eq(tu_sh(NULL, "test -e %s/missing", dir), 1, "a failed pull left %s/missing", dir);
+    cr_expect_eq(tu_sh(NULL, "ls -a %s | grep -q spotune-tmp", dir), 1,
+                 "a failed pull left a temporary directory in %s", dir);
+
+    /* the target exists: refused, and the pulled checkpoint is untouched */
+    rc = tu_spotune(&out, "ckpt pull %s/step-00000005 %s/pulled --endpoint %s --path-style", url,
+                    dir, endpoint());
+    cr_expect_neq(rc, 0, "pulled over an existing directory: %s", out);
+    cr_expect(tu_contains(out, "already exists"), "%s", out);
+    free(out);
+    cr_expect_eq(tu_sh(NULL, "diff -r %s/pull/checkpoints/step-00000010 %s/pulled", dir, dir), 0);
+}
+
+/* A remote checkpoint that has its MANIFEST but whose data does not match it
+ * (different bytes of the same size: the checksum; a shorter file: the size)
+ * is reported and skipped; a fresh machine resumes from the newest one that
+ * verifies and ends where an uninterrupted run ends, bit for bit. */
+Test(remote, a_remote_checkpoint_failing_its_checksum_or_size_is_never_resumed)
+{
+    char *out = NULL;
+    cr_assert_eq(run("corr", "--set train.steps=15 --set checkpoint.keep=3", &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(tu_sh(&out, "cp %s/corr/adapter/adapter_model.safetensors %s/uninterrupted.st",
+                       dir, dir),
+                 0, "%s", out);
+    free(out);
+    const char *steps[] = {"step-00000005", "step-00000010", "step-00000015"};
+    for (int i = 0; i < 3; i++) {
+        char key[128];
+        snprintf(key, sizeof key, "%s/MANIFEST.json", steps[i]);
+        cr_assert(remote_has(key), "%s is not complete in the bucket", steps[i]);
+    }
+    /* after the run: overwrite the data of the two newest through the store */
+    store_t *st = open_store();
+    sp_err err = {0};
+    void *data = NULL;
+    size_t n = 0;
+    cr_assert_eq(store_get_bytes(st, "step-00000015/state.h5", &data, &n, &err), 0, "%s", err.msg);
+    cr_assert_gt(n, 4096);
+    ((unsigned char *)data)[n / 2] ^= 0x5a; /* same size, other bytes */
+    ((unsigned char *)data)[n - 1] ^= 0xa5;
+    cr_assert_eq(store_put_bytes(st, "step-00000015/state.h5", data, n, 0, &err), 0, "%s", err.msg);
+    free(data);
+    cr_assert_eq(store_get_bytes(st, "step-00000010/state.h5", &data, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(store_put_bytes(st, "step-00000010/state.h5", data, n - 1000, 0, &err), 0, "%s",
+                 err.msg); /* shorter */
+    free(data);
+    store_close(st);
+    /* ckpt pull verifies too */
+    int rc = tu_spotune(&out, "ckpt pull %s/step-00000015 %s/pulled15 --endpoint %s --path-style",
+                        url, dir, endpoint());
+    cr_expect_eq(rc, 3, "pulled a checkpoint that fails its checksum: %d %s", rc, out);
+    cr_expect(tu_contains(out, "fails its SHA-256 checksum"), "%s", out);
+    free(out);
+
+    tu_sh(NULL, "rm -rf %s/corr", dir); /* a new machine */
+    cr_assert_eq(run("corr", "--set train.steps=15 --set checkpoint.keep=3", &out), 0, "%s", out);
+    cr_expect(tu_contains(out, "skipping remote checkpoint step-00000015") &&
+                  tu_contains(out, "fails its SHA-256 checksum"),
+              "the corrupted step 15 is reported: %s", out);
+    cr_expect(tu_contains(out, "skipping remote checkpoint step-00000010") &&
+                  tu_contains(out, "MANIFEST.json says"),
+              "the truncated step 10 is reported: %s", out);
+    cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "/step-00000005: step 5"),
+              "resumed from the newest checkpoint that verifies: %s", out);
+    cr_expect(tu_contains(out, "done: 15 steps"), "%s", out);
+    free(out);
+    cr_expect_eq(tu_sh(NULL, "cmp %s/uninterrupted.st %s/corr/adapter/adapter_model.safetensors",
+                       dir, dir),
+                 0, "the adapter after resuming from step 5 differs from the uninterrupted run's");
+}
+
+/* The store hangs (its proxy SIGSTOPped: connections accepted, nothing
+ * answered) in the middle of a run: training does not wait for it, the step
+ * lines say the remote is behind, and once the store answers again the
+ * backlog is pushed and the final checkpoint is in the bucket. */
+Test(remote, training_goes_on_while_the_store_hangs)
+{
+    char log[4096], *text = NULL;
+    snprintf(log, sizeof log, "%s/hang.log", dir);
+    int pid = tu_spawn(log, "%s",
+                       cmd("hang", "--set train.steps=300 --set checkpoint.every_steps=10"));
+    /* the store works: a first checkpoint reaches it */
+    int up = wait_log(log, "checkpoint_uploaded: ", pid, 300);
+    text = tu_read_file(log, NULL);
+    cr_assert(up, "no checkpoint reached the store before it was stopped: %s", text);
+    free(text);
+    cr_assert(running(pid), "the run ended before the store was stopped");
+
+    proxy_freeze(300);
+    double t_stop = sp_wall_time();
+    int s0 = last_step("hang");
+    cr_assert_leq(s0, 270, "the run is too fast for this test: step %d of 300 already", s0);
+    /* 30 steps (three checkpoints taken while the store hangs), and 3 s: a
+     * store that answered would have taken some of them by then */
+    int reached = wait_step("hang", s0 + 30, pid, 300);
+    while (reached && running(pid) && sp_wall_time() - t_stop < 3.0)
+        tu_sleep(0.02);
+    double t_cont = sp_wall_time();
+    proxy_thaw();
+    int s1 = last_step("hang");
+    int rc = tu_wait(pid, 600);
+    text = tu_read_file(log, NULL);
+    cr_assert(reached, "training stalled with the store hung: step %d -> %d: %s", s0, s1, text);
+    cr_assert_eq(rc, 0, "%s", text);
+
+    /* the records written while the store hung */
+    char mpath[4096];
+    snprintf(mpath, sizeof mpath, "%s/hang/metrics.jsonl", dir);
+    char *m = tu_read_file(mpath, NULL);
+    cr_assert(m);
+    int during = 0, last = 0, last_behind = -1, uploads = 0;
+    for (char *p = strstr(m, "{\"event\":"); p; p = strstr(p + 1, "{\"event\":")) {
+        char *t = strstr(p, "\"time\":"), *eol = strchr(p, '\n');
+        cr_assert(t && (!eol || t < eol), "a record without its time: %.200s", p);
+        double when = strtod(t + 7, NULL);
+        if (!strncmp(p, "{\"event\":\"checkpoint_uploaded\"", 30) && when > t_stop + 1.0 &&
+            when < t_cont)
+            uploads++; /* (an answer already on its way when the proxy stopped: 1 s) */
+        if (strncmp(p, "{\"event\":\"train\",\"step\":", 24) || when < t_stop || when > t_cont)
+            continue;
+        char *b = strstr(p, "\"remote_behind\":");
+        cr_assert(b && b < t, "a train record without remote_behind: %.200s", p);
+        during++;
+        last = atoi(p + 24);
+        last_behind = atoi(b + 16);
+    }
+    free(m);
+    cr_expect_eq(uploads, 0, "%d checkpoint(s) reached a store that was stopped", uploads);
+    cr_expect_geq(during, 25, "only %d steps were logged while the store hung (%d -> %d)", during,
+                  s0, s1);
+    /* three checkpoints went to a store that answers nothing: 2 or more are pending */
+    cr_expect_geq(last_behind, 2, "step %d, the last while the store hung, says the remote is "
+                  "behind by %d", last, last_behind);
+    char line[64];
+    snprintf(line, sizeof line, "step %6d/300 |", last);
+    const char *l = strstr(text, line), *r = l ? strstr(l, "| remote behind ") : NULL;
+    const char *nl = l ? strchr(l, '\n') : NULL;
+    cr_expect(r && (!nl || r < nl) && atoi(r + 16) == last_behind,
+              "the log line of step %d does not say the remote is %d behind: %s", last,
+              last_behind, text);
+
+    /* after the store came back: the backlog went up, the final checkpoint last */
+    char done[1024];
+    snprintf(done, sizeof done, "checkpoint_uploaded: %s/step-00000300", url);
+    cr_expect(tu_contains(text, done), "the final checkpoint was not pushed: %s", text);
+    cr_expect(remote_has("step-00000300/MANIFEST.json"), "step 300 is not complete in the bucket");
+    cr_expect(!tu_contains(text, "checkpoint(s) behind; the local checkpoints"),
+              "the run gave up on the backlog: %s", text);
+    free(text);
+}
+
+/* A preemption while the store hangs: the stop checkpoint is committed
+ * locally, the upload waits checkpoint.upload_deadline_s (3 s) and no more,
+ * the run exits 75 saying the checkpoint is complete locally but not in the
+ * bucket, and the local checkpoint verifies. */
+Test(remote, upload_deadline_runs_out_on_preemption_while_the_store_hangs)
+{
+    char log[4096], *text = NULL;
+    const double deadline = 3.0;
+    snprintf(log, sizeof log, "%s/dl.log", dir);
+    int pid = tu_spawn(log, "%s",
+                       cmd("dl", "--set train.steps=400 --set checkpoint.upload_deadline_s=3"));
+    int up = wait_log(log, "checkpoint_uploaded: ", pid, 300);
+    text = tu_read_file(log, NULL);
+    cr_assert(up, "no checkpoint reached the store before it was stopped: %s", text);
+    free(text);
+    proxy_freeze(300);
+    int s0 = last_step("dl");
+    int reached = wait_step("dl", s0 + 3, pid, 300);
+    double t0 = sp_now();
+    kill(pid, SIGTERM);
+    int rc = tu_wait(pid, deadline + 120);
+    double took = sp_now() - t0;
+    proxy_thaw();
+    text = tu_read_file(log, NULL);
+    cr_assert(reached, "training stalled with the store hung: %s", text);
+    cr_assert_eq(rc, 75, "exit %d after SIGTERM (%.1f s): %s", rc, took, text);
+    /* the deadline is the point: it waits that long (not less), then goes */
+    cr_expect_geq(took, deadline - 0.05, "exited %.2f s after SIGTERM, before the %.0f s deadline",
+                  took, deadline);
+    cr_expect_lt(took, deadline + 60, "exited %.1f s after SIGTERM", took);
+    const char *p = strstr(text, "warning: checkpoint step ");
+    cr_assert(p && tu_contains(p, "is not yet in s3://") &&
+                  tu_contains(p, "after 3 s; it is complete locally"),
+              "%s", text);
+    long long step = atoll(p + strlen("warning: checkpoint step "));
+    cr_assert_gt(step, s0, "%s", text);
+    char name[64];
+    snprintf(name, sizeof name, "step-%08lld", step);
+    char *v = NULL;
+    cr_expect_eq(tu_spotune(&v, "ckpt verify %s/dl/checkpoints/%s", dir, name), 0, "%s", v);
+    cr_expect(tu_contains(v, ": ok"), "%s", v);
+    free(v);
+    char key[128];
+    snprintf(key, sizeof key, "%s/MANIFEST.json", name);
+    cr_expect(!remote_has(key), "%s is complete in the bucket, yet the run said it was not", name);
+    free(text);
+}
+
+/* With checkpoint.endpoint empty the endpoint comes from the environment:
+ * AWS_ENDPOINT_URL, or AWS_ENDPOINT_URL_S3 ahead of it. */
+Test(remote, endpoint_from_aws_endpoint_url)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_sh(&out, "env -u AWS_ENDPOINT_URL_S3 AWS_ENDPOINT_URL=%s %s", endpoint(),
+                       cmd("envep", "--set checkpoint.endpoint= --set train.steps=10")),
+                 0, "%s", out);
+    char done[1024];
+    snprintf(done, sizeof done, "checkpoint_uploaded: %s/step-00000010", url);
+    cr_expect(tu_contains(out, done), "%s", out);
+    free(out);
+    /* the run really had no endpoint of its own */
+    char cpath[4096];
+    snprintf(cpath, sizeof cpath, "%s/envep/config.yaml", dir);
+    char *conf = tu_read_file(cpath, NULL);
+    cr_assert(conf, "no %s", cpath);
+    cr_expect(!tu_contains(conf, endpoint()), "the resolved config names the endpoint: %s", conf);
+    free(conf);
+    cr_expect(remote_has("step-00000010/MANIFEST.json"), "step 10 is not in the bucket");
+
+    cr_expect_eq(tu_sh(&out, "env -u AWS_ENDPOINT_URL_S3 AWS_ENDPOINT_URL=%s %s/spotune ckpt list %s",
+                       endpoint(), SPOTUNE_BINARY_DIR, url),
+                 0, "%s", out);
+    cr_expect(tu_contains(out, "step-00000010") && tu_contains(out, "complete"), "%s", out);
+    free(out);
+    /* AWS_ENDPOINT_URL_S3 wins over AWS_ENDPOINT_URL (nothing listens on port 9) */
+    cr_expect_eq(tu_sh(&out, "env AWS_ENDPOINT_URL_S3=%s AWS_ENDPOINT_URL=http://127.0.0.1:9 "
+                             "%s/spotune ckpt list %s",
+                       endpoint(), SPOTUNE_BINARY_DIR, url),
+                 0, "%s", out);
+    cr_expect(tu_contains(out, "step-00000010") && tu_contains(out, "complete"), "%s", out);
+    free(out);
+}
+
+/* Two ranks under mpirun: SIGUSR1 to mpirun (forwarded to every rank), the
+ * run directory lost, two ranks again on a fresh machine: the run resumes
+ * from the bucket and ends bit-identical to an uninterrupted 2-rank run. */
+Test(remote, two_ranks_resume_from_the_bucket_on_a_fresh_machine)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_sh(&out, "%s %s", tu_mpirun(2), cmd("whole2", "--set checkpoint.remote=")), 0,
+                 "%s", out);
+    free(out);
+    char log[4096];
+    snprintf(log, sizeof log, "%s/spot2.log", dir);
+    int pid = tu_spawn(log, "%s %s", tu_mpirun(2), cmd("spot2", NULL));
+    int reached = wait_step("spot2", 12, pid, 300);
+    kill(pid, SIGUSR1);
+    int rc = tu_wait(pid, 300);
+    char *text = tu_read_file(log, NULL);
+    cr_assert(reached, "the run never reached step 12: %s", text);
+    cr_assert_eq(rc, 75, "%s", text);
+    cr_assert(tu_contains(text, "is in s3://"), "the checkpoint did not reach the bucket: %s", text);
+    cr_assert(tu_contains(text, "SIGUSR1"), "%s", text);
+    free(text);
+    int stopped = last_step("spot2");
+    cr_assert_lt(stopped, 40, "the run was not cut short");
+    tu_sh(NULL, "rm -rf %s/spot2", dir); /* a new machine */
+    cr_assert_eq(tu_sh(&out, "%s %s", tu_mpirun(2), cmd("spot2", NULL)), 0, "%s", out);
+    cr_expect(tu_contains(out, "downloading s3://") && tu_contains(out, "resumed from"), "%s", out);
+    cr_expect(!tu_contains(out, "train.grad_accum is now"), "same ranks, same batch: %s", out);
+    free(out);
+    char mpath[4096];
+    snprintf(mpath, sizeof mpath, "%s/spot2/metrics.jsonl", dir);
+    char *m = tu_read_file(mpath, NULL);
+    int lines = 0;
+    for (char *p = m ? strstr(m, "\"event\":\"train\"") : NULL; p;
+         p = strstr(p + 1, "\"event\":\"train\""))
+        lines++;
+    free(m);
+    cr_expect_eq(lines, 40, "metrics.jsonl holds %d train records after the resume", lines);
+    cr_expect_eq(tu_sh(NULL, "cmp %s/whole2/adapter/adapter_model.safetensors "
+                             "%s/spot2/adapter/adapter_model.safetensors",
+                       dir, dir),
+                 0, "the 2-rank adapter after a resume from the bucket differs");
 }

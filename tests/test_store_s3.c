@@ -2,7 +2,9 @@
  * s3api, started by ctest through scripts/swift-s3.sh): round trips through
  * single PUT and multipart, ListObjectsV2 pagination, errors and credentials,
  * conditional puts, both addressing styles, checkpoint ordering (MANIFEST last
- * on push, first on prune) and interoperability with awscli. */
+ * on push, first on prune), interoperability with awscli, parallel ranged
+ * GETs (seen in the server's access log), and a failed multipart upload
+ * aborted (nothing left in ListMultipartUploads). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -431,13 +433,8 @@ Test(store_s3, prune_deletes_manifest_first)
 static int aws(const char *out_path, const char *a1, const char *a2, const char *a3,
                const char *a4, const char *a5, const char *a6, const char *a7, const char *a8)
 {
-    setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
-    setenv("AWS_PAGER", "", 1);
-    setenv("AWS_DEFAULT_REGION", "us-east-1", 1);
-    char *argv[] = {"/usr/bin/aws", "--endpoint-url", (char *)tu_s3_endpoint(), (char *)a1,
-                    (char *)a2, (char *)a3, (char *)a4, (char *)a5, (char *)a6, (char *)a7,
-                    (char *)a8, NULL};
-    return tu_run(argv, out_path);
+    /* the arguments end at the first NULL */
+    return tu_aws(out_path, a1, a2, a3, a4, a5, a6, a7, a8, NULL);
 }
 
 Test(store_s3, awscli_interop_both_ways)
@@ -488,6 +485,163 @@ Test(store_s3, awscli_interop_both_ways)
     free(theirs);
     free(got);
     free(etag);
+    free(dir);
+    free(url);
+}
+
+/* ---- large objects: ranged GETs, aborted uploads ----------------------------- */
+
+typedef struct access_line {
+    long status;
+    unsigned long long bytes;
+    double start, end;
+} access_line;
+
+/* The proxy's access-log lines (after byte `from`) for "METHOD /bucket/key
+ * HTTP/1.0 ..." exactly, fields as in tu_proxy_log. Returns how many. */
+static int access_lines(size_t from, const char *method, const char *full_key, access_line *out,
+                        int max)
+{
+    size_t n = 0;
+    char *text = tu_proxy_log(&n), needle[1200];
+    snprintf(needle, sizeof needle, " %s /" TU_BUCKET "/%s HTTP/1.0 ", method, full_key);
+    int count = 0;
+    for (char *p = n > from ? strstr(text + from, needle) : NULL; p && count < max;
+         p = strstr(p + 1, needle)) {
+        char *eol = strchr(p, '\n');
+        if (eol)
+            *eol = 0;
+        /* status referer agent token recvd sent etag txn headers time source info start end */
+        char *f[16] = {0};
+        int nf = 0;
+        for (char *t = strtok(p + strlen(needle), " "); t && nf < 16; t = strtok(NULL, " "))
+            f[nf++] = t;
+        cr_assert_geq(nf, 14, "an access-log line with %d fields", nf);
+        out[count++] = (access_line){strtol(f[0], NULL, 10), strtoull(f[5], NULL, 10),
+                                     strtod(f[12], NULL), strtod(f[13], NULL)};
+        if (!eol)
+            break;
+        p = eol;
+    }
+    free(text);
+    return count;
+}
+
+/* The most requests of `l` the server was serving at one moment. */
+static int max_concurrent(const access_line *l, int n)
+{
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        int at = 0; /* requests running when request i started */
+        for (int j = 0; j < n; j++)
+            at += l[j].start <= l[i].start && l[i].start < l[j].end;
+        best = at > best ? at : best;
+    }
+    return best;
+}
+
+/* A 37 MiB object comes down as 5 ranged GETs of up to 8 MiB (206 Partial
+ * Content, 37 MiB in all, never a whole-object GET), several of them at the
+ * same time, and byte-identical. Seen in the server's access log: the client
+ * exposes no counter. */
+Test(store_s3, large_download_is_parallel_ranged_gets)
+{
+    /* each connection held to 32 MiB/s: a range takes about a quarter second */
+    store_opts o = {.part_bytes = 8 * MIB, .parallel = 4, .max_recv_bps = 32 * MIB};
+    char *url = NULL;
+    store_t *s = tu_s3_open("ranged", &o, &url);
+    char *dir = tu_tmpdir("ranged");
+    char *src = path_in(dir, "src.bin"), *back = path_in(dir, "back.bin");
+    tu_random_file(src, 37 * MIB, 51);
+    sp_err err = {0};
+    cr_assert_eq(store_put_file(s, "big.bin", src, 0, &err), 0, "%s", err.msg);
+    char *full = tu_s3_full_key(url, "big.bin");
+    size_t from = 0;
+    free(tu_proxy_log(&from));
+    cr_assert_eq(store_get_file(s, "big.bin", back, &err), 0, "%s", err.msg);
+    cr_assert(tu_files_equal(src, back), "not byte-identical");
+
+    access_line l[32];
+    int n = 0;
+    /* the proxy logs a request once it has sent the answer: wait for all five */
+    for (double t0 = sp_now(); (n = access_lines(from, "GET", full, l, 32)) < 5 &&
+                               sp_now() - t0 < 30;)
+        usleep(50 * 1000);
+    cr_assert_eq(n, 5, "5 GETs of 8 MiB ranges for 37 MiB, got %d", n);
+    unsigned long long total = 0;
+    for (int i = 0; i < n; i++) {
+        cr_expect_eq(l[i].status, 206, "GET %d answered %ld, not 206 Partial Content", i, l[i].status);
+        cr_expect_leq(l[i].bytes, 8 * MIB, "GET %d sent %llu bytes", i, l[i].bytes);
+        total += l[i].bytes;
+    }
+    cr_expect_eq(total, 37 * MIB, "the ranges add up to %llu bytes", total);
+    int conc = max_concurrent(l, n);
+    cr_expect_geq(conc, 2, "the ranges were fetched one after another (at most %d at once)", conc);
+    store_close(s);
+    tu_rmtree(dir);
+    free(full);
+    free(src);
+    free(back);
+    free(dir);
+    free(url);
+}
+
+typedef struct bg_put {
+    store_t *s;
+    const char *key, *path;
+    int rc;
+    sp_err err;
+} bg_put;
+
+static void *bg_put_file(void *arg)
+{
+    bg_put *b = arg;
+    b->rc = store_put_file(b->s, b->key, b->path, 0, &b->err);
+    return NULL;
+}
+
+/* A multipart upload that fails half-way (here its file shrinks, so a part
+ * cannot be read) is aborted: no incomplete upload of the key is left in the
+ * store, and no object either. The listing that says so (awscli
+ * ListMultipartUploads) is shown to see the upload while it is in progress. */
+Test(store_s3, failed_multipart_upload_is_aborted)
+{
+    /* 3 parts of 5 MiB over one connection at 1 MiB/s: a part takes 5 s */
+    store_opts o = {.part_bytes = 5 * MIB, .parallel = 1, .max_send_bps = 1 * MIB};
+    char *url = NULL;
+    store_t *s = tu_s3_open("abort", &o, &url);
+    char *dir = tu_tmpdir("abort");
+    char *src = path_in(dir, "src.bin");
+    tu_random_file(src, 11 * MIB, 61);
+    char *full = tu_s3_full_key(url, "ckpt/state.h5"), created[1300];
+    snprintf(created, sizeof created, " POST /" TU_BUCKET "/%s%%3Fuploads%%3D HTTP/1.0 200 ", full);
+    size_t from = 0;
+    free(tu_proxy_log(&from));
+    bg_put up = {s, "ckpt/state.h5", src, -99, {0}};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, bg_put_file, &up), 0);
+    int began = tu_proxy_log_wait(from, created, 60);
+    int listed = began ? tu_s3_uploads_in_progress(full) : -1;
+    /* the file shrinks: the next part (at 5 MiB) cannot be read */
+    cr_assert_eq(truncate(src, 1 * MIB), 0);
+    pthread_join(th, NULL);
+    cr_assert(began, "CreateMultipartUpload never reached the store");
+    cr_assert_eq(listed, 1, "the upload in progress is not listed (%d)", listed);
+    cr_assert_eq(up.rc, STORE_ELOCAL, "the upload did not fail locally: %d %s", up.rc, up.err.msg);
+    cr_assert(strstr(up.err.msg, "UploadPart"), "%s", up.err.msg);
+
+    char aborted[1300];
+    snprintf(aborted, sizeof aborted, " DELETE /" TU_BUCKET "/%s%%3FuploadId%%3D", full);
+    cr_assert(tu_proxy_log_wait(from, aborted, 10), "no AbortMultipartUpload reached the store");
+    cr_assert_eq(tu_s3_uploads_in_progress(full), 0, "an incomplete upload of %s is left", full);
+    int exists = 1;
+    sp_err err = {0};
+    cr_assert_eq(store_exists(s, "ckpt/state.h5", &exists, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(exists, 0, "a failed upload left an object");
+    store_close(s);
+    tu_rmtree(dir);
+    free(full);
+    free(src);
     free(dir);
     free(url);
 }

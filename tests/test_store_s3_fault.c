@@ -1,10 +1,15 @@
 /* tests/test_store_s3_fault.c — the S3 store when the server fails: the proxy
  * killed in the middle of a multipart upload and restarted (the upload
  * completes through retries), the uploader while the store is down (backlog
- * counted, then pushed), and a hung server (SIGSTOP) detected in seconds.
- * Uses scripts/swift-s3.sh stop-one/start-one on the server ctest started. */
+ * counted, then pushed), a hung server (SIGSTOP) detected in seconds, and a
+ * multipart upload that fails against a hung server aborted once the server
+ * answers (nothing left in progress). Uses scripts/swift-s3.sh
+ * stop-one/start-one and SIGSTOP/SIGCONT on the server ctest started; every
+ * test leaves the proxy running (the suite's fini, and a guard process for
+ * SIGSTOP). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,23 +24,10 @@
 
 #define MIB ((size_t)1 << 20)
 
-static pid_t proxy_pid(void)
-{
-    const char *base = getenv("SWIFT_S3_BASE");
-    cr_assert(base && *base, "SWIFT_S3_BASE missing (ctest sets it)");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/run/proxy.pid", base);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "%s", path);
-    int pid = 0;
-    cr_assert_eq(fscanf(f, "%d", &pid), 1);
-    fclose(f);
-    return (pid_t)pid;
-}
-
 /* Whatever a test did, leave the proxy running and healthy. */
 static void proxy_back(void)
 {
+    tu_proxy_thaw();
     const char *base = getenv("SWIFT_S3_BASE");
     if (base && *base) {
         char path[1024];
@@ -47,7 +39,7 @@ static void proxy_back(void)
         if (f)
             fclose(f);
         tu_swift("start-one", "proxy");
-        tu_swift("wait", "30");
+        tu_swift("wait", "60");
     }
 }
 
@@ -60,44 +52,64 @@ static char *path_in(const char *dir, const char *name)
     return p;
 }
 
-static void sleep_s(double s)
-{
-    usleep((useconds_t)(s * 1e6));
-}
-
 typedef struct upload {
     store_t *s;
     const char *key, *path;
     int rc;
-    double took;
+    double ended; /* sp_now() when store_put_file returned */
+    atomic_int done;
     sp_err err;
 } upload;
 
 static void *run_upload(void *arg)
 {
     upload *up = arg;
-    double t0 = sp_now();
     up->rc = store_put_file(up->s, up->key, up->path, 0, &up->err);
-    up->took = sp_now() - t0;
+    up->ended = sp_now();
+    atomic_store(&up->done, 1);
     return NULL;
+}
+
+/* How many lines of text (from byte `from`) hold needle. */
+static int count_lines(const char *text, size_t from, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(text + from, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
 }
 
 Test(store_s3_fault, proxy_killed_mid_multipart_upload_completes)
 {
-    /* 37 MiB in 8 MiB parts, 2 connections at 4 MiB/s each: about 5 s of upload */
+    /* 37 MiB in 8 MiB parts, 2 connections at 4 MiB/s each: about 5 s of
+     * upload. The retry budget, 30 retries with a backoff ceiling of 2 s
+     * (about 27 s expected, full jitter; hardly ever under 15 s), is far
+     * longer than a restart of the proxy, even a slow one. */
     store_opts o = {.part_bytes = 8 * MIB, .parallel = 2, .max_send_bps = 4 * MIB,
-                    .max_retries = 12, .retry_base_s = 0.25, .retry_max_s = 2, .timeout_s = 10};
-    store_t *s = tu_s3_open("kill", &o, NULL);
+                    .max_retries = 30, .retry_base_s = 0.25, .retry_max_s = 2, .timeout_s = 10};
+    char *url = NULL;
+    store_t *s = tu_s3_open("kill", &o, &url);
     char *dir = tu_tmpdir("kill");
     char *src = path_in(dir, "big.bin"), *back = path_in(dir, "back.bin");
     tu_random_file(src, 37 * MIB, 41);
-    upload up = {s, "ckpt/state.h5", src, -99, 0, {0}};
+    char *full = tu_s3_full_key(url, "ckpt/state.h5"), part[1300], complete[1300];
+    snprintf(part, sizeof part, " PUT /" TU_BUCKET "/%s%%3FpartNumber%%3D", full);
+    snprintf(complete, sizeof complete, " POST /" TU_BUCKET "/%s%%3FuploadId%%3D", full);
+    size_t from = 0;
+    free(tu_proxy_log(&from));
+    upload up = {.s = s, .key = "ckpt/state.h5", .path = src, .rc = -99};
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, run_upload, &up), 0);
 
-    sleep_s(1.5);
-    double t_kill = sp_now();
+    /* the upload is under way: a first part is stored */
+    int part1 = tu_proxy_log_wait(from, part, 60);
+    cr_assert(part1, "no part of the upload reached the store");
     cr_assert_eq(tu_swift("stop-one", "proxy"), 0);
+    double t_kill = sp_now();
+    char *before = tu_proxy_log(NULL); /* all the dead proxy logged */
+    int parts_before = count_lines(before, from, part);
+    int completed_before = count_lines(before, from, complete);
+    free(before);
     int exists = 0;
     sp_err probe = {0};
     store_opts quick = {.endpoint = tu_s3_endpoint(), .max_retries = -1};
@@ -106,18 +118,23 @@ Test(store_s3_fault, proxy_killed_mid_multipart_upload_completes)
     cr_assert_eq(store_exists(q, "y", &exists, NULL, &probe), STORE_EFAIL, "the proxy is down");
     cr_assert(strstr(probe.msg, "HEAD failed: "), "%s", probe.msg);
     store_close(q);
-    sleep_s(2.0);
     cr_assert_eq(tu_swift("start-one", "proxy"), 0);
-    double outage = sp_now() - t_kill;
+    cr_assert_eq(tu_swift("wait", "60"), 0, "the proxy did not come back");
+    double t_back = sp_now();
 
     pthread_join(th, NULL);
-    cr_assert_eq(up.rc, 0, "the upload did not survive a %.1f s outage: %s", outage, up.err.msg);
-    cr_assert_gt(up.took, 1.5 + outage, "the transfer was in flight across the outage");
+    cr_assert_lt(parts_before, 5, "all 5 parts were stored before the kill: not mid-upload");
+    cr_assert_eq(completed_before, 0, "the upload was complete before the kill");
+    cr_assert_eq(up.rc, 0, "the upload did not survive a %.1f s outage: %s", t_back - t_kill,
+                 up.err.msg);
+    cr_assert_gt(up.ended, t_back, "the transfer was in flight across the outage");
     sp_err err = {0};
     cr_assert_eq(store_get_file(s, "ckpt/state.h5", back, &err), 0, "%s", err.msg);
     cr_assert(tu_files_equal(src, back), "not byte-identical after retries");
     store_close(s);
     tu_rmtree(dir);
+    free(full);
+    free(url);
     free(src);
     free(back);
     free(dir);
@@ -150,11 +167,14 @@ Test(store_s3_fault, uploader_backlog_pushed_when_store_returns)
     cr_assert_eq(uploader_start(&u, s, &uo, &err), 0);
     cr_assert_eq(uploader_submit(u, c1, "step-00000100", &err), 0);
     cr_assert_eq(uploader_submit(u, c2, "step-00000200", &err), 0);
-    sleep_s(1.5);
+    /* the first push fails (connection refused, after one retry) */
+    sp_err last = {0};
+    int failed = 0;
+    for (double t0 = sp_now(); !(failed = uploader_last_error(u, &last)) && sp_now() - t0 < 60;)
+        usleep(20 * 1000);
+    cr_assert_eq(failed, 1, "no push failed with the store down");
     cr_assert_eq(uploader_pending(u), 2, "remote behind by 2 while the store is down");
     cr_assert_eq(uploader_wait(u, 0.3), 0);
-    sp_err last = {0};
-    cr_assert_eq(uploader_last_error(u, &last), 1);
     cr_assert(strstr(last.msg, "s3://" TU_BUCKET "/"), "%s", last.msg);
     cr_assert(strstr(last.msg, "connect"), "a connection failure: %s", last.msg);
     cr_assert_null(strstr(last.msg, "spotune-local-test-secret-7f3a"), "secret in: %s", last.msg);
@@ -187,19 +207,96 @@ Test(store_s3_fault, hung_server_detected_in_seconds)
 {
     store_opts o = {.timeout_s = 2, .max_retries = 1, .retry_base_s = 0.1};
     store_t *s = tu_s3_open("hung", &o, NULL);
-    pid_t pid = proxy_pid();
-    cr_assert_eq(kill(pid, SIGSTOP), 0);
+    tu_proxy_freeze(120);
     double t0 = sp_now();
     int exists = 0;
     sp_err err = {0};
     int rc = store_exists(s, "anything", &exists, NULL, &err);
     double took = sp_now() - t0;
-    kill(pid, SIGCONT);
+    tu_proxy_thaw();
     cr_assert_eq(rc, STORE_EFAIL, "%s", err.msg);
-    cr_assert_lt(took, 8.0, "took %.1f s", took);
+    /* the lower bound is the point (two attempts, each given up after 2 s
+     * without a byte); the upper one only says "seconds, not minutes" */
     cr_assert_gt(took, 3.5, "two attempts with a 2 s stall limit (took %.1f s)", took);
+    cr_assert_lt(took, 20.0, "took %.1f s", took);
     cr_assert(strstr(err.msg, "(after 2 attempts)"), "%s", err.msg);
     sp_err e2 = {0};
     cr_assert_eq(store_exists(s, "anything", &exists, NULL, &e2), 0, "back: %s", e2.msg);
     store_close(s);
+}
+
+/* Threads of this process (/proc/self/task). */
+static int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    cr_assert_not_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A multipart upload whose parts fail because the store hangs (proxy
+ * SIGSTOPped; no retries, 2 s stall limit) is aborted: the abort, sent
+ * once the part threads have given up, is answered when the proxy runs again,
+ * and no incomplete upload of the key is left. (The listing is shown to see
+ * an upload in progress by store_s3::failed_multipart_upload_is_aborted.) */
+Test(store_s3_fault, multipart_upload_failing_on_a_hung_store_is_aborted)
+{
+    /* 4 parts of 5 MiB over 2 connections at 2 MiB/s each */
+    store_opts o = {.part_bytes = 5 * MIB, .parallel = 2, .max_send_bps = 2 * MIB,
+                    .max_retries = -1, .timeout_s = 2};
+    char *url = NULL;
+    store_t *s = tu_s3_open("hung-mpu", &o, &url);
+    char *dir = tu_tmpdir("hung-mpu");
+    char *src = path_in(dir, "big.bin");
+    tu_random_file(src, 15 * MIB + 1, 71);
+    char *full = tu_s3_full_key(url, "ckpt/state.h5"), created[1300], aborted[1300];
+    snprintf(created, sizeof created, " POST /" TU_BUCKET "/%s%%3Fuploads%%3D HTTP/1.0 200 ", full);
+    snprintf(aborted, sizeof aborted, " DELETE /" TU_BUCKET "/%s%%3FuploadId%%3D", full);
+    size_t from = 0;
+    free(tu_proxy_log(&from));
+    int base = thread_count();
+    upload up = {.s = s, .key = "ckpt/state.h5", .path = src, .rc = -99};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, run_upload, &up), 0);
+
+    /* the upload exists and its parts are being sent: the store hangs */
+    int began = tu_proxy_log_wait(from, created, 60);
+    if (began)
+        tu_proxy_freeze(120);
+    /* The parts stall and fail (curl's stall check: 2 s without a byte,
+     * after its speed window of some seconds), the part thread ends, and the
+     * upload's own thread sends the abort, which waits up to 10 s (twice) for
+     * an answer: let the proxy run again then. */
+    int workers_seen = 0, workers_gone = 0;
+    for (double t0 = sp_now(); began && !workers_gone && !atomic_load(&up.done);) {
+        int n = thread_count();
+        workers_gone = workers_seen && n <= base + 1;
+        workers_seen |= n > base + 1;
+        if (sp_now() - t0 > 60)
+            break;
+        usleep(10 * 1000);
+    }
+    tu_proxy_thaw();
+    pthread_join(th, NULL);
+    cr_assert(began, "CreateMultipartUpload never reached the store");
+    cr_assert(workers_seen && workers_gone, "the part threads were %s",
+              workers_seen ? "never done" : "never seen");
+    cr_assert_eq(up.rc, STORE_EFAIL, "the upload did not fail on the hung store: %d %s", up.rc,
+                 up.err.msg);
+    cr_assert(strstr(up.err.msg, "UploadPart"), "%s", up.err.msg);
+    cr_assert(tu_proxy_log_wait(from, aborted, 30), "no AbortMultipartUpload reached the store");
+    cr_assert_eq(tu_s3_uploads_in_progress(full), 0, "an incomplete upload of %s is left", full);
+    int exists = 1;
+    sp_err err = {0};
+    cr_assert_eq(store_exists(s, "ckpt/state.h5", &exists, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(exists, 0, "a failed upload left an object");
+    store_close(s);
+    tu_rmtree(dir);
+    free(full);
+    free(url);
+    free(src);
+    free(dir);
 }

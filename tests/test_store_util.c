@@ -4,12 +4,15 @@
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,4 +144,150 @@ store_t *tu_s3_open(const char *tag, store_opts *o, char **url)
     else
         free(u);
     return s;
+}
+
+char *tu_s3_full_key(const char *url, const char *key)
+{
+    const char *p = strncmp(url, "s3://", 5) ? NULL : strchr(url + 5, '/');
+    cr_assert(p, "not an s3:// URL with a prefix: %s", url);
+    char *k = NULL;
+    cr_assert(asprintf(&k, "%s/%s", p + 1, key) > 0);
+    return k;
+}
+
+int tu_aws(const char *out_path, ...)
+{
+    cr_assert_eq(access("/usr/bin/aws", X_OK), 0,
+                 "awscli missing: scripts/install-s3-test-deps.sh");
+    setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
+    setenv("AWS_PAGER", "", 1);
+    setenv("AWS_DEFAULT_REGION", "us-east-1", 1);
+    char *argv[32] = {"/usr/bin/aws", "--endpoint-url", (char *)tu_s3_endpoint()};
+    int n = 3;
+    va_list ap;
+    va_start(ap, out_path);
+    for (const char *a; (a = va_arg(ap, const char *)) != NULL;) {
+        cr_assert_lt(n, 31, "too many awscli arguments");
+        argv[n++] = (char *)a;
+    }
+    va_end(ap);
+    argv[n] = NULL;
+    return tu_run(argv, out_path);
+}
+
+int tu_s3_uploads_in_progress(const char *full_key)
+{
+    char *dir = tu_tmpdir("mpu"), *out = NULL;
+    cr_assert(asprintf(&out, "%s/uploads.json", dir) > 0);
+    /* the key itself as the prefix: its uploads, and those of longer keys */
+    int rc = tu_aws(out, "s3api", "list-multipart-uploads", "--bucket", TU_BUCKET, "--prefix",
+                    full_key, "--query", "Uploads[].Key", "--output", "json", NULL);
+    FILE *f = fopen(out, "r");
+    char text[65536] = "";
+    size_t got = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[got] = 0;
+    if (f)
+        fclose(f);
+    cr_assert_eq(rc, 0, "aws s3api list-multipart-uploads failed (%d): %s", rc, text);
+    char quoted[1200];
+    snprintf(quoted, sizeof quoted, "\"%s\"", full_key);
+    int count = 0;
+    for (const char *p = strstr(text, quoted); p; p = strstr(p + 1, quoted))
+        count++;
+    tu_rmtree(dir);
+    free(dir);
+    free(out);
+    return count;
+}
+
+/* ---- the proxy ---------------------------------------------------------------- */
+
+static const char *swift_base(void)
+{
+    const char *base = getenv("SWIFT_S3_BASE");
+    cr_assert(base && *base, "SWIFT_S3_BASE missing (ctest sets it)");
+    return base;
+}
+
+int tu_proxy_pid(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/run/proxy.pid", swift_base());
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    int pid = 0;
+    int n = fscanf(f, "%d", &pid);
+    fclose(f);
+    cr_assert(n == 1 && pid > 1, "%s holds no pid", path);
+    return pid;
+}
+
+static pid_t frozen_proxy, freeze_guard;
+
+void tu_proxy_freeze(double max_s)
+{
+    cr_assert_eq(frozen_proxy, 0, "the proxy is already stopped");
+    pid_t proxy = (pid_t)tu_proxy_pid(), parent = getpid();
+    pid_t g = fork();
+    cr_assert_geq(g, 0, "fork");
+    if (g == 0) { /* async-signal-safe calls only: the parent may have threads */
+        struct timespec tick = {0, 20 * 1000 * 1000};
+        for (long i = 0; i < (long)(max_s * 50) && getppid() == parent; i++)
+            nanosleep(&tick, NULL);
+        kill(proxy, SIGCONT);
+        _exit(0);
+    }
+    frozen_proxy = proxy;
+    freeze_guard = g;
+    cr_assert_eq(kill(proxy, SIGSTOP), 0, "SIGSTOP %d", (int)proxy);
+}
+
+void tu_proxy_thaw(void)
+{
+    if (frozen_proxy > 0)
+        kill(frozen_proxy, SIGCONT);
+    if (freeze_guard > 0) {
+        kill(freeze_guard, SIGKILL);
+        waitpid(freeze_guard, NULL, 0);
+    }
+    frozen_proxy = freeze_guard = 0;
+}
+
+char *tu_proxy_log(size_t *len)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/log/proxy.log", swift_base());
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "the proxy log %s is missing", path);
+    size_t cap = 1 << 20, n = 0, got;
+    char *text = malloc(cap);
+    cr_assert_not_null(text);
+    while ((got = fread(text + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n < 4096) {
+            text = realloc(text, cap *= 2);
+            cr_assert_not_null(text);
+        }
+    }
+    fclose(f);
+    text[n] = 0;
+    if (len)
+        *len = n;
+    return text;
+}
+
+int tu_proxy_log_wait(size_t from, const char *needle, double timeout_s)
+{
+    double t0 = sp_now();
+    for (;;) {
+        size_t n = 0;
+        char *text = tu_proxy_log(&n);
+        int found = n > from && strstr(text + from, needle) != NULL;
+        free(text);
+        if (found)
+            return 1;
+        if (sp_now() - t0 > timeout_s)
+            return 0;
+        usleep(20 * 1000);
+    }
 }
