@@ -254,6 +254,11 @@ static int make_tmp_dir(store_t *s, const char *local_dir, char **tmp, sp_err *e
     *tmp = e ? NULL : store_strdup_printf("%s" STORE_TMP_MARK "pull.XXXXXX", local_dir);
     if (!e && (!*tmp || !mkdtemp(*tmp)))
         e = *tmp ? errno : ENOMEM;
+    /* mkdtemp makes it 0700; a published checkpoint gets the mode of the
+     * ones the writer makes under the usual umask (umask itself is process
+     * wide, so it is not read here while other threads may create files) */
+    if (!e && chmod(*tmp, 0755) != 0)
+        e = errno;
     if (e) {
         free(*tmp);
         *tmp = NULL;

@@ -167,10 +167,14 @@ static int create_upload(store_t *s, const char *key, char **upload_query, store
     return rc;
 }
 
-static void abort_upload(store_t *s, const char *key, const char *upload_query)
+/* When the upload was cancelled (a stop is waiting on it, the store may be
+ * hung) the abort gets one short try, so cancelling stays prompt. */
+static void abort_upload(store_t *s, const char *key, const char *upload_query, store_cancel c)
 {
+    int cancelled = c && atomic_load(c);
     s3_req r = {.method = "DELETE", .what = "AbortMultipartUpload", .key = key,
-                .query = upload_query, .fd = -1, .tries = 2, .stall_s = 10};
+                .query = upload_query, .fd = -1, .tries = cancelled ? 1 : 2,
+                .stall_s = cancelled ? 2 : 10};
     s3_call(s, &r, NULL, NULL); /* best effort: a lifecycle rule can clean up the rest */
     s3_req_free(&r);
 }
@@ -267,7 +271,7 @@ int s3_put_multipart(store_t *s, const char *key, const s3_src *src, int inm, st
     if (!rc)
         rc = complete_upload(s, key, upload_query, j.etags, j.nchunks, c, err);
     if (rc)
-        abort_upload(s, key, upload_query);
+        abort_upload(s, key, upload_query, c);
     free(j.etags);
     free(upload_query);
     return rc;

@@ -462,6 +462,9 @@ Test(remote, a_remote_checkpoint_failing_its_checksum_or_size_is_never_resumed)
     cr_expect_eq(rc, 3, "pulled a checkpoint that fails its checksum: %d %s", rc, out);
     cr_expect(tu_contains(out, "fails its SHA-256 checksum"), "%s", out);
     free(out);
+    char pulled[4096];
+    snprintf(pulled, sizeof pulled, "%s/pulled15", dir);
+    cr_expect_neq(access(pulled, F_OK), 0, "a pull that fails verification leaves %s", pulled);
 
     tu_sh(NULL, "rm -rf %s/corr", dir); /* a new machine */
     cr_assert_eq(run("corr", "--set train.steps=15 --set checkpoint.keep=3", &out), 0, "%s", out);
@@ -474,10 +477,21 @@ Test(remote, a_remote_checkpoint_failing_its_checksum_or_size_is_never_resumed)
     cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "/step-00000005: step 5"),
               "resumed from the newest checkpoint that verifies: %s", out);
     cr_expect(tu_contains(out, "done: 15 steps"), "%s", out);
+    cr_expect(tu_contains(out, "removed the MANIFEST of") && tu_contains(out, "step-00000015"),
+              "the corrupt remote checkpoints are retired: %s", out);
     free(out);
     cr_expect_eq(tu_sh(NULL, "cmp %s/uninterrupted.st %s/corr/adapter/adapter_model.safetensors",
                        dir, dir),
                  0, "the adapter after resuming from step 5 differs from the uninterrupted run's");
+    /* the resumed run pushed steps 10 and 15 again: the bucket has good copies */
+    for (int i = 1; i < 3; i++) {
+        char *v = NULL;
+        int vrc = tu_spotune(&v, "ckpt verify %s/%s --endpoint %s --path-style", url, steps[i],
+                             endpoint());
+        cr_expect_eq(vrc, 0, "%s in the bucket after the re-push: %s", steps[i], v);
+        cr_expect(tu_contains(v, ": ok"), "%s", v);
+        free(v);
+    }
 }
 
 /* The store hangs (its proxy SIGSTOPped: connections accepted, nothing

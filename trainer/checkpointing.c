@@ -463,11 +463,15 @@ static void report_bad(void *ctx, const ckpt_info *bad)
               bad->problem);
 }
 
-/* Downloads remote step-N into the local root and verifies it. */
+/* Downloads remote step-N into the local root and verifies it. *corrupt
+ * (if given) is set when the download succeeded but the files do not match
+ * their MANIFEST. */
 static int pull_verified(ckpt_ctl *c, store_t *st, const char *name, char *path, size_t n,
-                         sp_err *err)
+                         int *corrupt, sp_err *err)
 {
     char local[4096];
+    if (corrupt)
+        *corrupt = 0;
     snprintf(local, sizeof local, "%s/%s", c->root, name);
     ckpt_remove_tree(local); /* a broken local copy of the same step */
     if (store_pull_dir(st, name, local, NULL, err))
@@ -475,6 +479,8 @@ static int pull_verified(ckpt_ctl *c, store_t *st, const char *name, char *path,
     ckpt_manifest mf;
     if (ckpt_verify(local, &mf, err)) {
         ckpt_remove_tree(local);
+        if (corrupt)
+            *corrupt = 1;
         return err->code;
     }
     snprintf(path, n, "%s", local);
@@ -504,11 +510,27 @@ static int find_remote(ckpt_ctl *c, int64_t local_step, char *path, size_t n, in
         ckpt_dir_name(name, sizeof name, step);
         log_event(c->log, c->metrics, "info", "downloading %s/%s", store_url(c->store), name);
         sp_err perr = {0};
-        if (pull_verified(c, c->store, name, path, n, &perr) == 0)
+        int corrupt = 0;
+        if (pull_verified(c, c->store, name, path, n, &corrupt, &perr) == 0) {
             *found = 1;
+            continue;
+        }
+        log_event(c->log, c->metrics, "warning", "skipping remote checkpoint %s: %s", name,
+                  perr.msg);
+        if (!corrupt)
+            continue;
+        /* It does not exist by the protocol; retiring its MANIFEST says so to
+         * every reader and lets this run push the step again when it gets there. */
+        char key[128];
+        snprintf(key, sizeof key, "%s/%s", name, CKPT_MANIFEST);
+        sp_err derr = {0};
+        if (store_delete(c->store, key, &derr) == 0)
+            log_event(c->log, c->metrics, "warning",
+                      "removed the MANIFEST of %s/%s from the store: its files do not match it",
+                      store_url(c->store), name);
         else
-            log_event(c->log, c->metrics, "warning", "skipping remote checkpoint %s: %s", name,
-                      perr.msg);
+            log_event(c->log, c->metrics, "warning", "cannot retire %s/%s: %s",
+                      store_url(c->store), name, derr.msg);
     }
     store_list_free(&l);
     return 0;
@@ -533,7 +555,7 @@ static int choose(ckpt_ctl *c, const char *resume, char *path, size_t n, sp_err 
         store_t *st;
         if (store_open(&st, url, &so, err))
             return err->code ? err->code : SP_EXIT_USAGE;
-        int rc = pull_verified(c, st, slash + 1, path, n, err);
+        int rc = pull_verified(c, st, slash + 1, path, n, NULL, err);
         store_close(st);
         return rc;
     }

@@ -64,7 +64,11 @@ static int pull(const char *url, const char *dest, const store_opts *o, sp_err *
     if (rc)
         return err->code ? err->code : SP_EXIT_OTHER;
     ckpt_manifest m;
-    return ckpt_verify(dest, &m, err);
+    if (ckpt_verify(dest, &m, err)) {
+        ckpt_remove_tree(dest); /* what does not verify is not a checkpoint: leave nothing */
+        return err->code;
+    }
+    return 0;
 }
 
 static char *temp_dir(void)
