@@ -92,16 +92,22 @@ static void on_upload(void *arg, const uploader_event *ev)
 
 /* ---- open / close ------------------------------------------------------------------ */
 
+static void remote_opts(const config_t *cfg, store_opts *so)
+{
+    memset(so, 0, sizeof *so);
+    so->endpoint = cfg->ckpt_endpoint && *cfg->ckpt_endpoint ? cfg->ckpt_endpoint : NULL;
+    so->region = cfg->ckpt_region && *cfg->ckpt_region ? cfg->ckpt_region : NULL;
+    so->addressing = cfg->ckpt_addressing == ADDR_PATH      ? STORE_ADDR_PATH
+                     : cfg->ckpt_addressing == ADDR_VIRTUAL ? STORE_ADDR_VHOST
+                                                            : STORE_ADDR_AUTO;
+    so->part_bytes = (size_t)cfg->ckpt_part_mb << 20;
+}
+
 static int open_remote(ckpt_ctl *c, sp_err *err)
 {
     const config_t *cfg = c->cfg;
-    store_opts so = {0};
-    so.endpoint = cfg->ckpt_endpoint && *cfg->ckpt_endpoint ? cfg->ckpt_endpoint : NULL;
-    so.region = cfg->ckpt_region && *cfg->ckpt_region ? cfg->ckpt_region : NULL;
-    so.addressing = cfg->ckpt_addressing == ADDR_PATH      ? STORE_ADDR_PATH
-                    : cfg->ckpt_addressing == ADDR_VIRTUAL ? STORE_ADDR_VHOST
-                                                           : STORE_ADDR_AUTO;
-    so.part_bytes = (size_t)cfg->ckpt_part_mb << 20;
+    store_opts so;
+    remote_opts(cfg, &so);
     if (store_open(&c->store, cfg->ckpt_remote, &so, err)) {
         sp_err_prefix(err, "checkpoint.remote: ");
         if (!err->code)
@@ -493,7 +499,18 @@ static int find_remote(ckpt_ctl *c, int64_t local_step, char *path, size_t n, in
 {
     store_listing l;
     *found = 0;
-    if (store_list(c->store, "step-", &l, err)) {
+    /* The listing gets few, short retries: a store that is down must not hold
+     * the start of training for minutes (the uploads, in the background, keep
+     * the patient defaults). */
+    store_opts quick;
+    remote_opts(c->cfg, &quick);
+    quick.max_retries = 2;
+    quick.timeout_s = 10;
+    store_t *lister = NULL;
+    int lrc = store_open(&lister, c->cfg->ckpt_remote, &quick, err) ||
+              store_list(lister, "step-", &l, err);
+    store_close(lister);
+    if (lrc) {
         log_event(c->log, c->metrics, "warning",
                   "cannot list %s (%s); resuming from local checkpoints only",
                   store_url(c->store), err->msg);
