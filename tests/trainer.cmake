@@ -1,10 +1,15 @@
 # Suites of the kernels and trainer modules.
 spotune_test(test_ops SOURCES test_ops.c LIBS spotune_kernels)
 if(TARGET spotune_trainer)
-  foreach(suite config model_hf model_io data train_cpu ckpt cmd_ckpt resume distributed)
+  foreach(suite config model_hf model_io data train_cpu ckpt cmd_ckpt distributed)
     if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_${suite}.c)
       spotune_test(test_${suite} SOURCES test_${suite}.c test_util.c LIBS spotune_trainer)
     endif()
+  endforeach()
+  # preemption and resume, and the checkpoint policy: one fixture (resume_util)
+  foreach(suite resume ckpt_policy)
+    spotune_test(test_${suite} SOURCES test_${suite}.c resume_util.c test_util.c
+                 LIBS spotune_trainer)
   endforeach()
 endif()
 

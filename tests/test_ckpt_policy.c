@@ -1,0 +1,336 @@
+/* What the checkpoint policy promises, through the spotune binary: after 2
+ * ranks resume on 1 every sample is trained exactly once;
+ * checkpoint.every_minutes fires at a step boundary the ranks agree on; every
+ * checkpoint reports its training stall in the log and the metrics; a LoRA
+ * checkpoint holds only the adapters, never the frozen base. */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint/ckpt.h"
+#include "test_util.h"
+#include "trainer/data.h"
+#include "resume_util.h"
+
+TestSuite(ckpt_policy, .init = resume_setup, .fini = resume_teardown, .timeout = 900);
+
+/* One row of RUN_DIR/samples/rank-R.tsv (log.samples) */
+typedef struct sample_row {
+    long long step;
+    unsigned long long sample, epoch, window;
+} sample_row;
+
+/* Reads up to max rows of rank R's sample log; returns how many. */
+static int read_samples(const char *name, int rank, sample_row *rows, int max)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/samples/rank-%d.tsv", dir, name, rank);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    int n = 0;
+    sample_row r;
+    while (n < max && fscanf(f, "%lld %llu %llu %llu", &r.step, &r.sample, &r.epoch,
+                             &r.window) == 4)
+        rows[n++] = r;
+    fclose(f);
+    return n;
+}
+
+/* An integer member of the model's config.json. */
+static long model_config_int(const char *key)
+{
+    char path[4096], pat[128];
+    snprintf(path, sizeof path, "%s/model/config.json", dir);
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *text = tu_read_file(path, NULL);
+    cr_assert(text, "no %s", path);
+    const char *p = strstr(text, pat);
+    cr_assert(p, "%s has no %s", path, key);
+    long v = strtol(p + strlen(pat), NULL, 10);
+    free(text);
+    return v;
+}
+
+/* 2 ranks stopped by SIGUSR1, resumed on 1 to the end: the global sample
+ * order continues exactly. Over the whole run every global sample index
+ * 0 .. steps x global_batch - 1 is trained exactly once, in its own step, as
+ * the window the (seed, epoch) permutation assigns it; the stopped ranks
+ * trained nothing past the checkpoint and the resumed rank nothing before. */
+Test(ckpt_policy, two_ranks_resume_on_one_trains_every_sample_once)
+{
+    const char *extra = "--set train.grad_accum=1 --set log.samples=true";
+    char prefix[2048], *out = NULL;
+    snprintf(prefix, sizeof prefix, "%s", tu_mpirun(2));
+    stop_with(prefix, "audit", extra, SIGUSR1, 12);
+    char *text = read_log("audit");
+    int at = stopped_at("audit", text);
+    const char *gb = strstr(text, "global batch ");
+    cr_assert(gb, "%s", text);
+    long long G = atoll(gb + strlen("global batch "));
+    free(text);
+    cr_assert_gt(G, 0);
+
+    enum { MAX_ROWS = 4096 };
+    sample_row *first = calloc(MAX_ROWS, sizeof *first), *r0 = calloc(MAX_ROWS, sizeof *r0);
+    cr_assert(first && r0);
+    int n0 = read_samples("audit", 0, first, MAX_ROWS);
+    int nfirst = n0 + read_samples("audit", 1, first + n0, MAX_ROWS - n0);
+    for (int i = 0; i < nfirst; i++)
+        cr_expect(first[i].step >= 1 && first[i].step <= at,
+                  "rank %d trained step %lld after agreeing to stop at step %d", i < n0 ? 0 : 1,
+                  first[i].step, at);
+    cr_expect_eq(nfirst, at * G, "the stopped ranks logged %d windows for %d steps of %lld",
+                 nfirst, at, G);
+
+    cr_assert_eq(run(NULL, "audit", extra, &out), 0, "%s", out);
+    cr_expect(tu_contains(out, "train.grad_accum is now 2"), "%s", out);
+    const char *rs = strstr(out, "resumed from");
+    cr_assert(rs, "%s", out);
+    long long rstep = -1, rsample = -1;
+    const char *sp = strstr(rs, ": step ");
+    cr_assert(sp && sscanf(sp, ": step %lld, sample %lld", &rstep, &rsample) == 2, "%s", rs);
+    free(out);
+    cr_expect_eq(rstep, at, "resumed from step %lld, but the stop checkpoint is %d", rstep, at);
+    cr_expect_eq(rsample, at * G, "resumed at sample %lld after %d steps of %lld", rsample, at, G);
+    int steps = last_step("audit");
+    cr_assert_eq(steps, 40, "the run logged %d steps", steps);
+
+    /* rank 0's file: the stopped run's rows, then the resumed run's */
+    int n0all = read_samples("audit", 0, r0, MAX_ROWS);
+    cr_assert_geq(n0all, n0);
+    const sample_row *resumed = r0 + n0;
+    int nres = n0all - n0;
+    for (int i = 0; i < nres; i++)
+        cr_expect(resumed[i].step > at && resumed[i].step <= steps,
+                  "the resumed run trained step %lld (checkpoint %d)", resumed[i].step, at);
+    cr_expect_eq(nres, (steps - at) * G, "the resumed run logged %d windows for %d steps", nres,
+                 steps - at);
+
+    dataset_t d;
+    sp_err err = {0};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/data.train.h5", dir);
+    cr_assert_eq(dataset_open(&d, path, SEQ_LEN, model_config_int("vocab_size"), SEED, &err), 0,
+                 "%s", err.msg);
+    uint64_t total = (uint64_t)steps * (uint64_t)G;
+    int *count = calloc(total, sizeof *count);
+    cr_assert(count);
+    for (int k = 0; k < nfirst + nres; k++) {
+        const sample_row *r = k < nfirst ? &first[k] : &resumed[k - nfirst];
+        if (k < nfirst && r->step > at)
+            continue; /* would be retrained after the checkpoint (reported above) */
+        cr_assert_lt(r->sample, total, "sample %llu beyond %llu", r->sample,
+                     (unsigned long long)total);
+        count[r->sample]++;
+        cr_expect(r->sample >= (uint64_t)(r->step - 1) * (uint64_t)G &&
+                      r->sample < (uint64_t)r->step * (uint64_t)G,
+                  "sample %llu trained in step %lld", r->sample, r->step);
+        uint64_t w = 0, e = 0;
+        cr_assert_eq(dataset_window_of(&d, r->sample, &w, &e, &err), 0, "%s", err.msg);
+        cr_expect(w == r->window && e == r->epoch,
+                  "sample %llu is epoch %llu window %llu, but epoch %llu window %llu was trained",
+                  r->sample, (unsigned long long)e, (unsigned long long)w, r->epoch, r->window);
+    }
+    dataset_close(&d);
+    for (uint64_t s = 0; s < total; s++)
+        cr_expect_eq(count[s], 1, "global sample %llu trained %d times (stop at step %d)",
+                     (unsigned long long)s, count[s], at);
+    free(count);
+    free(first);
+    free(r0);
+}
+
+/* checkpoint.every_minutes alone (every_steps 0), here 0.18 s: checkpoints
+ * come at step boundaries once that long has passed since the previous one
+ * (never sooner, to 5 ms), each reporting its stall. Full fine-tuning with
+ * the optimizer sharded over 2 ranks: every checkpoint gathers from both
+ * ranks, so ranks that did not agree on the boundary would hang. */
+Test(ckpt_policy, every_minutes_checkpoints_at_an_agreed_step_boundary)
+{
+    const double minutes = 0.003;
+    char prefix[2048], extra[512], metrics[4096], log[4096];
+    snprintf(prefix, sizeof prefix, "%s", tu_mpirun(2));
+    snprintf(extra, sizeof extra,
+             "--set train.mode=full --set train.grad_accum=1 --set train.steps=100000 "
+             "--set checkpoint.every_steps=0 --set checkpoint.every_minutes=%g",
+             minutes);
+    snprintf(metrics, sizeof metrics, "%s/minutes/metrics.jsonl", dir);
+    snprintf(log, sizeof log, "%s/minutes.log", dir);
+    int pid = tu_spawn(log, "%s", train_cmd(prefix, "minutes", extra));
+    /* however fast the machine: two timed checkpoints, then stop (5 minutes at most) */
+    int timed = 0;
+    for (int i = 0; i < 30000 && timed < 2 && proc_running(pid); i++) {
+        char *text = tu_read_file(metrics, NULL);
+        timed = 0;
+        for (const char *p = text ? strstr(text, "\"reason\":\"every_minutes\"") : NULL; p;
+             p = strstr(p + 1, "\"reason\":\"every_minutes\""))
+            timed++;
+        free(text);
+        tu_sleep(0.01);
+    }
+    kill(pid, SIGUSR1);
+    int rc = tu_wait(pid, 300);
+    char *text = read_log("minutes");
+    cr_assert_eq(rc, 75, "exit %d: %s", rc, text);
+    stopped_at("minutes", text);
+    ck_record r[256];
+    int n = checkpoint_records("minutes", r, 256);
+    timed = 0;
+    for (int i = 0; i < n; i++) {
+        int is_timed = strcmp(r[i].reason, "every_minutes") == 0;
+        timed += is_timed;
+        cr_expect(is_timed || (i == n - 1 && strcmp(r[i].reason, "signal") == 0),
+                  "checkpoint %d of %d at step %lld: reason %s", i + 1, n, r[i].step,
+                  r[i].reason);
+        if (is_timed && i > 0)
+            cr_expect_geq(r[i].time - r[i - 1].time, minutes * 60 - 0.005,
+                          "step %lld came %.3f s after the previous checkpoint (every %.2f s)",
+                          r[i].step, r[i].time - r[i - 1].time, minutes * 60);
+    }
+    cr_expect_geq(timed, 1, "no every_minutes checkpoint: %s", text);
+    expect_stall_reported(r, n, text);
+    free(text);
+    cr_expect_geq(expect_checkpoints_verify("minutes"), 1);
+}
+
+/* Every checkpoint (every_steps 10, and the end) says in metrics.jsonl and in
+ * the log how long it held training and how big it was. */
+Test(ckpt_policy, every_checkpoint_reports_its_training_stall)
+{
+    char *out = NULL;
+    cr_assert_eq(run(NULL, "stall", "--set checkpoint.every_steps=10", &out), 0, "%s", out);
+    ck_record r[64];
+    int n = checkpoint_records("stall", r, 64);
+    cr_expect_eq(n, 4, "%d checkpoints in 40 steps, every 10", n);
+    for (int i = 0; i < n; i++) {
+        cr_expect_eq(r[i].step, 10 * (i + 1));
+        cr_expect_str_eq(r[i].reason, i == 3 ? "end" : "every_steps", "step %lld", r[i].step);
+    }
+    expect_stall_reported(r, n, out);
+    /* and each was committed */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stall/metrics.jsonl", dir);
+    char *metrics = tu_read_file(path, NULL);
+    for (int i = 0; i < n; i++) {
+        char pat[128];
+        snprintf(pat, sizeof pat, "\"event\":\"checkpoint_committed\",\"message\":\"step %lld ",
+                 r[i].step);
+        cr_expect(tu_contains(metrics, pat), "step %lld was not committed", r[i].step);
+    }
+    free(metrics);
+    free(out);
+    expect_checkpoints_verify("stall");
+}
+
+/* A LoRA checkpoint holds the adapters and their AdamW moments — for each
+ * layer of config.json and each lora.targets entry, lora_A and lora_B in
+ * params/, adam_m/ and adam_v/ — and of the frozen base only its identity. */
+Test(ckpt_policy, lora_checkpoint_holds_only_the_adapters)
+{
+    char *out = NULL;
+    cr_assert_eq(run(NULL, "adapters", "--set train.steps=4", &out), 0, "%s", out);
+    free(out);
+    char root[4096], path[4096];
+    snprintf(root, sizeof root, "%s/adapters/checkpoints", dir);
+    int found = 0;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_find_latest(root, path, sizeof path, &found, NULL, NULL, &err), 0, "%s",
+                 err.msg);
+    cr_assert(found, "no checkpoint in %s", root);
+    ckpt_snapshot s;
+    cr_assert_eq(ckpt_read(path, &s, &err), 0, "%s", err.msg);
+
+    /* what LoRA trains: the run's targets (its resolved config) x the layers */
+    const ckpt_attr *conf = ckpt_get(&s, "config");
+    cr_assert(conf && conf->type == CKPT_ATTR_STR, "no config attribute");
+    const char *tl = strstr(conf->s, "targets: [");
+    cr_assert(tl, "no lora targets in %s", conf->s);
+    tl += strlen("targets: [");
+    char targets[16][64];
+    int nt = 0;
+    while (*tl && *tl != ']' && nt < 16) {
+        size_t skip = strspn(tl, " ,'\""), len;
+        tl += skip;
+        len = strcspn(tl, " ,'\"]");
+        if (len > 0 && len < 64)
+            snprintf(targets[nt++], 64, "%.*s", (int)len, tl);
+        tl += len;
+    }
+    long layers = model_config_int("num_hidden_layers");
+    cr_assert(nt > 0 && layers > 0, "%d targets, %ld layers", nt, layers);
+    const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
+    int expected = 3 * (int)layers * nt * 2;
+    cr_expect_eq(s.narrays, expected, "%d arrays, not 3 x %ld layers x %d targets x (A, B)",
+                 s.narrays, layers, nt);
+    int *seen = calloc((size_t)expected, sizeof *seen);
+    cr_assert(seen);
+    for (int i = 0; i < s.narrays; i++) {
+        const char *name = s.arrays[i].name + (s.arrays[i].name[0] == '/');
+        int g = -1, t = -1;
+        for (int k = 0; k < 3; k++)
+            if (strncmp(name, groups[k], strlen(groups[k])) == 0)
+                g = k;
+        int ab = strstr(name, ".lora_A.") ? 0 : strstr(name, ".lora_B.") ? 1 : -1;
+        const char *lp = strstr(name, ".layers.");
+        long layer = lp ? strtol(lp + strlen(".layers."), NULL, 10) : -1;
+        for (int k = 0; k < nt; k++) {
+            char pat[96];
+            snprintf(pat, sizeof pat, ".%s.lora_", targets[k]);
+            if (strstr(name, pat))
+                t = k;
+        }
+        cr_expect(g >= 0 && ab >= 0 && layer >= 0 && layer < layers && t >= 0,
+                  "%s is not a LoRA tensor of a target layer", name);
+        if (g >= 0 && ab >= 0 && layer >= 0 && layer < layers && t >= 0)
+            seen[((g * layers + layer) * nt + t) * 2 + ab]++;
+    }
+    for (int k = 0; k < expected; k++)
+        cr_expect_eq(seen[k], 1, "%s layer %ld %s lora_%c: %d arrays",
+                     groups[k / (2 * nt * layers)], (k / (2 * nt)) % layers,
+                     targets[(k / 2) % nt], k % 2 ? 'B' : 'A', seen[k]);
+    free(seen);
+
+    /* none of the base model's tensors */
+    char model[4096];
+    snprintf(model, sizeof model, "%s/model/model.safetensors", dir);
+    st_file f;
+    cr_assert_eq(st_open(&f, model, &err), 0, "%s", err.msg);
+    cr_expect_gt(f.n, 0);
+    int embed = 0;
+    for (size_t i = 0; i < f.n; i++) {
+        embed += strcmp(f.tensors[i].name, "model.embed_tokens.weight") == 0;
+        for (int g = 0; g < 3; g++) {
+            char name[512];
+            snprintf(name, sizeof name, "%s%s", groups[g], f.tensors[i].name);
+            cr_expect(!ckpt_find_array(&s, name), "the checkpoint holds the base's %s", name);
+        }
+    }
+    st_close(&f);
+    cr_expect_eq(embed, 1, "the base model has no model.embed_tokens.weight");
+    cr_expect(!ckpt_find_array(&s, "params/model.embed_tokens.weight"));
+
+    /* the base's identity: 16 hex digits, the same in state.h5 and MANIFEST */
+    const ckpt_attr *id = ckpt_get(&s, "base_model"), *mode = ckpt_get(&s, "mode");
+    cr_assert(id && id->type == CKPT_ATTR_STR, "no base_model attribute");
+    cr_expect(strlen(id->s) == 16 && strspn(id->s, "0123456789abcdef") == 16, "base_model %s",
+              id->s);
+    cr_expect_str_eq(id->s, s.base_model, "state.h5 and MANIFEST name different bases");
+    cr_expect(mode && mode->type == CKPT_ATTR_STR && strcmp(mode->s, "lora") == 0);
+    ckpt_snapshot_free(&s);
+
+    struct stat st_state, st_model;
+    char state[4200];
+    snprintf(state, sizeof state, "%s/%s", path, CKPT_STATE_FILE);
+    cr_assert_eq(stat(state, &st_state), 0);
+    cr_assert_eq(stat(model, &st_model), 0);
+    cr_expect_lt(st_state.st_size, st_model.st_size,
+                 "state.h5 (%lld bytes) is not smaller than the base (%lld bytes)",
+                 (long long)st_state.st_size, (long long)st_model.st_size);
+}
