@@ -334,3 +334,69 @@ void expect_stall_reported(const ck_record *r, int n, const char *log)
                           r[i].stall_s);
     }
 }
+
+int read_samples(const char *name, int rank, sample_row *rows, int max)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/samples/rank-%d.tsv", dir, name, rank);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    int n = 0;
+    sample_row r;
+    while (n < max && fscanf(f, "%lld %llu %llu %llu", &r.step, &r.sample, &r.epoch,
+                             &r.window) == 4)
+        rows[n++] = r;
+    fclose(f);
+    return n;
+}
+
+long model_config_int(const char *key)
+{
+    char path[4096], pat[128];
+    snprintf(path, sizeof path, "%s/model/config.json", dir);
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *text = tu_read_file(path, NULL);
+    cr_assert(text, "no %s", path);
+    const char *p = strstr(text, pat);
+    cr_assert(p, "%s has no %s", path, key);
+    long v = strtol(p + strlen(pat), NULL, 10);
+    free(text);
+    return v;
+}
+
+void expect_every_sample_once(const sample_row *rows, int n, int steps, long long G)
+{
+    dataset_t d;
+    sp_err err = {0};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/data.train.h5", dir);
+    cr_assert_eq(dataset_open(&d, path, SEQ_LEN, model_config_int("vocab_size"), SEED, &err), 0,
+                 "%s", err.msg);
+    uint64_t total = (uint64_t)steps * (uint64_t)G;
+    int *count = calloc(total, sizeof *count);
+    cr_assert(count);
+    for (int k = 0; k < n; k++) {
+        const sample_row *r = &rows[k];
+        cr_assert_lt(r->sample, total, "sample %llu (step %lld) beyond %llu", r->sample, r->step,
+                     (unsigned long long)total);
+        count[r->sample]++;
+        cr_expect(r->sample >= (uint64_t)(r->step - 1) * (uint64_t)G &&
+                      r->sample < (uint64_t)r->step * (uint64_t)G,
+                  "sample %llu trained in step %lld", r->sample, r->step);
+        uint64_t w = 0, e = 0;
+        cr_assert_eq(dataset_window_of(&d, r->sample, &w, &e, &err), 0, "%s", err.msg);
+        cr_expect(w == r->window && e == r->epoch,
+                  "sample %llu is epoch %llu window %llu, but epoch %llu window %llu was trained",
+                  r->sample, (unsigned long long)e, (unsigned long long)w, r->epoch, r->window);
+    }
+    dataset_close(&d);
+    int missing = 0, repeated = 0;
+    for (uint64_t s = 0; s < total; s++) {
+        missing += count[s] == 0;
+        repeated += count[s] > 1;
+    }
+    cr_expect(missing == 0 && repeated == 0,
+              "of %llu global samples, %d were never trained and %d more than once",
+              (unsigned long long)total, missing, repeated);
+    free(count);
+}

@@ -27,6 +27,12 @@ typedef struct ck_record {
     double stall_s, waited_s, bytes, time;
 } ck_record;
 
+/* One row of RUN_DIR/samples/rank-R.tsv (log.samples) */
+typedef struct sample_row {
+    long long step;
+    unsigned long long sample, epoch, window;
+} sample_row;
+
 void resume_setup(void);
 void resume_teardown(void);
 const char *train_cmd(const char *prefix, const char *name, const char *extra);
@@ -46,5 +52,13 @@ int rank_pid(int launcher, int rank);
 double field(const char *rec, const char *key);
 int checkpoint_records(const char *name, ck_record *r, int max);
 void expect_stall_reported(const ck_record *r, int n, const char *log);
+/* An integer member of DIR/model/config.json. */
+long model_config_int(const char *key);
+/* Reads up to max rows of rank R's sample log; returns how many. */
+int read_samples(const char *name, int rank, sample_row *rows, int max);
+/* Over steps steps of G windows, the rows hold every global sample
+ * 0 .. steps x G - 1 exactly once, each in its own step, as the window the
+ * (seed, epoch) permutation of DIR/data.train.h5 assigns it. */
+void expect_every_sample_once(const sample_row *rows, int n, int steps, long long G);
 
 #endif

@@ -7,7 +7,7 @@ if(TARGET spotune_trainer)
     endif()
   endforeach()
   # preemption and resume, and the checkpoint policy: one fixture (resume_util)
-  foreach(suite resume ckpt_policy)
+  foreach(suite resume ckpt_policy rank_change)
     spotune_test(test_${suite} SOURCES test_${suite}.c resume_util.c test_util.c
                  LIBS spotune_trainer)
   endforeach()

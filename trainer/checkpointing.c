@@ -29,6 +29,7 @@ struct ckpt_ctl {
     uploader_t *up;
     double last_time;
     int64_t last_step;
+    int64_t global_batch; /* windows per step: this run's, after any resume re-split */
     int fresh_metrics; /* the run directory had no metrics yet (a new machine) */
 };
 
@@ -137,6 +138,7 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->metrics = metrics;
     c->last_time = sp_now();
     c->last_step = -1;
+    c->global_batch = (int64_t)c->world * cfg->micro_batch * cfg->grad_accum;
     snprintf(c->root, sizeof c->root, "%s/checkpoints", cfg->run_dir);
     char mpath[4096];
     struct stat msb;
@@ -327,7 +329,7 @@ static int snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_snaps
     int bad = rc || ckpt_set_int(s, "step", p->step) ||
               ckpt_set_int(s, "cursor", (int64_t)p->cursor) ||
               ckpt_set_real(s, "elapsed_s", p->elapsed_s) ||
-              ckpt_set_int(s, "global_batch", (int64_t)c->world * cfg->micro_batch * cfg->grad_accum) ||
+              ckpt_set_int(s, "global_batch", c->global_batch) ||
               ckpt_set_int(s, "world_size", c->world) || ckpt_set_int(s, "seed", cfg->seed) ||
               ckpt_set_str(s, "config", yaml) || ckpt_set_str(s, "config_hash", c->config_hash) ||
               ckpt_set_str(s, "base_model", c->base_identity) ||
@@ -789,6 +791,9 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
     p->cursor = h.cursor;
     p->elapsed_s = h.elapsed_s;
     *grad_accum = h.grad_accum;
+    /* the checkpoint's global batch, re-split over this rank count, is what
+     * every later checkpoint of this run records */
+    c->global_batch = (int64_t)c->world * micro_batch * h.grad_accum;
     *resumed = 1;
     c->last_step = h.step;
     if (c->rank == 0) {

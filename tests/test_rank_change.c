@@ -1,0 +1,155 @@
+/* Resuming on another number of ranks, again and again: the checkpoint's
+ * global batch (windows per optimizer step) is the run's, whatever rank count
+ * wrote it, so every later resume re-splits the same batch. Chains of
+ * LoRA runs that end at a step and resume on a new rank count (2 -> 1 -> 1,
+ * 2 -> 1 -> 2, 4 -> 2 -> 3 -> 4) must record that batch in every checkpoint,
+ * train every global sample exactly once, and follow the uninterrupted run's
+ * losses and final adapter within 1e-5 (relative; the summation order over
+ * ranks differs, so bit-identity is not expected). */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint/ckpt.h"
+#include "resume_util.h"
+#include "test_util.h"
+#include "trainer/safetensors.h"
+
+TestSuite(rank_change, .init = resume_setup, .fini = resume_teardown, .timeout = 1500);
+
+typedef struct leg {
+    int ranks, to_step;
+} leg;
+
+/* Every run of a chain: the same math (a constant schedule after warmup, so
+ * the learning rate does not depend on train.steps, which the legs change). */
+static const char *chain_extra(int steps, int mb, int ga, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "--set train.steps=%d --set train.micro_batch=%d --set train.grad_accum=%d "
+             "--set train.schedule=constant --set log.samples=true "
+             "--set checkpoint.keep=20",
+             steps, mb, ga);
+    return buf;
+}
+
+/* The global_batch attribute of RUN/checkpoints/step-N/state.h5 */
+static long long ckpt_global_batch(const char *name, int step)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/checkpoints/step-%08d", dir, name, step);
+    ckpt_snapshot s;
+    sp_err err = {0};
+    ckpt_snapshot_init(&s);
+    cr_assert_eq(ckpt_read(path, &s, &err), 0, "%s", err.msg);
+    const ckpt_attr *gb = ckpt_get(&s, "global_batch");
+    cr_assert(gb && gb->type == CKPT_ATTR_INT, "%s has no global_batch", path);
+    long long v = gb->i;
+    ckpt_snapshot_free(&s);
+    return v;
+}
+
+/* Every tensor of two runs' final adapters agrees within tol relative to
+ * the tensor's largest value. */
+static void expect_adapters_close(const char *a, const char *b, double tol)
+{
+    char pa[4096], pb[4096];
+    snprintf(pa, sizeof pa, "%s/%s/adapter/adapter_model.safetensors", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s/adapter/adapter_model.safetensors", dir, b);
+    st_file fa, fb;
+    sp_err err = {0};
+    cr_assert_eq(st_open(&fa, pa, &err), 0, "%s", err.msg);
+    cr_assert_eq(st_open(&fb, pb, &err), 0, "%s", err.msg);
+    cr_assert_eq(fa.n, fb.n, "%zu vs %zu tensors", fa.n, fb.n);
+    cr_assert_gt(fa.n, 0);
+    for (size_t i = 0; i < fa.n; i++) {
+        const char *name = fa.tensors[i].name;
+        size_t na = 0, nb = 0;
+        float *va = tu_load_f32(pa, name, &na), *vb = tu_load_f32(pb, name, &nb);
+        cr_assert(va && vb && na == nb && na > 0, "%s: missing in %s or of another size", name,
+                  b);
+        double e = tu_rel_err(va, vb, na);
+        cr_expect_lt(e, tol, "%s: %s vs %s differ by %.3g (relative)", name, a, b, e);
+        free(va);
+        free(vb);
+    }
+    st_close(&fa);
+    st_close(&fb);
+}
+
+/* Runs the chain; leg 0 starts afresh with grad_accum G / (ranks x mb), the
+ * others resume with the same command line on their rank count. Then checks
+ * every checkpoint's global batch, the data audit, and the trajectory against
+ * `ref`, an uninterrupted run of the whole chain on legs[0].ranks. */
+static void run_chain(const char *name, const leg *legs, int nlegs, int mb, int G)
+{
+    char extra[512], *out = NULL;
+    int steps = legs[nlegs - 1].to_step, ga0 = G / (legs[0].ranks * mb);
+    char ref[64];
+    snprintf(ref, sizeof ref, "%s-ref", name);
+    cr_assert_eq(run(tu_mpirun(legs[0].ranks), ref, chain_extra(steps, mb, ga0, extra, sizeof extra),
+                     &out),
+                 0, "%s", out);
+    free(out);
+    for (int i = 0; i < nlegs; i++) {
+        int rc = run(tu_mpirun(legs[i].ranks), name,
+                     chain_extra(legs[i].to_step, mb, ga0, extra, sizeof extra), &out);
+        cr_assert_eq(rc, 0, "leg %d (%d ranks, to step %d): exit %d\n%s", i, legs[i].ranks,
+                     legs[i].to_step, rc, out);
+        if (i > 0)
+            cr_expect(tu_contains(out, "resumed from"), "leg %d did not resume:\n%s", i, out);
+        char want[128];
+        snprintf(want, sizeof want, "global batch %d windows (%d ranks x %d x %d)", G,
+                 legs[i].ranks, mb, G / (legs[i].ranks * mb));
+        cr_expect(tu_contains(out, want), "leg %d: expected '%s' in\n%s", i, want, out);
+        free(out);
+        cr_expect_eq(ckpt_global_batch(name, legs[i].to_step), G,
+                     "leg %d on %d rank(s): checkpoint step %d records a global batch of %lld, "
+                     "not %d",
+                     i, legs[i].ranks, legs[i].to_step,
+                     ckpt_global_batch(name, legs[i].to_step), G);
+    }
+
+    enum { MAX_ROWS = 8192 };
+    sample_row *rows = calloc(MAX_ROWS, sizeof *rows);
+    cr_assert(rows);
+    int n = 0, max_ranks = 0;
+    for (int i = 0; i < nlegs; i++)
+        max_ranks = legs[i].ranks > max_ranks ? legs[i].ranks : max_ranks;
+    for (int r = 0; r < max_ranks; r++)
+        n += read_samples(name, r, rows + n, MAX_ROWS - n);
+    cr_expect_eq(n, steps * G, "%d windows logged for %d steps of %d", n, steps, G);
+    expect_every_sample_once(rows, n, steps, G);
+    free(rows);
+
+    double la[256], lb[256];
+    int na = read_losses(name, la, 256), nb = read_losses(ref, lb, 256);
+    cr_assert_eq(na, steps, "%s logged %d steps", name, na);
+    cr_assert_eq(nb, steps, "%s logged %d steps", ref, nb);
+    for (int i = 0; i < na; i++)
+        cr_expect_lt(fabs(la[i] - lb[i]), 1e-5 * fabs(lb[i]), "step %d: %.9g vs %.9g", i + 1,
+                     la[i], lb[i]);
+    expect_adapters_close(name, ref, 1e-5);
+}
+
+Test(rank_change, two_one_one)
+{
+    const leg legs[] = {{2, 3}, {1, 6}, {1, 9}};
+    run_chain("c211", legs, 3, 2, 8);
+}
+
+Test(rank_change, two_one_two)
+{
+    const leg legs[] = {{2, 3}, {1, 6}, {2, 9}};
+    run_chain("c212", legs, 3, 2, 8);
+}
+
+/* micro_batch 1 and a global batch of 12, which 4, 2 and 3 ranks all divide */
+Test(rank_change, four_two_three_four)
+{
+    const leg legs[] = {{4, 2}, {2, 4}, {3, 6}, {4, 8}};
+    run_chain("c4234", legs, 4, 1, 12);
+}
