@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -197,7 +198,59 @@ int ckpt_file_sha256(const char *path, char hex[65], uint64_t *size, sp_err *err
     return 0;
 }
 
-static int write_attrs(hid_t f, const ckpt_snapshot *s)
+/* ---- HDF5 files this process writes ----------------------------------------------- */
+
+/* libhdf5 1.10 frees a file whose close fails (its last flush met a full
+ * disk) but keeps the file's id, and the library's exit handler then crashes
+ * on that id. So the process keeps HDF5 from installing the handler and ends
+ * the library itself, unless such a close happened; this flag, set from the
+ * writer thread, is the one fact about the library the whole process shares. */
+static int h5_close_failed;
+
+void ckpt_hdf5_setup(void)
+{
+    H5dont_atexit();
+}
+
+void ckpt_hdf5_shutdown(void)
+{
+    if (!__atomic_load_n(&h5_close_failed, __ATOMIC_SEQ_CST))
+        H5close();
+}
+
+int64_t ckpt_hdf5_create(const char *path, int *fd)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    *fd = -1;
+    if (f < 0)
+        return -1;
+    hid_t fapl = H5Fget_access_plist(f);
+    int *handle = NULL;
+    if (fapl >= 0 && H5Fget_vfd_handle(f, fapl, (void **)&handle) >= 0 && handle)
+        *fd = *handle;
+    if (fapl >= 0)
+        H5Pclose(fapl);
+    return (int64_t)f;
+}
+
+int ckpt_hdf5_close(int64_t file, int fd, int failed)
+{
+    hid_t f = (hid_t)file;
+    if (!failed && H5Fflush(f, H5F_SCOPE_LOCAL) < 0)
+        failed = 1;
+    /* The file is discarded: its blocks go back first, so the few the close
+     * still writes fit even on a full disk. */
+    if (failed && fd >= 0 && ftruncate(fd, 0) != 0)
+        failed = 1;
+    if (H5Fclose(f) < 0) {
+        __atomic_store_n(&h5_close_failed, 1, __ATOMIC_SEQ_CST);
+        return -1;
+    }
+    return failed ? -1 : 0;
+}
+
+static int write_attrs(hid_t f, const ckpt_snapshot *s, int *errnum)
 {
     for (int i = 0; i < s->nattrs; i++) {
         const ckpt_attr *a = &s->attrs[i];
@@ -219,8 +272,10 @@ static int write_attrs(hid_t f, const ckpt_snapshot *s)
             mem = H5Tcopy(ty);
             buf = &str;
         }
+        errno = 0;
         hid_t at = H5Acreate2(f, a->name, ty, sp, H5P_DEFAULT, H5P_DEFAULT);
         herr_t rc = at < 0 ? -1 : H5Awrite(at, mem, buf);
+        *errnum = errno;
         if (at >= 0)
             H5Aclose(at);
         H5Tclose(ty);
@@ -232,7 +287,7 @@ static int write_attrs(hid_t f, const ckpt_snapshot *s)
     return 0;
 }
 
-static int write_arrays(hid_t f, const ckpt_snapshot *s)
+static int write_arrays(hid_t f, const ckpt_snapshot *s, int *errnum)
 {
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5Pset_create_intermediate_group(lcpl, 1);
@@ -243,11 +298,13 @@ static int write_arrays(hid_t f, const ckpt_snapshot *s)
         for (int d = 0; d < a->ndim; d++)
             dims[d] = (hsize_t)a->shape[d];
         hid_t sp = H5Screate_simple(a->ndim, dims, NULL);
+        errno = 0;
         hid_t ds = H5Dcreate2(f, a->name, H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT);
         if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a->data) < 0)
             rc = -1;
-        if (ds >= 0)
-            H5Dclose(ds);
+        *errnum = errno;
+        if (ds >= 0 && H5Dclose(ds) < 0)
+            rc = -1;
         H5Sclose(sp);
     }
     H5Pclose(lcpl);
@@ -256,16 +313,39 @@ static int write_arrays(hid_t f, const ckpt_snapshot *s)
 
 static int write_state(const char *path, const ckpt_snapshot *s, sp_err *err)
 {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    int fd, errnum = 0;
+    hid_t f = (hid_t)ckpt_hdf5_create(path, &fd);
     if (f < 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create", path);
-    int bad = write_attrs(f, s) || write_arrays(f, s);
-    if (H5Fclose(f) < 0)
-        bad = 1;
-    if (bad || fsync_path(path, 0) != 0)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the checkpoint state", path);
+    int bad = write_attrs(f, s, &errnum) || write_arrays(f, s, &errnum);
+    errno = 0;
+    if (ckpt_hdf5_close(f, fd, bad) != 0 || fsync_path(path, 0) != 0) {
+        if (!errnum)
+            errnum = errno;
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the checkpoint state%s%s", path,
+                       errnum ? ": " : "", errnum ? strerror(errnum) : "");
+    }
     return 0;
+}
+
+/* Refuses a write that cannot fit: HDF5 is never left to meet a full disk
+ * when the file system says beforehand that it would. */
+static int check_space(const char *root, const ckpt_snapshot *s, sp_err *err)
+{
+    struct statvfs v;
+    if (statvfs(root, &v) != 0)
+        return 0; /* unknown: the write itself will tell */
+    /* the data, and generously the HDF5 metadata (about 1 KiB an object),
+     * MANIFEST and the directory */
+    double need = (double)s->bytes * (1.0 + 1.0 / 256.0) + 262144.0 +
+                  4096.0 * (s->narrays + s->nattrs + s->nfiles);
+    double avail = (double)v.f_bavail * (double)v.f_frsize;
+    if (avail >= need)
+        return 0;
+    return sp_fail(err, SP_EXIT_OTHER,
+                   "%s: no space for checkpoint step %lld: it needs about %.1f MiB and the file "
+                   "system has %.1f MiB free",
+                   root, (long long)s->step, need / 1048576.0, avail / 1048576.0);
 }
 
 static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *const *files,
@@ -329,6 +409,8 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t o
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", root, name, (int)getpid());
     snprintf(fin, sizeof fin, "%s/%s", root, name);
     ckpt_remove_tree(tmp);
+    if (check_space(root, s, err))
+        return err->code;
     if (mkdir(tmp, 0755) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", tmp, strerror(errno));
     snprintf(path, sizeof path, "%s/%s", tmp, CKPT_STATE_FILE);
@@ -342,7 +424,7 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t o
         if (f && fclose(f) != 0)
             bad = 1;
         if (bad || fsync_path(path, 0) != 0)
-            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path);
+            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", path, strerror(errno));
         files[nfiles++] = s->files[i].name;
     }
     if (!rc)

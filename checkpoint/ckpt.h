@@ -140,6 +140,20 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
  * NULL) is called with each name removed. */
 int ckpt_prune(const char *root, int keep, int64_t keep_every,
                void (*deleted)(void *ctx, const char *name), void *ctx, sp_err *err);
+/* HDF5 files this process writes. libhdf5 1.10 frees a file whose close
+ * fails (its last flush met a full disk) but keeps its id, and the library's
+ * exit handler then crashes on it. A program calls ckpt_hdf5_setup() before
+ * any other HDF5 call (it keeps HDF5 from installing that handler) and
+ * ckpt_hdf5_shutdown() at its end (it ends the library, unless a close
+ * failed). Files are created with ckpt_hdf5_create (an hid_t, or -1; *fd is
+ * the file's descriptor, or -1) and closed with ckpt_hdf5_close, which
+ * flushes and, when the writing failed (failed != 0) or the flush does,
+ * first gives the file's blocks back so the close itself fits on a full
+ * disk; it returns 0 only when the file is complete. */
+void ckpt_hdf5_setup(void);
+void ckpt_hdf5_shutdown(void);
+int64_t ckpt_hdf5_create(const char *path, int *fd);
+int ckpt_hdf5_close(int64_t file, int fd, int failed);
 /* Deletes a directory and everything under it (no error if missing). */
 int ckpt_remove_tree(const char *dir);
 /* "step-%08lld" */

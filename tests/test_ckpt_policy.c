@@ -275,3 +275,62 @@ Test(ckpt_policy, lora_checkpoint_holds_only_the_adapters)
                  "state.h5 (%lld bytes) is not smaller than the base (%lld bytes)",
                  (long long)st_state.st_size, (long long)st_model.st_size);
 }
+
+/* The run directory on a small tmpfs that is full: each checkpoint that does
+ * not fit is skipped with a warning naming the free space while training
+ * goes on; once space returns, the next boundary writes one and the run ends
+ * 0 with every checkpoint verifying. Still full at the end, the run ends 1
+ * saying that its last checkpoint was not written (never a crash). */
+Test(ckpt_policy, a_full_disk_skips_checkpoints_while_training_goes_on)
+{
+    char tfs[4096], log[4096];
+    snprintf(tfs, sizeof tfs, "%s/tfs", dir);
+    cr_assert_eq(tu_mount_tmpfs(tfs, 8192), 0, "cannot mount a tmpfs at %s (needs root)", tfs);
+    long avail = tu_free_kib(tfs);
+    cr_assert_gt(avail, 1000);
+    /* 400 KiB stay free: the run's config and metrics fit, a checkpoint does not */
+    cr_assert_eq(tu_sh(NULL, "fallocate -l %ldk %s/filler", avail - 400, tfs), 0);
+    const char *extra = "--set train.steps=300 --set checkpoint.every_steps=5 --set log.every=1";
+    snprintf(log, sizeof log, "%s/tfs-full.log", dir);
+    int pid = tu_spawn(log, "%s", train_cmd(NULL, "tfs/full", extra));
+    char *text = NULL;
+    for (int i = 0; i < 30000 && proc_running(pid); i++) {
+        free(text);
+        text = tu_read_file(log, NULL);
+        if (tu_contains(text, "checkpoint step 10 was not written"))
+            break;
+        tu_sleep(0.01);
+    }
+    cr_assert(tu_contains(text, "checkpoint step 10 was not written"), "%s", text);
+    free(text);
+    cr_assert_eq(tu_sh(NULL, "rm %s/filler", tfs), 0);
+    int rc = tu_wait(pid, 600);
+    text = tu_read_file(log, NULL);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, text);
+    cr_expect(tu_contains(text, "checkpoint step 5 was not written") &&
+                  tu_contains(text, "no space for checkpoint step 5") &&
+                  tu_contains(text, "MiB free; training goes on"),
+              "%s", text);
+    cr_expect(tu_contains(text, "step    300/300"), "%s", text);
+    const char *last_fail = text, *p;
+    while ((p = strstr(last_fail + 1, " was not written")))
+        last_fail = p;
+    cr_expect(strstr(last_fail, "checkpoint_committed: step "),
+              "no checkpoint was committed after the last failed one: %s", text);
+    free(text);
+    cr_expect_geq(expect_checkpoints_verify("tfs/full"), 1);
+    char final[4096];
+    snprintf(final, sizeof final, "%s/full/checkpoints/step-00000300", tfs);
+    cr_expect_eq(tu_sh(NULL, "test -f %s/MANIFEST.json", final), 0, "no %s", final);
+
+    /* full to the end */
+    avail = tu_free_kib(tfs);
+    cr_assert_eq(tu_sh(NULL, "fallocate -l %ldk %s/filler", avail - 400, tfs), 0);
+    char *out = NULL;
+    rc = run(NULL, "tfs/full2", "--set train.steps=12 --set checkpoint.every_steps=5", &out);
+    cr_expect_eq(rc, 1, "exit %d: %s", rc, out);
+    cr_expect(tu_contains(out, "training finished, but its last checkpoint was not written") &&
+                  tu_contains(out, "no space for checkpoint step 12"),
+              "%s", out);
+    free(out);
+}

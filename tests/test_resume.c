@@ -294,3 +294,89 @@ Test(resume, changed_math_refused_changed_steps_allowed)
     cr_expect(!tu_contains(out, "resumed from"), "%s", out);
     free(out);
 }
+
+/* Whether process pid has a handler for SIGTERM yet (/proc/PID/status,
+ * SigCgt): the earliest moment a signal can meet something but the default
+ * action. */
+static int catches_sigterm(int pid)
+{
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    read_proc(path, buf, sizeof buf);
+    const char *p = strstr(buf, "SigCgt:");
+    unsigned long long mask = p ? strtoull(p + 7, NULL, 16) : 0;
+    return (mask >> (SIGTERM - 1)) & 1;
+}
+
+/* Waits (up to 60 s) until pid catches SIGTERM; 0 if it ended first. */
+static int wait_catching(int pid)
+{
+    for (int i = 0; i < 120000; i++) {
+        if (!proc_running(pid))
+            return 0;
+        if (catches_sigterm(pid))
+            return 1;
+        tu_sleep(0.0005);
+    }
+    return 0;
+}
+
+/* SIGTERM as soon as spotune can catch it, then a little later (config,
+ * MPI, model and data set-up): never the default action (exit 143). Before
+ * the first step the run stops at once, says "stopped before training
+ * started" and exits 75 with nothing trained and no checkpoint; later, it is
+ * the usual stop at a step boundary with a committed checkpoint. */
+Test(resume, a_signal_during_start_up_stops_cleanly)
+{
+    const double delays[] = {0, 0.002, 0.01, 0.03, 0.1};
+    int before = 0;
+    for (size_t i = 0; i < sizeof delays / sizeof delays[0]; i++) {
+        char name[64], log[4096];
+        snprintf(name, sizeof name, "early-%zu", i);
+        snprintf(log, sizeof log, "%s/%s.log", dir, name);
+        int pid = tu_spawn(log, "%s", train_cmd(NULL, name, ""));
+        cr_assert(wait_catching(pid), "%s: spotune never caught SIGTERM", name);
+        tu_sleep(delays[i]);
+        kill(pid, SIGTERM);
+        int rc = tu_wait(pid, 300);
+        char *text = read_log(name);
+        cr_assert_eq(rc, 75, "SIGTERM %.3f s after the handler: exit %d: %s", delays[i], rc,
+                     text);
+        if (tu_contains(text, "stopped by SIGTERM before training started")) {
+            before++;
+            cr_expect(!tu_contains(text, "step      1/"), "a step was trained: %s", text);
+            cr_expect_eq(expect_checkpoints_verify(name), 0, "a checkpoint was written: %s",
+                         text);
+        } else {
+            stopped_at(name, text);
+        }
+        if (i == 0)
+            cr_expect(tu_contains(text, "before training started"),
+                      "the first moment it can be caught is before training: %s", text);
+        free(text);
+    }
+    cr_expect_geq(before, 1);
+}
+
+/* The same under mpirun, to one rank as soon as it catches SIGTERM: both
+ * ranks stop before training, and the job exits 75. */
+Test(resume, a_signal_to_one_rank_during_start_up_stops_the_job)
+{
+    char log[4096];
+    snprintf(log, sizeof log, "%s/early2.log", dir);
+    int pid = tu_spawn(log, "%s", train_cmd(tu_mpirun(2), "early2", ""));
+    int victim = 0;
+    for (int i = 0; i < 60000 && !victim && proc_running(pid); i++) {
+        victim = rank_pid(pid, 1);
+        if (!victim)
+            tu_sleep(0.001);
+    }
+    cr_assert(victim > 0 && wait_catching(victim), "rank 1 never caught SIGTERM");
+    kill(victim, SIGTERM);
+    int rc = tu_wait(pid, 300);
+    char *text = read_log("early2");
+    cr_assert_eq(rc, 75, "exit %d: %s", rc, text);
+    cr_expect(tu_contains(text, "before training started"), "%s", text);
+    cr_expect(!tu_contains(text, "step      1/"), "a step was trained: %s", text);
+    free(text);
+}

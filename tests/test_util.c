@@ -36,9 +36,28 @@ void tu_rmtree(const char *dir)
     char cmd[8192];
     if (!dir || strstr(dir, "/tmp/") == NULL)
         return;
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    /* a test's small file systems (tu_mount_tmpfs) go first */
+    snprintf(cmd, sizeof cmd,
+             "awk -v d='%s/' 'index($2, d) == 1 {print $2}' /proc/mounts | "
+             "while read -r m; do umount -l \"$m\"; done; rm -rf '%s'",
+             dir, dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
+}
+
+int tu_mount_tmpfs(const char *path, long kib)
+{
+    return tu_sh(NULL, "mkdir -p '%s' && mount -t tmpfs -o size=%ldk spotune-test '%s'", path,
+                 kib, path);
+}
+
+long tu_free_kib(const char *path)
+{
+    char *out = NULL;
+    tu_sh(&out, "df -k --output=avail '%s' | tail -1", path);
+    long v = out ? strtol(out, NULL, 10) : -1;
+    free(out);
+    return v;
 }
 
 static int run_capture(char **output, const char *cmd)

@@ -13,6 +13,11 @@ const char *fixture(const char *rel);
 /* A fresh directory under the build tree, removed by tu_rmtree. */
 char *tu_tempdir(const char *tag);
 void tu_rmtree(const char *dir);
+/* Mounts a tmpfs of kib KiB at path (made if missing; needs root); returns
+ * the exit status of mount. tu_rmtree of a directory above unmounts it. */
+int tu_mount_tmpfs(const char *path, long kib);
+/* Free KiB of the file system holding path (df), or -1. */
+long tu_free_kib(const char *path);
 /* Runs the spotune binary with args through /bin/sh; captures stdout+stderr
  * into *output (malloc'd, may be NULL) and returns the exit status (or 128+signal). */
 int tu_spotune(char **output, const char *fmt, ...);

@@ -39,8 +39,10 @@ static void on_written(void *ctx, const char *dir, const ckpt_snapshot *s, doubl
                        const sp_err *err)
 {
     ckpt_ctl *c = ctx;
-    if (!dir) {
-        log_event(c->log, c->metrics, "error", "checkpoint step %lld was not written: %s",
+    if (!dir) { /* the end or a stop waits for this write and fails with it */
+        log_event(c->log, c->metrics, "warning",
+                  "checkpoint step %lld was not written: %s; training goes on and the next "
+                  "checkpoint tries again",
                   (long long)s->step, err->msg);
         return;
     }

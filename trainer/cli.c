@@ -15,6 +15,7 @@
 #include "model.h"
 #include "model_io.h"
 #include "prepare_text.h"
+#include "signals.h"
 #include "train.h"
 
 #define VERSION "0.1.0"
@@ -85,6 +86,9 @@ static int cmd_train(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"set", 1, 0, 's'}, {"resume", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    /* first of all: a stop signal from here on is a request, never the
+     * default action (train_run reports one that comes before training) */
+    signals_install();
     const char *resume = "auto";
     config_t cfg;
     sp_err err = {0};

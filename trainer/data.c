@@ -2,6 +2,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "data.h"
 
+#include "../checkpoint/ckpt.h"
+
+#include <errno.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,8 +352,8 @@ int dataset_write(const char *path, const uint32_t *tokens, const uint8_t *mask,
 {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    int fd;
+    hid_t f = (hid_t)ckpt_hdf5_create(tmp, &fd);
     if (f < 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create", tmp);
     int bad_ = write_1d(f, "/tokens", H5T_STD_U32LE, H5T_NATIVE_UINT32, tokens, n) ||
@@ -360,11 +363,14 @@ int dataset_write(const char *path, const uint32_t *tokens, const uint8_t *mask,
                write_attr_int(f, "vocab_size", vocab_size) ||
                write_attr_int(f, "eos_id", eos_id) ||
                write_attr_str(f, "tokenizer", tokenizer);
-    if (H5Fclose(f) < 0)
+    errno = 0;
+    if (ckpt_hdf5_close(f, fd, bad_) != 0)
         bad_ = 1;
     if (bad_ || rename(tmp, path) != 0) {
+        int e = errno;
         unlink(tmp);
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the dataset", path);
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the dataset%s%s", path,
+                       e ? ": " : "", e ? strerror(e) : "");
     }
     return 0;
 }

@@ -116,6 +116,24 @@ static int check_memory(trainer_t *t, const model_opts *o, sp_err *err)
     return 0;
 }
 
+/* Collective: a stop signal on any rank before the first step ends the run
+ * here, before the (possibly long) work that comes next. Nothing has been
+ * trained since the newest checkpoint, which is complete: exit 75, and the
+ * same command resumes. */
+static int stop_before_training(trainer_t *t, const char *before, sp_err *err)
+{
+    int32_t seen = signals_received() > 0;
+    if (comm_allreduce(t->comm, &seen, 1, COMM_I32, COMM_MAX, err))
+        return err->code;
+    if (!seen)
+        return 0;
+    return sp_fail(err, SP_EXIT_PREEMPTED,
+                   "stopped by %s before training started (%s); nothing was trained, so "
+                   "the newest checkpoint is complete: run the same command to resume",
+                   signals_received() ? signals_first_name() : "a signal to another rank",
+                   before);
+}
+
 static int setup_model(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
@@ -146,7 +164,9 @@ static int setup_model(trainer_t *t, sp_err *err)
         o.shard_rank = t->rank;
     }
     if (check_memory(t, &o, err) || model_create(&t->m, t->be, &t->mc, &o, err) ||
-        model_io_load_base(t->m, c->model_path, err))
+        stop_before_training(t, "before loading the model", err) ||
+        model_io_load_base(t->m, c->model_path, err) ||
+        stop_before_training(t, "after loading the model", err))
         return err->code;
     if (c->mode == MODE_LORA)
         model_init_lora(t->m, (uint64_t)c->seed);
@@ -456,12 +476,15 @@ int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err
     t.mb = cfg->micro_batch;
     t.ga = cfg->grad_accum;
     t.global_batch = (int64_t)t.world * t.mb * t.ga;
-    signals_install();
     /* loading a model, or pulling a checkpoint from a bucket, can take some
      * ranks much longer than others: the watchdog waits longer meanwhile */
     double timeout = cfg->comm_timeout_s;
     comm_set_timeout(comm, timeout > 3600.0 ? timeout : 3600.0);
-    int rc = setup(&t, err);
+    int rc = stop_before_training(&t, "at start-up", err);
+    if (!rc)
+        rc = setup(&t, err);
+    if (!rc)
+        rc = stop_before_training(&t, "before the first step", err);
     comm_set_timeout(comm, timeout);
     if (!rc && t.has_val && !t.resumed)
         rc = run_validation(&t, err); /* the starting point of the curve */
@@ -472,7 +495,8 @@ int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err
     sp_err cerr = {0};
     int crc = ckpt_ctl_close(t.ck, rc == 0, &cerr);
     if (!rc && crc)
-        rc = sp_fail(err, crc, "%s", cerr.msg);
+        rc = sp_fail(err, crc, "training finished, but its last checkpoint was not written: %s",
+                     cerr.msg);
     if (!rc && t.out)
         fprintf(t.out, "done: %lld steps in %.1f s; metrics: %s/metrics.jsonl\n",
                 (long long)t.p.step, t.p.elapsed_s, cfg->run_dir);
