@@ -115,6 +115,21 @@ Test(config, unknown_key_names_file_line_and_key)
     expect_error("run:\n  dir: x\ntrain:\n  stepz: 3\n", "bad.yaml:4", "train.stepz");
 }
 
+/* YAML keys are unique: a repeated key or section is refused with the
+ * file:line of both, never resolved silently (last value wins). */
+Test(config, duplicate_key_or_section_names_both_lines)
+{
+    expect_error("run:\n  dir: x\ntrain:\n  lr: 1e-4\n  steps: 3\n  lr: 3e-4\n",
+                 "bad.yaml:6: key 'train.lr' appears again", "first at " );
+    expect_error("run:\n  dir: x\ntrain:\n  lr: 1e-4\n  steps: 3\n  lr: 3e-4\n",
+                 "bad.yaml:6", "bad.yaml:4");
+    expect_error("train:\n  steps: 3\nrun:\n  dir: x\ntrain:\n  lr: 3e-4\n",
+                 "bad.yaml:5: section 'train' appears again", "(first at ");
+    expect_error("train:\n  steps: 3\nrun:\n  dir: x\ntrain:\n  lr: 3e-4\n", "bad.yaml:5",
+                 "bad.yaml:1");
+    expect_error("lora: {r: 8, alpha: 16, r: 4}\n", "key 'lora.r' appears again", "bad.yaml:1");
+}
+
 Test(config, unknown_section)
 {
     expect_error("run:\n  dir: x\ntraining:\n  steps: 3\n", "bad.yaml:3", "training");

@@ -353,6 +353,21 @@ void config_defaults(config_t *cfg)
     }
 }
 
+/* The line of an earlier key of mapping m, before pair `at`, with the same
+ * text as key node k (0: none): YAML says keys are unique, and a repeated
+ * one would silently override the first. */
+static long earlier_key_line(yaml_document_t *doc, yaml_node_t *m, yaml_node_pair_t *at,
+                             yaml_node_t *k)
+{
+    for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < at; p++) {
+        yaml_node_t *e = yaml_document_get_node(doc, p->key);
+        if (e && e->type == YAML_SCALAR_NODE && e->data.scalar.length == k->data.scalar.length &&
+            memcmp(e->data.scalar.value, k->data.scalar.value, k->data.scalar.length) == 0)
+            return (long)e->start_mark.line + 1;
+    }
+    return 0;
+}
+
 static int load_mapping(config_t *cfg, yaml_document_t *doc, const char *path, sp_err *err)
 {
     yaml_node_t *root = yaml_document_get_root_node(doc);
@@ -370,6 +385,12 @@ static int load_mapping(config_t *cfg, yaml_document_t *doc, const char *path, s
             return sp_fail(err, SP_EXIT_USAGE, "%s:%ld: section names must be plain words", path,
                            line);
         const char *sec = (const char *)kn->data.scalar.value;
+        long first = earlier_key_line(doc, root, p, kn);
+        if (first)
+            return sp_fail(err, SP_EXIT_USAGE,
+                           "%s:%ld: section '%s' appears again (first at %s:%ld); give each "
+                           "section once",
+                           path, line, sec, path, first);
         if (!section_exists(sec, strlen(sec)))
             return sp_fail(err, SP_EXIT_USAGE,
                            "%s:%ld: unknown section '%s' (expected run, model, train, lora, data, "
@@ -389,6 +410,12 @@ static int load_mapping(config_t *cfg, yaml_document_t *doc, const char *path, s
             if (k2->type != YAML_SCALAR_NODE)
                 return sp_fail(err, SP_EXIT_USAGE, "%s:%ld: keys must be plain words", path, l2);
             snprintf(name, sizeof name, "%s.%s", sec, (const char *)k2->data.scalar.value);
+            long first2 = earlier_key_line(doc, vn, q, k2);
+            if (first2)
+                return sp_fail(err, SP_EXIT_USAGE,
+                               "%s:%ld: key '%s' appears again (first at %s:%ld); give each key "
+                               "once",
+                               path, l2, name, path, first2);
             const key_def *k = find_key(name);
             if (!k)
                 return sp_fail(err, SP_EXIT_USAGE,
