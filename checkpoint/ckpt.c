@@ -9,6 +9,7 @@
 #include <hdf5.h>
 #include <jansson.h>
 #include <openssl/evp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -571,37 +572,86 @@ int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err)
 
 /* ---- reading --------------------------------------------------------------------- */
 
-static herr_t read_attr(hid_t loc, const char *name, const H5A_info_t *info, void *vs)
+/* Reading trusts nothing in state.h5 beyond what spotune writes: scalar
+ * attributes (an integer or a float of at most 8 bytes, or one variable-length
+ * string), and float32 datasets of 1 to 4 dimensions whose data fits in the
+ * file. Anything else is refused, with what and where, before a value is
+ * read: a file can match its MANIFEST and still be damaged (damaged before
+ * its checksum was taken), and HDF5 writes as many elements as the file
+ * claims into the buffer it is given. */
+#define READ_MAX_ATTRS 256
+
+typedef struct read_ctx {
+    ckpt_snapshot *s;
+    int read_data; /* 0: check the datasets' types and shapes only */
+    uint64_t file_bytes;
+    char problem[256];
+} read_ctx;
+
+/* Records why the file is refused; returns -1 (HDF5's "stop iterating"). */
+static herr_t refuse(read_ctx *c, const char *fmt, ...)
 {
-    (void)info;
-    ckpt_snapshot *s = vs;
-    hid_t a = H5Aopen(loc, name, H5P_DEFAULT), ty = H5Aget_type(a);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->problem, sizeof c->problem, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int attr_is_scalar(hid_t a)
+{
+    hid_t sp = H5Aget_space(a);
+    int ok = sp >= 0 && H5Sget_simple_extent_type(sp) == H5S_SCALAR &&
+             H5Sget_simple_extent_npoints(sp) == 1;
+    if (sp >= 0)
+        H5Sclose(sp);
+    return ok;
+}
+
+static herr_t read_attr_value(hid_t a, hid_t ty, const char *name, read_ctx *c)
+{
     H5T_class_t cls = H5Tget_class(ty);
-    herr_t rc = 0;
+    size_t size = H5Tget_size(ty);
+    if (!attr_is_scalar(a))
+        return refuse(c, "attribute '%s' is not a single value", name);
+    if ((cls == H5T_INTEGER || cls == H5T_FLOAT) && (size == 0 || size > 8))
+        return refuse(c, "attribute '%s' has %zu-byte numbers", name, size);
     if (cls == H5T_INTEGER) {
         int64_t v;
-        rc = H5Aread(a, H5T_NATIVE_INT64, &v);
-        if (rc >= 0)
-            ckpt_set_int(s, name, v);
-    } else if (cls == H5T_FLOAT) {
-        double v;
-        rc = H5Aread(a, H5T_NATIVE_DOUBLE, &v);
-        if (rc >= 0)
-            ckpt_set_real(s, name, v);
-    } else if (cls == H5T_STRING && H5Tis_variable_str(ty) > 0) {
-        char *v = NULL;
-        hid_t mem = H5Tcopy(H5T_C_S1);
-        H5Tset_size(mem, H5T_VARIABLE);
-        H5Tset_cset(mem, H5Tget_cset(ty));
-        rc = H5Aread(a, mem, &v);
-        if (rc >= 0 && v) {
-            ckpt_set_str(s, name, v);
-            H5free_memory(v);
-        }
-        H5Tclose(mem);
+        return H5Aread(a, H5T_NATIVE_INT64, &v) < 0 || ckpt_set_int(c->s, name, v) ? -1 : 0;
     }
-    H5Tclose(ty);
-    H5Aclose(a);
+    if (cls == H5T_FLOAT) {
+        double v;
+        return H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0 || ckpt_set_real(c->s, name, v) ? -1 : 0;
+    }
+    if (cls != H5T_STRING || H5Tis_variable_str(ty) <= 0)
+        return refuse(c, "attribute '%s' is neither a number nor a string", name);
+    char *v = NULL;
+    hid_t mem = H5Tcopy(H5T_C_S1);
+    H5Tset_size(mem, H5T_VARIABLE);
+    H5Tset_cset(mem, H5Tget_cset(ty));
+    herr_t rc = H5Aread(a, mem, &v);
+    if (rc >= 0 && (!v || ckpt_set_str(c->s, name, v)))
+        rc = -1;
+    if (v)
+        H5free_memory(v);
+    H5Tclose(mem);
+    return rc;
+}
+
+static herr_t read_attr(hid_t loc, const char *name, const H5A_info_t *info, void *vc)
+{
+    (void)info;
+    read_ctx *c = vc;
+    if (c->s->nattrs >= READ_MAX_ATTRS || strlen(name) >= sizeof c->s->attrs[0].name)
+        return refuse(c, "too many or too long attributes");
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    hid_t ty = a >= 0 ? H5Aget_type(a) : -1;
+    herr_t rc = ty >= 0 ? read_attr_value(a, ty, name, c) : -1;
+    if (ty >= 0)
+        H5Tclose(ty);
+    if (a >= 0)
+        H5Aclose(a);
     return rc < 0 ? -1 : 0;
 }
 
@@ -613,27 +663,90 @@ typedef H5O_info_t obj_info_t;
 #define OBJ_VISIT(f, cb, ctx) H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_INC, cb, ctx, H5O_INFO_BASIC)
 #endif
 
-static herr_t read_object(hid_t root, const char *name, const obj_info_t *info, void *vs)
+/* The shape of dataset ds when it is float32, 1 to 4 dimensions, and fits
+ * in the file (0), else -1 with the problem. */
+static int dataset_shape(hid_t ds, const char *name, read_ctx *c, int *nd, int64_t shape[4])
+{
+    hid_t sp = H5Dget_space(ds), ty = H5Dget_type(ds);
+    int ok = sp >= 0 && ty >= 0 && H5Tget_class(ty) == H5T_FLOAT && H5Tget_size(ty) == 4;
+    int n = ok ? H5Sget_simple_extent_ndims(sp) : -1;
+    hsize_t dims[4] = {0};
+    uint64_t bytes = 4;
+    if (ok && n >= 1 && n <= 4 && H5Sget_simple_extent_dims(sp, dims, NULL) == n) {
+        for (int d = 0; d < n && bytes <= c->file_bytes; d++) {
+            shape[d] = (int64_t)dims[d];
+            bytes = dims[d] && bytes > UINT64_MAX / dims[d] ? UINT64_MAX : bytes * dims[d];
+        }
+    } else {
+        ok = 0;
+    }
+    if (sp >= 0)
+        H5Sclose(sp);
+    if (ty >= 0)
+        H5Tclose(ty);
+    *nd = n;
+    if (!ok)
+        return refuse(c, "dataset '%s' is not an array of float32 with 1 to 4 dimensions", name);
+    if (bytes > c->file_bytes)
+        return refuse(c, "dataset '%s' claims more data than the file holds", name);
+    return 0;
+}
+
+static herr_t read_object(hid_t root, const char *name, const obj_info_t *info, void *vc)
 {
     if (info->type != H5O_TYPE_DATASET)
         return 0;
-    ckpt_snapshot *s = vs;
-    hid_t ds = H5Dopen2(root, name, H5P_DEFAULT), sp = H5Dget_space(ds);
-    int nd = H5Sget_simple_extent_ndims(sp);
-    hsize_t dims[4] = {0};
-    herr_t rc = -1;
-    if (nd >= 1 && nd <= 4) {
-        H5Sget_simple_extent_dims(sp, dims, NULL);
-        int64_t shape[4];
-        for (int d = 0; d < nd; d++)
-            shape[d] = (int64_t)dims[d];
-        float *buf = ckpt_add_array(s, name, nd, shape);
-        if (buf)
-            rc = H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    read_ctx *c = vc;
+    hid_t ds = H5Dopen2(root, name, H5P_DEFAULT);
+    if (ds < 0)
+        return refuse(c, "cannot open dataset '%s'", name);
+    int nd = 0;
+    int64_t shape[4];
+    herr_t rc = dataset_shape(ds, name, c, &nd, shape);
+    if (rc == 0 && c->read_data) {
+        float *buf = ckpt_add_array(c->s, name, nd, shape);
+        rc = buf ? H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf)
+                 : refuse(c, "no memory for dataset '%s'", name);
     }
-    H5Sclose(sp);
     H5Dclose(ds);
     return rc < 0 ? -1 : 0;
+}
+
+/* m: the checkpoint's verified MANIFEST, or NULL to read the structure only */
+static int read_state(const char *dir, const ckpt_manifest *m, ckpt_snapshot *s, sp_err *err)
+{
+    ckpt_snapshot_init(s);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_STATE_FILE);
+    struct stat sb;
+    read_ctx c = {.s = s, .read_data = m != NULL};
+    if (stat(path, &sb) == 0)
+        c.file_bytes = (uint64_t)sb.st_size;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot open as HDF5", path);
+    hsize_t idx = 0;
+    int bad = H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, &idx, read_attr, &c) < 0 ||
+              OBJ_VISIT(f, read_object, &c) < 0;
+    H5Fclose(f);
+    if (bad) {
+        ckpt_snapshot_free(s);
+        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot read the checkpoint state%s%s", path,
+                       c.problem[0] ? ": " : "", c.problem);
+    }
+    if (m) {
+        s->step = m->step;
+        s->world_size = m->world_size;
+        memcpy(s->config_hash, m->config_hash, sizeof s->config_hash);
+        memcpy(s->base_model, m->base_model, sizeof s->base_model);
+    }
+    return 0;
+}
+
+int ckpt_read_verified(const char *dir, const ckpt_manifest *m, ckpt_snapshot *s, sp_err *err)
+{
+    return read_state(dir, m, s, err);
 }
 
 int ckpt_read(const char *dir, ckpt_snapshot *s, sp_err *err)
@@ -641,26 +754,16 @@ int ckpt_read(const char *dir, ckpt_snapshot *s, sp_err *err)
     ckpt_manifest m;
     if (ckpt_verify(dir, &m, err))
         return err->code;
-    ckpt_snapshot_init(s);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, CKPT_STATE_FILE);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0)
-        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot open as HDF5", path);
-    hsize_t idx = 0;
-    int bad = H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, &idx, read_attr, s) < 0 ||
-              OBJ_VISIT(f, read_object, s) < 0;
-    H5Fclose(f);
-    if (bad) {
-        ckpt_snapshot_free(s);
-        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot read the checkpoint state", path);
-    }
-    s->step = m.step;
-    s->world_size = m.world_size;
-    memcpy(s->config_hash, m.config_hash, sizeof s->config_hash);
-    memcpy(s->base_model, m.base_model, sizeof s->base_model);
-    return 0;
+    return read_state(dir, &m, s, err);
+}
+
+int ckpt_check_state(const char *dir, sp_err *err)
+{
+    ckpt_snapshot s;
+    int rc = read_state(dir, NULL, &s, err);
+    if (!rc)
+        ckpt_snapshot_free(&s);
+    return rc;
 }
 
 /* ---- listing and retention ------------------------------------------------------- */

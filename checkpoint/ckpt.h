@@ -78,8 +78,6 @@ const ckpt_array *ckpt_find_array(const ckpt_snapshot *s, const char *name);
  * NULL) receives the final path. Fails with EEXIST-like error if that step
  * already exists complete. */
 int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t out_n, sp_err *err);
-/* Verifies MANIFEST and every file's size and checksum; reads the state. */
-int ckpt_read(const char *dir, ckpt_snapshot *s, sp_err *err);
 
 typedef struct ckpt_manifest {
     int format_version;
@@ -100,6 +98,19 @@ int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err);
 int ckpt_manifest_parse(const char *json_text, size_t len, ckpt_manifest *m, sp_err *err);
 /* SHA-256 of a file as 64 hex digits (and its size). */
 int ckpt_file_sha256(const char *path, char hex[65], uint64_t *size, sp_err *err);
+/* Verifies MANIFEST and every file's size and checksum; reads the state.
+ * What spotune never writes is refused by name (SP_EXIT_INPUT): attributes
+ * that are not one number or string, datasets that are not float32 arrays
+ * of 1 to 4 dimensions or claim more data than the file holds. A file that
+ * matches its MANIFEST can still be damaged (before its checksum was taken),
+ * and libhdf5 itself can crash on some damage: callers that must survive
+ * that run ckpt_check_state in a process of their own first. */
+int ckpt_read(const char *dir, ckpt_snapshot *s, sp_err *err);
+/* ckpt_read after the caller's own ckpt_verify (m: what it returned). */
+int ckpt_read_verified(const char *dir, const ckpt_manifest *m, ckpt_snapshot *s, sp_err *err);
+/* All of ckpt_read but the checksums and the arrays' values: the structure
+ * of DIR/state.h5, read and checked as ckpt_read does. */
+int ckpt_check_state(const char *dir, sp_err *err);
 
 /* ckpt_info.incomplete: what a .tmp-step-NNNNNNNN-PID directory is */
 enum {

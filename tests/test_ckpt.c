@@ -14,6 +14,7 @@
 
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_writer.h"
+#include <hdf5.h>
 #include "test_util.h"
 
 static char *dir;
@@ -465,4 +466,94 @@ Test(ckpt, a_state_larger_than_the_free_space_is_refused_beforehand)
     char tmpdirs[4096];
     snprintf(tmpdirs, sizeof tmpdirs, "ls -A %s | grep -q .", root);
     cr_expect_neq(tu_sh(NULL, "%s", tmpdirs), 0, "%s is not empty", root);
+}
+
+/* ---- state.h5 damaged before its checksum was taken ------------------------------ */
+
+/* A checkpoint whose state.h5 is replaced by one made by `make`. */
+static char *crafted_checkpoint(int64_t step, void (*make)(hid_t f))
+{
+    char *ck = write_step(step);
+    char state[4096];
+    snprintf(state, sizeof state, "%s/%s", ck, CKPT_STATE_FILE);
+    hid_t f = H5Fcreate(state, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert_geq(f, 0);
+    make(f);
+    cr_assert_geq(H5Fclose(f), 0);
+    cr_assert_eq(tu_remanifest(ck), 0);
+    return ck;
+}
+
+static void expect_refused(const char *ck, const char *why)
+{
+    ckpt_snapshot s;
+    sp_err err = {0};
+    int rc = ckpt_read(ck, &s, &err);
+    cr_expect_eq(rc, SP_EXIT_INPUT, "rc %d: %s", rc, err.msg);
+    cr_expect(tu_contains(err.msg, ck) && tu_contains(err.msg, "state.h5") &&
+                  tu_contains(err.msg, why),
+              "'%s' lacks the file or '%s'", err.msg, why);
+}
+
+static void make_array_attr(hid_t f)
+{
+    hsize_t n = 64;
+    int64_t v[64] = {0};
+    hid_t sp = H5Screate_simple(1, &n, NULL);
+    hid_t a = H5Acreate2(f, "cursor", H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert_geq(H5Awrite(a, H5T_NATIVE_INT64, v), 0);
+    H5Aclose(a);
+    H5Sclose(sp);
+}
+
+static void make_fixed_string_attr(hid_t f)
+{
+    hid_t sp = H5Screate(H5S_SCALAR), ty = H5Tcopy(H5T_C_S1);
+    H5Tset_size(ty, 8);
+    hid_t a = H5Acreate2(f, "config", ty, sp, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert_geq(H5Awrite(a, ty, "abcdefgh"), 0);
+    H5Aclose(a);
+    H5Tclose(ty);
+    H5Sclose(sp);
+}
+
+static void make_int_dataset(hid_t f)
+{
+    hsize_t n = 4;
+    int32_t v[4] = {1, 2, 3, 4};
+    hid_t sp = H5Screate_simple(1, &n, NULL);
+    hid_t d = H5Dcreate2(f, "params.x", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert_geq(H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v), 0);
+    H5Dclose(d);
+    H5Sclose(sp);
+}
+
+static void make_huge_dataset(hid_t f)
+{
+    hsize_t n[2] = {(hsize_t)1 << 20, (hsize_t)1 << 20}; /* 4 TiB, never written */
+    hid_t sp = H5Screate_simple(2, n, NULL);
+    hid_t d = H5Dcreate2(f, "params.x", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT,
+                         H5P_DEFAULT);
+    cr_assert_geq(d, 0);
+    H5Dclose(d);
+    H5Sclose(sp);
+}
+
+/* A state.h5 that matches its MANIFEST but holds what spotune never writes is
+ * refused by name before any value is read into memory sized for it. */
+Test(ckpt, damaged_state_matching_its_manifest_is_refused)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    char *ck = crafted_checkpoint(11, make_array_attr);
+    expect_refused(ck, "attribute 'cursor' is not a single value");
+    free(ck);
+    ck = crafted_checkpoint(12, make_fixed_string_attr);
+    expect_refused(ck, "attribute 'config' is neither a number nor a string");
+    free(ck);
+    ck = crafted_checkpoint(13, make_int_dataset);
+    expect_refused(ck, "dataset 'params.x' is not an array of float32");
+    free(ck);
+    ck = crafted_checkpoint(14, make_huge_dataset);
+    expect_refused(ck, "dataset 'params.x' claims more data than the file holds");
+    free(ck);
 }

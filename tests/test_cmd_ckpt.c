@@ -622,3 +622,105 @@ Test(cmd_ckpt, resume_reports_incomplete_newer_checkpoints)
     cr_expect(tu_contains(metrics, tmp), "metrics.jsonl does not mention %s", tmp);
     free(metrics);
 }
+
+/* ---- state.h5 damaged before its checksum was taken ------------------------------ */
+
+/* DIR/name: a copy of checkpoint src with 4 bytes of state.h5 at off
+ * overwritten and MANIFEST.json rewritten to match. */
+static const char *damaged_copy(const char *src, const char *name, size_t off)
+{
+    const char *ck = at("%s", name);
+    cr_assert_eq(tu_sh(NULL, "rm -rf %s && cp -r %s %s", ck, src, ck), 0);
+    char state[4200];
+    snprintf(state, sizeof state, "%s/state.h5", ck);
+    size_t n = 0;
+    unsigned char *b = (unsigned char *)tu_read_file(state, &n);
+    cr_assert(b && off < n);
+    for (size_t k = off; k < off + 4 && k < n; k++)
+        b[k] ^= (unsigned char)(0xa5 + 31 * k);
+    FILE *f = fopen(state, "wb");
+    cr_assert(f && fwrite(b, 1, n, f) == n);
+    fclose(f);
+    free(b);
+    cr_assert_eq(tu_remanifest(ck), 0);
+    return ck;
+}
+
+/* Damage anywhere in state.h5 (four bytes at a time, at 80 places spread over
+ * the file and dense over its metadata), the MANIFEST rewritten to match:
+ * `ckpt verify` never crashes; it says ok or exits 3 naming the file, also
+ * where libhdf5 itself crashes on the damage (in the separate process that
+ * reads the structure). train --resume and export refuse such a checkpoint
+ * with exit 3 too. */
+Test(cmd_ckpt, damaged_state_matching_its_manifest_never_crashes_a_command)
+{
+    train("run", NULL);
+    char src[4200], state[4300];
+    snprintf(src, sizeof src, "%s", at("run/checkpoints/step-00000012"));
+    snprintf(state, sizeof state, "%s/state.h5", src);
+    struct stat sb;
+    cr_assert_eq(stat(state, &sb), 0);
+    size_t size = (size_t)sb.st_size;
+    int refused = 0, crashed = 0;
+    char refused_ck[4200] = "";
+    for (int i = 0; i < 80; i++) {
+        size_t off = i < 48 ? (size_t)i * 4096 / 48 : (size_t)(i - 48) * (size / 32);
+        if (off >= size)
+            continue;
+        const char *ck = damaged_copy(src, "damaged", off);
+        char *out = NULL;
+        int rc = tu_spotune(&out, "ckpt verify %s", ck);
+        cr_expect(rc == 0 || rc == 3, "bytes %zu..%zu: ckpt verify exited %d: %s", off, off + 3,
+                  rc, out);
+        if (rc == 3) {
+            cr_expect(tu_contains(out, ck) && tu_contains(out, "state.h5"),
+                      "bytes %zu..: the error does not name the file: %s", off, out);
+            refused++;
+            crashed += tu_contains(out, "crashed the HDF5 library");
+            if (!refused_ck[0]) {
+                snprintf(refused_ck, sizeof refused_ck, "%s", at("refused"));
+                cr_assert_eq(tu_sh(NULL, "rm -rf %s && cp -r %s %s", refused_ck, ck, refused_ck),
+                             0);
+            }
+        }
+        free(out);
+    }
+    cr_expect_gt(refused, 0, "no damage was noticed");
+    cr_log_info("%d of 80 damaged files refused, %d of them crashing libhdf5", refused, crashed);
+    cr_assert(refused_ck[0]);
+
+    char *out = NULL;
+    int rc = tu_spotune(&out, "train %s/run.yaml --set run.dir=%s --resume %s", dir,
+                        at("resumed"), refused_ck);
+    cr_expect_eq(rc, 3, "%s", out);
+    cr_expect(tu_contains(out, refused_ck), "%s", out);
+    free(out);
+    rc = tu_spotune(&out, "export %s --peft %s", refused_ck, at("out-damaged"));
+    cr_expect_eq(rc, 3, "%s", out);
+    cr_expect(!exists(at("out-damaged")), "export of a damaged checkpoint wrote something");
+    free(out);
+}
+
+/* A state.h5 whose attributes hold what this writer never writes (here the
+ * global batch as a string), MANIFEST matching: resuming from it exits 3
+ * naming the file and the attribute. */
+Test(cmd_ckpt, resume_refuses_a_state_with_a_wrong_attribute)
+{
+    train("run", NULL);
+    const char *ck = at("wrongattr");
+    cr_assert_eq(tu_sh(NULL, "cp -r %s %s", at("run/checkpoints/step-00000012"), ck), 0);
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "%s/.venv/bin/python -c \"import h5py; f = h5py.File('%s/state.h5', 'r+'); "
+                   "del f.attrs['global_batch']; f.attrs['global_batch'] = 'eight'; f.close()\"",
+                   SPOTUNE_SOURCE_DIR, ck);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    cr_assert_eq(tu_remanifest(ck), 0);
+    rc = tu_spotune(&out, "train %s/run.yaml --set run.dir=%s --resume %s", dir, at("resumed2"),
+                    ck);
+    cr_expect_eq(rc, 3, "%s", out);
+    cr_expect(tu_contains(out, ck) && tu_contains(out, "'global_batch' is not an integer"), "%s",
+              out);
+    free(out);
+}

@@ -1,6 +1,10 @@
 #define _POSIX_C_SOURCE 200809L
 #include "test_util.h"
 
+#include <jansson.h>
+
+#include "checkpoint/ckpt.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -247,4 +251,24 @@ int tu_tiny_inputs(const char *dir, int text_seed, int model_seed, char **out)
                  "--seed %d %s/model",
                  SPOTUNE_SOURCE_DIR, dir, text_seed, SPOTUNE_BINARY_DIR, dir, dir,
                  SPOTUNE_BINARY_DIR, model_seed, dir);
+}
+
+int tu_remanifest(const char *ck)
+{
+    char path[4096], state[4096], hex[65];
+    uint64_t size = 0;
+    sp_err err = {0};
+    snprintf(path, sizeof path, "%s/%s", ck, CKPT_MANIFEST);
+    snprintf(state, sizeof state, "%s/%s", ck, CKPT_STATE_FILE);
+    json_error_t je;
+    json_t *m = NULL, *e = NULL;
+    int rc = -1;
+    if (ckpt_file_sha256(state, hex, &size, &err) == 0 && (m = json_load_file(path, 0, &je)) &&
+        (e = json_object_get(json_object_get(m, "files"), CKPT_STATE_FILE))) {
+        json_object_set_new(e, "size", json_integer((json_int_t)size));
+        json_object_set_new(e, "sha256", json_string(hex));
+        rc = json_dump_file(m, path, JSON_INDENT(2));
+    }
+    json_decref(m);
+    return rc;
 }

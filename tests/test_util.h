@@ -16,6 +16,10 @@ void tu_rmtree(const char *dir);
 /* Mounts a tmpfs of kib KiB at path (made if missing; needs root); returns
  * the exit status of mount. tu_rmtree of a directory above unmounts it. */
 int tu_mount_tmpfs(const char *path, long kib);
+/* Rewrites checkpoint directory ck's MANIFEST.json entry for state.h5 to the
+ * file as it now is (size, SHA-256), as a writer would that damaged the file
+ * before taking its checksum. Returns 0 or -1. */
+int tu_remanifest(const char *ck);
 /* Free KiB of the file system holding path (df), or -1. */
 long tu_free_kib(const char *path);
 /* Runs the spotune binary with args through /bin/sh; captures stdout+stderr

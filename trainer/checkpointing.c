@@ -3,6 +3,7 @@
 #include "checkpointing.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 #include "../checkpoint/store.h"
 #include "../checkpoint/uploader.h"
 #include "signals.h"
+#include "state_check.h"
 
 #define VERSION_TAG "spotune 0.1.0"
 #define RNG_TAG "splitmix64-counter-v1"
@@ -608,14 +610,44 @@ static int choose(ckpt_ctl *c, const char *resume, char *path, size_t n, sp_err 
     return 0;
 }
 
+/* The attributes a resume reads, each of the type and range this writer
+ * gives it: state.h5 can be damaged and still match its MANIFEST. */
+static int check_state(const ckpt_snapshot *s, const char *path, sp_err *err)
+{
+    static const struct {
+        const char *name;
+        int type;
+        double min;
+    } need[] = {{"step", CKPT_ATTR_INT, 0},         {"cursor", CKPT_ATTR_INT, 0},
+                {"global_batch", CKPT_ATTR_INT, 1}, {"world_size", CKPT_ATTR_INT, 1},
+                {"elapsed_s", CKPT_ATTR_REAL, 0},   {"config", CKPT_ATTR_STR, 0},
+                {"mode", CKPT_ATTR_STR, 0}};
+    static const char *const types[] = {"an integer", "a number", "a string"};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        const ckpt_attr *a = ckpt_get(s, need[i].name);
+        if (!a)
+            return sp_fail(err, SP_EXIT_INPUT, "%s/%s lacks the attribute '%s'", path,
+                           CKPT_STATE_FILE, need[i].name);
+        double v = a->type == CKPT_ATTR_INT ? (double)a->i : a->d;
+        if (a->type != need[i].type || (a->type != CKPT_ATTR_STR && !(v >= need[i].min)) ||
+            (a->type == CKPT_ATTR_REAL && !isfinite(v)))
+            return sp_fail(err, SP_EXIT_INPUT,
+                           "%s/%s: the attribute '%s' is not %s of at least %g (damaged?)", path,
+                           CKPT_STATE_FILE, need[i].name, types[need[i].type], need[i].min);
+    }
+    if (ckpt_get(s, "step")->i != s->step)
+        return sp_fail(err, SP_EXIT_INPUT, "%s/%s says step %lld, its MANIFEST step %lld", path,
+                       CKPT_STATE_FILE, (long long)ckpt_get(s, "step")->i, (long long)s->step);
+    return 0;
+}
+
 static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const char *path,
                             int64_t micro_batch, int64_t *ga, sp_err *err)
 {
     const config_t *cfg = c->cfg;
+    if (check_state(s, path, err))
+        return err->code;
     const ckpt_attr *conf = ckpt_get(s, "config"), *gb = ckpt_get(s, "global_batch");
-    if (!conf || conf->type != CKPT_ATTR_STR || !gb)
-        return sp_fail(err, SP_EXIT_INPUT, "%s: the checkpoint lacks its config or global batch",
-                       path);
     if (strcmp(s->config_hash, c->config_hash) != 0) {
         config_t was;
         char diff[1200] = "";
@@ -760,7 +792,7 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
         int64_t ga = *grad_accum;
         int rc = choose(c, resume, path, sizeof path, &e);
         if (!rc && path[0]) {
-            rc = ckpt_read(path, &s, &e);
+            rc = state_read_checked(path, &s, &e);
             if (!rc)
                 rc = check_compatible(c, &s, path, micro_batch, &ga, &e);
         }

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "model.h"
 #include "model_io.h"
+#include "state_check.h"
 
 static int is_url(const char *s)
 {
@@ -200,6 +201,11 @@ static void ckpt_usage(FILE *f)
     fprintf(f, "usage: spotune ckpt list RUN_DIR | CHECKPOINTS_DIR | s3://bucket/prefix\n"
                "       spotune ckpt verify CHECKPOINT_DIR | s3://bucket/prefix/step-NNNNNNNN\n"
                "       spotune ckpt pull s3://bucket/prefix/step-NNNNNNNN DIR\n"
+               "       spotune ckpt check CHECKPOINT_DIR\n"
+               "verify: MANIFEST, every file's size and SHA-256, and the structure of\n"
+               "  state.h5 (read by `ckpt check` in a separate process, so that a damaged\n"
+               "  file cannot crash the command that reads it; train and export do the same).\n"
+               "check: the structure of CHECKPOINT_DIR/state.h5 only (no checksums).\n"
                "options for s3://: --endpoint URL --region R --path-style\n"
                "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN]\n");
 }
@@ -268,14 +274,22 @@ int cmd_ckpt(int argc, char **argv)
         int rc = local_checkpoint(args[0], &o, dir, sizeof dir, &tmp, &err);
         if (!rc)
             rc = ckpt_verify(dir, &m, &err);
+        if (!rc)
+            rc = state_check_isolated(dir, &err);
         if (tmp) {
             remove_tree(tmp);
             free(tmp);
         }
         if (rc)
             return fail(&err);
-        printf("%s: ok (step %lld, %d file(s) verified, world size %d)\n", args[0],
+        printf("%s: ok (step %lld, %d file(s) verified, state readable, world size %d)\n", args[0],
                (long long)m.step, m.nfiles, m.world_size);
+        return 0;
+    }
+    if (!strcmp(sub, "check") && nargs == 1) {
+        if (ckpt_check_state(args[0], &err))
+            return fail(&err);
+        printf("%s/%s: readable\n", args[0], CKPT_STATE_FILE);
         return 0;
     }
     if (!strcmp(sub, "pull") && nargs == 2) {
@@ -408,12 +422,14 @@ int cmd_export(int argc, char **argv)
     ckpt_snapshot_init(&s);
     int rc = local_checkpoint(argv[optind], &o, dir, sizeof dir, &tmp, &err);
     if (!rc)
-        rc = ckpt_read(dir, &s, &err);
+        rc = state_read_checked(dir, &s, &err);
     const ckpt_attr *conf = rc ? NULL : ckpt_get(&s, "config");
-    if (!rc && !conf)
+    if (!rc && (!conf || conf->type != CKPT_ATTR_STR))
         rc = sp_fail(&err, SP_EXIT_INPUT, "%s: the checkpoint lacks its config", dir);
-    if (!rc)
-        rc = config_load_text(&c, conf->s, "checkpoint config", &err);
+    if (!rc && config_load_text(&c, conf->s, "checkpoint config", &err)) {
+        sp_err_prefix(&err, "%s: ", dir);
+        rc = err.code = SP_EXIT_INPUT; /* a damaged checkpoint, not the user's config */
+    }
     const char *base = model ? model : c.model_path;
     if (!rc && peft && (rc = export_peft(&s, &c, base, peft, &err)) == 0)
         printf("adapter (PEFT layout): %s\n", peft);
