@@ -149,6 +149,18 @@ void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t)
     free(tmp);
 }
 
+int backend_cuda_probe(char *why, size_t n)
+{
+#ifdef SPOTUNE_WITH_CUDA
+    return cuda_backend_probe(why, n);
+#else
+    if (why && n)
+        snprintf(why, n, "this spotune was built without the CUDA backend (nvcc was not found "
+                         "when it was configured, or SPOTUNE_CUDA=OFF)");
+    return 0;
+#endif
+}
+
 int backend_cuda_available(void)
 {
 #ifdef SPOTUNE_WITH_CUDA

@@ -164,6 +164,10 @@ int backend_create(backend_t **out, const char *kind, int device, int threads, s
 void backend_destroy(backend_t *be);
 /* 1 when this binary was built with the CUDA backend and a device is visible. */
 int backend_cuda_available(void);
+/* Number of usable CUDA devices; when 0, why (n bytes) says why: the CUDA
+ * error of cudaGetDeviceCount (no device, insufficient driver, ...), or that
+ * this build has no CUDA backend. Creates no CUDA context (safe before fork). */
+int backend_cuda_probe(char *why, size_t n);
 
 /* Copies the sticky error into err and returns its code (0 if none). */
 int be_check(backend_t *be, sp_err *err);

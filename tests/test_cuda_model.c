@@ -11,7 +11,8 @@
  * Paths: fixtures under $SPOTUNE_TEST_SOURCE_DIR/tests/fixtures and the
  * binary in $SPOTUNE_TEST_BINARY_DIR when set (the GPU bundle sets them),
  * else the source and build trees this test was built from.
- * Without a CUDA device main prints "skipped: no CUDA device" and exits 77. */
+ * Without a usable CUDA device main prints "skipped: no usable CUDA device: "
+ * and the CUDA error (cuda_test_main.h), and exits 77. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cuda_test_main.h"
 #include "test_util.h"
 #include "trainer/adapter.h"
 #include "trainer/model.h"
@@ -343,18 +345,9 @@ Test(cuda_model, lora_training_tracks_the_cpu, .timeout = 900)
     tu_rmtree(dir);
 }
 
-/* ---- main: skip (77) without a device --------------------------------------------- */
+/* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */
 
 int main(int argc, char *argv[])
 {
-    if (!backend_cuda_available()) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true))
-        result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
+    return cuda_test_main(argc, argv);
 }

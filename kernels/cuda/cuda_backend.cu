@@ -288,14 +288,44 @@ static const backend_ops cuda_ops_table = {
     .destroy = cuda_destroy,
 };
 
-extern "C" int cuda_backend_device_count(void)
+extern "C" int cuda_backend_probe(char *why, size_t n)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError(); /* no driver or no device: clear, and say none */
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* no driver, an old driver, no device: clear it, say why */
+        if (why && n)
+            snprintf(why, n, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
         return 0;
     }
-    return n > 0 ? n : 0;
+    if (count <= 0) {
+        if (why && n)
+            snprintf(why, n, "cudaGetDeviceCount: 0 devices (CUDA_VISIBLE_DEVICES hides them?)");
+        return 0;
+    }
+    /* A device in prohibited compute mode accepts no context; the attribute
+     * is read without creating one. */
+    int usable = 0, mode = 0;
+    for (int d = 0; d < count; d++)
+        if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, d) == cudaSuccess &&
+            mode != cudaComputeModeProhibited)
+            usable++;
+    cudaGetLastError();
+    if (usable == 0) {
+        if (why && n)
+            snprintf(why, n, "cudaDeviceGetAttribute: all %d devices are in prohibited compute "
+                             "mode (cudaComputeModeProhibited)", count);
+        return 0;
+    }
+    if (why && n)
+        snprintf(why, n, "%d CUDA device%s", count, count == 1 ? "" : "s");
+    return count;
+}
+
+extern "C" int cuda_backend_device_count(void)
+{
+    return cuda_backend_probe(NULL, 0);
 }
 
 /* The setup after the device is bound; any failure is left in be->err. */
@@ -326,11 +356,14 @@ static int cuda_setup(backend_t *be, cuda_impl *im)
 extern "C" int cuda_backend_create(backend_t **out, int device, int threads, sp_err *err)
 {
     *out = NULL;
-    int count = cuda_backend_device_count();
+    char why[256];
+    int count = cuda_backend_probe(why, sizeof why);
     if (count <= 0)
         return sp_fail(err, SP_EXIT_USAGE,
-                       "runtime.backend: cuda requested but no CUDA device is visible (no NVIDIA "
-                       "driver, no GPU, or CUDA_VISIBLE_DEVICES hides them)");
+                       "runtime.backend: cuda requested but no CUDA device is usable: %s (no "
+                       "NVIDIA driver or too old a one, no GPU, or CUDA_VISIBLE_DEVICES hides "
+                       "them)",
+                       why);
     backend_t *be = (backend_t *)calloc(1, sizeof *be);
     cuda_impl *im = (cuda_impl *)calloc(1, sizeof *im);
     if (!be || !im) {

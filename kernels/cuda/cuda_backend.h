@@ -19,6 +19,11 @@ int cuda_backend_create(backend_t **out, int device, int threads, sp_err *err);
 /* Number of visible CUDA devices; 0 (not an error) without a driver or device. */
 int cuda_backend_device_count(void);
 
+/* The same count; when it is 0, why (n bytes) receives the CUDA error that
+ * says so, e.g. "cudaGetDeviceCount: CUDA driver version is insufficient for
+ * CUDA runtime version (cudaErrorInsufficientDriver)". Creates no context. */
+int cuda_backend_probe(char *why, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
