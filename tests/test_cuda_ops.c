@@ -14,13 +14,15 @@
  *   AdamW 1e-6
  *   dropout masks and fill_uniform: bit for bit; fill_normal 1e-6 (the GPU's
  *   double log/cos differ from glibc's in the last ulp)
- * Without a CUDA device main prints "skipped: no CUDA device" and exits 77. */
+ * Without a usable CUDA device main prints "skipped: no usable CUDA device: "
+ * and the CUDA error (cuda_test_main.h), and exits 77. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_test_main.h"
 #include "kernels/backend.h"
 
 #define TOL_BF16 1e-2
@@ -33,7 +35,7 @@ static void setup(void)
 {
     sp_err err = {0};
     cr_assert_eq(backend_create(&cpu, "cpu", 0, 2, &err), 0, "%s", err.msg);
-    cr_assert_eq(backend_create(&gpu, "cuda", 0, 1, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_create(&gpu, cuda_test_backend(), 0, 1, &err), 0, "%s", err.msg);
 }
 
 static void teardown(void)
@@ -377,7 +379,73 @@ Test(cuda_ops, rope_and_its_inverse)
 
 /* ---- attention ------------------------------------------------------------------------- */
 
-static void check_attention(int B, int T, int nh, int nkv, int hd)
+/* Real shapes: the attention tensors [B,T,heads,hd] are also compared chunk
+ * by chunk, (batch row, head, 256 query rows) each against its own largest
+ * value, so that a wrong head, kv-head chunk or row block cannot hide behind
+ * larger values elsewhere, and as a whole by the relative RMS error
+ * ||gpu - cpu|| / ||cpu||.
+ *
+ * Why these tolerances (bf16): the GPU rounds P to bf16 before P V and the
+ * output to bf16 (2^-9 = 2e-3 relative each, random); in the backward dS =
+ * P (dP - D) / sqrt(hd) is rounded to bf16 before dS K and dS^T Q, and a
+ * row of dS sums to zero (D = rowsum(dO * O) is the P-weighted mean of dP):
+ * that cancellation leaves dQ = dS K much smaller than the sum of its terms'
+ * sizes while the roundings of dS do not cancel, so dQ and dK carry the
+ * largest relative error. A float64 emulation of exactly these roundings
+ * (P, O, dS and the outputs rounded to bf16, fp32 sums) on uniform inputs
+ * like these gives, at T 2048 hd 128 and T 4096 hd 64: out 3.7-4.0e-3
+ * chunkwise and 2.3e-3 RMS; dQ 3.9-4.6e-3 and 2.9e-3; dK 4.1-4.8e-3 and
+ * 2.9e-3; dV 4.0e-3 and 2.3e-3. TOL_BLOCK and TOL_RMS are twice the worst of
+ * these. A masking error of one key at a row-block boundary already moves a
+ * chunk by about 2%; a wrong head or chunk mapping by O(1). lse is F32 from
+ * fp32 scores on both sides: TOL_F32 (the emulation: 1e-7). */
+#define TOL_BLOCK 1e-2
+#define TOL_RMS 6e-3
+
+static void expect_close_chunks(const char *what, tensor_t g, tensor_t c, int B, int T, int heads,
+                                int hd)
+{
+    float *a = down(gpu, g), *b = down(cpu, c);
+    size_t n = (size_t)B * T * heads * hd;
+    double worst = 0, se = 0, sr = 0;
+    int worst_b = 0, worst_h = 0, worst_t = 0;
+    for (int bb = 0; bb < B; bb++)
+        for (int h = 0; h < heads; h++)
+            for (int t0 = 0; t0 < T; t0 += 256) {
+                double m = 0, e = 0;
+                for (int t = t0; t < T && t < t0 + 256; t++) {
+                    size_t base = (((size_t)bb * T + t) * heads + h) * hd;
+                    for (int d = 0; d < hd; d++) {
+                        double want = b[base + d], diff = fabs((double)a[base + d] - want);
+                        if (fabs(want) > m)
+                            m = fabs(want);
+                        if (diff > e || diff != diff)
+                            e = diff != diff ? INFINITY : diff;
+                    }
+                }
+                double r = m > 0 ? e / m : e;
+                if (r > worst || r != r)
+                    worst = r != r ? INFINITY : r, worst_b = bb, worst_h = h, worst_t = t0;
+            }
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        se += d * d;
+        sr += (double)b[i] * b[i];
+    }
+    double rms = sr > 0 ? sqrt(se / sr) : sqrt(se);
+    if (rms != rms)
+        rms = INFINITY;
+    cr_expect(worst <= TOL_BLOCK,
+              "%s: chunk (batch %d, head %d, rows %d..%d) rel err %.3g > %.3g", what, worst_b,
+              worst_h, worst_t, worst_t + 255, worst, TOL_BLOCK);
+    cr_expect(rms <= TOL_RMS, "%s: relative RMS error %.3g > %.3g", what, rms, TOL_RMS);
+    fprintf(stderr, "%s: worst chunk %.2e (batch %d head %d rows %d..), RMS %.2e\n", what, worst,
+            worst_b, worst_h, worst_t, rms);
+    free(a);
+    free(b);
+}
+
+static void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
@@ -397,6 +465,8 @@ static void check_attention(int B, int T, int nh, int nkv, int hd)
     char w2[160];
     snprintf(w2, sizeof w2, "%s out", what);
     expect_close(w2, go, co, nq, TOL_BF16);
+    if (chunks)
+        expect_close_chunks(w2, go, co, B, T, nh, hd);
     snprintf(w2, sizeof w2, "%s lse", what);
     expect_close(w2, gl, cl, nl, TOL_F32);
     /* the backward from the same forward output on both sides (the GPU's,
@@ -409,15 +479,26 @@ static void check_attention(int B, int T, int nh, int nkv, int hd)
     gpu_ok();
     snprintf(w2, sizeof w2, "%s dq", what);
     expect_close(w2, gdq, cdq, nq, TOL_BF16);
+    if (chunks)
+        expect_close_chunks(w2, gdq, cdq, B, T, nh, hd);
     snprintf(w2, sizeof w2, "%s dk", what);
     expect_close(w2, gdk, cdk, nk, TOL_BF16);
+    if (chunks)
+        expect_close_chunks(w2, gdk, cdk, B, T, nkv, hd);
     snprintf(w2, sizeof w2, "%s dv", what);
     expect_close(w2, gdv, cdv, nk, TOL_BF16);
+    if (chunks)
+        expect_close_chunks(w2, gdv, cdv, B, T, nkv, hd);
     tensor_t gs[] = {gq, gk, gv, go, gl, gdo, gdq, gdk, gdv};
     tensor_t cs[] = {cq, ck, cv, co, cl, cdo, cdq, cdk, cdv};
     for (int i = 0; i < 9; i++)
         drop(gpu, &gs[i]), drop(cpu, &cs[i]);
     free(q), free(k), free(v), free(dout);
+}
+
+static void check_attention(int B, int T, int nh, int nkv, int hd)
+{
+    check_attention_at(B, T, nh, nkv, hd, 0);
 }
 
 Test(cuda_ops, attention_small_and_odd_shapes)
@@ -433,6 +514,34 @@ Test(cuda_ops, attention_several_row_blocks)
 {
     check_attention(1, 600, 2, 1, 64);  /* T > 512: two query-row blocks */
     check_attention(2, 1031, 4, 2, 64); /* three blocks, odd T */
+}
+
+/* The shapes of real models, checked chunk by chunk (expect_close_chunks):
+ * four 512-row blocks per head at T 2048, eight at T 4096; the backward's
+ * kv heads in chunks (e.g. 21 + 11 heads at 7B), and the batched products
+ * whose outputs interleave across heads. */
+static void skip_if_reduced(void)
+{
+    if (cuda_test_reduced_shapes())
+        cr_skip_test("real shapes skipped: SPOTUNE_TEST_SHAPES=reduced");
+}
+
+Test(cuda_ops, attention_llama2_7b_shape_t2048_32_heads_hd128)
+{
+    skip_if_reduced();
+    check_attention_at(1, 2048, 32, 32, 128, 1);
+}
+
+Test(cuda_ops, attention_llama3_8b_gqa_shape_t2048_32_heads_8_kv_hd128)
+{
+    skip_if_reduced();
+    check_attention_at(1, 2048, 32, 8, 128, 1);
+}
+
+Test(cuda_ops, attention_t4096_hd64_32_heads_8_kv)
+{
+    skip_if_reduced();
+    check_attention_at(1, 4096, 32, 8, 64, 1);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------- */
@@ -738,18 +847,9 @@ Test(cuda_ops, fill_normal_within_1e_6)
     check_fill(1, 4097, 19, 0, 0.0f, 0.02f, DT_BF16);
 }
 
-/* ---- main: skip (77) without a device ---------------------------------------------------- */
+/* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */
 
 int main(int argc, char *argv[])
 {
-    if (!backend_cuda_available()) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true))
-        result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
+    return cuda_test_main(argc, argv);
 }
