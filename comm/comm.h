@@ -33,6 +33,11 @@ typedef struct comm_opts {
                          negative: never) */
     size_t chunk_bytes; /* host collectives move at most this much per MPI call
                            (default 4 MiB, or env SPOTUNE_COMM_CHUNK_BYTES) */
+    int nccl_world_of_one; /* non-zero: comm_device_init builds a real one-rank NCCL
+                              communicator even in a world of one without MPI, and
+                              comm_device_collectives() says yes, so the device paths
+                              (grad_sync's overlap, the sharded collectives) run through
+                              NCCL on one GPU: a check of those paths, not for training */
 } comm_opts;
 
 /* Initialises MPI when the process was started by a launcher (mpirun, srun),
@@ -88,7 +93,8 @@ _Noreturn void comm_abort(comm_t *c, int code, const char *msg);
  * comm_device_wait blocks until the stream's work is done, polling NCCL for
  * asynchronous errors and aborting the communicator on timeout.
  * Without a CUDA build they return an error. In a world of one without MPI
- * no NCCL communicator is made: the collectives are local copies.
+ * no NCCL communicator is made (unless comm_opts.nccl_world_of_one): the
+ * collectives are local copies.
  * After any error the communicator is aborted and unusable: end the job
  * with comm_abort(). */
 int comm_device_available(void); /* 1 when built with CUDA and NCCL */
@@ -102,5 +108,9 @@ int comm_device_allgather(comm_t *c, const void *send, void *recv, size_t n, com
 int comm_device_bcast(comm_t *c, void *buf, size_t n, comm_dtype dt, int root, void *stream,
                       sp_err *err);
 int comm_device_wait(comm_t *c, void *stream, sp_err *err);
+/* 1 when gradients must go through the device collectives: a world of more
+ * than one, or a one-rank NCCL communicator made on request
+ * (comm_opts.nccl_world_of_one, after comm_device_init). */
+int comm_device_collectives(const comm_t *c);
 
 #endif

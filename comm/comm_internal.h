@@ -52,6 +52,7 @@ struct comm {
     size_t scratch_cap;
     struct comm_watchdog wd;
     struct comm_device *dev; /* NULL until comm_device_init */
+    int nccl_world_of_one;   /* comm_opts.nccl_world_of_one */
 };
 
 /* Marks the start and end of a blocking collective for the watchdog. */

@@ -72,6 +72,7 @@ static int apply_opts(comm_t *c, const comm_opts *opts, sp_err *err)
     if (!opts)
         opts = &none;
     comm_set_timeout(c, opts->timeout_s);
+    c->nccl_world_of_one = opts->nccl_world_of_one != 0;
     c->chunk_bytes = opts->chunk_bytes;
     if (c->chunk_bytes == 0 &&
         env_bytes("SPOTUNE_COMM_CHUNK_BYTES", COMM_DEFAULT_CHUNK_BYTES, &c->chunk_bytes, err))

@@ -6,7 +6,8 @@
  * waiting for them with a timeout: comm_device_wait polls the stream and
  * NCCL's asynchronous error, and aborts the communicator on error or
  * timeout. A world of one without MPI has no communicator: its collectives
- * are local copies. Without CUDA every entry point returns an error. */
+ * are local copies, unless comm_opts.nccl_world_of_one asked for a one-rank
+ * NCCL communicator (to run the NCCL path on a single GPU). Without CUDA every entry point returns an error. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,11 @@ int comm_device_bcast(comm_t *c, void *buf, size_t n, comm_dtype dt, int root, v
 int comm_device_wait(comm_t *c, void *stream, sp_err *err)
 {
     return no_cuda(err, "comm_device_wait");
+}
+
+int comm_device_collectives(const comm_t *c)
+{
+    return c->size > 1;
 }
 
 #else /* SPOTUNE_COMM_NCCL */
@@ -283,7 +289,7 @@ int comm_device_init(comm_t *c, int device, sp_err *err)
     rc = dev ? bind_device(c, device, err)
              : sp_fail(err, SP_EXIT_OTHER, "comm_device_init: out of memory");
     rc = agree(c, rc != 0, "binding the CUDA device", err);
-    if (!rc && c->use_mpi) {
+    if (!rc && (c->use_mpi || c->nccl_world_of_one)) {
         rc = nccl_create(c, dev, err); /* its wait has its own timeout: nccl_settle */
         rc = agree(c, rc != 0, "creating the NCCL communicator", err);
     }
@@ -325,6 +331,11 @@ void comm_device_free(comm_t *c)
         nccl_release(c, c->dev->nccl);
     free(c->dev);
     c->dev = NULL;
+}
+
+int comm_device_collectives(const comm_t *c)
+{
+    return c->size > 1 || (c->nccl_world_of_one && c->dev && c->dev->nccl);
 }
 
 /* ---- collectives -------------------------------------------------------- */

@@ -26,19 +26,59 @@ static int launch(grad_sync_t *g, size_t upto, sp_err *err)
     return 0;
 }
 
+static int on_device(const backend_t *be)
+{
+    return strcmp(be->name, "cuda") == 0;
+}
+
+/* Whether the gradients need a collective at all: a world of more than one,
+ * or (device) a one-rank NCCL communicator made on request. */
+static int has_peers(const model_t *m, const comm_t *comm)
+{
+    return on_device(m->be) ? comm_device_collectives(comm) : comm_size(comm) > 1;
+}
+
+int grad_sync_reduce_scatter(backend_t *be, comm_t *comm, tensor_t grad, tensor_t shard,
+                             size_t shard_len, sp_err *err)
+{
+    if (grad.n < shard_len * (size_t)comm_size(comm) || shard.n < shard_len)
+        return sp_fail(err, SP_EXIT_OTHER,
+                       "reduce-scatter of %zu x %d elements from %zu into %zu", shard_len,
+                       comm_size(comm), grad.n, shard.n);
+    if (!on_device(be))
+        return comm_reduce_scatter(comm, grad.p, shard.p, shard_len, COMM_F32, COMM_SUM, err);
+    if (comm_device_reduce_scatter(comm, grad.p, shard.p, shard_len, COMM_F32, COMM_SUM,
+                                   be->stream, err))
+        return err->code;
+    return comm_device_wait(comm, be->stream, err);
+}
+
+int grad_sync_allgather(backend_t *be, comm_t *comm, tensor_t copy, size_t shard_lo,
+                        size_t shard_len, sp_err *err)
+{
+    if (be_check(be, err))
+        return err->code;
+    if (copy.n < shard_len * (size_t)comm_size(comm) || shard_lo + shard_len > copy.n)
+        return sp_fail(err, SP_EXIT_OTHER, "all-gather of %zu x %d elements at %zu in %zu",
+                       shard_len, comm_size(comm), shard_lo, copy.n);
+    size_t es = dtype_size(copy.dt);
+    void *mine = (char *)copy.p + shard_lo * es;
+    comm_dtype dt = copy.dt == DT_F32 ? COMM_F32 : copy.dt == DT_BF16 ? COMM_BF16 : COMM_U8;
+    size_t n = dt == COMM_U8 ? shard_len * es : shard_len;
+    if (!on_device(be))
+        return comm_allgather(comm, mine, copy.p, n, dt, err);
+    if (comm_device_allgather(comm, mine, copy.p, n, dt, be->stream, err))
+        return err->code;
+    return comm_device_wait(comm, be->stream, err);
+}
+
 /* The whole (padded) arena, once: rank r receives the sum of shard r. */
-static int reduce_scatter(model_t *m, comm_t *comm, int device, sp_err *err)
+static int reduce_scatter(model_t *m, comm_t *comm, sp_err *err)
 {
     if (m->shard_count != comm_size(comm))
         return sp_fail(err, SP_EXIT_OTHER, "the optimizer is sharded %d ways over %d ranks",
                        m->shard_count, comm_size(comm));
-    if (!device)
-        return comm_reduce_scatter(comm, m->grad.p, m->grad_shard.p, m->shard_len, COMM_F32,
-                                   COMM_SUM, err);
-    if (comm_device_reduce_scatter(comm, m->grad.p, m->grad_shard.p, m->shard_len, COMM_F32,
-                                   COMM_SUM, m->be->stream, err))
-        return err->code;
-    return comm_device_wait(comm, m->be->stream, err);
+    return grad_sync_reduce_scatter(m->be, comm, m->grad, m->grad_shard, m->shard_len, err);
 }
 
 static void on_ready(void *ctx, size_t upto)
@@ -56,9 +96,8 @@ void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb)
     g->bucket = (size_t)(bucket_mb * 1024.0 * 1024.0 / 4.0);
     if (g->bucket < 1)
         g->bucket = 1;
-    int device = strcmp(m->be->name, "cuda") == 0;
-    g->overlap = device && comm_size(comm) > 1 && m->shard_count == 1 && m->be->ops->aux_stream &&
-                 m->be->ops->stream_fence;
+    g->overlap = on_device(m->be) && has_peers(m, comm) && m->shard_count == 1 &&
+                 m->be->ops->aux_stream && m->be->ops->stream_fence;
     if (g->overlap) {
         g->stream = m->be->ops->aux_stream(m->be);
         m->grads_ready = on_ready;
@@ -74,11 +113,11 @@ int grad_sync_finish(grad_sync_t *g, sp_err *err)
     m->grads_ready = NULL;
     if (g->err.code)
         return sp_fail(err, g->err.code, "%s", g->err.msg);
-    if (comm_size(g->comm) == 1 || m->n_trainable == 0)
+    if (!has_peers(m, g->comm) || m->n_trainable == 0)
         return 0;
-    int device = strcmp(m->be->name, "cuda") == 0;
+    int device = on_device(m->be);
     if (m->shard_count > 1)
-        return reduce_scatter(m, g->comm, device, err);
+        return reduce_scatter(m, g->comm, err);
     if (device && !g->overlap) { /* no aux stream: reduce on the compute stream */
         g->overlap = 1;
         g->stream = m->be->stream;
@@ -111,17 +150,7 @@ int grad_sync_gather_weights(model_t *m, comm_t *comm, sp_err *err)
 {
     if (m->shard_count == 1)
         return 0;
-    if (be_check(m->be, err))
-        return err->code;
-    size_t es = dtype_size(m->copy.dt);
-    void *mine = (char *)m->copy.p + m->shard_lo * es;
-    comm_dtype dt = m->copy.dt == DT_F32 ? COMM_F32 : m->copy.dt == DT_BF16 ? COMM_BF16 : COMM_U8;
-    size_t n = dt == COMM_U8 ? m->shard_len * es : m->shard_len;
-    if (strcmp(m->be->name, "cuda") != 0)
-        return comm_allgather(comm, mine, m->copy.p, n, dt, err);
-    if (comm_device_allgather(comm, mine, m->copy.p, n, dt, m->be->stream, err))
-        return err->code;
-    return comm_device_wait(comm, m->be->stream, err);
+    return grad_sync_allgather(m->be, comm, m->copy, m->shard_lo, m->shard_len, err);
 }
 
 int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err)

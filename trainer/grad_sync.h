@@ -10,7 +10,11 @@
  * reduce-scattered instead, after the backward: each rank receives the summed
  * gradient of its own shard only (model.grad_shard), and after the AdamW step
  * grad_sync_gather_weights all-gathers the updated compute copy so that every
- * rank has every weight again. */
+ * rank has every weight again.
+ *
+ * On CUDA "more than one rank" is comm_device_collectives(): a world of one
+ * with a one-rank NCCL communicator made on request takes the same device
+ * path (a check of it on one GPU). */
 #ifndef SPOTUNE_GRAD_SYNC_H
 #define SPOTUNE_GRAD_SYNC_H
 
@@ -36,6 +40,16 @@ int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err);
 /* Sharded optimizer: every rank's updated shard of the compute copy to every
  * rank (nothing to do when unsharded). */
 int grad_sync_gather_weights(model_t *m, comm_t *comm, sp_err *err);
+/* The sharded path's two collectives on explicit buffers (the model's
+ * arenas above; a test gives them any): grad, F32 holding comm_size x
+ * shard_len elements, reduce-scattered so that rank r's shard (F32,
+ * shard_len) receives the sum of block r; and the block of copy at shard_lo
+ * (this rank's, shard_len elements) all-gathered in place into every rank's
+ * copy. On CUDA through NCCL on the compute stream, waited for. */
+int grad_sync_reduce_scatter(backend_t *be, comm_t *comm, tensor_t grad, tensor_t shard,
+                             size_t shard_len, sp_err *err);
+int grad_sync_allgather(backend_t *be, comm_t *comm, tensor_t copy, size_t shard_lo,
+                        size_t shard_len, sp_err *err);
 /* The gradient's global sum of squares: model_grad_sumsq summed over the
  * shards when sharded. */
 int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err);
