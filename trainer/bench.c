@@ -21,6 +21,8 @@ typedef struct bench_opts {
     int micro_batch, seq_len, steps, warmup, lora_r, recompute, threads, json;
     double peak_tflops;
     int plan_ranks; /* > 0: print the memory plan for this many ranks, run nothing */
+    double loss_tol, gnorm_tol; /* the step-1 check against the CPU backend */
+    int cpu_check;              /* -1 auto (tiny and small), 0 off, 1 on */
 } bench_opts;
 
 /* Dense bf16 tensor-core peaks (TFLOP/s) by device name. */
@@ -38,9 +40,12 @@ static double gpu_peak_tflops(const char *name)
     return 0.0;
 }
 
-/* Model FLOPs per trained token (PaLM's convention: matmuls forward 2N,
- * backward 2N for activations plus 2N for weights when they train, attention
- * 12 * layers * heads * head_dim * T; recomputation is not counted). */
+/* Model FLOPs per trained token, the honest count (PaLM's convention:
+ * matmuls forward 2N, backward 2N for activations plus 2N for weights when
+ * they train, so 4N for the frozen weights of LoRA and 6N for the trainable
+ * ones, LoRA adapters included; attention 12 * layers * heads * head_dim * T;
+ * the embedding gather and recomputation are not counted). The common
+ * convention is 6 x (every parameter) per token: bench_flops_6n. */
 static double flops_per_token(const model_t *m, int T)
 {
     const model_config_t *mc = &m->mc;
@@ -54,6 +59,115 @@ static double flops_per_token(const model_t *m, int T)
         lora = (double)m->n_trainable;
     double mm = m->o.mode == MODE_FULL ? 6.0 * nmm : 4.0 * nmm + 6.0 * lora;
     return mm + 12.0 * (double)mc->layers * (double)(mc->heads * mc->head_dim) * (double)T;
+}
+
+static const char *modes_name(int mode)
+{
+    return mode == MODE_FULL ? "full" : "lora";
+}
+
+double bench_flops_6n(const model_config_t *mc)
+{
+    return 6.0 * (double)model_config_params(mc);
+}
+
+/* ---- the step-1 checks ---------------------------------------------------------- */
+
+double bench_expected_loss(const model_config_t *mc)
+{
+    /* logits = hf W^T with hf of unit RMS (final norm, weight 1) and W ~
+     * N(0, 0.02^2): each logit ~ N(0, s^2), s^2 = 0.02^2 hidden, so
+     * E[logsumexp] = ln(vocab) + s^2 / 2 (vocab >> 1) and the target's logit
+     * averages 0 */
+    return log((double)mc->vocab) + 0.5 * 0.02 * 0.02 * (double)mc->hidden;
+}
+
+int bench_check_loss(double loss, const model_config_t *mc, char *why, size_t n)
+{
+    double want = bench_expected_loss(mc);
+    if (!isfinite(loss)) {
+        snprintf(why, n, "step-1 loss is %g, not a finite number", loss);
+        return -1;
+    }
+    if (fabs(loss - want) > BENCH_LOSS_BAND) {
+        snprintf(why, n,
+                 "step-1 loss %.4f is outside %.4f +- %.1f, the loss of random weights "
+                 "(ln(vocab %lld) = %.4f, plus the logits' variance / 2)",
+                 loss, want, BENCH_LOSS_BAND, (long long)mc->vocab, log((double)mc->vocab));
+        return -1;
+    }
+    snprintf(why, n, "step-1 loss %.4f within %.4f +- %.1f", loss, want, BENCH_LOSS_BAND);
+    return 0;
+}
+
+int bench_check_against_cpu(double loss, double gnorm, double cpu_loss, double cpu_gnorm,
+                            double loss_tol, double gnorm_tol, char *why, size_t n)
+{
+    double dl = fabs(loss - cpu_loss) / fmax(fabs(cpu_loss), 1e-30);
+    double dg = fabs(gnorm - cpu_gnorm) / fmax(fabs(cpu_gnorm), 1e-30);
+    int ok = isfinite(loss) && isfinite(gnorm) && isfinite(cpu_loss) && isfinite(cpu_gnorm) &&
+             dl <= loss_tol && dg <= gnorm_tol;
+    snprintf(why, n,
+             "step 1 vs the cpu backend: loss %.6f vs %.6f (relative difference %.2e, tolerance "
+             "%.1e), gradient norm %.6g vs %.6g (%.2e, tolerance %.1e)",
+             loss, cpu_loss, dl, loss_tol, gnorm, cpu_gnorm, dg, gnorm_tol);
+    return ok ? 0 : -1;
+}
+
+/* Model, random weights and batch of a bench run (shared by the timed
+ * backend and the CPU reference). */
+static int build(const bench_opts *bo, int mode, backend_t *be, comm_t *comm,
+                 const model_config_t *mc, model_t **out, sp_err *err)
+{
+    model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
+                    .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
+                    .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};
+    if (mode == MODE_FULL && comm && comm_size(comm) > 1) { /* as train.shard_optimizer does */
+        o.shard_count = comm_size(comm);
+        o.shard_rank = comm_rank(comm);
+    }
+    if (model_create(out, be, mc, &o, err))
+        return err->code;
+    model_init_base_random(*out, 1);
+    if (mode == MODE_LORA)
+        model_init_lora(*out, 1);
+    return be_check(be, err);
+}
+
+/* Step 1 of the same model, seed and batch on the CPU backend: its mean
+ * token loss and gradient norm (one rank, no collective). */
+static int cpu_step1(const bench_opts *bo, int mode, const model_config_t *mc,
+                     const model_batch *batch, double *loss, double *gnorm, sp_err *err)
+{
+    backend_t *be;
+    model_t *m;
+    if (backend_create(&be, "cpu", 0, bo->threads, err))
+        return err->code;
+    if (build(bo, mode, be, NULL, mc, &m, err)) {
+        model_destroy(m);
+        backend_destroy(be);
+        return err->code;
+    }
+    double sum = 0;
+    model_zero_grads(m);
+    int rc = model_forward_backward(m, batch, &sum, err);
+    if (!rc) {
+        *loss = sum / ((double)batch->B * batch->T);
+        *gnorm = sqrt(model_grad_sumsq(m));
+        rc = be_check(be, err);
+    }
+    model_destroy(m);
+    backend_destroy(be);
+    return rc;
+}
+
+/* Whether the step-1 check against the CPU backend runs: for the presets
+ * the CPU does in seconds, on another backend, on one rank. */
+static int wants_cpu_check(const bench_opts *bo, const backend_t *be, const comm_t *comm)
+{
+    if (bo->cpu_check == 0 || strcmp(be->name, "cpu") == 0 || comm_size(comm) > 1)
+        return 0;
+    return bo->cpu_check == 1 || !strcmp(bo->preset, "tiny") || !strcmp(bo->preset, "small");
 }
 
 static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
@@ -76,21 +190,12 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         backend_destroy(be);
         return err->code;
     }
-    model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
-                    .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
-                    .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};
-    if (mode == MODE_FULL && comm_size(comm) > 1) { /* as train.shard_optimizer does */
-        o.shard_count = comm_size(comm);
-        o.shard_rank = comm_rank(comm);
-    }
     model_t *m;
-    if (model_create(&m, be, &mc, &o, err)) {
+    if (build(bo, mode, be, comm, &mc, &m, err)) {
+        model_destroy(m);
         backend_destroy(be);
         return err->code;
     }
-    model_init_base_random(m, 1);
-    if (mode == MODE_LORA)
-        model_init_lora(m, 1);
     size_t n = (size_t)bo->micro_batch * (size_t)bo->seq_len;
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     uint64_t ids[4096];
@@ -103,7 +208,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     model_batch batch = {in, tg, ids, bo->micro_batch, bo->seq_len, (float)(1.0 / (double)n), 1};
     adamw_args a = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .weight_decay = 0.0f, .grad_scale = 1.0f};
-    double t0 = 0, loss = 0;
+    double t0 = 0, step1_loss = NAN, step1_gnorm = NAN;
     int rc = 0;
     for (int s = 0; s < bo->warmup + bo->steps && !rc; s++) {
         if (s == bo->warmup) {
@@ -112,11 +217,16 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             t0 = sp_now();
         }
         grad_sync_t gs;
+        double loss = 0;
         model_zero_grads(m);
         grad_sync_begin(&gs, m, comm, 25.0);
         rc = rc || model_forward_backward(m, &batch, &loss, err) || grad_sync_finish(&gs, err);
         double sumsq = 0;
         rc = rc || grad_sync_sumsq(m, comm, &sumsq, err);
+        if (!rc && s == 0) { /* before any update: what the checks compare */
+            step1_loss = loss / (double)n;
+            step1_gnorm = sqrt(sumsq) / comm_size(comm); /* every rank ran the same batch */
+        }
         if (!rc) {
             a.step = s + 1;
             a.grad_scale = (float)optim_clip_scale(sqrt(sumsq), 1.0);
@@ -127,25 +237,64 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     be->ops->sync(be);
     rc = rc || be_check(be, err) || comm_barrier(comm, err);
     double dt = (sp_now() - t0) / (bo->steps > 0 ? bo->steps : 1);
-    if (!rc && comm_rank(comm) == 0) {
-        int world = comm_size(comm);
-        double tps = (double)n * world / dt;
-        double peak = strcmp(be->name, "cuda") == 0 ? gpu_peak_tflops(be->device_name)
-                                                     : bo->peak_tflops;
-        double mfu = peak > 0 ? flops_per_token(m, bo->seq_len) * tps / world / (peak * 1e12) : -1;
+    /* timing done: free the device before the checks */
+    int world = comm_size(comm);
+    double fpt = flops_per_token(m, bo->seq_len), fpt6 = bench_flops_6n(&mc);
+    size_t n_trainable = m->n_trainable;
+    double peak_mem = (double)be->bytes_peak;
+    int on_gpu = strcmp(be->name, "cuda") == 0;
+    if (!on_gpu) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
-        double peak_mem = strcmp(be->name, "cuda") == 0 ? (double)be->bytes_peak
-                                                         : (double)ru.ru_maxrss * 1024.0;
+        peak_mem = (double)ru.ru_maxrss * 1024.0;
+    }
+    double peak = on_gpu ? gpu_peak_tflops(be->device_name) : bo->peak_tflops;
+    int be_threads = be->threads;
+    char be_name[16], dev_name[sizeof be->device_name];
+    snprintf(be_name, sizeof be_name, "%s", be->name);
+    snprintf(dev_name, sizeof dev_name, "%s", be->device_name);
+    int cpu_check = !rc && wants_cpu_check(bo, be, comm);
+    model_destroy(m);
+    backend_destroy(be);
+
+    /* the checks of step 1: a loss random weights can have, and (small
+     * presets) the same step on the CPU backend */
+    char loss_why[320] = "", cpu_why[400] = "";
+    double cpu_loss = NAN, cpu_gnorm = NAN;
+    int loss_bad = 0, cpu_bad = 0;
+    if (!rc) {
+        loss_bad = bench_check_loss(step1_loss, &mc, loss_why, sizeof loss_why) != 0;
+        if (cpu_check) {
+            rc = cpu_step1(bo, mode, &mc, &batch, &cpu_loss, &cpu_gnorm, err);
+            if (!rc)
+                cpu_bad = bench_check_against_cpu(step1_loss, step1_gnorm, cpu_loss, cpu_gnorm,
+                                                  bo->loss_tol, bo->gnorm_tol, cpu_why,
+                                                  sizeof cpu_why) != 0;
+        }
+    }
+    if (!rc && comm_rank(comm) == 0) {
+        double tps = (double)n * world / dt;
+        double mfu = peak > 0 ? fpt * tps / world / (peak * 1e12) : -1;
+        double mfu6 = peak > 0 ? fpt6 * tps / world / (peak * 1e12) : -1;
         const char *modes[] = {"lora", "full"};
+        const char *check = loss_bad || cpu_bad ? "fail" : "ok";
         if (bo->json) {
-            json_t *j = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I}",
-                                  "preset", bo->preset, "mode", modes[mode], "backend", be->name,
-                                  "device", be->device_name, "ranks", world, "micro_batch",
-                                  bo->micro_batch, "seq_len", bo->seq_len, "threads",
-                                  be->threads, "step_s", dt, "tokens_per_s", tps, "mfu", mfu,
-                                  "peak_mem_bytes", peak_mem, "trainable_params",
-                                  (json_int_t)m->n_trainable);
+            json_t *j = json_pack(
+                "{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, "
+                "s:I, s:f, s:f, s:f, s:s, s:s}",
+                "preset", bo->preset, "mode", modes[mode], "backend", be_name, "device", dev_name,
+                "ranks", world, "micro_batch", bo->micro_batch, "seq_len", bo->seq_len, "threads",
+                be_threads, "step_s", dt, "tokens_per_s", tps, "mfu", mfu, "mfu_6n", mfu6,
+                "flops_per_token", fpt, "flops_per_token_6n", fpt6, "peak_mem_bytes", peak_mem,
+                "trainable_params", (json_int_t)n_trainable, "params",
+                (json_int_t)model_config_params(&mc), "step1_loss", step1_loss,
+                "step1_grad_norm", step1_gnorm, "expected_loss", bench_expected_loss(&mc),
+                "check", check, "loss_check", loss_why);
+            if (cpu_check) {
+                json_object_set_new(j, "cpu_step1_loss", json_real(cpu_loss));
+                json_object_set_new(j, "cpu_step1_grad_norm", json_real(cpu_gnorm));
+                json_object_set_new(j, "cpu_check", json_string(cpu_why));
+            }
             char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
             printf("%s\n", s);
             free(s);
@@ -153,18 +302,25 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         } else {
             printf("%-9s %-4s %-5s %-20s ranks %d  mb %d  seq %d  step %.3f s  %10.1f tok/s  "
                    "peak %.2f GiB",
-                   bo->preset, modes[mode], be->name, be->device_name, world, bo->micro_batch,
+                   bo->preset, modes[mode], be_name, dev_name, world, bo->micro_batch,
                    bo->seq_len, dt, tps, peak_mem / (1 << 30));
             if (mfu >= 0)
-                printf("  MFU %.1f%%", 100.0 * mfu);
-            printf("\n");
+                printf("  MFU %.1f%% (6N: %.1f%%)", 100.0 * mfu, 100.0 * mfu6);
+            printf("\n  step 1: loss %.6f, gradient norm %.6g; %s\n", step1_loss, step1_gnorm,
+                   loss_why);
+            if (cpu_check)
+                printf("  %s\n", cpu_why);
         }
         fflush(stdout);
     }
+    if (!rc && loss_bad)
+        rc = sp_fail(err, SP_EXIT_OTHER, "bench %s %s on %s: %s", bo->preset, modes_name(mode),
+                     be_name, loss_why);
+    else if (!rc && cpu_bad)
+        rc = sp_fail(err, SP_EXIT_OTHER, "bench %s %s on %s: %s", bo->preset, modes_name(mode),
+                     be_name, cpu_why);
     free(in);
     free(tg);
-    model_destroy(m);
-    backend_destroy(be);
     return rc;
 }
 
@@ -214,18 +370,34 @@ static void bench_usage(FILE *f)
             "  --peak-tflops X      peak of the device, for MFU on a CPU\n"
             "  --json               one JSON object per mode\n"
             "  --plan RANKS         print each rank's memory plan for a run on RANKS ranks\n"
-            "                       (full mode: optimizer sharded) and run nothing\n");
+            "                       (full mode: optimizer sharded) and run nothing\n"
+            "  --cpu-check WHEN     auto, on or off (default auto: presets tiny and small on a\n"
+            "                       backend other than cpu, one rank): run step 1 again on\n"
+            "                       the cpu backend and fail when its loss or gradient norm\n"
+            "                       differs by more than the tolerance\n"
+            "  --check-tol L,G      relative tolerances of that check: loss, gradient norm\n"
+            "                       (default 5e-3,2e-2)\n"
+            "  --probe-cuda         say whether a CUDA device is usable (exit 0) or why not\n"
+            "                       (exit 77), and run nothing\n"
+            "Every run records step 1's loss and gradient norm (before any update) and fails\n"
+            "when the loss is not finite or is more than 1 from the loss of random weights,\n"
+            "ln(vocab) + 0.0002 x hidden (the logits' variance / 2). With --json the line also\n"
+            "has MFU in two conventions: mfu (4N per token for frozen weights, 6N for trainable\n"
+            "ones, plus attention) and mfu_6n (6 x every parameter per token).\n");
 }
 
 int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
 {
-    bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0, 0};
+    bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0, 0,
+                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1};
+    int probe = 0;
     static const struct option longopts[] = {
         {"preset", 1, 0, 'p'},      {"mode", 1, 0, 'm'},     {"micro-batch", 1, 0, 'b'},
         {"seq-len", 1, 0, 's'},     {"steps", 1, 0, 'n'},    {"warmup", 1, 0, 'w'},
         {"lora-r", 1, 0, 'r'},      {"recompute", 1, 0, 'c'}, {"backend", 1, 0, 'k'},
         {"threads", 1, 0, 't'},     {"json", 0, 0, 'j'},     {"peak-tflops", 1, 0, 'f'},
-        {"plan", 1, 0, 'P'},        {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+        {"plan", 1, 0, 'P'},        {"help", 0, 0, 'h'},     {"cpu-check", 1, 0, 'C'},
+        {"check-tol", 1, 0, 'T'},   {"probe-cuda", 0, 0, 'U'}, {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -259,9 +431,36 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
             if (bo.plan_ranks < 1 || bo.plan_ranks > 65536)
                 return sp_fail(err, SP_EXIT_USAGE, "bench: --plan takes a rank count (1..65536)");
             break;
+        case 'C':
+            bo.cpu_check = !strcmp(optarg, "auto") ? -1 : !strcmp(optarg, "on") ? 1
+                           : !strcmp(optarg, "off") ? 0 : -2;
+            if (bo.cpu_check == -2)
+                return sp_fail(err, SP_EXIT_USAGE, "bench: --cpu-check must be auto, on or off");
+            break;
+        case 'T': {
+            char *end;
+            bo.loss_tol = strtod(optarg, &end);
+            if (*end == ',')
+                bo.gnorm_tol = strtod(end + 1, &end);
+            else
+                bo.gnorm_tol = bo.loss_tol;
+            if (*end || !(bo.loss_tol >= 0) || !(bo.gnorm_tol >= 0))
+                return sp_fail(err, SP_EXIT_USAGE,
+                               "bench: --check-tol takes LOSS[,GNORM], relative, >= 0");
+            break;
+        }
+        case 'U': probe = 1; break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return sp_fail(err, SP_EXIT_USAGE, "bench: bad option");
         }
+    }
+    if (probe) {
+        char why[320];
+        int n = backend_cuda_probe(why, sizeof why);
+        if (n <= 0)
+            return sp_fail(err, BENCH_EXIT_NO_DEVICE, "no usable CUDA device: %s", why);
+        printf("cuda: %s\n", why);
+        return 0;
     }
     if (bo.micro_batch < 1 || bo.micro_batch > 4096 || bo.seq_len < 2 || bo.steps < 1 ||
         bo.warmup < 0 || bo.lora_r < 1)
