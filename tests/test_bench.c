@@ -1,0 +1,189 @@
+/* `spotune bench`'s checks of step 1, on the CPU:
+ *  - the loss random weights give, ln(vocab) + 0.0002 x hidden, and the
+ *    band of +-1 around it (non-finite losses refused), for every preset
+ *    (7B and 13B by the function itself: they do not fit this machine);
+ *  - the comparison with the CPU backend's step 1 and its tolerances;
+ *  - end to end through the binary: the JSON line records step 1's loss and
+ *    gradient norm, both MFU conventions and the check; the CPU check runs
+ *    on another backend (cpu-ref here, cuda on a GPU) and fails the run when
+ *    the difference is beyond the tolerance;
+ *  - --probe-cuda: exit 0 with the device count, or 77 naming the CUDA
+ *    error (or the build without CUDA). */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "trainer/bench.h"
+
+static model_config_t preset(const char *name)
+{
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, name), 0, "%s", name);
+    return mc;
+}
+
+Test(bench, expected_loss_of_random_weights)
+{
+    model_config_t m7 = preset("llama-7b"), m13 = preset("llama-13b"), tiny = preset("tiny");
+    cr_expect_float_eq(bench_expected_loss(&m7), log(32000.0) + 0.0004 * 4096 / 2, 1e-12);
+    cr_expect_float_eq(bench_expected_loss(&m13), log(32000.0) + 0.0004 * 5120 / 2, 1e-12);
+    cr_expect_float_eq(bench_expected_loss(&tiny), log(260.0) + 0.0004 * 128 / 2, 1e-12);
+    /* 13B's logits spread moves the loss more than 1 above ln(vocab) */
+    cr_expect_gt(bench_expected_loss(&m13) - log(32000.0), 1.0);
+}
+
+Test(bench, loss_check_band_and_non_finite)
+{
+    char why[400];
+    const char *names[] = {"tiny", "small", "llama-7b", "llama-13b"};
+    for (int i = 0; i < 4; i++) {
+        model_config_t mc = preset(names[i]);
+        double want = bench_expected_loss(&mc);
+        cr_expect_eq(bench_check_loss(want, &mc, why, sizeof why), 0, "%s: %s", names[i], why);
+        cr_expect_eq(bench_check_loss(want + 0.99, &mc, why, sizeof why), 0, "%s", why);
+        cr_expect_eq(bench_check_loss(want - 0.99, &mc, why, sizeof why), 0, "%s", why);
+        cr_expect_neq(bench_check_loss(want + 1.01, &mc, why, sizeof why), 0, "%s", names[i]);
+        cr_expect(tu_contains(why, "outside"), "%s", why);
+        cr_expect_neq(bench_check_loss(want - 1.01, &mc, why, sizeof why), 0, "%s", names[i]);
+        cr_expect_neq(bench_check_loss(NAN, &mc, why, sizeof why), 0, "%s: NaN", names[i]);
+        cr_expect(tu_contains(why, "not a finite number"), "%s", why);
+        cr_expect_neq(bench_check_loss(INFINITY, &mc, why, sizeof why), 0, "%s: inf", names[i]);
+        cr_expect_neq(bench_check_loss(0.0, &mc, why, sizeof why), 0, "%s: 0", names[i]);
+    }
+}
+
+Test(bench, cpu_comparison_tolerances)
+{
+    char why[400];
+    cr_expect_eq(bench_check_against_cpu(10.40, 2.00, 10.41, 2.03, BENCH_LOSS_TOL,
+                                         BENCH_GNORM_TOL, why, sizeof why), 0, "%s", why);
+    cr_expect(tu_contains(why, "10.400000 vs 10.410000"), "%s", why);
+    /* the loss off by 1% */
+    cr_expect_neq(bench_check_against_cpu(10.50, 2.00, 10.40, 2.00, BENCH_LOSS_TOL,
+                                          BENCH_GNORM_TOL, why, sizeof why), 0, "%s", why);
+    /* the gradient norm off by 5% */
+    cr_expect_neq(bench_check_against_cpu(10.40, 2.10, 10.40, 2.00, BENCH_LOSS_TOL,
+                                          BENCH_GNORM_TOL, why, sizeof why), 0, "%s", why);
+    cr_expect_neq(bench_check_against_cpu(NAN, 2.00, 10.40, 2.00, BENCH_LOSS_TOL,
+                                          BENCH_GNORM_TOL, why, sizeof why), 0, "NaN loss");
+    cr_expect_neq(bench_check_against_cpu(10.40, INFINITY, 10.40, 2.00, BENCH_LOSS_TOL,
+                                          BENCH_GNORM_TOL, why, sizeof why), 0, "inf norm");
+    cr_expect_eq(bench_check_against_cpu(1.0, 1.0, 1.0, 1.0, 0.0, 0.0, why, sizeof why), 0,
+                 "equal numbers pass a zero tolerance");
+}
+
+Test(bench, flops_conventions)
+{
+    model_config_t m7 = preset("llama-7b");
+    cr_expect_float_eq(bench_flops_6n(&m7), 6.0 * (double)model_config_params(&m7), 1.0);
+    cr_expect_gt(model_config_params(&m7), 6700000000LL);
+    cr_expect_lt(model_config_params(&m7), 6800000000LL);
+}
+
+/* ---- through the binary ---------------------------------------------------------- */
+
+static json_t *last_json(const char *out)
+{
+    const char *line = NULL;
+    for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (*p == '{')
+            line = p;
+    cr_assert(line, "no JSON line in: %s", out);
+    json_error_t je;
+    json_t *j = json_loadb(line, strcspn(line, "\n"), 0, &je);
+    cr_assert(j, "%s in: %s", je.text, line);
+    return j;
+}
+
+static double num(json_t *j, const char *key)
+{
+    json_t *v = json_object_get(j, key);
+    cr_assert(json_is_number(v), "no number %s", key);
+    return json_number_value(v);
+}
+
+Test(bench, cpu_run_records_step1_loss_gradient_norm_and_both_mfus, .timeout = 300)
+{
+    char *out = NULL;
+    int rc = tu_spotune(&out, "bench --backend cpu --threads 2 --preset small --mode lora "
+                              "--seq-len 64 --steps 1 --warmup 0 --peak-tflops 1 --json 2>&1");
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = last_json(out);
+    model_config_t mc = preset("small");
+    double loss = num(j, "step1_loss"), gnorm = num(j, "step1_grad_norm");
+    cr_expect(isfinite(loss) && fabs(loss - bench_expected_loss(&mc)) < 1.0, "loss %g", loss);
+    cr_expect(isfinite(gnorm) && gnorm > 0, "gradient norm %g", gnorm);
+    cr_expect_float_eq(num(j, "expected_loss"), bench_expected_loss(&mc), 1e-9);
+    cr_expect_str_eq(json_string_value(json_object_get(j, "check")), "ok");
+    double tps = num(j, "tokens_per_s");
+    /* MFU = FLOPs per token x tokens/s / peak (1 TFLOP/s here) */
+    cr_expect_float_eq(num(j, "mfu"), num(j, "flops_per_token") * tps / 1e12, 1e-9);
+    cr_expect_float_eq(num(j, "mfu_6n"), 6.0 * (double)model_config_params(&mc) * tps / 1e12,
+                       1e-9);
+    /* LoRA: 4N for frozen weights, so the honest count is below 6N */
+    cr_expect_lt(num(j, "flops_per_token"), num(j, "flops_per_token_6n"));
+    cr_expect_null(json_object_get(j, "cpu_step1_loss"), "no CPU check on the cpu backend");
+    json_decref(j);
+    free(out);
+}
+
+Test(bench, another_backend_is_checked_against_the_cpu_step, .timeout = 300)
+{
+    char *out = NULL;
+    int rc = tu_spotune(&out, "bench --backend cpu-ref --threads 2 --preset tiny --mode both "
+                              "--seq-len 32 --steps 1 --warmup 0 --json 2>&1");
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = last_json(out); /* full, the second mode */
+    double loss = num(j, "step1_loss"), cpu = num(j, "cpu_step1_loss");
+    cr_expect(fabs(loss - cpu) <= BENCH_LOSS_TOL * fabs(cpu), "%g vs %g", loss, cpu);
+    double g = num(j, "step1_grad_norm"), cg = num(j, "cpu_step1_grad_norm");
+    cr_expect(fabs(g - cg) <= BENCH_GNORM_TOL * fabs(cg), "%g vs %g", g, cg);
+    cr_expect(tu_contains(json_string_value(json_object_get(j, "cpu_check")),
+                          "step 1 vs the cpu backend"));
+    json_decref(j);
+    free(out);
+
+    /* beyond the tolerance the run fails, saying both figures */
+    rc = tu_spotune(&out, "bench --backend cpu-ref --threads 2 --preset tiny --mode lora "
+                          "--seq-len 32 --steps 1 --warmup 0 --check-tol 0 2>&1");
+    cr_expect_eq(rc, 1, "exit %d: %s", rc, out);
+    cr_expect(tu_contains(out, "error: bench tiny lora on cpu-ref: step 1 vs the cpu backend"),
+              "%s", out);
+    free(out);
+
+    /* --cpu-check off: no check, no failure */
+    rc = tu_spotune(&out, "bench --backend cpu-ref --threads 2 --preset tiny --mode lora "
+                          "--seq-len 32 --steps 1 --warmup 0 --check-tol 0 --cpu-check off "
+                          "--json 2>&1");
+    cr_expect_eq(rc, 0, "%s", out);
+    j = last_json(out);
+    cr_expect_null(json_object_get(j, "cpu_step1_loss"));
+    json_decref(j);
+    free(out);
+
+    rc = tu_spotune(&out, "bench --check-tol x 2>&1");
+    cr_expect_eq(rc, 2, "%s", out);
+    free(out);
+}
+
+Test(bench, probe_cuda_names_the_reason)
+{
+    char *out = NULL;
+    int rc = tu_spotune(&out, "bench --probe-cuda 2>&1");
+    if (rc == 0) {
+        cr_expect(tu_contains(out, "cuda: ") && tu_contains(out, "CUDA device"), "%s", out);
+    } else {
+        cr_expect_eq(rc, BENCH_EXIT_NO_DEVICE, "%s", out);
+        cr_expect(tu_contains(out, "no usable CUDA device: ") &&
+                      (tu_contains(out, "cudaGetDeviceCount: ") ||
+                       tu_contains(out, "cudaDeviceGetAttribute: ") ||
+                       tu_contains(out, "built without the CUDA backend")),
+                  "%s", out);
+    }
+    free(out);
+}
