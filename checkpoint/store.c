@@ -18,7 +18,8 @@ int store_exit_code(int rc)
 {
     switch (rc) {
     case STORE_ENOENT: return SP_EXIT_INPUT;
-    case STORE_EUSAGE: return SP_EXIT_USAGE;
+    case STORE_EUSAGE:
+    case STORE_ENOBUCKET: return SP_EXIT_USAGE;
     default: return SP_EXIT_OTHER;
     }
 }

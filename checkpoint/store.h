@@ -44,7 +44,8 @@ enum {
     STORE_EAUTH = -4,     /* 401/403: credentials, signature, permissions */
     STORE_ELOCAL = -5,    /* local file or directory error */
     STORE_EUSAGE = -6,    /* bad URL, key or option */
-    STORE_ECANCELED = -7  /* a cancel flag was raised */
+    STORE_ECANCELED = -7, /* a cancel flag was raised */
+    STORE_ENOBUCKET = -8  /* s3://: the bucket does not exist (404 NoSuchBucket) */
 };
 
 enum { STORE_ADDR_AUTO = 0, STORE_ADDR_PATH = 1, STORE_ADDR_VHOST = 2 };

@@ -424,10 +424,10 @@ static int http_transient(const s3_req *r)
     return 0;
 }
 
-static int http_rc(long st)
+static int http_rc(const s3_req *r)
 {
-    switch (st) {
-    case 404: return STORE_ENOENT;
+    switch (r->status) {
+    case 404: return strcmp(r->code, "NoSuchBucket") == 0 ? STORE_ENOBUCKET : STORE_ENOENT;
     case 412: return STORE_EEXIST;
     case 401:
     case 403: return STORE_EAUTH;
@@ -469,7 +469,7 @@ static int classify(s3_req *r, CURLcode cc, const char *errbuf, store_cancel c, 
         snprintf(detail, dn, "%ld %s", r->status, status_text(r->status));
     if (http_transient(r))
         return 1;
-    return err_in_200 ? STORE_EFAIL : http_rc(r->status);
+    return err_in_200 ? STORE_EFAIL : http_rc(r);
 }
 
 static void reset_response(s3_req *r)

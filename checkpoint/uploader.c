@@ -97,9 +97,13 @@ static void run_retention(uploader_t *u)
         emit(u, (uploader_event){.kind = UPLOADER_PRUNE_FAILED, .err = &e});
 }
 
+/* Failures that trying again cannot mend: a local error, a bad prefix,
+ * another checkpoint at the prefix, credentials the store refuses, no such
+ * bucket. */
 static int permanent(int rc)
 {
-    return rc == STORE_ELOCAL || rc == STORE_EUSAGE || rc == STORE_EEXIST;
+    return rc == STORE_ELOCAL || rc == STORE_EUSAGE || rc == STORE_EEXIST ||
+           rc == STORE_EAUTH || rc == STORE_ENOBUCKET;
 }
 
 /* Called with the mutex held, the job just tried and failed: requeue or drop. */
@@ -140,7 +144,7 @@ static void finish_job(uploader_t *u, job *j, int rc, const sp_err *e)
     pthread_mutex_unlock(&u->mu);
     if (!stopping)
         emit(u, (uploader_event){.kind = kind, .local_dir = copy.dir, .prefix = copy.prefix,
-                                 .err = rc ? e : NULL, .attempt = copy.attempt,
+                                 .err = rc ? e : NULL, .rc = rc, .attempt = copy.attempt,
                                  .retry_in_s = retry_in});
     job_free(&copy);
     pthread_mutex_lock(&u->mu);

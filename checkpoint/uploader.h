@@ -8,9 +8,10 @@
  * and another is submitted, the oldest waiting one is dropped (the newer
  * checkpoint supersedes it). A job that failed and waits for its retry counts
  * as waiting; the job being transferred is never dropped. A job fails for
- * good (and is dropped, with an event) only on a local error (its directory is
- * gone or unreadable), a bad prefix, or a different checkpoint already at its
- * prefix; any store error is retried.
+ * good (and is dropped, with an event) on a local error (its directory is
+ * gone or unreadable), a bad prefix, a different checkpoint already at its
+ * prefix, credentials the store refuses (401/403) or a bucket that does not
+ * exist; any other store error (the store down, slow or failing) is retried.
  *
  * Every function may be called from any thread; on_event runs on the
  * uploader thread and may call the store (not the uploader). */
@@ -37,6 +38,7 @@ typedef struct uploader_event {
     const char *local_dir, *prefix; /* the job (NULL for prune events) */
     const char *key;                /* FILE_DONE, PRUNED */
     const sp_err *err;              /* JOB_RETRY, JOB_FAILED, PRUNE_FAILED */
+    int rc;                         /* with err: the STORE_E* value */
     int attempt;                    /* 1 for the first try */
     double retry_in_s;              /* JOB_RETRY */
 } uploader_event;

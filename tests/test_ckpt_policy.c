@@ -334,3 +334,62 @@ Test(ckpt_policy, a_full_disk_skips_checkpoints_while_training_goes_on)
               "%s", out);
     free(out);
 }
+
+/* One job per run directory: a second job on the directory of a running one
+ * waits run.lock_wait_s, then exits 2 naming the holder and having written
+ * nothing there; the first runs on to a normal end. A lock file left by a job
+ * that has ended (no process holds it) is taken over, with a message. */
+Test(ckpt_policy, one_job_per_run_directory)
+{
+    char log[4096];
+    snprintf(log, sizeof log, "%s/shared.log", dir);
+    int pid = tu_spawn(log, "%s", train_cmd(NULL, "shared", "--set train.steps=400"));
+    wait_step("shared", 2, pid);
+    cr_assert(proc_running(pid), "the first job ended early");
+    char *out = NULL;
+    double t0 = sp_now();
+    int rc = run(NULL, "shared", "--set run.lock_wait_s=1 --set train.steps=5", &out);
+    double waited = sp_now() - t0;
+    char want[128];
+    snprintf(want, sizeof want, "is in use by another job (pid %d on host ", pid);
+    cr_expect_eq(rc, 2, "exit %d: %s", rc, out);
+    cr_expect(tu_contains(out, want), "'%s' lacks '%s'", out, want);
+    cr_expect(tu_contains(out, "waiting up to 1 s"), "%s", out);
+    cr_expect_geq(waited, 1.0, "refused after %.2f s, before run.lock_wait_s", waited);
+    free(out);
+    rc = tu_wait(pid, 600);
+    char *text = read_log("shared");
+    cr_expect_eq(rc, 0, "the first job: exit %d: %s", rc, text);
+    free(text);
+    char mpath[4096];
+    snprintf(mpath, sizeof mpath, "%s/shared/metrics.jsonl", dir);
+    text = tu_read_file(mpath, NULL);
+    int records = 0;
+    for (const char *p = text; p && (p = strstr(p, "\"event\":\"train\"")); p++)
+        records++;
+    cr_expect(records == 400 && tu_contains(text, "\"step\":400,"),
+              "the first job's metrics were disturbed (%d train records)", records);
+    free(text);
+    char cfgpath[4096];
+    snprintf(cfgpath, sizeof cfgpath, "%s/shared/config.yaml", dir);
+    text = tu_read_file(cfgpath, NULL);
+    cr_expect(tu_contains(text, "steps: 400"), "the second job rewrote config.yaml: %s", text);
+    free(text);
+
+    /* a lock file whose holder has ended */
+    char lock[4096];
+    snprintf(lock, sizeof lock, "%s/stale/.lock", dir);
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s/stale", dir), 0);
+    cr_assert_eq(tu_write_file(lock, "pid 999999 on host elsewhere (job 0123456789abcdef, "
+                                     "started 2026-01-01T00:00:00Z)\n"),
+                 0);
+    rc = run(NULL, "stale", "--set train.steps=3", &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "was held by pid 999999 on host elsewhere") &&
+                  tu_contains(out, "which has ended; this job takes it over"),
+              "%s", out);
+    free(out);
+    text = tu_read_file(lock, NULL);
+    cr_expect(text && text[0] == 0, "the lock file still names a holder after the end: %s", text);
+    free(text);
+}

@@ -300,9 +300,16 @@ Test(remote, store_down_for_the_whole_run)
     int rc = run("down", "--set checkpoint.endpoint=http://127.0.0.1:9 --set train.steps=12 "
                          "--set checkpoint.every_steps=3 --set checkpoint.final_upload_timeout_s=3",
                  &out);
-    cr_assert_eq(rc, 0, "%s", out);
+    /* the local checkpoints are complete, but the job did not reach its store */
+    cr_assert_eq(rc, 1, "%s", out);
     cr_expect(tu_contains(out, "remote behind 1") || tu_contains(out, "remote behind 2"), "%s", out);
     cr_expect(tu_contains(out, "the remote store is") && tu_contains(out, "behind"), "%s", out);
+    cr_expect(tu_contains(out, "training finished, but its final checkpoint (step 12) is not in "
+                               "s3://") &&
+                  tu_contains(out, "the store received no checkpoint of this run") &&
+                  tu_contains(out, "running the same command again pushes it"),
+              "%s", out);
+    cr_expect(tu_contains(out, "does not answer now; training starts"), "%s", out);
     free(out);
     char root[4096];
     snprintf(root, sizeof root, "%s/down/checkpoints", dir);
@@ -314,6 +321,119 @@ Test(remote, store_down_for_the_whole_run)
     for (int i = 0; i < n; i++)
         cr_expect(l[i].ok, "%s: %s", l[i].name, l[i].problem);
     free(l);
+    /* the store is back: the same command pushes the final checkpoint and ends 0 */
+    cr_assert(!remote_has("step-00000012/MANIFEST.json"));
+    rc = run("down", "--set train.steps=12 --set checkpoint.every_steps=3", &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "lacks checkpoint step 12: pushing it"), "%s", out);
+    free(out);
+    cr_expect(remote_has("step-00000012/MANIFEST.json"), "the final checkpoint was not pushed");
+    cr_expect(!remote_has("LEASE.json"), "the lease outlived the job");
+}
+
+/* A store that refuses the credentials (403) or has no such bucket (404
+ * NoSuchBucket): the job says so in one line and exits 2 before training,
+ * since its checkpoints could never leave the machine. */
+Test(remote, refused_credentials_or_no_bucket_stop_the_job_before_training)
+{
+    char *out = NULL;
+    double t0 = sp_now();
+    int rc = tu_sh(&out, "AWS_SECRET_ACCESS_KEY=not-the-secret %s", cmd("denied", NULL));
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "the store refuses to hold this job's checkpoints") &&
+                  tu_contains(out, " 403 "),
+              "%s", out);
+    cr_expect(!tu_contains(out, "step      1/"), "it trained: %s", out);
+    cr_expect(!tu_contains(out, "not-the-secret"), "the secret was shown: %s", out);
+    free(out);
+    cr_expect_lt(sp_now() - t0, 30.0, "the refusal took %.1f s", sp_now() - t0);
+
+    rc = run("nobucket", "--set checkpoint.remote=s3://spotune-no-such-bucket-7d1e/p", &out);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "s3://spotune-no-such-bucket-7d1e/p: the store refuses") &&
+                  tu_contains(out, "NoSuchBucket"),
+              "%s", out);
+    cr_expect(!tu_contains(out, "step      1/"), "it trained: %s", out);
+    free(out);
+}
+
+/* One job per remote prefix. A second job (its own run.dir) on the prefix of
+ * a running one waits checkpoint.lease_s + 5 s for the lease to expire, then
+ * exits 2 naming the holder; the first ends 0 and its lease goes with it. A
+ * lease of a process of this host that has ended is taken over at once. */
+Test(remote, a_second_job_on_a_live_prefix_waits_then_refuses)
+{
+    char log[4096];
+    snprintf(log, sizeof log, "%s/first.log", dir);
+    int pid = tu_spawn(log, "%s", cmd("first", "--set train.steps=2000 --set checkpoint.lease_s=2"));
+    cr_assert(wait_log(log, "step      1/", pid, 120), "the first job did not start");
+    cr_assert(remote_has("LEASE.json"), "no lease while the first job runs");
+    char *out = NULL;
+    double t0 = sp_now();
+    int rc = run("second", "--set checkpoint.lease_s=2", &out);
+    double waited = sp_now() - t0;
+    char want[128];
+    snprintf(want, sizeof want, "is in use by another job: pid %d on host ", pid);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, want) && tu_contains(out, "--takeover"), "'%s' lacks '%s'", out,
+              want);
+    cr_expect(!tu_contains(out, "step      1/"), "the second job trained: %s", out);
+    cr_expect_geq(waited, 7.0, "refused after %.1f s, before the lease could expire", waited);
+    free(out);
+    cr_expect(running(pid), "the first job ended early");
+    kill(pid, SIGTERM);
+    rc = tu_wait(pid, 300);
+    cr_expect_eq(rc, 75, "the first job: exit %d", rc);
+    cr_expect(!remote_has("LEASE.json"), "the first job's lease outlived it");
+
+    /* a lease of this host's process that has ended */
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    char lease[1024];
+    snprintf(lease, sizeof lease,
+             "{\"host\": \"%s\", \"pid\": 999999, \"job\": \"0123456789abcdef\", "
+             "\"run_dir\": \"/gone\", \"started\": %.0f, \"renewed\": %.0f, \"ttl_s\": 90}",
+             host, sp_wall_time(), sp_wall_time());
+    store_t *st = open_store();
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(st, "LEASE.json", lease, strlen(lease), 0, &err), 0, "%s",
+                 err.msg);
+    store_close(st);
+    rc = run("third", "--set train.steps=3", &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "taking over the lease of pid 999999 on host ") &&
+                  tu_contains(out, "which has ended"),
+              "%s", out);
+    free(out);
+}
+
+/* --takeover: a second job takes the prefix at once; the first notices at its
+ * next renewal, pushes nothing more and exits 2 naming the new holder. */
+Test(remote, takeover_stops_the_other_job)
+{
+    char log[4096];
+    snprintf(log, sizeof log, "%s/old.log", dir);
+    int pid = tu_spawn(log, "%s", cmd("old", "--set train.steps=4000 --set checkpoint.lease_s=2"));
+    cr_assert(wait_log(log, "step      1/", pid, 120), "the first job did not start");
+    char log2[4096];
+    snprintf(log2, sizeof log2, "%s/new.log", dir);
+    int pid2 = tu_spawn(log2, "%s --takeover",
+                        cmd("new", "--set train.steps=4000 --set checkpoint.lease_s=2"));
+    cr_assert(wait_log(log2, "step      1/", pid2, 120), "the new job did not start");
+    int rc = tu_wait(pid, 120);
+    char *text = tu_read_file(log, NULL);
+    char want[128];
+    snprintf(want, sizeof want, "another job holds this prefix now: pid %d on host ", pid2);
+    cr_expect_eq(rc, 2, "the old job: exit %d: %s", rc, text);
+    cr_expect(tu_contains(text, want) && tu_contains(text, "this job stops"), "%s", text);
+    free(text);
+    text = tu_read_file(log2, NULL);
+    snprintf(want, sizeof want, "taking over (as told) the live lease of pid %d", pid);
+    cr_expect(tu_contains(text, want), "%s", text);
+    free(text);
+    cr_expect(running(pid2), "the new job ended");
+    kill(pid2, SIGTERM);
+    cr_expect_eq(tu_wait(pid2, 300), 75);
 }
 
 Test(remote, a_remote_checkpoint_without_manifest_is_never_used)

@@ -4,12 +4,14 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "../checkpoint/ckpt.h"
 #include "../checkpoint/ckpt_writer.h"
+#include "../checkpoint/lease.h"
 #include "../checkpoint/store.h"
 #include "../checkpoint/uploader.h"
 #include "signals.h"
@@ -29,6 +31,11 @@ struct ckpt_ctl {
     ckpt_writer *writer;
     store_t *store;
     uploader_t *up;
+    store_t *lease_store; /* the lease's own handle, with short retries */
+    lease_t *lease;
+    pthread_mutex_t remote_mu; /* the two fields below, set on the uploader thread */
+    int64_t remote_step;       /* newest step known complete remotely (-1: none) */
+    int remote_refused;        /* the store refused a push for good (see on_upload) */
     double last_time;
     int64_t last_step;
     int64_t global_batch; /* windows per step: this run's, after any resume re-split */
@@ -54,7 +61,10 @@ static void on_written(void *ctx, const char *dir, const ckpt_snapshot *s, doubl
     sp_err perr = {0};
     if (ckpt_prune(c->root, (int)c->cfg->ckpt_keep, c->cfg->ckpt_keep_every, NULL, NULL, &perr))
         log_event(c->log, c->metrics, "warning", "retention: %s", perr.msg);
-    if (c->up) {
+    pthread_mutex_lock(&c->remote_mu);
+    int refused = c->remote_refused;
+    pthread_mutex_unlock(&c->remote_mu);
+    if (c->up && !refused && !lease_lost(c->lease, NULL)) {
         sp_err uerr = {0};
         const char *name = strrchr(dir, '/') + 1;
         int dropped = uploader_submit(c->up, dir, name, &uerr);
@@ -73,19 +83,37 @@ static void on_upload(void *arg, const uploader_event *ev)
 {
     ckpt_ctl *c = arg;
     switch (ev->kind) {
-    case UPLOADER_JOB_DONE:
+    case UPLOADER_JOB_DONE: {
+        long long step = -1;
+        if (ev->prefix && sscanf(ev->prefix, "step-%lld", &step) == 1) {
+            pthread_mutex_lock(&c->remote_mu);
+            if (step > c->remote_step)
+                c->remote_step = step;
+            pthread_mutex_unlock(&c->remote_mu);
+        }
         log_event(c->log, c->metrics, "checkpoint_uploaded", "%s/%s", store_url(c->store),
                   ev->prefix);
         break;
+    }
     case UPLOADER_JOB_RETRY:
         log_event(c->log, c->metrics, "warning",
                   "upload of %s failed (attempt %d), retrying in %.0f s: %s", ev->prefix,
                   ev->attempt, ev->retry_in_s, ev->err ? ev->err->msg : "");
         break;
-    case UPLOADER_JOB_FAILED:
-        log_event(c->log, c->metrics, "warning", "upload of %s abandoned: %s",
-                  ev->prefix ? ev->prefix : "?", ev->err ? ev->err->msg : "");
+    case UPLOADER_JOB_FAILED: {
+        /* credentials refused or no such bucket: said once, loudly; the store
+         * gets nothing more from this run, which ends non-zero */
+        int refused = ev->rc == STORE_EAUTH || ev->rc == STORE_ENOBUCKET;
+        pthread_mutex_lock(&c->remote_mu);
+        int first = refused && !c->remote_refused;
+        c->remote_refused |= refused;
+        pthread_mutex_unlock(&c->remote_mu);
+        log_event(c->log, c->metrics, refused ? "error" : "warning",
+                  "upload of %s failed for good: %s%s", ev->prefix ? ev->prefix : "?",
+                  ev->err ? ev->err->msg : "",
+                  first ? "; this run pushes nothing more to the store" : "");
         break;
+    }
     case UPLOADER_PRUNE_FAILED:
         log_event(c->log, c->metrics, "warning", "remote retention failed: %s",
                   ev->err ? ev->err->msg : "");
@@ -108,17 +136,65 @@ static void remote_opts(const config_t *cfg, store_opts *so)
     so->part_bytes = (size_t)cfg->ckpt_part_mb << 20;
 }
 
+/* Without a lease (checkpoint.lease_s 0), the write that proves the store
+ * takes this job's checkpoints: a small object, put and deleted. c->lease_store
+ * is then only this probe's. */
+static int probe_remote(ckpt_ctl *c, int *connected, sp_err *err)
+{
+    sp_err e = {0};
+    const char *key = ".spotune-probe";
+    int rc = store_put_bytes(c->lease_store, key, "probe\n", 6, 0, &e);
+    if (!rc)
+        store_delete(c->lease_store, key, &e);
+    *connected = rc == 0;
+    if (rc == STORE_EAUTH || rc == STORE_ENOBUCKET) {
+        *err = e;
+        sp_err_prefix(err, "%s: the store refuses to hold this job's checkpoints: ",
+                      store_url(c->store));
+        return err->code = SP_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* Rank 0: the store, the job's lease on its prefix (also the probe that the
+ * store takes writes from these credentials), and the uploader. */
 static int open_remote(ckpt_ctl *c, sp_err *err)
 {
     const config_t *cfg = c->cfg;
-    store_opts so;
+    store_opts so, quick;
     remote_opts(cfg, &so);
-    if (store_open(&c->store, cfg->ckpt_remote, &so, err)) {
+    remote_opts(cfg, &quick);
+    quick.max_retries = 2; /* a store that is down must not hold the start */
+    quick.timeout_s = 10;
+    if (store_open(&c->store, cfg->ckpt_remote, &so, err) ||
+        store_open(&c->lease_store, cfg->ckpt_remote, &quick, err)) {
         sp_err_prefix(err, "checkpoint.remote: ");
         if (!err->code)
             err->code = SP_EXIT_USAGE;
         return err->code;
     }
+    char note[2048] = "";
+    int connected = 0;
+    lease_opts lo = {.ttl_s = cfg->ckpt_lease_s,
+                     .wait_s = cfg->ckpt_lease_s + 5,
+                     .take_over = cfg->ckpt_take_over,
+                     .run_dir = cfg->run_dir};
+    int rc;
+    if (cfg->ckpt_lease_s > 0) {
+        rc = lease_acquire(&c->lease, c->lease_store, &lo, &connected, note, sizeof note, err);
+        c->lease_store = NULL; /* the lease's now */
+    } else {
+        rc = probe_remote(c, &connected, err);
+    }
+    if (rc)
+        return rc;
+    if (note[0])
+        log_event(c->log, c->metrics, "warning", "%s", note);
+    if (!connected)
+        log_event(c->log, c->metrics, "warning",
+                  "%s does not answer now; training starts, and checkpoints are pushed when it "
+                  "does",
+                  store_url(c->store));
     uploader_opts uo = {.keep = (int)cfg->ckpt_keep,
                         .keep_every = (int)cfg->ckpt_keep_every,
                         .on_event = on_upload,
@@ -142,6 +218,8 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->metrics = metrics;
     c->last_time = sp_now();
     c->last_step = -1;
+    c->remote_step = -1;
+    pthread_mutex_init(&c->remote_mu, NULL);
     c->global_batch = (int64_t)c->world * cfg->micro_batch * cfg->grad_accum;
     snprintf(c->root, sizeof c->root, "%s/checkpoints", cfg->run_dir);
     char mpath[4096];
@@ -175,6 +253,29 @@ int ckpt_ctl_remote_behind(ckpt_ctl *c)
     return c && c->up ? uploader_pending(c->up) : -1;
 }
 
+/* At the end of a finished run: the final checkpoint must be in the remote
+ * store too, or the run does not count as done (a supervisor restarts it, and
+ * the restart pushes the checkpoint). */
+static int check_final_pushed(ckpt_ctl *c, sp_err *err)
+{
+    pthread_mutex_lock(&c->remote_mu);
+    int64_t have = c->remote_step;
+    int refused = c->remote_refused;
+    pthread_mutex_unlock(&c->remote_mu);
+    if (have >= c->last_step)
+        return 0;
+    sp_err why = {0};
+    int known = uploader_last_error(c->up, &why);
+    return sp_fail(err, SP_EXIT_OTHER,
+                   "training finished, but its final checkpoint (step %lld) is not in %s: %s%s%s; "
+                   "it is complete in %s, and running the same command again pushes it",
+                   (long long)c->last_step, store_url(c->store),
+                   refused ? "the store refused it"
+                   : have < 0 ? "the store received no checkpoint of this run"
+                              : "the store is behind",
+                   known ? ": " : "", known ? why.msg : "", c->root);
+}
+
 int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
 {
     if (!c)
@@ -183,6 +284,8 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
     if (c->writer) {
         rc = ckpt_writer_wait(c->writer, err);
         ckpt_writer_stop(c->writer);
+        if (rc && wait_uploads)
+            sp_err_prefix(err, "training finished, but its last checkpoint was not written: ");
     }
     if (c->up) {
         if (wait_uploads && uploader_pending(c->up) > 0) {
@@ -195,10 +298,16 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
                           "%s are complete",
                           uploader_pending(c->up), c->root);
         }
+        if (!rc && wait_uploads)
+            rc = check_final_pushed(c, err);
         uploader_stop(c->up);
     }
+    lease_release(c->lease);
     if (c->store)
         store_close(c->store);
+    if (c->lease_store)
+        store_close(c->lease_store);
+    pthread_mutex_destroy(&c->remote_mu);
     free(c);
     return rc;
 }
@@ -408,12 +517,18 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
 {
     const config_t *cfg = c->cfg;
     *stop = 0;
-    int32_t flags[2] = {signals_received() > 0, 0};
+    int32_t flags[3] = {signals_received() > 0, 0, 0};
+    sp_err lost = {0};
     if (c->rank == 0 && cfg->ckpt_every_minutes > 0 &&
         sp_now() - c->last_time >= cfg->ckpt_every_minutes * 60.0)
         flags[1] = 1;
-    if (comm_allreduce(c->comm, flags, 2, COMM_I32, COMM_MAX, err))
+    if (c->rank == 0)
+        flags[2] = lease_lost(c->lease, &lost);
+    if (comm_allreduce(c->comm, flags, 3, COMM_I32, COMM_MAX, err))
         return err->code;
+    if (flags[2]) /* another job took the remote prefix over: this one ends */
+        return c->rank == 0 ? sp_fail(err, SP_EXIT_USAGE, "%s; this job stops", lost.msg)
+                            : sp_fail(err, SP_EXIT_USAGE, "rank 0 lost the remote prefix");
     int every = cfg->ckpt_every_steps > 0 && p->step % cfg->ckpt_every_steps == 0;
     const char *reason = flags[0] ? "signal" : final ? "end" : every ? "every_steps"
                          : flags[1] ? "every_minutes" : NULL;
@@ -523,6 +638,14 @@ static int find_remote(ckpt_ctl *c, int64_t local_step, char *path, size_t n, in
         sp_err_clear(err);
         return 0;
     }
+    pthread_mutex_lock(&c->remote_mu);
+    for (size_t i = 0; i < l.n; i++) { /* what the store has: the catch-up push decides by it */
+        long long step;
+        if (sscanf(l.items[i].key, "step-%lld/", &step) == 1 &&
+            strstr(l.items[i].key, "/" CKPT_MANIFEST) && step > c->remote_step)
+            c->remote_step = step;
+    }
+    pthread_mutex_unlock(&c->remote_mu);
     for (size_t i = l.n; i-- > 0 && !*found;) { /* sorted: newest last */
         const char *k = l.items[i].key;
         long long step;
@@ -778,6 +901,26 @@ static void trim_metrics(ckpt_ctl *c, const char *ckpt_dir, int64_t step)
     }
 }
 
+/* Rank 0, resuming from a local checkpoint newer than any in the remote
+ * store (a run that stopped before its push finished, or whose store was
+ * down): it is pushed now, so the store catches up even if the run has
+ * nothing left to train. A push of what the store has already is a no-op. */
+static void push_if_missing(ckpt_ctl *c, const char *path, int64_t step)
+{
+    pthread_mutex_lock(&c->remote_mu);
+    int64_t have = c->remote_step;
+    pthread_mutex_unlock(&c->remote_mu);
+    if (!c->up || step <= have)
+        return;
+    sp_err e = {0};
+    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (uploader_submit(c->up, path, name, &e) < 0)
+        log_event(c->log, c->metrics, "warning", "upload of %s not queued: %s", name, e.msg);
+    else
+        log_event(c->log, c->metrics, "info", "%s lacks checkpoint step %lld: pushing it",
+                  store_url(c->store), (long long)step);
+}
+
 int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
                     int64_t *grad_accum, train_progress *p, int *resumed, sp_err *err)
 {
@@ -799,6 +942,8 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
         h.code = rc;
         h.found = !rc && path[0];
         snprintf(h.msg, sizeof h.msg, "%s", e.msg);
+        if (h.found)
+            push_if_missing(c, path, s.step);
         if (h.found) {
             const ckpt_attr *cur = ckpt_get(&s, "cursor"), *el = ckpt_get(&s, "elapsed_s");
             h.step = s.step;

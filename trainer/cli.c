@@ -51,6 +51,7 @@ static void usage(FILE *f)
 static void train_usage(FILE *f)
 {
     fprintf(f, "usage: spotune train CONFIG.yaml [--set section.key=value ...] [--resume WHAT]\n"
+               "                    [--takeover]\n"
                "Trains as CONFIG.yaml says; --set overrides one key (repeatable), e.g.\n"
                "  --set train.steps=500 --set lora.targets=[q_proj,v_proj]\n"
                "Every key is documented in configs/README.md (spotune config-reference).\n"
@@ -58,6 +59,10 @@ static void train_usage(FILE *f)
                "--resume auto (default): continue from the newest valid checkpoint of run.dir\n"
                "  (or of checkpoint.remote when that is newer); none: start afresh; PATH: a\n"
                "  checkpoint directory or s3://bucket/prefix/step-NNNNNNNN.\n"
+               "--takeover: take checkpoint.remote over from another job's live lease (that\n"
+               "  job stops pushing); same as --set checkpoint.take_over=true.\n"
+               "One job per run.dir (a lock) and per checkpoint.remote (a lease): see\n"
+               "  run.lock_wait_s and checkpoint.lease_s.\n"
                "SIGTERM, SIGINT or SIGUSR1: checkpoint at the next step boundary, exit 75.\n");
 }
 
@@ -85,7 +90,8 @@ static int finish_error(comm_t *comm, sp_err *err)
 static int cmd_train(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"set", 1, 0, 's'}, {"resume", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"set", 1, 0, 's'},      {"resume", 1, 0, 'r'}, {"help", 0, 0, 'h'},
+        {"takeover", 0, 0, 't'}, {0, 0, 0, 0}};
     /* first of all: a stop signal from here on is a request, never the
      * default action (train_run reports one that comes before training) */
     signals_install();
@@ -104,6 +110,10 @@ static int cmd_train(int argc, char **argv)
         }
         if (ch == 'r') {
             resume = optarg;
+            continue;
+        }
+        if (ch == 't' && nsets < 256) {
+            sets[nsets++] = "checkpoint.take_over=true";
             continue;
         }
         if (ch != 's' || nsets == 256) {

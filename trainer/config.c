@@ -41,6 +41,10 @@ static const key_def keys[] = {
      "model. Created if missing. Relative paths are relative to the working directory."},
     {"run.seed", K_INT, O(seed), "1234", 0, BIG, NULL, 1,
      "Seed of every random stream: LoRA init, data order, dropout."},
+    {"run.lock_wait_s", K_FLOAT, O(run_lock_wait_s), "30", 0, 86400, NULL, 0,
+     "One job per run directory (a lock on RUN_DIR/.lock, held by rank 0): wait at most this "
+     "long for another job holding it to end (e.g. ranks of a killed launch still exiting), "
+     "then refuse to start (exit 2)."},
     {"model.path", K_STRING, O(model_path), NULL, 0, 0, NULL, 1,
      "Hugging Face model directory: config.json and model.safetensors (or shards listed in "
      "model.safetensors.index.json)."},
@@ -137,7 +141,17 @@ static const key_def keys[] = {
      0, "On a preemption signal, wait at most this long for the upload before exiting 75."},
     {"checkpoint.final_upload_timeout_s", K_FLOAT, O(ckpt_final_upload_timeout_s), "1800", 0,
      1e9, NULL, 0,
-     "At the end of the run, wait at most this long for the remaining uploads."},
+     "At the end of the run, wait at most this long for the remaining uploads. A run whose "
+     "final checkpoint has not reached checkpoint.remote by then ends with exit 1 (the "
+     "local checkpoint is complete; running the same command again pushes it)."},
+    {"checkpoint.lease_s", K_FLOAT, O(ckpt_lease_s), "90", 0, 86400, NULL, 0,
+     "One job per remote prefix: the job keeps a lease object (LEASE.json) beside the "
+     "checkpoints, renewed every lease_s/3 seconds. Another job finding a lease renewed less "
+     "than lease_s ago waits up to lease_s for it to expire, then refuses to start (exit 2) "
+     "unless checkpoint.take_over is set. 0: no lease."},
+    {"checkpoint.take_over", K_BOOL, O(ckpt_take_over), "false", 0, 0, NULL, 0,
+     "Take the remote prefix over from another job's live lease without waiting (that job "
+     "stops pushing and ends with exit 2). On the command line: train --takeover."},
 };
 #undef O
 #define NKEYS (sizeof keys / sizeof keys[0])

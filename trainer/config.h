@@ -65,6 +65,9 @@ typedef struct config {
     int ckpt_addressing;
     int64_t ckpt_part_mb;
     double ckpt_upload_deadline_s, ckpt_final_upload_timeout_s;
+    double ckpt_lease_s;
+    int ckpt_take_over;
+    double run_lock_wait_s;
 } config_t;
 
 enum { ADDR_AUTO = 0, ADDR_PATH = 1, ADDR_VIRTUAL = 2 };

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../checkpoint/lease.h"
 #include "adapter.h"
 #include "checkpointing.h"
 #include "data.h"
@@ -36,6 +37,7 @@ typedef struct trainer {
     int32_t *inputs, *targets;
     uint64_t *sample_ids;
     ckpt_ctl *ck;
+    run_lock *lock; /* rank 0: this job holds run.dir */
     FILE *samples; /* log.samples audit, or NULL */
     const char *resume;
     int resumed;
@@ -48,6 +50,29 @@ static int mkdir_p(const char *dir, sp_err *err)
 {
     if (sp_mkdir_p(dir) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", dir, strerror(errno));
+    return 0;
+}
+
+/* Rank 0: one job per run directory, taken before anything is written into
+ * it; a job still holding it (the ranks of a killed launch take a moment to
+ * exit) is waited for up to run.lock_wait_s. */
+static int lock_run_dir(trainer_t *t, sp_err *err)
+{
+    char note[1024];
+    if (run_lock_take(&t->lock, t->cfg->run_dir, 0, note, sizeof note, err) == 0 ||
+        err->code != SP_EXIT_USAGE || t->cfg->run_lock_wait_s <= 0) {
+        if (!err->code && note[0])
+            log_event(t->out, NULL, "warning", "%s", note);
+        return err->code;
+    }
+    log_event(t->out, NULL, "info", "%s; waiting up to %.0f s for it to end", err->msg,
+              t->cfg->run_lock_wait_s);
+    sp_err_clear(err);
+    if (run_lock_take(&t->lock, t->cfg->run_dir, t->cfg->run_lock_wait_s, note, sizeof note,
+                      err))
+        return err->code;
+    if (note[0])
+        log_event(t->out, NULL, "warning", "%s", note);
     return 0;
 }
 
@@ -393,12 +418,14 @@ static void trainer_free(trainer_t *t)
     free(t->inputs);
     free(t->targets);
     free(t->sample_ids);
+    run_lock_release(t->lock);
 }
 
 static int setup(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
-    if (t->rank == 0 && (mkdir_p(c->run_dir, err) || write_resolved_config(t, err) ||
+    if (t->rank == 0 && (mkdir_p(c->run_dir, err) || lock_run_dir(t, err) ||
+                         write_resolved_config(t, err) ||
                          metrics_open(&t->metrics, c->run_dir, err)))
         return err->code;
     int threads = (int)c->threads;
@@ -495,8 +522,7 @@ int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err
     sp_err cerr = {0};
     int crc = ckpt_ctl_close(t.ck, rc == 0, &cerr);
     if (!rc && crc)
-        rc = sp_fail(err, crc, "training finished, but its last checkpoint was not written: %s",
-                     cerr.msg);
+        rc = sp_fail(err, crc, "%s", cerr.msg);
     if (!rc && t.out)
         fprintf(t.out, "done: %lld steps in %.1f s; metrics: %s/metrics.jsonl\n",
                 (long long)t.p.step, t.p.elapsed_s, cfg->run_dir);
