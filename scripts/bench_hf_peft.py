@@ -4,9 +4,14 @@
     pip install torch transformers==5.24.0 peft==0.21.2 safetensors
     python3 scripts/bench_hf_peft.py --model MODEL_DIR --mode lora --micro-batch 4 \\
         --seq-len 256 --threads 8 --steps 10 --warmup 2 [--device cuda --dtype bfloat16]
+    python3 scripts/bench_hf_peft.py --preset llama-7b --mode lora --micro-batch 1 \\
+        --seq-len 2048 --steps 5 --warmup 1 --device cuda --dtype bfloat16
 
 MODEL_DIR is a Hugging Face Llama-family directory (config.json + safetensors),
-e.g. one made by `spotune init-model`. One step = forward + loss + backward +
+e.g. one made by `spotune init-model`. --preset NAME instead builds spotune's
+preset of that name (tiny, small, llama-7b, llama-13b: the architecture of
+`spotune init-model --preset NAME`) with random weights made directly on the
+device, so nothing is written or read (a 7B model directory is 13 GB). One step = forward + loss + backward +
 AdamW step + zero_grad on a random batch of micro-batch x seq-len tokens, the
 same work as one spotune optimizer step with one micro-batch. Attention is
 PyTorch SDPA (transformers' default). The first --warmup steps are not timed.
@@ -19,10 +24,11 @@ Modes:
         --dtype bfloat16).
 
 Prints one line of JSON on stdout (progress goes to stderr): tokens_per_s,
-step_s (mean of the timed steps), the settings, library versions and
-peak_mem_bytes (CUDA: torch.cuda.max_memory_allocated; CPU: the process's
-peak resident set size). Exit codes: 0 done, 2 usage or a missing package,
-3 unusable model directory.
+step_s (mean of the timed steps), the settings, library versions,
+step1_loss (the first step's, before any update) and peak_mem_bytes (CUDA:
+torch.cuda.max_memory_allocated; CPU: the process's peak resident set size).
+Exit codes: 0 done, 2 usage, or a package that is missing or fails to import
+(the error says which and why), 3 unusable model directory.
 """
 
 import argparse
@@ -34,17 +40,34 @@ import time
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
+# spotune's presets (trainer/model_config.c): vocab, hidden, intermediate,
+# layers, heads, kv heads, max positions, bos, eos
+PRESETS = {
+    "tiny": (260, 128, 448, 4, 4, 2, 2048, 256, 257),
+    "small": (32000, 768, 1536, 12, 12, 4, 4096, 1, 2),
+    "llama-7b": (32000, 4096, 11008, 32, 32, 32, 4096, 1, 2),
+    "llama-13b": (32000, 5120, 13824, 40, 40, 40, 4096, 1, 2),
+}
+
 
 def import_deps():
-    missing = []
+    missing, broken = [], []
     for mod in ("torch", "transformers", "peft"):
         try:
             __import__(mod)
-        except ImportError:
-            missing.append(mod)
+        except ImportError as e:
+            if getattr(e, "name", None) == mod:
+                missing.append(mod)
+            else:  # the package is there but something it loads is not
+                broken.append(f"import {mod}: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - any failure to import is reported as is
+            broken.append(f"import {mod}: {type(e).__name__}: {e}")
+    for b in broken:
+        print(f"error: {b}", file=sys.stderr)
     if missing:
         print(f"error: missing Python packages: {', '.join(missing)}. Install with:\n"
               "  pip install torch transformers==5.24.0 peft==0.21.2 safetensors", file=sys.stderr)
+    if missing or broken:
         sys.exit(2)
 
 
@@ -61,14 +84,39 @@ def peak_mem_bytes(device):
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def preset_model(name, dtype, device):
+    """spotune's preset with random weights (N(0, 0.02), as both initialise), made on device."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    vocab, hidden, inter, layers, heads, kv, max_pos, bos, eos = PRESETS[name]
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, max_position_embeddings=max_pos, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=bos,
+                      eos_token_id=eos, initializer_range=0.02)
+    cfg._attn_implementation = "sdpa"
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.to(dtype)
+
+
 def build_model(args, dtype):
     from transformers import AutoModelForCausalLM
 
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        log(f"error: {args.model}: no config.json (not a Hugging Face model directory)")
-        sys.exit(3)
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=dtype, attn_implementation="sdpa", local_files_only=True)
+    if args.preset:
+        model = preset_model(args.preset, dtype, args.device)
+    else:
+        if not os.path.isfile(os.path.join(args.model, "config.json")):
+            log(f"error: {args.model}: no config.json (not a Hugging Face model directory)")
+            sys.exit(3)
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=dtype, attn_implementation="sdpa", local_files_only=True)
     model.config.use_cache = False
     if args.device == "cuda":
         model.to("cuda")
@@ -92,7 +140,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Time transformers/PEFT training steps (forward, backward, AdamW) on random "
                     "tokens; prints one JSON line. The peer of spotune's own benchmarks.")
-    ap.add_argument("--model", required=True, metavar="MODEL_DIR", help="Hugging Face model directory")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="MODEL_DIR", help="Hugging Face model directory")
+    src.add_argument("--preset", choices=sorted(PRESETS),
+                     help="spotune's preset with random weights made on the device")
     ap.add_argument("--mode", required=True, choices=["lora", "full"], help="LoRA or full fine-tuning")
     ap.add_argument("--micro-batch", type=int, default=4, help="sequences per step (default 4)")
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
@@ -143,7 +194,7 @@ def main(argv=None):
         if args.device == "cuda":
             torch.cuda.synchronize()
 
-    times, loss_value = [], float("nan")
+    times, loss_value, step1_loss = [], float("nan"), float("nan")
     for step in range(args.warmup + args.steps):
         ids = torch.randint(0, vocab, (args.micro_batch, args.seq_len), generator=gen).to(args.device)
         sync()
@@ -153,6 +204,8 @@ def main(argv=None):
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_value = loss.item()  # also waits for the device
+        if step == 0:
+            step1_loss = loss_value
         sync()
         dt = time.perf_counter() - t0
         timed = step >= args.warmup
@@ -178,7 +231,9 @@ def main(argv=None):
         "warmup": args.warmup,
         "trainable_params": n_trainable,
         "total_params": n_total,
+        "step1_loss": step1_loss,
         "last_loss": loss_value,
+        "model": args.model or f"preset {args.preset} (random weights)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "peft": peft.__version__,

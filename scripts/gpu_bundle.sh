@@ -5,10 +5,12 @@
 # libraries (cudart, cuBLAS, cuBLASLt, NCCL):
 #
 #   gpu-bundle/
-#     gpu_check.sh          run this there: tests, benchmarks, one table
+#     gpu_check.sh          run this there: tests, benchmarks, one table, at
+#                           most 6 minutes (--dry-run: every GPU step skipped)
 #     run                   ./run CMD ARGS: CMD with the bundle's environment
 #     env.sh                the same environment for `source`
-#     bin/                  spotune, test_cuda_ops, test_cuda_model (stripped)
+#     bin/                  spotune, test_cuda_ops, test_cuda_layer,
+#                           test_cuda_model, test_cuda_comm (stripped)
 #     lib.tar.xz            every other shared library they load (Open MPI,
 #                           HDF5, OpenBLAS, libyaml, jansson, Criterion, curl
 #                           and their dependencies), unpacked into lib/ on
@@ -70,10 +72,12 @@ echo "== configure $BUILD (Release, CUDA architectures $ARCH)"
 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSPOTUNE_SUITES=cuda >/dev/null
 grep -q "^SPOTUNE_CUDA:STRING=ON" "$BUILD/CMakeCache.txt" || die "the build has the CUDA backend off"
-echo "== build spotune test_cuda_ops test_cuda_model"
-cmake --build "$BUILD" ${JOBS:+-j "$JOBS"} --target spotune test_cuda_ops test_cuda_model
+TARGETS=(spotune test_cuda_ops test_cuda_layer test_cuda_model test_cuda_comm)
+echo "== build ${TARGETS[*]}"
+cmake --build "$BUILD" ${JOBS:+-j "$JOBS"} --target "${TARGETS[@]}"
 
-BINS=("$BUILD/spotune" "$BUILD/tests/test_cuda_ops" "$BUILD/tests/test_cuda_model")
+BINS=("$BUILD/spotune")
+for t in "${TARGETS[@]:1}"; do BINS+=("$BUILD/tests/$t"); done
 for b in "${BINS[@]}"; do [ -x "$b" ] || die "$b was not built"; done
 
 # ---- pack ---------------------------------------------------------------------------
@@ -173,8 +177,8 @@ chmod +x "$OUT/run"
     echo "nvcc: $(nvcc --version | tail -1)"
     echo "libraries packed: $NLIBS"
     echo
-    echo "On the GPU machine, from this folder:  ./gpu_check.sh   (OUT=dir to keep the table)"
-    echo "or ./run spotune --help, ./run test_cuda_ops, ./run test_cuda_model"
+    echo "On the GPU machine, from this folder:  OUT=dir ./gpu_check.sh   (at most 6 minutes)"
+    echo "or ./run spotune --help, ./run test_cuda_ops (test_cuda_layer, test_cuda_model, test_cuda_comm)"
 } > "$OUT/BUILD.txt"
 
 # ---- check ------------------------------------------------------------------------------

@@ -1,204 +1,396 @@
 #!/usr/bin/env bash
-# gpu_check.sh — the GPU checks of spotune's CUDA backend, run from the
-# folder scripts/gpu_bundle.sh packs (copied there as gpu_check.sh), on a
-# machine with an NVIDIA GPU and the CUDA 13 runtime libraries:
+# gpu_check.sh — the one-shot check of spotune's CUDA backend on a GPU
+# machine: run from the folder scripts/gpu_bundle.sh packs (copied there as
+# gpu_check.sh), or from a build tree with --build. At most GPU_CHECK_BUDGET_S
+# seconds of wall time (default 360, six minutes), enforced here: every step
+# has its own time box, cut to what is left of the budget, and a step that
+# cannot get at least 10 s is not started. Steps, most valuable first:
 #
-#   1. test_cuda_ops     every CUDA op against the CPU backend
-#   2. test_cuda_model   a model step CUDA vs CPU, 50 LoRA steps CUDA vs CPU
-#   3. spotune bench     small (LoRA and full), llama-7b LoRA (r 16, all 7
-#                        projections, seq 2048, micro-batch 1 and 8),
-#                        llama-13b LoRA; random weights, bf16
-#   4. HF PEFT           scripts/bench_hf_peft.py on the same GPU for the
-#                        small preset (and llama-7b micro-batch 1 if time
-#                        is left), when python3 imports torch, transformers
-#                        and peft and torch sees the GPU
+#   nvidia-smi (start)        GPU, driver, clocks, memory
+#   CUDA op tests             test_cuda_ops: every op against the CPU backend,
+#                             attention at the shapes of 7B, 8B (GQA), T 4096
+#   layer test                test_cuda_layer: a decoder layer at the 7B shape,
+#                             LoRA r 16 on all 7 projections, recompute none,
+#                             attention and layer, against the CPU
+#   model tests               test_cuda_model: HF fixtures one step, 50 LoRA
+#                             steps of spotune train, against the CPU
+#   NCCL and overlap tests    test_cuda_comm: grad_sync through a one-rank NCCL
+#                             communicator, overlap on, the sharded collectives
+#   bench small LoRA vs CPU   spotune bench, step 1 checked against the CPU
+#   bench small full vs CPU   (both fail on a difference beyond tolerance)
+#   bench 7B LoRA mb1         spotune bench llama-7b, seq 2048, r 16 all 7
+#   HF PEFT 7B LoRA mb1       scripts/bench_hf_peft.py, same settings
+#   bench 13B LoRA mb1
+#   bench 7B LoRA mb8         retried with --recompute layer if it fails
+#   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
+#                             test_cuda_ops, reduced shapes; each error a row
+#   nvidia-smi (end)
 #
-# then prints one table (tokens/s, step time, peak memory, MFU, ratio to HF
-# PEFT). Every part has its own time limit and the whole run stays under
-# GPU_CHECK_BUDGET_S (default 460 s); a part that fails or runs out of time
-# is reported and the rest goes on. With $OUT set, three files are written
-# there: gpu_check_table.md, gpu_check.log and gpu_check_outputs.tar.gz
-# (every part's full output).
-# Exit code: 0 when both test suites passed and every benchmark ran, 1 else.
+# Every bench fails on a step-1 loss that is not finite or is more than 1
+# from what random weights give (ln(vocab) + 0.0002 hidden). MFU is given in
+# two conventions: "honest", 4N per token for the frozen weights of LoRA, 6N
+# for trainable weights (adapters included), plus attention; and the common
+# 6N, 6 x every parameter per token. The Python peer runs with this machine's
+# own LD_LIBRARY_PATH (the bundle's is for spotune's programs only); an
+# import error is a FAIL row with its message.
+#
+# Without a usable CUDA device (spotune bench --probe-cuda says why) every GPU
+# step is a SKIPPED row with that reason; the test programs still run and
+# report their own skip. That is the dry run (tests/test_gpu_check.sh).
+#
+# Output: ONE table, a row for every step whatever happened (PASS, FAIL,
+# TIMEOUT, SKIPPED, the time and the figure), printed at the end and written
+# to $OUT/gpu_check_table.md, with $OUT/gpu_check.log (progress) and
+# $OUT/gpu_check_outputs.tar.gz (every step's full output, nvidia-smi -q).
+# Without OUT they stay in a temporary folder, named at the end.
+#
+# usage: gpu_check.sh [--build DIR] [--budget SECONDS] [--dry-run]
+#   --build DIR       take spotune and the test programs from the build tree
+#                     DIR (scripts and fixtures from this source tree)
+#   --budget SECONDS  the wall-time budget (default $GPU_CHECK_BUDGET_S or 360)
+#   --dry-run         hide every GPU (CUDA_VISIBLE_DEVICES=""): the whole
+#                     script runs, every GPU step a SKIPPED row with its reason
+# Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
+#   GPU_CHECK_BOX_SCALE (multiplies every step's box; tests use it).
+# Exit: 0 every step passed; 1 a step failed or timed out; 77 nothing failed
+# but some step was skipped (no GPU, no budget left, no compute-sanitizer).
 set -uo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE" || exit 1
-BUDGET=${GPU_CHECK_BUDGET_S:-460}
 START=$(date +%s)
+HERE=$(cd "$(dirname "$0")" && pwd)
+BUILD=""
+DRY=0
+BUDGET=${GPU_CHECK_BUDGET_S:-360}
+PY=${GPU_CHECK_PYTHON:-python3}
+SCALE=${GPU_CHECK_BOX_SCALE:-1}
+RESERVE=15 # for nvidia-smi at the end, the table and the archive
+MIN_STEP=10
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --build) BUILD=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --build=*) BUILD=$(cd "${1#*=}" && pwd) || exit 2; shift ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --budget=*) BUDGET=${1#*=}; shift ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+done
+case "$BUDGET" in ''|*[!0-9]*) echo "gpu_check.sh: the budget must be whole seconds" >&2; exit 2 ;; esac
+
+if [ "$DRY" = 1 ]; then
+    export CUDA_VISIBLE_DEVICES="" # CUDA then reports no device (or no driver)
+fi
+
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spotune-gpu-check-XXXXXX")
 DEST=${OUT:-$WORK}
 mkdir -p "$DEST" "$WORK/out"
 LOG="$DEST/gpu_check.log"
 TABLE="$DEST/gpu_check_table.md"
-PARTS="$WORK/out" # each part's output: NAME.out
+PARTS="$WORK/out"
 : > "$LOG"
-FAILED=0
 
 say() { echo "$*" | tee -a "$LOG"; }
-left() { echo $((BUDGET - ($(date +%s) - START))); }
+elapsed() { echo $(($(date +%s) - START)); }
+left() { echo $((BUDGET - RESERVE - $(elapsed))); }
 
-# shellcheck source=/dev/null
-if ! source ./env.sh; then
-    say "gpu_check: could not set up the bundle's environment (env.sh)"
-    exit 1
+# The machine's own library path, before the bundle's environment: for Python.
+ORIG_LD_SET=${LD_LIBRARY_PATH+set}
+ORIG_LD=${LD_LIBRARY_PATH-}
+
+# ---- where the programs are ------------------------------------------------------------
+if [ -n "$BUILD" ]; then
+    SRC=$(cd "$HERE/.." && pwd)
+    SPOTUNE="$BUILD/spotune"
+    TESTS="$BUILD/tests"
+    HF_SCRIPT="$SRC/scripts/bench_hf_peft.py"
+    BUILD_INFO="build tree $BUILD, source $(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+else
+    # shellcheck source=/dev/null
+    if ! source "$HERE/env.sh"; then
+        say "gpu_check: could not set up the bundle's environment ($HERE/env.sh)"
+        exit 1
+    fi
+    SPOTUNE="$HERE/bin/spotune"
+    TESTS="$HERE/bin"
+    HF_SCRIPT="$HERE/scripts/bench_hf_peft.py"
+    BUILD_INFO=$(sed -n '2,5p' "$HERE/BUILD.txt" 2>/dev/null | tr '\n' ';' | sed 's/;$//')
 fi
 
-# part NAME LIMIT_S MIN_S CMD...: runs CMD with at most min(LIMIT_S, time left)
-# seconds; output in $PARTS/NAME.out; returns CMD's status (124: out of time,
-# 125: skipped for lack of time).
-part() {
-    local name=$1 limit=$2 min=$3
-    shift 3
-    local l
-    l=$(left)
-    if [ "$l" -lt "$min" ]; then
-        say "-- $name: skipped, ${l}s left of the ${BUDGET}s budget"
-        return 125
-    fi
-    [ "$limit" -gt "$l" ] && limit=$l
-    local t0 rc
-    t0=$(date +%s)
-    timeout -k 10 "$limit" "$@" > "$PARTS/$name.out" 2>&1
-    rc=$?
-    local dt=$(($(date +%s) - t0))
-    if [ $rc -eq 0 ]; then
-        say "-- $name: ok (${dt}s)"
-    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        say "-- $name: TIMED OUT after ${limit}s"
-    elif [ $rc -eq 77 ]; then
-        say "-- $name: SKIPPED: $(tail -n 1 "$PARTS/$name.out")"
-    else
-        say "-- $name: FAILED (exit $rc, ${dt}s); last lines:"
-        tail -n 15 "$PARTS/$name.out" | sed 's/^/   /' | tee -a "$LOG"
-    fi
-    return $rc
+# ---- the rows --------------------------------------------------------------------------
+# Every step is a row from the start, "not reached" until it runs, so no
+# outcome can drop a row.
+R_NAME=() R_RES=() R_SECS=() R_FIG=()
+row_new() { # row_new NAME -> index in $ROW
+    ROW=${#R_NAME[@]}
+    R_NAME+=("$1") R_RES+=("SKIPPED") R_SECS+=("-") R_FIG+=("not reached: the ${BUDGET}s budget ran out")
+}
+row_set() { # row_set INDEX RESULT SECS FIGURE
+    R_RES[$1]=$2 R_SECS[$1]=$3
+    R_FIG[$1]=$(printf '%s' "$4" | tr '\n|' ' /' | sed 's/  */ /g; s/ $//' | cut -c1-400)
 }
 
-# ---- the machine ---------------------------------------------------------------------
-GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
-say "spotune GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
-say "GPU: ${GPU:-unknown (nvidia-smi failed)}"
-sed -n '2,5p' BUILD.txt 2>/dev/null | sed 's/^/bundle /' | tee -a "$LOG"
-
-# ---- 1-2: the test suites ------------------------------------------------------------
-tests_ok=1
-for t in test_cuda_ops:150 test_cuda_model:240; do
-    name=${t%%:*} limit=${t##*:}
-    part "$name" "$limit" 30 "bin/$name" --jobs 1
-    rc=$?
-    grep -h "Synthesis" "$PARTS/$name.out" | sed "s/^/   /" | tee -a "$LOG"
-    grep -h "gradient cosine\|LoRA steps" "$PARTS/$name.out" | sed "s/^/   /" | tee -a "$LOG"
-    [ $rc -eq 0 ] || tests_ok=0
+declare -A IDX
+for s in smi_start ops layer model comm small_lora small_full b7 hf7 b13 b7mb8 memcheck smi_end; do
+    case $s in
+    smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
+    ops) n="CUDA op tests (test_cuda_ops, real attention shapes)" ;;
+    layer) n="layer test (test_cuda_layer: 7B layer, LoRA r16 x7, recompute none/attention/layer)" ;;
+    model) n="model tests (test_cuda_model: HF fixtures, 50 LoRA steps vs CPU)" ;;
+    comm) n="NCCL and overlap tests (test_cuda_comm: one-rank NCCL, grad_sync, sharded collectives)" ;;
+    small_lora) n="bench small LoRA mb1 seq 2048, step 1 vs CPU" ;;
+    small_full) n="bench small full mb1 seq 2048, step 1 vs CPU" ;;
+    b7) n="bench llama-7b LoRA r16 mb1 seq 2048" ;;
+    hf7) n="HF PEFT llama-7b LoRA r16 mb1 seq 2048 (bench_hf_peft.py)" ;;
+    b13) n="bench llama-13b LoRA r16 mb1 seq 2048" ;;
+    b7mb8) n="bench llama-7b LoRA r16 mb8 seq 2048" ;;
+    memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
+    smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
+    esac
+    row_new "$n"
+    IDX[$s]=$ROW
 done
-[ $tests_ok -eq 1 ] || FAILED=1
 
-# ---- 3: spotune bench ------------------------------------------------------------------
-ROWS=() # "label|preset|mode|mb|recompute|json"
+# ---- running one step ---------------------------------------------------------------------
+# step KEY BOX CMD...: runs CMD in $PARTS/KEY.out for at most min(BOX x SCALE,
+# time left) seconds. Sets RC (124 timed out, 125 not started) and DT.
+step() {
+    local key=$1 box=$2
+    shift 2
+    local l limit
+    l=$(left)
+    limit=$(awk -v b="$box" -v s="$SCALE" 'BEGIN { printf "%d", b * s + 0.5 }')
+    [ "$limit" -lt 1 ] && limit=1
+    if [ "$l" -lt "$MIN_STEP" ] || [ "$l" -lt 1 ]; then
+        RC=125 DT=0
+        say "-- $key: not started, ${l}s of the budget left"
+        return
+    fi
+    [ "$limit" -gt "$l" ] && limit=$l
+    LIMIT=$limit
+    local t0
+    t0=$(date +%s)
+    say "-- $key: $* (at most ${limit}s)"
+    timeout -k 5 "$limit" "$@" > "$PARTS/$key.out" 2>&1
+    RC=$?
+    DT=$(($(date +%s) - t0))
+    [ $RC -eq 137 ] && RC=124
+    say "   exit $RC after ${DT}s"
+}
+
+# The last line that says what went wrong.
+why_failed() {
+    local f=$1 l
+    l=$(grep -E "error|Error|ERROR|Assertion|FAIL|Traceback|No module|cannot|not found" "$f" |
+        grep -v "^\[====\]" | tail -n 3 | tr '\n' ' ')
+    [ -n "$l" ] || l=$(tail -n 2 "$f" | tr '\n' ' ')
+    printf '%s' "$l"
+}
+
+# A Criterion suite: PASS when it exits 0, SKIPPED when it exits 77 (its
+# reason), FAIL or TIMEOUT else, with Criterion's synthesis as the figure.
+suite() { # suite KEY BOX PROGRAM
+    local key=$1 box=$2 prog=$3 i=${IDX[$1]} syn fails
+    if [ ! -x "$prog" ]; then
+        row_set "$i" FAIL 0 "$prog is missing"
+        return
+    fi
+    step "$key" "$box" "$prog" --jobs 1
+    [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
+    syn=$(grep -h "Synthesis" "$PARTS/$key.out" | tail -1 | sed 's/.*Synthesis: //')
+    fails=$(grep -hE "^\[(FAIL|CRASH)\]|\[----\].*(Assertion|rel err|differs|> )" "$PARTS/$key.out" |
+        head -n 3 | tr '\n' ' ')
+    case $RC in
+    0) row_set "$i" PASS "$DT" "${syn:-passed}" ;;
+    77) row_set "$i" SKIPPED "$DT" "$(grep -h "skipped" "$PARTS/$key.out" | tail -1)" ;;
+    124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s; ${syn:-no synthesis}; $fails" ;;
+    *) row_set "$i" FAIL "$DT" "exit $RC; ${syn:-no synthesis}; ${fails:-$(why_failed "$PARTS/$key.out")}" ;;
+    esac
+}
 
 jget() { # jget KEY JSON: a number or string field of a flat JSON object
     printf '%s' "$2" | sed -n "s/.*\"$1\": *\"\{0,1\}\([^,\"}]*\).*/\1/p"
 }
 
-bench() { # bench LABEL LIMIT PRESET MODE MB RECOMPUTE [STEPS]
-    local label=$1 limit=$2 preset=$3 mode=$4 mb=$5 rc_mode=$6 steps=${7:-5}
-    local name="bench-$preset-$mode-mb$mb-$rc_mode"
-    part "$name" "$limit" 40 spotune bench --backend cuda --preset "$preset" --mode "$mode" \
+declare -A BENCH # key -> its JSON line
+bench_figure() { # bench_figure JSON
+    local j=$1
+    awk -v t="$(jget tokens_per_s "$j")" -v s="$(jget step_s "$j")" \
+        -v p="$(jget peak_mem_bytes "$j")" -v m="$(jget mfu "$j")" -v m6="$(jget mfu_6n "$j")" \
+        -v l="$(jget step1_loss "$j")" -v g="$(jget step1_grad_norm "$j")" \
+        -v e="$(jget expected_loss "$j")" -v cl="$(jget cpu_step1_loss "$j")" \
+        -v cg="$(jget cpu_step1_grad_norm "$j")" 'BEGIN {
+        printf "%.0f tok/s, step %.3f s, peak %.1f GiB, MFU honest %s / 6N %s; step 1 loss %.4f (random weights: %.3f +- 1), grad norm %.4g",
+            t, s, p / 2^30, (m >= 0 ? sprintf("%.1f%%", 100 * m) : "-"),
+            (m6 >= 0 ? sprintf("%.1f%%", 100 * m6) : "-"), l, e, g
+        if (cl != "") printf "; CPU step 1: loss %.4f, grad norm %.4g", cl, cg }'
+}
+
+NO_GPU="" # why no CUDA device is usable, when none is
+bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE]
+    local key=$1 box=$2 preset=$3 mode=$4 mb=$5 steps=$6 rcm=${7:-none} i=${IDX[$1]} json
+    if [ -n "$NO_GPU" ]; then
+        row_set "$i" SKIPPED 0 "$NO_GPU"
+        return
+    fi
+    step "$key" "$box" "$SPOTUNE" bench --backend cuda --preset "$preset" --mode "$mode" \
         --micro-batch "$mb" --seq-len 2048 --steps "$steps" --warmup 1 --lora-r 16 \
-        --recompute "$rc_mode" --json
-    local rc=$? json
-    json=$(grep '^{' "$PARTS/$name.out" | tail -1)
-    if [ $rc -eq 0 ] && [ -n "$json" ]; then
-        ROWS+=("$label|$preset|$mode|$mb|$rc_mode|$json")
-        return 0
-    fi
-    return 1
+        --recompute "$rcm" --json
+    [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
+    json=$(grep '^{' "$PARTS/$key.out" | tail -1)
+    local note=""
+    [ "$rcm" != none ] && note="recompute $rcm; "
+    case $RC in
+    0) BENCH[$key]=$json; row_set "$i" PASS "$DT" "$note$(bench_figure "$json")" ;;
+    124) row_set "$i" TIMEOUT "$DT" "${note}killed after ${LIMIT}s" ;;
+    *) row_set "$i" FAIL "$DT" "${note}exit $RC: $(why_failed "$PARTS/$key.out")${json:+; $(bench_figure "$json")}" ;;
+    esac
 }
 
-bench "small LoRA mb1" 60 small lora 1 none 10 || FAILED=1
-bench "small full mb1" 60 small full 1 none 10 || FAILED=1
-bench "7B LoRA mb1" 90 llama-7b lora 1 none || FAILED=1
-if ! bench "7B LoRA mb8" 120 llama-7b lora 8 none; then
-    say "   retrying llama-7b micro-batch 8 with --recompute layer"
-    bench "7B LoRA mb8" 150 llama-7b lora 8 layer || FAILED=1
+smi() { # smi KEY
+    local key=$1 i=${IDX[$1]}
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        row_set "$i" SKIPPED 0 "nvidia-smi not found"
+        return
+    fi
+    step "$key" 20 nvidia-smi \
+        --query-gpu=name,driver_version,pstate,clocks.sm,clocks.mem,clocks.max.sm,memory.used,memory.total,temperature.gpu,power.draw \
+        --format=csv
+    [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
+    timeout 20 nvidia-smi -q > "$PARTS/$key-q.out" 2>&1
+    case $RC in
+    0) row_set "$i" PASS "$DT" "$(sed -n '2,$p' "$PARTS/$key.out" | head -n 2 | tr '\n' ' ')" ;;
+    124) row_set "$i" TIMEOUT "$DT" "nvidia-smi hung" ;;
+    *) row_set "$i" FAIL "$DT" "exit $RC: $(tail -n 2 "$PARTS/$key.out" | tr '\n' ' ')" ;;
+    esac
+}
+
+# ---- the run ----------------------------------------------------------------------------
+say "spotune GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), budget ${BUDGET}s$([ "$DRY" = 1 ] && echo ", dry run: CUDA_VISIBLE_DEVICES=\"\"")"
+say "programs: $BUILD_INFO"
+smi smi_start
+GPU=$(sed -n '2p' "$PARTS/smi_start.out" 2>/dev/null | cut -d, -f1,2)
+
+if ! "$SPOTUNE" bench --probe-cuda > "$PARTS/probe.out" 2>&1; then
+    NO_GPU=$(sed -n 's/^spotune: error: //p' "$PARTS/probe.out" | tail -1)
+    [ -n "$NO_GPU" ] || NO_GPU="spotune bench --probe-cuda failed: $(tail -n 1 "$PARTS/probe.out")"
 fi
-bench "13B LoRA mb1" 120 llama-13b lora 1 none || FAILED=1
+say "CUDA: $(if [ -n "$NO_GPU" ]; then echo "$NO_GPU"; else cat "$PARTS/probe.out"; fi)"
 
-# ---- 4: Hugging Face PEFT on the same GPU -------------------------------------------------
-declare -A HF # "preset|mode|mb" -> tokens_per_s|step_s|peak
-hf_bench() { # hf_bench PRESET MODE MB LIMIT
-    local preset=$1 mode=$2 mb=$3 limit=$4 dir="$WORK/model-$1"
-    if [ ! -f "$dir/config.json" ]; then
-        part "init-$preset" 240 60 spotune init-model --preset "$preset" --seed 1 --dtype bf16 "$dir" ||
-            return 1
-    fi
-    local name="hf-$preset-$mode-mb$mb"
-    part "$name" "$limit" 60 env PYTHONUNBUFFERED=1 python3 scripts/bench_hf_peft.py --model "$dir" \
-        --mode "$mode" --micro-batch "$mb" --seq-len 2048 --steps 5 --warmup 1 --lora-r 16 \
-        --device cuda --dtype bfloat16 || return 1
-    local json
-    json=$(grep '^{' "$PARTS/$name.out" | tail -1)
-    [ -n "$json" ] || return 1
-    HF["$preset|$mode|$mb"]="$(jget tokens_per_s "$json")|$(jget step_s "$json")|$(jget peak_mem_bytes "$json")"
-}
+suite ops 75 "$TESTS/test_cuda_ops"
+suite layer 90 "$TESTS/test_cuda_layer"
+suite model 90 "$TESTS/test_cuda_model"
+suite comm 45 "$TESTS/test_cuda_comm"
+bench small_lora 45 small lora 1 10
+bench small_full 45 small full 1 10
+bench b7 60 llama-7b lora 1 5
 
-if python3 -c 'import torch, transformers, peft, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
-    > /dev/null 2>&1; then
-    hf_bench small lora 1 120
-    hf_bench small full 1 120
-    if [ "$(left)" -gt 200 ]; then
-        hf_bench llama-7b lora 1 150
-    else
-        say "-- HF PEFT llama-7b: skipped, $(left)s left"
-    fi
-    rm -rf "$WORK"/model-*
+# HF PEFT on the same GPU, with this machine's own library path
+i=${IDX[hf7]}
+if [ -n "$NO_GPU" ]; then
+    row_set "$i" SKIPPED 0 "$NO_GPU"
 else
-    say "-- HF PEFT: skipped (python3 cannot import torch, transformers and peft, or torch sees no GPU)"
+    if [ "$ORIG_LD_SET" = set ]; then PYENV=(env "LD_LIBRARY_PATH=$ORIG_LD"); else PYENV=(env -u LD_LIBRARY_PATH); fi
+    step hf7 90 "${PYENV[@]}" PYTHONUNBUFFERED=1 "$PY" "$HF_SCRIPT" --preset llama-7b --mode lora \
+        --micro-batch 1 --seq-len 2048 --steps 5 --warmup 1 --lora-r 16 --device cuda \
+        --dtype bfloat16
+    json=$(grep '^{' "$PARTS/hf7.out" | tail -1)
+    case $RC in
+    125) row_set "$i" SKIPPED 0 "not started: the budget ran out" ;;
+    124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s" ;;
+    0)
+        ours=${BENCH[b7]:-}
+        fig=$(awk -v t="$(jget tokens_per_s "$json")" -v s="$(jget step_s "$json")" \
+            -v p="$(jget peak_mem_bytes "$json")" -v l="$(jget step1_loss "$json")" \
+            -v tv="$(jget torch "$json")" -v pv="$(jget peft "$json")" \
+            -v ot="$(jget tokens_per_s "$ours")" -v om="$(jget mfu "$ours")" \
+            -v om6="$(jget mfu_6n "$ours")" 'BEGIN {
+            printf "%.0f tok/s, step %.3f s, peak %.1f GiB", t, s, p / 2^30
+            if (ot > 0 && om >= 0) printf ", MFU honest %.1f%% / 6N %.1f%% (spotune'"'"'s FLOPs per token)", 100 * om * t / ot, 100 * om6 * t / ot
+            if (ot > 0) printf "; spotune 7B is %.2fx this", ot / t
+            printf "; step 1 loss %.4f; torch %s, peft %s", l, tv, pv }')
+        row_set "$i" PASS "$DT" "$fig"
+        ;;
+    *) row_set "$i" FAIL "$DT" "exit $RC: $(why_failed "$PARTS/hf7.out")" ;;
+    esac
 fi
 
-# ---- the table -------------------------------------------------------------------------------
+bench b13 75 llama-13b lora 1 5
+bench b7mb8 90 llama-7b lora 8 5
+if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
+    say "   llama-7b micro-batch 8 failed: again with --recompute layer"
+    mv "$PARTS/b7mb8.out" "$PARTS/b7mb8-recompute-none.out"
+    first=${R_FIG[${IDX[b7mb8]}]}
+    bench b7mb8 90 llama-7b lora 8 5 layer
+    R_FIG[${IDX[b7mb8]}]="${R_FIG[${IDX[b7mb8]}]}; recompute none had failed: ${first:0:150}"
+fi
+
+# compute-sanitizer's memcheck with what is left
+i=${IDX[memcheck]}
+SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$NO_GPU" ]; then
+    row_set "$i" SKIPPED 0 "$NO_GPU"
+elif [ -z "$SAN" ]; then
+    row_set "$i" SKIPPED 0 "compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
+elif [ "$(left)" -lt 30 ]; then
+    row_set "$i" SKIPPED 0 "not started: $(left)s of the budget left, 30 s needed"
+else
+    step memcheck "$(left)" env SPOTUNE_TEST_SHAPES=reduced "$SAN" --tool memcheck \
+        --error-exitcode 3 "$TESTS/test_cuda_ops" --jobs 1
+    nerr=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$PARTS/memcheck.out" |
+        awk '{ s += $1 } END { print s + 0 }')
+    syn=$(grep -h "Synthesis" "$PARTS/memcheck.out" | tail -1 | sed 's/.*Synthesis: //')
+    case $RC in
+    0) row_set "$i" PASS "$DT" "0 errors; ${syn:-}" ;;
+    124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s; $nerr errors so far" ;;
+    *) row_set "$i" FAIL "$DT" "exit $RC, $nerr errors; ${syn:-}" ;;
+    esac
+    # each kind of error found, a row of its own
+    # ("========= Invalid __global__ read of size 4 bytes" and the kernel on
+    # the next "=========     at NAME+0x..." line)
+    awk '/^========= [A-Z]/ && !/ERROR SUMMARY|COMPUTE-SANITIZER/ {
+             if (what != "") n[what]++
+             what = substr($0, 11); next }
+         /^=========  +at / && what != "" {
+             k = $0; sub(/^=========  +at /, "", k); sub(/\+0x[0-9a-f]+.*/, "", k)
+             n[what " in " k]++; what = ""; next }
+         END { if (what != "") n[what]++; for (w in n) printf "%d\t%s\n", n[w], w }' \
+        "$PARTS/memcheck.out" | sort -rn | head -n 10 > "$WORK/memcheck-kinds"
+    while IFS=$'\t' read -r count what; do
+        row_new "memcheck error: $what"
+        row_set "$ROW" FAIL "-" "$count occurrences (see memcheck.out)"
+    done < "$WORK/memcheck-kinds"
+fi
+
+RESERVE=0
+smi smi_end
+
+# ---- the table ------------------------------------------------------------------------------
+TOTAL=$(elapsed)
 {
-    echo "| run | tokens/s | step s | peak GiB | MFU | vs HF PEFT |"
-    echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-    for r in ${ROWS[@]+"${ROWS[@]}"}; do
-        IFS='|' read -r label preset mode mb rcm json <<< "$r"
-        tps=$(jget tokens_per_s "$json")
-        step=$(jget step_s "$json")
-        peak=$(jget peak_mem_bytes "$json")
-        mfu=$(jget mfu "$json")
-        hf=${HF["$preset|$mode|$mb"]:-}
-        ratio="-"
-        if [ -n "$hf" ]; then
-            ratio=$(awk -v a="$tps" -v b="${hf%%|*}" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }')
-        fi
-        [ "$rcm" != none ] && label="$label (recompute $rcm)"
-        awk -v l="spotune $label" -v t="$tps" -v s="$step" -v p="$peak" -v m="$mfu" -v r="$ratio" \
-            'BEGIN { printf "| %s | %.0f | %.3f | %.1f | %s | %s |\n", l, t, s, p / 2^30,
-                     (m >= 0 ? sprintf("%.1f%%", 100 * m) : "-"), r }'
-        if [ -n "$hf" ]; then
-            IFS='|' read -r htps hstep hpeak <<< "$hf"
-            awk -v l="HF PEFT $preset $mode mb$mb" -v t="$htps" -v s="$hstep" -v p="$hpeak" \
-                -v m="$mfu" -v ours="$tps" \
-                'BEGIN { printf "| %s | %.0f | %.3f | %.1f | %s | 1.00x |\n", l, t, s, p / 2^30,
-                         (m >= 0 && ours > 0 ? sprintf("%.1f%%", 100 * m * t / ours) : "-") }'
-        fi
-    done
-} > "$TABLE.tmp"
-say ""
-say "GPU: ${GPU:-unknown}; seq_len 2048, LoRA r 16 on all 7 projections, bf16; MFU from"
-say "spotune's FLOPs per token (HF PEFT's MFU: the same FLOPs at its tokens/s)"
-tee -a "$LOG" < "$TABLE.tmp"
-{
-    echo "GPU: ${GPU:-unknown}, $(date -u '+%Y-%m-%d')"
+    echo "spotune GPU check, $(date -u '+%Y-%m-%d'); GPU: ${GPU:-unknown}; $BUILD_INFO"
+    echo "wall time ${TOTAL}s of a ${BUDGET}s budget; MFU honest: 4N/token for frozen weights, 6N for trainable ones, plus attention; 6N: 6 x every parameter per token"
     echo
-    cat "$TABLE.tmp"
+    echo "| # | step | result | s | figure |"
+    echo "| ---: | --- | --- | ---: | --- |"
+    for ((k = 0; k < ${#R_NAME[@]}; k++)); do
+        echo "| $((k + 1)) | ${R_NAME[$k]} | ${R_RES[$k]} | ${R_SECS[$k]} | ${R_FIG[$k]} |"
+    done
 } > "$TABLE"
-rm -f "$TABLE.tmp"
 say ""
+tee -a "$LOG" < "$TABLE"
+say ""
+
+FAILED=0 SKIPPED=0
+for r in "${R_RES[@]}"; do
+    case $r in FAIL|TIMEOUT) FAILED=1 ;; SKIPPED) SKIPPED=1 ;; esac
+done
 if [ -n "${OUT:-}" ]; then
     tar -C "$WORK" -czf "$OUT/gpu_check_outputs.tar.gz" out
     rm -rf "$WORK"
 fi
-say "total $(($(date +%s) - START))s; tests $([ $tests_ok -eq 1 ] && echo passed || echo FAILED);" \
-    "table, log and outputs in ${OUT:-$WORK}"
-exit $FAILED
+say "total $(elapsed)s; table, log and outputs in $DEST"
+[ $FAILED -eq 1 ] && exit 1
+[ $SKIPPED -eq 1 ] && exit 77
+exit 0
