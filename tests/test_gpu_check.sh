@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
+#  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
+#     run on a GPU machine too): the table has all 13 rows, every GPU step is
+#     SKIPPED with its reason (the CUDA error, or the build without CUDA), the
+#     test programs report their own skip, exit 77, and it takes under a
+#     minute;
+#  2. with stand-in programs in a bundle-shaped folder (env.sh that sets the
+#     bundle's LD_LIBRARY_PATH, bin/, a fake nvidia-smi and compute-sanitizer
+#     on PATH, a python whose torch import fails): PASS, FAIL, TIMEOUT and
+#     SKIPPED rows with their figures, a bench whose step-1 check fails, the
+#     7B micro-batch 8 retried with --recompute layer, both MFU conventions,
+#     the Python peer run with the machine's library path (not the
+#     bundle's) and its import error as a FAIL row with the message,
+#     nvidia-smi at start and end, memcheck errors as rows, the table in
+#     $OUT/gpu_check_table.md, exit 1;
+#  3. the budget enforced: a step that hangs is cut at what is left of a
+#     30 s budget, every later step is a "not started" row, and the whole
+#     run stays within the budget.
+# usage: tests/test_gpu_check.sh BUILD_DIR
+set -uo pipefail
+build=$(cd "$1" && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd)
+check_sh="$here/scripts/gpu_check.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+check() { # check NAME CONDITION_RESULT DETAIL
+    if [[ $2 -eq 0 ]]; then echo "ok   $1"; else echo "FAIL $1: $3"; fails=$((fails + 1)); fi
+}
+has() { grep -qF -- "$2" <<<"$1"; }
+row() { grep -E "^\| $2 \|" <<<"$1"; } # row TABLE N
+
+# ---- 1. the dry run on the real programs --------------------------------------------------
+t0=$(date +%s)
+out=$(OUT="$tmp/dry" PATH="/usr/bin:/bin" bash "$check_sh" --build "$build" --dry-run 2>&1)
+rc=$?
+dt=$(($(date +%s) - t0))
+table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
+check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
+check "dry run under a minute" $((dt >= 60)) "${dt}s"
+n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
+check "dry run: the table has the 13 rows" $((n != 13)) "$table"
+bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
+check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
+for k in 2 3 4 5; do
+    r=$(row "$table" $k)
+    has "$r" "skipped: no usable CUDA device: " &&
+        { has "$r" "cudaGetDeviceCount: " || has "$r" "built without the CUDA backend"; }
+    check "dry run: test row $k skipped by the program itself, naming why" $? "$r"
+done
+for k in 6 7 8 9 10 11 12; do
+    r=$(row "$table" $k)
+    has "$r" "no usable CUDA device: "
+    check "dry run: GPU row $k skipped with the reason" $? "$r"
+done
+has "$(row "$table" 1)" "nvidia-smi not found" && has "$(row "$table" 13)" "nvidia-smi not found"
+check "dry run: nvidia-smi rows at start and end" $? "$table"
+has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
+check "dry run: one table printed" $? "$out"
+list=$(tar -tzf "$tmp/dry/gpu_check_outputs.tar.gz" 2>&1) # (no grep -q in a pipe: SIGPIPE)
+[ -s "$tmp/dry/gpu_check.log" ] && has "$list" "out/ops.out"
+check "dry run: log and outputs written to OUT" $? "$(ls -l "$tmp/dry")"
+
+# ---- 2. stand-ins: every kind of row --------------------------------------------------------
+bundle="$tmp/bundle"
+mkdir -p "$bundle/bin" "$bundle/scripts" "$tmp/path"
+cp "$check_sh" "$bundle/gpu_check.sh"
+echo "# the bench peer (a stand-in: the fake python ignores it)" > "$bundle/scripts/bench_hf_peft.py"
+printf 'spotune GPU bundle\ncommit: fake\n' > "$bundle/BUILD.txt"
+cat > "$bundle/env.sh" <<'EOF'
+SPOTUNE_BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export LD_LIBRARY_PATH="$SPOTUNE_BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$SPOTUNE_BUNDLE/bin:$PATH"
+EOF
+cat > "$bundle/bin/spotune" <<'EOF'
+#!/usr/bin/env bash
+# stand-in for spotune bench
+args="$*"
+json() { # json TOKS MFU MFU6 LOSS CHECK [CPU_LOSS]
+    printf '{"preset":"x","backend":"cuda","step_s":%s,"tokens_per_s":%s,"mfu":%s,"mfu_6n":%s,"flops_per_token":4.0e10,"flops_per_token_6n":4.0e10,"peak_mem_bytes":16106127360.0,"step1_loss":%s,"step1_grad_norm":1.25,"expected_loss":11.19,"check":"%s","loss_check":"step-1 loss within"%s}\n' \
+        "$(awk -v t="$1" 'BEGIN { print 2048 / t }')" "$1" "$2" "$3" "$4" "$5" \
+        "${6:+,\"cpu_step1_loss\":$6,\"cpu_step1_grad_norm\":1.26,\"cpu_check\":\"ok\"}"
+}
+case "$args" in
+*--probe-cuda*) echo "cuda: 1 CUDA device"; exit 0 ;;
+*"--preset small --mode lora"*) json 52000 0.21 0.25 10.52 ok 10.521 ;;
+*"--preset small --mode full"*)
+    json 30000 0.30 0.31 10.52 fail 10.91
+    echo "spotune: error: bench small full on cuda: step 1 vs the cpu backend: loss 10.52 vs 10.91 (relative difference 3.6e-02, tolerance 5.0e-03)" >&2
+    exit 1 ;;
+*"--preset llama-7b --mode lora --micro-batch 1 "*) json 3300 0.4417 0.4523 11.20 ok ;;
+*"--preset llama-13b"*) sleep 1000 ;;
+*"--micro-batch 8"*"--recompute none"*)
+    echo "spotune: error: cuda backend: device 0 (NVIDIA H200): cudaMalloc of 268435456 bytes: out of memory" >&2
+    exit 1 ;;
+*"--micro-batch 8"*"--recompute layer"*) json 3000 0.40 0.41 11.21 ok ;;
+*) echo "unexpected: $args" >&2; exit 9 ;;
+esac
+EOF
+cat > "$bundle/bin/test_cuda_ops" <<'EOF'
+#!/usr/bin/env bash
+[ "${FAKE_MODE:-}" = hang ] && exec sleep 1000
+echo "[====] Synthesis: Tested: 21 | Passing: 21 | Failing: 0 | Crashing: 0 " >&2
+EOF
+cat > "$bundle/bin/test_cuda_layer" <<'EOF'
+#!/usr/bin/env bash
+echo "[----] test_cuda_layer.c:180: Assertion Failed" >&2
+echo "[----]   recompute layer: input gradient (d loss / d layer input): relative RMS error 0.412 > 0.03" >&2
+echo "[FAIL] cuda_layer::decoder_layer: (12.00s)" >&2
+echo "[====] Synthesis: Tested: 1 | Passing: 0 | Failing: 1 | Crashing: 0 " >&2
+exit 1
+EOF
+cat > "$bundle/bin/test_cuda_model" <<'EOF'
+#!/usr/bin/env bash
+echo "skipped: no usable CUDA device: cudaGetDeviceCount: no CUDA-capable device is detected (cudaErrorNoDevice)"
+exit 77
+EOF
+cat > "$bundle/bin/test_cuda_comm" <<'EOF'
+#!/usr/bin/env bash
+echo "[====] Synthesis: Tested: 3 | Passing: 3 | Failing: 0 | Crashing: 0 " >&2
+EOF
+cat > "$tmp/path/nvidia-smi" <<'EOF'
+#!/usr/bin/env bash
+if [ "${1:-}" = -q ]; then echo "Driver Version : 570.86.15"; exit 0; fi
+echo "name, driver_version, pstate, clocks.current.sm [MHz], clocks.current.memory [MHz], clocks.max.sm [MHz], memory.used [MiB], memory.total [MiB], temperature.gpu, power.draw [W]"
+echo "NVIDIA H200, 570.86.15, P0, 1980 MHz, 3201 MHz, 1980 MHz, 1 MiB, 143771 MiB, 31, 75.00 W"
+EOF
+cat > "$tmp/path/compute-sanitizer" <<'EOF'
+#!/usr/bin/env bash
+echo "========= COMPUTE-SANITIZER"
+echo "SPOTUNE_TEST_SHAPES=$SPOTUNE_TEST_SHAPES args: $*"
+for i in 1 2; do
+    echo "========= Invalid __global__ read of size 2 bytes"
+    echo "=========     at attention_softmax_rows+0x1b0 in cuda_attention.cu:210"
+    echo "=========     by thread (3,0,0) in block (7,0,0)"
+done
+echo "========= Program hit cudaErrorLaunchFailure (error 719) due to \"unspecified launch failure\" on CUDA API call to cudaStreamSynchronize."
+echo "========= ERROR SUMMARY: 3 errors"
+exit 3
+EOF
+cat > "$tmp/path/fakepython" <<'EOF'
+#!/usr/bin/env bash
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH-<unset>}" > "$FAKE_PY_ENV"
+echo "error: import torch: OSError: libcudnn.so.9: cannot open shared object file: No such file or directory" >&2
+exit 2
+EOF
+chmod +x "$bundle/gpu_check.sh" "$bundle/bin/"* "$tmp/path/"*
+
+t0=$(date +%s)
+out=$(env -u LD_LIBRARY_PATH OUT="$tmp/mixed" PATH="$tmp/path:/usr/bin:/bin" GPU_CHECK_BOX_SCALE=0.1 \
+    GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv" \
+    bash "$bundle/gpu_check.sh" 2>&1)
+rc=$?
+dt=$(($(date +%s) - t0))
+table=$(cat "$tmp/mixed/gpu_check_table.md" 2>/dev/null)
+check "stand-ins: exit 1 (a step failed)" $((rc != 1)) "exit $rc: $out"
+res() { row "$table" "$1" | awk -F' \\| ' '{ print $3 }'; }
+expect_row() { # expect_row N RESULT TEXT
+    local r
+    r=$(row "$table" "$1")
+    [ "$(res "$1")" = "$2" ] && has "$r" "$3"
+    check "stand-ins: row $1 $2 ($3)" $? "$r"
+}
+expect_row 1 PASS "NVIDIA H200, 570.86.15, P0, 1980 MHz, 3201 MHz, 1980 MHz, 1 MiB, 143771 MiB"
+expect_row 2 PASS "Tested: 21 / Passing: 21"
+expect_row 3 FAIL "relative RMS error 0.412 > 0.03"
+expect_row 4 SKIPPED "cudaErrorNoDevice"
+expect_row 5 PASS "Tested: 3"
+expect_row 6 PASS "52000 tok/s"
+expect_row 6 PASS "MFU honest 21.0% / 6N 25.0%"
+expect_row 6 PASS "CPU step 1: loss 10.5210"
+expect_row 7 FAIL "step 1 vs the cpu backend: loss 10.52 vs 10.91"
+expect_row 8 PASS "MFU honest 44.2% / 6N 45.2%; step 1 loss 11.2000"
+expect_row 9 FAIL "error: import torch: OSError: libcudnn.so.9"
+expect_row 10 TIMEOUT "killed after 8s"
+expect_row 11 PASS "recompute layer; 3000 tok/s"
+expect_row 11 PASS "recompute none had failed: exit 1: spotune: error: cuda backend"
+expect_row 12 FAIL "exit 3, 3 errors"
+expect_row 13 PASS "NVIDIA H200"
+expect_row 14 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 15 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
+check "stand-ins: 13 rows and the 2 memcheck error rows" $((n != 15)) "$table"
+has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
+check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"
+memcheck_out=$(tar -xzOf "$tmp/mixed/gpu_check_outputs.tar.gz" out/memcheck.out 2>&1)
+has "$memcheck_out" "SPOTUNE_TEST_SHAPES=reduced args: --tool memcheck"
+check "memcheck runs the op tests with reduced shapes" $? "$memcheck_out"
+list=$(tar -tzf "$tmp/mixed/gpu_check_outputs.tar.gz" 2>&1)
+has "$list" "smi_start-q.out" && has "$list" "smi_end-q.out"
+check "nvidia-smi -q kept at start and end" $? "$list"
+has "$(head -n 3 <<<"$table")" "MFU honest: 4N/token for frozen weights" &&
+    has "$(head -n 1 <<<"$table")" "GPU: NVIDIA H200, 570.86.15"
+check "the table names the GPU, driver and both MFU conventions" $? "$(head -n 3 <<<"$table")"
+check "stand-ins: run under a minute" $((dt >= 60)) "${dt}s"
+
+# with the machine's own LD_LIBRARY_PATH set, Python gets exactly that
+env LD_LIBRARY_PATH=/opt/machine/lib OUT="$tmp/mixed2" PATH="$tmp/path:/usr/bin:/bin" \
+    GPU_CHECK_BOX_SCALE=0.05 GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv2" \
+    bash "$bundle/gpu_check.sh" > /dev/null 2>&1
+has "$(cat "$tmp/pyenv2" 2>/dev/null)" "LD_LIBRARY_PATH=/opt/machine/lib" &&
+    ! has "$(cat "$tmp/pyenv2" 2>/dev/null)" "$bundle/lib"
+check "the Python peer gets the machine's LD_LIBRARY_PATH, not the bundle's" $? \
+    "$(cat "$tmp/pyenv2" 2>/dev/null)"
+
+# ---- 3. the budget ----------------------------------------------------------------------------
+t0=$(date +%s)
+out=$(env -u LD_LIBRARY_PATH OUT="$tmp/budget" PATH="$tmp/path:/usr/bin:/bin" FAKE_MODE=hang \
+    GPU_CHECK_BUDGET_S=30 GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv3" \
+    bash "$bundle/gpu_check.sh" 2>&1)
+rc=$?
+dt=$(($(date +%s) - t0))
+table=$(cat "$tmp/budget/gpu_check_table.md" 2>/dev/null)
+check "budget: exit 1 (a step timed out)" $((rc != 1)) "exit $rc"
+check "budget: the whole run within the 30 s budget" $((dt > 30)) "${dt}s: $out"
+expect_row 2 TIMEOUT "killed after 15s"
+nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
+check "budget: every row present" $((nrows != 13)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-2]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 10)) "$table"
+expect_row 13 PASS "NVIDIA H200"
+
+echo "$fails failure(s)"
+[ $fails -eq 0 ]
