@@ -188,6 +188,8 @@ static int apply_defaults(store_t *s, const store_opts *in, sp_err *err)
         o->max_retries = 0;
     if (o->timeout_s <= 0)
         o->timeout_s = 30;
+    if (o->request_deadline_s <= 0)
+        o->request_deadline_s = 300;
     if (o->retry_base_s <= 0)
         o->retry_base_s = 0.25;
     if (o->retry_max_s <= 0)

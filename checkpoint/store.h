@@ -63,7 +63,11 @@ typedef struct store_opts {
     size_t part_bytes;     /* multipart part and ranged-GET chunk size: >= 5 MiB, default 16 MiB */
     int parallel;          /* connections per multipart upload / ranged GET, default 4 */
     int max_retries;       /* retries after the first attempt, default 8; < 0: none */
-    double timeout_s;      /* longest transfer stall, default 30 (connect: at most 10) */
+    double timeout_s;      /* longest transfer stall (no byte either way), default 30;
+                              connecting: at most 10 */
+    double request_deadline_s; /* longest one request may take, its retries and their waits
+                              included, default 300 (a multipart upload or ranged GET is
+                              one request per part) */
     double retry_base_s;   /* first backoff ceiling, default 0.25 s, doubling ... */
     double retry_max_s;    /* ... up to this ceiling, default 20 s (full jitter below it) */
     uint64_t max_send_bps; /* per-connection upload limit in bytes/s, 0: none */

@@ -46,6 +46,7 @@ typedef struct s3_req {
     int body_may_be_error;     /* 200 whose body is <Error> is an error (CompleteMultipartUpload) */
     int tries;                 /* attempts; 0: 1 + opts.max_retries */
     double stall_s;            /* 0: opts.timeout_s */
+    double until;              /* set by s3_call: sp_now() by which the request ends */
     store_cancel cancel2;      /* a second cancel flag (sibling transfer failed) */
     /* response, valid after s3_call */
     long status;

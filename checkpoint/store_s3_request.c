@@ -271,6 +271,8 @@ static CURLcode set_common(store_t *s, attempt_ctx *a, const char *url, char *er
     SET(CURLOPT_PASSWORD, b->secret_key);
     /* a refused connection fails at once; an unanswered one within 10 s */
     SET(CURLOPT_CONNECTTIMEOUT_MS, (long)((s->opts.timeout_s < 10 ? s->opts.timeout_s : 10) * 1000));
+    double left = r->until - sp_now(); /* this attempt ends with the request's deadline */
+    SET(CURLOPT_TIMEOUT_MS, (long)((left > 0.001 ? left : 0.001) * 1000.0));
     SET(CURLOPT_LOW_SPEED_LIMIT, 1L);
     SET(CURLOPT_LOW_SPEED_TIME, (long)(stall + 0.999));
     SET(CURLOPT_TCP_KEEPALIVE, 1L);
@@ -523,14 +525,21 @@ int s3_call(store_t *s, s3_req *r, store_cancel c, sp_err *err)
     char *url = req_url(s->impl, r);
     if (!url)
         snprintf(detail, sizeof detail, "out of memory");
+    double t0 = sp_now();
+    r->until = t0 + s->opts.request_deadline_s;
+    int out_of_time = 0;
     for (r->attempts = 0; url && r->attempts < tries;) {
         r->attempts++;
         rc = attempt(s, r, url, c, detail, sizeof detail);
         if (rc <= 0)
             break;
         rc = STORE_EFAIL;
-        if (r->attempts < tries &&
-            store_sleep(store_backoff_s(&s->opts, r->attempts - 1, &rng), c, r->cancel2)) {
+        double wait = store_backoff_s(&s->opts, r->attempts - 1, &rng);
+        if (sp_now() + wait >= r->until) { /* no time for another attempt */
+            out_of_time = r->attempts < tries;
+            break;
+        }
+        if (r->attempts < tries && store_sleep(wait, c, r->cancel2)) {
             rc = STORE_ECANCELED;
             snprintf(detail, sizeof detail, "canceled");
             break;
@@ -538,8 +547,11 @@ int s3_call(store_t *s, s3_req *r, store_cancel c, sp_err *err)
     }
     free(url);
     if (rc < 0 && err) {
-        char more[48] = "";
-        if (r->attempts > 1)
+        char more[96] = "";
+        if (out_of_time || sp_now() >= r->until)
+            snprintf(more, sizeof more, " (gave up after %d attempt(s) in %.0f s)", r->attempts,
+                     sp_now() - t0);
+        else if (r->attempts > 1)
             snprintf(more, sizeof more, " (after %d attempts)", r->attempts);
         store_fail(s, err, rc, r->key, "%s failed: %s%s", r->what ? r->what : r->method, detail,
                    more);

@@ -436,6 +436,43 @@ Test(remote, takeover_stops_the_other_job)
     cr_expect_eq(tu_wait(pid2, 300), 75);
 }
 
+/* A store that accepts connections and never answers (its proxy stopped):
+ * ckpt list and verify give up within their deadline (--timeout, default 30 s
+ * a request), naming the request and the time, instead of retrying for
+ * minutes. */
+Test(remote, ckpt_commands_give_up_on_a_store_that_never_answers)
+{
+    char *out = NULL;
+    proxy_freeze(120);
+    double t0 = sp_now();
+    int rc = tu_spotune(&out, "ckpt list %s --endpoint %s --path-style --timeout 4", url,
+                        endpoint());
+    double took = sp_now() - t0;
+    cr_expect_neq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "ListObjectsV2 failed") && tu_contains(out, "gave up after"),
+              "%s", out);
+    cr_expect(took >= 3.5 && took < 12, "ckpt list --timeout 4 took %.1f s", took);
+    free(out);
+    t0 = sp_now();
+    rc = tu_spotune(&out, "ckpt verify %s/step-00000005 --endpoint %s --path-style --timeout 4",
+                    url, endpoint());
+    took = sp_now() - t0;
+    cr_expect_neq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "gave up after"), "%s", out);
+    cr_expect(took >= 3.5 && took < 12, "ckpt verify --timeout 4 took %.1f s", took);
+    free(out);
+    t0 = sp_now();
+    rc = tu_spotune(&out, "ckpt list %s --endpoint %s --path-style", url, endpoint());
+    took = sp_now() - t0;
+    cr_expect_neq(rc, 0, "%s", out);
+    cr_expect(took >= 25 && took < 45, "ckpt list (default deadline 30 s) took %.1f s", took);
+    free(out);
+    proxy_thaw();
+    rc = tu_spotune(&out, "ckpt list %s --endpoint %s --path-style --timeout 0", url, endpoint());
+    cr_expect_eq(rc, 2, "--timeout 0 is a usage error: %s", out);
+    free(out);
+}
+
 Test(remote, a_remote_checkpoint_without_manifest_is_never_used)
 {
     char *out = NULL;

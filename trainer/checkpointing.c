@@ -125,7 +125,11 @@ static void on_upload(void *arg, const uploader_event *ev)
 
 /* ---- open / close ------------------------------------------------------------------ */
 
-static void remote_opts(const config_t *cfg, store_opts *so)
+/* quick: for what decides whether and where the job starts (the lease, the
+ * listing at resume): few retries and a short deadline, so that a store that
+ * is down or hangs delays the start by seconds; the uploads in the
+ * background keep the store's patient defaults (store.h). */
+static void remote_opts(const config_t *cfg, int quick, store_opts *so)
 {
     memset(so, 0, sizeof *so);
     so->endpoint = cfg->ckpt_endpoint && *cfg->ckpt_endpoint ? cfg->ckpt_endpoint : NULL;
@@ -134,6 +138,11 @@ static void remote_opts(const config_t *cfg, store_opts *so)
                      : cfg->ckpt_addressing == ADDR_VIRTUAL ? STORE_ADDR_VHOST
                                                             : STORE_ADDR_AUTO;
     so->part_bytes = (size_t)cfg->ckpt_part_mb << 20;
+    if (quick) {
+        so->max_retries = 2;
+        so->timeout_s = 10;
+        so->request_deadline_s = 30;
+    }
 }
 
 /* Without a lease (checkpoint.lease_s 0), the write that proves the store
@@ -162,10 +171,8 @@ static int open_remote(ckpt_ctl *c, sp_err *err)
 {
     const config_t *cfg = c->cfg;
     store_opts so, quick;
-    remote_opts(cfg, &so);
-    remote_opts(cfg, &quick);
-    quick.max_retries = 2; /* a store that is down must not hold the start */
-    quick.timeout_s = 10;
+    remote_opts(cfg, 0, &so);
+    remote_opts(cfg, 1, &quick);
     if (store_open(&c->store, cfg->ckpt_remote, &so, err) ||
         store_open(&c->lease_store, cfg->ckpt_remote, &quick, err)) {
         sp_err_prefix(err, "checkpoint.remote: ");
@@ -624,9 +631,7 @@ static int find_remote(ckpt_ctl *c, int64_t local_step, char *path, size_t n, in
      * the start of training for minutes (the uploads, in the background, keep
      * the patient defaults). */
     store_opts quick;
-    remote_opts(c->cfg, &quick);
-    quick.max_retries = 2;
-    quick.timeout_s = 10;
+    remote_opts(c->cfg, 1, &quick);
     store_t *lister = NULL;
     int lrc = store_open(&lister, c->cfg->ckpt_remote, &quick, err) ||
               store_list(lister, "step-", &l, err);

@@ -206,9 +206,15 @@ static void ckpt_usage(FILE *f)
                "  state.h5 (read by `ckpt check` in a separate process, so that a damaged\n"
                "  file cannot crash the command that reads it; train and export do the same).\n"
                "check: the structure of CHECKPOINT_DIR/state.h5 only (no checksums).\n"
-               "options for s3://: --endpoint URL --region R --path-style\n"
+               "options for s3://: --endpoint URL --region R --path-style --timeout S\n"
+               "  (--timeout: the longest one request may take, retries included; default 30)\n"
                "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN]\n");
 }
+
+/* A person waits for these commands: a store that does not answer fails
+ * each request within CLI_DEADLINE_S (--timeout), not after the background
+ * uploader's patient retries. */
+#define CLI_DEADLINE_S 30.0
 
 static int parse_store_opts(int argc, char **argv, store_opts *o, const char *extra,
                             const char **out_a, const char **out_b, const char **out_c)
@@ -216,14 +222,24 @@ static int parse_store_opts(int argc, char **argv, store_opts *o, const char *ex
     static const struct option lo[] = {
         {"endpoint", 1, 0, 'e'}, {"region", 1, 0, 'r'}, {"path-style", 0, 0, 'p'},
         {"peft", 1, 0, 'P'},     {"merged", 1, 0, 'M'}, {"model", 1, 0, 'm'},
-        {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+        {"timeout", 1, 0, 't'},  {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
     int ch;
+    char *end;
     optind = 1;
+    o->request_deadline_s = CLI_DEADLINE_S;
+    o->timeout_s = 10;
+    o->max_retries = 3;
     while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         switch (ch) {
         case 'e': o->endpoint = optarg; break;
         case 'r': o->region = optarg; break;
         case 'p': o->addressing = STORE_ADDR_PATH; break;
+        case 't':
+            o->request_deadline_s = strtod(optarg, &end);
+            if (*end || !(o->request_deadline_s > 0) || o->request_deadline_s > 86400)
+                return -1;
+            o->timeout_s = o->request_deadline_s < 10 ? o->request_deadline_s : 10;
+            break;
         case 'P':
         case 'M':
         case 'm':
@@ -402,7 +418,7 @@ static void export_usage(FILE *f)
                "--merged: base + adapter (or the fully fine-tuned weights) as a Hugging Face\n"
                "  model directory in the base model's dtype.\n"
                "--model: the base model directory (default: model.path of the run).\n"
-               "options for s3://: --endpoint URL --region R --path-style\n");
+               "options for s3://: --endpoint URL --region R --path-style --timeout S\n");
 }
 
 int cmd_export(int argc, char **argv)
