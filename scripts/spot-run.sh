@@ -24,6 +24,12 @@
 #            crashes in a row; a run that lasted --healthy-after seconds resets
 #            the count and the backoff. Graceful stops (75) are not crashes.
 # SIGTERM or SIGINT to this script become SIGUSR1 to COMMAND (a graceful stop).
+# Before a restart, the processes of the previous launch still running on this
+# machine are waited for (after SIGKILL to mpirun its ranks can run on for a
+# moment, long enough to write into the run directory): each launch carries
+# SPOTUNE_SUPERVISOR_TAG in its environment; after --orphan-wait seconds the
+# processes that still carry it are killed. (spotune also holds run.dir with
+# a lock and checkpoint.remote with a lease, so two jobs never write one.)
 #
 # usage: scripts/spot-run.sh [options] -- COMMAND [ARGS...]
 #   --cloud NAME          aws, gcp, azure, alibaba, auto (default: probe each) or none
@@ -33,6 +39,8 @@
 #   --backoff SECONDS     first crash backoff (default 10)
 #   --max-backoff SECONDS (default 300)
 #   --healthy-after SECONDS  a run this long resets the crash count (default 600)
+#   --orphan-wait SECONDS before a restart, wait this long for the previous
+#                         launch's processes to exit, then kill them (default 30)
 #   --check-notice        poll once, print "notice" or "none", exit 0/1 (diagnostics)
 set -uo pipefail
 
@@ -43,6 +51,7 @@ max_restarts=20
 backoff=10
 max_backoff=300
 healthy_after=600
+orphan_wait=30
 check_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -53,6 +62,7 @@ while [ $# -gt 0 ]; do
     --backoff) backoff=$2; shift 2 ;;
     --max-backoff) max_backoff=$2; shift 2 ;;
     --healthy-after) healthy_after=$2; shift 2 ;;
+    --orphan-wait) orphan_wait=$2; shift 2 ;;
     --check-notice) check_only=1; shift ;;
     --) shift; break ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -60,7 +70,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 for v in max-restarts:"$max_restarts" backoff:"$backoff" max-backoff:"$max_backoff" \
-         healthy-after:"$healthy_after"; do
+         healthy-after:"$healthy_after" orphan-wait:"$orphan_wait"; do
   case "${v#*:}" in
     ''|*[!0-9]*) echo "spot-run: --${v%%:*} takes a whole number, got '${v#*:}'" >&2; exit 2 ;;
   esac
@@ -160,13 +170,50 @@ watch() { # $1: pid to signal
   done
 }
 
+# The pids of processes (other than this script) whose environment holds
+# SPOTUNE_SUPERVISOR_TAG=$1.
+tagged() {
+  local d pid
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    [ "$pid" = "$$" ] && continue
+    # (grep reads it all: with pipefail, -q would let tr die of SIGPIPE)
+    tr "\\0" "\\n" 2>/dev/null < "$d/environ" | grep -xF "SPOTUNE_SUPERVISOR_TAG=$1" >/dev/null &&
+      echo "$pid"
+  done
+  return 0
+}
+
+# Waits up to --orphan-wait seconds for launch $1's processes to exit, then
+# kills the rest.
+wait_orphans() {
+  local left said=0 t0=$SECONDS
+  while left=$(tagged "$1") && [ -n "$left" ]; do
+    if [ $((SECONDS - t0)) -ge "$orphan_wait" ]; then
+      say "killing what is left of the previous launch after ${orphan_wait}s: pids $(echo $left)"
+      kill -KILL $left 2>/dev/null
+      sleep 0.2
+      continue
+    fi
+    if [ "$said" = 0 ]; then
+      say "waiting for the previous launch's processes to exit: pids $(echo $left)"
+      said=1
+    fi
+    sleep 0.2
+  done
+}
+
 crashes=0
 delay=$backoff
+launch=0
 while :; do
   rm -f "$state/notice"
+  if [ "$launch" -gt 0 ]; then wait_orphans "$tag"; fi
+  launch=$((launch + 1))
+  tag="spot-run-$$-$launch"
   say "starting: $*"
   started=$SECONDS
-  "$@" &
+  SPOTUNE_SUPERVISOR_TAG=$tag "$@" &
   child=$!
   watcher=""
   if [ "$cloud" != none ]; then watch "$child" & watcher=$!; fi

@@ -8,7 +8,9 @@
 #   - with a fake command exiting with given codes: exit 75 without a notice
 #     is restarted at once, 0 stops, 2 and 3 stop at once with that code, a
 #     crash loop gives up after --max-restarts, and the backoff doubles up to
-#     --max-backoff.
+#     --max-backoff;
+#   - a launch that leaves a process behind: the restart waits for it, and
+#     kills one that outlives --orphan-wait.
 # usage: tests/test_spot_run.sh BUILD_DIR
 set -uo pipefail
 build=$(cd "${1:?usage: test_spot_run.sh BUILD_DIR}" && pwd)
@@ -154,6 +156,46 @@ check "backoff: restarted until exit 0" rc_is backoff 0
 check "backoff: 4 runs" runs_are backoff "1 137 1 0"
 check "backoff: 1 s, doubled to 2 s, then capped at 3 s" \
   test "$(grep -o 'a crash): restarting in [0-9]*s' "$work/backoff.log" | grep -o '[0-9]*s$' | paste -sd ' ')" = "1s 2s 3s"
+
+# a launch that leaves a process behind (as ranks run on after SIGKILL to
+# mpirun): the next launch starts only once it has exited; one that will not
+# exit is killed after --orphan-wait
+cat > "$work/orphan.sh" <<'SH'
+#!/usr/bin/env bash
+# orphan.sh DIR SECONDS: the first run leaves a process that lives SECONDS and
+# then writes DIR/orphan.end; every run writes its start time to DIR/starts
+date +%s.%N >> "$1/starts"
+if [ ! -e "$1/orphan.started" ]; then
+  touch "$1/orphan.started"
+  setsid bash -c "sleep $2; date +%s.%N > '$1/orphan.end'" < /dev/null > /dev/null 2>&1 &
+  exit 1
+fi
+exit 0
+SH
+chmod +x "$work/orphan.sh"
+mkdir -p "$work/orph1" "$work/orph2"
+timeout 120 "$spot" --cloud none --backoff 0 -- "$work/orphan.sh" "$work/orph1" 2 \
+  > "$work/orph1.log" 2>&1
+echo $? > "$work/orph1.rc"
+check "orphans: the supervisor ends 0" rc_is orph1 0
+check "orphans: said it waits" grep -q "waiting for the previous launch's processes to exit" \
+  "$work/orph1.log"
+check "orphans: the restart came after the orphan exited" \
+  python3 -c "import sys; s=open('$work/orph1/starts').read().split(); e=float(open('$work/orph1/orphan.end').read()); sys.exit(0 if len(s)==2 and float(s[1]) >= e else 1)"
+timeout 120 "$spot" --cloud none --backoff 0 --orphan-wait 1 -- "$work/orphan.sh" \
+  "$work/orph2" 1000 > "$work/orph2.log" 2>&1
+echo $? > "$work/orph2.rc"
+check "stubborn orphan: the supervisor ends 0" rc_is orph2 0
+check "stubborn orphan: killed after --orphan-wait" \
+  grep -q "killing what is left of the previous launch after 1s" "$work/orph2.log"
+gone() { # every pid the supervisor said it killed has exited
+  local p
+  for p in $(grep -o 'after 1s: pids [0-9 ]*' "$work/orph2.log" | sed 's/.*pids //'); do
+    kill -0 "$p" 2>/dev/null && return 1
+  done
+  grep -q 'after 1s: pids [0-9]' "$work/orph2.log"
+}
+check "stubborn orphan: it is gone" gone
 
 if [ "$fails" -gt 0 ]; then echo "$fails check(s) failed"; cat "$work"/*.log; exit 1; fi
 echo "all spot-run checks passed"
