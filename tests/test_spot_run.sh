@@ -191,7 +191,9 @@ check "stubborn orphan: killed after --orphan-wait" \
 gone() { # every pid the supervisor said it killed has exited
   local p
   for p in $(grep -o 'after 1s: pids [0-9 ]*' "$work/orph2.log" | sed 's/.*pids //'); do
-    kill -0 "$p" 2>/dev/null && return 1
+    # (a killed process may stay a zombie until something reaps it)
+    [ -e "/proc/$p/stat" ] && [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ] &&
+      return 1
   done
   grep -q 'after 1s: pids [0-9]' "$work/orph2.log"
 }
