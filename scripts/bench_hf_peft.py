@@ -97,7 +97,10 @@ def preset_model(name, dtype, device):
                       eos_token_id=eos, initializer_range=0.02)
     cfg._attn_implementation = "sdpa"
     old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
+    try:  # built in the target dtype when torch allows it as a default (bf16: 2.1+)
+        torch.set_default_dtype(dtype)
+    except (TypeError, RuntimeError):
+        pass
     try:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg)
