@@ -13,7 +13,9 @@
  * Every collective either completes on all ranks or ends the whole job:
  * a rank that fails calls comm_abort(), and a collective that does not
  * finish within the timeout aborts the job with a message naming the rank
- * and host, so no rank is ever left blocked. */
+ * and host that noticed and, after a roll call of the other ranks, those
+ * that did not answer (a lost or cut-off node) or answered from an earlier
+ * collective (stuck elsewhere), so no rank is ever left blocked. */
 #ifndef SPOTUNE_COMM_H
 #define SPOTUNE_COMM_H
 
@@ -83,8 +85,11 @@ int comm_barrier(comm_t *c, sp_err *err);
 
 /* Ends every rank of the job: prints "spotune: rank R on HOST: msg" to
  * stderr and exits with code (MPI_Abort under a launcher, so mpirun exits
- * with code too; code 0 becomes 1). c may be NULL (after comm_init failed).
- * Safe to call from any thread. Never returns. */
+ * with code too; code 0 becomes 1). When MPI_Abort has not ended the
+ * process within a few seconds (a launcher that cannot reach a lost node
+ * may never carry it out), the rank exits with code by itself. c may be
+ * NULL (after comm_init failed). Safe to call from any thread. Never
+ * returns. */
 _Noreturn void comm_abort(comm_t *c, int code, const char *msg);
 
 /* Device-buffer collectives (NCCL). comm_device_init binds the rank to a

@@ -12,6 +12,9 @@
 #include "comm.h"
 
 #define COMM_DEFAULT_TIMEOUT_S 60.0
+/* comm_abort waits this long for MPI_Abort to end the job, then the rank
+ * exits by itself with the same code. */
+#define COMM_ABORT_GRACE_S 5.0
 #define COMM_DEFAULT_CHUNK_BYTES ((size_t)4 << 20)
 #define COMM_MAX_CHUNK_BYTES ((size_t)1 << 30) /* keeps every MPI count < INT_MAX */
 /* An all-reduce chunk of at most this many bytes is all-gathered whole and
@@ -20,19 +23,40 @@
  * Env SPOTUNE_COMM_SMALL_BYTES overrides it (tests use it to force a path). */
 #define COMM_DEFAULT_SMALL_BYTES ((size_t)16 << 10)
 
-/* The collective in flight is published with two atomic stores (no lock,
- * no syscall on the hot path); the watchdog thread looks at it a few times
- * per timeout and ends the job when it has run too long. mu/cv only serve
- * to stop the thread promptly. */
+/* The collective in flight is published with atomic stores (no lock, no
+ * syscall on the hot path); the watchdog thread looks at it a few times per
+ * timeout and ends the job when it has run too long. It also answers the
+ * roll calls of other ranks (below). mu/cv serve to stop the thread
+ * promptly, and to stop its roll-call service before MPI_Finalize. */
 struct comm_watchdog {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int started; /* thread running (MPI worlds only) */
     int stop;    /* under mu */
+    int roll_quit, roll_closed; /* under mu: stop serving asks / it has stopped */
     _Atomic int64_t busy_since_ns; /* monotonic start of the collective in flight, 0: none */
+    _Atomic int64_t seq;           /* collectives begun so far (the same count on every rank) */
     _Atomic(const char *) what;    /* its name (a literal) */
     _Atomic int64_t timeout_ns;    /* <= 0: never */
+};
+
+/* The roll call (comm_roll.c): when a collective times out, the watchdog of
+ * the rank that noticed asks every other rank where it is, on a
+ * communicator of its own, and names in its abort message the ranks and
+ * hosts that did not answer. Only the watchdog thread uses it after
+ * comm_roll_open. */
+#define COMM_HOST_MAX 64 /* bytes of a host name kept for each rank */
+struct comm_roll {
+    MPI_Comm comm;       /* private duplicate of the world: asks and answers only */
+    MPI_Request ask;     /* the receive posted for the next ask */
+    int64_t ask_buf[2];  /* what it receives */
+    int64_t ask_out[2];  /* this rank's own ask: {collective number, 1} */
+    int64_t *answers;    /* size x 2: {collective number, in it} as answered to each rank */
+    int64_t *got;        /* size x 2: the answers to this rank's own ask */
+    MPI_Request *reqs;   /* 2 x size: its receives and sends */
+    char *hosts;         /* size x COMM_HOST_MAX: every rank's host name */
+    int on;              /* asks are being answered */
 };
 
 struct comm_device; /* comm_nccl.c */
@@ -51,6 +75,7 @@ struct comm {
     void *scratch;
     size_t scratch_cap;
     struct comm_watchdog wd;
+    struct comm_roll roll;
     struct comm_device *dev; /* NULL until comm_device_init */
     int nccl_world_of_one;   /* comm_opts.nccl_world_of_one */
 };
@@ -58,6 +83,18 @@ struct comm {
 /* Marks the start and end of a blocking collective for the watchdog. */
 void comm_watch_begin(comm_t *c, const char *what);
 void comm_watch_end(comm_t *c);
+
+/* comm_roll.c. open: at start, every rank (gathers the host names, posts
+ * the first receive); serve: answer the asks that arrived; close: stop
+ * answering (before MPI_Finalize); free: after it. call: ask every other
+ * rank, wait up to wait_s for the answers (answering others meanwhile), and
+ * append "; no answer from ranks 2, 3 on HOST" and the like to the message
+ * in out (capacity cap). */
+int comm_roll_open(comm_t *c, sp_err *err);
+void comm_roll_serve(comm_t *c);
+void comm_roll_close(comm_t *c);
+void comm_roll_free(comm_t *c);
+void comm_roll_call(comm_t *c, double wait_s, char *out, size_t cap);
 
 /* Records an MPI failure as "file:line: rank R on HOST: fn: reason". */
 int comm_mpi_fail(comm_t *c, sp_err *err, int rc, const char *fn, const char *file, int line);

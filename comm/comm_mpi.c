@@ -3,11 +3,15 @@
  * Owns: detecting a launcher (mpirun, srun) and starting MPI only then (a
  * process started by hand, or a Criterion test, is a world of one that makes
  * no MPI call at all); rank, local rank and host; the watchdog thread that
- * ends the job when a collective overruns comm.timeout_s; comm_abort.
- * The host collectives themselves live in comm_host.c. */
+ * ends the job when a collective overruns comm.timeout_s, naming the ranks
+ * and hosts that did not answer its roll call (comm_roll.c); comm_abort,
+ * which never waits more than COMM_ABORT_GRACE_S for MPI_Abort (a launcher
+ * that has lost a node may never carry it out) before the rank exits by
+ * itself. The host collectives themselves live in comm_host.c. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,11 +111,19 @@ static int64_t watchdog_period_ns(int64_t timeout_ns)
     return p < 10000000 ? 10000000 : p > 1000000000 ? 1000000000 : p;
 }
 
+static void abort_guard(comm_t *c, int code, double after_s, const char *msg);
+
+/* The rank that notices asks the others where they are (each answers within
+ * its own watchdog period, at most 1 s), so the message names who is
+ * missing; the roll call and MPI_Abort together are bounded by the guard. */
 static _Noreturn void watchdog_fire(comm_t *c, const char *what, int64_t timeout_ns)
 {
-    char msg[256];
+    char msg[1024];
+    double wait_s = 2e-9 * (double)watchdog_period_ns(timeout_ns) + 0.5;
     snprintf(msg, sizeof msg, "collective %s timed out after %g s (a peer may have died)",
              what ? what : "?", (double)timeout_ns * 1e-9);
+    abort_guard(c, SP_EXIT_OTHER, wait_s + COMM_ABORT_GRACE_S, msg);
+    comm_roll_call(c, wait_s, msg, sizeof msg);
     comm_abort(c, SP_EXIT_OTHER, msg);
 }
 
@@ -121,12 +133,23 @@ static void *watchdog_main(void *arg)
     struct comm_watchdog *w = &c->wd;
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {
+        int quit = w->roll_quit;
+        pthread_mutex_unlock(&w->mu);
+        if (quit)
+            comm_roll_close(c);
+        else
+            comm_roll_serve(c);
         int64_t limit = atomic_load(&w->timeout_ns);
         int64_t since = atomic_load(&w->busy_since_ns);
-        if (limit > 0 && since > 0 && now_ns() - since > limit) {
-            pthread_mutex_unlock(&w->mu);
+        if (limit > 0 && since > 0 && now_ns() - since > limit)
             watchdog_fire(c, atomic_load(&w->what), limit);
+        pthread_mutex_lock(&w->mu);
+        if (quit && !w->roll_closed) {
+            w->roll_closed = 1;
+            pthread_cond_broadcast(&w->cv);
         }
+        if (w->stop || (w->roll_quit && !w->roll_closed))
+            continue;
         struct timespec ts = ns_timespec(now_ns() + watchdog_period_ns(limit));
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
     }
@@ -154,13 +177,28 @@ static int watchdog_start(comm_t *c, sp_err *err)
     return 0;
 }
 
+/* The watchdog stops answering roll calls (its receive cancelled): from
+ * here on MPI may be finalized under it. */
+static void roll_stop(comm_t *c)
+{
+    struct comm_watchdog *w = &c->wd;
+    if (!w->started)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->roll_quit = 1;
+    pthread_cond_broadcast(&w->cv);
+    while (!w->roll_closed)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+}
+
 static void watchdog_stop(comm_t *c)
 {
     if (!c->wd.started)
         return;
     pthread_mutex_lock(&c->wd.mu);
     c->wd.stop = 1;
-    pthread_cond_signal(&c->wd.cv);
+    pthread_cond_broadcast(&c->wd.cv);
     pthread_mutex_unlock(&c->wd.mu);
     pthread_join(c->wd.thread, NULL);
     pthread_cond_destroy(&c->wd.cv);
@@ -170,6 +208,7 @@ static void watchdog_stop(comm_t *c)
 
 void comm_watch_begin(comm_t *c, const char *what)
 {
+    atomic_fetch_add_explicit(&c->wd.seq, 1, memory_order_relaxed);
     atomic_store_explicit(&c->wd.what, what, memory_order_relaxed);
     atomic_store_explicit(&c->wd.busy_since_ns, now_ns(), memory_order_release);
 }
@@ -215,6 +254,56 @@ static int mpi_live(void)
     return init && !fini;
 }
 
+/* ---- the abort guard: a rank never outlives its abort by more than a few
+ * seconds. MPI_Abort asks the launcher to kill the job; a launcher that is
+ * itself tearing the job down, or that waits on a node it can no longer
+ * reach, may never do it, and the rank would hang until SIGKILL. */
+
+static struct {
+    atomic_int started, printed;
+    int code, rank;
+    double after_s;
+    char host[COMM_HOST_MAX];
+    char msg[1024];
+} guard;
+
+static void *guard_main(void *arg)
+{
+    (void)arg;
+    struct timespec ts = {(time_t)guard.after_s,
+                          (long)((guard.after_s - (double)(time_t)guard.after_s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    if (!atomic_exchange(&guard.printed, 1))
+        fprintf(stderr, "spotune: rank %d on %s: %s\n", guard.rank, guard.host, guard.msg);
+    fprintf(stderr, "spotune: rank %d on %s: the job did not end within %g s of the abort; "
+                    "exiting with code %d\n",
+            guard.rank, guard.host, guard.after_s, guard.code);
+    fflush(stderr);
+    _exit(guard.code);
+}
+
+/* Starts the guard once (the first caller sets the deadline and the message
+ * it prints if nothing was printed by then). */
+static void abort_guard(comm_t *c, int code, double after_s, const char *msg)
+{
+    pthread_t t;
+    pthread_attr_t attr;
+    if (atomic_exchange(&guard.started, 1))
+        return;
+    guard.code = code;
+    guard.rank = c ? c->rank : env_int("OMPI_COMM_WORLD_RANK", env_int("PMIX_RANK", 0));
+    snprintf(guard.host, sizeof guard.host, "%s", c ? c->host : "?");
+    snprintf(guard.msg, sizeof guard.msg, "%s", msg ? msg : "aborted");
+    guard.after_s = after_s;
+    if (pthread_attr_init(&attr) == 0) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, guard_main, NULL) != 0)
+            atomic_store(&guard.started, 0); /* no guard: MPI_Abort alone */
+        pthread_attr_destroy(&attr);
+    }
+}
+
 _Noreturn void comm_abort(comm_t *c, int code, const char *msg)
 {
     char host[256] = "?";
@@ -225,12 +314,16 @@ _Noreturn void comm_abort(comm_t *c, int code, const char *msg)
         snprintf(host, sizeof host, "?");
     if (code == 0)
         code = SP_EXIT_OTHER;
+    int use_mpi = (c && c->use_mpi) || (!c && mpi_live());
+    if (use_mpi)
+        abort_guard(c, code, COMM_ABORT_GRACE_S, msg);
+    atomic_store(&guard.printed, 1);
     fprintf(stderr, "spotune: rank %d on %s: %s\n", rank, host, msg ? msg : "aborted");
     fflush(stderr);
     /* MPI_Abort from the watchdog thread needs MPI_THREAD_MULTIPLE, which
      * comm_init asks for. MPI_COMM_WORLD (not our duplicate of it) so that
      * Open MPI's own notice names the communicator plainly. */
-    if ((c && c->use_mpi) || (!c && mpi_live()))
+    if (use_mpi)
         MPI_Abort(MPI_COMM_WORLD, code);
     exit(code);
 }
@@ -284,7 +377,7 @@ static int world_init_mpi(comm_t *c, int *argc, char ***argv, sp_err *err)
     COMM_MPI(c, err, MPI_Comm_set_errhandler, (c->world, MPI_ERRORS_RETURN));
     COMM_MPI(c, err, MPI_Comm_rank, (c->world, &c->rank));
     COMM_MPI(c, err, MPI_Comm_size, (c->world, &c->size));
-    if (world_local(c, err) || world_alloc(c, err))
+    if (world_local(c, err) || world_alloc(c, err) || comm_roll_open(c, err))
         return err->code;
     return watchdog_start(c, err);
 }
@@ -312,6 +405,7 @@ int comm_init(comm_t **out, int *argc, char ***argv, const comm_opts *opts, sp_e
                                     : world_init_single(c, err);
     if (rc) {
         watchdog_stop(c);
+        comm_roll_free(c);
         free(c->counts);
         free(c->blocks);
         free(c); /* MPI stays up: the caller ends the job with comm_abort(NULL) */
@@ -327,13 +421,17 @@ void comm_finalize(comm_t *c)
         return;
     comm_device_free(c);
     if (c->use_mpi) {
+        roll_stop(c);
         comm_watch_begin(c, "finalize");
+        if (c->roll.comm != MPI_COMM_NULL)
+            MPI_Comm_free(&c->roll.comm);
         MPI_Comm_free(&c->world);
         if (c->owns_mpi)
             MPI_Finalize();
         comm_watch_end(c);
     }
     watchdog_stop(c);
+    comm_roll_free(c);
     free(c->scratch);
     free(c->counts);
     free(c->blocks);
