@@ -45,6 +45,11 @@ hostfile_nodes() {
     { grep -v '^[[:space:]]*\(#\|$\)' "$1" || true; } | wc -l
 }
 
+# The first N of them, as mpirun's --host wants them: "a:SLOTS,b:SLOTS".
+hostfile_first() {
+    awk -v n="$2" -v s="$3" '!/^[[:space:]]*(#|$)/ && k < n { printf "%s%s:%s", k++ ? "," : "", $1, s }' "$1"
+}
+
 die() {
     echo "launch.sh: $*" >&2
     exit 2
@@ -82,6 +87,10 @@ if [[ -n "$hostfile" ]]; then
     [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "--nodes: expected a positive number, got '$nodes'"
     ((nodes <= avail)) || die "--nodes $nodes, but $hostfile lists $avail host(s)"
     cmd+=(--hostfile "$hostfile" -np $((nodes * gpus)) --map-by "ppr:${gpus}:node")
+    # mpirun starts a daemon on every host of the file, whether it gets
+    # ranks or not: with fewer nodes, name the ones to use, so that a host
+    # that is gone (the reason to run on fewer) is left alone
+    ((nodes < avail)) && cmd+=(--host "$(hostfile_first "$hostfile" "$nodes" "$gpus")")
 else
     [[ -z "$nodes" || "$nodes" == 1 ]] || die "--nodes needs --hostfile"
     cmd+=(-np "$gpus" --map-by slot)
@@ -91,6 +100,17 @@ cmd+=(--bind-to "$bind")
 # (default 1): give a rank's stop checkpoint and upload time to finish.
 cmd+=(--mca odls_base_sigkill_timeout "${SPOTUNE_SIGKILL_TIMEOUT:-120}")
 ((tcp)) && cmd+=(--mca btl tcp,self)
+# Several nodes: mpirun notices a node that went silent (a partition, a
+# machine gone without a word) only through TCP keepalive on its connections
+# to the other nodes' daemons, 300 s + 9 x 20 s by default, and while it has
+# not, it cannot end the job. 10 s + 3 x 5 s instead; keep comm.timeout_s
+# above that (a job that aborts first leaves mpirun waiting on the lost node
+# for TCP's retransmission limit, about 15 minutes). OMPI_MCA_oob_tcp_keepalive_*
+# in the environment take precedence.
+if [[ -n "$hostfile" && -z "${OMPI_MCA_oob_tcp_keepalive_time:-}" ]]; then
+    cmd+=(--mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 5
+        --mca oob_tcp_keepalive_probes 3)
+fi
 [[ $(id -u) -eq 0 ]] && cmd+=(--allow-run-as-root)
 
 # Variables to pass, by name only: mpirun copies the value from here.
