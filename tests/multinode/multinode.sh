@@ -1,0 +1,634 @@
+#!/usr/bin/env bash
+# tests/multinode/multinode.sh — spotune across several hosts made on this
+# machine: each "node" is a Linux network namespace with its own address
+# (192.0.2.0/24, a documentation range, on a bridge that lives in a
+# namespace of its own: nothing is routed anywhere, nothing changes in the
+# machine's own network), its own host name (a UTS namespace) and its own
+# /etc/hosts (ip netns exec's /etc/netns/NS/hosts). mpirun runs on node-a and
+# starts the other nodes' daemons through tests/multinode/agent.sh, which
+# stands in for ssh (Open MPI's plm_rsh_agent) and gives them the bare
+# environment of a login. The S3 test server (scripts/swift-s3.sh) runs on a
+# "storage" node, on that namespace's own loopback, behind
+# spotune-mn-forward (tests/multinode/mn_forward.c) on the storage node's
+# address: its ports are private to the namespace, so it runs alongside the
+# other S3 suites. A lost node is every process of its namespace killed; a
+# partition is its link taken down (ip link set ... down).
+#
+# Cases (one per ctest entry, tests/multinode.cmake):
+#   trajectory          2 nodes x 2 ranks train the same losses and adapter as
+#                       4 ranks on one node (bit for bit: fixed-order sums,
+#                       same world size) and as 1 rank with 4x accumulation
+#                       (1e-5 relative, as tests/test_distributed.c)
+#   launch_hostfile     scripts/launch.sh --hostfile: 2 ranks per node, the
+#                       variables it passes by name reach the remote ranks and
+#                       others do not, --nodes 1 starts nothing on node-b
+#   node_lost           every process of node-b killed: the job ends within
+#                       comm.timeout_s + 10 s and node-b is named: by
+#                       spotune's roll call ("no answer from ranks 2, 3 on
+#                       node-b") when the survivors live until the timeout,
+#                       else by Open MPI, whose TCP transport ends them at
+#                       once when their connections to node-b are reset
+#   partition           node-b's link down: the same (spotune's own roll call
+#                       names them), and node-b's ranks and daemon end too
+#   storage_partition   the storage node cut off in the middle of a checkpoint
+#                       upload (uploads slowed to 400 KB/s so that one lasts
+#                       ~0.5 s): training goes on (20 steps or more meanwhile),
+#                       every step says the remote is behind, and the
+#                       checkpoints reach the bucket (and verify) once the
+#                       link is back
+#   resume_fewer_ranks  node-b lost; the restart on node-a alone (2 ranks
+#                       instead of 4) resumes from the bucket and trains every
+#                       sample exactly once (log.samples audit)
+# Timing knobs used: comm.timeout_s 4; SPOTUNE_SIGKILL_TIMEOUT 4 (mpirun
+# holds 2 x this after it notices a lost node, handling nothing else: with
+# launch.sh's default of 120 s every failure case would take 4 minutes, see
+# docs/launching.md); Open MPI's keepalive on its own connections
+# 1 s + 2 x 1 s (partitions: below comm.timeout_s, as it must be).
+#
+# Skips (exit 77) with the reason where namespaces cannot be made: not root,
+# no ip/unshare/mpirun, or the kernel refuses. Namespaces, links and every
+# process in them are removed on every exit (trap); their names carry this
+# shell's pid, and the namespaces and work directory of a run that was
+# killed outright are removed by the next run.
+# usage: tests/multinode/multinode.sh BUILD_DIR CASE
+set -uo pipefail
+
+build=$(cd "${1:?usage: multinode.sh BUILD_DIR CASE}" && pwd)
+case_name=${2:?usage: multinode.sh BUILD_DIR CASE}
+src=$(cd "$(dirname "$0")/../.." && pwd)
+here=$src/tests/multinode
+spotune=$build/spotune
+store_tool=$build/checkpoint/spotune-store-tool
+forward=$build/tests/spotune-mn-forward
+audit=$build/tests/spotune-mn-audit
+launch=$src/scripts/launch.sh
+
+T=4 # comm.timeout_s of the failure cases
+K=4 # SPOTUNE_SIGKILL_TIMEOUT of the failure cases
+
+skip() {
+    echo "SKIP: $*"
+    exit 77
+}
+fails=0
+check() { # check NAME STATUS DETAIL
+    if [[ $2 -eq 0 ]]; then echo "ok   $1"; else
+        echo "FAIL $1: $3"
+        fails=$((fails + 1))
+    fi
+}
+has() { grep -qE -- "$2" <<<"$1"; }
+now() { echo "$EPOCHREALTIME"; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; } # a <= b
+
+[[ $(id -u) -eq 0 ]] || skip "network namespaces need root (running as uid $(id -u))"
+for t in ip unshare mpirun awk; do
+    command -v "$t" >/dev/null 2>&1 || skip "no '$t' command"
+done
+for f in "$spotune" "$store_tool" "$forward" "$audit"; do
+    [[ -x $f ]] || { echo "FAIL: $f is not built"; exit 1; }
+done
+
+# ---- namespaces ---------------------------------------------------------------
+
+# A process that exists and is not a zombie (a killed process whose parent
+# has not reaped it yet still answers kill -0).
+alive() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z && ${stat%% *} != X ]]
+}
+
+# Namespaces of runs that were killed outright (their owner pid is gone).
+for old in $(ip netns list 2>/dev/null | awk '{ print $1 }' | grep -E '^spotune-mn[0-9]+-'); do
+    owner=${old#spotune-mn}
+    owner=${owner%%-*}
+    alive "$owner" && continue
+    pids=$(ip netns pids "$old" 2>/dev/null)
+    [[ -n $pids ]] && kill -9 $pids 2>/dev/null
+    ip netns del "$old" 2>/dev/null
+    rm -rf "/etc/netns/$old"
+done
+
+id="mn$$-$(printf %04x $RANDOM)"
+work=""
+etc_netns_made=0 # /etc/netns did not exist before this run
+[[ -d /etc/netns ]] || etc_netns_made=1
+made=() # namespace suffixes created: sw, a, b, c, s
+ns_of() { echo "spotune-$id-$1"; }
+host_of() { if [[ $1 == s ]]; then echo storage; else echo "node-$1"; fi; }
+addr_of() {
+    case $1 in a) echo 192.0.2.1 ;; b) echo 192.0.2.2 ;; c) echo 192.0.2.3 ;; s) echo 192.0.2.100 ;; esac
+}
+
+# Kills every process of a namespace (repeatedly: a dying launcher may start
+# more); waits until none is left.
+kill_ns() {
+    local ns pids i
+    ns=$(ns_of "$1")
+    for i in $(seq 200); do
+        pids=$(ip netns pids "$ns" 2>/dev/null)
+        [[ -z $pids ]] && return 0
+        kill -9 $pids 2>/dev/null
+        sleep 0.02
+    done
+}
+
+cleanup() {
+    local n
+    for n in "${made[@]+"${made[@]}"}"; do kill_ns "$n"; done
+    for n in "${made[@]+"${made[@]}"}"; do
+        ip netns del "$(ns_of "$n")" 2>/dev/null
+        rm -rf "/etc/netns/$(ns_of "$n")"
+    done
+    ((etc_netns_made)) && rmdir /etc/netns 2>/dev/null
+    [[ -n $work ]] && rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# topo_up NODE... (a b c s): the switch, then each node on it.
+topo_up() {
+    local sw n ns out
+    sw=$(ns_of sw)
+    out=$(ip netns add "$sw" 2>&1) || skip "cannot create a network namespace: $out"
+    made+=(sw)
+    ip -n "$sw" link set lo up
+    out=$(ip -n "$sw" link add br0 type bridge 2>&1) || skip "cannot create a bridge: $out"
+    ip -n "$sw" link set br0 up
+    for n in "$@"; do
+        ns=$(ns_of "$n")
+        ip netns add "$ns" || return 1
+        made+=("$n")
+        ip -n "$ns" link set lo up
+        out=$(ip -n "$sw" link add "p$n" type veth peer name eth0 netns "$ns" 2>&1) ||
+            skip "cannot create a veth pair: $out"
+        ip -n "$sw" link set "p$n" master br0 up
+        ip -n "$ns" addr add "$(addr_of "$n")/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        echo "$(host_of "$n") $ns" >>"$work/hosts.map"
+    done
+    for n in "$@"; do
+        ns=$(ns_of "$n")
+        mkdir -p "/etc/netns/$ns"
+        {
+            echo "127.0.0.1 localhost"
+            for m in "$@"; do echo "$(addr_of "$m") $(host_of "$m")"; done
+        } >"/etc/netns/$ns/hosts"
+    done
+}
+
+# link NODE up|down: the node's port on the switch.
+link() { ip -n "$(ns_of sw)" link set "p$1" "$2"; }
+
+# on_node NODE CMD...: runs CMD on the node, under its host name.
+on_node() {
+    local n=$1
+    shift
+    ip netns exec "$(ns_of "$n")" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' \
+        "$(host_of "$n")" "$@"
+}
+
+# wait_until LIMIT_S CMD...: polls CMD until it succeeds (0) or LIMIT_S pass (1).
+wait_until() {
+    local limit=$1 t0
+    shift
+    t0=$(now)
+    until "$@"; do
+        le "$(elapsed "$t0")" "$limit" || return 1
+        sleep 0.05
+    done
+}
+running() { alive "$1"; }
+
+# ---- what every case shares -----------------------------------------------------
+
+mkdir -p "$build/tmp"
+# the work directories of killed runs, as their namespaces above
+for old in "$build"/tmp/spotune-mn*; do
+    [[ -d $old ]] || continue
+    owner=${old##*/spotune-mn}
+    owner=${owner%%-*}
+    alive "$owner" || rm -rf "$old"
+done
+mkdir "$build/tmp/spotune-$id-$case_name" || exit 1
+work=$build/tmp/spotune-$id-$case_name
+: >"$work/hosts.map"
+printf 'node-a slots=2\nnode-b slots=2\n' >"$work/hosts"
+
+# Open MPI on node-a (mpirun's environment; launch.sh passes the rest by name)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_plm_rsh_agent=$here/agent.sh OMPI_MCA_plm_rsh_no_tree_spawn=1
+export OMPI_MCA_btl_tcp_if_include=192.0.2.0/24 OMPI_MCA_oob_tcp_if_include=192.0.2.0/24
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self OMPI_MCA_rmaps_base_oversubscribe=1
+export SPOTUNE_MN_HOSTS=$work/hosts.map
+# as tests/test_util.c tu_mpirun(): in a sanitizer build, Open MPI's own
+# allocations match the leak suppressions only with slow unwinding
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
+export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$src/tests/lsan.supp:print_suppressions=0"
+pass=(-x ASAN_OPTIONS -x LSAN_OPTIONS)
+[[ -n ${UBSAN_OPTIONS:-} ]] && pass+=(-x UBSAN_OPTIONS)
+# the test server's fixed, public credentials (scripts/swift-s3.sh), and
+# nothing of another store's
+unset AWS_SESSION_TOKEN AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3 AWS_CA_BUNDLE AWS_PROFILE
+export AWS_ACCESS_KEY_ID=test:tester AWS_SECRET_ACCESS_KEY=spotune-local-test-secret-7f3a
+export AWS_REGION=us-east-1
+
+# The tiny model and data of the other training tests, and a LoRA run.
+inputs() {
+    mkdir -p "$work/in"
+    "$src/scripts/make_demo_text.sh" "$work/in/text.txt" 3 >/dev/null &&
+        "$spotune" prepare-text "$work/in/text.txt" "$work/in/data" --val-fraction 0 >/dev/null &&
+        "$spotune" init-model --preset tiny --seed 5 "$work/in/model" >/dev/null ||
+        { echo "FAIL: could not make the inputs"; exit 1; }
+    cat >"$work/run.yaml" <<EOF
+run:
+  seed: 21
+model:
+  path: $work/in/model
+train:
+  mode: lora
+  steps: 20
+  seq_len: 32
+  micro_batch: 2
+  grad_accum: 1
+  lr: 3e-3
+  warmup_steps: 4
+lora:
+  r: 4
+  alpha: 8
+  dropout: 0.1
+  targets: [q_proj, v_proj, down_proj]
+data:
+  train: $work/in/data.train.h5
+log:
+  every: 1
+runtime:
+  backend: cpu
+  threads: 1
+comm:
+  timeout_s: $T
+checkpoint:
+  every_minutes: 0
+  keep: 2
+EOF
+}
+
+# train_cmd NAME [--set ...]: spotune train on the run config, in WORK/NAME
+train_cmd() {
+    local name=$1
+    shift
+    echo "$spotune" train "$work/run.yaml" --set "run.dir=$work/$name" "$@"
+}
+
+# launch_bg LOG [launch.sh options --] PROGRAM...: launch.sh on node-a in the
+# background; sets $job (mpirun's pid, through exec).
+launch_bg() {
+    local log=$1
+    shift
+    on_node a env SPOTUNE_SIGKILL_TIMEOUT=$K "$launch" --hostfile "$work/hosts" --tcp \
+        "${pass[@]}" "$@" >"$log" 2>&1 &
+    job=$!
+}
+
+metrics() { cat "$work/$1/metrics.jsonl" 2>/dev/null; }
+# the loss of every train record, one a line, as written (%.17g)
+losses() { metrics "$1" | grep -o '"event":"train","step":[0-9]*,"loss":[^,]*' | sed 's/.*"loss"://'; }
+steps_logged() { metrics "$1" | grep -c '"event":"train"'; }
+reached() { metrics "$1" | grep -q "\"event\":\"train\",\"step\":$2,"; }
+
+# procs_of NODE NAME: pids of processes called NAME on the node
+procs_of() {
+    local p
+    for p in $(ip netns pids "$(ns_of "$1")" 2>/dev/null); do
+        [[ $(cat "/proc/$p/comm" 2>/dev/null) == "$2" ]] && echo "$p"
+    done
+}
+no_procs() { [[ -z $(procs_of "$1" "$2") ]]; }
+
+# The storage node: the S3 test server on its loopback, the forwarder on its
+# address (port 8080), a bucket. $1: the forwarder's rate limit (bytes/s, 0: none).
+storage_up() {
+    local rate=$1 out
+    out=$(on_node s env SWIFT_S3_BASE="$work/swift" bash "$src/scripts/swift-s3.sh" start 2>&1) ||
+        { echo "FAIL: the S3 test server did not start on the storage node: $out"; exit 1; }
+    on_node s "$forward" "$(addr_of s):8080" 127.0.0.1:28080 --rate "$rate" \
+        --log "$work/forward.log" >/dev/null 2>&1 &
+    wait_until 10 grep -q listening "$work/forward.log" 2>/dev/null ||
+        { echo "FAIL: the forwarder did not start"; exit 1; }
+    endpoint=http://storage:8080
+    url=s3://spotune-mn/run-$id
+    out=$(on_node a "$store_tool" --endpoint "$endpoint" --path-style mb "$url" 2>&1) ||
+        { echo "FAIL: no bucket: $out"; exit 1; }
+    cat >>"$work/run.yaml" <<EOF
+  remote: $url
+  endpoint: $endpoint
+  region: us-east-1
+  addressing: path
+EOF
+}
+
+report() {
+    local f
+    if ((fails > 0)); then
+        for f in "$@"; do
+            [[ -f $f ]] || continue
+            echo "---- $f (last 40 lines)"
+            tail -n 40 "$f"
+        done
+        echo "$fails check(s) failed"
+        exit 1
+    fi
+    echo "all $case_name checks passed"
+    exit 0
+}
+
+# ---- cases -----------------------------------------------------------------------
+
+case_trajectory() {
+    topo_up a b
+    inputs
+    local out rc before after
+    # where the ranks of "2 nodes x 2" land
+    out=$(on_node a mpirun --hostfile "$work/hosts" -np 4 --map-by ppr:2:node --bind-to none \
+        sh -c 'echo "rank $OMPI_COMM_WORLD_RANK on $(hostname)"' 2>&1)
+    has "$out" "rank 0 on node-a" && has "$out" "rank 1 on node-a" &&
+        has "$out" "rank 2 on node-b" && has "$out" "rank 3 on node-b"
+    check "2 ranks on each node" $? "$out"
+
+    before=$(ip -n "$(ns_of sw)" -s -j link show pb | grep -o '"bytes":[0-9]*' | head -1 | cut -d: -f2)
+    out=$(on_node a mpirun --hostfile "$work/hosts" -np 4 --map-by ppr:2:node --bind-to none \
+        "${pass[@]}" $(train_cmd two-nodes) 2>&1)
+    rc=$?
+    after=$(ip -n "$(ns_of sw)" -s -j link show pb | grep -o '"bytes":[0-9]*' | head -1 | cut -d: -f2)
+    check "2 nodes x 2 ranks train" $rc "$out"
+    ((after - before > 100000))
+    check "the gradients crossed the link to node-b ($((after - before)) bytes)" $? \
+        "only $((after - before)) bytes went through node-b's port"
+    out=$(on_node a mpirun --host node-a:4 -np 4 --bind-to none "${pass[@]}" \
+        $(train_cmd one-node) 2>&1)
+    check "1 node x 4 ranks trains" $? "$out"
+    out=$(on_node a $(train_cmd one-rank --set train.grad_accum=4) 2>&1)
+    check "1 rank x 4 micro-batches trains" $? "$out"
+
+    local a b c
+    a=$(losses two-nodes)
+    b=$(losses one-node)
+    c=$(losses one-rank)
+    [[ $(wc -l <<<"$a") -eq 20 && $(wc -l <<<"$b") -eq 20 && $(wc -l <<<"$c") -eq 20 ]]
+    check "20 steps logged by each run" $? "$(wc -l <<<"$a") / $(wc -l <<<"$b") / $(wc -l <<<"$c")"
+    [[ "$a" == "$b" ]]
+    check "2 nodes: the losses of 1 node, bit for bit" $? "$(paste <(echo "$a") <(echo "$b"))"
+    cmp -s "$work/two-nodes/adapter/adapter_model.safetensors" \
+        "$work/one-node/adapter/adapter_model.safetensors"
+    check "2 nodes: the adapter of 1 node, bit for bit" $? "the adapters differ"
+    out=$(paste <(echo "$a") <(echo "$c") |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; r = $2 < 0 ? -$2 : $2
+               if (d > 1e-5 * r) { printf "step %d: %.9g vs %.9g\n", NR, $1, $2; bad = 1 } }
+             END { exit bad }')
+    check "2 nodes: the losses of 1 rank within 1e-5 relative" $? "$out"
+    report "$work/two-nodes/metrics.jsonl"
+}
+
+case_launch_hostfile() {
+    topo_up a b
+    local out probe='echo "rank=$OMPI_COMM_WORLD_RANK host=$(hostname) probe=${SPOTUNE_MN_PROBE:-unset} key=${AWS_ACCESS_KEY_ID:-unset} other=${MN_OTHER:-unset}"'
+    out=$(on_node a env -u OMPI_MCA_oob_tcp_keepalive_time SPOTUNE_MN_PROBE=p-19 MN_OTHER=o-23 \
+        "$launch" --hostfile "$work/hosts" -g 2 --tcp -- sh -c "$probe" 2>&1)
+    check "launch.sh --hostfile runs" $? "$out"
+    has "$out" "\+ mpirun --hostfile $work/hosts -np 4 --map-by ppr:2:node --bind-to none"
+    check "the mpirun command: hostfile, 4 ranks, 2 per node" $? "$out"
+    has "$out" "-x PATH" && has "$out" "-x SPOTUNE_MN_PROBE" && has "$out" "-x AWS_SECRET_ACCESS_KEY"
+    check "PATH, SPOTUNE_* and AWS_* passed by name" $? "$out"
+    ! grep '^+ ' <<<"$out" | grep -q "$AWS_SECRET_ACCESS_KEY"
+    check "no secret on the command line" $? "$out"
+    has "$out" "--mca oob_tcp_keepalive_time [0-9]+ --mca oob_tcp_keepalive_intvl [0-9]+ --mca oob_tcp_keepalive_probes [0-9]+"
+    check "mpirun told to notice a silent node (TCP keepalive)" $? "$out"
+    has "$out" "rank=0 host=node-a" && has "$out" "rank=1 host=node-a" &&
+        has "$out" "rank=2 host=node-b" && has "$out" "rank=3 host=node-b"
+    check "ranks 0, 1 on node-a and 2, 3 on node-b" $? "$out"
+    [[ $(grep -c "probe=p-19 key=test:tester" <<<"$out") -eq 4 ]]
+    check "the variables passed by name reach every rank" $? "$out"
+    has "$out" "rank=2 host=node-b probe=p-19 key=test:tester other=unset" &&
+        has "$out" "rank=3 host=node-b probe=p-19 key=test:tester other=unset"
+    check "a variable not passed does not reach node-b (a bare login)" $? "$out"
+
+    # --nodes 1 while node-b cannot be reached: nothing may be started there
+    link b down
+    out=$(on_node a timeout 60 "$launch" --hostfile "$work/hosts" -g 2 --nodes 1 --tcp -- sh -c "$probe" 2>&1)
+    check "--nodes 1 runs with node-b cut off" $? "$out"
+    [[ $(grep -c "host=node-a" <<<"$out") -eq 2 ]] && ! has "$out" "host=node-b"
+    check "--nodes 1: 2 ranks, both on node-a" $? "$out"
+    has "$out" "--host node-a:2"
+    check "--nodes 1 names the host it uses" $? "$out"
+    link b up
+
+    # a real collective across the nodes
+    if [[ -x $build/tests/spotune-comm-prog ]]; then
+        out=$(on_node a env SPOTUNE_SIGKILL_TIMEOUT=$K timeout 120 "$launch" --hostfile "$work/hosts" \
+            -g 2 --tcp "${pass[@]}" -- "$build/tests/spotune-comm-prog" allreduce 2>&1)
+        has "$out" "ok allreduce on 4 rank\(s\)"
+        check "an all-reduce across the nodes" $? "$out"
+    fi
+    report
+}
+
+# Waits for the job to end (up to 120 s); sets $rc and $took.
+wait_job() {
+    local t0=$1
+    wait_until 120 bash -c "! kill -0 $job 2>/dev/null"
+    if running "$job"; then
+        kill -9 "$job"
+        rc=-1
+    else
+        wait "$job"
+        rc=$?
+    fi
+    took=$(elapsed "$t0")
+}
+
+# The end of a job after node-b failed: fast, non-zero, node-b named. $3:
+# "ours" when spotune's own roll call must be the one to name it (a
+# partition: the ranks wait until comm.timeout_s); "any" when Open MPI may
+# name it first (a node killed: the survivors' connections to it are reset
+# at once, and Open MPI ends them and the job before any timeout).
+expect_ends_naming_node_b() {
+    local what=$1 log=$2 who=$3 bound=$((T + 10)) ours theirs
+    ((rc != 0 && rc != -1))
+    check "$what: the job fails (exit $rc)" $? "$(tail -20 "$log")"
+    le "$took" "$bound"
+    check "$what: the job ended ${took} s after (within comm.timeout_s $T + 10 s)" $? \
+        "it took $took s"
+    ours=$(grep -E "^spotune: rank [01] on node-a: collective [a-z_]+ timed out after $T s \(a peer may have died\); no answer from .*ranks 2, 3 on node-b" "$log" | head -1)
+    theirs=$(grep -E "^ *(Remote daemon: .* on node node-b|Peer host: +node-b)\$" "$log" | head -1)
+    if [[ $who == ours ]]; then
+        [[ -n $ours ]]
+        check "$what: spotune names ranks 2, 3 on node-b${ours:+ ($ours)}" $? "$(grep -E 'spotune:|node-b' "$log")"
+    else
+        [[ -n $ours || -n $theirs ]]
+        check "$what: node-b is named (${ours:-${theirs:-nowhere}})" $? "$(grep -E 'spotune:|node' "$log")"
+    fi
+    wait_until 10 no_procs a spotune
+    check "$what: no rank left on node-a" $? "$(procs_of a spotune)"
+}
+
+case_node_lost() {
+    topo_up a b
+    inputs
+    launch_bg "$work/lost.log" -g 2 -- $(train_cmd lost --set train.steps=100000)
+    wait_until 120 reached lost 5
+    check "training runs on 2 nodes" $? "$(tail -20 "$work/lost.log")"
+    local t0
+    t0=$(now)
+    kill_ns b # node-b is lost: every process on it
+    wait_job "$t0"
+    expect_ends_naming_node_b "node lost" "$work/lost.log" any
+    report "$work/lost.log"
+}
+
+case_partition() {
+    topo_up a b
+    inputs
+    # mpirun notices a silent node after 1 s + 2 x 1 s of keepalive (launch.sh
+    # takes these from the environment instead of its defaults)
+    export OMPI_MCA_oob_tcp_keepalive_time=1 OMPI_MCA_oob_tcp_keepalive_intvl=1 \
+        OMPI_MCA_oob_tcp_keepalive_probes=2
+    launch_bg "$work/part.log" -g 2 -- $(train_cmd part --set train.steps=100000)
+    wait_until 120 reached part 5
+    check "training runs on 2 nodes" $? "$(tail -20 "$work/part.log")"
+    local t0 bound=$((T + 10))
+    t0=$(now)
+    link b down
+    wait_job "$t0"
+    expect_ends_naming_node_b "partition" "$work/part.log" ours
+    wait_until "$bound" bash -c "[[ -z \$(ip netns pids '$(ns_of b)') ]]"
+    check "partition: node-b's ranks and daemon end too (within $bound s)" $? \
+        "still running on node-b after $(elapsed "$t0") s: $(for p in $(ip netns pids "$(ns_of b)"); do cat "/proc/$p/comm"; done | tr '\n' ' ')"
+    report "$work/part.log"
+}
+
+case_storage_partition() {
+    topo_up a b s
+    inputs
+    storage_up 400000 # bytes/s: a checkpoint's state.h5 (0.2 MiB) takes ~0.5 s
+    printf 'node-a slots=1\nnode-b slots=1\n' >"$work/hosts"
+    launch_bg "$work/sp.log" -g 1 -- $(train_cmd sp --set train.steps=150 \
+        --set checkpoint.every_steps=10 --set checkpoint.keep=3 --set comm.timeout_s=60)
+    # the link goes down right after the upload of a checkpoint's state began
+    local put step t_down t_up s_down
+    wait_until 120 grep -qE "> PUT /spotune-mn/run-$id/step-000000([2-9]|1[0-9])0/state.h5" "$work/forward.log"
+    put=$(grep -E "> PUT /spotune-mn/run-$id/step-000000([2-9]|1[0-9])0/state.h5" "$work/forward.log" | head -1)
+    link s down
+    t_down=$(now)
+    check "an upload was under way when the storage node was cut off" $([[ -n $put ]]; echo $?) \
+        "no upload seen: $(tail -5 "$work/forward.log")"
+    step=$(sed -E 's|.*/step-0*([0-9]+)/state.h5.*|\1|' <<<"$put")
+    s_down=$(steps_logged sp)
+    # cut off for 20 steps (two checkpoints taken meanwhile) and at least 4 s,
+    # at most 25 s: the upload in flight must not reach its 30 s stall limit
+    wait_until 25 bash -c "(( \$(grep -c '\"event\":\"train\"' '$work/sp/metrics.jsonl') >= $s_down + 20 )) || ! kill -0 $job"
+    while ! le 4 "$(elapsed "$t_down")"; do sleep 0.05; done
+    link s up
+    t_up=$(now)
+    wait_job "$t_down"
+    check "the run ends well (exit $rc)" $rc "$(tail -20 "$work/sp.log")"
+
+    # the train records written while the storage node was cut off
+    local during
+    during=$(metrics sp | awk -v a="$t_down" -v b="$t_up" '/"event":"train"/ {
+        match($0, /"time":[0-9.]+/); t = substr($0, RSTART + 7, RLENGTH - 7) + 0
+        if (t > a && t < b) { match($0, /"remote_behind":[0-9-]+/)
+            print substr($0, RSTART + 16, RLENGTH - 16) } }')
+    local n last min
+    n=$(grep -c . <<<"$during")
+    last=$(tail -1 <<<"$during")
+    min=$(sort -n <<<"$during" | head -1)
+    ((n >= 20))
+    check "training went on: $n steps while the storage node was cut off" $? "only $n steps"
+    [[ -n $min ]] && ((min >= 1 && last >= 2))
+    check "every step meanwhile says the remote is behind (at least 1; $last at the end)" $? \
+        "remote_behind: $(tr '\n' ' ' <<<"$during")"
+    grep -qE "^step +[0-9]+/150 \|.*\| remote behind [1-9]" "$work/sp.log"
+    check "the progress line says the remote is behind" $? "$(grep '^step' "$work/sp.log" | tail -3)"
+    local up_at
+    up_at=$(metrics sp | grep "\"event\":\"checkpoint_uploaded\"" | grep "step-$(printf %08d "$step")" |
+        grep -o '"time":[0-9.]*' | head -1 | cut -d: -f2)
+    [[ -n $up_at ]] && le "$t_up" "$up_at"
+    check "the upload cut off (step $step) completed after the link came back" $? \
+        "uploaded at ${up_at:-never}, link back at $t_up"
+    local early
+    early=$(metrics sp | awk -v a="$t_down" -v b="$t_up" '/"event":"checkpoint_uploaded"/ {
+        match($0, /"time":[0-9.]+/); t = substr($0, RSTART + 7, RLENGTH - 7) + 0
+        if (t > a + 1 && t < b) n++ } END { print n + 0 }')
+    ((early == 0))
+    check "nothing reached the bucket while it was cut off" $? "$early uploads"
+    grep -q "checkpoint_uploaded: $url/step-00000150" "$work/sp.log"
+    check "the final checkpoint reached the bucket" $? "$(grep -i upload "$work/sp.log" | tail -5)"
+    local ls ok=0 ck v
+    ls=$(on_node a "$spotune" ckpt list "$url" --endpoint "$endpoint" --path-style 2>&1)
+    has "$ls" "step-00000150.*complete"
+    check "the bucket lists step 150 complete" $? "$ls"
+    for ck in $(grep -oE 'step-[0-9]{8}' <<<"$ls" | sort -u); do
+        v=$(on_node a "$spotune" ckpt verify "$url/$ck" --endpoint "$endpoint" --path-style 2>&1) ||
+            { ok=1; echo "$v"; }
+    done
+    check "every checkpoint in the bucket verifies ($(grep -oE 'step-[0-9]{8}' <<<"$ls" | sort -u | tr '\n' ' '))" $ok "see above"
+    report "$work/sp.log" "$work/forward.log"
+}
+
+case_resume_fewer_ranks() {
+    topo_up a b s
+    inputs
+    storage_up 0
+    local extra=(--set train.steps=40 --set checkpoint.every_steps=5 --set checkpoint.keep=3
+        --set log.samples=true)
+    launch_bg "$work/first.log" -g 2 -- $(train_cmd run "${extra[@]}")
+    # node-b is lost after a checkpoint reached the bucket
+    wait_until 120 grep -qE "checkpoint_uploaded: $url/step-000000(1[05]|2[05])" "$work/first.log"
+    check "a checkpoint of the 4-rank run reached the bucket" $? "$(tail -20 "$work/first.log")"
+    local t0
+    t0=$(now)
+    kill_ns b
+    link b down
+    wait_job "$t0"
+    ((rc != 0 && rc != -1))
+    check "the 4-rank job ends when node-b is lost (exit $rc, ${took} s)" $? "$(tail -20 "$work/first.log")"
+    local G
+    G=$(grep -oE "global batch [0-9]+" "$work/first.log" | head -1 | awk '{ print $3 }')
+    # node-a's disk does not count: only the bucket (the run directory is gone)
+    mv "$work/run/samples" "$work/first-samples"
+    rm -rf "$work/run"
+    local out rc2 at sample
+    out=$(on_node a env SPOTUNE_SIGKILL_TIMEOUT=$K timeout 300 "$launch" --hostfile "$work/hosts" \
+        --nodes 1 -g 2 --tcp "${pass[@]}" -- $(train_cmd run "${extra[@]}") 2>&1)
+    rc2=$?
+    echo "$out" >"$work/second.log"
+    check "the restart on node-a alone (2 ranks) completes" $rc2 "$(tail -20 <<<"$out")"
+    has "$out" "downloading s3://" && has "$out" "train.grad_accum is now 2"
+    check "it resumes from the bucket with twice the accumulation" $? "$out"
+    at=$(grep -oE "resumed from .*: step [0-9]+, sample [0-9]+" <<<"$out" | head -1 | sed -E 's/.*: step ([0-9]+), sample ([0-9]+)/\1 \2/')
+    sample=${at#* }
+    at=${at% *}
+    [[ -n $at && -n $G ]] && ((at >= 10 && sample == at * G))
+    check "resumed at step $at, sample $sample (global batch $G)" $? "$(grep resumed <<<"$out")"
+    [[ $(steps_logged run) -eq 40 ]]
+    check "the run's metrics hold its 40 steps once" $? "$(steps_logged run) train records"
+    local vocab
+    vocab=$(grep -o '"vocab_size": *[0-9]*' "$work/in/model/config.json" | grep -o '[0-9]*$')
+    out=$("$audit" "$work/in/data.train.h5" 32 "$vocab" 21 40 "$G" "$at" \
+        "$work"/first-samples/rank-*.tsv -- "$work"/run/samples/rank-*.tsv 2>&1)
+    check "every sample trained exactly once, in its step, as its window" $? "$out"
+    echo "$out" | tail -1
+    report "$work/first.log" "$work/second.log"
+}
+
+case "$case_name" in
+trajectory | launch_hostfile | node_lost | partition | storage_partition | resume_fewer_ranks)
+    "case_$case_name" ;;
+*)
+    echo "unknown case $case_name" >&2
+    exit 2
+    ;;
+esac
