@@ -250,6 +250,10 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE]
 
 smi() { # smi KEY
     local key=$1 i=${IDX[$1]}
+    if [ "$DRY" = 1 ]; then
+        row_set "$i" SKIPPED 0 "dry run: the GPUs are hidden, nvidia-smi is not asked"
+        return
+    fi
     if ! command -v nvidia-smi >/dev/null 2>&1; then
         row_set "$i" SKIPPED 0 "nvidia-smi not found"
         return

@@ -32,8 +32,17 @@ has() { grep -qF -- "$2" <<<"$1"; }
 row() { grep -E "^\| $2 \|" <<<"$1"; } # row TABLE N
 
 # ---- 1. the dry run on the real programs --------------------------------------------------
+# (a stand-in nvidia-smi on PATH: a dry run must not ask it)
+mkdir -p "$tmp/path"
+cat > "$tmp/path/nvidia-smi" <<'EOF'
+#!/usr/bin/env bash
+if [ "${1:-}" = -q ]; then echo "Driver Version : 570.86.15"; exit 0; fi
+echo "name, driver_version, pstate, clocks.current.sm [MHz], clocks.current.memory [MHz], clocks.max.sm [MHz], memory.used [MiB], memory.total [MiB], temperature.gpu, power.draw [W]"
+echo "NVIDIA H200, 570.86.15, P0, 1980 MHz, 3201 MHz, 1980 MHz, 1 MiB, 143771 MiB, 31, 75.00 W"
+EOF
+chmod +x "$tmp/path/nvidia-smi"
 t0=$(date +%s)
-out=$(OUT="$tmp/dry" PATH="/usr/bin:/bin" bash "$check_sh" --build "$build" --dry-run 2>&1)
+out=$(OUT="$tmp/dry" PATH="$tmp/path:/usr/bin:/bin" bash "$check_sh" --build "$build" --dry-run 2>&1)
 rc=$?
 dt=$(($(date +%s) - t0))
 table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
@@ -54,7 +63,7 @@ for k in 6 7 8 9 10 11 12; do
     has "$r" "no usable CUDA device: "
     check "dry run: GPU row $k skipped with the reason" $? "$r"
 done
-has "$(row "$table" 1)" "nvidia-smi not found" && has "$(row "$table" 13)" "nvidia-smi not found"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 13)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -119,12 +128,6 @@ EOF
 cat > "$bundle/bin/test_cuda_comm" <<'EOF'
 #!/usr/bin/env bash
 echo "[====] Synthesis: Tested: 3 | Passing: 3 | Failing: 0 | Crashing: 0 " >&2
-EOF
-cat > "$tmp/path/nvidia-smi" <<'EOF'
-#!/usr/bin/env bash
-if [ "${1:-}" = -q ]; then echo "Driver Version : 570.86.15"; exit 0; fi
-echo "name, driver_version, pstate, clocks.current.sm [MHz], clocks.current.memory [MHz], clocks.max.sm [MHz], memory.used [MiB], memory.total [MiB], temperature.gpu, power.draw [W]"
-echo "NVIDIA H200, 570.86.15, P0, 1980 MHz, 3201 MHz, 1980 MHz, 1 MiB, 143771 MiB, 31, 75.00 W"
 EOF
 cat > "$tmp/path/compute-sanitizer" <<'EOF'
 #!/usr/bin/env bash
