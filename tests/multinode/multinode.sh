@@ -322,6 +322,7 @@ storage_up() {
     url=s3://spotune-mn/run-$id
     out=$(on_node a "$store_tool" --endpoint "$endpoint" --path-style mb "$url" 2>&1) ||
         { echo "FAIL: no bucket: $out"; exit 1; }
+    keep "$out"
     cat >>"$work/run.yaml" <<EOF
   remote: $url
   endpoint: $endpoint
@@ -330,8 +331,16 @@ storage_up() {
 EOF
 }
 
+# keep TEXT: the output of a program run in the foreground, for the
+# sanitizer scan of report()
+keep() { printf '%s\n' "$1" >>"$work/outputs.log"; }
+
 report() {
-    local f
+    local f found
+    # a sanitizer report in any rank's output (they reach the logs, not ctest)
+    found=$(grep -lE "ERROR: (LeakSanitizer|AddressSanitizer)|runtime error:" "$work"/*.log 2>/dev/null)
+    [[ -z $found ]]
+    check "no sanitizer report in the programs' output" $? "$found"
     if ((fails > 0)); then
         for f in "$@"; do
             [[ -f $f ]] || continue
@@ -362,6 +371,7 @@ case_trajectory() {
     out=$(on_node a mpirun --hostfile "$work/hosts" -np 4 --map-by ppr:2:node --bind-to none \
         "${pass[@]}" $(train_cmd two-nodes) 2>&1)
     rc=$?
+    keep "$out"
     after=$(ip -n "$(ns_of sw)" -s -j link show pb | grep -o '"bytes":[0-9]*' | head -1 | cut -d: -f2)
     check "2 nodes x 2 ranks train" $rc "$out"
     ((after - before > 100000))
@@ -370,8 +380,10 @@ case_trajectory() {
     out=$(on_node a mpirun --host node-a:4 -np 4 --bind-to none "${pass[@]}" \
         $(train_cmd one-node) 2>&1)
     check "1 node x 4 ranks trains" $? "$out"
+    keep "$out"
     out=$(on_node a $(train_cmd one-rank --set train.grad_accum=4) 2>&1)
     check "1 rank x 4 micro-batches trains" $? "$out"
+    keep "$out"
 
     local a b c
     a=$(losses two-nodes)
@@ -429,6 +441,7 @@ case_launch_hostfile() {
     if [[ -x $build/tests/spotune-comm-prog ]]; then
         out=$(on_node a env SPOTUNE_SIGKILL_TIMEOUT=$K timeout 120 "$launch" --hostfile "$work/hosts" \
             -g 2 --tcp "${pass[@]}" -- "$build/tests/spotune-comm-prog" allreduce 2>&1)
+        keep "$out"
         has "$out" "ok allreduce on 4 rank\(s\)"
         check "an all-reduce across the nodes" $? "$out"
     fi
@@ -568,11 +581,13 @@ case_storage_partition() {
     check "the final checkpoint reached the bucket" $? "$(grep -i upload "$work/sp.log" | tail -5)"
     local ls ok=0 ck v
     ls=$(on_node a "$spotune" ckpt list "$url" --endpoint "$endpoint" --path-style 2>&1)
+    keep "$ls"
     has "$ls" "step-00000150.*complete"
     check "the bucket lists step 150 complete" $? "$ls"
     for ck in $(grep -oE 'step-[0-9]{8}' <<<"$ls" | sort -u); do
         v=$(on_node a "$spotune" ckpt verify "$url/$ck" --endpoint "$endpoint" --path-style 2>&1) ||
             { ok=1; echo "$v"; }
+        keep "$v"
     done
     check "every checkpoint in the bucket verifies ($(grep -oE 'step-[0-9]{8}' <<<"$ls" | sort -u | tr '\n' ' '))" $ok "see above"
     report "$work/sp.log" "$work/forward.log"
@@ -620,6 +635,7 @@ case_resume_fewer_ranks() {
     out=$("$audit" "$work/in/data.train.h5" 32 "$vocab" 21 40 "$G" "$at" \
         "$work"/first-samples/rank-*.tsv -- "$work"/run/samples/rank-*.tsv 2>&1)
     check "every sample trained exactly once, in its step, as its window" $? "$out"
+    keep "$out"
     echo "$out" | tail -1
     report "$work/first.log" "$work/second.log"
 }
