@@ -1,5 +1,6 @@
 /* Backend selection, dtype helpers and the host-side conversions shared by
  * every backend. */
+#define _GNU_SOURCE /* readlink */
 #include "backend.h"
 
 #include <stdarg.h>
@@ -9,7 +10,9 @@
 
 #include "cpu/cpu_backend.h"
 #ifdef SPOTUNE_WITH_CUDA
-#include "cuda/cuda_backend.h"
+#include <dlfcn.h>
+#include <pthread.h>
+#include <unistd.h>
 #endif
 
 size_t dtype_size(dtype_t dt)
@@ -149,10 +152,89 @@ void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t)
     free(tmp);
 }
 
+#ifdef SPOTUNE_WITH_CUDA
+/* The CUDA backend lives in a module of its own, libspotune_cuda.so, loaded
+ * on first use: a process that never touches a GPU does not pay for loading
+ * cuBLAS (its constructors alone take some 100 ms, during which a stop signal
+ * would meet the default action instead of spotune's handler), and the
+ * binary starts where no CUDA library is installed. Looked for in
+ * $SPOTUNE_CUDA_MODULE, beside the executable, one folder up (the tests),
+ * ../lib, and then the library search path. */
+#define CUDA_MODULE "libspotune_cuda.so"
+
+typedef struct cuda_api {
+    int (*create)(backend_t **out, int device, int threads, sp_err *err);
+    int (*device_count)(void);
+    int (*probe)(char *why, size_t n);
+    char error[1024]; /* why it could not be loaded ("" when it was) */
+} cuda_api;
+
+static cuda_api cuda;
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+
+static void *open_module(char *tried, size_t n)
+{
+    const char *env = getenv("SPOTUNE_CUDA_MODULE");
+    if (env && *env) {
+        void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            snprintf(tried, n, "SPOTUNE_CUDA_MODULE=%s: %s", env, dlerror());
+        return h;
+    }
+    char exe[4096], path[4200];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[len > 0 ? len : 0] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = 0;
+    const char *const rel[] = {"/", "/../", "/../lib/"};
+    for (size_t i = 0; slash && i < sizeof rel / sizeof rel[0]; i++) {
+        snprintf(path, sizeof path, "%s%s%s", exe, rel[i], CUDA_MODULE);
+        if (access(path, F_OK) != 0)
+            continue;
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            snprintf(tried, n, "%s", dlerror()); /* it is there but cannot load: say why */
+        return h;
+    }
+    void *h = dlopen(CUDA_MODULE, RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        snprintf(tried, n, "%s", dlerror());
+    return h;
+}
+
+static void load_cuda(void)
+{
+    char tried[900] = "";
+    void *h = open_module(tried, sizeof tried);
+    if (h) {
+        *(void **)&cuda.create = dlsym(h, "cuda_backend_create");
+        *(void **)&cuda.device_count = dlsym(h, "cuda_backend_device_count");
+        *(void **)&cuda.probe = dlsym(h, "cuda_backend_probe");
+    }
+    if (!h || !cuda.create || !cuda.device_count || !cuda.probe)
+        snprintf(cuda.error, sizeof cuda.error, "the CUDA backend (%s) cannot be loaded: %s",
+                 CUDA_MODULE, h ? "it lacks its entry points" : tried);
+}
+
+/* The loaded module, or NULL with why (n bytes) set. */
+static const cuda_api *cuda_module(char *why, size_t n)
+{
+    pthread_once(&cuda_once, load_cuda);
+    if (cuda.error[0]) {
+        if (why && n)
+            snprintf(why, n, "%s", cuda.error);
+        return NULL;
+    }
+    return &cuda;
+}
+#endif
+
 int backend_cuda_probe(char *why, size_t n)
 {
 #ifdef SPOTUNE_WITH_CUDA
-    return cuda_backend_probe(why, n);
+    const cuda_api *api = cuda_module(why, n);
+    return api ? api->probe(why, n) : 0;
 #else
     if (why && n)
         snprintf(why, n, "this spotune was built without the CUDA backend (nvcc was not found "
@@ -163,11 +245,7 @@ int backend_cuda_probe(char *why, size_t n)
 
 int backend_cuda_available(void)
 {
-#ifdef SPOTUNE_WITH_CUDA
-    return cuda_backend_device_count() > 0;
-#else
-    return 0;
-#endif
+    return backend_cuda_probe(NULL, 0) > 0;
 }
 
 int backend_create(backend_t **out, const char *kind, int device, int threads, sp_err *err)
@@ -181,7 +259,11 @@ int backend_create(backend_t **out, const char *kind, int device, int threads, s
         return cpu_backend_create(out, threads, 1, err);
     if (strcmp(kind, "cuda") == 0) {
 #ifdef SPOTUNE_WITH_CUDA
-        return cuda_backend_create(out, device, threads, err);
+        char why[1024];
+        const cuda_api *api = cuda_module(why, sizeof why);
+        if (!api)
+            return sp_fail(err, SP_EXIT_USAGE, "runtime.backend: cuda: %s", why);
+        return api->create(out, device, threads, err);
 #else
         (void)device;
         return sp_fail(err, SP_EXIT_USAGE,

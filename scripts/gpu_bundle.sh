@@ -10,7 +10,8 @@
 #     run                   ./run CMD ARGS: CMD with the bundle's environment
 #     env.sh                the same environment for `source`
 #     bin/                  spotune, test_cuda_ops, test_cuda_layer,
-#                           test_cuda_model, test_cuda_comm (stripped)
+#                           test_cuda_model, test_cuda_comm (stripped) and
+#                           libspotune_cuda.so, the CUDA backend they load
 #     lib.tar.xz            every other shared library they load (Open MPI,
 #                           HDF5, OpenBLAS, libyaml, jansson, Criterion, curl
 #                           and their dependencies), unpacked into lib/ on
@@ -78,7 +79,9 @@ cmake --build "$BUILD" ${JOBS:+-j "$JOBS"} --target "${TARGETS[@]}"
 
 BINS=("$BUILD/spotune")
 for t in "${TARGETS[@]:1}"; do BINS+=("$BUILD/tests/$t"); done
-for b in "${BINS[@]}"; do [ -x "$b" ] || die "$b was not built"; done
+# the CUDA backend, loaded by the programs from beside them (kernels/backend.c)
+BINS+=("$BUILD/libspotune_cuda.so")
+for b in "${BINS[@]}"; do [ -f "$b" ] || die "$b was not built"; done
 
 # ---- pack ---------------------------------------------------------------------------
 echo "== pack $OUT"

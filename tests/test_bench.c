@@ -187,3 +187,35 @@ Test(bench, probe_cuda_names_the_reason)
     }
     free(out);
 }
+
+/* The CUDA backend is a module loaded on first use. A module that cannot be
+ * loaded is named with the loader's reason (the CPU still works), and a run
+ * that asks for the cuda backend then fails with exit 2 saying so. */
+Test(bench, a_cuda_module_that_cannot_load_is_named)
+{
+    char *out = NULL;
+    if (tu_spotune(&out, "bench --probe-cuda 2>&1 | grep -q 'built without the CUDA backend'") ==
+        0) { /* no module to load: asking for cuda is refused by name instead */
+        free(out);
+        int rc = tu_spotune(&out, "bench --preset tiny --backend cuda --steps 1 2>&1");
+        cr_expect_eq(rc, 2, "%s", out);
+        cr_expect(tu_contains(out, "built without CUDA"), "%s", out);
+        free(out);
+        return;
+    }
+    free(out);
+    int rc = tu_sh(&out, "SPOTUNE_CUDA_MODULE=/nonexistent/libspotune_cuda.so %s/spotune bench "
+                     "--probe-cuda 2>&1",
+               SPOTUNE_BINARY_DIR);
+    cr_expect_eq(rc, BENCH_EXIT_NO_DEVICE, "%s", out);
+    cr_expect(tu_contains(out, "the CUDA backend (libspotune_cuda.so) cannot be loaded: "
+                               "SPOTUNE_CUDA_MODULE=/nonexistent/libspotune_cuda.so: "),
+              "%s", out);
+    free(out);
+    rc = tu_sh(&out, "SPOTUNE_CUDA_MODULE=/nonexistent/libspotune_cuda.so %s/spotune bench "
+                     "--preset tiny --backend cuda --steps 1 2>&1",
+               SPOTUNE_BINARY_DIR);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "runtime.backend: cuda: the CUDA backend"), "%s", out);
+    free(out);
+}
