@@ -1,0 +1,251 @@
+/* Resuming: which checkpoint (local, remote when newer, or the one named),
+ * whether it fits this run (its state, its math, its base model, the global
+ * batch over this rank count), restoring it on every rank, and the metrics
+ * trimmed to it. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpointing_internal.h"
+#include "state_check.h"
+
+typedef struct resume_header {
+    int32_t code, found;
+    int64_t step, grad_accum;
+    uint64_t cursor;
+    double elapsed_s;
+    char msg[1536];
+} resume_header;
+
+static void report_bad(void *ctx, const ckpt_info *bad)
+{
+    ckpt_ctl *c = ctx;
+    log_event(c->log, c->metrics, "warning", "skipping checkpoint %s: %s", bad->name,
+              bad->problem);
+}
+
+/* Rank 0: which checkpoint to restore (path empty: none). */
+static int choose(ckpt_ctl *c, const char *resume, char *path, size_t n, sp_err *err)
+{
+    path[0] = 0;
+    if (strcmp(resume, "none") == 0)
+        return 0;
+    if (strncmp(resume, "s3://", 5) == 0 || strncmp(resume, "file://", 7) == 0) {
+        char url[4096];
+        snprintf(url, sizeof url, "%s", resume);
+        char *slash = strrchr(url, '/');
+        if (!slash || strncmp(slash + 1, "step-", 5) != 0)
+            return sp_fail(err, SP_EXIT_USAGE, "--resume %s: expected .../step-NNNNNNNN", resume);
+        *slash = 0;
+        store_opts so = {0};
+        so.endpoint = *c->cfg->ckpt_endpoint ? c->cfg->ckpt_endpoint : NULL;
+        so.region = *c->cfg->ckpt_region ? c->cfg->ckpt_region : NULL;
+        store_t *st;
+        if (store_open(&st, url, &so, err))
+            return err->code ? err->code : SP_EXIT_USAGE;
+        int rc = ckpt_remote_pull(c, st, slash + 1, path, n, NULL, err);
+        store_close(st);
+        return rc;
+    }
+    if (strcmp(resume, "auto") != 0) {
+        ckpt_manifest mf;
+        if (ckpt_verify(resume, &mf, err))
+            return err->code;
+        snprintf(path, n, "%s", resume);
+        return 0;
+    }
+    int found = 0;
+    if (ckpt_find_latest(c->root, path, n, &found, report_bad, c, err))
+        return err->code;
+    int64_t local_step = -1;
+    if (found) {
+        const char *b = strrchr(path, '/');
+        local_step = strtoll(b + 6, NULL, 10);
+    } else {
+        path[0] = 0;
+    }
+    if (c->store) {
+        int rfound = 0;
+        char rpath[4096];
+        if (ckpt_remote_find(c, local_step, rpath, sizeof rpath, &rfound, err))
+            return err->code;
+        if (rfound)
+            snprintf(path, n, "%s", rpath);
+    }
+    return 0;
+}
+
+/* The attributes a resume reads, each of the type and range this writer
+ * gives it: state.h5 can be damaged and still match its MANIFEST. */
+static int check_state(const ckpt_snapshot *s, const char *path, sp_err *err)
+{
+    static const struct {
+        const char *name;
+        int type;
+        double min;
+    } need[] = {{"step", CKPT_ATTR_INT, 0},         {"cursor", CKPT_ATTR_INT, 0},
+                {"global_batch", CKPT_ATTR_INT, 1}, {"world_size", CKPT_ATTR_INT, 1},
+                {"elapsed_s", CKPT_ATTR_REAL, 0},   {"config", CKPT_ATTR_STR, 0},
+                {"mode", CKPT_ATTR_STR, 0}};
+    static const char *const types[] = {"an integer", "a number", "a string"};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        const ckpt_attr *a = ckpt_get(s, need[i].name);
+        if (!a)
+            return sp_fail(err, SP_EXIT_INPUT, "%s/%s lacks the attribute '%s'", path,
+                           CKPT_STATE_FILE, need[i].name);
+        double v = a->type == CKPT_ATTR_INT ? (double)a->i : a->d;
+        if (a->type != need[i].type || (a->type != CKPT_ATTR_STR && !(v >= need[i].min)) ||
+            (a->type == CKPT_ATTR_REAL && !isfinite(v)))
+            return sp_fail(err, SP_EXIT_INPUT,
+                           "%s/%s: the attribute '%s' is not %s of at least %g (damaged?)", path,
+                           CKPT_STATE_FILE, need[i].name, types[need[i].type], need[i].min);
+    }
+    if (ckpt_get(s, "step")->i != s->step)
+        return sp_fail(err, SP_EXIT_INPUT, "%s/%s says step %lld, its MANIFEST step %lld", path,
+                       CKPT_STATE_FILE, (long long)ckpt_get(s, "step")->i, (long long)s->step);
+    return 0;
+}
+
+static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const char *path,
+                            int64_t micro_batch, int64_t *ga, sp_err *err)
+{
+    const config_t *cfg = c->cfg;
+    if (check_state(s, path, err))
+        return err->code;
+    const ckpt_attr *conf = ckpt_get(s, "config"), *gb = ckpt_get(s, "global_batch");
+    if (strcmp(s->config_hash, c->config_hash) != 0) {
+        config_t was;
+        char diff[1200] = "";
+        config_defaults(&was);
+        if (config_load_text(&was, conf->s, "checkpoint config", err) == 0)
+            config_diff_math(&was, cfg, diff, sizeof diff);
+        config_free(&was);
+        sp_err_clear(err);
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s was trained with different settings: %s. Resuming would change the "
+                       "math of the run; restore them, or start afresh with --resume none or a "
+                       "new run.dir",
+                       path, diff[0] ? diff : "(the config hash differs)");
+    }
+    if (cfg->mode == MODE_LORA && strcmp(s->base_model, c->base_identity) != 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s was trained on another base model (identity %s; %s is %s): a LoRA "
+                       "checkpoint only fits the model it was trained on",
+                       path, s->base_model, cfg->model_path, c->base_identity);
+    int64_t G = gb->i, per = (int64_t)c->world * micro_batch;
+    if (per * *ga == G)
+        return 0;
+    if (G % per != 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s has a global batch of %lld windows, which %d ranks x micro_batch %lld "
+                       "cannot split evenly; choose train.micro_batch so that %d x micro_batch "
+                       "divides %lld",
+                       path, (long long)G, c->world, (long long)micro_batch, c->world,
+                       (long long)G);
+    log_event(c->log, c->metrics, "info",
+              "the checkpoint ran with %d rank(s); train.grad_accum is now %lld to keep the "
+              "global batch of %lld windows",
+              s->world_size, (long long)(G / per), (long long)G);
+    *ga = G / per;
+    return 0;
+}
+
+/* A resumed run rewrites metrics.jsonl without the records of steps after
+ * the checkpoint, so the curve a user plots has no repeated steps; on a new
+ * machine (no metrics yet) it starts from the checkpoint's copy. */
+static void trim_metrics(ckpt_ctl *c, const char *ckpt_dir, int64_t step)
+{
+    if (!c->metrics || !c->metrics->f)
+        return;
+    char path[4096], tmp[4200], saved[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", c->cfg->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(saved, sizeof saved, "%s/metrics.jsonl", ckpt_dir);
+    fflush(c->metrics->f);
+    FILE *in = fopen(c->fresh_metrics ? saved : path, "r"), *out = fopen(tmp, "w");
+    char *line = NULL;
+    size_t cap = 0;
+    while (in && out && getline(&line, &cap, in) > 0) {
+        const char *sp = strstr(line, "\"step\":");
+        if (!sp || strtoll(sp + 7, NULL, 10) <= step)
+            fputs(line, out);
+    }
+    if (c->fresh_metrics && out) { /* this process's own records so far */
+        FILE *mine = fopen(path, "r");
+        while (mine && getline(&line, &cap, mine) > 0)
+            fputs(line, out);
+        if (mine)
+            fclose(mine);
+    }
+    free(line);
+    if (in)
+        fclose(in);
+    if (out && fclose(out) == 0 && rename(tmp, path) == 0) {
+        fclose(c->metrics->f);
+        c->metrics->f = fopen(path, "a");
+    }
+}
+
+int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
+                    int64_t *grad_accum, train_progress *p, int *resumed, sp_err *err)
+{
+    resume_header h;
+    memset(&h, 0, sizeof h);
+    ckpt_snapshot s;
+    ckpt_snapshot_init(&s);
+    char path[4096] = "";
+    *resumed = 0;
+    if (c->rank == 0) {
+        sp_err e = {0};
+        int64_t ga = *grad_accum;
+        int rc = choose(c, resume, path, sizeof path, &e);
+        if (!rc && path[0]) {
+            rc = state_read_checked(path, &s, &e);
+            if (!rc)
+                rc = check_compatible(c, &s, path, micro_batch, &ga, &e);
+        }
+        h.code = rc;
+        h.found = !rc && path[0];
+        snprintf(h.msg, sizeof h.msg, "%s", e.msg);
+        if (h.found)
+            ckpt_remote_push_if_missing(c, path, s.step);
+        if (h.found) {
+            const ckpt_attr *cur = ckpt_get(&s, "cursor"), *el = ckpt_get(&s, "elapsed_s");
+            h.step = s.step;
+            h.cursor = cur ? (uint64_t)cur->i : 0;
+            h.elapsed_s = el ? el->d : 0;
+            h.grad_accum = ga;
+        }
+    }
+    if (comm_bcast(c->comm, &h, sizeof h, 0, err))
+        return err->code;
+    /* checkpoint.every_minutes counts from here, not from before a download */
+    c->last_time = sp_now();
+    if (h.code) {
+        ckpt_snapshot_free(&s);
+        return sp_fail(err, h.code, "%s", h.msg);
+    }
+    if (!h.found)
+        return 0;
+    int rc = ckpt_state_restore(c, m, c->rank == 0 ? &s : NULL, err);
+    ckpt_snapshot_free(&s);
+    if (rc)
+        return rc;
+    p->step = h.step;
+    p->cursor = h.cursor;
+    p->elapsed_s = h.elapsed_s;
+    *grad_accum = h.grad_accum;
+    /* the checkpoint's global batch, re-split over this rank count, is what
+     * every later checkpoint of this run records */
+    c->global_batch = (int64_t)c->world * micro_batch * h.grad_accum;
+    *resumed = 1;
+    c->last_step = h.step;
+    if (c->rank == 0) {
+        trim_metrics(c, path, h.step);
+        log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu", path,
+                  (long long)h.step, (unsigned long long)h.cursor);
+    }
+    return 0;
+}

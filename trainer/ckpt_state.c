@@ -1,0 +1,226 @@
+/* The model's trainable state to and from a checkpoint snapshot: rank 0's
+ * snapshot (attributes, metrics, arrays), the gather of a sharded optimizer's
+ * state to rank 0, and the broadcast restore on every rank. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpointing_internal.h"
+
+#define VERSION_TAG "spotune 0.1.0"
+#define RNG_TAG "splitmix64-counter-v1"
+
+/* ---- snapshots ------------------------------------------------------------------------ */
+
+static int add_param_arrays(model_t *m, ckpt_snapshot *s, sp_err *err)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (!p->trainable)
+            continue;
+        const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
+        tensor_t src[3] = {p->master, tensor_view(m->adam_m, p->offset, p->n),
+                           tensor_view(m->adam_v, p->offset, p->n)};
+        for (int g = 0; g < 3; g++) {
+            char name[256];
+            snprintf(name, sizeof name, "%s%s", groups[g], p->name);
+            float *buf = ckpt_add_array(s, name, p->ndim, p->shape);
+            if (!buf)
+                return sp_fail(err, SP_EXIT_OTHER, "out of host memory for a checkpoint");
+            be_download(m->be, buf, DT_F32, src[g]);
+        }
+    }
+    return be_check(m->be, err);
+}
+
+/* Copies len values of the flat trainable arena starting at flat element
+ * `start` into the per-parameter arrays (arrays[i] for params[i]). */
+static void scatter_to_params(model_t *m, float **arrays, size_t start, const float *v, size_t len)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (!p->trainable || !arrays[i])
+            continue;
+        size_t lo = p->offset > start ? p->offset : start;
+        size_t hi = p->offset + p->n < start + len ? p->offset + p->n : start + len;
+        if (lo < hi)
+            memcpy(arrays[i] + (lo - p->offset), v + (lo - start), sizeof(float) * (hi - lo));
+    }
+}
+
+/* Sharded optimizer (every rank calls this): rank 0 gathers every rank's
+ * shard of the masters and moments, a piece at a time, into the snapshot's
+ * per-parameter arrays, so the checkpoint is the same as an unsharded run's
+ * and resumes on any number of ranks. s is NULL on the other ranks; code is
+ * rank 0's result so far, which all ranks learn before moving data. */
+int ckpt_state_gather(ckpt_ctl *c, model_t *m, ckpt_snapshot *s, int32_t code, sp_err *err)
+{
+    int root = c->rank == 0, S = m->shard_count;
+    size_t piece = m->shard_len < ((size_t)1 << 22) ? m->shard_len : (size_t)1 << 22;
+    float *send = malloc(sizeof(float) * piece);
+    float *recv = root ? malloc(sizeof(float) * piece * (size_t)S) : NULL;
+    float **arrays = root ? calloc((size_t)m->nparams, sizeof *arrays) : NULL;
+    if (!code && (!send || (root && (!recv || !arrays))))
+        code = sp_fail(err, SP_EXIT_OTHER, "out of host memory for a checkpoint");
+    const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
+    tensor_t src[3] = {m->master, m->adam_m, m->adam_v};
+    for (int g = 0; g < 3; g++) {
+        for (int i = 0; root && !code && i < m->nparams; i++) {
+            param_t *p = &m->params[i];
+            char name[256];
+            if (!p->trainable)
+                continue;
+            snprintf(name, sizeof name, "%s%s", groups[g], p->name);
+            arrays[i] = ckpt_add_array(s, name, p->ndim, p->shape);
+            if (!arrays[i])
+                code = sp_fail(err, SP_EXIT_OTHER, "out of host memory for a checkpoint");
+        }
+        int32_t all = code;
+        if (comm_allreduce(c->comm, &all, 1, COMM_I32, COMM_MAX, err))
+            break;
+        if (all) {
+            code = code ? code : sp_fail(err, all, "rank 0 could not snapshot the optimizer");
+            break;
+        }
+        for (size_t k = 0; k < m->shard_len; k += piece) {
+            size_t len = m->shard_len - k < piece ? m->shard_len - k : piece;
+            be_download(m->be, send, DT_F32, tensor_view(src[g], k, len));
+            if (be_check(m->be, err) || comm_gather(c->comm, send, recv, len, COMM_F32, 0, err))
+                goto out;
+            for (int r = 0; root && r < S; r++)
+                scatter_to_params(m, arrays, (size_t)r * m->shard_len + k,
+                                  recv + (size_t)r * len, len);
+        }
+    }
+out:
+    free(send);
+    free(recv);
+    free(arrays);
+    return err->code ? err->code : code;
+}
+
+static char *read_small_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            char *g = realloc(buf, cap *= 2);
+            if (!g) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = g;
+        }
+    }
+    fclose(f);
+    *n = len;
+    return buf;
+}
+
+int ckpt_state_snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_snapshot *s,
+                    sp_err *err)
+{
+    const config_t *cfg = c->cfg;
+    ckpt_snapshot_init(s);
+    s->step = p->step;
+    s->world_size = c->world;
+    memcpy(s->config_hash, c->config_hash, sizeof s->config_hash);
+    memcpy(s->base_model, c->base_identity, sizeof s->base_model);
+    char *yaml = NULL;
+    size_t yaml_len = 0;
+    FILE *mem = open_memstream(&yaml, &yaml_len);
+    int rc = mem ? config_write_yaml(cfg, mem, err) : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (mem)
+        fclose(mem);
+    int bad = rc || ckpt_set_int(s, "step", p->step) ||
+              ckpt_set_int(s, "cursor", (int64_t)p->cursor) ||
+              ckpt_set_real(s, "elapsed_s", p->elapsed_s) ||
+              ckpt_set_int(s, "global_batch", c->global_batch) ||
+              ckpt_set_int(s, "world_size", c->world) || ckpt_set_int(s, "seed", cfg->seed) ||
+              ckpt_set_str(s, "config", yaml) || ckpt_set_str(s, "config_hash", c->config_hash) ||
+              ckpt_set_str(s, "base_model", c->base_identity) ||
+              ckpt_set_str(s, "mode", cfg->mode == MODE_LORA ? "lora" : "full") ||
+              ckpt_set_str(s, "rng", RNG_TAG) || ckpt_set_str(s, "writer", VERSION_TAG);
+    free(yaml);
+    /* the curve so far travels with the checkpoint, so a new machine has it */
+    if (!bad && c->metrics && c->metrics->f) {
+        char path[4096];
+        size_t n = 0;
+        fflush(c->metrics->f);
+        snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run_dir);
+        char *text = read_small_file(path, &n);
+        if (text)
+            bad = ckpt_add_file(s, "metrics.jsonl", text, n) != 0;
+        free(text);
+    }
+    if (bad && !err->code)
+        sp_fail(err, SP_EXIT_OTHER, "out of memory building a checkpoint");
+    if (err->code || (m->shard_count == 1 && add_param_arrays(m, s, err))) {
+        ckpt_snapshot_free(s);
+        return err->code;
+    }
+    return 0;
+}
+
+/* A parameter's AdamW moment: all of it, or (sharded) the part in this rank's shard. */
+static void upload_moment(model_t *m, const param_t *p, tensor_t arena, tensor_t whole,
+                          const float *v)
+{
+    if (m->shard_count == 1) {
+        be_upload(m->be, whole, v, DT_F32);
+        return;
+    }
+    size_t s = m->shard_lo, e = m->shard_lo + m->shard_len;
+    size_t lo = p->offset > s ? p->offset : s, hi = p->offset + p->n < e ? p->offset + p->n : e;
+    if (lo < hi)
+        be_upload(m->be, tensor_view(arena, lo - s, hi - lo), v + (lo - p->offset), DT_F32);
+}
+
+/* Every rank: the trainable state from rank 0's snapshot (s is NULL elsewhere). */
+int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *err)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (!p->trainable)
+            continue;
+        const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
+        tensor_t dst[3] = {{0}};
+        if (m->shard_count == 1) {
+            dst[1] = tensor_view(m->adam_m, p->offset, p->n);
+            dst[2] = tensor_view(m->adam_v, p->offset, p->n);
+        }
+        float *buf = malloc(sizeof(float) * p->n);
+        int32_t code = buf ? 0 : SP_EXIT_OTHER;
+        for (int g = 0; g < 3; g++) {
+            char name[256];
+            snprintf(name, sizeof name, "%s%s", groups[g], p->name);
+            if (s && !code) {
+                const ckpt_array *a = ckpt_find_array(s, name);
+                if (!a || a->n != p->n)
+                    code = sp_fail(err, SP_EXIT_INPUT, "the checkpoint %s %s", a ? "has the wrong size of" : "lacks", name);
+                else
+                    memcpy(buf, a->data, sizeof(float) * p->n);
+            }
+            if (comm_allreduce(c->comm, &code, 1, COMM_I32, COMM_MAX, err))
+                return err->code;
+            if (code) {
+                free(buf);
+                return err->code ? err->code : sp_fail(err, code, "rank 0 could not restore %s", name);
+            }
+            if (comm_bcast(c->comm, buf, sizeof(float) * p->n, 0, err))
+                return err->code;
+            if (g == 0)
+                model_param_upload(m, p, buf, DT_F32);
+            else
+                upload_moment(m, p, g == 1 ? m->adam_m : m->adam_v, dst[g], buf);
+        }
+        free(buf);
+    }
+    return be_check(m->be, err);
+}
