@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Exit codes, as DESIGN.md fixes them. */
+/* Exit codes (docs/formats.md lists which case ends with which). */
 enum {
     SP_OK = 0,
     SP_EXIT_OTHER = 1,     /* anything else */
