@@ -54,6 +54,36 @@ static size_t chunk_elems(const comm_t *c, comm_dtype dt)
     return m ? m : 1;
 }
 
+/* One collective over buffers of n elements, run a chunk at a time, each
+ * chunk watched by the watchdog under `what`: fn gets the chunk's part of
+ * send (MPI_IN_PLACE when send is NULL) and of recv (NULL when recv is). */
+typedef struct chunk_call {
+    const char *what;
+    const char *send;
+    char *recv;
+    size_t n;
+    comm_dtype dt;
+    comm_op op;
+    int root;
+    int (*fn)(comm_t *c, const struct chunk_call *k, const void *send, void *recv, int m,
+              sp_err *err);
+} chunk_call;
+
+static int run_chunks(comm_t *c, const chunk_call *k, sp_err *err)
+{
+    size_t es = comm_dtype_size(k->dt), step = chunk_elems(c, k->dt);
+    for (size_t off = 0; off < k->n; off += step) {
+        int m = (int)(k->n - off < step ? k->n - off : step);
+        comm_watch_begin(c, k->what);
+        int rc = k->fn(c, k, k->send ? k->send + off * es : MPI_IN_PLACE,
+                       k->recv ? k->recv + off * es : NULL, m, err);
+        comm_watch_end(c);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 static int scratch_reserve(comm_t *c, size_t bytes, sp_err *err)
 {
     void *p;
@@ -133,30 +163,34 @@ static int allreduce_large(comm_t *c, void *buf, int m, comm_dtype dt, comm_op o
     return 0;
 }
 
+static int allreduce_chunk(comm_t *c, const chunk_call *k, const void *send, void *recv, int m,
+                           sp_err *err)
+{
+    (void)send; /* in place: recv */
+    if ((size_t)m * comm_dtype_size(k->dt) <= c->small_bytes || m < c->size)
+        return allreduce_small(c, recv, m, k->dt, k->op, err);
+    return allreduce_large(c, recv, m, k->dt, k->op, err);
+}
+
 int comm_allreduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op, sp_err *err)
 {
-    size_t es = comm_dtype_size(dt), step;
     if (check_args(c, "comm_allreduce", buf, n, dt, op, err))
         return err->code;
     if (c->size == 1)
         return 0; /* the fold of one block is the block itself, AVG included */
-    step = chunk_elems(c, dt);
-    for (size_t off = 0; off < n; off += step) {
-        int m = (int)(n - off < step ? n - off : step), rc;
-        char *p = (char *)buf + off * es;
-        comm_watch_begin(c, "allreduce");
-        if ((size_t)m * es <= c->small_bytes || m < c->size)
-            rc = allreduce_small(c, p, m, dt, op, err);
-        else
-            rc = allreduce_large(c, p, m, dt, op, err);
-        comm_watch_end(c);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    chunk_call k = {"allreduce", NULL, buf, n, dt, op, 0, allreduce_chunk};
+    return run_chunks(c, &k, err);
 }
 
 /* ---- broadcast, any, barrier -------------------------------------------- */
+
+static int bcast_chunk(comm_t *c, const chunk_call *k, const void *send, void *recv, int m,
+                       sp_err *err)
+{
+    (void)send;
+    COMM_MPI(c, err, MPI_Bcast, (recv, m, MPI_BYTE, k->root, c->world));
+    return 0;
+}
 
 int comm_bcast(comm_t *c, void *buf, size_t bytes, int root, sp_err *err)
 {
@@ -167,16 +201,8 @@ int comm_bcast(comm_t *c, void *buf, size_t bytes, int root, sp_err *err)
         return sp_fail(err, SP_EXIT_OTHER, "comm_bcast: NULL buffer for %zu bytes", bytes);
     if (c->size == 1)
         return 0;
-    for (size_t off = 0; off < bytes; off += c->chunk_bytes) {
-        int m = (int)(bytes - off < c->chunk_bytes ? bytes - off : c->chunk_bytes);
-        int rc;
-        comm_watch_begin(c, "bcast");
-        rc = MPI_Bcast((char *)buf + off, m, MPI_BYTE, root, c->world);
-        comm_watch_end(c);
-        if (rc != MPI_SUCCESS)
-            return comm_mpi_fail(c, err, rc, "MPI_Bcast", __FILE__, __LINE__);
-    }
-    return 0;
+    chunk_call k = {"bcast", NULL, buf, bytes, COMM_U8, COMM_SUM, root, bcast_chunk};
+    return run_chunks(c, &k, err);
 }
 
 /* Integer max: exact in any order, so MPI's own reduction is fine here. */
@@ -223,18 +249,19 @@ static int strided_type(comm_t *c, int m, size_t n, comm_dtype dt, MPI_Datatype 
     return 0;
 }
 
-static int allgather_chunk(comm_t *c, const void *send, void *recv, int m, size_t n,
-                           comm_dtype dt, sp_err *err)
+static int allgather_chunk(comm_t *c, const chunk_call *k, const void *send, void *recv, int m,
+                           sp_err *err)
 {
     MPI_Datatype slot;
     int rc;
-    if ((size_t)m == n) {
-        COMM_MPI(c, err, MPI_Allgather, (send, m, mpi_type(dt), recv, m, mpi_type(dt), c->world));
+    if ((size_t)m == k->n) {
+        COMM_MPI(c, err, MPI_Allgather,
+                 (send, m, mpi_type(k->dt), recv, m, mpi_type(k->dt), c->world));
         return 0;
     }
-    if (strided_type(c, m, n, dt, &slot, err))
+    if (strided_type(c, m, k->n, k->dt, &slot, err))
         return err->code;
-    rc = MPI_Allgather(send, m, mpi_type(dt), recv, 1, slot, c->world);
+    rc = MPI_Allgather(send, m, mpi_type(k->dt), recv, 1, slot, c->world);
     MPI_Type_free(&slot);
     if (rc != MPI_SUCCESS)
         return comm_mpi_fail(c, err, rc, "MPI_Allgather", __FILE__, __LINE__);
@@ -243,7 +270,7 @@ static int allgather_chunk(comm_t *c, const void *send, void *recv, int m, size_
 
 int comm_allgather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt, sp_err *err)
 {
-    size_t es = comm_dtype_size(dt), step;
+    size_t es = comm_dtype_size(dt);
     if (check_args(c, "comm_allgather", send, n, dt, COMM_SUM, err) ||
         check_args(c, "comm_allgather", recv, n, dt, COMM_SUM, err))
         return err->code;
@@ -254,22 +281,17 @@ int comm_allgather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype
     }
     /* send may already sit in its slot of recv (MPI forbids the alias) */
     int in_place = send == (const char *)recv + (size_t)c->rank * n * es;
-    step = chunk_elems(c, dt);
-    for (size_t off = 0; off < n; off += step) {
-        int m = (int)(n - off < step ? n - off : step), rc;
-        const void *s = in_place ? MPI_IN_PLACE : (const char *)send + off * es;
-        comm_watch_begin(c, "allgather");
-        rc = allgather_chunk(c, s, (char *)recv + off * es, m, n, dt, err);
-        comm_watch_end(c);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    chunk_call k = {"allgather", in_place ? NULL : send, recv, n, dt, COMM_SUM, 0,
+                    allgather_chunk};
+    return run_chunks(c, &k, err);
 }
 
-static int gather_chunk(comm_t *c, const void *send, void *recv, int m, size_t n, comm_dtype dt,
-                        int root, sp_err *err)
+static int gather_chunk(comm_t *c, const chunk_call *k, const void *send, void *recv, int m,
+                        sp_err *err)
 {
+    size_t n = k->n;
+    comm_dtype dt = k->dt;
+    int root = k->root;
     MPI_Datatype slot = mpi_type(dt);
     int strided = (size_t)m != n && c->rank == root, rc;
     if (strided && strided_type(c, m, n, dt, &slot, err))
@@ -285,7 +307,7 @@ static int gather_chunk(comm_t *c, const void *send, void *recv, int m, size_t n
 int comm_gather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt, int root,
                 sp_err *err)
 {
-    size_t es = comm_dtype_size(dt), step;
+    size_t es = comm_dtype_size(dt);
     if (check_args(c, "comm_gather", send, n, dt, COMM_SUM, err) ||
         (c->rank == root && check_args(c, "comm_gather", recv, n, dt, COMM_SUM, err)))
         return err->code;
@@ -297,24 +319,19 @@ int comm_gather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt
             memmove(recv, send, n * es);
         return 0;
     }
-    step = chunk_elems(c, dt);
-    for (size_t off = 0; off < n; off += step) {
-        int m = (int)(n - off < step ? n - off : step), rc;
-        comm_watch_begin(c, "gather");
-        rc = gather_chunk(c, (const char *)send + off * es,
-                          c->rank == root ? (char *)recv + off * es : NULL, m, n, dt, root, err);
-        comm_watch_end(c);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    chunk_call k = {"gather", send, c->rank == root ? recv : NULL, n, dt, COMM_SUM, root,
+                    gather_chunk};
+    return run_chunks(c, &k, err);
 }
 
 /* Rank r receives chunk [off, off+m) of block r from every rank, in rank
  * order, and folds them into recv. */
-static int reduce_scatter_chunk(comm_t *c, const char *send, char *recv, int m, size_t n,
-                                comm_dtype dt, comm_op op, sp_err *err)
+static int reduce_scatter_chunk(comm_t *c, const chunk_call *k, const void *send, void *recv,
+                                int m, sp_err *err)
 {
+    size_t n = k->n;
+    comm_dtype dt = k->dt;
+    comm_op op = k->op;
     size_t es = comm_dtype_size(dt);
     MPI_Datatype slot = mpi_type(dt);
     int strided = (size_t)m != n, rc;
@@ -334,7 +351,7 @@ static int reduce_scatter_chunk(comm_t *c, const char *send, char *recv, int m, 
 int comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt,
                         comm_op op, sp_err *err)
 {
-    size_t es = comm_dtype_size(dt), step;
+    size_t es = comm_dtype_size(dt);
     if (check_args(c, "comm_reduce_scatter", send, n, dt, op, err) ||
         check_args(c, "comm_reduce_scatter", recv, n, dt, op, err))
         return err->code;
@@ -343,15 +360,6 @@ int comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n, comm_
             memmove(recv, send, n * es);
         return 0;
     }
-    step = chunk_elems(c, dt);
-    for (size_t off = 0; off < n; off += step) {
-        int m = (int)(n - off < step ? n - off : step), rc;
-        comm_watch_begin(c, "reduce_scatter");
-        rc = reduce_scatter_chunk(c, (const char *)send + off * es, (char *)recv + off * es, m, n,
-                                  dt, op, err);
-        comm_watch_end(c);
-        if (rc)
-            return rc;
-    }
-    return 0;
+    chunk_call k = {"reduce_scatter", send, recv, n, dt, op, 0, reduce_scatter_chunk};
+    return run_chunks(c, &k, err);
 }
