@@ -83,39 +83,17 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Regular files below dir, as paths relative to the top ("a/b.h5"). */
-static int local_files(const char *dir, const char *rel, name_list *out)
+static int add_name(void *ctx, const char *rel, uint64_t size)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return errno;
-    int rc = 0;
-    struct dirent *e;
-    while (!rc && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
-            !strncmp(e->d_name, STORE_TMP_MARK, strlen(STORE_TMP_MARK)))
-            continue;
-        struct stat st;
-        if (fstatat(dirfd(d), e->d_name, &st, 0) != 0) {
-            rc = errno;
-            break;
-        }
-        char *r = store_strdup_printf("%s%s", rel, e->d_name);
-        if (S_ISREG(st.st_mode)) {
-            rc = names_add(out, r);
-        } else if (S_ISDIR(st.st_mode) && r) {
-            char *sub = store_strdup_printf("%s/%s", dir, e->d_name);
-            char *subrel = store_strdup_printf("%s/", r);
-            rc = sub && subrel ? local_files(sub, subrel, out) : ENOMEM;
-            free(sub);
-            free(subrel);
-            free(r);
-        } else {
-            free(r);
-        }
-    }
-    closedir(d);
-    return rc;
+    (void)size;
+    return names_add(ctx, strdup(rel)); /* (it takes the copy, and says ENOMEM for NULL) */
+}
+
+/* Regular files below dir, as paths relative to the top ("a/b.h5"). */
+static int local_files(const char *dir, name_list *out)
+{
+    store_walk w = {add_name, NULL, out, NULL, 0};
+    return store_local_walk(dir, "", &w);
 }
 
 /* 0: no remote MANIFEST; 1: identical to data; < 0: error (STORE_EEXIST: different). */
@@ -198,7 +176,7 @@ int store_push_dir(store_t *s, const char *local_dir, const char *prefix,
     if (!rc)
         rc = remote_manifest(s, mkey, man, mn, xcancel(x), err);
     if (rc == 0) {
-        if ((e = local_files(local_dir, "", &files)) != 0)
+        if ((e = local_files(local_dir, &files)) != 0)
             rc = store_fail(s, err, STORE_ELOCAL, pfx, "push: %s: %s", local_dir, strerror(e));
         else
             qsort(files.v, files.n, sizeof *files.v, cmp_str);

@@ -363,30 +363,11 @@ static int f_get_bytes(store_t *s, const char *key, void **data, size_t *n, stor
     return e ? io_fail(s, err, STORE_EFAIL, key, "get", e) : 0;
 }
 
-typedef struct walk_out {
-    store_listing *l;
-    size_t cap;
-    const char *prefix;
-    size_t plen;
-} walk_out;
-
-static int walk_add(walk_out *w, const char *key, uint64_t size)
-{
-    return store_list_add(w->l, &w->cap, key, size) ? ENOMEM : 0;
-}
-
-/* Can a key below directory rel ("a/b/") start with the prefix? */
-static int dir_may_match(const walk_out *w, const char *rel)
-{
-    size_t n = strlen(rel);
-    return strncmp(rel, w->prefix, n < w->plen ? n : w->plen) == 0;
-}
-
-static int walk(walk_out *w, const char *dir, const char *rel, store_cancel c)
+int store_local_walk(const char *dir, const char *rel, const store_walk *w)
 {
     DIR *d = opendir(dir);
-    if (!d)
-        return errno == ENOENT || errno == ENOTDIR ? 0 : errno; /* none, or removed meanwhile */
+    if (!d) /* none, or removed meanwhile: nothing below it (when w->tolerant) */
+        return w->tolerant && (errno == ENOENT || errno == ENOTDIR) ? 0 : errno;
     int rc = 0;
     struct dirent *e;
     while (!rc && (e = readdir(d))) {
@@ -398,15 +379,17 @@ static int walk(walk_out *w, const char *dir, const char *rel, store_cancel c)
         char *child = store_strdup_printf("%s/%s", dir, e->d_name);
         if (!child_rel || !child)
             rc = ENOMEM;
-        else if (store_canceled(c))
+        else if (store_canceled(w->cancel))
             rc = ECANCELED;
-        else if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
-            rc = errno == ENOENT ? 0 : errno; /* deleted meanwhile */
-        else if (S_ISREG(st.st_mode) && !strncmp(child_rel, w->prefix, w->plen))
-            rc = walk_add(w, child_rel, (uint64_t)st.st_size);
+        else if (fstatat(dirfd(d), e->d_name, &st, w->tolerant ? AT_SYMLINK_NOFOLLOW : 0) != 0)
+            rc = w->tolerant && errno == ENOENT ? 0 : errno; /* deleted meanwhile */
+        else if (S_ISREG(st.st_mode))
+            rc = w->file(w->ctx, child_rel, (uint64_t)st.st_size);
         else if (S_ISDIR(st.st_mode)) {
             char *sub = store_strdup_printf("%s/", child_rel);
-            rc = !sub ? ENOMEM : dir_may_match(w, sub) ? walk(w, child, sub, c) : 0;
+            rc = !sub ? ENOMEM
+                 : !w->enter || w->enter(w->ctx, sub) ? store_local_walk(child, sub, w)
+                                                      : 0;
             free(sub);
         }
         free(child_rel);
@@ -416,11 +399,35 @@ static int walk(walk_out *w, const char *dir, const char *rel, store_cancel c)
     return rc;
 }
 
+typedef struct walk_out {
+    store_listing *l;
+    size_t cap;
+    const char *prefix;
+    size_t plen;
+} walk_out;
+
+static int list_file(void *ctx, const char *key, uint64_t size)
+{
+    walk_out *w = ctx;
+    if (strncmp(key, w->prefix, w->plen) != 0)
+        return 0;
+    return store_list_add(w->l, &w->cap, key, size) ? ENOMEM : 0;
+}
+
+/* Can a key below directory rel ("a/b/") start with the prefix? */
+static int list_enter(void *ctx, const char *rel)
+{
+    const walk_out *w = ctx;
+    size_t n = strlen(rel);
+    return strncmp(rel, w->prefix, n < w->plen ? n : w->plen) == 0;
+}
+
 static int f_list(store_t *s, const char *prefix, store_listing *out, store_cancel c, sp_err *err)
 {
     walk_out w = {out, 0, prefix, strlen(prefix)};
     const fstore *f = s->impl;
-    int e = walk(&w, f->root, "", c);
+    store_walk sw = {list_file, list_enter, &w, c, 1};
+    int e = store_local_walk(f->root, "", &sw);
     return e ? io_fail(s, err, STORE_EFAIL, prefix, "list", e) : 0;
 }
 

@@ -80,5 +80,19 @@ int store_local_mkparents(const char *path);        /* mkdir -p dirname(path) */
 int store_local_read(const char *path, void **data, size_t *n); /* whole file, NUL-terminated */
 void store_local_rmtree(const char *dir);           /* best effort */
 char *store_strdup_printf(const char *fmt, ...) SP_PRINTF(1, 2);
+/* Every regular file below dir (names starting with STORE_TMP_MARK skipped),
+ * as a path relative to the top prefixed with rel ("a/b.h5"): file() for
+ * each, into directories only where enter() (NULL: always) says so. Stops at
+ * the first non-zero return or a raised cancel (ECANCELED); returns 0 or an
+ * errno. tolerant: entries removed meanwhile are not errors, and links are
+ * not followed (a listing of a live store); else every error counts. */
+typedef struct store_walk {
+    int (*file)(void *ctx, const char *rel, uint64_t size);
+    int (*enter)(void *ctx, const char *rel);
+    void *ctx;
+    store_cancel cancel;
+    int tolerant;
+} store_walk;
+int store_local_walk(const char *dir, const char *rel, const store_walk *w);
 
 #endif
