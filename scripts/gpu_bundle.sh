@@ -71,7 +71,7 @@ if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=Ninja"
 fi
 echo "== configure $BUILD (Release, CUDA architectures $ARCH)"
 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSPOTUNE_SUITES=cuda >/dev/null
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
 grep -q "^SPOTUNE_CUDA:STRING=ON" "$BUILD/CMakeCache.txt" || die "the build has the CUDA backend off"
 TARGETS=(spotune test_cuda_ops test_cuda_layer test_cuda_model test_cuda_comm)
 echo "== build ${TARGETS[*]}"

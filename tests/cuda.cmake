@@ -6,28 +6,21 @@
 # device (or without the CUDA backend) each prints "skipped: no usable CUDA
 # device: " and the CUDA error, and exits 77, which ctest counts as skipped.
 spotune_test(test_cuda_ops SOURCES test_cuda_ops.c LIBS spotune_kernels LABELS cuda)
-if(TARGET spotune_trainer)
-  spotune_test(test_cuda_layer SOURCES test_cuda_layer.c LIBS spotune_trainer LABELS cuda)
-  set_tests_properties(test_cuda_layer PROPERTIES TIMEOUT 900)
-  spotune_test(test_cuda_model SOURCES test_cuda_model.c test_util.c LIBS spotune_trainer
-    LABELS cuda)
-  if(TARGET spotune)
-    add_dependencies(test_cuda_model spotune)
-  endif()
-  set_tests_properties(test_cuda_model PROPERTIES TIMEOUT 900)
-  if(TARGET spotune_comm)
-    spotune_test(test_cuda_comm SOURCES test_cuda_comm.c LIBS spotune_trainer LABELS cuda)
-    set_tests_properties(test_cuda_comm PROPERTIES TIMEOUT 300)
-  endif()
-endif()
+spotune_test(test_cuda_layer SOURCES test_cuda_layer.c LIBS spotune_trainer LABELS cuda)
+set_tests_properties(test_cuda_layer PROPERTIES TIMEOUT 900)
+spotune_test(test_cuda_model SOURCES test_cuda_model.c test_util.c LIBS spotune_trainer
+  LABELS cuda)
+add_dependencies(test_cuda_model spotune)
+set_tests_properties(test_cuda_model PROPERTIES TIMEOUT 900)
+spotune_test(test_cuda_comm SOURCES test_cuda_comm.c LIBS spotune_trainer LABELS cuda)
+set_tests_properties(test_cuda_comm PROPERTIES TIMEOUT 300)
 
 # scripts/gpu_check.sh without a GPU (here, and in CI): every GPU step is a
 # SKIPPED row with its reason, the table has every row, the whole run stays
 # far inside its budget; and with stand-in programs, PASS, FAIL, TIMEOUT and
 # SKIPPED rows, the budget cut-off, both MFU conventions and the Python
 # peer's import error (tests/test_gpu_check.sh).
-if(TARGET spotune AND TARGET test_cuda_ops)
-  add_test(NAME gpu_check_sh COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_check.sh
-    ${CMAKE_BINARY_DIR})
-  set_tests_properties(gpu_check_sh PROPERTIES TIMEOUT 300 LABELS "cuda;gpu_check")
-endif()
+spotune_require(test_gpu_check.sh)
+add_test(NAME gpu_check_sh COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_check.sh
+  ${CMAKE_BINARY_DIR})
+set_tests_properties(gpu_check_sh PROPERTIES TIMEOUT 300 LABELS "cuda;gpu_check")

@@ -9,19 +9,19 @@
 # (not root, no ip or unshare) every case is skipped (77) with the reason.
 # RESOURCE_LOCK: the cases measure how fast a job ends after a failure, so
 # they run one at a time.
-if(TARGET spotune AND TARGET spotune_trainer AND TARGET spotune-store-tool)
-  add_executable(spotune-mn-forward multinode/mn_forward.c)
-  add_executable(spotune-mn-audit multinode/mn_audit.c)
-  target_link_libraries(spotune-mn-audit PRIVATE spotune_trainer)
+spotune_require(multinode/mn_forward.c multinode/mn_audit.c multinode/multinode.sh
+  multinode/agent.sh)
+add_executable(spotune-mn-forward multinode/mn_forward.c)
+add_executable(spotune-mn-audit multinode/mn_audit.c)
+target_link_libraries(spotune-mn-audit PRIVATE spotune_trainer)
 
-  foreach(case trajectory launch_hostfile node_lost partition storage_partition
-               resume_fewer_ranks)
-    add_test(NAME multinode_${case}
-      COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode/multinode.sh ${CMAKE_BINARY_DIR} ${case})
-    set_tests_properties(multinode_${case} PROPERTIES
-      LABELS multinode SKIP_RETURN_CODE 77 TIMEOUT 600 RESOURCE_LOCK multinode
-      FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
-  endforeach()
-  set_tests_properties(multinode_storage_partition multinode_resume_fewer_ranks PROPERTIES
-    LABELS "multinode;s3")
-endif()
+foreach(case trajectory launch_hostfile node_lost partition storage_partition
+             resume_fewer_ranks)
+  add_test(NAME multinode_${case}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode/multinode.sh ${CMAKE_BINARY_DIR} ${case})
+  set_tests_properties(multinode_${case} PROPERTIES
+    LABELS multinode SKIP_RETURN_CODE 77 TIMEOUT 600 RESOURCE_LOCK multinode
+    FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
+endforeach()
+set_tests_properties(multinode_storage_partition multinode_resume_fewer_ranks PROPERTIES
+  LABELS "multinode;s3")

@@ -1,13 +1,10 @@
 # Python-side tests: data preparation (scripts/prepare_data.py) and the plot
 # of a run's metrics (scripts/plot_metrics.py).
 # Needs: pip install -r scripts/requirements-data.txt
-find_program(SPOTUNE_PYTHON3 python3)
-if(SPOTUNE_PYTHON3)
-  add_test(NAME prepare_data_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_prepare_data.py)
-  set_tests_properties(prepare_data_py PROPERTIES LABELS "python" TIMEOUT 300)
-  # scripts/plot_metrics.py (needs scripts/requirements-plot.txt: matplotlib)
-  add_test(NAME plot_metrics_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_plot_metrics.py)
-  set_tests_properties(plot_metrics_py PROPERTIES LABELS "python" TIMEOUT 300)
-else()
-  message(STATUS "python3 not found: the Python tests are not registered")
-endif()
+find_program(SPOTUNE_PYTHON3 python3 REQUIRED)
+spotune_require(test_prepare_data.py test_plot_metrics.py)
+add_test(NAME prepare_data_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_prepare_data.py)
+set_tests_properties(prepare_data_py PROPERTIES LABELS "python" TIMEOUT 300)
+# scripts/plot_metrics.py (needs scripts/requirements-plot.txt: matplotlib)
+add_test(NAME plot_metrics_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_plot_metrics.py)
+set_tests_properties(plot_metrics_py PROPERTIES LABELS "python" TIMEOUT 300)

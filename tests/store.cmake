@@ -8,6 +8,7 @@ set(SPOTUNE_TEST_S3_PORT 28080 CACHE STRING "S3 port of the local test server")
 set(SPOTUNE_TEST_S3_BACKEND_PORT 26010 CACHE STRING "First of its 3 backend ports")
 
 set(store_swift ${CMAKE_SOURCE_DIR}/scripts/swift-s3.sh)
+spotune_require(${store_swift})
 set(store_server_env
   SWIFT_S3_BASE=${CMAKE_BINARY_DIR}/swift-s3
   SWIFT_S3_PORT=${SPOTUNE_TEST_S3_PORT}

@@ -1,7 +1,5 @@
 # tests/store_remote.cmake — training with checkpoints in the local S3 test server
 # (the s3 fixture of tests/store.cmake starts and stops it).
-if(TARGET spotune_trainer AND TARGET spotune)
-  spotune_test(test_remote SOURCES test_remote.c test_util.c LIBS spotune_trainer LABELS "s3")
-  set_tests_properties(test_remote PROPERTIES
-    FIXTURES_REQUIRED s3 RESOURCE_LOCK swift_s3 ENVIRONMENT "${store_s3_env}" TIMEOUT 900)
-endif()
+spotune_test(test_remote SOURCES test_remote.c test_util.c LIBS spotune_trainer LABELS "s3")
+set_tests_properties(test_remote PROPERTIES
+  FIXTURES_REQUIRED s3 RESOURCE_LOCK swift_s3 ENVIRONMENT "${store_s3_env}" TIMEOUT 900)
