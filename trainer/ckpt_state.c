@@ -8,7 +8,7 @@
 
 #include "checkpointing_internal.h"
 
-#define VERSION_TAG "spotune 0.1.0"
+#define VERSION_TAG "spotune " SPOTUNE_VERSION /* from CMake (trainer/CMakeLists.txt) */
 #define RNG_TAG "splitmix64-counter-v1"
 
 /* ---- snapshots ------------------------------------------------------------------------ */

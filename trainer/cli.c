@@ -18,7 +18,11 @@
 #include "signals.h"
 #include "train.h"
 
-#define VERSION "0.1.0"
+/* SPOTUNE_VERSION: project(spotune VERSION ...) of CMakeLists.txt, the one
+ * place the version is written. */
+#ifndef SPOTUNE_VERSION
+#error "SPOTUNE_VERSION is defined by the build (trainer/CMakeLists.txt)"
+#endif
 
 static void usage(FILE *f)
 {
@@ -40,10 +44,11 @@ static void usage(FILE *f)
             "                      the adapter (PEFT layout) or the merged model of a checkpoint\n"
             "  bench [--preset NAME] [--mode lora|full|both] ...\n"
             "                      time training steps of a preset with random weights\n"
-            "  config-reference    print the reference of every config key (Markdown)\n\n"
+            "  config-reference    print the reference of every config key (Markdown)\n"
+            "  --version           print the version\n\n"
             "exit codes: 0 done, 1 other failure, 2 usage or config error, 3 bad model, data\n"
             "or checkpoint input, 75 stopped by a signal after a complete checkpoint.\n",
-            VERSION);
+            SPOTUNE_VERSION);
 }
 
 /* ---- train ------------------------------------------------------------------ */
@@ -300,7 +305,7 @@ int cli_main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "--version")) {
-        printf("spotune %s\n", VERSION);
+        printf("spotune %s\n", SPOTUNE_VERSION);
         return 0;
     }
     if (!strcmp(cmd, "train"))
