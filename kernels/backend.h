@@ -14,6 +14,9 @@
  *    overwrite it.
  *  - Ops do not return errors: a failure is recorded in the backend's sticky
  *    error (first one wins, with file:line) and read with be_check().
+ *  - Callers run the ops through the be_* functions at the end of this file,
+ *    never through be->ops: they check every call's arguments, the same way
+ *    for every backend, before the backend sees them.
  */
 #ifndef SPOTUNE_BACKEND_H
 #define SPOTUNE_BACKEND_H
@@ -182,5 +185,111 @@ void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t);
 /* Host-side conversion of n values between F32, BF16 and F16; I32/U8 only to
  * themselves. Returns 0, or -1 when the pair is unsupported. */
 int dtype_convert(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, size_t n);
+
+/* ---- the ops, checked (backend_ops.c) --------------------------------------
+ * Every caller runs the ops through these: each checks its arguments, then
+ * calls the backend's op. A bad call is recorded in the sticky error as
+ * "OP: WHAT" with the caller's file:line, and the op is not run, so it never
+ * reaches memory. Checked, in order: size arguments not negative (and what
+ * an op needs of them: positive attention shapes, nh a multiple of nkv, an
+ * even hd for rope, dropout p below 1); then each tensor in the order of the
+ * arguments: allocated when the op touches any of it, holding at least the
+ * elements the shape needs ("matmul: C has 12 elements, M x N = 16"; a
+ * larger tensor is fine, the op uses its first elements), of a dtype the op
+ * takes; then how tensors relate (the operands of a matmul, of attention
+ * share a dtype). Float tensors are F32 or be->act_dt (so F32 only on the
+ * CPU); the tensors the comments above call F32 are F32, token ids and
+ * targets I32. The same bad call fails with the same message on every
+ * backend; backends check only what is theirs (CUDA: the dtype triples
+ * cuBLASLt multiplies, conversions between F32 and BF16 only).
+ * Token ids and targets are device data, not checked here: on every backend
+ * an id outside the table reads a zero row and adds no gradient, and a
+ * target outside [0, V) ignores its row, as a negative one does. */
+tensor_t be_alloc_at(const char *file, int line, backend_t *be, dtype_t dt, size_t n);
+void be_free_at(const char *file, int line, backend_t *be, tensor_t *t);
+void be_h2d_at(const char *file, int line, backend_t *be, void *dst, const void *src,
+               size_t bytes);
+void be_d2h_at(const char *file, int line, backend_t *be, void *dst, const void *src,
+               size_t bytes);
+void be_zero_at(const char *file, int line, backend_t *be, tensor_t t);
+void be_copy_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_t src);
+void be_sync_at(const char *file, int line, backend_t *be);
+void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A, tensor_t B,
+                  int M, int N, int K, int transA, int transB, float alpha, float beta);
+void be_rmsnorm_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t rstd,
+                           tensor_t x, tensor_t w, int rows, int cols, float eps);
+void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t dx, tensor_t dw,
+                            tensor_t dout, tensor_t x, tensor_t w, tensor_t rstd, int rows,
+                            int cols);
+void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
+                int B, int T, int nh, int hd, int inverse);
+void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t out,
+                             tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B, int T,
+                             int nh, int nkv, int hd);
+void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_t dq,
+                              tensor_t dk, tensor_t dv, tensor_t dout, tensor_t out, tensor_t lse,
+                              tensor_t q, tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
+                              int hd);
+void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t g,
+                          tensor_t u, size_t n);
+void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t dg, tensor_t du,
+                           tensor_t dout, tensor_t g, tensor_t u, size_t n);
+void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t out,
+                             tensor_t table, tensor_t tokens, int n, int H);
+void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_t dtable,
+                              tensor_t dout, tensor_t tokens, int n, int H);
+void be_cross_entropy_at(const char *file, int line, backend_t *be, tensor_t logits,
+                         tensor_t loss, tensor_t targets, int rows, int V, float grad_scale);
+void be_add_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t x, float alpha,
+               size_t n);
+void be_add_bias_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t b, int rows,
+                    int cols);
+void be_bias_backward_at(const char *file, int line, backend_t *be, tensor_t db, tensor_t dy,
+                         int rows, int cols);
+void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
+                   float p, uint64_t seed, uint64_t offset);
+/* 0.0 when the call is refused */
+double be_sumsq_at(const char *file, int line, backend_t *be, tensor_t x, size_t n);
+void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tensor_t param_copy,
+                 tensor_t grad, tensor_t m, tensor_t v, size_t n, const adamw_args *a);
+void be_fill_uniform_at(const char *file, int line, backend_t *be, tensor_t x, size_t n, float lo,
+                        float hi, uint64_t seed, uint64_t offset);
+void be_fill_normal_at(const char *file, int line, backend_t *be, tensor_t x, size_t n,
+                       float mean, float std, uint64_t seed, uint64_t offset);
+/* 1 when the backend has a second stream and fences (CUDA) */
+int be_has_streams(backend_t *be);
+/* NULL on a backend without streams */
+void *be_aux_stream_at(const char *file, int line, backend_t *be);
+/* nothing on a backend without streams */
+void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter, void *waitee);
+
+#define be_alloc(...) be_alloc_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_free(...) be_free_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_h2d(...) be_h2d_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_d2h(...) be_d2h_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_zero(...) be_zero_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_copy(...) be_copy_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_sync(be) be_sync_at(__FILE__, __LINE__, (be))
+#define be_matmul(...) be_matmul_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_rmsnorm_forward(...) be_rmsnorm_forward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_rmsnorm_backward(...) be_rmsnorm_backward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_rope(...) be_rope_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_attention_forward(...) be_attention_forward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_attention_backward(...) be_attention_backward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_swiglu_forward(...) be_swiglu_forward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_swiglu_backward(...) be_swiglu_backward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_embedding_forward(...) be_embedding_forward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_embedding_backward(...) be_embedding_backward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_cross_entropy(...) be_cross_entropy_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_add(...) be_add_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_add_bias(...) be_add_bias_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_bias_backward(...) be_bias_backward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_dropout(...) be_dropout_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_sumsq(...) be_sumsq_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_adamw(...) be_adamw_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_fill_uniform(...) be_fill_uniform_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_fill_normal(...) be_fill_normal_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_aux_stream(be) be_aux_stream_at(__FILE__, __LINE__, (be))
+#define be_stream_fence(...) be_stream_fence_at(__FILE__, __LINE__, __VA_ARGS__)
 
 #endif

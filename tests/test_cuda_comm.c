@@ -74,10 +74,10 @@ static void open_run(run *r, int mode, int nccl)
         for (int i = 0; i < r->m->nparams; i++) {
             param_t *p = &r->m->params[i];
             if (p->kind == PK_LORA_B)
-                r->be->ops->fill_normal(r->be, p->master, p->n, 0.0f, 0.02f, 50 + (uint64_t)i,
-                                        0);
+                be_fill_normal(r->be, p->master, p->n, 0.0f, 0.02f, 50 + (uint64_t)i,
+                               0);
         }
-        r->be->ops->copy(r->be, r->m->copy, r->m->master);
+        be_copy(r->be, r->m->copy, r->m->master);
     }
 }
 
@@ -257,7 +257,7 @@ Test(cuda_comm, sharded_reduce_scatter_and_allgather_one_rank)
     double loss = 0;
     model_zero_grads(r->m);
     cr_assert_eq(model_forward_backward(r->m, &b, &loss, &err), 0, "%s", err.msg);
-    tensor_t shard = r->be->ops->alloc(r->be, DT_F32, n);
+    tensor_t shard = be_alloc(r->be, DT_F32, n);
     cr_assert(shard.p);
     cr_assert_eq(grad_sync_reduce_scatter(r->be, r->comm, r->m->grad, shard, n, &err), 0, "%s",
                  err.msg);
@@ -265,17 +265,17 @@ Test(cuda_comm, sharded_reduce_scatter_and_allgather_one_rank)
     float *g1 = download(r, r->m->grad);
     expect_same("reduce-scatter: the shard holds the gradient", s1, g0, n);
     expect_same("reduce-scatter: the gradient arena is left as it was", g1, g0, n);
-    double sumsq = r->be->ops->sumsq(r->be, shard, n);
+    double sumsq = be_sumsq(r->be, shard, n);
     adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .weight_decay = 0.01f, .step = 1};
     a.grad_scale = (float)optim_clip_scale(sqrt(sumsq), 1.0);
-    r->be->ops->copy(r->be, r->m->grad, shard); /* AdamW reads the arena */
+    be_copy(r->be, r->m->grad, shard); /* AdamW reads the arena */
     model_adamw(r->m, &a);
     cr_assert_eq(grad_sync_allgather(r->be, r->comm, r->m->copy, 0, n, &err), 0, "%s", err.msg);
     float *m1 = download(r, r->m->master), *c1 = download(r, r->m->copy);
     expect_same("AdamW from the shard: masters", m1, m0, n);
     expect_same("all-gather in place (bf16): the compute copy", c1, c0, n);
-    r->be->ops->free(r->be, &shard);
+    be_free(r->be, &shard);
     close_run(&on);
     free(in), free(tg);
     free(g0), free(m0), free(c0), free(s1), free(g1), free(m1), free(c1);

@@ -24,13 +24,13 @@ static void setup(void)
 static void teardown(void)
 {
     for (int i = 0; i < nowned; i++)
-        be->ops->free(be, &owned[i]);
+        be_free(be, &owned[i]);
     backend_destroy(be);
 }
 
 static tensor_t talloc(dtype_t dt, size_t n)
 {
-    tensor_t t = be->ops->alloc(be, dt, n);
+    tensor_t t = be_alloc(be, dt, n);
     cr_assert(t.p && nowned < 64);
     owned[nowned++] = t;
     return t;
@@ -104,19 +104,19 @@ static void check_matmul(const char *kind, int M, int N, int K, int ta, int tb, 
                        (tb ? B[j * K + k] : B[k * N + j]);
             want[i * N + j] = alpha * acc + beta * C[i * N + j];
         }
-    tensor_t tA = b2->ops->alloc(b2, DT_F32, (size_t)M * K), tB = b2->ops->alloc(b2, DT_F32, (size_t)K * N),
-             tC = b2->ops->alloc(b2, DT_F32, (size_t)M * N);
+    tensor_t tA = be_alloc(b2, DT_F32, (size_t)M * K), tB = be_alloc(b2, DT_F32, (size_t)K * N),
+             tC = be_alloc(b2, DT_F32, (size_t)M * N);
     be_upload(b2, tA, A, DT_F32);
     be_upload(b2, tB, B, DT_F32);
     be_upload(b2, tC, C, DT_F32);
-    b2->ops->matmul(b2, tC, tA, tB, M, N, K, ta, tb, alpha, beta);
+    be_matmul(b2, tC, tA, tB, M, N, K, ta, tb, alpha, beta);
     float *got = malloc(sizeof(float) * M * N);
     be_download(b2, got, DT_F32, tC);
     double e = rel_err(got, want, (size_t)M * N);
     cr_expect_lt(e, FWD_TOL, "%s matmul %dx%dx%d ta=%d tb=%d: rel err %g", kind, M, N, K, ta, tb, e);
-    b2->ops->free(b2, &tA);
-    b2->ops->free(b2, &tB);
-    b2->ops->free(b2, &tC);
+    be_free(b2, &tA);
+    be_free(b2, &tB);
+    be_free(b2, &tC);
     backend_destroy(b2);
     free(A), free(B), free(C), free(want), free(got);
 }
@@ -171,7 +171,7 @@ Test(ops, rmsnorm_forward_backward)
     float *x = rnd(n, 2), *w = rnd((size_t)cols, 1), *R = rnd(n, 1);
     double eps = 1e-5;
     tensor_t tx = dev(x, n), tw = dev(w, (size_t)cols), to = dev(NULL, n), tr = dev(NULL, (size_t)rows);
-    be->ops->rmsnorm_forward(be, to, tr, tx, tw, rows, cols, (float)eps);
+    be_rmsnorm_forward(be, to, tr, tx, tw, rows, cols, (float)eps);
     double *xd = to_d(x, n), *wd = to_d(w, (size_t)cols), *want = malloc(sizeof(double) * n);
     rmsnorm_ref(want, xd, wd, rows, cols, eps);
     float *got = host(to);
@@ -179,7 +179,7 @@ Test(ops, rmsnorm_forward_backward)
     /* backward with dout = R; dx accumulates onto a non-zero start */
     float *dx0 = rnd(n, 1);
     tensor_t tdo = dev(R, n), tdx = dev(dx0, n), tdw = dev(NULL, (size_t)cols);
-    be->ops->rmsnorm_backward(be, tdx, tdw, tdo, tx, tw, tr, rows, cols);
+    be_rmsnorm_backward(be, tdx, tdw, tdo, tx, tw, tr, rows, cols);
     float *dx = host(tdx), *dw = host(tdw);
     double *fdx = malloc(sizeof(double) * n), *fdw = malloc(sizeof(double) * cols);
     double h = 1e-6, *tmp = malloc(sizeof(double) * n);
@@ -241,7 +241,7 @@ Test(ops, rope_forward_and_inverse)
             sn[t * half + i] = (float)sin(a);
         }
     tensor_t tx = dev(x, n), tc = dev(cs, (size_t)T * half), ts = dev(sn, (size_t)T * half);
-    be->ops->rope(be, tx, tc, ts, B, T, nh, hd, 0);
+    be_rope(be, tx, tc, ts, B, T, nh, hd, 0);
     double *xd = to_d(x, n), *want = malloc(sizeof(double) * n);
     rope_ref(want, xd, cs, sn, B, T, nh, hd);
     float *got = host(tx);
@@ -249,7 +249,7 @@ Test(ops, rope_forward_and_inverse)
     /* the inverse is the transpose: <R, rope(x)> = <rope^T(R), x> */
     float *R = rnd(n, 1);
     tensor_t tR = dev(R, n);
-    be->ops->rope(be, tR, tc, ts, B, T, nh, hd, 1);
+    be_rope(be, tR, tc, ts, B, T, nh, hd, 1);
     float *rt = host(tR);
     double lhs = dot_d(want, R, n), rhs = 0;
     for (size_t i = 0; i < n; i++)
@@ -266,7 +266,7 @@ Test(ops, rope_forward_and_inverse)
             memcpy(xp, x, sizeof(float) * n);
             xp[i] += sgn ? -1e-2f : 1e-2f;
             tensor_t tp = dev(xp, n);
-            be->ops->rope(be, tp, tc, ts, B, T, nh, hd, 0);
+            be_rope(be, tp, tc, ts, B, T, nh, hd, 0);
             float *yp = host(tp);
             L[sgn] = 0;
             for (size_t k = 0; k < n; k++)
@@ -320,13 +320,13 @@ static void check_attention(int B, int T, int nh, int nkv, int hd)
     float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1), *R = rnd(nq, 1);
     tensor_t tq = dev(q, nq), tk = dev(k, nk), tv = dev(v, nk), to = dev(NULL, nq),
              tl = dev(NULL, (size_t)B * nh * T);
-    be->ops->attention_forward(be, to, tl, tq, tk, tv, B, T, nh, nkv, hd);
+    be_attention_forward(be, to, tl, tq, tk, tv, B, T, nh, nkv, hd);
     double *qd = to_d(q, nq), *kd = to_d(k, nk), *vd = to_d(v, nk), *want = malloc(sizeof(double) * nq);
     attn_ref(want, qd, kd, vd, B, T, nh, nkv, hd);
     float *got = host(to);
     cr_expect_lt(rel_err(got, want, nq), FWD_TOL, "attention fwd %d %d %d %d %d", B, T, nh, nkv, hd);
     tensor_t tdo = dev(R, nq), tdq = dev(NULL, nq), tdk = dev(NULL, nk), tdv = dev(NULL, nk);
-    be->ops->attention_backward(be, tdq, tdk, tdv, tdo, to, tl, tq, tk, tv, B, T, nh, nkv, hd);
+    be_attention_backward(be, tdq, tdk, tdv, tdo, to, tl, tq, tk, tv, B, T, nh, nkv, hd);
     float *dq = host(tdq), *dk = host(tdk), *dv = host(tdv);
     double h = 1e-6, *tmp = malloc(sizeof(double) * nq);
     double *fd[3] = {malloc(sizeof(double) * nq), malloc(sizeof(double) * nk), malloc(sizeof(double) * nk)};
@@ -365,7 +365,7 @@ Test(ops, swiglu_forward_backward)
     size_t n = 301;
     float *g = rnd(n, 4), *u = rnd(n, 2), *R = rnd(n, 1);
     tensor_t tg = dev(g, n), tu = dev(u, n), to = dev(NULL, n);
-    be->ops->swiglu_forward(be, to, tg, tu, n);
+    be_swiglu_forward(be, to, tg, tu, n);
     float *got = host(to);
     double *want = malloc(sizeof(double) * n), *fg = malloc(sizeof(double) * n), *fu = malloc(sizeof(double) * n);
     for (size_t i = 0; i < n; i++) {
@@ -378,7 +378,7 @@ Test(ops, swiglu_forward_backward)
     }
     cr_expect_lt(rel_err(got, want, n), FWD_TOL);
     tensor_t tdo = dev(R, n), tdg = dev(NULL, n), tdu = dev(NULL, n);
-    be->ops->swiglu_backward(be, tdg, tdu, tdo, tg, tu, n);
+    be_swiglu_backward(be, tdg, tdu, tdo, tg, tu, n);
     float *dg = host(tdg), *du = host(tdu);
     cr_expect_lt(rel_err(dg, fg, n), BWD_TOL);
     cr_expect_lt(rel_err(du, fu, n), BWD_TOL);
@@ -393,12 +393,12 @@ Test(ops, embedding_forward_backward)
     tensor_t tW = dev(W, (size_t)V * H), to = dev(NULL, (size_t)n * H);
     tensor_t tt = talloc(DT_I32, (size_t)n);
     be_upload(be, tt, tok, DT_I32);
-    be->ops->embedding_forward(be, to, tW, tt, n, H);
+    be_embedding_forward(be, to, tW, tt, n, H);
     float *got = host(to);
     for (int i = 0; i < n; i++)
         cr_expect_eq(memcmp(got + i * H, W + tok[i] * H, sizeof(float) * H), 0);
     tensor_t tdW = dev(NULL, (size_t)V * H), tdo = dev(R, (size_t)n * H);
-    be->ops->embedding_backward(be, tdW, tdo, tt, n, H);
+    be_embedding_backward(be, tdW, tdo, tt, n, H);
     float *dW = host(tdW);
     double *want = calloc((size_t)V * H, sizeof(double));
     for (int i = 0; i < n; i++)
@@ -416,7 +416,7 @@ Test(ops, embedding_forward_backward)
             memcpy(Wp, W, sizeof(float) * (size_t)V * H);
             Wp[j] += sgn ? -1e-2f : 1e-2f;
             tensor_t tWp = dev(Wp, (size_t)V * H), top = dev(NULL, (size_t)n * H);
-            be->ops->embedding_forward(be, top, tWp, tt, n, H);
+            be_embedding_forward(be, top, tWp, tt, n, H);
             float *yp = host(top);
             L[sgn] = 0;
             for (size_t k = 0; k < (size_t)n * H; k++)
@@ -435,7 +435,7 @@ Test(ops, bias_add_and_backward)
     int rows = 6, cols = 5;
     float *y = rnd((size_t)rows * cols, 1), *b = rnd((size_t)cols, 1);
     tensor_t ty = dev(y, (size_t)rows * cols), tb = dev(b, (size_t)cols), tdb = dev(NULL, (size_t)cols);
-    be->ops->add_bias(be, ty, tb, rows, cols);
+    be_add_bias(be, ty, tb, rows, cols);
     float *got = host(ty);
     double want[30], dbw[5] = {0};
     for (int r = 0; r < rows; r++)
@@ -445,7 +445,7 @@ Test(ops, bias_add_and_backward)
         }
     cr_expect_lt(rel_err(got, want, 30), FWD_TOL);
     tensor_t ty0 = dev(y, (size_t)rows * cols);
-    be->ops->bias_backward(be, tdb, ty0, rows, cols);
+    be_bias_backward(be, tdb, ty0, rows, cols);
     float *db = host(tdb);
     cr_expect_lt(rel_err(db, dbw, 5), FWD_TOL);
     free(y), free(b), free(got), free(db);
@@ -462,7 +462,7 @@ Test(ops, cross_entropy_loss_and_gradient)
     tensor_t tx = dev(x, (size_t)rows * V), tl = dev(NULL, (size_t)rows);
     tensor_t tt = talloc(DT_I32, (size_t)rows);
     be_upload(be, tt, tg, DT_I32);
-    be->ops->cross_entropy(be, tx, tl, tt, rows, V, scale);
+    be_cross_entropy(be, tx, tl, tt, rows, V, scale);
     float *loss = host(tl), *dx = host(tx);
     double h = 1e-6;
     for (int r = 0; r < rows; r++) {
@@ -508,8 +508,8 @@ Test(ops, dropout_mask_is_a_pure_function)
     size_t n = 100000;
     float *x = rnd(n, 1);
     tensor_t tx = dev(x, n), a = dev(NULL, n), b = dev(NULL, n);
-    be->ops->dropout(be, a, tx, n, 0.25f, 77, 1000);
-    be->ops->dropout(be, b, tx, n, 0.25f, 77, 1000);
+    be_dropout(be, a, tx, n, 0.25f, 77, 1000);
+    be_dropout(be, b, tx, n, 0.25f, 77, 1000);
     float *ha = host(a), *hb = host(b);
     cr_expect_eq(memcmp(ha, hb, sizeof(float) * n), 0, "same stream, same mask");
     size_t dropped = 0;
@@ -521,7 +521,7 @@ Test(ops, dropout_mask_is_a_pure_function)
     }
     /* binomial(1e5, 0.25): sd ~ 137; 6 sd */
     cr_expect_lt(fabs((double)dropped - 25000.0), 822.0, "dropped %zu", dropped);
-    be->ops->dropout(be, b, tx, n, 0.0f, 77, 1000);
+    be_dropout(be, b, tx, n, 0.0f, 77, 1000);
     float *hc = host(b);
     cr_expect_eq(memcmp(hc, x, sizeof(float) * n), 0, "p = 0 copies");
     free(x), free(ha), free(hb), free(hc);
@@ -535,12 +535,12 @@ Test(ops, sumsq_is_exact_and_thread_independent)
     for (size_t i = 0; i < n; i++)
         want += (double)x[i] * x[i];
     tensor_t tx = dev(x, n);
-    double got = be->ops->sumsq(be, tx, n);
+    double got = be_sumsq(be, tx, n);
     cr_expect_lt(fabs(got - want), 1e-9 * want);
     backend_t *one;
     sp_err err = {0};
     backend_create(&one, "cpu", 0, 1, &err);
-    double got1 = one->ops->sumsq(one, tx, n);
+    double got1 = be_sumsq(one, tx, n);
     cr_expect_eq(got, got1, "1 thread %.17g vs 2 threads %.17g", got1, got);
     backend_destroy(one);
     free(x);
@@ -555,7 +555,7 @@ Test(ops, adamw_matches_the_pytorch_formula)
     adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                     .grad_scale = 0.5f, .step = 3};
     tensor_t tp = dev(p, n), tg = dev(g, n), tm = dev(m, n), tv = dev(v, n);
-    be->ops->adamw(be, tp, (tensor_t){0}, tg, tm, tv, n, &a);
+    be_adamw(be, tp, (tensor_t){0}, tg, tm, tv, n, &a);
     float *hp = host(tp);
     double *want = malloc(sizeof(double) * n);
     for (size_t i = 0; i < n; i++) {
@@ -572,7 +572,7 @@ Test(ops, fills_have_the_right_distribution)
 {
     size_t n = 200000;
     tensor_t t = dev(NULL, n);
-    be->ops->fill_uniform(be, t, n, -0.5f, 1.5f, 9, 0);
+    be_fill_uniform(be, t, n, -0.5f, 1.5f, 9, 0);
     float *u = host(t);
     double mean = 0;
     for (size_t i = 0; i < n; i++) {
@@ -581,7 +581,7 @@ Test(ops, fills_have_the_right_distribution)
     }
     /* sd of the mean: (2/sqrt 12)/sqrt n = 1.3e-3; 6 sd */
     cr_expect_lt(fabs(mean / n - 0.5), 8e-3);
-    be->ops->fill_normal(be, t, n, 1.0f, 0.02f, 9, 0);
+    be_fill_normal(be, t, n, 1.0f, 0.02f, 9, 0);
     float *g = host(t);
     double s = 0, ss = 0;
     for (size_t i = 0; i < n; i++) {

@@ -212,7 +212,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     int rc = 0;
     for (int s = 0; s < bo->warmup + bo->steps && !rc; s++) {
         if (s == bo->warmup) {
-            be->ops->sync(be);
+            be_sync(be);
             rc = comm_barrier(comm, err);
             t0 = sp_now();
         }
@@ -234,7 +234,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             rc = be_check(be, err) || grad_sync_gather_weights(m, comm, err);
         }
     }
-    be->ops->sync(be);
+    be_sync(be);
     rc = rc || be_check(be, err) || comm_barrier(comm, err);
     double dt = (sp_now() - t0) / (bo->steps > 0 ? bo->steps : 1);
     /* timing done: free the device before the checks */

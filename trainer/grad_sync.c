@@ -14,7 +14,7 @@ static int launch(grad_sync_t *g, size_t upto, sp_err *err)
         tensor_t t = tensor_view(m->grad, g->launched, len);
         int rc;
         if (g->overlap) {
-            m->be->ops->stream_fence(m->be, g->stream, m->be->stream);
+            be_stream_fence(m->be, g->stream, m->be->stream);
             rc = comm_device_allreduce(g->comm, t.p, len, COMM_F32, COMM_SUM, g->stream, err);
         } else {
             rc = comm_allreduce(g->comm, t.p, len, COMM_F32, COMM_SUM, err);
@@ -97,9 +97,9 @@ void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb)
     if (g->bucket < 1)
         g->bucket = 1;
     g->overlap = on_device(m->be) && has_peers(m, comm) && m->shard_count == 1 &&
-                 m->be->ops->aux_stream && m->be->ops->stream_fence;
+                 be_has_streams(m->be);
     if (g->overlap) {
-        g->stream = m->be->ops->aux_stream(m->be);
+        g->stream = be_aux_stream(m->be);
         m->grads_ready = on_ready;
         m->grads_ready_ctx = g;
     } else {
@@ -134,7 +134,7 @@ int grad_sync_finish(grad_sync_t *g, sp_err *err)
     if (g->overlap) {
         if (comm_device_wait(g->comm, g->stream, err))
             return err->code;
-        m->be->ops->stream_fence(m->be, m->be->stream, g->stream);
+        be_stream_fence(m->be, m->be->stream, g->stream);
     }
     return 0;
 }

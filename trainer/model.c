@@ -240,7 +240,7 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
 
 static tensor_t act_alloc(model_t *m, size_t n, dtype_t dt)
 {
-    tensor_t t = m->be->ops->alloc(m->be, dt, n ? n : 1);
+    tensor_t t = be_alloc(m->be, dt, n ? n : 1);
     m->bytes_acts += n * dtype_size(dt);
     return t;
 }
@@ -352,17 +352,17 @@ static void alloc_sharded(model_t *m)
 {
     backend_t *be = m->be;
     size_t S = m->shard_len, padded = S * (size_t)m->shard_count;
-    m->master = be->ops->alloc(be, DT_F32, S);
-    m->adam_m = be->ops->alloc(be, DT_F32, S);
-    m->adam_v = be->ops->alloc(be, DT_F32, S);
-    m->grad_shard = be->ops->alloc(be, DT_F32, S);
-    m->grad = be->ops->alloc(be, DT_F32, padded);
-    m->copy = be->ops->alloc(be, be->act_dt, padded);
+    m->master = be_alloc(be, DT_F32, S);
+    m->adam_m = be_alloc(be, DT_F32, S);
+    m->adam_v = be_alloc(be, DT_F32, S);
+    m->grad_shard = be_alloc(be, DT_F32, S);
+    m->grad = be_alloc(be, DT_F32, padded);
+    m->copy = be_alloc(be, be->act_dt, padded);
     m->bytes_trainable = padded * (4 + dtype_size(be->act_dt)) + S * 16;
     if (be->err.code)
         return;
-    be->ops->zero(be, m->grad);
-    be->ops->zero(be, m->copy);
+    be_zero(be, m->grad);
+    be_zero(be, m->copy);
     for (int i = 0; i < m->nparams && !be->err.code; i++) {
         param_t *p = &m->params[i];
         if (p->trainable) {
@@ -370,7 +370,7 @@ static void alloc_sharded(model_t *m)
             p->grad = tensor_view(m->grad, p->offset, p->n);
             p->w = tensor_view(m->copy, p->offset, p->n);
         } else {
-            p->w = be->ops->alloc(be, be->act_dt, p->n);
+            p->w = be_alloc(be, be->act_dt, p->n);
             m->bytes_weights += p->n * dtype_size(be->act_dt);
         }
     }
@@ -384,12 +384,12 @@ static void alloc_params(model_t *m)
         return;
     }
     size_t N = m->n_trainable ? m->n_trainable : 1;
-    m->master = be->ops->alloc(be, DT_F32, N);
-    m->grad = be->ops->alloc(be, DT_F32, N);
-    m->adam_m = be->ops->alloc(be, DT_F32, N);
-    m->adam_v = be->ops->alloc(be, DT_F32, N);
+    m->master = be_alloc(be, DT_F32, N);
+    m->grad = be_alloc(be, DT_F32, N);
+    m->adam_m = be_alloc(be, DT_F32, N);
+    m->adam_v = be_alloc(be, DT_F32, N);
     if (be->act_dt != DT_F32)
-        m->copy = be->ops->alloc(be, be->act_dt, N);
+        m->copy = be_alloc(be, be->act_dt, N);
     m->bytes_trainable = N * (16 + (be->act_dt != DT_F32 ? dtype_size(be->act_dt) : 0));
     for (int i = 0; i < m->nparams && !be->err.code; i++) {
         param_t *p = &m->params[i];
@@ -398,7 +398,7 @@ static void alloc_params(model_t *m)
             p->grad = tensor_view(m->grad, p->offset, p->n);
             p->w = be->act_dt == DT_F32 ? p->master : tensor_view(m->copy, p->offset, p->n);
         } else {
-            p->w = be->ops->alloc(be, be->act_dt, p->n);
+            p->w = be_alloc(be, be->act_dt, p->n);
             m->bytes_weights += p->n * dtype_size(be->act_dt);
         }
     }
@@ -454,7 +454,7 @@ int model_create(model_t **out, backend_t *be, const model_config_t *mc, const m
 static void free_if_owned(backend_t *be, tensor_t *t, tensor_t *shared_with)
 {
     if (t->p && (!shared_with || shared_with->p != t->p))
-        be->ops->free(be, t);
+        be_free(be, t);
 }
 
 void model_destroy(model_t *m)
@@ -526,17 +526,17 @@ static void sync_copy(model_t *m, param_t *p)
     size_t lo, hi;
     if (m->shard_count > 1) { /* the shard's masters from the values just written */
         if (shard_overlap(m, p, &lo, &hi))
-            m->be->ops->copy(m->be, tensor_view(m->master, lo - m->shard_lo, hi - lo),
-                             tensor_view(m->copy, lo, hi - lo));
+            be_copy(m->be, tensor_view(m->master, lo - m->shard_lo, hi - lo),
+                    tensor_view(m->copy, lo, hi - lo));
         return;
     }
     if (p->trainable && p->w.p != p->master.p)
-        m->be->ops->copy(m->be, p->w, p->master);
+        be_copy(m->be, p->w, p->master);
 }
 
 static void fill_const(model_t *m, param_t *p, float value)
 {
-    m->be->ops->fill_uniform(m->be, fill_target(m, p), p->n, value, value, 0, 0);
+    be_fill_uniform(m->be, fill_target(m, p), p->n, value, value, 0, 0);
     sync_copy(m, p);
 }
 
@@ -550,8 +550,8 @@ void model_init_base_random(model_t *m, uint64_t seed)
         } else if (p->kind == PK_BIAS) {
             fill_const(m, p, 0.0f);
         } else if (p->kind == PK_EMBED || p->kind == PK_WEIGHT || p->kind == PK_LM_HEAD) {
-            m->be->ops->fill_normal(m->be, fill_target(m, p), p->n, 0.0f, 0.02f,
-                                    sp_rng_stream(s, (uint64_t)i), 0);
+            be_fill_normal(m->be, fill_target(m, p), p->n, 0.0f, 0.02f,
+                           sp_rng_stream(s, (uint64_t)i), 0);
             sync_copy(m, p);
         }
     }
@@ -565,8 +565,8 @@ void model_init_lora(model_t *m, uint64_t seed)
         if (p->kind == PK_LORA_A) {
             float bound = 1.0f / sqrtf((float)p->shape[1]);
             uint64_t tag = (uint64_t)p->layer * PROJ_COUNT + (uint64_t)p->proj;
-            m->be->ops->fill_uniform(m->be, fill_target(m, p), p->n, -bound, bound,
-                                     sp_rng_stream(s, tag), 0);
+            be_fill_uniform(m->be, fill_target(m, p), p->n, -bound, bound,
+                            sp_rng_stream(s, tag), 0);
             sync_copy(m, p);
         } else if (p->kind == PK_LORA_B) {
             fill_const(m, p, 0.0f);
@@ -603,7 +603,7 @@ param_t *model_find_param(model_t *m, const char *name)
 void model_zero_grads(model_t *m)
 {
     if (m->n_trainable)
-        m->be->ops->zero(m->be, m->grad);
+        be_zero(m->be, m->grad);
 }
 
 double model_grad_sumsq(model_t *m)
@@ -611,8 +611,8 @@ double model_grad_sumsq(model_t *m)
     if (!m->n_trainable)
         return 0.0;
     if (m->shard_count > 1)
-        return m->be->ops->sumsq(m->be, m->grad_shard, m->shard_len);
-    return m->be->ops->sumsq(m->be, m->grad, m->n_trainable);
+        return be_sumsq(m->be, m->grad_shard, m->shard_len);
+    return be_sumsq(m->be, m->grad, m->n_trainable);
 }
 
 void model_adamw(model_t *m, const adamw_args *a)
@@ -632,7 +632,7 @@ void model_adamw(model_t *m, const adamw_args *a)
         if (!r->decay)
             ra.weight_decay = 0.0f;
         tensor_t copy = m->copy.p ? tensor_view(m->copy, lo, n) : (tensor_t){0};
-        m->be->ops->adamw(m->be, tensor_view(m->master, at, n), copy, tensor_view(grad, at, n),
-                          tensor_view(m->adam_m, at, n), tensor_view(m->adam_v, at, n), n, &ra);
+        be_adamw(m->be, tensor_view(m->master, at, n), copy, tensor_view(grad, at, n),
+                 tensor_view(m->adam_m, at, n), tensor_view(m->adam_v, at, n), n, &ra);
     }
 }

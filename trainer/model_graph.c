@@ -40,9 +40,8 @@ static tensor_t lora_input(const step_ctx *c, int l, int p, tensor_t x, int64_t 
     uint64_t stream = sp_rng_stream(m->o.seed, RNG_TAG_DROPOUT);
     uint64_t offset = ((uint64_t)l * PROJ_COUNT + (uint64_t)p) << 40;
     for (int w = 0; w < c->b->B; w++)
-        m->be->ops->dropout(m->be, tensor_view(s->drop, w * win, win), tensor_view(x, w * win, win),
-                            win, (float)m->o.lora_dropout,
-                            sp_rng_stream(stream, c->b->sample_ids[w]), offset);
+        be_dropout(m->be, tensor_view(s->drop, w * win, win), tensor_view(x, w * win, win), win,
+                   (float)m->o.lora_dropout, sp_rng_stream(stream, c->b->sample_ids[w]), offset);
     return rows_of(s->drop, c->rows, in);
 }
 
@@ -51,8 +50,8 @@ static tensor_t lora_down(const step_ctx *c, int l, int p, tensor_t x, int64_t i
 {
     model_t *m = c->m;
     tensor_t xin = lora_input(c, l, p, x, in), xr = m->acts[l].xr[p];
-    m->be->ops->matmul(m->be, xr, xin, m->layers[l].lora_a[p]->w, c->rows, (int)m->o.lora_r,
-                       (int)in, 0, 1, 1.0f, 0.0f);
+    be_matmul(m->be, xr, xin, m->layers[l].lora_a[p]->w, c->rows, (int)m->o.lora_r, (int)in, 0,
+              1, 1.0f, 0.0f);
     return xr;
 }
 
@@ -60,18 +59,17 @@ static tensor_t lora_down(const step_ctx *c, int l, int p, tensor_t x, int64_t i
 static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, int accumulate)
 {
     model_t *m = c->m;
-    const backend_ops *op = m->be->ops;
     layer_params *L = &m->layers[l];
     int64_t in, out;
     model_config_proj_dims(&m->mc, p, &in, &out);
-    op->matmul(m->be, y, x, L->w[p]->w, c->rows, (int)out, (int)in, 0, 1, 1.0f,
-               accumulate ? 1.0f : 0.0f);
+    be_matmul(m->be, y, x, L->w[p]->w, c->rows, (int)out, (int)in, 0, 1, 1.0f,
+              accumulate ? 1.0f : 0.0f);
     if (L->b[p])
-        op->add_bias(m->be, y, L->b[p]->w, c->rows, (int)out);
+        be_add_bias(m->be, y, L->b[p]->w, c->rows, (int)out);
     if (L->lora_a[p]) {
         tensor_t xr = lora_down(c, l, p, x, in);
-        op->matmul(m->be, y, xr, L->lora_b[p]->w, c->rows, (int)out, (int)m->o.lora_r, 0, 1,
-                   m->lora_scale, 1.0f);
+        be_matmul(m->be, y, xr, L->lora_b[p]->w, c->rows, (int)out, (int)m->o.lora_r, 0, 1,
+                  m->lora_scale, 1.0f);
     }
 }
 
@@ -81,41 +79,40 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
                             int accumulate)
 {
     model_t *m = c->m;
-    const backend_ops *op = m->be->ops;
     layer_params *L = &m->layers[l];
     int64_t in, out;
     model_config_proj_dims(&m->mc, p, &in, &out);
-    op->matmul(m->be, dx, dy, L->w[p]->w, c->rows, (int)in, (int)out, 0, 0, 1.0f,
-               accumulate ? 1.0f : 0.0f);
+    be_matmul(m->be, dx, dy, L->w[p]->w, c->rows, (int)in, (int)out, 0, 0, 1.0f,
+              accumulate ? 1.0f : 0.0f);
     if (L->w[p]->trainable)
-        op->matmul(m->be, L->w[p]->grad, dy, x, (int)out, (int)in, c->rows, 1, 0, 1.0f, 1.0f);
+        be_matmul(m->be, L->w[p]->grad, dy, x, (int)out, (int)in, c->rows, 1, 0, 1.0f, 1.0f);
     if (L->b[p] && L->b[p]->trainable)
-        op->bias_backward(m->be, L->b[p]->grad, dy, c->rows, (int)out);
+        be_bias_backward(m->be, L->b[p]->grad, dy, c->rows, (int)out);
     if (!L->lora_a[p])
         return;
     model_scratch *s = MODEL_SCRATCH(m);
     param_t *A = L->lora_a[p], *B = L->lora_b[p];
     int r = (int)m->o.lora_r;
     tensor_t xr = m->acts[l].xr[p];
-    op->matmul(m->be, B->grad, dy, xr, (int)out, r, c->rows, 1, 0, m->lora_scale, 1.0f);
-    op->matmul(m->be, s->dxr, dy, B->w, c->rows, r, (int)out, 0, 0, m->lora_scale, 0.0f);
+    be_matmul(m->be, B->grad, dy, xr, (int)out, r, c->rows, 1, 0, m->lora_scale, 1.0f);
+    be_matmul(m->be, s->dxr, dy, B->w, c->rows, r, (int)out, 0, 0, m->lora_scale, 0.0f);
     tensor_t xin = lora_input(c, l, p, x, in);
-    op->matmul(m->be, A->grad, s->dxr, xin, r, (int)in, c->rows, 1, 0, 1.0f, 1.0f);
+    be_matmul(m->be, A->grad, s->dxr, xin, r, (int)in, c->rows, 1, 0, 1.0f, 1.0f);
     if (m->o.lora_dropout > 0) {
         tensor_t d = rows_of(s->drop, c->rows, in);
-        op->matmul(m->be, d, s->dxr, A->w, c->rows, (int)in, r, 0, 0, 1.0f, 0.0f);
+        be_matmul(m->be, d, s->dxr, A->w, c->rows, (int)in, r, 0, 0, 1.0f, 0.0f);
         lora_input(c, l, p, d, in); /* the same mask applied to the gradient */
-        op->add(m->be, dx, d, 1.0f, d.n);
+        be_add(m->be, dx, d, 1.0f, d.n);
     } else {
-        op->matmul(m->be, dx, s->dxr, A->w, c->rows, (int)in, r, 0, 0, 1.0f, 1.0f);
+        be_matmul(m->be, dx, s->dxr, A->w, c->rows, (int)in, r, 0, 0, 1.0f, 1.0f);
     }
 }
 
 static void attention(const step_ctx *c, layer_acts *a)
 {
     const model_config_t *mc = &c->m->mc;
-    c->m->be->ops->attention_forward(c->m->be, a->att, a->lse, a->q, a->k, a->v, c->b->B, c->b->T,
-                                     (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
+    be_attention_forward(c->m->be, a->att, a->lse, a->q, a->k, a->v, c->b->B, c->b->T,
+                         (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
 }
 
 /* One decoder layer; out receives the next residual stream (out.p == NULL
@@ -124,34 +121,32 @@ static void attention(const step_ctx *c, layer_acts *a)
 static void layer_forward(const step_ctx *c, int l, tensor_t out)
 {
     model_t *m = c->m;
-    const backend_ops *op = m->be->ops;
     const model_config_t *mc = &m->mc;
     layer_params *L = &m->layers[l];
     layer_acts *a = &m->acts[l];
     model_scratch *s = MODEL_SCRATCH(m);
     int B = c->b->B, T = c->b->T, H = (int)mc->hidden;
-    op->rmsnorm_forward(m->be, a->h1, a->rstd1, a->x, L->attn_norm->w, c->rows, H,
-                        (float)mc->rms_eps);
+    be_rmsnorm_forward(m->be, a->h1, a->rstd1, a->x, L->attn_norm->w, c->rows, H,
+                       (float)mc->rms_eps);
     linear_forward(c, l, PROJ_Q, a->q, a->h1, 0);
     linear_forward(c, l, PROJ_K, a->k, a->h1, 0);
     linear_forward(c, l, PROJ_V, a->v, a->h1, 0);
-    op->rope(m->be, a->q, s->rope_cos, s->rope_sin, B, T, (int)mc->heads, (int)mc->head_dim, 0);
-    op->rope(m->be, a->k, s->rope_cos, s->rope_sin, B, T, (int)mc->kv_heads, (int)mc->head_dim,
-             0);
+    be_rope(m->be, a->q, s->rope_cos, s->rope_sin, B, T, (int)mc->heads, (int)mc->head_dim, 0);
+    be_rope(m->be, a->k, s->rope_cos, s->rope_sin, B, T, (int)mc->kv_heads, (int)mc->head_dim, 0);
     attention(c, a);
-    op->copy(m->be, rows_of(a->x_mid, c->rows, H), rows_of(a->x, c->rows, H));
+    be_copy(m->be, rows_of(a->x_mid, c->rows, H), rows_of(a->x, c->rows, H));
     linear_forward(c, l, PROJ_O, a->x_mid, a->att, 1);
-    op->rmsnorm_forward(m->be, a->h2, a->rstd2, a->x_mid, L->mlp_norm->w, c->rows, H,
-                        (float)mc->rms_eps);
+    be_rmsnorm_forward(m->be, a->h2, a->rstd2, a->x_mid, L->mlp_norm->w, c->rows, H,
+                       (float)mc->rms_eps);
     linear_forward(c, l, PROJ_GATE, a->g, a->h2, 0);
     linear_forward(c, l, PROJ_UP, a->u, a->h2, 0);
-    op->swiglu_forward(m->be, a->a, a->g, a->u, (size_t)c->rows * (size_t)mc->intermediate);
+    be_swiglu_forward(m->be, a->a, a->g, a->u, (size_t)c->rows * (size_t)mc->intermediate);
     if (!out.p) {
         if (L->lora_a[PROJ_DOWN])
             lora_down(c, l, PROJ_DOWN, a->a, mc->intermediate);
         return;
     }
-    op->copy(m->be, rows_of(out, c->rows, H), rows_of(a->x_mid, c->rows, H));
+    be_copy(m->be, rows_of(out, c->rows, H), rows_of(a->x_mid, c->rows, H));
     linear_forward(c, l, PROJ_DOWN, out, a->a, 1);
 }
 
@@ -159,7 +154,6 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
 static void layer_backward(const step_ctx *c, int l)
 {
     model_t *m = c->m;
-    const backend_ops *op = m->be->ops;
     const model_config_t *mc = &m->mc;
     layer_params *L = &m->layers[l];
     layer_acts *a = &m->acts[l];
@@ -174,11 +168,11 @@ static void layer_backward(const step_ctx *c, int l)
     tensor_t dg = tensor_view(s->bwd, 0, rows * I), du = tensor_view(s->bwd, rows * I, rows * I);
     tensor_t da = tensor_view(s->bwd, 2 * rows * I, rows * I);
     linear_backward(c, l, PROJ_DOWN, s->dres, a->a, da, 0);
-    op->swiglu_backward(m->be, dg, du, da, a->g, a->u, rows * I);
+    be_swiglu_backward(m->be, dg, du, da, a->g, a->u, rows * I);
     linear_backward(c, l, PROJ_GATE, dg, a->h2, s->dh, 0);
     linear_backward(c, l, PROJ_UP, du, a->h2, s->dh, 1);
-    op->rmsnorm_backward(m->be, s->dres, L->mlp_norm->trainable ? L->mlp_norm->grad : no_tensor(),
-                         s->dh, a->x_mid, L->mlp_norm->w, a->rstd2, c->rows, H);
+    be_rmsnorm_backward(m->be, s->dres, L->mlp_norm->trainable ? L->mlp_norm->grad : no_tensor(),
+                        s->dh, a->x_mid, L->mlp_norm->w, a->rstd2, c->rows, H);
     /* attention: x_mid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x) */
     if (m->o.recompute == RECOMPUTE_ATTENTION)
         attention(c, a);
@@ -186,16 +180,16 @@ static void layer_backward(const step_ctx *c, int l)
     tensor_t dk = tensor_view(s->bwd, 2 * rows * qd, rows * kvd);
     tensor_t dv = tensor_view(s->bwd, 2 * rows * qd + rows * kvd, rows * kvd);
     linear_backward(c, l, PROJ_O, s->dres, a->att, datt, 0);
-    op->attention_backward(m->be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-                           (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
-    op->rope(m->be, dq, s->rope_cos, s->rope_sin, B, T, (int)mc->heads, (int)mc->head_dim, 1);
-    op->rope(m->be, dk, s->rope_cos, s->rope_sin, B, T, (int)mc->kv_heads, (int)mc->head_dim, 1);
+    be_attention_backward(m->be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
+                          (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
+    be_rope(m->be, dq, s->rope_cos, s->rope_sin, B, T, (int)mc->heads, (int)mc->head_dim, 1);
+    be_rope(m->be, dk, s->rope_cos, s->rope_sin, B, T, (int)mc->kv_heads, (int)mc->head_dim, 1);
     linear_backward(c, l, PROJ_Q, dq, a->h1, s->dh, 0);
     linear_backward(c, l, PROJ_K, dk, a->h1, s->dh, 1);
     linear_backward(c, l, PROJ_V, dv, a->h1, s->dh, 1);
-    op->rmsnorm_backward(m->be, s->dres,
-                         L->attn_norm->trainable ? L->attn_norm->grad : no_tensor(), s->dh, a->x,
-                         L->attn_norm->w, a->rstd1, c->rows, H);
+    be_rmsnorm_backward(m->be, s->dres,
+                        L->attn_norm->trainable ? L->attn_norm->grad : no_tensor(), s->dh, a->x,
+                        L->attn_norm->w, a->rstd1, c->rows, H);
 }
 
 /* Final norm, LM head and loss, a chunk of rows at a time so the logits of
@@ -204,26 +198,25 @@ static void layer_backward(const step_ctx *c, int l)
 static int head(const step_ctx *c, int backward, double *loss_sum, sp_err *err)
 {
     model_t *m = c->m;
-    const backend_ops *op = m->be->ops;
     model_scratch *s = MODEL_SCRATCH(m);
     int H = (int)m->mc.hidden, V = (int)m->mc.vocab, rows = c->rows;
     param_t *W = m->lm_head;
-    op->rmsnorm_forward(m->be, s->hf, s->rstd_f, s->x_final, m->final_norm->w, rows, H,
-                        (float)m->mc.rms_eps);
+    be_rmsnorm_forward(m->be, s->hf, s->rstd_f, s->x_final, m->final_norm->w, rows, H,
+                       (float)m->mc.rms_eps);
     for (int r0 = 0; r0 < rows; r0 += (int)s->chunk_rows) {
         int cr = rows - r0 < (int)s->chunk_rows ? rows - r0 : (int)s->chunk_rows;
         tensor_t logits = tensor_view(s->logits, 0, (size_t)cr * (size_t)V);
         tensor_t hf = tensor_view(s->hf, (size_t)r0 * H, (size_t)cr * H);
-        op->matmul(m->be, logits, hf, W->w, cr, V, H, 0, 1, 1.0f, 0.0f);
-        op->cross_entropy(m->be, logits, tensor_view(s->loss, (size_t)r0, (size_t)cr),
-                          tensor_view(s->targets, (size_t)r0, (size_t)cr), cr, V,
-                          backward ? c->b->grad_scale : 0.0f);
+        be_matmul(m->be, logits, hf, W->w, cr, V, H, 0, 1, 1.0f, 0.0f);
+        be_cross_entropy(m->be, logits, tensor_view(s->loss, (size_t)r0, (size_t)cr),
+                         tensor_view(s->targets, (size_t)r0, (size_t)cr), cr, V,
+                         backward ? c->b->grad_scale : 0.0f);
         if (!backward)
             continue;
-        op->matmul(m->be, tensor_view(s->dh, (size_t)r0 * H, (size_t)cr * H), logits, W->w, cr, H,
-                   V, 0, 0, 1.0f, 0.0f);
+        be_matmul(m->be, tensor_view(s->dh, (size_t)r0 * H, (size_t)cr * H), logits, W->w, cr, H,
+                  V, 0, 0, 1.0f, 0.0f);
         if (W->trainable)
-            op->matmul(m->be, W->grad, logits, hf, V, H, cr, 1, 0, 1.0f, 1.0f);
+            be_matmul(m->be, W->grad, logits, hf, V, H, cr, 1, 0, 1.0f, 1.0f);
     }
     float *loss = malloc(sizeof(float) * (size_t)rows);
     if (!loss)
@@ -235,10 +228,10 @@ static int head(const step_ctx *c, int backward, double *loss_sum, sp_err *err)
     free(loss);
     *loss_sum += sum;
     if (backward) {
-        op->zero(m->be, rows_of(s->dres, rows, H));
-        op->rmsnorm_backward(m->be, s->dres,
-                             m->final_norm->trainable ? m->final_norm->grad : no_tensor(), s->dh,
-                             s->x_final, m->final_norm->w, s->rstd_f, rows, H);
+        be_zero(m->be, rows_of(s->dres, rows, H));
+        be_rmsnorm_backward(m->be, s->dres,
+                            m->final_norm->trainable ? m->final_norm->grad : no_tensor(), s->dh,
+                            s->x_final, m->final_norm->w, s->rstd_f, rows, H);
     }
     return 0;
 }
@@ -269,8 +262,7 @@ static int forward(const step_ctx *c, sp_err *err)
         return err->code;
     be_upload(m->be, tensor_view(s->tokens, 0, n), c->b->inputs, DT_I32);
     be_upload(m->be, tensor_view(s->targets, 0, n), c->b->targets, DT_I32);
-    m->be->ops->embedding_forward(m->be, m->acts[0].x, m->embed->w, s->tokens, c->rows,
-                                  (int)m->mc.hidden);
+    be_embedding_forward(m->be, m->acts[0].x, m->embed->w, s->tokens, c->rows, (int)m->mc.hidden);
     int L = (int)m->mc.layers;
     for (int l = 0; l < L; l++)
         layer_forward(c, l, l + 1 < L ? m->acts[l + 1].x : s->x_final);
@@ -294,8 +286,8 @@ int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, s
         grads_ready(m, b, m->ready_upto[1 + l]);
     }
     if (m->embed->trainable)
-        m->be->ops->embedding_backward(m->be, m->embed->grad, MODEL_SCRATCH(m)->dres,
-                                       MODEL_SCRATCH(m)->tokens, c.rows, (int)m->mc.hidden);
+        be_embedding_backward(m->be, m->embed->grad, MODEL_SCRATCH(m)->dres,
+                              MODEL_SCRATCH(m)->tokens, c.rows, (int)m->mc.hidden);
     grads_ready(m, b, m->n_trainable);
     return be_check(m->be, err);
 }
@@ -315,13 +307,13 @@ int model_forward_logits(model_t *m, const model_batch *b, float *logits, sp_err
     int H = (int)m->mc.hidden, V = (int)m->mc.vocab;
     if (forward(&c, err))
         return err->code;
-    m->be->ops->rmsnorm_forward(m->be, s->hf, s->rstd_f, s->x_final, m->final_norm->w, c.rows, H,
-                                (float)m->mc.rms_eps);
+    be_rmsnorm_forward(m->be, s->hf, s->rstd_f, s->x_final, m->final_norm->w, c.rows, H,
+                       (float)m->mc.rms_eps);
     for (int r0 = 0; r0 < c.rows; r0 += (int)s->chunk_rows) {
         int cr = c.rows - r0 < (int)s->chunk_rows ? c.rows - r0 : (int)s->chunk_rows;
         tensor_t out = tensor_view(s->logits, 0, (size_t)cr * (size_t)V);
-        m->be->ops->matmul(m->be, out, tensor_view(s->hf, (size_t)r0 * H, (size_t)cr * H),
-                           m->lm_head->w, cr, V, H, 0, 1, 1.0f, 0.0f);
+        be_matmul(m->be, out, tensor_view(s->hf, (size_t)r0 * H, (size_t)cr * H),
+                  m->lm_head->w, cr, V, H, 0, 1, 1.0f, 0.0f);
         be_download(m->be, logits + (size_t)r0 * V, DT_F32, out);
     }
     return be_check(m->be, err);

@@ -1,0 +1,527 @@
+/* The ops as callers run them: every argument checked here, once for every
+ * backend (the rules are in backend.h), then the backend's op. A refused
+ * call is recorded with be_fail as "OP: WHAT" at the caller's file:line and
+ * goes no further. */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend.h"
+
+/* One call being checked: the first bad argument is reported, the others
+ * are not looked at. */
+typedef struct call {
+    backend_t *be;
+    const char *op, *file;
+    int line;
+    int bad;
+} call;
+
+static call begin(backend_t *be, const char *op, const char *file, int line)
+{
+    call c = {be, op, file, line, 0};
+    return c;
+}
+
+static void refuse(call *c, const char *fmt, ...) SP_PRINTF(2, 3);
+static void refuse(call *c, const char *fmt, ...)
+{
+    if (c->bad)
+        return;
+    c->bad = 1;
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    be_fail(c->be, c->file, c->line, "%s: %s", c->op, what);
+}
+
+/* A size argument. */
+static void size_arg(call *c, const char *name, int v)
+{
+    if (!c->bad && v < 0)
+        refuse(c, "%s = %d is negative", name, v);
+}
+
+/* a * b, or SIZE_MAX when that overflows (no tensor holds that many) */
+static size_t mul(size_t a, size_t b)
+{
+    return a && b > SIZE_MAX / a ? SIZE_MAX : a * b;
+}
+
+static size_t mul3(size_t a, size_t b, size_t c)
+{
+    return mul(mul(a, b), c);
+}
+
+static size_t mul4(size_t a, size_t b, size_t c, size_t d)
+{
+    return mul(mul(a, b), mul(c, d));
+}
+
+/* What dtypes a tensor argument takes. */
+typedef enum { TAKES_FLOAT, TAKES_F32, TAKES_I32 } takes_t;
+
+static int float_dtype(dtype_t dt)
+{
+    return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
+}
+
+/* A tensor argument of which the op touches need elements (shape: how the
+ * size arguments make need, for the message). */
+static void tensor_arg(call *c, const char *name, tensor_t t, size_t need, const char *shape,
+                       takes_t takes)
+{
+    if (c->bad)
+        return;
+    if (!t.p && need > 0) {
+        refuse(c, "%s is not allocated", name);
+        return;
+    }
+    if (t.n < need) {
+        refuse(c, "%s has %zu elements, %s = %zu", name, t.n, shape, need);
+        return;
+    }
+    switch (takes) {
+    case TAKES_FLOAT:
+        if (t.dt == DT_F32 || t.dt == c->be->act_dt)
+            return;
+        if (!float_dtype(t.dt))
+            refuse(c, "%s has dtype %s, not a float dtype", name, dtype_name(t.dt));
+        else if (c->be->act_dt == DT_F32)
+            refuse(c, "%s has dtype %s; this backend computes in F32 only", name,
+                   dtype_name(t.dt));
+        else
+            refuse(c, "%s has dtype %s; this backend computes in F32 and %s", name,
+                   dtype_name(t.dt), dtype_name(c->be->act_dt));
+        return;
+    case TAKES_F32:
+        if (t.dt != DT_F32)
+            refuse(c, "%s has dtype %s, takes F32", name, dtype_name(t.dt));
+        return;
+    case TAKES_I32:
+        if (t.dt != DT_I32)
+            refuse(c, "%s has dtype %s, takes I32", name, dtype_name(t.dt));
+        return;
+    }
+}
+
+/* An argument that may be absent (p == NULL: the op skips it). */
+static void optional_arg(call *c, const char *name, tensor_t t, size_t need, const char *shape,
+                         takes_t takes)
+{
+    if (t.p)
+        tensor_arg(c, name, t, need, shape, takes);
+}
+
+/* Tensors that must share one dtype (names: theirs, for the message). */
+static void same_dtype(call *c, const char *const *names, const tensor_t *ts, int n,
+                       const char *group)
+{
+    for (int i = 1; i < n && !c->bad; i++)
+        if (ts[i].dt != ts[0].dt)
+            refuse(c, "%s is %s and %s is %s: %s share one dtype", names[0],
+                   dtype_name(ts[0].dt), names[i], dtype_name(ts[i].dt), group);
+}
+
+/* ---- memory ------------------------------------------------------------------ */
+
+tensor_t be_alloc_at(const char *file, int line, backend_t *be, dtype_t dt, size_t n)
+{
+    call c = begin(be, "alloc", file, line);
+    if (dtype_size(dt) == 0)
+        refuse(&c, "dtype %d is not a dtype", (int)dt);
+    else if (mul(n, dtype_size(dt)) == SIZE_MAX)
+        refuse(&c, "%zu elements of %s overflow a size", n, dtype_name(dt));
+    if (c.bad) {
+        tensor_t none = {NULL, 0, dt};
+        return none;
+    }
+    return be->ops->alloc(be, dt, n);
+}
+
+void be_free_at(const char *file, int line, backend_t *be, tensor_t *t)
+{
+    (void)file, (void)line;
+    if (t)
+        be->ops->free(be, t);
+}
+
+static void copy_args(call *c, void *dst, const void *src, size_t bytes)
+{
+    if (bytes && !dst)
+        refuse(c, "dst is NULL (%zu bytes)", bytes);
+    else if (bytes && !src)
+        refuse(c, "src is NULL (%zu bytes)", bytes);
+}
+
+void be_h2d_at(const char *file, int line, backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    call c = begin(be, "h2d", file, line);
+    copy_args(&c, dst, src, bytes);
+    if (!c.bad)
+        be->ops->h2d(be, dst, src, bytes);
+}
+
+void be_d2h_at(const char *file, int line, backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    call c = begin(be, "d2h", file, line);
+    copy_args(&c, dst, src, bytes);
+    if (!c.bad)
+        be->ops->d2h(be, dst, src, bytes);
+}
+
+void be_zero_at(const char *file, int line, backend_t *be, tensor_t t)
+{
+    call c = begin(be, "zero", file, line);
+    if (!t.p && t.n)
+        refuse(&c, "t is not allocated");
+    if (!c.bad)
+        be->ops->zero(be, t);
+}
+
+void be_copy_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_t src)
+{
+    call c = begin(be, "copy", file, line);
+    if (dst.n != src.n)
+        refuse(&c, "dst has %zu elements, src has %zu", dst.n, src.n);
+    else if (!dst.p && dst.n)
+        refuse(&c, "dst is not allocated");
+    else if (!src.p && src.n)
+        refuse(&c, "src is not allocated");
+    else if (dst.dt != src.dt && (!float_dtype(dst.dt) || !float_dtype(src.dt)))
+        refuse(&c, "from %s to %s: only F32, BF16 and F16 convert", dtype_name(src.dt),
+               dtype_name(dst.dt));
+    if (!c.bad)
+        be->ops->copy(be, dst, src);
+}
+
+void be_sync_at(const char *file, int line, backend_t *be)
+{
+    (void)file, (void)line;
+    be->ops->sync(be);
+}
+
+/* ---- math ---------------------------------------------------------------------- */
+
+void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A, tensor_t B,
+                  int M, int N, int K, int transA, int transB, float alpha, float beta)
+{
+    call c = begin(be, "matmul", file, line);
+    size_arg(&c, "M", M);
+    size_arg(&c, "N", N);
+    size_arg(&c, "K", K);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "C", C, mul((size_t)M, (size_t)N), "M x N", TAKES_FLOAT);
+    if (K > 0) { /* K == 0: C = beta C, A and B are not read */
+        tensor_arg(&c, "A", A, mul((size_t)M, (size_t)K), "M x K", TAKES_FLOAT);
+        tensor_arg(&c, "B", B, mul((size_t)K, (size_t)N), "K x N", TAKES_FLOAT);
+        const char *names[] = {"A", "B"};
+        tensor_t ts[] = {A, B};
+        same_dtype(&c, names, ts, 2, "the operands");
+    }
+    if (!c.bad)
+        be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta);
+}
+
+void be_rmsnorm_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t rstd,
+                           tensor_t x, tensor_t w, int rows, int cols, float eps)
+{
+    call c = begin(be, "rmsnorm_forward", file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "cols", cols);
+    if (c.bad)
+        return;
+    size_t n = mul((size_t)rows, (size_t)cols);
+    tensor_arg(&c, "out", out, n, "rows x cols", TAKES_FLOAT);
+    tensor_arg(&c, "rstd", rstd, (size_t)rows, "rows", TAKES_F32);
+    tensor_arg(&c, "x", x, n, "rows x cols", TAKES_FLOAT);
+    tensor_arg(&c, "w", w, (size_t)cols, "cols", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->rmsnorm_forward(be, out, rstd, x, w, rows, cols, eps);
+}
+
+void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t dx, tensor_t dw,
+                            tensor_t dout, tensor_t x, tensor_t w, tensor_t rstd, int rows,
+                            int cols)
+{
+    call c = begin(be, "rmsnorm_backward", file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "cols", cols);
+    if (c.bad)
+        return;
+    size_t n = mul((size_t)rows, (size_t)cols);
+    tensor_arg(&c, "dx", dx, n, "rows x cols", TAKES_FLOAT);
+    optional_arg(&c, "dw", dw, (size_t)cols, "cols", TAKES_F32);
+    tensor_arg(&c, "dout", dout, n, "rows x cols", TAKES_FLOAT);
+    tensor_arg(&c, "x", x, n, "rows x cols", TAKES_FLOAT);
+    tensor_arg(&c, "w", w, (size_t)cols, "cols", TAKES_FLOAT);
+    tensor_arg(&c, "rstd", rstd, (size_t)rows, "rows", TAKES_F32);
+    if (!c.bad)
+        be->ops->rmsnorm_backward(be, dx, dw, dout, x, w, rstd, rows, cols);
+}
+
+void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
+                int B, int T, int nh, int hd, int inverse)
+{
+    call c = begin(be, "rope", file, line);
+    size_arg(&c, "B", B);
+    size_arg(&c, "T", T);
+    size_arg(&c, "nh", nh);
+    size_arg(&c, "hd", hd);
+    if (!c.bad && hd % 2)
+        refuse(&c, "hd = %d is odd (rotate-half pairs element i with i + hd/2)", hd);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "x", x, mul4((size_t)B, (size_t)T, (size_t)nh, (size_t)hd), "B x T x nh x hd",
+               TAKES_FLOAT);
+    size_t nc = mul((size_t)T, (size_t)(hd / 2));
+    tensor_arg(&c, "cos", cos, nc, "T x hd/2", TAKES_F32);
+    tensor_arg(&c, "sin", sin, nc, "T x hd/2", TAKES_F32);
+    if (!c.bad)
+        be->ops->rope(be, x, cos, sin, B, T, nh, hd, inverse);
+}
+
+/* The shape of an attention call: positive, nh a multiple of nkv. */
+static void attention_shape(call *c, int B, int T, int nh, int nkv, int hd)
+{
+    const char *names[] = {"B", "T", "nh", "nkv", "hd"};
+    int v[] = {B, T, nh, nkv, hd};
+    for (int i = 0; i < 5; i++)
+        size_arg(c, names[i], v[i]);
+    for (int i = 0; i < 5 && !c->bad; i++)
+        if (v[i] == 0)
+            refuse(c, "%s = 0, must be positive", names[i]);
+    if (!c->bad && nh % nkv)
+        refuse(c, "nh = %d is not a multiple of nkv = %d", nh, nkv);
+}
+
+void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t out,
+                             tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B, int T,
+                             int nh, int nkv, int hd)
+{
+    call c = begin(be, "attention_forward", file, line);
+    attention_shape(&c, B, T, nh, nkv, hd);
+    if (c.bad)
+        return;
+    size_t nq = mul4((size_t)B, (size_t)T, (size_t)nh, (size_t)hd);
+    size_t nk = mul4((size_t)B, (size_t)T, (size_t)nkv, (size_t)hd);
+    tensor_arg(&c, "out", out, nq, "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "lse", lse, mul3((size_t)B, (size_t)nh, (size_t)T), "B x nh x T", TAKES_F32);
+    tensor_arg(&c, "q", q, nq, "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "k", k, nk, "B x T x nkv x hd", TAKES_FLOAT);
+    tensor_arg(&c, "v", v, nk, "B x T x nkv x hd", TAKES_FLOAT);
+    const char *names[] = {"q", "k", "v", "out"};
+    tensor_t ts[] = {q, k, v, out};
+    same_dtype(&c, names, ts, 4, "q, k, v and out");
+    if (!c.bad)
+        be->ops->attention_forward(be, out, lse, q, k, v, B, T, nh, nkv, hd);
+}
+
+void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_t dq,
+                              tensor_t dk, tensor_t dv, tensor_t dout, tensor_t out, tensor_t lse,
+                              tensor_t q, tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
+                              int hd)
+{
+    call c = begin(be, "attention_backward", file, line);
+    attention_shape(&c, B, T, nh, nkv, hd);
+    if (c.bad)
+        return;
+    size_t nq = mul4((size_t)B, (size_t)T, (size_t)nh, (size_t)hd);
+    size_t nk = mul4((size_t)B, (size_t)T, (size_t)nkv, (size_t)hd);
+    tensor_arg(&c, "dq", dq, nq, "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "dk", dk, nk, "B x T x nkv x hd", TAKES_FLOAT);
+    tensor_arg(&c, "dv", dv, nk, "B x T x nkv x hd", TAKES_FLOAT);
+    tensor_arg(&c, "dout", dout, nq, "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "out", out, nq, "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "lse", lse, mul3((size_t)B, (size_t)nh, (size_t)T), "B x nh x T", TAKES_F32);
+    tensor_arg(&c, "q", q, nq, "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "k", k, nk, "B x T x nkv x hd", TAKES_FLOAT);
+    tensor_arg(&c, "v", v, nk, "B x T x nkv x hd", TAKES_FLOAT);
+    const char *names[] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
+    tensor_t ts[] = {q, k, v, out, dout, dq, dk, dv};
+    same_dtype(&c, names, ts, 8, "q, k, v, out and their gradients");
+    if (!c.bad)
+        be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
+}
+
+void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t g,
+                          tensor_t u, size_t n)
+{
+    call c = begin(be, "swiglu_forward", file, line);
+    tensor_arg(&c, "out", out, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "g", g, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "u", u, n, "n", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->swiglu_forward(be, out, g, u, n);
+}
+
+void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t dg, tensor_t du,
+                           tensor_t dout, tensor_t g, tensor_t u, size_t n)
+{
+    call c = begin(be, "swiglu_backward", file, line);
+    tensor_arg(&c, "dg", dg, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "du", du, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "dout", dout, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "g", g, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "u", u, n, "n", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->swiglu_backward(be, dg, du, dout, g, u, n);
+}
+
+void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t out,
+                             tensor_t table, tensor_t tokens, int n, int H)
+{
+    call c = begin(be, "embedding_forward", file, line);
+    size_arg(&c, "n", n);
+    size_arg(&c, "H", H);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "out", out, mul((size_t)n, (size_t)H), "n x H", TAKES_FLOAT);
+    tensor_arg(&c, "table", table, (size_t)H, "H", TAKES_FLOAT);
+    tensor_arg(&c, "tokens", tokens, (size_t)n, "n", TAKES_I32);
+    if (!c.bad)
+        be->ops->embedding_forward(be, out, table, tokens, n, H);
+}
+
+void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_t dtable,
+                              tensor_t dout, tensor_t tokens, int n, int H)
+{
+    call c = begin(be, "embedding_backward", file, line);
+    size_arg(&c, "n", n);
+    size_arg(&c, "H", H);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "dtable", dtable, (size_t)H, "H", TAKES_F32);
+    tensor_arg(&c, "dout", dout, mul((size_t)n, (size_t)H), "n x H", TAKES_FLOAT);
+    tensor_arg(&c, "tokens", tokens, (size_t)n, "n", TAKES_I32);
+    if (!c.bad)
+        be->ops->embedding_backward(be, dtable, dout, tokens, n, H);
+}
+
+void be_cross_entropy_at(const char *file, int line, backend_t *be, tensor_t logits,
+                         tensor_t loss, tensor_t targets, int rows, int V, float grad_scale)
+{
+    call c = begin(be, "cross_entropy", file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "V", V);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "logits", logits, mul((size_t)rows, (size_t)V), "rows x V", TAKES_FLOAT);
+    tensor_arg(&c, "loss", loss, (size_t)rows, "rows", TAKES_F32);
+    tensor_arg(&c, "targets", targets, (size_t)rows, "rows", TAKES_I32);
+    if (!c.bad)
+        be->ops->cross_entropy(be, logits, loss, targets, rows, V, grad_scale);
+}
+
+void be_add_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t x, float alpha,
+               size_t n)
+{
+    call c = begin(be, "add", file, line);
+    tensor_arg(&c, "y", y, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->add(be, y, x, alpha, n);
+}
+
+void be_add_bias_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t b, int rows,
+                    int cols)
+{
+    call c = begin(be, "add_bias", file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "cols", cols);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "y", y, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
+    tensor_arg(&c, "b", b, (size_t)cols, "cols", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->add_bias(be, y, b, rows, cols);
+}
+
+void be_bias_backward_at(const char *file, int line, backend_t *be, tensor_t db, tensor_t dy,
+                         int rows, int cols)
+{
+    call c = begin(be, "bias_backward", file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "cols", cols);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "db", db, (size_t)cols, "cols", TAKES_F32);
+    tensor_arg(&c, "dy", dy, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->bias_backward(be, db, dy, rows, cols);
+}
+
+void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
+                   float p, uint64_t seed, uint64_t offset)
+{
+    call c = begin(be, "dropout", file, line);
+    if (!(p < 1.0f))
+        refuse(&c, "p = %g, must be below 1", (double)p);
+    tensor_arg(&c, "out", out, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "in", in, n, "n", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->dropout(be, out, in, n, p, seed, offset);
+}
+
+double be_sumsq_at(const char *file, int line, backend_t *be, tensor_t x, size_t n)
+{
+    call c = begin(be, "sumsq", file, line);
+    tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
+    return c.bad ? 0.0 : be->ops->sumsq(be, x, n);
+}
+
+void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tensor_t param_copy,
+                 tensor_t grad, tensor_t m, tensor_t v, size_t n, const adamw_args *a)
+{
+    call c = begin(be, "adamw", file, line);
+    tensor_arg(&c, "param", param, n, "n", TAKES_F32);
+    optional_arg(&c, "param_copy", param_copy, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "grad", grad, n, "n", TAKES_F32);
+    tensor_arg(&c, "m", m, n, "n", TAKES_F32);
+    tensor_arg(&c, "v", v, n, "n", TAKES_F32);
+    if (!c.bad && !a)
+        refuse(&c, "a (the hyperparameters) is NULL");
+    if (!c.bad)
+        be->ops->adamw(be, param, param_copy, grad, m, v, n, a);
+}
+
+void be_fill_uniform_at(const char *file, int line, backend_t *be, tensor_t x, size_t n, float lo,
+                        float hi, uint64_t seed, uint64_t offset)
+{
+    call c = begin(be, "fill_uniform", file, line);
+    tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->fill_uniform(be, x, n, lo, hi, seed, offset);
+}
+
+void be_fill_normal_at(const char *file, int line, backend_t *be, tensor_t x, size_t n,
+                       float mean, float std, uint64_t seed, uint64_t offset)
+{
+    call c = begin(be, "fill_normal", file, line);
+    tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
+    if (!c.bad)
+        be->ops->fill_normal(be, x, n, mean, std, seed, offset);
+}
+
+/* ---- streams ------------------------------------------------------------------- */
+
+int be_has_streams(backend_t *be)
+{
+    return be->ops->aux_stream && be->ops->stream_fence;
+}
+
+void *be_aux_stream_at(const char *file, int line, backend_t *be)
+{
+    (void)file, (void)line;
+    return be->ops->aux_stream ? be->ops->aux_stream(be) : NULL;
+}
+
+void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter, void *waitee)
+{
+    (void)file, (void)line;
+    if (be->ops->stream_fence)
+        be->ops->stream_fence(be, waiter, waitee);
+}
