@@ -130,33 +130,6 @@ __global__ void attn_softmax_backward_kernel(const float *S, const float *dP, vo
     }
 }
 
-/* ---- shared argument checks ------------------------------------------------------ */
-
-static int attn_args(backend_t *be, const char *op, int B, int T, int nh, int nkv, int hd)
-{
-    if (be->err.code)
-        return -1;
-    if (B <= 0 || T <= 0 || nh <= 0 || nkv <= 0 || hd <= 0 || nh % nkv) {
-        cuda_fail(be, __FILE__, __LINE__,
-                  "%s: bad shape B=%d T=%d heads=%d kv_heads=%d head_dim=%d", op, B, T, nh, nkv,
-                  hd);
-        return -1;
-    }
-    return 0;
-}
-
-static int same_dtype(backend_t *be, const char *op, const tensor_t *ts, int n)
-{
-    for (int i = 1; i < n; i++)
-        if (ts[i].dt != ts[0].dt) {
-            cuda_fail(be, __FILE__, __LINE__,
-                      "%s: q, k, v, out and their gradients must share one dtype (%s and %s)",
-                      op, dtype_name(ts[0].dt), dtype_name(ts[i].dt));
-            return -1;
-        }
-    return 0;
-}
-
 /* The product S = scale Q_blk K[0:kend]^T of one (b, g, chunk, row block),
  * and its twin dP = dO_blk V^T (same shapes). */
 static void scores(backend_t *be, float *S, const char *Q, const char *K, dtype_t dt,
@@ -187,14 +160,9 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
                                        tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
                                        int hd)
 {
-    const char *op = "attention_forward";
-    if (attn_args(be, op, B, T, nh, nkv, hd))
-        return;
-    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
-    tensor_t all[] = {q, k, v, out};
-    if (ARG(be, op, out, nq, DTS_FLOAT) || ARG(be, op, lse, (size_t)B * nh * T, DTS_F32) ||
-        ARG(be, op, q, nq, DTS_FLOAT) || ARG(be, op, k, nk, DTS_FLOAT) ||
-        ARG(be, op, v, nk, DTS_FLOAT) || same_dtype(be, op, all, 4))
+    /* the shape (positive, nh a multiple of nkv), sizes and dtypes (one
+     * for q, k, v, out) have been checked (kernels/backend_ops.c) */
+    if (be->err.code)
         return;
     dtype_t dt = q.dt;
     size_t esz = dtype_size(dt);
@@ -250,16 +218,7 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
                                         tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
                                         int hd)
 {
-    const char *op = "attention_backward";
-    if (attn_args(be, op, B, T, nh, nkv, hd))
-        return;
-    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
-    tensor_t all[] = {q, k, v, out, dout, dq, dk, dv};
-    if (ARG(be, op, dq, nq, DTS_FLOAT) || ARG(be, op, dk, nk, DTS_FLOAT) ||
-        ARG(be, op, dv, nk, DTS_FLOAT) || ARG(be, op, dout, nq, DTS_FLOAT) ||
-        ARG(be, op, out, nq, DTS_FLOAT) || ARG(be, op, lse, (size_t)B * nh * T, DTS_F32) ||
-        ARG(be, op, q, nq, DTS_FLOAT) || ARG(be, op, k, nk, DTS_FLOAT) ||
-        ARG(be, op, v, nk, DTS_FLOAT) || same_dtype(be, op, all, 8))
+    if (be->err.code) /* arguments checked as for the forward */
         return;
     dtype_t dt = q.dt;
     size_t esz = dtype_size(dt);

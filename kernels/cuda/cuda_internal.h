@@ -56,21 +56,11 @@ void cuda_fail(backend_t *be, const char *file, int line, const char *fmt, ...) 
  * in the kernel at the next synchronising call. */
 #define LAUNCHED(be, name) cuda_ok((be), cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
 
-/* Allowed dtypes of a tensor argument, as a bit set of 1u << dtype. */
-#define DTS_F32 (1u << DT_F32)
-#define DTS_FLOAT ((1u << DT_F32) | (1u << DT_BF16))
-#define DTS_I32 (1u << DT_I32)
-
 extern "C" {
-/* 0 when t is allocated, has at least n elements and an allowed dtype; else
- * records "op: name ..." and returns -1. */
-int cuda_arg(backend_t *be, const char *op, const char *name, tensor_t t, size_t n, unsigned dts,
-             const char *file, int line);
 /* A device buffer of at least bytes, reused by every op (grown on demand,
  * after the stream drains); NULL with the sticky error set on failure. */
 void *cuda_scratch(backend_t *be, size_t bytes);
 }
-#define ARG(be, op, t, n, dts) cuda_arg((be), (op), #t, (t), (n), (dts), __FILE__, __LINE__)
 
 /* ---- launch shapes ---------------------------------------------------------- */
 

@@ -2,7 +2,9 @@
  * attention, each backward beside its forward, with the math of
  * kernels/cpu/cpu_ops.c. Tensors are F32 or BF16 (act_dt) as model_graph.c
  * passes them; every value is loaded into fp32 registers, and norms,
- * softmax, loss and reductions are computed there.
+ * softmax, loss and reductions are computed there. The arguments have been
+ * checked (kernels/backend_ops.c): sizes, element counts and dtypes are what
+ * each op needs; an op here only declines to launch after a failure.
  *
  * Determinism: the column sums (rmsnorm's dw, bias_backward) and sumsq are
  * fixed two-pass reductions (partials in double over fixed row or element
@@ -153,10 +155,7 @@ __global__ void rmsnorm_backward_kernel(void *dx, int dxdt, const void *dout, in
 extern "C" void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x,
                                      tensor_t w, int rows, int cols, float eps)
 {
-    size_t n = (size_t)rows * cols;
-    const char *op = "rmsnorm_forward";
-    if (ARG(be, op, out, n, DTS_FLOAT) || ARG(be, op, rstd, rows, DTS_F32) ||
-        ARG(be, op, x, n, DTS_FLOAT) || ARG(be, op, w, cols, DTS_FLOAT) || rows <= 0)
+    if (be->err.code || rows <= 0)
         return;
     rmsnorm_forward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, (float *)rstd.p, x.p,
                                                                x.dt, w.p, w.dt, cols, eps);
@@ -166,11 +165,7 @@ extern "C" void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd,
 extern "C" void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout,
                                       tensor_t x, tensor_t w, tensor_t rstd, int rows, int cols)
 {
-    size_t n = (size_t)rows * cols;
-    const char *op = "rmsnorm_backward";
-    if (ARG(be, op, dx, n, DTS_FLOAT) || ARG(be, op, dout, n, DTS_FLOAT) ||
-        ARG(be, op, x, n, DTS_FLOAT) || ARG(be, op, w, cols, DTS_FLOAT) ||
-        ARG(be, op, rstd, rows, DTS_F32) || (dw.p && ARG(be, op, dw, cols, DTS_F32)) || rows <= 0)
+    if (be->err.code || rows <= 0)
         return;
     rmsnorm_backward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(
         dx.p, dx.dt, dout.p, dout.dt, x.p, x.dt, w.p, w.dt, (const float *)rstd.p, cols);
@@ -203,10 +198,7 @@ extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
 {
     int hh = hd / 2;
     size_t n = (size_t)B * T * nh * hh;
-    const char *op = "rope";
-    if (ARG(be, op, x, (size_t)B * T * nh * hd, DTS_FLOAT) ||
-        ARG(be, op, cos, (size_t)T * hh, DTS_F32) || ARG(be, op, sin, (size_t)T * hh, DTS_F32) ||
-        !n)
+    if (be->err.code || !n)
         return;
     rope_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
         x.p, x.dt, (const float *)cos.p, (const float *)sin.p, T, nh, hd, n,
@@ -243,9 +235,7 @@ __global__ void swiglu_backward_kernel(void *dg, int dgdt, void *du, int dudt, c
 
 extern "C" void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n)
 {
-    const char *op = "swiglu_forward";
-    if (ARG(be, op, out, n, DTS_FLOAT) || ARG(be, op, g, n, DTS_FLOAT) ||
-        ARG(be, op, u, n, DTS_FLOAT) || !n)
+    if (be->err.code || !n)
         return;
     swiglu_forward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, g.p, g.dt,
                                                                         u.p, u.dt, n);
@@ -255,10 +245,7 @@ extern "C" void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, ten
 extern "C" void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout,
                                      tensor_t g, tensor_t u, size_t n)
 {
-    const char *op = "swiglu_backward";
-    if (ARG(be, op, dg, n, DTS_FLOAT) || ARG(be, op, du, n, DTS_FLOAT) ||
-        ARG(be, op, dout, n, DTS_FLOAT) || ARG(be, op, g, n, DTS_FLOAT) ||
-        ARG(be, op, u, n, DTS_FLOAT) || !n)
+    if (be->err.code || !n)
         return;
     swiglu_backward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
         dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n);
@@ -300,9 +287,7 @@ extern "C" void cuda_embedding_forward(backend_t *be, tensor_t out, tensor_t tab
                                        tensor_t tokens, int n, int H)
 {
     size_t total = (size_t)n * H;
-    const char *op = "embedding_forward";
-    if (ARG(be, op, out, total, DTS_FLOAT) || ARG(be, op, table, H, DTS_FLOAT) ||
-        ARG(be, op, tokens, n, DTS_I32) || !total)
+    if (be->err.code || !total)
         return;
     embedding_forward_kernel<<<cuda_blocks(total), CUDA_BLOCK, 0, STREAM(be)>>>(
         out.p, out.dt, table.p, table.dt, (const int32_t *)tokens.p, table.n / H, H, total);
@@ -313,9 +298,7 @@ extern "C" void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t
                                         tensor_t tokens, int n, int H)
 {
     size_t total = (size_t)n * H;
-    const char *op = "embedding_backward";
-    if (ARG(be, op, dtable, H, DTS_F32) || ARG(be, op, dout, total, DTS_FLOAT) ||
-        ARG(be, op, tokens, n, DTS_I32) || !total)
+    if (be->err.code || !total)
         return;
     embedding_backward_kernel<<<cuda_blocks(total), CUDA_BLOCK, 0, STREAM(be)>>>(
         (float *)dtable.p, dout.p, dout.dt, (const int32_t *)tokens.p, dtable.n / H, H, total);
@@ -369,9 +352,7 @@ __global__ void cross_entropy_kernel(void *logits, int dt, float *loss, const in
 extern "C" void cuda_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss,
                                    tensor_t targets, int rows, int V, float grad_scale)
 {
-    const char *op = "cross_entropy";
-    if (ARG(be, op, logits, (size_t)rows * V, DTS_FLOAT) || ARG(be, op, loss, rows, DTS_F32) ||
-        ARG(be, op, targets, rows, DTS_I32) || rows <= 0)
+    if (be->err.code || rows <= 0)
         return;
     cross_entropy_kernel<<<rows, CE_BLOCK, 0, STREAM(be)>>>(logits.p, logits.dt, (float *)loss.p,
                                                            (const int32_t *)targets.p, V,
@@ -389,7 +370,7 @@ __global__ void add_kernel(void *y, int ydt, const void *x, int xdt, float alpha
 
 extern "C" void cuda_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n)
 {
-    if (ARG(be, "add", y, n, DTS_FLOAT) || ARG(be, "add", x, n, DTS_FLOAT) || !n)
+    if (be->err.code || !n)
         return;
     add_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, x.p, x.dt, alpha, n);
     LAUNCHED(be, "add_kernel");
@@ -404,7 +385,7 @@ __global__ void add_bias_kernel(void *y, int ydt, const void *b, int bdt, int co
 extern "C" void cuda_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols)
 {
     size_t n = (size_t)rows * cols;
-    if (ARG(be, "add_bias", y, n, DTS_FLOAT) || ARG(be, "add_bias", b, cols, DTS_FLOAT) || !n)
+    if (be->err.code || !n)
         return;
     add_bias_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, b.p, b.dt, cols, n);
     LAUNCHED(be, "add_bias_kernel");
@@ -412,8 +393,7 @@ extern "C" void cuda_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, i
 
 extern "C" void cuda_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols)
 {
-    if (ARG(be, "bias_backward", db, cols, DTS_F32) ||
-        ARG(be, "bias_backward", dy, (size_t)rows * cols, DTS_FLOAT))
+    if (be->err.code)
         return;
     colsum(be, db, dy.p, dy.dt, NULL, 0, NULL, rows, cols);
 }
@@ -433,7 +413,7 @@ __global__ void dropout_kernel(void *out, int odt, const void *in, int idt, size
 extern "C" void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p,
                              uint64_t seed, uint64_t offset)
 {
-    if (ARG(be, "dropout", out, n, DTS_FLOAT) || ARG(be, "dropout", in, n, DTS_FLOAT) || !n)
+    if (be->err.code || !n)
         return;
     if (p <= 0.0f) {
         if (out.p == in.p && out.dt == in.dt)
@@ -485,7 +465,7 @@ __global__ void sumsq_finish_kernel(double *out, const double *part, size_t nb)
 extern "C" double cuda_sumsq(backend_t *be, tensor_t x, size_t n)
 {
     cuda_impl *im = CUDA_IMPL(be);
-    if (ARG(be, "sumsq", x, n, DTS_FLOAT) || !n)
+    if (be->err.code || !n)
         return 0.0;
     size_t nb = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     double *part = (double *)cuda_scratch(be, sizeof(double) * (nb + 1));
@@ -531,10 +511,7 @@ __global__ void adamw_kernel(float *P, void *copy, int cdt, const float *G, floa
 extern "C" void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad,
                            tensor_t m, tensor_t v, size_t n, const adamw_args *a)
 {
-    const char *op = "adamw";
-    if (ARG(be, op, param, n, DTS_F32) || ARG(be, op, grad, n, DTS_F32) ||
-        ARG(be, op, m, n, DTS_F32) || ARG(be, op, v, n, DTS_F32) ||
-        (param_copy.p && ARG(be, op, param_copy, n, DTS_FLOAT)) || !n)
+    if (be->err.code || !n)
         return;
     /* the host-side constants exactly as the CPU backend derives them */
     double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
@@ -568,7 +545,7 @@ __global__ void fill_normal_kernel(void *x, int dt, size_t n, float mean, float 
 extern "C" void cuda_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi,
                                   uint64_t seed, uint64_t offset)
 {
-    if (ARG(be, "fill_uniform", x, n, DTS_FLOAT) || !n)
+    if (be->err.code || !n)
         return;
     fill_uniform_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(x.p, x.dt, n, lo, hi, seed,
                                                                       offset);
@@ -578,7 +555,7 @@ extern "C" void cuda_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo,
 extern "C" void cuda_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std,
                                  uint64_t seed, uint64_t offset)
 {
-    if (ARG(be, "fill_normal", x, n, DTS_FLOAT) || !n)
+    if (be->err.code || !n)
         return;
     fill_normal_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(x.p, x.dt, n, mean, std,
                                                                      seed, offset);
