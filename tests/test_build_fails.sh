@@ -127,6 +127,7 @@ else
 
     without tests/test_config.c         # a Criterion suite of trainer.cmake
     without tests/test_util.c           # a source shared by suites
+    without tests/op_checks.c           # test_ops and test_cuda_ops
     without tests/test_launch.sh        # a script test
     without tests/store.cmake           # a suite file
     without tests/cuda.cmake            # the CUDA suites are registered without CUDA too

@@ -24,6 +24,7 @@
 
 #include "cuda_test_main.h"
 #include "kernels/backend.h"
+#include "op_checks.h"
 
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-4
@@ -853,4 +854,41 @@ Test(cuda_ops, fill_normal_within_1e_6)
 int main(int argc, char *argv[])
 {
     return cuda_test_main(argc, argv);
+}
+
+/* ---- argument checks ------------------------------------------------------------------ */
+
+/* The malformed calls of tests/op_checks.c: refused with the messages the
+ * CPU backends give (test_ops.c), changing no device memory. */
+Test(cuda_ops, malformed_calls_are_refused_as_on_the_cpu)
+{
+    int on_gpu = op_checks_run(gpu), on_cpu = op_checks_run(cpu);
+    cr_expect_gt(on_gpu, 150, "only %d malformed calls checked", on_gpu);
+    cr_expect_eq(on_gpu, on_cpu);
+}
+
+Test(cuda_ops, ids_and_targets_outside_the_table_as_on_the_cpu)
+{
+    op_checks_ids_outside(gpu);
+    op_checks_ids_outside(cpu);
+}
+
+/* What only a backend that computes in BF16 can be asked: operands of two
+ * float dtypes, and a float dtype it does not compute in. */
+Test(cuda_ops, mixed_and_foreign_float_dtypes_are_refused)
+{
+    tensor_t f = up(gpu, DT_F32, NULL, 64), b = up(gpu, DT_BF16, NULL, 64);
+    tensor_t h = up(gpu, DT_F16, NULL, 64);
+    be_matmul(gpu, f, b, f, 4, 4, 4, 0, 1, 1.0f, 0.0f);
+    op_checks_expect_refused(gpu, "matmul: A is BF16 and B is F32: the operands share one dtype",
+                             __FILE__, "matmul of BF16 by F32");
+    be_attention_forward(gpu, f, f, f, b, b, 1, 4, 2, 2, 4);
+    op_checks_expect_refused(gpu,
+                             "attention_forward: q is F32 and k is BF16: q, k, v and out share "
+                             "one dtype",
+                             __FILE__, "attention of F32 q and BF16 k");
+    be_add(gpu, f, h, 1.0f, 64);
+    op_checks_expect_refused(gpu, "add: x has dtype F16; this backend computes in F32 and BF16",
+                             __FILE__, "add of F16");
+    drop(gpu, &f), drop(gpu, &b), drop(gpu, &h);
 }

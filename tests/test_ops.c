@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "op_checks.h"
 
 static backend_t *be;
 static tensor_t owned[64]; /* every tensor a test allocates, freed by teardown */
@@ -602,4 +603,54 @@ Test(ops, attention_reference_path)
     cr_assert_eq(backend_create(&be, "cpu-ref", 0, 2, &err), 0, "%s", err.msg);
     check_attention(2, 5, 4, 2, 4);
     check_attention(1, 9, 3, 3, 6);
+}
+
+/* ---- argument checks -------------------------------------------------------- */
+
+/* The same malformed calls on the fast and the reference backend: each is
+ * refused with the same message naming the op and the argument, and
+ * changes no memory (tests/op_checks.c; the CUDA suite makes them too). */
+Test(ops, malformed_calls_are_refused_alike_on_cpu_and_cpu_ref)
+{
+    const char *kinds[] = {"cpu", "cpu-ref"};
+    int cases[2];
+    for (int k = 0; k < 2; k++) {
+        backend_t *b;
+        sp_err err = {0};
+        cr_assert_eq(backend_create(&b, kinds[k], 0, 2, &err), 0, "%s", err.msg);
+        cases[k] = op_checks_run(b);
+        backend_destroy(b);
+    }
+    cr_expect_gt(cases[0], 150, "only %d malformed calls checked", cases[0]);
+    cr_expect_eq(cases[0], cases[1]);
+}
+
+Test(ops, ids_and_targets_outside_the_table_read_and_train_nothing)
+{
+    const char *kinds[] = {"cpu", "cpu-ref"};
+    for (int k = 0; k < 2; k++) {
+        backend_t *b;
+        sp_err err = {0};
+        cr_assert_eq(backend_create(&b, kinds[k], 0, 2, &err), 0, "%s", err.msg);
+        op_checks_ids_outside(b);
+        backend_destroy(b);
+    }
+}
+
+/* The CPU computes in F32: a BF16 or F16 tensor (which CUDA would take, or
+ * not) is refused by name, before its 2-byte elements are read as 4. */
+Test(ops, the_cpu_refuses_other_float_dtypes)
+{
+    tensor_t y = talloc(DT_F32, 8), h = talloc(DT_BF16, 8), f16 = talloc(DT_F16, 8);
+    be_add(be, y, h, 1.0f, 8);
+    op_checks_expect_refused(be, "add: x has dtype BF16; this backend computes in F32 only",
+                             __FILE__, "add of BF16 on the CPU");
+    be_matmul(be, y, f16, y, 2, 2, 2, 0, 0, 1.0f, 0.0f);
+    op_checks_expect_refused(be, "matmul: A has dtype F16; this backend computes in F32 only",
+                             __FILE__, "matmul of F16 on the CPU");
+    /* converting copies are the CPU's to make */
+    be_copy(be, h, y);
+    be_copy(be, f16, h);
+    sp_err err = {0};
+    cr_expect_eq(be_check(be, &err), 0, "%s", err.msg);
 }

@@ -1,7 +1,10 @@
 /* CPU math ops: the specification of each op's math, forward and backward
  * side by side. Float32 storage; sums that decide results (norms, softmax,
  * losses, reductions) accumulate in double. Every loop is parallel over
- * independent outputs only, so results never depend on the thread count. */
+ * independent outputs only, so results never depend on the thread count.
+ * The arguments have been checked (kernels/backend_ops.c): every tensor is
+ * F32 (I32 for ids) and holds what the sizes need. Ids are data: the ops
+ * handle those outside the table themselves, as the CUDA kernels do. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,9 +244,18 @@ void cpu_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t
     const float *W = F(table);
     const int32_t *tok = I(tokens);
     float *O = F(out);
+    if (H <= 0)
+        return;
+    size_t vocab = table.n / (size_t)H;
+    /* an id outside the table gives a zero row (the model checks ids first) */
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++)
-        memcpy(O + (size_t)i * H, W + (size_t)tok[i] * H, sizeof(float) * H);
+    for (int i = 0; i < n; i++) {
+        float *o = O + (size_t)i * H;
+        if (tok[i] >= 0 && (size_t)tok[i] < vocab)
+            memcpy(o, W + (size_t)tok[i] * H, sizeof(float) * H);
+        else
+            memset(o, 0, sizeof(float) * H);
+    }
 }
 
 void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens, int n,
@@ -253,11 +265,16 @@ void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tenso
     const float *DO = F(dout);
     const int32_t *tok = I(tokens);
     float *DW = F(dtable);
-    /* parallel over columns: each row of dtable is summed in token order */
+    if (H <= 0)
+        return;
+    size_t vocab = dtable.n / (size_t)H;
+    /* parallel over columns: each row of dtable is summed in token order; an
+     * id outside the table adds nothing */
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < H; c++)
         for (int i = 0; i < n; i++)
-            DW[(size_t)tok[i] * H + c] += DO[(size_t)i * H + c];
+            if (tok[i] >= 0 && (size_t)tok[i] < vocab)
+                DW[(size_t)tok[i] * H + c] += DO[(size_t)i * H + c];
 }
 
 /* ---- fused softmax cross-entropy ---------------------------------------- */
@@ -272,7 +289,7 @@ void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t t
     for (int r = 0; r < rows; r++) {
         float *x = X + (size_t)r * V;
         int t = tg[r];
-        if (t < 0) {
+        if (t < 0 || t >= V) { /* ignored row (a target outside [0, V) too, as on CUDA) */
             memset(x, 0, sizeof(float) * V);
             Lo[r] = 0.0f;
             continue;

@@ -1,0 +1,570 @@
+/* Malformed op calls and what each must do on every backend (op_checks.h).
+ *
+ * Each op is described once: its tensor arguments (the elements its sizes
+ * make them need, the dtypes it takes) and its size arguments, with one
+ * valid call. From that the cases are made by breaking one argument at a
+ * time, and the message each must give is written here from the rules of
+ * kernels/backend.h, independently of kernels/backend_ops.c. Every tensor
+ * is a view between two guard regions of its own allocation; a refused call
+ * must leave the whole allocation as it was, the valid call its guards. */
+#include "op_checks.h"
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GUARD 16    /* elements before and after each view */
+#define N_ELEM 10   /* n of the elementwise ops */
+#define FILL 0.25f  /* every float element before a call (ids are 0) */
+
+typedef enum { TAKES_FLOAT, TAKES_F32, TAKES_I32 } takes_t;
+
+typedef struct targ {
+    const char *name;
+    size_t n;          /* elements the valid call passes */
+    size_t need;       /* elements the sizes make the op need (<= n) */
+    const char *shape; /* how, in the messages' words */
+    takes_t takes;
+    int optional;      /* absent (p == NULL) is a valid call */
+} targ;
+
+typedef struct op_spec {
+    const char *op;
+    void (*call)(backend_t *be, const tensor_t *t, const int *d);
+    int nt;
+    targ t[9];
+    int nd;
+    const char *dim[5];
+    int d[5]; /* the valid call's sizes */
+} op_spec;
+
+/* ---- the ops, called with tensors t[] and sizes d[] ----------------------------------- */
+
+static void c_matmul(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_matmul(be, t[0], t[1], t[2], d[0], d[1], d[2], 0, 0, 1.0f, 0.0f);
+}
+static void c_rmsnorm_forward(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_rmsnorm_forward(be, t[0], t[1], t[2], t[3], d[0], d[1], 1e-5f);
+}
+static void c_rmsnorm_backward(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_rmsnorm_backward(be, t[0], t[1], t[2], t[3], t[4], t[5], d[0], d[1]);
+}
+static void c_rope(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_rope(be, t[0], t[1], t[2], d[0], d[1], d[2], d[3], 0);
+}
+static void c_attention_forward(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_attention_forward(be, t[0], t[1], t[2], t[3], t[4], d[0], d[1], d[2], d[3], d[4]);
+}
+static void c_attention_backward(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_attention_backward(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], d[0], d[1],
+                          d[2], d[3], d[4]);
+}
+static void c_swiglu_forward(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_swiglu_forward(be, t[0], t[1], t[2], N_ELEM);
+}
+static void c_swiglu_backward(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_swiglu_backward(be, t[0], t[1], t[2], t[3], t[4], N_ELEM);
+}
+static void c_embedding_forward(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_embedding_forward(be, t[0], t[1], t[2], d[0], d[1]);
+}
+static void c_embedding_backward(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_embedding_backward(be, t[0], t[1], t[2], d[0], d[1]);
+}
+static void c_cross_entropy(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_cross_entropy(be, t[0], t[1], t[2], d[0], d[1], 1.0f);
+}
+static void c_add(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_add(be, t[0], t[1], 0.5f, N_ELEM);
+}
+static void c_add_bias(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_add_bias(be, t[0], t[1], d[0], d[1]);
+}
+static void c_bias_backward(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_bias_backward(be, t[0], t[1], d[0], d[1]);
+}
+static void c_dropout(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_dropout(be, t[0], t[1], N_ELEM, 0.5f, 7, 0);
+}
+static void c_sumsq(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_sumsq(be, t[0], N_ELEM);
+}
+static void c_adamw(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    adamw_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f, 1};
+    be_adamw(be, t[0], t[1], t[2], t[3], t[4], N_ELEM, &a);
+}
+static void c_fill_uniform(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_fill_uniform(be, t[0], N_ELEM, -1.0f, 1.0f, 3, 0);
+}
+static void c_fill_normal(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_fill_normal(be, t[0], N_ELEM, 0.0f, 1.0f, 3, 0);
+}
+
+/* ---- the ops' arguments --------------------------------------------------------------- */
+
+#define T_(name, n, shape, takes) {name, n, n, shape, takes, 0}
+#define E_ N_ELEM
+
+static const op_spec specs[] = {
+    {"matmul", c_matmul, 3,
+     {T_("C", 16, "M x N", TAKES_FLOAT), T_("A", 12, "M x K", TAKES_FLOAT),
+      T_("B", 12, "K x N", TAKES_FLOAT)},
+     3, {"M", "N", "K"}, {4, 4, 3}},
+    {"rmsnorm_forward", c_rmsnorm_forward, 4,
+     {T_("out", 12, "rows x cols", TAKES_FLOAT), T_("rstd", 3, "rows", TAKES_F32),
+      T_("x", 12, "rows x cols", TAKES_FLOAT), T_("w", 4, "cols", TAKES_FLOAT)},
+     2, {"rows", "cols"}, {3, 4}},
+    {"rmsnorm_backward", c_rmsnorm_backward, 6,
+     {T_("dx", 12, "rows x cols", TAKES_FLOAT), {"dw", 4, 4, "cols", TAKES_F32, 1},
+      T_("dout", 12, "rows x cols", TAKES_FLOAT), T_("x", 12, "rows x cols", TAKES_FLOAT),
+      T_("w", 4, "cols", TAKES_FLOAT), T_("rstd", 3, "rows", TAKES_F32)},
+     2, {"rows", "cols"}, {3, 4}},
+    {"rope", c_rope, 3,
+     {T_("x", 24, "B x T x nh x hd", TAKES_FLOAT), T_("cos", 6, "T x hd/2", TAKES_F32),
+      T_("sin", 6, "T x hd/2", TAKES_F32)},
+     4, {"B", "T", "nh", "hd"}, {1, 3, 2, 4}},
+    {"attention_forward", c_attention_forward, 5,
+     {T_("out", 24, "B x T x nh x hd", TAKES_FLOAT), T_("lse", 6, "B x nh x T", TAKES_F32),
+      T_("q", 24, "B x T x nh x hd", TAKES_FLOAT), T_("k", 12, "B x T x nkv x hd", TAKES_FLOAT),
+      T_("v", 12, "B x T x nkv x hd", TAKES_FLOAT)},
+     5, {"B", "T", "nh", "nkv", "hd"}, {1, 3, 2, 1, 4}},
+    {"attention_backward", c_attention_backward, 9,
+     {T_("dq", 24, "B x T x nh x hd", TAKES_FLOAT), T_("dk", 12, "B x T x nkv x hd", TAKES_FLOAT),
+      T_("dv", 12, "B x T x nkv x hd", TAKES_FLOAT),
+      T_("dout", 24, "B x T x nh x hd", TAKES_FLOAT),
+      T_("out", 24, "B x T x nh x hd", TAKES_FLOAT), T_("lse", 6, "B x nh x T", TAKES_F32),
+      T_("q", 24, "B x T x nh x hd", TAKES_FLOAT), T_("k", 12, "B x T x nkv x hd", TAKES_FLOAT),
+      T_("v", 12, "B x T x nkv x hd", TAKES_FLOAT)},
+     5, {"B", "T", "nh", "nkv", "hd"}, {1, 3, 2, 1, 4}},
+    {"swiglu_forward", c_swiglu_forward, 3,
+     {T_("out", E_, "n", TAKES_FLOAT), T_("g", E_, "n", TAKES_FLOAT),
+      T_("u", E_, "n", TAKES_FLOAT)},
+     0, {NULL}, {0}},
+    {"swiglu_backward", c_swiglu_backward, 5,
+     {T_("dg", E_, "n", TAKES_FLOAT), T_("du", E_, "n", TAKES_FLOAT),
+      T_("dout", E_, "n", TAKES_FLOAT), T_("g", E_, "n", TAKES_FLOAT),
+      T_("u", E_, "n", TAKES_FLOAT)},
+     0, {NULL}, {0}},
+    /* the table: 5 rows of H, of which the op needs one at least */
+    {"embedding_forward", c_embedding_forward, 3,
+     {T_("out", 12, "n x H", TAKES_FLOAT), {"table", 20, 4, "H", TAKES_FLOAT, 0},
+      T_("tokens", 3, "n", TAKES_I32)},
+     2, {"n", "H"}, {3, 4}},
+    {"embedding_backward", c_embedding_backward, 3,
+     {{"dtable", 20, 4, "H", TAKES_F32, 0}, T_("dout", 12, "n x H", TAKES_FLOAT),
+      T_("tokens", 3, "n", TAKES_I32)},
+     2, {"n", "H"}, {3, 4}},
+    {"cross_entropy", c_cross_entropy, 3,
+     {T_("logits", 15, "rows x V", TAKES_FLOAT), T_("loss", 3, "rows", TAKES_F32),
+      T_("targets", 3, "rows", TAKES_I32)},
+     2, {"rows", "V"}, {3, 5}},
+    {"add", c_add, 2, {T_("y", E_, "n", TAKES_FLOAT), T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL},
+     {0}},
+    {"add_bias", c_add_bias, 2,
+     {T_("y", 12, "rows x cols", TAKES_FLOAT), T_("b", 4, "cols", TAKES_FLOAT)}, 2,
+     {"rows", "cols"}, {3, 4}},
+    {"bias_backward", c_bias_backward, 2,
+     {T_("db", 4, "cols", TAKES_F32), T_("dy", 12, "rows x cols", TAKES_FLOAT)}, 2,
+     {"rows", "cols"}, {3, 4}},
+    {"dropout", c_dropout, 2, {T_("out", E_, "n", TAKES_FLOAT), T_("in", E_, "n", TAKES_FLOAT)},
+     0, {NULL}, {0}},
+    {"sumsq", c_sumsq, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
+    {"adamw", c_adamw, 5,
+     {T_("param", E_, "n", TAKES_F32), {"param_copy", E_, E_, "n", TAKES_FLOAT, 1},
+      T_("grad", E_, "n", TAKES_F32), T_("m", E_, "n", TAKES_F32), T_("v", E_, "n", TAKES_F32)},
+     0, {NULL}, {0}},
+    {"fill_uniform", c_fill_uniform, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
+    {"fill_normal", c_fill_normal, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
+};
+
+/* ---- guarded tensors ------------------------------------------------------------------ */
+
+/* The allocations of one op's arguments and what they hold before a call. */
+typedef struct arena {
+    backend_t *be;
+    int n;
+    tensor_t parent[9];
+    unsigned char *image[9]; /* the bytes of each parent before any call */
+    size_t bytes[9];
+} arena;
+
+static void arena_make(arena *a, backend_t *be, const op_spec *s)
+{
+    memset(a, 0, sizeof *a);
+    a->be = be;
+    a->n = s->nt;
+    for (int i = 0; i < s->nt; i++) {
+        const targ *t = &s->t[i];
+        dtype_t dt = t->takes == TAKES_I32 ? DT_I32 : DT_F32;
+        size_t n = t->n + 2 * GUARD;
+        a->parent[i] = be_alloc(be, dt, n);
+        cr_assert(a->parent[i].p, "%s: allocating %s", s->op, t->name);
+        a->bytes[i] = n * 4;
+        a->image[i] = malloc(a->bytes[i]);
+        cr_assert(a->image[i]);
+        for (size_t j = 0; j < n; j++) {
+            float f = FILL;
+            int32_t z = 0;
+            memcpy(a->image[i] + 4 * j, dt == DT_I32 ? (const void *)&z : (const void *)&f, 4);
+        }
+    }
+}
+
+/* Every allocation back to its image. */
+static void arena_reset(arena *a)
+{
+    for (int i = 0; i < a->n; i++)
+        be_h2d(a->be, a->parent[i].p, a->image[i], a->bytes[i]);
+}
+
+/* The view of argument i the valid call passes. */
+static tensor_t arena_arg(const arena *a, const op_spec *s, int i)
+{
+    return tensor_view(a->parent[i], GUARD, s->t[i].n);
+}
+
+/* Bytes [lo, hi) of allocation i are as they were (elements of 4 bytes). */
+static int arena_same(const arena *a, int i, size_t lo, size_t hi, const char *what)
+{
+    unsigned char *now = malloc(a->bytes[i]);
+    cr_assert(now);
+    be_d2h(a->be, now, a->parent[i].p, a->bytes[i]);
+    int same = memcmp(now + 4 * lo, a->image[i] + 4 * lo, 4 * (hi - lo)) == 0;
+    free(now);
+    cr_expect(same, "%s: memory changed", what);
+    return same;
+}
+
+static void arena_free(arena *a)
+{
+    for (int i = 0; i < a->n; i++) {
+        be_free(a->be, &a->parent[i]);
+        free(a->image[i]);
+    }
+}
+
+/* ---- checking one call ---------------------------------------------------------------- */
+
+void op_checks_expect_refused(backend_t *be, const char *want, const char *file,
+                              const char *what)
+{
+    sp_err err = {0};
+    cr_expect_neq(be_check(be, &err), 0, "%s: not refused (wanted \"%s\")", what, want);
+    char prefix[600];
+    snprintf(prefix, sizeof prefix, "%s backend: %s (%s:", be->name, want, file);
+    cr_expect(strncmp(err.msg, prefix, strlen(prefix)) == 0, "%s:\n  got  \"%s\"\n  want \"%s...\"",
+              what, err.msg, prefix);
+    sp_err_clear(&be->err);
+}
+
+/* calls made in this file */
+static void expect_refused(backend_t *be, const char *want, const char *what)
+{
+    op_checks_expect_refused(be, want, __FILE__, what);
+}
+
+static void expect_accepted(backend_t *be, const char *what)
+{
+    sp_err err = {0};
+    be_sync(be);
+    cr_expect_eq(be_check(be, &err), 0, "%s: %s", what, err.msg);
+    sp_err_clear(&be->err);
+}
+
+/* Calls op s with args t, sizes d; it must be refused with want and change
+ * no allocation. */
+static void refused(arena *a, const op_spec *s, const tensor_t *t, const int *d, const char *want)
+{
+    char what[300];
+    snprintf(what, sizeof what, "%s on %s, expecting \"%s\"", s->op, a->be->name, want);
+    arena_reset(a);
+    s->call(a->be, t, d);
+    expect_refused(a->be, want, what);
+    for (int i = 0; i < a->n; i++)
+        arena_same(a, i, 0, a->bytes[i] / 4, what);
+}
+
+static const char *not_taken(takes_t takes, dtype_t *bad)
+{
+    switch (takes) {
+    case TAKES_FLOAT:
+        *bad = DT_I32;
+        return "not a float dtype";
+    case TAKES_F32:
+        *bad = DT_I32;
+        return "takes F32";
+    case TAKES_I32:
+        *bad = DT_F32;
+        return "takes I32";
+    }
+    return "";
+}
+
+/* The valid call, then each argument broken in turn. */
+static int check_op(backend_t *be, const op_spec *s)
+{
+    arena a;
+    arena_make(&a, be, s);
+    tensor_t t[9];
+    int d[5];
+    char want[300];
+    int cases = 0;
+    for (int i = 0; i < s->nt; i++)
+        t[i] = arena_arg(&a, s, i);
+    memcpy(d, s->d, sizeof d);
+
+    /* the valid call (with its optional tensors present, then absent) */
+    for (int absent = 0; absent < 2; absent++) {
+        tensor_t tv[9];
+        memcpy(tv, t, sizeof tv);
+        for (int i = 0; i < s->nt && absent; i++)
+            if (s->t[i].optional)
+                tv[i] = (tensor_t){NULL, 0, DT_F32};
+        arena_reset(&a);
+        s->call(be, tv, d);
+        char what[200];
+        snprintf(what, sizeof what, "the valid %s on %s%s", s->op, be->name,
+                 absent ? " without its optional tensors" : "");
+        expect_accepted(be, what);
+        for (int i = 0; i < s->nt; i++) {
+            size_t n = s->t[i].n;
+            arena_same(&a, i, 0, GUARD, what);
+            arena_same(&a, i, GUARD + n, n + 2 * GUARD, what);
+        }
+    }
+
+    for (int i = 0; i < s->nt; i++) {
+        const targ *ta = &s->t[i];
+        tensor_t keep = t[i];
+        /* one element short of the need */
+        t[i] = tensor_view(a.parent[i], GUARD, ta->need - 1);
+        snprintf(want, sizeof want, "%s: %s has %zu elements, %s = %zu", s->op, ta->name,
+                 ta->need - 1, ta->shape, ta->need);
+        refused(&a, s, t, d, want);
+        /* not allocated (an optional one is then absent: valid) */
+        if (!ta->optional) {
+            t[i] = (tensor_t){NULL, keep.n, keep.dt};
+            snprintf(want, sizeof want, "%s: %s is not allocated", s->op, ta->name);
+            refused(&a, s, t, d, want);
+            cases++;
+        }
+        /* a dtype it does not take (same element size) */
+        dtype_t bad = DT_I32;
+        const char *why = not_taken(ta->takes, &bad);
+        t[i] = keep;
+        t[i].dt = bad;
+        snprintf(want, sizeof want, "%s: %s has dtype %s, %s", s->op, ta->name, dtype_name(bad),
+                 why);
+        refused(&a, s, t, d, want);
+        t[i] = keep;
+        cases += 2;
+    }
+    for (int j = 0; j < s->nd; j++) {
+        d[j] = -1;
+        snprintf(want, sizeof want, "%s: %s = -1 is negative", s->op, s->dim[j]);
+        refused(&a, s, t, d, want);
+        d[j] = s->d[j];
+        cases++;
+    }
+    arena_free(&a);
+    return cases;
+}
+
+static const op_spec *spec_of(const char *op)
+{
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        if (!strcmp(specs[i].op, op))
+            return &specs[i];
+    cr_assert_fail("no spec for %s", op);
+    return NULL;
+}
+
+/* The valid call of op with sizes d instead: refused with want. */
+static void refused_sizes(backend_t *be, const char *op, const int *d, const char *want)
+{
+    const op_spec *s = spec_of(op);
+    arena a;
+    arena_make(&a, be, s);
+    tensor_t t[9];
+    for (int i = 0; i < s->nt; i++)
+        t[i] = arena_arg(&a, s, i);
+    refused(&a, s, t, d, want);
+    arena_free(&a);
+}
+
+/* The rules of single ops, and the ops outside the table's pattern. */
+static int check_rules(backend_t *be)
+{
+    int cases = 0;
+    /* matmul: the product does not fit in C */
+    {
+        const op_spec *s = spec_of("matmul");
+        arena a;
+        arena_make(&a, be, s);
+        tensor_t t[3] = {tensor_view(a.parent[0], GUARD, 12), arena_arg(&a, s, 1),
+                         arena_arg(&a, s, 2)};
+        refused(&a, s, t, s->d, "matmul: C has 12 elements, M x N = 16");
+        /* K = 0: C = beta C, A and B are not read (may be absent) */
+        t[0] = arena_arg(&a, s, 0);
+        t[1] = t[2] = (tensor_t){NULL, 0, DT_F32};
+        int d0[3] = {4, 4, 0};
+        s->call(be, t, d0);
+        expect_accepted(be, "matmul with K = 0 and no A, B");
+        arena_free(&a);
+        cases++;
+    }
+    /* attention: positive sizes, nh a multiple of nkv */
+    for (int bwd = 0; bwd < 2; bwd++) {
+        const char *op = bwd ? "attention_backward" : "attention_forward";
+        char want[200];
+        int d1[5] = {1, 3, 2, 0, 4}, d2[5] = {1, 3, 3, 2, 4}, d3[5] = {0, 3, 2, 1, 4};
+        snprintf(want, sizeof want, "%s: nkv = 0, must be positive", op);
+        refused_sizes(be, op, d1, want);
+        snprintf(want, sizeof want, "%s: nh = 3 is not a multiple of nkv = 2", op);
+        refused_sizes(be, op, d2, want);
+        snprintf(want, sizeof want, "%s: B = 0, must be positive", op);
+        refused_sizes(be, op, d3, want);
+        cases += 3;
+    }
+    /* rope: rotate-half needs an even head dimension */
+    {
+        int d[4] = {1, 3, 2, 3};
+        refused_sizes(be, "rope", d,
+                      "rope: hd = 3 is odd (rotate-half pairs element i with i + hd/2)");
+        cases++;
+    }
+    /* dropout: p below 1 */
+    {
+        tensor_t x = be_alloc(be, DT_F32, N_ELEM), y = be_alloc(be, DT_F32, N_ELEM);
+        be_dropout(be, y, x, N_ELEM, 1.0f, 7, 0);
+        expect_refused(be, "dropout: p = 1, must be below 1", "dropout with p = 1");
+        be_free(be, &x);
+        be_free(be, &y);
+        cases++;
+    }
+    /* adamw: its hyperparameters */
+    {
+        tensor_t p = be_alloc(be, DT_F32, N_ELEM);
+        be_adamw(be, p, (tensor_t){NULL, 0, DT_F32}, p, p, p, N_ELEM, NULL);
+        expect_refused(be, "adamw: a (the hyperparameters) is NULL", "adamw without a");
+        be_free(be, &p);
+        cases++;
+    }
+    /* copy, zero, the host copies, alloc */
+    {
+        tensor_t f = be_alloc(be, DT_F32, N_ELEM), i = be_alloc(be, DT_I32, N_ELEM);
+        tensor_t none = {NULL, N_ELEM, DT_F32};
+        be_copy(be, f, tensor_view(f, 0, N_ELEM - 1));
+        expect_refused(be, "copy: dst has 10 elements, src has 9", "copy of 9 into 10");
+        be_copy(be, none, f);
+        expect_refused(be, "copy: dst is not allocated", "copy into nothing");
+        be_copy(be, f, none);
+        expect_refused(be, "copy: src is not allocated", "copy from nothing");
+        be_copy(be, f, i);
+        expect_refused(be, "copy: from I32 to F32: only F32, BF16 and F16 convert",
+                       "copy from I32 to F32");
+        be_zero(be, none);
+        expect_refused(be, "zero: t is not allocated", "zero of nothing");
+        float host[N_ELEM];
+        be_h2d(be, NULL, host, sizeof host);
+        expect_refused(be, "h2d: dst is NULL (40 bytes)", "h2d to NULL");
+        be_d2h(be, host, NULL, sizeof host);
+        expect_refused(be, "d2h: src is NULL (40 bytes)", "d2h from NULL");
+        tensor_t bad = be_alloc(be, (dtype_t)9, 4);
+        expect_refused(be, "alloc: dtype 9 is not a dtype", "alloc of dtype 9");
+        cr_expect_null(bad.p);
+        be_free(be, &f);
+        be_free(be, &i);
+        cases += 8;
+    }
+    return cases;
+}
+
+int op_checks_run(backend_t *be)
+{
+    int cases = 0;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        cases += check_op(be, &specs[i]);
+    cases += check_rules(be);
+    return cases;
+}
+
+void op_checks_ids_outside(backend_t *be)
+{
+    const int n = 3, H = 4, vocab = 5, V = 5;
+    int32_t ids[3] = {1, 99, -1};
+    float table[20], got[12];
+    for (int i = 0; i < vocab * H; i++)
+        table[i] = (float)(i + 1);
+    tensor_t tt = be_alloc(be, DT_F32, (size_t)vocab * H), ti = be_alloc(be, DT_I32, (size_t)n);
+    tensor_t to = be_alloc(be, DT_F32, (size_t)n * H);
+    be_upload(be, tt, table, DT_F32);
+    be_upload(be, ti, ids, DT_I32);
+    be_fill_uniform(be, to, to.n, 9.0f, 9.0f, 0, 0);
+    be_embedding_forward(be, to, tt, ti, n, H);
+    be_download(be, got, DT_F32, to);
+    for (int c = 0; c < H; c++) {
+        cr_expect_eq(got[c], table[H + c], "%s: row of id 1", be->name);
+        cr_expect_eq(got[H + c], 0.0f, "%s: the row of id 99 (outside) is not zero", be->name);
+        cr_expect_eq(got[2 * H + c], 0.0f, "%s: the row of id -1 is not zero", be->name);
+    }
+    /* the gradient: only id 1's row gets one */
+    be_zero(be, tt);
+    be_fill_uniform(be, to, to.n, 1.0f, 1.0f, 0, 0);
+    be_embedding_backward(be, tt, to, ti, n, H);
+    be_download(be, table, DT_F32, tt);
+    for (int i = 0; i < vocab * H; i++)
+        cr_expect_eq(table[i], i / H == 1 ? 1.0f : 0.0f, "%s: dtable[%d] = %g", be->name, i,
+                     (double)table[i]);
+
+    /* targets V and -1 ignore their rows: loss 0, dlogits 0 */
+    int32_t targets[3] = {2, V, -1};
+    float loss[3], dl[15];
+    tensor_t tl = be_alloc(be, DT_F32, 15), tloss = be_alloc(be, DT_F32, 3);
+    tensor_t tg = be_alloc(be, DT_I32, 3);
+    be_fill_uniform(be, tl, 15, 0.5f, 0.5f, 0, 0);
+    be_upload(be, tg, targets, DT_I32);
+    be_cross_entropy(be, tl, tloss, tg, 3, V, 1.0f);
+    be_download(be, loss, DT_F32, tloss);
+    be_download(be, dl, DT_F32, tl);
+    cr_expect_gt(loss[0], 1.6f, "%s: loss of a uniform row over 5 (ln 5)", be->name);
+    cr_expect_lt(loss[0], 1.62f, "%s: loss of a uniform row over 5 (ln 5)", be->name);
+    for (int r = 1; r < 3; r++) {
+        cr_expect_eq(loss[r], 0.0f, "%s: loss of ignored row %d", be->name, r);
+        for (int v = 0; v < V; v++)
+            cr_expect_eq(dl[r * V + v], 0.0f, "%s: dlogits of ignored row %d", be->name, r);
+    }
+    sp_err err = {0};
+    cr_expect_eq(be_check(be, &err), 0, "%s", err.msg);
+    be_free(be, &tt), be_free(be, &ti), be_free(be, &to);
+    be_free(be, &tl), be_free(be, &tloss), be_free(be, &tg);
+}
