@@ -1,5 +1,8 @@
-/* CPU math ops: the specification of each op's math, forward and backward
- * side by side. Float32 storage; sums that decide results (norms, softmax,
+/* CPU math ops: the specification of each op's math but the matrix
+ * product, forward and backward side by side. The product is in
+ * cpu_backend.c (matmul_plain is its specification, OpenBLAS its fast path);
+ * the backward of a linear layer is no op of its own: trainer/model_graph.c
+ * builds it from two products with transposes (dX = dY W, dW += dY^T X). Float32 storage; sums that decide results (norms, softmax,
  * losses, reductions) accumulate in double. Every loop is parallel over
  * independent outputs only, so results never depend on the thread count.
  * The arguments have been checked (kernels/backend_ops.c): every tensor is
