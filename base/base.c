@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -23,21 +25,67 @@ int sp_fail(sp_err *e, int code, const char *fmt, ...)
 
 void sp_err_prefix(sp_err *e, const char *fmt, ...)
 {
-    char pre[1024], old[sizeof e->msg];
+    char old[sizeof e->msg];
     va_list ap;
     if (!e || e->code == 0)
         return;
     va_start(ap, fmt);
-    vsnprintf(pre, sizeof pre, fmt, ap);
+    char *pre = sp_vstrf(fmt, ap);
     va_end(ap);
     memcpy(old, e->msg, sizeof old);
-    snprintf(e->msg, sizeof e->msg, "%s%s", pre, old);
+    /* the record's size bounds a message */
+    sp_cutf(e->msg, sizeof e->msg, "%s%s", pre ? pre : "", old);
+    free(pre);
 }
 
 void sp_err_clear(sp_err *e)
 {
     e->code = 0;
     e->msg[0] = 0;
+}
+
+char *sp_vstrf(const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    char *s = n < 0 ? NULL : malloc((size_t)n + 1);
+    if (s)
+        vsnprintf(s, (size_t)n + 1, fmt, ap);
+    return s;
+}
+
+char *sp_strf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = sp_vstrf(fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+int sp_fitf(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    if (len >= 0 && (size_t)len < n)
+        return 0;
+    if (n)
+        buf[0] = 0;
+    errno = ENAMETOOLONG;
+    return -1;
+}
+
+int sp_cutf(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    return len >= 0 && (size_t)len >= n;
 }
 
 uint16_t sp_f32_to_bf16(float f)
@@ -131,20 +179,26 @@ uint64_t sp_fnv1a(uint64_t h, const void *data, size_t n)
 
 int sp_mkdir_p(const char *path)
 {
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+    if (strlen(path) >= PATH_MAX) {
         errno = ENAMETOOLONG;
         return -1;
     }
-    for (char *p = buf + 1; *p; p++) {
+    char *buf = sp_strf("%s", path);
+    if (!buf)
+        return -1; /* errno: ENOMEM */
+    int rc = 0;
+    for (char *p = buf + 1; *p && !rc; p++) {
         if (*p != '/')
             continue;
         *p = 0;
         if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return -1;
+            rc = -1;
         *p = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return -1;
-    return 0;
+    if (!rc && mkdir(buf, 0755) != 0 && errno != EEXIST)
+        rc = -1;
+    int saved = errno;
+    free(buf);
+    errno = saved;
+    return rc;
 }

@@ -4,6 +4,7 @@
 #ifndef SPOTUNE_BASE_H
 #define SPOTUNE_BASE_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,10 +18,12 @@ enum {
 };
 
 /* An error travels up as a return code plus this record; the first failure
- * wins so the message names the root cause, not a later symptom. */
+ * wins so the message names the root cause, not a later symptom. A message
+ * holds two paths of PATH_MAX bytes and what happened to them whole. */
+#define SP_ERR_MSG_MAX 9216
 typedef struct sp_err {
     int code;
-    char msg[2048];
+    char msg[SP_ERR_MSG_MAX];
 } sp_err;
 
 #if defined(__GNUC__)
@@ -72,7 +75,23 @@ float sp_rng_normal(uint64_t seed, uint64_t ctr);
 double sp_now(void);
 double sp_wall_time(void);
 
-/* mkdir -p: creates path and its missing parents (mode 0755); 0 or -1 with errno. */
+/* Strings. Paths and messages whose length depends on the input are built
+ * with sp_strf, a printf into a new heap string: no fixed buffer, nothing
+ * cut. Where an interface keeps a caller's buffer, sp_fitf fills it only
+ * when the whole text fits, and sp_cutf is for text whose truncation is
+ * harmless (a message, a label) and says so at the call. */
+/* A new heap string (the caller frees it); NULL when out of memory. */
+char *sp_strf(const char *fmt, ...) SP_PRINTF(1, 2);
+char *sp_vstrf(const char *fmt, va_list ap) SP_PRINTF(1, 0);
+/* printf into buf[n]: 0 when the whole text fits; otherwise buf is left
+ * empty and -1 is returned with errno = ENAMETOOLONG (never a cut path). */
+int sp_fitf(char *buf, size_t n, const char *fmt, ...) SP_PRINTF(3, 4);
+/* printf into buf[n], cut to fit; returns 1 when it was cut, else 0. */
+int sp_cutf(char *buf, size_t n, const char *fmt, ...) SP_PRINTF(3, 4);
+
+/* mkdir -p: creates path and its missing parents (mode 0755); 0 or -1 with
+ * errno. A path of PATH_MAX bytes or more is refused (ENAMETOOLONG) before
+ * anything is created. */
 int sp_mkdir_p(const char *path);
 
 /* FNV-1a 64-bit over bytes, chainable (pass the previous hash as h). */

@@ -11,6 +11,9 @@
 #include <time.h>
 
 #define MIB ((size_t)1 << 20)
+/* the sizes S3 allows a multipart upload's part */
+#define PART_MIN_BYTES (5 * MIB)
+#define PART_MAX_BYTES ((size_t)5 << 30)
 
 /* ---- errors ----------------------------------------------------------------- */
 
@@ -37,16 +40,6 @@ int store_fail(const store_t *s, sp_err *err, int rc, const char *key, const cha
     else
         sp_fail(err, store_exit_code(rc), "%s: %s", url, msg);
     return rc;
-}
-
-char *store_strdup_printf(const char *fmt, ...)
-{
-    va_list ap;
-    char *out = NULL;
-    va_start(ap, fmt);
-    int n = vasprintf(&out, fmt, ap);
-    va_end(ap);
-    return n < 0 ? NULL : out;
 }
 
 /* ---- keys ------------------------------------------------------------------- */
@@ -196,7 +189,7 @@ static int apply_defaults(store_t *s, const store_opts *in, sp_err *err)
         o->retry_max_s = 20;
     if (o->addressing < STORE_ADDR_AUTO || o->addressing > STORE_ADDR_VHOST)
         return store_fail(s, err, STORE_EUSAGE, NULL, "bad addressing style %d", o->addressing);
-    if (o->part_bytes < 5 * MIB || o->part_bytes > ((size_t)5 << 30))
+    if (o->part_bytes < PART_MIN_BYTES || o->part_bytes > PART_MAX_BYTES)
         return store_fail(s, err, STORE_EUSAGE, NULL,
                           "part size %zu bytes is outside 5 MiB .. 5 GiB", o->part_bytes);
     if (o->parallel < 1 || o->parallel > 64)
@@ -238,7 +231,7 @@ static int open_file_url(store_t *s, const char *rest, sp_err *err)
         root[--n] = 0;
     int rc = percent_decode(root) ? store_fail(s, err, STORE_EUSAGE, NULL, "bad %%-escape in URL")
                                   : 0;
-    char *url = rc ? NULL : store_strdup_printf("file://%s", strcmp(root, "/") ? root : "");
+    char *url = rc ? NULL : sp_strf("file://%s", strcmp(root, "/") ? root : "");
     if (!rc && !url)
         rc = store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
     if (url) {
@@ -278,8 +271,8 @@ static int open_s3_url(store_t *s, const char *rest, sp_err *err)
         prefix[--pn] = 0;
     char *url = NULL;
     if (!rc)
-        url = pn ? store_strdup_printf("s3://%s/%s", bucket, prefix)
-                 : store_strdup_printf("s3://%s", bucket);
+        url = pn ? sp_strf("s3://%s/%s", bucket, prefix)
+                 : sp_strf("s3://%s", bucket);
     if (!rc && !url)
         rc = store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
     if (url) {

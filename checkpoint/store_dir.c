@@ -127,8 +127,8 @@ static int push_files(store_t *s, const char *local_dir, const char *pfx, const 
     for (size_t i = 0; i < files->n && !rc; i++) {
         if (!strcmp(files->v[i], MANIFEST))
             continue;
-        char *key = store_strdup_printf("%s/%s", pfx, files->v[i]);
-        char *path = store_strdup_printf("%s/%s", local_dir, files->v[i]);
+        char *key = sp_strf("%s/%s", pfx, files->v[i]);
+        char *path = sp_strf("%s/%s", local_dir, files->v[i]);
         if (!key || !path)
             rc = store_fail(s, err, STORE_EFAIL, pfx, "out of memory");
         else if (!(rc = store_check_key(s, key, 0, err)))
@@ -162,8 +162,8 @@ int store_push_dir(store_t *s, const char *local_dir, const char *prefix,
     int prc = norm_prefix(s, prefix, &pfx, err);
     if (prc)
         return prc;
-    char *mpath = store_strdup_printf("%s/" MANIFEST, local_dir);
-    char *mkey = store_strdup_printf("%s/" MANIFEST, pfx);
+    char *mpath = sp_strf("%s/" MANIFEST, local_dir);
+    char *mkey = sp_strf("%s/" MANIFEST, pfx);
     void *man = NULL;
     size_t mn = 0;
     name_list files = {0};
@@ -213,7 +213,7 @@ static int pull_into(store_t *s, const store_listing *l, size_t strip, const cha
         const char *rel = l->items[i].key + strip;
         if ((rc = store_check_key(s, rel, 0, err)) != 0) /* no "../" from a hostile listing */
             break;
-        char *dst = store_strdup_printf("%s/%s", tmp, rel);
+        char *dst = sp_strf("%s/%s", tmp, rel);
         rc = dst ? s->ops->get_file(s, l->items[i].key, dst, xcancel(x), err)
                  : store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
         if (!rc)
@@ -229,7 +229,7 @@ static int make_tmp_dir(store_t *s, const char *local_dir, char **tmp, sp_err *e
     if (lstat(local_dir, &st) == 0)
         return store_fail(s, err, STORE_ELOCAL, NULL, "pull: %s already exists", local_dir);
     int e = store_local_mkparents(local_dir);
-    *tmp = e ? NULL : store_strdup_printf("%s" STORE_TMP_MARK "pull.XXXXXX", local_dir);
+    *tmp = e ? NULL : sp_strf("%s" STORE_TMP_MARK "pull.XXXXXX", local_dir);
     if (!e && (!*tmp || !mkdtemp(*tmp)))
         e = *tmp ? errno : ENOMEM;
     /* mkdtemp makes it 0700; a published checkpoint gets the mode of the
@@ -251,7 +251,7 @@ static int publish_dir(store_t *s, const char *tmp, const char *local_dir, sp_er
     if (!e && rename(tmp, local_dir) != 0)
         e = errno;
     if (!e) {
-        char *parent = store_strdup_printf("%s/..", local_dir);
+        char *parent = sp_strf("%s/..", local_dir);
         e = parent ? fsync_dir(parent) : 0;
         free(parent);
     }
@@ -265,7 +265,7 @@ int store_pull_dir(store_t *s, const char *prefix, const char *local_dir,
     int prc = norm_prefix(s, prefix, &pfx, err);
     if (prc)
         return prc;
-    char *lp = store_strdup_printf("%s/", pfx), *tmp = NULL;
+    char *lp = sp_strf("%s/", pfx), *tmp = NULL;
     store_listing l = {0};
     int rc = lp ? s->ops->list(s, lp, &l, xcancel(x), err)
                 : store_fail(s, err, STORE_EFAIL, pfx, "out of memory");

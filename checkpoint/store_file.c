@@ -69,7 +69,7 @@ int store_local_tmp(const char *path, char **tmp_path, int *fd)
     int e = EEXIST;
     for (int i = 0; i < 100 && e == EEXIST; i++) {
         rng = sp_mix64(rng + (uint64_t)i);
-        char *t = store_strdup_printf("%s/" STORE_TMP_MARK "%016llx", dir, (unsigned long long)rng);
+        char *t = sp_strf("%s/" STORE_TMP_MARK "%016llx", dir, (unsigned long long)rng);
         if (!t) {
             e = ENOMEM;
             break;
@@ -185,7 +185,7 @@ void store_local_rmtree(const char *dir)
         while ((e = readdir(d))) {
             if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
                 continue;
-            char *p = store_strdup_printf("%s/%s", dir, e->d_name);
+            char *p = sp_strf("%s/%s", dir, e->d_name);
             struct stat st;
             if (p && lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
                 store_local_rmtree(p);
@@ -247,7 +247,7 @@ static int copy_fd(int in, int out, store_cancel c)
 static char *fpath(const store_t *s, const char *key)
 {
     const fstore *f = s->impl;
-    return store_strdup_printf("%s/%s", strcmp(f->root, "/") ? f->root : "", key);
+    return sp_strf("%s/%s", strcmp(f->root, "/") ? f->root : "", key);
 }
 
 static int io_fail(const store_t *s, sp_err *err, int rc, const char *key, const char *what,
@@ -375,8 +375,8 @@ int store_local_walk(const char *dir, const char *rel, const store_walk *w)
             !strncmp(e->d_name, STORE_TMP_MARK, strlen(STORE_TMP_MARK)))
             continue;
         struct stat st;
-        char *child_rel = store_strdup_printf("%s%s", rel, e->d_name);
-        char *child = store_strdup_printf("%s/%s", dir, e->d_name);
+        char *child_rel = sp_strf("%s%s", rel, e->d_name);
+        char *child = sp_strf("%s/%s", dir, e->d_name);
         if (!child_rel || !child)
             rc = ENOMEM;
         else if (store_canceled(w->cancel))
@@ -386,7 +386,7 @@ int store_local_walk(const char *dir, const char *rel, const store_walk *w)
         else if (S_ISREG(st.st_mode))
             rc = w->file(w->ctx, child_rel, (uint64_t)st.st_size);
         else if (S_ISDIR(st.st_mode)) {
-            char *sub = store_strdup_printf("%s/", child_rel);
+            char *sub = sp_strf("%s/", child_rel);
             rc = !sub ? ENOMEM
                  : !w->enter || w->enter(w->ctx, sub) ? store_local_walk(child, sub, w)
                                                       : 0;

@@ -79,7 +79,6 @@ int store_local_mkdirs(const char *dir);            /* mkdir -p */
 int store_local_mkparents(const char *path);        /* mkdir -p dirname(path) */
 int store_local_read(const char *path, void **data, size_t *n); /* whole file, NUL-terminated */
 void store_local_rmtree(const char *dir);           /* best effort */
-char *store_strdup_printf(const char *fmt, ...) SP_PRINTF(1, 2);
 /* Every regular file below dir (names starting with STORE_TMP_MARK skipped),
  * as a path relative to the top prefixed with rel ("a/b.h5"): file() for
  * each, into directories only where enter() (NULL: always) says so. Stops at

@@ -259,9 +259,9 @@ static int parse_page(list_page *p, const membuf *body)
 static char *list_query(const char *token, const char *enc_prefix)
 {
     if (!token)
-        return store_strdup_printf("list-type=2&prefix=%s", enc_prefix);
+        return sp_strf("list-type=2&prefix=%s", enc_prefix);
     char *t = s3_uri_encode(token, 0);
-    char *q = t ? store_strdup_printf("continuation-token=%s&list-type=2&prefix=%s", t, enc_prefix)
+    char *q = t ? sp_strf("continuation-token=%s&list-type=2&prefix=%s", t, enc_prefix)
                 : NULL;
     free(t);
     return q;
@@ -270,7 +270,7 @@ static char *list_query(const char *token, const char *enc_prefix)
 static int s3_list(store_t *s, const char *prefix, store_listing *out, store_cancel c, sp_err *err)
 {
     s3_backend *b = s->impl;
-    char *fp = b->prefix[0] ? store_strdup_printf("%s/%s", b->prefix, prefix) : strdup(prefix);
+    char *fp = b->prefix[0] ? sp_strf("%s/%s", b->prefix, prefix) : strdup(prefix);
     char *enc = fp ? s3_uri_encode(fp, 0) : NULL;
     list_page p = {out, 0, b->prefix[0] ? strlen(b->prefix) + 1 : 0, 0, NULL};
     int rc = enc ? 0 : store_fail(s, err, STORE_EFAIL, prefix, "LIST failed: out of memory");
@@ -304,7 +304,7 @@ static int s3_create_bucket(store_t *s, sp_err *err)
     s3_backend *b = s->impl;
     char *body = NULL, sha[65] = S3_EMPTY_SHA256;
     if (b->aws_default && strcmp(b->region, "us-east-1")) /* AWS wants the region spelled out */
-        body = store_strdup_printf(
+        body = sp_strf(
             "<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
             "<LocationConstraint>%s</LocationConstraint></CreateBucketConfiguration>",
             b->region);
@@ -385,7 +385,7 @@ static int load_credentials(store_t *s, s3_backend *b, sp_err *err)
     b->access_key = strdup(id);
     b->secret_key = strdup(secret);
     if (token)
-        b->token_hdr = store_strdup_printf("x-amz-security-token: %s", token);
+        b->token_hdr = sp_strf("x-amz-security-token: %s", token);
     if (!b->access_key || !b->secret_key || (token && !b->token_hdr))
         return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
     return 0;
@@ -412,12 +412,10 @@ static int endpoint_wants_vhost(const char *hostport)
 {
     static const char *const domains[] = {".amazonaws.com", ".amazonaws.com.cn", ".aliyuncs.com",
                                           ".myqcloud.com"};
-    char host[256];
-    snprintf(host, sizeof host, "%.*s", (int)strcspn(hostport, ":/"), hostport);
-    size_t n = strlen(host);
+    size_t n = strcspn(hostport, ":/"); /* the host name's length */
     for (size_t i = 0; i < sizeof domains / sizeof *domains; i++) {
         size_t d = strlen(domains[i]);
-        if (n > d && !strcmp(host + n - d, domains[i]))
+        if (n > d && !strncmp(hostport + n - d, domains[i], d))
             return 1;
     }
     return 0;
@@ -439,7 +437,7 @@ static int resolve_endpoint(store_t *s, s3_backend *b, sp_err *err)
     char *aws = NULL, *scheme = NULL, *rest = NULL;
     b->aws_default = !ep;
     if (!ep)
-        ep = aws = store_strdup_printf("https://s3.%s.amazonaws.com%s", b->region,
+        ep = aws = sp_strf("https://s3.%s.amazonaws.com%s", b->region,
                                        strncmp(b->region, "cn-", 3) ? "" : ".cn");
     int rc = 0;
     if (!ep || split_endpoint(ep, &scheme, &rest))
@@ -451,11 +449,11 @@ static int resolve_endpoint(store_t *s, s3_backend *b, sp_err *err)
                     ? STORE_ADDR_VHOST
                     : STORE_ADDR_PATH;
     if (!rc && style == STORE_ADDR_PATH) {
-        b->base = store_strdup_printf("%s%s/%s", scheme, rest, b->bucket);
+        b->base = sp_strf("%s%s/%s", scheme, rest, b->bucket);
         b->bucket_url = b->base ? strdup(b->base) : NULL;
     } else if (!rc) {
-        b->base = store_strdup_printf("%s%s.%s", scheme, b->bucket, rest);
-        b->bucket_url = b->base ? store_strdup_printf("%s/", b->base) : NULL;
+        b->base = sp_strf("%s%s.%s", scheme, b->bucket, rest);
+        b->bucket_url = b->base ? sp_strf("%s/", b->base) : NULL;
     }
     if (!rc && (!b->base || !b->bucket_url))
         rc = store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
@@ -493,7 +491,7 @@ int store_s3_open(store_t *s, const char *bucket, const char *prefix, sp_err *er
     b->bucket = strdup(bucket);
     b->prefix = strdup(prefix);
     b->region = strdup(pick_region(s));
-    b->sigv4 = b->region ? store_strdup_printf("aws:amz:%s:s3", b->region) : NULL;
+    b->sigv4 = b->region ? sp_strf("aws:amz:%s:s3", b->region) : NULL;
     if (env_nonempty("AWS_CA_BUNDLE"))
         b->ca_bundle = strdup(env_nonempty("AWS_CA_BUNDLE"));
     if (!b->pool || !b->bucket || !b->prefix || !b->region || !b->sigv4)

@@ -131,13 +131,16 @@ static int upload_part(par_job *j, size_t idx, void **scratch, sp_err *err)
                               idx + 1, strerror(e));
         data = *scratch;
     }
-    char sha[65], what[40], query[512];
+    char sha[65], what[40];
     s3_sha256_hex(data, len, sha);
     snprintf(what, sizeof what, "UploadPart %zu", idx + 1);
-    snprintf(query, sizeof query, "partNumber=%zu&%s", idx + 1, j->upload_query);
+    char *query = sp_strf("partNumber=%zu&%s", idx + 1, j->upload_query);
+    if (!query)
+        return store_fail(j->s, err, STORE_EFAIL, j->key, "UploadPart: out of memory");
     s3_req r = {.method = "PUT", .what = what, .key = j->key, .query = query, .body = data,
                 .body_len = len, .body_sha = sha, .fd = -1, .cancel2 = &j->stop};
     int rc = s3_call(j->s, &r, j->cancel, err);
+    free(query);
     if (!rc && !r.etag[0])
         rc = store_fail(j->s, err, STORE_EFAIL, j->key, "%s: no ETag in the answer", what);
     if (!rc)
@@ -158,7 +161,7 @@ static int create_upload(store_t *s, const char *key, char **upload_query, store
     char *enc = id ? s3_uri_encode(id, 0) : NULL;
     if (!rc && !enc)
         rc = store_fail(s, err, STORE_EFAIL, key, "CreateMultipartUpload: no UploadId in the answer");
-    if (!rc && !(*upload_query = store_strdup_printf("uploadId=%s", enc)))
+    if (!rc && !(*upload_query = sp_strf("uploadId=%s", enc)))
         rc = store_fail(s, err, STORE_EFAIL, key, "out of memory");
     free(id);
     free(enc);

@@ -106,7 +106,7 @@ void s3_err_take(sp_err *dst, const sp_err *src)
 
 static char *full_key(const s3_backend *b, const char *key)
 {
-    return b->prefix[0] ? store_strdup_printf("%s/%s", b->prefix, key) : strdup(key);
+    return b->prefix[0] ? sp_strf("%s/%s", b->prefix, key) : strdup(key);
 }
 
 static char *req_url(const s3_backend *b, const s3_req *r)
@@ -114,10 +114,10 @@ static char *req_url(const s3_backend *b, const s3_req *r)
     const char *q = r->query ? r->query : "";
     const char *qm = r->query ? "?" : "";
     if (!r->key)
-        return store_strdup_printf("%s%s%s", b->bucket_url, qm, q);
+        return sp_strf("%s%s%s", b->bucket_url, qm, q);
     char *fk = full_key(b, r->key);
     char *enc = fk ? s3_uri_encode(fk, 1) : NULL;
-    char *url = enc ? store_strdup_printf("%s/%s%s%s", b->base, enc, qm, q) : NULL;
+    char *url = enc ? sp_strf("%s/%s%s%s", b->base, enc, qm, q) : NULL;
     free(fk);
     free(enc);
     return url;
