@@ -40,8 +40,13 @@ void ckpt_snapshot_free(ckpt_snapshot *s)
     memset(s, 0, sizeof *s);
 }
 
+/* The attribute called name, emptied, or a new one; NULL when out of memory
+ * or the name is longer than an attribute's name holds. */
 static ckpt_attr *new_attr(ckpt_snapshot *s, const char *name)
 {
+    size_t len = strlen(name);
+    if (len >= sizeof s->attrs[0].name)
+        return NULL;
     for (int i = 0; i < s->nattrs; i++)
         if (strcmp(s->attrs[i].name, name) == 0) {
             free(s->attrs[i].s);
@@ -58,28 +63,29 @@ static ckpt_attr *new_attr(ckpt_snapshot *s, const char *name)
     }
     ckpt_attr *a = &s->attrs[s->nattrs++];
     memset(a, 0, sizeof *a);
-    snprintf(a->name, sizeof a->name, "%s", name);
+    memcpy(a->name, name, len + 1);
     return a;
+}
+
+static int set_number(ckpt_snapshot *s, const char *name, int type, int64_t i, double d)
+{
+    ckpt_attr *a = new_attr(s, name);
+    if (!a)
+        return -1;
+    a->type = type;
+    a->i = i;
+    a->d = d;
+    return 0;
 }
 
 int ckpt_set_int(ckpt_snapshot *s, const char *name, int64_t v)
 {
-    ckpt_attr *a = new_attr(s, name);
-    if (!a)
-        return -1;
-    a->type = CKPT_ATTR_INT;
-    a->i = v;
-    return 0;
+    return set_number(s, name, CKPT_ATTR_INT, v, 0.0);
 }
 
 int ckpt_set_real(ckpt_snapshot *s, const char *name, double v)
 {
-    ckpt_attr *a = new_attr(s, name);
-    if (!a)
-        return -1;
-    a->type = CKPT_ATTR_REAL;
-    a->d = v;
-    return 0;
+    return set_number(s, name, CKPT_ATTR_REAL, 0, v);
 }
 
 int ckpt_set_str(ckpt_snapshot *s, const char *name, const char *v)
@@ -133,7 +139,7 @@ int ckpt_add_file(ckpt_snapshot *s, const char *name, const void *data, size_t n
         return -1;
     memcpy(f->data, data, n);
     f->n = n;
-    snprintf(f->name, sizeof f->name, "%s", name);
+    memcpy(f->name, name, strlen(name) + 1); /* its length was checked above */
     s->nfiles++;
     s->bytes += n;
     return 0;
@@ -362,19 +368,22 @@ static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *c
     json_object_set_new(m, "created", json_real(sp_wall_time()));
     int rc = 0;
     for (int i = 0; i < nfiles && !rc; i++) {
-        char path[4096], hex[65];
+        char hex[65], *path = sp_strf("%s/%s", dir, files[i]);
         uint64_t size;
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        rc = ckpt_file_sha256(path, hex, &size, err);
+        rc = path ? ckpt_file_sha256(path, hex, &size, err)
+                  : sp_fail(err, SP_EXIT_OTHER, "out of memory");
         if (!rc)
             json_object_set_new(fl, files[i],
                                 json_pack("{s:I, s:s}", "size", (json_int_t)size, "sha256", hex));
+        free(path);
     }
     json_object_set_new(m, "files", fl);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
+    char *path = rc ? NULL : sp_strf("%s/%s", dir, CKPT_MANIFEST);
+    if (!rc && !path)
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
     if (!rc && (json_dump_file(m, path, JSON_INDENT(2)) != 0 || fsync_path(path, 0) != 0))
         rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path);
+    free(path);
     json_decref(m);
     return rc;
 }
@@ -389,37 +398,34 @@ int ckpt_remove_tree(const char *dir)
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
-        char p[4096];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        char *p = sp_strf("%s/%s", dir, e->d_name);
         struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+        if (!p)
+            rc = -1;
+        else if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
             rc |= ckpt_remove_tree(p);
         else
             rc |= unlink(p);
+        free(p);
     }
     closedir(d);
     return rc | rmdir(dir);
 }
 
-int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t out_n, sp_err *err)
+/* The files of snapshot s written into the new directory tmp, MANIFEST last. */
+static int write_files(const char *tmp, const ckpt_snapshot *s, sp_err *err)
 {
-    char name[64], tmp[4096], fin[4096], path[4200];
-    if (mkdir(root, 0755) != 0 && errno != EEXIST)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", root, strerror(errno));
-    ckpt_dir_name(name, sizeof name, s->step);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", root, name, (int)getpid());
-    snprintf(fin, sizeof fin, "%s/%s", root, name);
-    ckpt_remove_tree(tmp);
-    if (check_space(root, s, err))
-        return err->code;
-    if (mkdir(tmp, 0755) != 0)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", tmp, strerror(errno));
-    snprintf(path, sizeof path, "%s/%s", tmp, CKPT_STATE_FILE);
     const char *files[5] = {CKPT_STATE_FILE};
     int nfiles = 1;
-    int rc = write_state(path, s, err);
+    char *path = sp_strf("%s/%s", tmp, CKPT_STATE_FILE);
+    int rc = path ? write_state(path, s, err) : sp_fail(err, SP_EXIT_OTHER, "out of memory");
     for (int i = 0; i < s->nfiles && !rc; i++) {
-        snprintf(path, sizeof path, "%s/%s", tmp, s->files[i].name);
+        free(path);
+        path = sp_strf("%s/%s", tmp, s->files[i].name);
+        if (!path) {
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+            break;
+        }
         FILE *f = fopen(path, "wb");
         int bad = !f || fwrite(s->files[i].data, 1, s->files[i].n, f) != s->files[i].n;
         if (f && fclose(f) != 0)
@@ -428,30 +434,65 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t o
             rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", path, strerror(errno));
         files[nfiles++] = s->files[i].name;
     }
+    free(path);
     if (!rc)
         rc = write_manifest(tmp, s, files, nfiles, err);
     if (!rc && fsync_path(tmp, 1) != 0)
         rc = sp_fail(err, SP_EXIT_OTHER, "%s: fsync failed: %s", tmp, strerror(errno));
-    if (!rc) {
-        /* an older copy of this step (an incomplete one, or a resumed run
-         * writing it again) is replaced */
-        struct stat sb;
-        if (stat(fin, &sb) == 0) {
-            char old[4200];
-            snprintf(old, sizeof old, "%s/.old-%s-%d", root, name, (int)getpid());
-            if (rename(fin, old) == 0)
-                ckpt_remove_tree(old);
-        }
-        if (rename(tmp, fin) != 0)
-            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot rename to %s: %s", tmp, fin,
-                         strerror(errno));
-        else
-            fsync_path(root, 1);
+    return rc;
+}
+
+/* Moves the written directory tmp to fin, replacing an older copy of this
+ * step (an incomplete one, or a resumed run writing it again). */
+static int commit_dir(const char *root, const char *name, const char *tmp, const char *fin,
+                      sp_err *err)
+{
+    struct stat sb;
+    if (stat(fin, &sb) == 0) {
+        char *old = sp_strf("%s/.old-%s-%d", root, name, (int)getpid());
+        if (!old)
+            return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        if (rename(fin, old) == 0)
+            ckpt_remove_tree(old);
+        free(old);
     }
-    if (rc)
+    if (rename(tmp, fin) != 0)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot rename to %s: %s", tmp, fin,
+                       strerror(errno));
+    fsync_path(root, 1);
+    return 0;
+}
+
+int ckpt_write(const char *root, const ckpt_snapshot *s, char **out_dir, sp_err *err)
+{
+    char name[64];
+    if (out_dir)
+        *out_dir = NULL;
+    if (mkdir(root, 0755) != 0 && errno != EEXIST)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", root, strerror(errno));
+    ckpt_dir_name(name, sizeof name, s->step);
+    char *tmp = sp_strf("%s/.tmp-%s-%d", root, name, (int)getpid());
+    char *fin = sp_strf("%s/%s", root, name);
+    int rc = 0;
+    if (!tmp || !fin) {
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    } else {
         ckpt_remove_tree(tmp);
-    else if (out_dir)
-        snprintf(out_dir, out_n, "%s", fin);
+        if (check_space(root, s, err))
+            rc = err->code;
+        else if (mkdir(tmp, 0755) != 0)
+            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", tmp, strerror(errno));
+        else if ((rc = write_files(tmp, s, err)) == 0)
+            rc = commit_dir(root, name, tmp, fin, err);
+        if (rc)
+            ckpt_remove_tree(tmp);
+    }
+    if (!rc && out_dir) {
+        *out_dir = fin;
+        fin = NULL;
+    }
+    free(tmp);
+    free(fin);
     return rc;
 }
 
@@ -506,9 +547,74 @@ int ckpt_manifest_parse(const char *text, size_t len, ckpt_manifest *m, sp_err *
     return rc;
 }
 
+/* MANIFEST.json's text (NUL-terminated), or NULL when there is none. */
+static char *read_manifest(const char *dir, size_t *len, sp_err *err)
+{
+    char *path = sp_strf("%s/%s", dir, CKPT_MANIFEST);
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    free(path);
+    if (!f) {
+        sp_fail(err, SP_EXIT_INPUT, "%s: no MANIFEST.json (an incomplete checkpoint)", dir);
+        return NULL;
+    }
+    char *text = NULL;
+    size_t cap = 0, got;
+    char buf[4096];
+    *len = 0;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+        if (*len + got + 1 > cap) {
+            cap = 2 * (*len + got + 1);
+            char *t = realloc(text, cap);
+            if (!t) {
+                free(text);
+                fclose(f);
+                sp_fail(err, SP_EXIT_OTHER, "out of memory");
+                return NULL;
+            }
+            text = t;
+        }
+        memcpy(text + *len, buf, got);
+        *len += got;
+    }
+    fclose(f);
+    if (!text && !(text = malloc(1))) {
+        sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        return NULL;
+    }
+    text[*len] = 0;
+    return text;
+}
+
+/* Checks file i of the MANIFEST m of dir: present, its size, its SHA-256. */
+static int verify_file(const char *dir, const ckpt_manifest *m, int i, sp_err *err)
+{
+    char hex[65];
+    uint64_t size;
+    struct stat sb;
+    char *path = sp_strf("%s/%s", dir, m->files[i].name);
+    int rc = 0;
+    if (!path)
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    else if (stat(path, &sb) != 0)
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: MANIFEST.json names %s, which is missing", dir,
+                     m->files[i].name);
+    else if ((uint64_t)sb.st_size != m->files[i].size)
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "%s: %s has %llu bytes, MANIFEST.json says %llu (truncated?)", dir,
+                     m->files[i].name, (unsigned long long)sb.st_size,
+                     (unsigned long long)m->files[i].size);
+    else if (ckpt_file_sha256(path, hex, &size, err))
+        rc = err->code;
+    else if (strcmp(hex, m->files[i].sha256) != 0)
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "%s: %s fails its SHA-256 checksum (the file is corrupted)", dir,
+                     m->files[i].name);
+    free(path);
+    return rc;
+}
+
 int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err)
 {
-    char path[4096];
     struct stat dsb;
     memset(m, 0, sizeof *m);
     if (stat(dir, &dsb) != 0)
@@ -519,55 +625,19 @@ int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err)
                        "%s: not a checkpoint directory (a checkpoint is a directory holding "
                        "MANIFEST.json)",
                        dir);
-    snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return sp_fail(err, SP_EXIT_INPUT, "%s: no MANIFEST.json (an incomplete checkpoint)", dir);
-    char *text = NULL;
-    size_t len = 0, cap = 0, got;
-    char buf[4096];
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
-        if (len + got > cap) {
-            cap = 2 * (len + got);
-            char *t = realloc(text, cap);
-            if (!t) {
-                free(text);
-                fclose(f);
-                return sp_fail(err, SP_EXIT_OTHER, "out of memory");
-            }
-            text = t;
-        }
-        memcpy(text + len, buf, got);
-        len += got;
-    }
-    fclose(f);
-    int rc = ckpt_manifest_parse(text ? text : "", len, m, err);
+    size_t len;
+    char *text = read_manifest(dir, &len, err);
+    if (!text)
+        return err->code;
+    int rc = ckpt_manifest_parse(text, len, m, err);
     free(text);
     if (rc) {
         sp_err_prefix(err, "%s: ", dir);
         return rc;
     }
-    for (int i = 0; i < m->nfiles; i++) {
-        char hex[65];
-        uint64_t size;
-        struct stat sb;
-        snprintf(path, sizeof path, "%s/%s", dir, m->files[i].name);
-        if (stat(path, &sb) != 0)
-            return sp_fail(err, SP_EXIT_INPUT, "%s: MANIFEST.json names %s, which is missing",
-                           dir, m->files[i].name);
-        if ((uint64_t)sb.st_size != m->files[i].size)
-            return sp_fail(err, SP_EXIT_INPUT,
-                           "%s: %s has %llu bytes, MANIFEST.json says %llu (truncated?)", dir,
-                           m->files[i].name, (unsigned long long)sb.st_size,
-                           (unsigned long long)m->files[i].size);
-        if (ckpt_file_sha256(path, hex, &size, err))
-            return err->code;
-        if (strcmp(hex, m->files[i].sha256) != 0)
-            return sp_fail(err, SP_EXIT_INPUT,
-                           "%s: %s fails its SHA-256 checksum (the file is corrupted)", dir,
-                           m->files[i].name);
-    }
-    return 0;
+    for (int i = 0; i < m->nfiles && !rc; i++)
+        rc = verify_file(dir, m, i, err);
+    return rc;
 }
 
 /* ---- reading --------------------------------------------------------------------- */
@@ -716,25 +786,32 @@ static herr_t read_object(hid_t root, const char *name, const obj_info_t *info, 
 static int read_state(const char *dir, const ckpt_manifest *m, ckpt_snapshot *s, sp_err *err)
 {
     ckpt_snapshot_init(s);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, CKPT_STATE_FILE);
+    char *path = sp_strf("%s/%s", dir, CKPT_STATE_FILE);
+    if (!path)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     struct stat sb;
     read_ctx c = {.s = s, .read_data = m != NULL};
     if (stat(path, &sb) == 0)
         c.file_bytes = (uint64_t)sb.st_size;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0)
-        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot open as HDF5", path);
-    hsize_t idx = 0;
-    int bad = H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, &idx, read_attr, &c) < 0 ||
-              OBJ_VISIT(f, read_object, &c) < 0;
-    H5Fclose(f);
-    if (bad) {
-        ckpt_snapshot_free(s);
-        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot read the checkpoint state%s%s", path,
-                       c.problem[0] ? ": " : "", c.problem);
+    int rc = 0;
+    if (f < 0) {
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: cannot open as HDF5", path);
+    } else {
+        hsize_t idx = 0;
+        int bad = H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, &idx, read_attr, &c) < 0 ||
+                  OBJ_VISIT(f, read_object, &c) < 0;
+        H5Fclose(f);
+        if (bad) {
+            ckpt_snapshot_free(s);
+            rc = sp_fail(err, SP_EXIT_INPUT, "%s: cannot read the checkpoint state%s%s", path,
+                         c.problem[0] ? ": " : "", c.problem);
+        }
     }
+    free(path);
+    if (rc)
+        return rc;
     if (m) {
         s->step = m->step;
         s->world_size = m->world_size;
@@ -774,11 +851,11 @@ static uint64_t dir_bytes(const char *dir)
     uint64_t total = 0;
     struct dirent *e;
     while (d && (e = readdir(d))) {
-        char p[4096];
         struct stat sb;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] != '.' && stat(p, &sb) == 0 && S_ISREG(sb.st_mode))
+        char *p = e->d_name[0] != '.' ? sp_strf("%s/%s", dir, e->d_name) : NULL;
+        if (p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode))
             total += (uint64_t)sb.st_size;
+        free(p);
     }
     if (d)
         closedir(d);
@@ -829,6 +906,8 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
             continue;
         if (tmp && sscanf(num, "%lld", &step) != 1)
             continue;
+        if (strlen(e->d_name) >= sizeof (*out)->name)
+            continue; /* not a name spotune writes; never acted on by a cut name */
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
             ckpt_info *g = realloc(*out, sizeof *g * (size_t)cap);
@@ -840,10 +919,13 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
         }
         ckpt_info *ci = &(*out)[(*n)++];
         memset(ci, 0, sizeof *ci);
-        snprintf(ci->name, sizeof ci->name, "%s", e->d_name);
+        memcpy(ci->name, e->d_name, strlen(e->d_name) + 1); /* it fits: checked above */
         ci->step = step;
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        char *path = sp_strf("%s/%s", root, e->d_name);
+        if (!path) {
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+            break;
+        }
         ci->bytes = dir_bytes(path);
         if (tmp) {
             int pid;
@@ -862,20 +944,19 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
                              "incomplete: its write never finished");
             }
             ci->writer_pid = pid;
-            continue;
-        }
-        if (!verify) {
+        } else if (!verify) {
             ci->ok = 1;
-            continue;
+        } else {
+            sp_err ve = {0};
+            ckpt_manifest m;
+            memset(&m, 0, sizeof m);
+            if (ckpt_verify(path, &m, &ve) == 0)
+                ci->ok = 1;
+            else /* a report: a long message is cut */
+                sp_cutf(ci->problem, sizeof ci->problem, "%s", ve.msg);
+            ci->created = m.created; /* also of a damaged one whose MANIFEST reads */
         }
-        sp_err ve = {0};
-        ckpt_manifest m;
-        memset(&m, 0, sizeof m);
-        if (ckpt_verify(path, &m, &ve) == 0)
-            ci->ok = 1;
-        else
-            snprintf(ci->problem, sizeof ci->problem, "%s", ve.msg);
-        ci->created = m.created; /* also of a damaged one whose MANIFEST reads */
+        free(path);
     }
     closedir(d);
     if (*n)
@@ -887,7 +968,7 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
                      void (*report)(void *ctx, const ckpt_info *bad), void *ctx, sp_err *err)
 {
     ckpt_info *list;
-    int count;
+    int count, rc = 0;
     *found = 0;
     if (ckpt_list(root, 1, &list, &count, err))
         return err->code;
@@ -898,15 +979,15 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
              * removed unless another live process is still writing it */
             size_t len = strlen(ci->problem);
             if (ci->incomplete == CKPT_INTERRUPTED) {
-                char dead[4096];
-                snprintf(dead, sizeof dead, "%s/%s", root, ci->name);
-                if (ckpt_remove_tree(dead) == 0)
-                    snprintf(ci->problem + len, sizeof ci->problem - len, "; removed");
+                char *dead = sp_strf("%s/%s", root, ci->name);
+                if (dead && ckpt_remove_tree(dead) == 0)
+                    sp_cutf(ci->problem + len, sizeof ci->problem - len, "; removed");
                 else
-                    snprintf(ci->problem + len, sizeof ci->problem - len,
-                             "; could not remove it: %s", strerror(errno));
+                    sp_cutf(ci->problem + len, sizeof ci->problem - len,
+                            "; could not remove it: %s", strerror(errno));
+                free(dead);
             } else {
-                snprintf(ci->problem + len, sizeof ci->problem - len, "; left alone");
+                sp_cutf(ci->problem + len, sizeof ci->problem - len, "; left alone");
             }
             if (report)
                 report(ctx, ci);
@@ -915,14 +996,17 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
         if (*found)
             continue;
         if (ci->ok) {
-            snprintf(path, n, "%s/%s", root, ci->name);
+            if (sp_fitf(path, n, "%s/%s", root, ci->name) != 0) {
+                rc = sp_fail(err, SP_EXIT_OTHER, "%s/%s: %s", root, ci->name, strerror(errno));
+                break;
+            }
             *found = 1;
         } else if (report) {
             report(ctx, ci);
         }
     }
     free(list);
-    return 0;
+    return rc;
 }
 
 /* .del- directories whose deleting process died */
@@ -935,12 +1019,30 @@ static void remove_leftovers(const char *root)
             continue;
         if (other_writer_alive(e->d_name, NULL))
             continue;
-        char p[4096];
-        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
-        ckpt_remove_tree(p);
+        char *p = sp_strf("%s/%s", root, e->d_name);
+        if (p)
+            ckpt_remove_tree(p);
+        free(p);
     }
     if (d)
         closedir(d);
+}
+
+/* Deletes checkpoint root/name: out of sight first (an atomic rename), then
+ * deleted, so a crash in between leaves a .del- directory, never a
+ * half-deleted step- one. 0 when it is gone. */
+static int delete_checkpoint(const char *root, const char *name)
+{
+    char *path = sp_strf("%s/%s", root, name);
+    char *gone = sp_strf("%s/.del-%s-%d", root, name, (int)getpid());
+    int rc = -1;
+    if (path && gone && rename(path, gone) == 0) {
+        fsync_path(root, 1);
+        rc = ckpt_remove_tree(gone);
+    }
+    free(path);
+    free(gone);
+    return rc;
 }
 
 int ckpt_prune(const char *root, int keep, int64_t keep_every,
@@ -953,30 +1055,21 @@ int ckpt_prune(const char *root, int keep, int64_t keep_every,
         return err->code;
     for (int i = 0; i < count; i++) {
         ckpt_info *ci = &list[i];
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", root, ci->name);
         if (ci->incomplete) {
             /* a leftover of a crashed writer; one of another live process is
              * left to it (this process's own write is not under way: the
              * writer prunes after committing) */
-            if (ci->incomplete == CKPT_INTERRUPTED && ci->writer_pid > 0 &&
+            char *path = sp_strf("%s/%s", root, ci->name);
+            if (path && ci->incomplete == CKPT_INTERRUPTED && ci->writer_pid > 0 &&
                 ci->writer_pid != (int)getpid())
                 ckpt_remove_tree(path);
+            free(path);
             continue;
         }
         int keep_this = kept < keep || (keep_every > 0 && ci->step % keep_every == 0);
         if (kept < keep)
             kept++;
-        if (keep_this)
-            continue;
-        /* out of sight first (an atomic rename), then deleted: a crash in
-         * between leaves a .del- directory, never a half-deleted step- one */
-        char gone[4200];
-        snprintf(gone, sizeof gone, "%s/.del-%s-%d", root, ci->name, (int)getpid());
-        if (rename(path, gone) != 0)
-            continue;
-        fsync_path(root, 1);
-        if (ckpt_remove_tree(gone) == 0 && deleted)
+        if (!keep_this && delete_checkpoint(root, ci->name) == 0 && deleted)
             deleted(ctx, ci->name);
     }
     free(list);

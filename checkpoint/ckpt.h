@@ -74,10 +74,10 @@ int ckpt_add_file(ckpt_snapshot *s, const char *name, const void *data, size_t n
 const ckpt_attr *ckpt_get(const ckpt_snapshot *s, const char *name);
 const ckpt_array *ckpt_find_array(const ckpt_snapshot *s, const char *name);
 
-/* Writes the snapshot as ROOT/step-NNNNNNNN (atomically). out_dir (may be
- * NULL) receives the final path. Fails with EEXIST-like error if that step
- * already exists complete. */
-int ckpt_write(const char *root, const ckpt_snapshot *s, char *out_dir, size_t out_n, sp_err *err);
+/* Writes the snapshot as ROOT/step-NNNNNNNN (atomically), replacing an older
+ * directory of that step. *out_dir (out_dir may be NULL) receives the final
+ * path, a heap string the caller frees (NULL on failure). */
+int ckpt_write(const char *root, const ckpt_snapshot *s, char **out_dir, sp_err *err);
 
 typedef struct ckpt_manifest {
     int format_version;
@@ -122,7 +122,7 @@ typedef struct ckpt_info {
     char name[64]; /* step-NNNNNNNN, or .tmp-step-NNNNNNNN-PID */
     int64_t step;
     int ok;            /* verified */
-    char problem[512]; /* why not, when !ok */
+    char problem[SP_ERR_MSG_MAX]; /* why not, when !ok */
     double created;    /* from MANIFEST.json when it reads (0: unknown) */
     uint64_t bytes;    /* the files directly in the directory */
     int incomplete;    /* 0, or for a .tmp- directory CKPT_INTERRUPTED / CKPT_BEING_WRITTEN */
@@ -140,7 +140,8 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
  * process's id: a previous incarnation) is removed ("; removed" ends its
  * problem); one that another live process is writing is left ("; left
  * alone"). Call it only before this process writes checkpoints into root.
- * Returns 0 with found = 0 if none verifies. */
+ * Returns 0 with found = 0 if none verifies; a checkpoint's path that does
+ * not fit in path[n] is an error naming it. */
 int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
                      void (*report)(void *ctx, const ckpt_info *bad), void *ctx, sp_err *err);
 /* Deletes all but the newest keep complete checkpoints (and every one whose

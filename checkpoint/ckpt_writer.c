@@ -8,7 +8,7 @@
 #include <string.h>
 
 struct ckpt_writer {
-    char root[4096];
+    char *root;
     ckpt_written_fn done;
     void *ctx;
     pthread_t thread;
@@ -35,12 +35,13 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&w->mu);
 
         sp_err err = {0};
-        char dir[4096];
+        char *dir = NULL;
         double t0 = sp_now();
-        int rc = ckpt_write(w->root, &s, dir, sizeof dir, &err);
+        ckpt_write(w->root, &s, &dir, &err);
         double dt = sp_now() - t0;
         if (w->done)
-            w->done(w->ctx, rc ? NULL : dir, &s, dt, &err);
+            w->done(w->ctx, dir, &s, dt, &err);
+        free(dir);
         ckpt_snapshot_free(&s);
 
         pthread_mutex_lock(&w->mu);
@@ -58,12 +59,17 @@ int ckpt_writer_start(ckpt_writer **out, const char *root, ckpt_written_fn done,
     ckpt_writer *w = calloc(1, sizeof *w);
     if (!w)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
-    snprintf(w->root, sizeof w->root, "%s", root);
+    w->root = strdup(root);
+    if (!w->root) {
+        free(w);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
     w->done = done;
     w->ctx = ctx;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
+        free(w->root);
         free(w);
         return sp_fail(err, SP_EXIT_OTHER, "cannot start the checkpoint writer thread");
     }
@@ -116,5 +122,6 @@ void ckpt_writer_stop(ckpt_writer *w)
     pthread_join(w->thread, NULL);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
+    free(w->root);
     free(w);
 }

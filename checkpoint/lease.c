@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -75,13 +76,11 @@ static void read_holder(int fd, char *buf, size_t n)
     buf[strcspn(buf, "\n")] = 0;
 }
 
-int run_lock_take(run_lock **out, const char *run_dir, double wait_s, char *note, size_t n,
-                  sp_err *err)
+/* run_lock_take, the lock file being path. */
+static int lock_file(const char *path, const char *run_dir, double wait_s, char *note, size_t n,
+                     run_lock **out, sp_err *err)
 {
-    char path[4096], holder[512];
-    *out = NULL;
-    note[0] = 0;
-    snprintf(path, sizeof path, "%s/.lock", run_dir);
+    char holder[512];
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
@@ -106,8 +105,8 @@ int run_lock_take(run_lock **out, const char *run_dir, double wait_s, char *note
     }
     read_holder(fd, holder, sizeof holder);
     if (holder[0])
-        snprintf(note, n, "run.dir %s was held by %s, which has ended; this job takes it over",
-                 run_dir, holder);
+        sp_cutf(note, n, "run.dir %s was held by %s, which has ended; this job takes it over",
+                run_dir, holder); /* a note: cut to the caller's buffer */
     identity me;
     identity_init(&me);
     char line[512];
@@ -127,6 +126,19 @@ int run_lock_take(run_lock **out, const char *run_dir, double wait_s, char *note
     return 0;
 }
 
+int run_lock_take(run_lock **out, const char *run_dir, double wait_s, char *note, size_t n,
+                  sp_err *err)
+{
+    *out = NULL;
+    note[0] = 0;
+    char *path = sp_strf("%s/.lock", run_dir);
+    if (!path)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    int rc = lock_file(path, run_dir, wait_s, note, n, out, err);
+    free(path);
+    return rc;
+}
+
 void run_lock_release(run_lock *l)
 {
     if (!l)
@@ -141,7 +153,7 @@ void run_lock_release(run_lock *l)
 
 typedef struct lease_info {
     identity id;
-    char run_dir[1024];
+    char run_dir[PATH_MAX];
     double renewed, ttl_s;
 } lease_info;
 
@@ -149,7 +161,7 @@ struct lease {
     store_t *st;
     lease_opts o;
     identity me;
-    char run_dir[1024];
+    char *run_dir; /* recorded in the lease */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -183,9 +195,10 @@ static int lease_read(store_t *st, lease_info *info, sp_err *err)
         json_decref(j);
         return 0;
     }
-    snprintf(info->id.host, sizeof info->id.host, "%s", str_field(j, "host"));
-    snprintf(info->id.job, sizeof info->id.job, "%s", str_field(j, "job"));
-    snprintf(info->run_dir, sizeof info->run_dir, "%s", str_field(j, "run_dir"));
+    /* another job's labels, for messages (a job id is 16 hex digits) */
+    sp_cutf(info->id.host, sizeof info->id.host, "%s", str_field(j, "host"));
+    sp_cutf(info->id.job, sizeof info->id.job, "%s", str_field(j, "job"));
+    sp_cutf(info->run_dir, sizeof info->run_dir, "%s", str_field(j, "run_dir"));
     info->id.pid = (long)json_integer_value(json_object_get(j, "pid"));
     info->id.started = json_number_value(json_object_get(j, "started"));
     info->renewed = json_number_value(json_object_get(j, "renewed"));
@@ -226,8 +239,8 @@ static holder_state judge(const lease_t *l, const lease_info *in, double *age)
 
 static void describe(const lease_info *in, double age, char *buf, size_t n)
 {
-    snprintf(buf, n, "pid %ld on host %s (job %s, run.dir %s), renewed %.0f s ago", in->id.pid,
-             in->id.host, in->id.job, in->run_dir[0] ? in->run_dir : "?", age);
+    sp_cutf(buf, n, "pid %ld on host %s (job %s, run.dir %s), renewed %.0f s ago", in->id.pid,
+            in->id.host, in->id.job, in->run_dir[0] ? in->run_dir : "?", age);
 }
 
 static int fatal_store_error(int rc)
@@ -274,7 +287,7 @@ static void *renew_main(void *arg)
         int other = h == HOLDER_LIVE ||
                     (l->written && (h == HOLDER_ENDED || h == HOLDER_EXPIRED));
         if (rc >= 0 && other) {
-            char who[1400];
+            char who[SP_ERR_MSG_MAX];
             describe(&in, age, who, sizeof who);
             sp_fail(&e, SP_EXIT_USAGE, "%s/%s: another job holds this prefix now: %s",
                     store_url(l->st), LEASE_KEY, who);
@@ -307,6 +320,7 @@ static void *renew_main(void *arg)
 
 static void lease_free(lease_t *l)
 {
+    free(l->run_dir);
     store_close(l->st);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
@@ -330,16 +344,16 @@ static int wait_for_lease(lease_t *l, char *note, size_t n, sp_err *err)
         if (rc < 0)
             return 0;
         holder_state h = rc == 1 ? judge(l, &in, &age) : HOLDER_NONE;
-        char who[1400];
+        char who[SP_ERR_MSG_MAX];
         describe(&in, age, who, sizeof who);
         if (h == HOLDER_ENDED || h == HOLDER_EXPIRED)
-            snprintf(note, n, "%s/%s: taking over the lease of %s, which has %s",
-                     store_url(l->st), LEASE_KEY, who, h == HOLDER_ENDED ? "ended" : "expired");
+            sp_cutf(note, n, "%s/%s: taking over the lease of %s, which has %s",
+                    store_url(l->st), LEASE_KEY, who, h == HOLDER_ENDED ? "ended" : "expired");
         if (h != HOLDER_LIVE)
             return 1;
         if (l->o.take_over) {
-            snprintf(note, n, "%s/%s: taking over (as told) the live lease of %s",
-                     store_url(l->st), LEASE_KEY, who);
+            sp_cutf(note, n, "%s/%s: taking over (as told) the live lease of %s",
+                    store_url(l->st), LEASE_KEY, who);
             return 1;
         }
         if (sp_now() - t0 >= l->o.wait_s) {
@@ -366,7 +380,12 @@ int lease_acquire(lease_t **out, store_t *st, const lease_opts *o, int *connecte
     l->st = st;
     l->o = *o;
     identity_init(&l->me);
-    snprintf(l->run_dir, sizeof l->run_dir, "%s", o->run_dir ? o->run_dir : "");
+    l->run_dir = strdup(o->run_dir ? o->run_dir : "");
+    if (!l->run_dir) {
+        free(l);
+        store_close(st);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -293,7 +293,7 @@ static void abort_guard(comm_t *c, int code, double after_s, const char *msg)
         return;
     guard.code = code;
     guard.rank = c ? c->rank : env_int("OMPI_COMM_WORLD_RANK", env_int("PMIX_RANK", 0));
-    snprintf(guard.host, sizeof guard.host, "%s", c ? c->host : "?");
+    sp_cutf(guard.host, sizeof guard.host, "%s", c ? c->host : "?"); /* a label */
     snprintf(guard.msg, sizeof guard.msg, "%s", msg ? msg : "aborted");
     guard.after_s = after_s;
     if (pthread_attr_init(&attr) == 0) {

@@ -37,7 +37,7 @@ int comm_roll_open(comm_t *c, sp_err *err)
     if (!r->hosts || !r->answers || !r->got || !r->reqs)
         return sp_fail(err, SP_EXIT_OTHER, "comm: out of memory for the roll call of %d ranks",
                        c->size);
-    snprintf(mine, sizeof mine, "%s", c->host);
+    sp_cutf(mine, sizeof mine, "%s", c->host); /* a label in messages */
     COMM_MPI(c, err, MPI_Allgather,
              (mine, COMM_HOST_MAX, MPI_CHAR, r->hosts, COMM_HOST_MAX, MPI_CHAR, c->world));
     COMM_MPI(c, err, MPI_Comm_dup, (c->world, &r->comm));

@@ -11,6 +11,7 @@
 #include "cpu/cpu_backend.h"
 #ifdef SPOTUNE_WITH_CUDA
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <unistd.h>
 #endif
@@ -178,28 +179,31 @@ static void *open_module(char *tried, size_t n)
     if (env && *env) {
         void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         if (!h)
-            snprintf(tried, n, "SPOTUNE_CUDA_MODULE=%s: %s", env, dlerror());
+            sp_cutf(tried, n, "SPOTUNE_CUDA_MODULE=%s: %s", env, dlerror());
         return h;
     }
-    char exe[4096], path[4200];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    exe[len > 0 ? len : 0] = 0;
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe);
+    exe[len > 0 && (size_t)len < sizeof exe ? len : 0] = 0; /* cut: not known */
     char *slash = strrchr(exe, '/');
     if (slash)
         *slash = 0;
     const char *const rel[] = {"/", "/../", "/../lib/"};
     for (size_t i = 0; slash && i < sizeof rel / sizeof rel[0]; i++) {
-        snprintf(path, sizeof path, "%s%s%s", exe, rel[i], CUDA_MODULE);
-        if (access(path, F_OK) != 0)
+        char *path = sp_strf("%s%s%s", exe, rel[i], CUDA_MODULE);
+        if (!path || access(path, F_OK) != 0) {
+            free(path);
             continue;
+        }
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (!h)
-            snprintf(tried, n, "%s", dlerror()); /* it is there but cannot load: say why */
+        free(path);
+        if (!h) /* it is there but cannot load: say why */
+            sp_cutf(tried, n, "%s", dlerror());
         return h;
     }
     void *h = dlopen(CUDA_MODULE, RTLD_NOW | RTLD_LOCAL);
     if (!h)
-        snprintf(tried, n, "%s", dlerror());
+        sp_cutf(tried, n, "%s", dlerror());
     return h;
 }
 

@@ -32,18 +32,16 @@ void resume_setup(void)
     rc = tu_spotune(&out, "init-model --preset tiny --seed 6 %s/other", dir);
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
-    char path[4096], cfg[4096];
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
-    snprintf(cfg, sizeof cfg,
-             "run:\n  seed: %d\nmodel:\n  path: %s/model\n"
-             "train:\n  mode: lora\n  steps: 40\n  seq_len: %d\n  micro_batch: 2\n"
-             "  grad_accum: 2\n  lr: 3e-3\n  warmup_steps: 4\n"
-             "lora:\n  r: 4\n  alpha: 8\n  dropout: 0.1\n  targets: [q_proj, v_proj, down_proj]\n"
-             "data:\n  train: %s/data.train.h5\n"
-             "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
-             "checkpoint:\n  every_minutes: 0\n  keep: 2\n",
-             SEED, dir, SEQ_LEN, dir);
-    cr_assert_eq(tu_write_file(path, cfg), 0);
+    const char *cfg = tu_fmt(
+        "run:\n  seed: %d\nmodel:\n  path: %s/model\n"
+        "train:\n  mode: lora\n  steps: 40\n  seq_len: %d\n  micro_batch: 2\n"
+        "  grad_accum: 2\n  lr: 3e-3\n  warmup_steps: 4\n"
+        "lora:\n  r: 4\n  alpha: 8\n  dropout: 0.1\n  targets: [q_proj, v_proj, down_proj]\n"
+        "data:\n  train: %s/data.train.h5\n"
+        "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
+        "checkpoint:\n  every_minutes: 0\n  keep: 2\n",
+        SEED, dir, SEQ_LEN, dir);
+    cr_assert_eq(tu_write_file(tu_fmt("%s/run.yaml", dir), cfg), 0);
 }
 
 void resume_teardown(void)
@@ -56,10 +54,8 @@ void resume_teardown(void)
 /* "spotune train run.yaml --set run.dir=DIR/name EXTRA", with a launcher prefix */
 const char *train_cmd(const char *prefix, const char *name, const char *extra)
 {
-    static char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s/spotune train %s/run.yaml --set run.dir=%s/%s %s",
-             prefix ? prefix : "", SPOTUNE_BINARY_DIR, dir, dir, name, extra ? extra : "");
-    return cmd;
+    return tu_fmt("%s %s/spotune train %s/run.yaml --set run.dir=%s/%s %s", prefix ? prefix : "",
+                  tu_binary_dir(), dir, dir, name, extra ? extra : "");
 }
 
 int run(const char *prefix, const char *name, const char *extra, char **out)
@@ -69,8 +65,7 @@ int run(const char *prefix, const char *name, const char *extra, char **out)
 
 int read_losses(const char *name, double *v, int max)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, name);
+    const char *path = tu_fmt("%s/%s/metrics.jsonl", dir, name);
     char *text = tu_read_file(path, NULL);
     cr_assert(text, "no %s", path);
     int n = 0;
@@ -150,8 +145,7 @@ void expect_same_run(const char *a, const char *b, int bitwise)
 /* DIR/name.log, the output of a run started by tu_spawn (malloc'd) */
 char *read_log(const char *name)
 {
-    char log[4096];
-    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    const char *log = tu_fmt("%s/%s.log", dir, name);
     char *text = tu_read_file(log, NULL);
     cr_assert(text, "no %s", log);
     return text;
@@ -161,8 +155,7 @@ char *read_log(const char *name)
  * left half-written; returns how many there are. */
 int expect_checkpoints_verify(const char *name)
 {
-    char root[4096];
-    snprintf(root, sizeof root, "%s/%s/checkpoints", dir, name);
+    const char *root = tu_fmt("%s/%s/checkpoints", dir, name);
     ckpt_info *l;
     int n;
     sp_err err = {0};
@@ -181,8 +174,7 @@ int stopped_at(const char *name, const char *text)
     const char *p = strstr(text, "after committing checkpoint step ");
     cr_assert(p, "%s: no stop message: %s", name, text);
     int step = atoi(p + strlen("after committing checkpoint step "));
-    char ck[4096];
-    snprintf(ck, sizeof ck, "%s/%s/checkpoints/step-%08d", dir, name, step);
+    const char *ck = tu_fmt("%s/%s/checkpoints/step-%08d", dir, name, step);
     ckpt_manifest m;
     memset(&m, 0, sizeof m);
     sp_err err = {0};
@@ -196,8 +188,7 @@ int stopped_at(const char *name, const char *text)
 void stop_with(const char *prefix, const char *name, const char *extra, int sig,
                       int at_step)
 {
-    char log[4096];
-    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    const char *log = tu_fmt("%s/%s.log", dir, name);
     int pid = tu_spawn(log, "%s", train_cmd(prefix, name, extra));
     wait_step(name, at_step, pid);
     kill(pid, sig);
@@ -214,8 +205,7 @@ void stop_with(const char *prefix, const char *name, const char *extra, int sig,
  * not end). The run must not checkpoint for any other reason. */
 int signal_until_exit(int pid, int sig, double every_s, const char *name, barrage *b)
 {
-    char metrics[4096];
-    snprintf(metrics, sizeof metrics, "%s/%s/metrics.jsonl", dir, name);
+    const char *metrics = tu_fmt("%s/%s/metrics.jsonl", dir, name);
     memset(b, 0, sizeof *b);
     double t0 = sp_now();
     for (;;) {
@@ -260,8 +250,7 @@ int rank_pid(int launcher, int rank)
         long pid = strtol(p, &end, 10);
         if (end == p)
             break;
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%ld/environ", pid);
+        const char *path = tu_fmt("/proc/%ld/environ", pid);
         size_t n = read_proc(path, env, cap);
         for (size_t k = 0; k < n; k += strlen(env + k) + 1)
             if (strcmp(env + k, want) == 0)
@@ -275,16 +264,14 @@ int rank_pid(int launcher, int rank)
 
 double field(const char *rec, const char *key)
 {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *pat = tu_fmt("\"%s\":", key);
     const char *p = strstr(rec, pat);
     return p ? strtod(p + strlen(pat), NULL) : NAN;
 }
 
 int checkpoint_records(const char *name, ck_record *r, int max)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", dir, name);
+    const char *path = tu_fmt("%s/%s/metrics.jsonl", dir, name);
     char *text = tu_read_file(path, NULL);
     cr_assert(text, "no %s", path);
     int n = 0;
@@ -323,9 +310,8 @@ void expect_stall_reported(const ck_record *r, int n, const char *log)
         cr_expect(isfinite(r[i].waited_s) && r[i].waited_s >= 0,
                   "step %lld: waited_for_previous_s %g", r[i].step, r[i].waited_s);
         cr_expect_gt(r[i].bytes, 0, "step %lld: bytes %g", r[i].step, r[i].bytes);
-        char pat[128];
-        snprintf(pat, sizeof pat, "checkpoint step %lld (%s): training held ", r[i].step,
-                 r[i].reason);
+        const char *pat =
+            tu_fmt("checkpoint step %lld (%s): training held ", r[i].step, r[i].reason);
         const char *p = strstr(log, pat);
         cr_expect(p, "no line '%s...' in %s", pat, log);
         if (p)
@@ -337,8 +323,7 @@ void expect_stall_reported(const ck_record *r, int n, const char *log)
 
 int read_samples(const char *name, int rank, sample_row *rows, int max)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s/samples/rank-%d.tsv", dir, name, rank);
+    const char *path = tu_fmt("%s/%s/samples/rank-%d.tsv", dir, name, rank);
     FILE *f = fopen(path, "r");
     cr_assert(f, "no %s", path);
     int n = 0;
@@ -368,8 +353,7 @@ void expect_every_sample_once(const sample_row *rows, int n, int steps, long lon
 {
     dataset_t d;
     sp_err err = {0};
-    char path[4096];
-    snprintf(path, sizeof path, "%s/data.train.h5", dir);
+    const char *path = tu_fmt("%s/data.train.h5", dir);
     cr_assert_eq(dataset_open(&d, path, SEQ_LEN, model_config_int("vocab_size"), SEED, &err), 0,
                  "%s", err.msg);
     uint64_t total = (uint64_t)steps * (uint64_t)G;

@@ -221,12 +221,9 @@ Test(ckpt_policy, lora_checkpoint_holds_only_the_adapters)
         int ab = strstr(name, ".lora_A.") ? 0 : strstr(name, ".lora_B.") ? 1 : -1;
         const char *lp = strstr(name, ".layers.");
         long layer = lp ? strtol(lp + strlen(".layers."), NULL, 10) : -1;
-        for (int k = 0; k < nt; k++) {
-            char pat[96];
-            snprintf(pat, sizeof pat, ".%s.lora_", targets[k]);
-            if (strstr(name, pat))
+        for (int k = 0; k < nt; k++)
+            if (strstr(name, tu_fmt(".%s.lora_", targets[k])))
                 t = k;
-        }
         cr_expect(g >= 0 && ab >= 0 && layer >= 0 && layer < layers && t >= 0,
                   "%s is not a LoRA tensor of a target layer", name);
         if (g >= 0 && ab >= 0 && layer >= 0 && layer < layers && t >= 0)
@@ -319,8 +316,7 @@ Test(ckpt_policy, a_full_disk_skips_checkpoints_while_training_goes_on)
               "no checkpoint was committed after the last failed one: %s", text);
     free(text);
     cr_expect_geq(expect_checkpoints_verify("tfs/full"), 1);
-    char final[4096];
-    snprintf(final, sizeof final, "%s/full/checkpoints/step-00000300", tfs);
+    const char *final = tu_fmt("%s/full/checkpoints/step-00000300", tfs);
     cr_expect_eq(tu_sh(NULL, "test -f %s/MANIFEST.json", final), 0, "no %s", final);
 
     /* full to the end */

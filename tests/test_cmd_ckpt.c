@@ -183,13 +183,13 @@ static int parse_list(const char *text, row *rows, int max)
 
 static double manifest_created(const char *ckpt)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/MANIFEST.json", ckpt);
+    char *path = sp_strf("%s/MANIFEST.json", ckpt);
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
     cr_assert(j, "%s: %s", path, je.text);
     double t = json_number_value(json_object_get(j, "created"));
     json_decref(j);
+    free(path);
     return t;
 }
 
@@ -289,9 +289,9 @@ Test(cmd_ckpt, verify_good_damaged_and_missing)
     snprintf(good, sizeof good, "%s", at("run/checkpoints/step-00000012"));
     int rc = tu_spotune(&out, "ckpt verify %s", good);
     cr_expect_eq(rc, 0, "%s", out);
-    char want[4200];
-    snprintf(want, sizeof want, "%s: ok (step 12, 2 file(s) verified", good);
+    char *want = sp_strf("%s: ok (step 12, 2 file(s) verified", good);
     cr_expect(tu_contains(out, want), "'%s' lacks '%s'", out, want);
+    free(want);
     free(out);
 
     snprintf(bad, sizeof bad, "%s", at("run/checkpoints/step-00000008"));

@@ -32,113 +32,23 @@
 #define COSINE_MIN 0.999
 #define LOGITS_TOL 5e-2
 
-/* ---- paths -------------------------------------------------------------------- */
-
-static const char *source_dir(void)
-{
-    const char *e = getenv("SPOTUNE_TEST_SOURCE_DIR");
-    return e && *e ? e : SPOTUNE_SOURCE_DIR;
-}
-
-static const char *binary_dir(void)
-{
-    const char *e = getenv("SPOTUNE_TEST_BINARY_DIR");
-    return e && *e ? e : SPOTUNE_BINARY_DIR;
-}
-
-static void fixture_path(char *buf, size_t n, const char *rel)
-{
-    snprintf(buf, n, "%s/tests/fixtures/%s", source_dir(), rel);
-}
-
 /* ---- one step of a fixture on one backend -------------------------------------- */
 
-typedef struct side {
-    model_config_t mc;
-    backend_t *be;
-    model_t *m;
-    int32_t *inputs, *targets;
-    uint64_t ids[8];
-    int B, T;
-    double count;
-} side;
-
-static void lora_opts(const char *dir, model_opts *o)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    json_error_t je;
-    json_t *c = json_load_file(path, 0, &je);
-    cr_assert(c, "%s: %s", path, je.text);
-    o->mode = MODE_LORA;
-    o->lora_r = json_integer_value(json_object_get(c, "r"));
-    o->lora_alpha = json_number_value(json_object_get(c, "lora_alpha"));
-    o->rslora = json_is_true(json_object_get(c, "use_rslora"));
-    o->lora_targets = 0;
-    size_t i;
-    json_t *v;
-    json_array_foreach(json_object_get(c, "target_modules"), i, v)
-    {
-        for (int p = 0; p < PROJ_COUNT; p++)
-            if (strcmp(json_string_value(v), config_target_names[p]) == 0)
-                o->lora_targets |= 1 << p;
-    }
-    json_decref(c);
-}
+typedef tu_hf_case side;
 
 static void open_side(side *s, const char *name, int lora, double dropout, const char *backend,
                       int recompute)
 {
-    char dir[4096], path[4096];
     sp_err err = {0};
-    memset(s, 0, sizeof *s);
-    fixture_path(dir, sizeof dir, "hf/");
-    strncat(dir, name, sizeof dir - strlen(dir) - 1);
-    snprintf(path, sizeof path, "%s/model", dir);
-    cr_assert_eq(model_config_load(&s->mc, path, &err), 0, "%s", err.msg);
-    snprintf(path, sizeof path, "%s/batch.safetensors", dir);
-    st_file bf;
-    cr_assert_eq(st_open(&bf, path, &err), 0, "%s", err.msg);
-    const st_tensor *tok = st_find(&bf, "tokens"), *mask = st_find(&bf, "loss_mask");
-    cr_assert(tok && mask && tok->dt == DT_I32 && mask->dt == DT_U8);
-    s->B = (int)tok->shape[0];
-    s->T = (int)tok->shape[1] - 1;
-    s->inputs = malloc(sizeof(int32_t) * s->B * s->T);
-    s->targets = malloc(sizeof(int32_t) * s->B * s->T);
-    const int32_t *tk = tok->data;
-    const uint8_t *mk = mask->data;
-    for (int b = 0; b < s->B; b++)
-        for (int t = 0; t < s->T; t++) {
-            s->inputs[b * s->T + t] = tk[b * (s->T + 1) + t];
-            int on = mk[b * (s->T + 1) + t + 1];
-            s->targets[b * s->T + t] = on ? tk[b * (s->T + 1) + t + 1] : -1;
-            s->count += on;
-        }
-    st_close(&bf);
-    for (int b = 0; b < 8; b++)
-        s->ids[b] = (uint64_t)(b + 100);
-    model_opts o = {.mode = MODE_FULL, .max_batch = s->B, .seq_len = s->T, .seed = 1,
-                    .recompute = recompute};
-    snprintf(path, sizeof path, "%s/lora", dir);
-    if (lora) {
-        lora_opts(path, &o);
-        o.lora_dropout = dropout;
-    }
-    cr_assert_eq(backend_create(&s->be, backend, 0, 2, &err), 0, "%s", err.msg);
-    cr_assert_eq(model_create(&s->m, s->be, &s->mc, &o, &err), 0, "%s", err.msg);
-    snprintf(path, sizeof path, "%s/model", dir);
-    cr_assert_eq(model_io_load_base(s->m, path, &err), 0, "%s", err.msg);
-    snprintf(path, sizeof path, "%s/lora", dir);
-    if (lora)
-        cr_assert_eq(adapter_load(s->m, path, &err), 0, "%s", err.msg);
+    char *dir = sp_strf("%s%s", fixture("hf/"), name);
+    cr_assert_eq(tu_hf_open(s, dir, lora, dropout, backend, recompute, 100, &err), 0, "%s",
+                 err.msg);
+    free(dir);
 }
 
 static void close_side(side *s)
 {
-    model_destroy(s->m);
-    backend_destroy(s->be);
-    free(s->inputs);
-    free(s->targets);
+    tu_hf_close(s);
 }
 
 /* One forward/backward: the mean loss and the whole gradient vector. */
@@ -198,7 +108,7 @@ static void compare_step(const char *name, int lora, double dropout)
 {
     side g, c;
     open_side(&c, name, lora, dropout, "cpu", RECOMPUTE_NONE);
-    open_side(&g, name, lora, dropout, "cuda", RECOMPUTE_NONE);
+    open_side(&g, name, lora, dropout, cuda_test_backend(), RECOMPUTE_NONE);
     cr_assert_eq(g.m->n_trainable, c.m->n_trainable);
     const char *what = lora ? (dropout > 0 ? "LoRA with dropout" : "LoRA") : "full";
     if (dropout == 0) {
@@ -236,12 +146,12 @@ Test(cuda_model, recompute_changes_nothing)
     int modes[] = {RECOMPUTE_LAYER, RECOMPUTE_ATTENTION};
     side a;
     double la, lb;
-    open_side(&a, "llama_gqa", 1, 0.0, "cuda", RECOMPUTE_NONE);
+    open_side(&a, "llama_gqa", 1, 0.0, cuda_test_backend(), RECOMPUTE_NONE);
     float *ga = step(&a, &la);
     size_t n = a.m->n_trainable;
     for (int i = 0; i < 2; i++) {
         side b;
-        open_side(&b, "llama_gqa", 1, 0.0, "cuda", modes[i]);
+        open_side(&b, "llama_gqa", 1, 0.0, cuda_test_backend(), modes[i]);
         float *gb = step(&b, &lb);
         cr_expect_lt(fabs(la - lb), 1e-6 * fabs(la), "recompute %d: loss %.9f vs %.9f", modes[i],
                      lb, la);
@@ -260,10 +170,10 @@ Test(cuda_model, recompute_changes_nothing)
 
 static int read_losses(const char *run, double *vals, int max)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    char *path = sp_strf("%s/metrics.jsonl", run);
     char *text = tu_read_file(path, NULL);
     cr_assert(text, "no %s", path);
+    free(path);
     int n = 0;
     for (char *p = strstr(text, "\"loss\":"); p && n < max; p = strstr(p + 1, "\"loss\":"))
         vals[n++] = strtod(p + strlen("\"loss\":"), NULL);
@@ -273,57 +183,38 @@ static int read_losses(const char *run, double *vals, int max)
 
 Test(cuda_model, lora_training_tracks_the_cpu, .timeout = 900)
 {
-    char tmp[4096], dir[4096];
-    snprintf(tmp, sizeof tmp, "%s/tmp", binary_dir());
-    mkdir(tmp, 0755);
-    snprintf(dir, sizeof dir, "%s/cuda-train-XXXXXX", tmp);
-    cr_assert(mkdtemp(dir), "cannot create a directory under %s", tmp);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/text.txt", dir);
-    FILE *f = fopen(path, "w");
-    cr_assert(f);
-    const char *col[] = {"red", "green", "blue", "black"}, *ani[] = {"cat", "dog", "fox", "bird"};
-    for (int p = 0; p < 400; p++) {
-        for (int l = 0; l < 4; l++) {
-            unsigned a = (unsigned)(p * 7 + l * 13) % 50, b = (unsigned)(p * 11 + l * 3) % 50;
-            fprintf(f, "the %s %s has %u legs and %u eyes, %u in all.\n", col[(p + l) % 4],
-                    ani[(p * 3 + l) % 4], a, b, a + b);
-        }
-        fprintf(f, "\n");
-    }
-    fclose(f);
-    const char *bin = binary_dir();
+    char *dir = tu_tempdir("cuda-train");
+    cr_assert(dir, "cannot create a directory under %s/tmp", tu_binary_dir());
     char *out = NULL;
-    int rc = tu_sh(&out, "%s/spotune init-model --preset tiny --seed 3 %s/model && %s/spotune "
-                      "prepare-text %s/text.txt %s/data --val-fraction 0.1 --seed 2",
-                bin, dir, bin, dir, dir);
+    int rc = tu_animals_task(dir, &out);
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
-    snprintf(path, sizeof path, "%s/base.yaml", dir);
-    char cfg[4096];
-    snprintf(cfg, sizeof cfg,
-             "run:\n  dir: %s/run\n  seed: 11\nmodel:\n  path: %s/model\n"
-             "train:\n  mode: lora\n  steps: %d\n  seq_len: 64\n  micro_batch: 4\n  lr: 3e-3\n"
-             "  warmup_steps: 5\n"
-             "lora:\n  r: 8\n  alpha: 16\n  dropout: 0.05\n"
-             "  targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]\n"
-             "data:\n  train: %s/data.train.h5\n"
-             "log:\n  every: 10\nruntime:\n  backend: cpu\n  threads: 2\n",
-             dir, dir, STEPS, dir);
+    char *path = sp_strf("%s/base.yaml", dir);
+    char *cfg = sp_strf("run:\n  dir: %s/run\n  seed: 11\nmodel:\n  path: %s/model\n"
+                        "train:\n  mode: lora\n  steps: %d\n  seq_len: 64\n  micro_batch: 4\n"
+                        "  lr: 3e-3\n  warmup_steps: 5\n"
+                        "lora:\n  r: 8\n  alpha: 16\n  dropout: 0.05\n"
+                        "  targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                        "down_proj]\n"
+                        "data:\n  train: %s/data.train.h5\n"
+                        "log:\n  every: 10\nruntime:\n  backend: cpu\n  threads: 2\n",
+                        dir, dir, STEPS, dir);
     cr_assert_eq(tu_write_file(path, cfg), 0);
+    free(cfg);
     double cpu_l[STEPS + 8], gpu_l[STEPS + 8];
-    const char *backends[] = {"cpu", "cuda"};
+    const char *backends[] = {"cpu", cuda_test_backend()};
     double *curves[] = {cpu_l, gpu_l};
     for (int i = 0; i < 2; i++) {
-        rc = tu_sh(&out, "%s/spotune train %s --set run.dir=%s/run-%s --set runtime.backend=%s", bin,
-                path, dir, backends[i], backends[i]);
+        rc = tu_spotune(&out, "train %s --set run.dir=%s/run-%s --set runtime.backend=%s", path,
+                        dir, backends[i], backends[i]);
         cr_assert_eq(rc, 0, "%s run: %s", backends[i], out);
         free(out);
-        char run[4096];
-        snprintf(run, sizeof run, "%s/run-%s", dir, backends[i]);
+        char *run = sp_strf("%s/run-%s", dir, backends[i]);
         cr_assert_eq(read_losses(run, curves[i], STEPS + 8), STEPS, "%s: %d steps logged",
                      backends[i], STEPS);
+        free(run);
     }
+    free(path);
     double worst = 0, tail_c = 0, tail_g = 0;
     int worst_at = 0;
     for (int s = 0; s < STEPS; s++) {
@@ -343,6 +234,7 @@ Test(cuda_model, lora_training_tracks_the_cpu, .timeout = 900)
             "%.2f%% at step %d\n",
             cpu_l[0], tail_c, gpu_l[0], tail_g, 100 * worst, worst_at + 1);
     tu_rmtree(dir);
+    free(dir);
 }
 
 /* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */

@@ -16,92 +16,25 @@
 
 #define TOL 1e-4
 
-typedef struct hf_case {
-    model_config_t mc;
-    model_t *m;
-    backend_t *be;
-    int32_t *inputs, *targets;
-    uint64_t sample_ids[8];
-    int B, T;
-    double count;
-} hf_case;
-
-static void lora_opts(const char *dir, model_opts *o)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    json_error_t je;
-    json_t *c = json_load_file(path, 0, &je);
-    cr_assert(c, "%s: %s", path, je.text);
-    o->mode = MODE_LORA;
-    o->lora_r = json_integer_value(json_object_get(c, "r"));
-    o->lora_alpha = json_number_value(json_object_get(c, "lora_alpha"));
-    o->rslora = json_is_true(json_object_get(c, "use_rslora"));
-    o->lora_targets = 0;
-    size_t i;
-    json_t *v;
-    json_array_foreach(json_object_get(c, "target_modules"), i, v) for (int p = 0; p < PROJ_COUNT;
-                                                                         p++) if (
-        strcmp(json_string_value(v), config_target_names[p]) == 0) o->lora_targets |= 1 << p;
-    json_decref(c);
-}
+typedef tu_hf_case hf_case;
 
 static void open_case(hf_case *hc, const char *name, int lora, const char *backend, int recompute)
 {
-    char dir[4096], path[4096];
     sp_err err = {0};
-    snprintf(dir, sizeof dir, "%s", fixture("hf/"));
-    strncat(dir, name, sizeof dir - strlen(dir) - 1);
-    snprintf(path, sizeof path, "%s/model", dir);
-    cr_assert_eq(model_config_load(&hc->mc, path, &err), 0, "%s", err.msg);
-    snprintf(path, sizeof path, "%s/batch.safetensors", dir);
-    st_file bf;
-    cr_assert_eq(st_open(&bf, path, &err), 0, "%s", err.msg);
-    const st_tensor *tok = st_find(&bf, "tokens"), *mask = st_find(&bf, "loss_mask");
-    cr_assert(tok && mask && tok->dt == DT_I32 && mask->dt == DT_U8);
-    hc->B = (int)tok->shape[0];
-    hc->T = (int)tok->shape[1] - 1;
-    hc->inputs = malloc(sizeof(int32_t) * hc->B * hc->T);
-    hc->targets = malloc(sizeof(int32_t) * hc->B * hc->T);
-    hc->count = 0;
-    const int32_t *tk = tok->data;
-    const uint8_t *mk = mask->data;
-    for (int b = 0; b < hc->B; b++)
-        for (int t = 0; t < hc->T; t++) {
-            hc->inputs[b * hc->T + t] = tk[b * (hc->T + 1) + t];
-            int on = mk[b * (hc->T + 1) + t + 1];
-            hc->targets[b * hc->T + t] = on ? tk[b * (hc->T + 1) + t + 1] : -1;
-            hc->count += on;
-        }
-    st_close(&bf);
-    for (int b = 0; b < 8; b++)
-        hc->sample_ids[b] = (uint64_t)b;
-    model_opts o = {.mode = MODE_FULL, .max_batch = hc->B, .seq_len = hc->T, .seed = 1,
-                    .recompute = recompute};
-    snprintf(path, sizeof path, "%s/lora", dir);
-    if (lora)
-        lora_opts(path, &o);
-    cr_assert_eq(backend_create(&hc->be, backend, 0, 2, &err), 0, "%s", err.msg);
-    cr_assert_eq(model_create(&hc->m, hc->be, &hc->mc, &o, &err), 0, "%s", err.msg);
-    snprintf(path, sizeof path, "%s/model", dir);
-    cr_assert_eq(model_io_load_base(hc->m, path, &err), 0, "%s", err.msg);
-    snprintf(path, sizeof path, "%s/lora", dir);
-    if (lora)
-        cr_assert_eq(adapter_load(hc->m, path, &err), 0, "%s", err.msg);
+    char *dir = sp_strf("%s%s", fixture("hf/"), name);
+    cr_assert_eq(tu_hf_open(hc, dir, lora, 0.0, backend, recompute, 0, &err), 0, "%s", err.msg);
+    free(dir);
 }
 
 static void close_case(hf_case *hc)
 {
-    model_destroy(hc->m);
-    backend_destroy(hc->be);
-    free(hc->inputs);
-    free(hc->targets);
+    tu_hf_close(hc);
 }
 
 static model_batch batch_of(hf_case *hc, int first, int count)
 {
     model_batch b = {hc->inputs + first * hc->T, hc->targets + first * hc->T,
-                     hc->sample_ids + first, count, hc->T, (float)(1.0 / hc->count), 1};
+                     hc->ids + first, count, hc->T, (float)(1.0 / hc->count), 1};
     return b;
 }
 
@@ -234,16 +167,15 @@ static void peft_round_trip(const char *name)
     open_case(&hc, name, 1, "cpu", RECOMPUTE_NONE);
     char *out_dir = tu_tempdir("peft-rt");
     cr_assert(out_dir);
-    char base[4096], peft_dir[4096], path[4096];
-    snprintf(base, sizeof base, "%s%s/model", fixture("hf/"), name);
-    snprintf(peft_dir, sizeof peft_dir, "%s%s/lora", fixture("hf/"), name);
+    const char *base = tu_fmt("%s%s/model", fixture("hf/"), name);
+    const char *peft_dir = tu_fmt("%s%s/lora", fixture("hf/"), name);
     sp_err err = {0};
     cr_assert_eq(adapter_save(hc.m, out_dir, base, &err), 0, "%s", err.msg);
     st_file a, b;
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", peft_dir);
-    cr_assert_eq(st_open(&a, path, &err), 0, "%s", err.msg);
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", out_dir);
-    cr_assert_eq(st_open(&b, path, &err), 0, "%s", err.msg);
+    cr_assert_eq(st_open(&a, tu_fmt("%s/adapter_model.safetensors", peft_dir), &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(st_open(&b, tu_fmt("%s/adapter_model.safetensors", out_dir), &err), 0, "%s",
+                 err.msg);
     cr_expect_eq(a.n, b.n, "%s: PEFT wrote %zu tensors, we wrote %zu", name, a.n, b.n);
     for (size_t i = 0; i < a.n; i++) {
         const st_tensor *x = &a.tensors[i], *y = st_find(&b, x->name);
@@ -257,10 +189,8 @@ static void peft_round_trip(const char *name)
     st_close(&a);
     st_close(&b);
     json_error_t je;
-    snprintf(path, sizeof path, "%s/adapter_config.json", peft_dir);
-    json_t *pc = json_load_file(path, 0, &je);
-    snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
-    json_t *oc = json_load_file(path, 0, &je);
+    json_t *pc = json_load_file(tu_fmt("%s/adapter_config.json", peft_dir), 0, &je);
+    json_t *oc = json_load_file(tu_fmt("%s/adapter_config.json", out_dir), 0, &je);
     cr_assert(pc && oc, "%s", je.text);
     const char *fields[] = {"peft_type", "task_type",     "r",    "lora_alpha",    "use_rslora",
                             "bias",      "lora_dropout", "fan_in_fan_out", "use_dora"};

@@ -133,16 +133,13 @@ Test(model_io, f16_weights_load)
     dtype_t dt;
     cr_assert_eq(model_io_weights_dtype(d, &dt, &err), 0, "%s", err.msg);
     cr_expect_eq(dt, DT_F16);
-    char d2[4200];
-    snprintf(d2, sizeof d2, "%s/f16-out", dir);
+    const char *d2 = tu_fmt("%s/f16-out", dir);
     cr_assert_eq(model_io_save(b, d2, dt, 0, (size_t)1 << 30, &err), 0, "%s", err.msg);
-    snprintf(path, sizeof path, "%s/model.safetensors", d2);
-    cr_assert_eq(st_open(&f, path, &err), 0, "%s", err.msg);
+    cr_assert_eq(st_open(&f, tu_fmt("%s/model.safetensors", d2), &err), 0, "%s", err.msg);
     for (size_t i = 0; i < f.n; i++)
         cr_expect_eq(f.tensors[i].dt, DT_F16, "%s", f.tensors[i].name);
     st_close(&f);
-    snprintf(path, sizeof path, "%s/config.json", d2);
-    char *cfg = tu_read_file(path, NULL);
+    char *cfg = tu_read_file(tu_fmt("%s/config.json", d2), NULL);
     cr_expect(tu_contains(cfg, "\"float16\""), "%s", cfg);
     free(cfg);
     for (size_t i = 0; i < nt; i++)

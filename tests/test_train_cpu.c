@@ -22,26 +22,11 @@ static void setup(void)
 {
     dir = tu_tempdir("train");
     cr_assert(dir);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/text.txt", dir);
-    FILE *f = fopen(path, "w");
-    const char *col[] = {"red", "green", "blue", "black"}, *ani[] = {"cat", "dog", "fox", "bird"};
-    for (int p = 0; p < 400; p++) {
-        for (int l = 0; l < 4; l++) {
-            unsigned a = (unsigned)(p * 7 + l * 13) % 50, b = (unsigned)(p * 11 + l * 3) % 50;
-            fprintf(f, "the %s %s has %u legs and %u eyes, %u in all.\n", col[(p + l) % 4],
-                    ani[(p * 3 + l) % 4], a, b, a + b);
-        }
-        fprintf(f, "\n");
-    }
-    fclose(f);
     char *out = NULL;
-    int rc = tu_spotune(&out, "init-model --preset tiny --seed 3 %s/model", dir);
+    int rc = tu_animals_task(dir, &out);
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
-    rc = tu_spotune(&out, "prepare-text %s/text.txt %s/data --val-fraction 0.1 --seed 2", dir, dir);
-    cr_assert_eq(rc, 0, "%s", out);
-    free(out);
+    char path[4096];
     snprintf(path, sizeof path, "%s/base.yaml", dir);
     char cfg[4096];
     snprintf(cfg, sizeof cfg,

@@ -4,6 +4,9 @@
 #include <jansson.h>
 
 #include "checkpoint/ckpt.h"
+#include "trainer/adapter.h"
+#include "trainer/config.h"
+#include "trainer/model_io.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -17,36 +20,63 @@
 #include <time.h>
 #include <unistd.h>
 
+const char *tu_source_dir(void)
+{
+    const char *e = getenv("SPOTUNE_TEST_SOURCE_DIR");
+    return e && *e ? e : SPOTUNE_SOURCE_DIR;
+}
+
+const char *tu_binary_dir(void)
+{
+    const char *e = getenv("SPOTUNE_TEST_BINARY_DIR");
+    return e && *e ? e : SPOTUNE_BINARY_DIR;
+}
+
+const char *tu_fmt(const char *fmt, ...)
+{
+    static char *buf[8]; /* a few live at once in one expression */
+    static int next;
+    char **b = &buf[next++ % 8];
+    free(*b);
+    va_list ap;
+    va_start(ap, fmt);
+    *b = sp_vstrf(fmt, ap);
+    va_end(ap);
+    if (!*b)
+        abort(); /* out of memory in a test */
+    return *b;
+}
+
 const char *fixture(const char *rel)
 {
-    static char buf[8][4096]; /* a few live at once in one expression */
-    static int next;
-    char *b = buf[next++ % 8];
-    snprintf(b, 4096, "%s/tests/fixtures/%s", SPOTUNE_SOURCE_DIR, rel);
-    return b;
+    return tu_fmt("%s/tests/fixtures/%s", tu_source_dir(), rel);
 }
 
 char *tu_tempdir(const char *tag)
 {
-    char tmpl[4096];
-    mkdir(SPOTUNE_BINARY_DIR "/tmp", 0755);
-    snprintf(tmpl, sizeof tmpl, "%s/tmp/%s-XXXXXX", SPOTUNE_BINARY_DIR, tag);
-    char *d = mkdtemp(tmpl);
-    return d ? strdup(d) : NULL;
+    char *top = sp_strf("%s/tmp", tu_binary_dir());
+    char *tmpl = top ? sp_strf("%s/%s-XXXXXX", top, tag) : NULL;
+    if (top)
+        mkdir(top, 0755);
+    free(top);
+    if (tmpl && !mkdtemp(tmpl)) {
+        free(tmpl);
+        return NULL;
+    }
+    return tmpl;
 }
 
 void tu_rmtree(const char *dir)
 {
-    char cmd[8192];
     if (!dir || strstr(dir, "/tmp/") == NULL)
         return;
     /* a test's small file systems (tu_mount_tmpfs) go first */
-    snprintf(cmd, sizeof cmd,
-             "awk -v d='%s/' 'index($2, d) == 1 {print $2}' /proc/mounts | "
-             "while read -r m; do umount -l \"$m\"; done; rm -rf '%s'",
-             dir, dir);
-    if (system(cmd) != 0)
+    char *cmd = sp_strf("awk -v d='%s/' 'index($2, d) == 1 {print $2}' /proc/mounts | "
+                        "while read -r m; do umount -l \"$m\"; done; rm -rf '%s'",
+                        dir, dir);
+    if (!cmd || system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
+    free(cmd);
 }
 
 int tu_mount_tmpfs(const char *path, long kib)
@@ -66,9 +96,11 @@ long tu_free_kib(const char *path)
 
 static int run_capture(char **output, const char *cmd)
 {
-    char full[16384];
-    snprintf(full, sizeof full, "(%s) 2>&1", cmd);
-    FILE *p = popen(full, "r");
+    if (output)
+        *output = NULL;
+    char *full = cmd ? sp_strf("(%s) 2>&1", cmd) : NULL;
+    FILE *p = full ? popen(full, "r") : NULL;
+    free(full);
     if (!p)
         return -1;
     size_t cap = 4096, len = 0;
@@ -96,23 +128,26 @@ static int run_capture(char **output, const char *cmd)
 
 int tu_sh(char **output, const char *fmt, ...)
 {
-    char cmd[12288];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    char *cmd = sp_vstrf(fmt, ap);
     va_end(ap);
-    return run_capture(output, cmd);
+    int rc = run_capture(output, cmd);
+    free(cmd);
+    return rc;
 }
 
 int tu_spotune(char **output, const char *fmt, ...)
 {
-    char args[12000], cmd[12288];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
+    char *args = sp_vstrf(fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s/spotune %s", SPOTUNE_BINARY_DIR, args);
-    return run_capture(output, cmd);
+    char *cmd = args ? sp_strf("%s/spotune %s", tu_binary_dir(), args) : NULL;
+    int rc = run_capture(output, cmd);
+    free(args);
+    free(cmd);
+    return rc;
 }
 
 char *tu_read_file(const char *path, size_t *len)
@@ -180,12 +215,14 @@ int tu_contains(const char *h, const char *n)
 
 int tu_spawn(const char *log, const char *fmt, ...)
 {
-    char cmd[12288], full[12400];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    char *cmd = sp_vstrf(fmt, ap);
     va_end(ap);
-    snprintf(full, sizeof full, "exec %s", cmd);
+    char *full = cmd ? sp_strf("exec %s", cmd) : NULL;
+    free(cmd);
+    if (!full)
+        return -1;
     pid_t pid = fork();
     if (pid == 0) {
         setpgid(0, 0);
@@ -195,6 +232,7 @@ int tu_spawn(const char *log, const char *fmt, ...)
         execl("/bin/sh", "sh", "-c", full, (char *)NULL);
         _exit(127);
     }
+    free(full);
     return (int)pid;
 }
 
@@ -239,7 +277,7 @@ const char *tu_mpirun(int ranks)
              "LSAN_OPTIONS=%s%ssuppressions=%s/tests/lsan.supp:print_suppressions=0 "
              "mpirun --oversubscribe --mca pml ob1 --mca btl tcp,self -np %d",
              asan ? asan : "", asan && *asan ? ":" : "", lsan ? lsan : "",
-             lsan && *lsan ? ":" : "", SPOTUNE_SOURCE_DIR, ranks);
+             lsan && *lsan ? ":" : "", tu_source_dir(), ranks);
     return buf;
 }
 
@@ -249,26 +287,147 @@ int tu_tiny_inputs(const char *dir, int text_seed, int model_seed, char **out)
                  "%s/scripts/make_demo_text.sh %s/text.txt %d && %s/spotune prepare-text "
                  "%s/text.txt %s/data --val-fraction 0 && %s/spotune init-model --preset tiny "
                  "--seed %d %s/model",
-                 SPOTUNE_SOURCE_DIR, dir, text_seed, SPOTUNE_BINARY_DIR, dir, dir,
-                 SPOTUNE_BINARY_DIR, model_seed, dir);
+                 tu_source_dir(), dir, text_seed, tu_binary_dir(), dir, dir, tu_binary_dir(),
+                 model_seed, dir);
+}
+
+int tu_animals_task(const char *dir, char **out)
+{
+    char *path = sp_strf("%s/text.txt", dir);
+    FILE *f = path ? fopen(path, "w") : NULL;
+    free(path);
+    if (out)
+        *out = NULL;
+    if (!f)
+        return -1;
+    const char *col[] = {"red", "green", "blue", "black"}, *ani[] = {"cat", "dog", "fox", "bird"};
+    for (int p = 0; p < 400; p++) {
+        for (int l = 0; l < 4; l++) {
+            unsigned a = (unsigned)(p * 7 + l * 13) % 50, b = (unsigned)(p * 11 + l * 3) % 50;
+            fprintf(f, "the %s %s has %u legs and %u eyes, %u in all.\n", col[(p + l) % 4],
+                    ani[(p * 3 + l) % 4], a, b, a + b);
+        }
+        fprintf(f, "\n");
+    }
+    if (fclose(f) != 0)
+        return -1;
+    return tu_spotune(out, "init-model --preset tiny --seed 3 %s/model && %s/spotune "
+                           "prepare-text %s/text.txt %s/data --val-fraction 0.1 --seed 2",
+                      dir, tu_binary_dir(), dir, dir);
 }
 
 int tu_remanifest(const char *ck)
 {
-    char path[4096], state[4096], hex[65];
+    char hex[65];
+    char *path = sp_strf("%s/%s", ck, CKPT_MANIFEST), *state = sp_strf("%s/%s", ck, CKPT_STATE_FILE);
     uint64_t size = 0;
     sp_err err = {0};
-    snprintf(path, sizeof path, "%s/%s", ck, CKPT_MANIFEST);
-    snprintf(state, sizeof state, "%s/%s", ck, CKPT_STATE_FILE);
     json_error_t je;
     json_t *m = NULL, *e = NULL;
     int rc = -1;
-    if (ckpt_file_sha256(state, hex, &size, &err) == 0 && (m = json_load_file(path, 0, &je)) &&
+    if (path && state && ckpt_file_sha256(state, hex, &size, &err) == 0 &&
+        (m = json_load_file(path, 0, &je)) &&
         (e = json_object_get(json_object_get(m, "files"), CKPT_STATE_FILE))) {
         json_object_set_new(e, "size", json_integer((json_int_t)size));
         json_object_set_new(e, "sha256", json_string(hex));
         rc = json_dump_file(m, path, JSON_INDENT(2));
     }
     json_decref(m);
+    free(path);
+    free(state);
     return rc;
+}
+
+int tu_lora_opts(const char *dir, model_opts *o, sp_err *err)
+{
+    char *path = sp_strf("%s/adapter_config.json", dir);
+    json_error_t je;
+    json_t *c = path ? json_load_file(path, 0, &je) : NULL;
+    if (!c) {
+        sp_fail(err, 1, "%s: %s", path ? path : dir, path ? je.text : "out of memory");
+        free(path);
+        return err->code;
+    }
+    free(path);
+    o->mode = MODE_LORA;
+    o->lora_r = json_integer_value(json_object_get(c, "r"));
+    o->lora_alpha = json_number_value(json_object_get(c, "lora_alpha"));
+    o->rslora = json_is_true(json_object_get(c, "use_rslora"));
+    o->lora_targets = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(json_object_get(c, "target_modules"), i, v)
+    {
+        for (int p = 0; p < PROJ_COUNT; p++)
+            if (strcmp(json_string_value(v), config_target_names[p]) == 0)
+                o->lora_targets |= 1 << p;
+    }
+    json_decref(c);
+    return 0;
+}
+
+/* The fixture's batch.safetensors into c: inputs, targets, count. */
+static int read_batch(tu_hf_case *c, const char *path, sp_err *err)
+{
+    st_file bf;
+    if (st_open(&bf, path, err))
+        return err->code;
+    const st_tensor *tok = st_find(&bf, "tokens"), *mask = st_find(&bf, "loss_mask");
+    if (!tok || !mask || tok->dt != DT_I32 || mask->dt != DT_U8) {
+        st_close(&bf);
+        return sp_fail(err, 1, "%s: no I32 tokens and U8 loss_mask", path);
+    }
+    c->B = (int)tok->shape[0];
+    c->T = (int)tok->shape[1] - 1;
+    c->inputs = malloc(sizeof(int32_t) * c->B * c->T);
+    c->targets = malloc(sizeof(int32_t) * c->B * c->T);
+    const int32_t *tk = tok->data;
+    const uint8_t *mk = mask->data;
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0; t < c->T; t++) {
+            c->inputs[b * c->T + t] = tk[b * (c->T + 1) + t];
+            int on = mk[b * (c->T + 1) + t + 1];
+            c->targets[b * c->T + t] = on ? tk[b * (c->T + 1) + t + 1] : -1;
+            c->count += on;
+        }
+    st_close(&bf);
+    return 0;
+}
+
+int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const char *backend,
+               int recompute, uint64_t first_id, sp_err *err)
+{
+    memset(c, 0, sizeof *c);
+    char *model = sp_strf("%s/model", dir), *adapter = sp_strf("%s/lora", dir);
+    char *batch = sp_strf("%s/batch.safetensors", dir);
+    int rc = model && adapter && batch ? 0 : sp_fail(err, 1, "out of memory");
+    if (!rc)
+        rc = model_config_load(&c->mc, model, err);
+    if (!rc)
+        rc = read_batch(c, batch, err);
+    for (int b = 0; b < 8; b++)
+        c->ids[b] = first_id + (uint64_t)b;
+    model_opts o = {.mode = MODE_FULL, .max_batch = c->B, .seq_len = c->T, .seed = 1,
+                    .recompute = recompute};
+    if (!rc && lora && !(rc = tu_lora_opts(adapter, &o, err)))
+        o.lora_dropout = dropout;
+    if (!rc && !(rc = backend_create(&c->be, backend, 0, 2, err)) &&
+        !(rc = model_create(&c->m, c->be, &c->mc, &o, err)))
+        rc = model_io_load_base(c->m, model, err);
+    if (!rc && lora)
+        rc = adapter_load(c->m, adapter, err);
+    free(model);
+    free(adapter);
+    free(batch);
+    return rc;
+}
+
+void tu_hf_close(tu_hf_case *c)
+{
+    if (c->m)
+        model_destroy(c->m);
+    if (c->be)
+        backend_destroy(c->be);
+    free(c->inputs);
+    free(c->targets);
 }

@@ -6,11 +6,20 @@
 #include <stddef.h>
 
 #include "kernels/backend.h"
+#include "trainer/model.h"
 #include "trainer/safetensors.h"
 
-/* SPOTUNE_SOURCE_DIR "/tests/fixtures/" rel */
+/* The source tree and the build tree (the spotune binary): those this test
+ * was built from, or $SPOTUNE_TEST_SOURCE_DIR and $SPOTUNE_TEST_BINARY_DIR
+ * when set (the GPU bundle sets them). */
+const char *tu_source_dir(void);
+const char *tu_binary_dir(void);
+/* printf into a string that lives until 8 more calls of tu_fmt (and
+ * fixture) have been made: for paths and commands built in a test. */
+const char *tu_fmt(const char *fmt, ...) SP_PRINTF(1, 2);
+/* tu_fmt("%s/tests/fixtures/%s", tu_source_dir(), rel) */
 const char *fixture(const char *rel);
-/* A fresh directory under the build tree, removed by tu_rmtree. */
+/* A fresh directory under the build tree's tmp/, removed by tu_rmtree. */
 char *tu_tempdir(const char *tag);
 void tu_rmtree(const char *dir);
 /* Mounts a tmpfs of kib KiB at path (made if missing; needs root); returns
@@ -46,8 +55,35 @@ void tu_sleep(double s);
  * data.train.h5 (no validation split) and a tiny model in model/ (seed
  * model_seed). Returns the exit status; *out receives the tools' output. */
 int tu_tiny_inputs(const char *dir, int text_seed, int model_seed, char **out);
+/* In dir: a small text of sentences about coloured animals and sums
+ * (text.txt), tokenized with a tenth for validation (data.train.h5,
+ * data.val.h5), and the tiny model (model/, seed 3). Returns the exit
+ * status; *out receives the tools' output. */
+int tu_animals_task(const char *dir, char **out);
 /* The mpirun prefix for N ranks over TCP (environment for root and for
  * sanitizer builds included). */
 const char *tu_mpirun(int ranks);
+
+/* The LoRA options (mode, r, alpha, rslora, targets) of the PEFT adapter
+ * directory dir, read from its adapter_config.json. */
+int tu_lora_opts(const char *dir, model_opts *o, sp_err *err);
+
+/* A Hugging Face fixture (a directory of tests/fixtures/hf, made by
+ * scripts/make_fixtures.py: model/, lora/, batch.safetensors) on a backend:
+ * the batch (inputs; targets -1 where the loss mask is off; count: the
+ * targets counted), sample ids first_id, first_id + 1, ..., and the model
+ * with the base weights and, with lora, the adapter (dropout as given). */
+typedef struct tu_hf_case {
+    model_config_t mc;
+    backend_t *be;
+    model_t *m;
+    int32_t *inputs, *targets;
+    uint64_t ids[8];
+    int B, T;
+    double count;
+} tu_hf_case;
+int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const char *backend,
+               int recompute, uint64_t first_id, sp_err *err);
+void tu_hf_close(tu_hf_case *c);
 
 #endif

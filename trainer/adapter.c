@@ -69,22 +69,24 @@ int adapter_write(const char *dir, const model_opts *o, const char *base_model_p
         e[i] = (st_entry){t[i].name, DT_F32, 2, {t[i].shape[0], t[i].shape[1]}, t[i].data};
     /* sorted by name: the same adapter gives the same bytes, whoever writes it */
     qsort(e, n, sizeof *e, cmp_entry);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    char *weights = sp_strf("%s/adapter_model.safetensors", dir);
+    char *path = sp_strf("%s/adapter_config.json", dir);
+    char *tmp = path ? sp_strf("%s.tmp", path) : NULL;
     const char *meta[] = {"format", "pt"};
-    int rc = st_write(path, e, n, meta, 1, err);
+    int rc = weights && tmp ? st_write(weights, e, n, meta, 1, err)
+                            : sp_fail(err, SP_EXIT_OTHER, "out of memory");
     free(e);
-    if (rc)
-        return rc;
-    json_t *cfg = adapter_config(o, base_model_path);
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    rc = json_dump_file(cfg, tmp, JSON_INDENT(2) | JSON_SORT_KEYS);
-    json_decref(cfg);
-    if (rc || rename(tmp, path) != 0)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path);
-    return 0;
+    if (!rc) {
+        json_t *cfg = adapter_config(o, base_model_path);
+        rc = json_dump_file(cfg, tmp, JSON_INDENT(2) | JSON_SORT_KEYS);
+        json_decref(cfg);
+        if (rc || rename(tmp, path) != 0)
+            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path);
+    }
+    free(weights);
+    free(path);
+    free(tmp);
+    return rc;
 }
 
 int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_err *err)
@@ -118,10 +120,9 @@ int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_er
     return rc;
 }
 
-static int check_config(const model_t *m, const char *dir, sp_err *err)
+/* adapter_config.json (path) describes the adapters of m. */
+static int check_config(const model_t *m, const char *path, sp_err *err)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     json_error_t je;
     json_t *c = json_load_file(path, 0, &je);
     if (!c)
@@ -153,12 +154,9 @@ static int check_config(const model_t *m, const char *dir, sp_err *err)
     return rc;
 }
 
-int adapter_load(model_t *m, const char *dir, sp_err *err)
+/* adapter_load of the adapters' file path */
+static int load_weights(model_t *m, const char *path, sp_err *err)
 {
-    if (check_config(m, dir, err))
-        return err->code;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     st_file f;
     int rc = st_open(&f, path, err);
     for (int i = 0; i < m->nparams && !rc; i++) {
@@ -179,4 +177,17 @@ int adapter_load(model_t *m, const char *dir, sp_err *err)
     }
     st_close(&f);
     return rc ? rc : be_check(m->be, err);
+}
+
+int adapter_load(model_t *m, const char *dir, sp_err *err)
+{
+    char *config = sp_strf("%s/adapter_config.json", dir);
+    char *path = sp_strf("%s/adapter_model.safetensors", dir);
+    int rc = !config || !path ? sp_fail(err, SP_EXIT_OTHER, "out of memory")
+                              : check_config(m, config, err);
+    free(config);
+    if (!rc)
+        rc = load_weights(m, path, err);
+    free(path);
+    return rc;
 }

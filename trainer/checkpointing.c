@@ -70,11 +70,18 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->remote_step = -1;
     pthread_mutex_init(&c->remote_mu, NULL);
     c->global_batch = (int64_t)c->world * cfg->micro_batch * cfg->grad_accum;
-    snprintf(c->root, sizeof c->root, "%s/checkpoints", cfg->run_dir);
-    char mpath[4096];
+    c->root = sp_strf("%s/checkpoints", cfg->run_dir);
+    char *mpath = sp_strf("%s/metrics.jsonl", cfg->run_dir);
+    if (!c->root || !mpath) {
+        free(mpath);
+        free(c->root);
+        pthread_mutex_destroy(&c->remote_mu);
+        free(c);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
     struct stat msb;
-    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg->run_dir);
     c->fresh_metrics = stat(mpath, &msb) != 0 || msb.st_size == 0;
+    free(mpath);
     snprintf(c->base_identity, sizeof c->base_identity, "%s", base_identity);
     snprintf(c->config_hash, sizeof c->config_hash, "%016llx",
              (unsigned long long)config_math_hash(cfg));
@@ -134,11 +141,10 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
     if (c->lease_store)
         store_close(c->lease_store);
     pthread_mutex_destroy(&c->remote_mu);
+    free(c->root);
     free(c);
     return rc;
 }
-
-/* ---- the step boundary ----------------------------------------------------------------- */
 
 /* ---- the step boundary ----------------------------------------------------------------- */
 

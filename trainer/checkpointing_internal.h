@@ -21,7 +21,7 @@ struct ckpt_ctl {
     int rank, world;
     FILE *log;
     metrics_t *metrics;
-    char root[4096];
+    char *root; /* RUN_DIR/checkpoints */
     char base_identity[17], config_hash[17];
     ckpt_writer *writer;
     store_t *store;
@@ -55,14 +55,14 @@ int ckpt_remote_open(ckpt_ctl *c, sp_err *err);
 /* A finished run: its final checkpoint is in the store, or an error says why not. */
 int ckpt_remote_final_pushed(ckpt_ctl *c, sp_err *err);
 /* The newest remote checkpoint newer than local_step that verifies, pulled
- * into the local root (path; *found). A store that cannot be listed is a
- * warning: the local checkpoints are used. */
-int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char *path, size_t n, int *found,
+ * into the local root (*path, a heap string; NULL when none). A store that
+ * cannot be listed is a warning: the local checkpoints are used. */
+int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err);
+/* Downloads st's step `name` into the local root and verifies it (*path: a
+ * heap string; NULL on failure); *corrupt (may be NULL): it downloaded but
+ * does not match its MANIFEST. */
+int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char **path, int *corrupt,
                      sp_err *err);
-/* Downloads st's step `name` into the local root and verifies it; *corrupt
- * (may be NULL): it downloaded but does not match its MANIFEST. */
-int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char *path, size_t n,
-                     int *corrupt, sp_err *err);
 /* Queues a push of a local checkpoint newer than the store's newest. */
 void ckpt_remote_push_if_missing(ckpt_ctl *c, const char *path, int64_t step);
 

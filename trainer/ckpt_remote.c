@@ -107,7 +107,7 @@ int ckpt_remote_open(ckpt_ctl *c, sp_err *err)
             err->code = SP_EXIT_USAGE;
         return err->code;
     }
-    char note[2048] = "";
+    char note[SP_ERR_MSG_MAX] = "";
     int connected = 0;
     lease_opts lo = {.ttl_s = cfg->ckpt_lease_s,
                      .wait_s = cfg->ckpt_lease_s + 5,
@@ -164,33 +164,38 @@ int ckpt_remote_final_pushed(ckpt_ctl *c, sp_err *err)
 /* Downloads remote step-N into the local root and verifies it. *corrupt
  * (if given) is set when the download succeeded but the files do not match
  * their MANIFEST. */
-int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char *path, size_t n,
-                         int *corrupt, sp_err *err)
+int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char **path, int *corrupt,
+                     sp_err *err)
 {
-    char local[4096];
+    *path = NULL;
     if (corrupt)
         *corrupt = 0;
-    snprintf(local, sizeof local, "%s/%s", c->root, name);
+    char *local = sp_strf("%s/%s", c->root, name);
+    if (!local)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     ckpt_remove_tree(local); /* a broken local copy of the same step */
-    if (store_pull_dir(st, name, local, NULL, err))
-        return err->code ? err->code : SP_EXIT_OTHER;
     ckpt_manifest mf;
-    if (ckpt_verify(local, &mf, err)) {
+    int rc = 0;
+    if (store_pull_dir(st, name, local, NULL, err)) {
+        rc = err->code ? err->code : SP_EXIT_OTHER;
+    } else if (ckpt_verify(local, &mf, err)) {
         ckpt_remove_tree(local);
         if (corrupt)
             *corrupt = 1;
-        return err->code;
+        rc = err->code;
     }
-    snprintf(path, n, "%s", local);
-    return 0;
+    if (rc)
+        free(local);
+    else
+        *path = local;
+    return rc;
 }
 
 /* The newest remote checkpoint newer than local_step that verifies. */
-int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char *path, size_t n, int *found,
-                       sp_err *err)
+int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err)
 {
     store_listing l;
-    *found = 0;
+    *path = NULL;
     /* The listing gets few, short retries: a store that is down must not hold
      * the start of training for minutes (the uploads, in the background, keep
      * the patient defaults). */
@@ -215,7 +220,7 @@ int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char *path, size_t n, int 
             c->remote_step = step;
     }
     pthread_mutex_unlock(&c->remote_mu);
-    for (size_t i = l.n; i-- > 0 && !*found;) { /* sorted: newest last */
+    for (size_t i = l.n; i-- > 0 && !*path;) { /* sorted: newest last */
         const char *k = l.items[i].key;
         long long step;
         char name[64];
@@ -226,10 +231,8 @@ int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char *path, size_t n, int 
         log_event(c->log, c->metrics, "info", "downloading %s/%s", store_url(c->store), name);
         sp_err perr = {0};
         int corrupt = 0;
-        if (ckpt_remote_pull(c, c->store, name, path, n, &corrupt, &perr) == 0) {
-            *found = 1;
+        if (ckpt_remote_pull(c, c->store, name, path, &corrupt, &perr) == 0)
             continue;
-        }
         log_event(c->log, c->metrics, "warning", "skipping remote checkpoint %s: %s", name,
                   perr.msg);
         if (!corrupt)

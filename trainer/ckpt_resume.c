@@ -3,6 +3,7 @@
  * batch over this rank count), restoring it on every rank, and the metrics
  * trimmed to it. */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,54 +27,71 @@ static void report_bad(void *ctx, const ckpt_info *bad)
               bad->problem);
 }
 
-/* Rank 0: which checkpoint to restore (path empty: none). */
-static int choose(ckpt_ctl *c, const char *resume, char *path, size_t n, sp_err *err)
+/* --resume s3://.../step-N or file://.../step-N: pulled into the local root. */
+static int choose_url(ckpt_ctl *c, const char *resume, char **path, sp_err *err)
 {
-    path[0] = 0;
-    if (strcmp(resume, "none") == 0)
-        return 0;
-    if (strncmp(resume, "s3://", 5) == 0 || strncmp(resume, "file://", 7) == 0) {
-        char url[4096];
-        snprintf(url, sizeof url, "%s", resume);
-        char *slash = strrchr(url, '/');
-        if (!slash || strncmp(slash + 1, "step-", 5) != 0)
-            return sp_fail(err, SP_EXIT_USAGE, "--resume %s: expected .../step-NNNNNNNN", resume);
+    char *url = strdup(resume);
+    if (!url)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    char *slash = strrchr(url, '/');
+    int rc = 0;
+    if (!slash || strncmp(slash + 1, "step-", 5) != 0) {
+        rc = sp_fail(err, SP_EXIT_USAGE, "--resume %s: expected .../step-NNNNNNNN", resume);
+    } else {
         *slash = 0;
         store_opts so = {0};
         so.endpoint = *c->cfg->ckpt_endpoint ? c->cfg->ckpt_endpoint : NULL;
         so.region = *c->cfg->ckpt_region ? c->cfg->ckpt_region : NULL;
         store_t *st;
-        if (store_open(&st, url, &so, err))
-            return err->code ? err->code : SP_EXIT_USAGE;
-        int rc = ckpt_remote_pull(c, st, slash + 1, path, n, NULL, err);
-        store_close(st);
-        return rc;
+        if (store_open(&st, url, &so, err)) {
+            rc = err->code ? err->code : SP_EXIT_USAGE;
+        } else {
+            rc = ckpt_remote_pull(c, st, slash + 1, path, NULL, err);
+            store_close(st);
+        }
     }
-    if (strcmp(resume, "auto") != 0) {
-        ckpt_manifest mf;
-        if (ckpt_verify(resume, &mf, err))
-            return err->code;
-        snprintf(path, n, "%s", resume);
-        return 0;
-    }
+    free(url);
+    return rc;
+}
+
+/* --resume auto: the newest local checkpoint that verifies, or a newer remote one. */
+static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
+{
+    char local[PATH_MAX]; /* a path the system can open fits */
     int found = 0;
-    if (ckpt_find_latest(c->root, path, n, &found, report_bad, c, err))
+    if (ckpt_find_latest(c->root, local, sizeof local, &found, report_bad, c, err))
         return err->code;
     int64_t local_step = -1;
     if (found) {
-        const char *b = strrchr(path, '/');
-        local_step = strtoll(b + 6, NULL, 10);
-    } else {
-        path[0] = 0;
+        local_step = strtoll(strrchr(local, '/') + 6, NULL, 10);
+        if (!(*path = strdup(local)))
+            return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     }
-    if (c->store) {
-        int rfound = 0;
-        char rpath[4096];
-        if (ckpt_remote_find(c, local_step, rpath, sizeof rpath, &rfound, err))
-            return err->code;
-        if (rfound)
-            snprintf(path, n, "%s", rpath);
+    char *remote = NULL;
+    if (c->store && ckpt_remote_find(c, local_step, &remote, err))
+        return err->code;
+    if (remote) {
+        free(*path);
+        *path = remote;
     }
+    return 0;
+}
+
+/* Rank 0: which checkpoint to restore (*path, a heap string; NULL: none). */
+static int choose(ckpt_ctl *c, const char *resume, char **path, sp_err *err)
+{
+    *path = NULL;
+    if (strcmp(resume, "none") == 0)
+        return 0;
+    if (strncmp(resume, "s3://", 5) == 0 || strncmp(resume, "file://", 7) == 0)
+        return choose_url(c, resume, path, err);
+    if (strcmp(resume, "auto") == 0)
+        return choose_auto(c, path, err);
+    ckpt_manifest mf;
+    if (ckpt_verify(resume, &mf, err))
+        return err->code;
+    if (!(*path = strdup(resume)))
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     return 0;
 }
 
@@ -152,17 +170,11 @@ static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const char *pat
     return 0;
 }
 
-/* A resumed run rewrites metrics.jsonl without the records of steps after
- * the checkpoint, so the curve a user plots has no repeated steps; on a new
- * machine (no metrics yet) it starts from the checkpoint's copy. */
-static void trim_metrics(ckpt_ctl *c, const char *ckpt_dir, int64_t step)
+/* trim_metrics with its paths: metrics.jsonl (path), the file written in
+ * its place (tmp) and the checkpoint's copy (saved). */
+static void copy_metrics(ckpt_ctl *c, const char *path, const char *tmp, const char *saved,
+                         int64_t step)
 {
-    if (!c->metrics || !c->metrics->f)
-        return;
-    char path[4096], tmp[4200], saved[4200];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", c->cfg->run_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    snprintf(saved, sizeof saved, "%s/metrics.jsonl", ckpt_dir);
     fflush(c->metrics->f);
     FILE *in = fopen(c->fresh_metrics ? saved : path, "r"), *out = fopen(tmp, "w");
     char *line = NULL;
@@ -188,6 +200,53 @@ static void trim_metrics(ckpt_ctl *c, const char *ckpt_dir, int64_t step)
     }
 }
 
+/* A resumed run rewrites metrics.jsonl without the records of steps after
+ * the checkpoint, so the curve a user plots has no repeated steps; on a new
+ * machine (no metrics yet) it starts from the checkpoint's copy. */
+static void trim_metrics(ckpt_ctl *c, const char *ckpt_dir, int64_t step)
+{
+    if (!c->metrics || !c->metrics->f)
+        return;
+    char *path = sp_strf("%s/metrics.jsonl", c->cfg->run_dir);
+    char *tmp = path ? sp_strf("%s.tmp", path) : NULL;
+    char *saved = sp_strf("%s/metrics.jsonl", ckpt_dir);
+    if (path && tmp && saved)
+        copy_metrics(c, path, tmp, saved, step);
+    free(path);
+    free(tmp);
+    free(saved);
+}
+
+/* Every rank: rank 0's header h (and snapshot s) restored into the model and
+ * the progress; why: the error when h->code is set (rank 0 has it whole). */
+static int restore(ckpt_ctl *c, model_t *m, const resume_header *h, const char *why,
+                   ckpt_snapshot *s, int64_t micro_batch, int64_t *grad_accum, train_progress *p,
+                   int *resumed, sp_err *err)
+{
+    /* checkpoint.every_minutes counts from here, not from before a download */
+    c->last_time = sp_now();
+    if (h->code) {
+        ckpt_snapshot_free(s);
+        return sp_fail(err, h->code, "%s", why);
+    }
+    if (!h->found)
+        return 0;
+    int rc = ckpt_state_restore(c, m, c->rank == 0 ? s : NULL, err);
+    ckpt_snapshot_free(s);
+    if (rc)
+        return rc;
+    p->step = h->step;
+    p->cursor = h->cursor;
+    p->elapsed_s = h->elapsed_s;
+    *grad_accum = h->grad_accum;
+    /* the checkpoint's global batch, re-split over this rank count, is what
+     * every later checkpoint of this run records */
+    c->global_batch = (int64_t)c->world * micro_batch * h->grad_accum;
+    *resumed = 1;
+    c->last_step = h->step;
+    return 0;
+}
+
 int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
                     int64_t *grad_accum, train_progress *p, int *resumed, sp_err *err)
 {
@@ -195,20 +254,20 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
     memset(&h, 0, sizeof h);
     ckpt_snapshot s;
     ckpt_snapshot_init(&s);
-    char path[4096] = "";
+    char *path = NULL;
+    sp_err e = {0};
     *resumed = 0;
     if (c->rank == 0) {
-        sp_err e = {0};
         int64_t ga = *grad_accum;
-        int rc = choose(c, resume, path, sizeof path, &e);
-        if (!rc && path[0]) {
+        int rc = choose(c, resume, &path, &e);
+        if (!rc && path) {
             rc = state_read_checked(path, &s, &e);
             if (!rc)
                 rc = check_compatible(c, &s, path, micro_batch, &ga, &e);
         }
         h.code = rc;
-        h.found = !rc && path[0];
-        snprintf(h.msg, sizeof h.msg, "%s", e.msg);
+        h.found = !rc && path;
+        sp_cutf(h.msg, sizeof h.msg, "%s", e.msg); /* for the other ranks */
         if (h.found)
             ckpt_remote_push_if_missing(c, path, s.step);
         if (h.found) {
@@ -219,33 +278,17 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
             h.grad_accum = ga;
         }
     }
-    if (comm_bcast(c->comm, &h, sizeof h, 0, err))
-        return err->code;
-    /* checkpoint.every_minutes counts from here, not from before a download */
-    c->last_time = sp_now();
-    if (h.code) {
+    int rc = comm_bcast(c->comm, &h, sizeof h, 0, err);
+    if (!rc)
+        rc = restore(c, m, &h, c->rank == 0 ? e.msg : h.msg, &s, micro_batch, grad_accum, p,
+                     resumed, err);
+    else
         ckpt_snapshot_free(&s);
-        return sp_fail(err, h.code, "%s", h.msg);
-    }
-    if (!h.found)
-        return 0;
-    int rc = ckpt_state_restore(c, m, c->rank == 0 ? &s : NULL, err);
-    ckpt_snapshot_free(&s);
-    if (rc)
-        return rc;
-    p->step = h.step;
-    p->cursor = h.cursor;
-    p->elapsed_s = h.elapsed_s;
-    *grad_accum = h.grad_accum;
-    /* the checkpoint's global batch, re-split over this rank count, is what
-     * every later checkpoint of this run records */
-    c->global_batch = (int64_t)c->world * micro_batch * h.grad_accum;
-    *resumed = 1;
-    c->last_step = h.step;
-    if (c->rank == 0) {
+    if (!rc && *resumed && c->rank == 0) {
         trim_metrics(c, path, h.step);
         log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu", path,
                   (long long)h.step, (unsigned long long)h.cursor);
     }
-    return 0;
+    free(path);
+    return rc;
 }

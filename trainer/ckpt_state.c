@@ -13,13 +13,16 @@
 
 /* ---- snapshots ------------------------------------------------------------------------ */
 
+/* A trainable parameter's three arrays in a checkpoint: the group's prefix
+ * + the parameter's name (at most 159 bytes, so a name fits in 256). */
+static const char *const groups[3] = {"params/", "adam_m/", "adam_v/"};
+
 static int add_param_arrays(model_t *m, ckpt_snapshot *s, sp_err *err)
 {
     for (int i = 0; i < m->nparams; i++) {
         param_t *p = &m->params[i];
         if (!p->trainable)
             continue;
-        const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
         tensor_t src[3] = {p->master, tensor_view(m->adam_m, p->offset, p->n),
                            tensor_view(m->adam_v, p->offset, p->n)};
         for (int g = 0; g < 3; g++) {
@@ -63,7 +66,6 @@ int ckpt_state_gather(ckpt_ctl *c, model_t *m, ckpt_snapshot *s, int32_t code, s
     float **arrays = root ? calloc((size_t)m->nparams, sizeof *arrays) : NULL;
     if (!code && (!send || (root && (!recv || !arrays))))
         code = sp_fail(err, SP_EXIT_OTHER, "out of host memory for a checkpoint");
-    const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
     tensor_t src[3] = {m->master, m->adam_m, m->adam_v};
     for (int g = 0; g < 3; g++) {
         for (int i = 0; root && !code && i < m->nparams; i++) {
@@ -150,14 +152,15 @@ int ckpt_state_snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_s
     free(yaml);
     /* the curve so far travels with the checkpoint, so a new machine has it */
     if (!bad && c->metrics && c->metrics->f) {
-        char path[4096];
         size_t n = 0;
         fflush(c->metrics->f);
-        snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->run_dir);
-        char *text = read_small_file(path, &n);
+        char *path = sp_strf("%s/metrics.jsonl", cfg->run_dir);
+        char *text = path ? read_small_file(path, &n) : NULL;
         if (text)
             bad = ckpt_add_file(s, "metrics.jsonl", text, n) != 0;
+        bad |= !path;
         free(text);
+        free(path);
     }
     if (bad && !err->code)
         sp_fail(err, SP_EXIT_OTHER, "out of memory building a checkpoint");
@@ -189,7 +192,6 @@ int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *
         param_t *p = &m->params[i];
         if (!p->trainable)
             continue;
-        const char *groups[3] = {"params/", "adam_m/", "adam_v/"};
         tensor_t dst[3] = {{0}};
         if (m->shard_count == 1) {
             dst[1] = tensor_view(m->adam_m, p->offset, p->n);

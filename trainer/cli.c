@@ -215,7 +215,7 @@ static int cmd_init_model(int argc, char **argv)
     if (!rc) {
         model_init_base_random(m, (uint64_t)seed);
         rc = model_io_save(m, argv[optind], strcmp(dtype, "bf16") == 0 ? DT_BF16 : DT_F32, 0,
-                           (size_t)5 << 30, &err);
+                           MODEL_IO_SHARD_BYTES, &err);
     }
     if (!rc)
         printf("wrote %s: %s preset, %.2fM parameters, %s\n", argv[optind], preset,

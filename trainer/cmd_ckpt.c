@@ -34,34 +34,44 @@ typedef struct store_args {
     store_opts o;
 } store_args;
 
-/* Splits ".../step-NNNNNNNN" into the store URL and the step name. */
-static int split_step_url(const char *url, char *base, size_t n, char *name, size_t m,
-                          sp_err *err)
+/* Splits ".../step-NNNNNNNN" into the store URL (*base, a heap string the
+ * caller frees) and the step name (*name, inside *base). */
+static int split_step_url(const char *url, char **base, const char **name, sp_err *err)
 {
-    snprintf(base, n, "%s", url);
-    size_t len = strlen(base);
-    while (len > 0 && base[len - 1] == '/')
-        base[--len] = 0;
-    char *slash = strrchr(base, '/');
-    if (!slash || strncmp(slash + 1, "step-", 5) != 0)
+    char *b = strdup(url);
+    if (!b)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    size_t len = strlen(b);
+    while (len > 0 && b[len - 1] == '/')
+        b[--len] = 0;
+    char *slash = strrchr(b, '/');
+    if (!slash || strncmp(slash + 1, "step-", 5) != 0) {
+        free(b);
         return sp_fail(err, SP_EXIT_USAGE, "%s: expected a checkpoint URL ending in /step-NNNNNNNN",
                        url);
-    snprintf(name, m, "%s", slash + 1);
+    }
     *slash = 0;
+    *base = b;
+    *name = slash + 1;
     return 0;
 }
 
 /* Pulls a remote checkpoint into dest (which must not exist) and verifies it. */
 static int pull(const char *url, const char *dest, const store_opts *o, sp_err *err)
 {
-    char base[4096], name[128];
-    if (split_step_url(url, base, sizeof base, name, sizeof name, err))
+    char *base = NULL;
+    const char *name = NULL;
+    if (split_step_url(url, &base, &name, err))
         return err->code;
     store_t *st;
-    if (store_open(&st, base, o, err))
+    int rc = store_open(&st, base, o, err);
+    if (rc) {
+        free(base);
         return err->code ? err->code : SP_EXIT_USAGE;
-    int rc = store_pull_dir(st, name, dest, NULL, err);
+    }
+    rc = store_pull_dir(st, name, dest, NULL, err);
     store_close(st);
+    free(base);
     if (rc)
         return err->code ? err->code : SP_EXIT_OTHER;
     ckpt_manifest m;
@@ -75,10 +85,12 @@ static int pull(const char *url, const char *dest, const store_opts *o, sp_err *
 static char *temp_dir(void)
 {
     const char *t = getenv("TMPDIR");
-    char tmpl[4096];
-    snprintf(tmpl, sizeof tmpl, "%s/spotune-ckpt-XXXXXX", t && *t ? t : "/tmp");
-    char *d = mkdtemp(tmpl);
-    return d ? strdup(d) : NULL;
+    char *tmpl = sp_strf("%s/spotune-ckpt-XXXXXX", t && *t ? t : "/tmp");
+    if (tmpl && !mkdtemp(tmpl)) {
+        free(tmpl);
+        return NULL;
+    }
+    return tmpl;
 }
 
 static void remove_tree(const char *dir)
@@ -87,20 +99,31 @@ static void remove_tree(const char *dir)
         fprintf(stderr, "spotune: could not remove %s\n", dir);
 }
 
-/* A URL is pulled into a temporary directory (*tmp, removed by the caller). */
-static int local_checkpoint(const char *what, const store_opts *o, char *dir, size_t n,
-                            char **tmp, sp_err *err)
+/* The checkpoint directory of what (*dir, a heap string): a URL is pulled
+ * into a temporary directory (*tmp, removed by the caller). */
+static int local_checkpoint(const char *what, const store_opts *o, char **dir, char **tmp,
+                            sp_err *err)
 {
     *tmp = NULL;
-    if (!is_url(what)) {
-        snprintf(dir, n, "%s", what);
-        return 0;
-    }
+    *dir = is_url(what) ? NULL : strdup(what);
+    if (!is_url(what))
+        return *dir ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of memory");
     *tmp = temp_dir();
     if (!*tmp)
         return sp_fail(err, SP_EXIT_OTHER, "cannot create a temporary directory");
-    snprintf(dir, n, "%s/ckpt", *tmp);
-    return pull(what, dir, o, err);
+    if (!(*dir = sp_strf("%s/ckpt", *tmp)))
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    return pull(what, *dir, o, err);
+}
+
+/* What local_checkpoint made goes. */
+static void local_checkpoint_done(char *dir, char *tmp)
+{
+    free(dir);
+    if (tmp) {
+        remove_tree(tmp);
+        free(tmp);
+    }
 }
 
 /* ---- ckpt list ---------------------------------------------------------------- */
@@ -117,13 +140,10 @@ static void fmt_time(char *buf, size_t n, double t)
     strftime(buf, n, "%Y-%m-%d %H:%M:%SZ", &tm);
 }
 
-static int list_local(const char *arg, sp_err *err)
+/* ckpt list of the checkpoints directory root (arg: as the user named it) */
+static int list_dir(const char *root, const char *arg, sp_err *err)
 {
-    char root[4096];
     struct stat sb;
-    snprintf(root, sizeof root, "%s/checkpoints", arg);
-    if (stat(root, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        snprintf(root, sizeof root, "%s", arg);
     if (stat(root, &sb) != 0)
         return sp_fail(err, SP_EXIT_INPUT, "%s: no such run or checkpoint directory", arg);
     ckpt_info *l;
@@ -141,6 +161,17 @@ static int list_local(const char *arg, sp_err *err)
         printf("(no checkpoints in %s)\n", root);
     free(l);
     return 0;
+}
+
+static int list_local(const char *arg, sp_err *err)
+{
+    struct stat sb;
+    char *run = sp_strf("%s/checkpoints", arg);
+    if (!run)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    int rc = list_dir(stat(run, &sb) == 0 && S_ISDIR(sb.st_mode) ? run : arg, arg, err);
+    free(run);
+    return rc;
 }
 
 static int list_remote(const char *url, const store_opts *o, sp_err *err)
@@ -169,15 +200,20 @@ static int list_remote(const char *url, const store_opts *o, sp_err *err)
         }
         if (j == i)
             j = i + 1;
-        char name[128], t[64] = "-", key[256];
-        snprintf(name, sizeof name, "%.*s", (int)plen, k);
+        char t[64] = "-";
+        char *name = sp_strf("%.*s", (int)plen, k);
+        char *key = name ? sp_strf("%s/%s", name, CKPT_MANIFEST) : NULL;
+        if (!key) {
+            free(name);
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+            break;
+        }
         long long step = strtoll(name + 5, NULL, 10);
         if (has_manifest) {
             void *data = NULL;
             size_t n = 0;
             ckpt_manifest m;
             sp_err e = {0};
-            snprintf(key, sizeof key, "%s/%s", name, CKPT_MANIFEST);
             if (store_get_bytes(st, key, &data, &n, &e) == 0 &&
                 ckpt_manifest_parse(data, n, &m, &e) == 0)
                 fmt_time(t, sizeof t, m.created);
@@ -186,14 +222,16 @@ static int list_remote(const char *url, const store_opts *o, sp_err *err)
         printf("%-22s %10lld  %-21s %8.1f MiB  %s\n", name, step, t, (double)bytes / 1048576.0,
                has_manifest ? "complete (MANIFEST present; `spotune ckpt verify` checks the data)"
                             : "incomplete (no MANIFEST)");
+        free(name);
+        free(key);
         shown++;
         i = j;
     }
-    if (!shown)
+    if (!shown && !rc)
         printf("(no checkpoints in %s)\n", url);
     store_list_free(&l);
     store_close(st);
-    return 0;
+    return rc;
 }
 
 static void ckpt_usage(FILE *f)
@@ -285,17 +323,14 @@ int cmd_ckpt(int argc, char **argv)
         return rc ? fail(&err) : 0;
     }
     if (!strcmp(sub, "verify") && nargs == 1) {
-        char dir[4096], *tmp;
+        char *dir, *tmp;
         ckpt_manifest m;
-        int rc = local_checkpoint(args[0], &o, dir, sizeof dir, &tmp, &err);
+        int rc = local_checkpoint(args[0], &o, &dir, &tmp, &err);
         if (!rc)
             rc = ckpt_verify(dir, &m, &err);
         if (!rc)
             rc = state_check_isolated(dir, &err);
-        if (tmp) {
-            remove_tree(tmp);
-            free(tmp);
-        }
+        local_checkpoint_done(dir, tmp);
         if (rc)
             return fail(&err);
         printf("%s: ok (step %lld, %d file(s) verified, state readable, world size %d)\n", args[0],
@@ -401,7 +436,7 @@ static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *
             model_param_upload(m, p, a->data, DT_F32);
     }
     if (!rc)
-        rc = model_io_save(m, out, dt, c->mode == MODE_LORA, (size_t)5 << 30, err);
+        rc = model_io_save(m, out, dt, c->mode == MODE_LORA, MODEL_IO_SHARD_BYTES, err);
     if (m)
         model_destroy(m);
     if (m || rc == 0)
@@ -431,12 +466,12 @@ int cmd_export(int argc, char **argv)
         return prc > 0 ? 0 : SP_EXIT_USAGE;
     }
     sp_err err = {0};
-    char dir[4096], *tmp;
+    char *dir, *tmp;
     ckpt_snapshot s;
     config_t c;
     config_defaults(&c);
     ckpt_snapshot_init(&s);
-    int rc = local_checkpoint(argv[optind], &o, dir, sizeof dir, &tmp, &err);
+    int rc = local_checkpoint(argv[optind], &o, &dir, &tmp, &err);
     if (!rc)
         rc = state_read_checked(dir, &s, &err);
     const ckpt_attr *conf = rc ? NULL : ckpt_get(&s, "config");
@@ -453,9 +488,6 @@ int cmd_export(int argc, char **argv)
         printf("merged model (Hugging Face layout): %s\n", merged);
     ckpt_snapshot_free(&s);
     config_free(&c);
-    if (tmp) {
-        remove_tree(tmp);
-        free(tmp);
-    }
+    local_checkpoint_done(dir, tmp);
     return rc ? fail(&err) : 0;
 }

@@ -423,7 +423,10 @@ static int load_mapping(config_t *cfg, yaml_document_t *doc, const char *path, s
             char name[256];
             if (k2->type != YAML_SCALAR_NODE)
                 return sp_fail(err, SP_EXIT_USAGE, "%s:%ld: keys must be plain words", path, l2);
-            snprintf(name, sizeof name, "%s.%s", sec, (const char *)k2->data.scalar.value);
+            if (sp_fitf(name, sizeof name, "%s.%s", sec, (const char *)k2->data.scalar.value))
+                return sp_fail(err, SP_EXIT_USAGE, "%s:%ld: unknown key '%s.%s' (see "
+                               "configs/README.md)", path, l2, sec,
+                               (const char *)k2->data.scalar.value);
             long first2 = earlier_key_line(doc, vn, q, k2);
             if (first2)
                 return sp_fail(err, SP_EXIT_USAGE,
@@ -492,11 +495,12 @@ int config_set(config_t *cfg, const char *assignment, sp_err *err)
     if (!eq)
         return sp_fail(err, SP_EXIT_USAGE, "--set %s: expected section.key=value", assignment);
     char name[256];
-    snprintf(name, sizeof name, "%.*s", (int)(eq - assignment), assignment);
-    const key_def *k = find_key(name);
+    const key_def *k = NULL;
+    if (sp_fitf(name, sizeof name, "%.*s", (int)(eq - assignment), assignment) == 0)
+        k = find_key(name);
     if (!k)
-        return sp_fail(err, SP_EXIT_USAGE, "--set: unknown key '%s' (see configs/README.md)",
-                       name);
+        return sp_fail(err, SP_EXIT_USAGE, "--set: unknown key '%.*s' (see configs/README.md)",
+                       (int)(eq - assignment), assignment);
     const char *val = eq + 1;
     origin so = {"--set", 0};
     if (k->type == K_STRING) /* taken literally: paths may hold ': ' */
@@ -541,14 +545,19 @@ int config_validate(const config_t *c, sp_err *err)
 
 /* ---- writing -------------------------------------------------------------- */
 
-static void value_text(const config_t *cfg, const key_def *k, char *buf, size_t n)
+/* The value of key k as text: a string key's own string (whole, however
+ * long), or the value written into buf[VALUE_TEXT_MAX] (a number, a word, the
+ * list of targets: they fit). */
+#define VALUE_TEXT_MAX 256
+static const char *value_text(const config_t *cfg, const key_def *k, char *buf)
 {
     const char *base = (const char *)cfg + k->offset;
+    size_t n = VALUE_TEXT_MAX;
     switch (k->type) {
     case K_INT: snprintf(buf, n, "%lld", (long long)*(const int64_t *)base); break;
     case K_FLOAT: snprintf(buf, n, "%.17g", *(const double *)base); break;
     case K_BOOL: snprintf(buf, n, "%s", *(const int *)base ? "true" : "false"); break;
-    case K_STRING: snprintf(buf, n, "%s", *(char *const *)base ? *(char *const *)base : ""); break;
+    case K_STRING: return *(char *const *)base ? *(char *const *)base : "";
     case K_ENUM: snprintf(buf, n, "%s", k->enums[*(const int *)base]); break;
     case K_TARGETS: {
         int64_t bits = *(const int64_t *)base;
@@ -561,6 +570,7 @@ static void value_text(const config_t *cfg, const key_def *k, char *buf, size_t 
         break;
     }
     }
+    return buf;
 }
 
 static int emit(yaml_emitter_t *em, yaml_event_t *ev)
@@ -610,14 +620,14 @@ int config_write_yaml(const config_t *cfg, FILE *f, sp_err *err)
             yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE);
             bad_ |= emit(&em, &ev);
         }
-        char val[1024];
-        value_text(cfg, k, val, sizeof val);
+        char buf[VALUE_TEXT_MAX];
+        const char *val = value_text(cfg, k, buf);
         bad_ |= emit_scalar(&em, dot + 1, 1);
-        if (k->type == K_TARGETS) {
+        if (k->type == K_TARGETS) { /* val is buf */
             yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1, YAML_FLOW_SEQUENCE_STYLE);
             bad_ |= emit(&em, &ev);
             char *save = NULL;
-            for (char *t = strtok_r(val, ",", &save); t; t = strtok_r(NULL, ",", &save))
+            for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
                 bad_ |= emit_scalar(&em, t, 1);
             yaml_sequence_end_event_initialize(&ev);
             bad_ |= emit(&em, &ev);
@@ -650,8 +660,8 @@ uint64_t config_math_hash(const config_t *cfg)
         const key_def *k = &keys[i];
         if (!k->math || strcmp(k->name, "model.path") == 0)
             continue; /* the model is identified by its content, not its path */
-        char val[1024];
-        value_text(cfg, k, val, sizeof val);
+        char buf[VALUE_TEXT_MAX];
+        const char *val = value_text(cfg, k, buf);
         h = sp_fnv1a(h, k->name, strlen(k->name) + 1);
         h = sp_fnv1a(h, val, strlen(val) + 1);
     }
@@ -666,13 +676,12 @@ int config_diff_math(const config_t *a, const config_t *b, char *buf, size_t n)
         const key_def *k = &keys[i];
         if (!k->math || strcmp(k->name, "model.path") == 0)
             continue;
-        char va[1024], vb[1024];
-        value_text(a, k, va, sizeof va);
-        value_text(b, k, vb, sizeof vb);
+        char abuf[VALUE_TEXT_MAX], bbuf[VALUE_TEXT_MAX];
+        const char *va = value_text(a, k, abuf), *vb = value_text(b, k, bbuf);
         if (strcmp(va, vb) == 0)
             continue;
-        size_t len = strlen(buf);
-        snprintf(buf + len, n - len, "%s%s (%s, now %s)", count ? ", " : "", k->name, va, vb);
+        size_t len = strlen(buf); /* a message: cut to the caller's buffer */
+        sp_cutf(buf + len, n - len, "%s%s (%s, now %s)", count ? ", " : "", k->name, va, vb);
         count++;
     }
     return count;

@@ -350,12 +350,16 @@ int dataset_write(const char *path, const uint32_t *tokens, const uint8_t *mask,
                   const uint64_t *doc_offsets, uint64_t n_docs, int64_t vocab_size,
                   int64_t eos_id, const char *tokenizer, sp_err *err)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
+    char *tmp = sp_strf("%s.tmp-%d", path, (int)getpid());
+    if (!tmp)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     int fd;
     hid_t f = (hid_t)ckpt_hdf5_create(tmp, &fd);
-    if (f < 0)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create", tmp);
+    if (f < 0) {
+        sp_fail(err, SP_EXIT_OTHER, "%s: cannot create", tmp);
+        free(tmp);
+        return err->code;
+    }
     int bad_ = write_1d(f, "/tokens", H5T_STD_U32LE, H5T_NATIVE_UINT32, tokens, n) ||
                write_1d(f, "/loss_mask", H5T_STD_U8LE, H5T_NATIVE_UINT8, mask, n) ||
                write_1d(f, "/doc_offsets", H5T_STD_U64LE, H5T_NATIVE_UINT64, doc_offsets,
@@ -366,11 +370,13 @@ int dataset_write(const char *path, const uint32_t *tokens, const uint8_t *mask,
     errno = 0;
     if (ckpt_hdf5_close(f, fd, bad_) != 0)
         bad_ = 1;
+    int rc = 0;
     if (bad_ || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the dataset%s%s", path,
-                       e ? ": " : "", e ? strerror(e) : "");
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the dataset%s%s", path, e ? ": " : "",
+                     e ? strerror(e) : "");
     }
-    return 0;
+    free(tmp);
+    return rc;
 }

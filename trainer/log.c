@@ -10,12 +10,13 @@
 
 int metrics_open(metrics_t *m, const char *run_dir, sp_err *err)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    char *path = sp_strf("%s/metrics.jsonl", run_dir);
+    if (!path)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     m->f = fopen(path, "a"); /* a resumed run appends */
-    if (!m->f)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
-    return 0;
+    int rc = m->f ? 0 : sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
+    free(path);
+    return rc;
 }
 
 void metrics_close(metrics_t *m)
@@ -99,17 +100,17 @@ void log_val(FILE *out, metrics_t *m, int64_t step, double val_loss, int64_t tok
 
 void log_event(FILE *out, metrics_t *m, const char *event, const char *fmt, ...)
 {
-    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    char *msg = sp_vstrf(fmt, ap);
     va_end(ap);
     json_t *o = json_object();
     json_object_set_new(o, "event", json_string(event));
-    json_object_set_new(o, "message", json_string(msg));
+    json_object_set_new(o, "message", json_string(msg ? msg : "(out of memory)"));
     emit(m, o);
     if (out) {
-        fprintf(out, "%s: %s\n", event, msg);
+        fprintf(out, "%s: %s\n", event, msg ? msg : "(out of memory)");
         fflush(out);
     }
+    free(msg);
 }

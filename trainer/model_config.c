@@ -162,11 +162,9 @@ static int read_sizes(model_config_t *mc, json_t *root, const char *path, sp_err
     return 0;
 }
 
-int model_config_load(model_config_t *mc, const char *dir, sp_err *err)
+/* model_config_load of the file path */
+static int load_file(model_config_t *mc, const char *path, sp_err *err)
 {
-    char path[4096];
-    memset(mc, 0, sizeof *mc);
-    snprintf(path, sizeof path, "%s/config.json", dir);
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root)
@@ -207,6 +205,17 @@ int model_config_load(model_config_t *mc, const char *dir, sp_err *err)
         mc->bias[PROJ_GATE] = mc->bias[PROJ_UP] = mc->bias[PROJ_DOWN] = mlp_bias;
 out:
     json_decref(root);
+    return rc;
+}
+
+int model_config_load(model_config_t *mc, const char *dir, sp_err *err)
+{
+    memset(mc, 0, sizeof *mc);
+    char *path = sp_strf("%s/config.json", dir);
+    if (!path)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    int rc = load_file(mc, path, err);
+    free(path);
     return rc;
 }
 

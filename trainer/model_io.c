@@ -34,21 +34,9 @@ static int add_unique(char ***files, int *n, const char *name)
     return 0;
 }
 
-int model_io_weight_files(const char *dir, char ***files, int *n, sp_err *err)
+/* The files named by the weight_map of the index file path. */
+static int read_index(const char *path, char ***files, int *n, sp_err *err)
 {
-    char path[4096];
-    *files = NULL;
-    *n = 0;
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (!file_exists(path)) {
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (!file_exists(path))
-            return sp_fail(err, SP_EXIT_INPUT,
-                           "%s: no model.safetensors or model.safetensors.index.json", dir);
-        if (add_unique(files, n, "model.safetensors"))
-            return sp_fail(err, SP_EXIT_OTHER, "out of memory");
-        return 0;
-    }
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (!root)
@@ -74,6 +62,27 @@ int model_io_weight_files(const char *dir, char ***files, int *n, sp_err *err)
         }
     }
     json_decref(root);
+    return rc;
+}
+
+int model_io_weight_files(const char *dir, char ***files, int *n, sp_err *err)
+{
+    *files = NULL;
+    *n = 0;
+    char *index = sp_strf("%s/model.safetensors.index.json", dir);
+    char *single = sp_strf("%s/model.safetensors", dir);
+    int rc = 0;
+    if (!index || !single)
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    else if (file_exists(index))
+        rc = read_index(index, files, n, err);
+    else if (!file_exists(single))
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "%s: no model.safetensors or model.safetensors.index.json", dir);
+    else if (add_unique(files, n, "model.safetensors"))
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    free(index);
+    free(single);
     return rc;
 }
 
@@ -120,9 +129,9 @@ int model_io_load_base(model_t *m, const char *dir, sp_err *err)
     st_file *st = calloc((size_t)nf, sizeof *st);
     int rc = st ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of memory");
     for (int i = 0; i < nf && !rc; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        rc = st_open(&st[i], path, err);
+        char *path = sp_strf("%s/%s", dir, files[i]);
+        rc = path ? st_open(&st[i], path, err) : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        free(path);
     }
     for (int i = 0; i < m->nparams && !rc; i++) {
         param_t *p = &m->params[i];
@@ -215,11 +224,14 @@ static int write_index(const char *dir, st_entry *e, int *shard_of, size_t n, in
         json_object_set_new(map, e[i].name, json_string(name));
     }
     json_object_set_new(root, "weight_map", map);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS);
+    char *path = sp_strf("%s/model.safetensors.index.json", dir);
+    int rc = !path ? sp_fail(err, SP_EXIT_OTHER, "out of memory")
+             : json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS)
+                 ? sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path)
+                 : 0;
     json_decref(root);
-    return rc ? sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", path) : 0;
+    free(path);
+    return rc;
 }
 
 int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, size_t shard_bytes,
@@ -227,11 +239,13 @@ int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, si
 {
     if (sp_mkdir_p(dir) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", dir, strerror(errno));
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *path = sp_strf("%s/config.json", dir);
     const char *torch_dtype = dtype == DT_BF16 ? "bfloat16" : dtype == DT_F16 ? "float16" : "float32";
-    if (model_config_write(&m->mc, path, torch_dtype, err))
-        return err->code;
+    int rc = path ? model_config_write(&m->mc, path, torch_dtype, err)
+                  : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    free(path);
+    if (rc)
+        return rc;
     size_t n = 0, total = 0;
     st_entry *e = calloc((size_t)m->nparams, sizeof *e);
     param_t **ps = calloc((size_t)m->nparams, sizeof *ps);
@@ -260,7 +274,6 @@ int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, si
         total += bytes;
         n++;
     }
-    int rc = 0;
     save_ctx ctx = {m, ps, dtype, merge_lora};
     const char *meta[] = {"format", "pt"};
     for (int s = 0; s < nshards && !rc; s++) {
@@ -270,11 +283,12 @@ int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, si
         while (first + count < n && shard_of[first + count] == s)
             count++;
         ctx.params = ps + first;
-        if (nshards == 1)
-            snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        else
-            snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, s + 1, nshards);
-        rc = st_write_fetch(path, e + first, count, meta, 1, fetch_param, &ctx, err);
+        path = nshards == 1
+                   ? sp_strf("%s/model.safetensors", dir)
+                   : sp_strf("%s/model-%05d-of-%05d.safetensors", dir, s + 1, nshards);
+        rc = path ? st_write_fetch(path, e + first, count, meta, 1, fetch_param, &ctx, err)
+                  : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        free(path);
     }
     if (!rc && nshards > 1)
         rc = write_index(dir, e, shard_of, n, nshards, total, err);
@@ -337,15 +351,21 @@ static uint64_t hash_file_sampled(uint64_t h, const char *path, sp_err *err, int
 
 int model_io_identity(const char *dir, char out[17], sp_err *err)
 {
-    char path[4096], **files;
+    char **files;
     int nf, rc = 0;
-    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *path = sp_strf("%s/config.json", dir);
+    if (!path)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     uint64_t h = hash_whole_file(SP_FNV_INIT, path, err, &rc);
+    free(path);
     if (rc || model_io_weight_files(dir, &files, &nf, err))
         return err->code;
     for (int i = 0; i < nf && !rc; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        h = hash_file_sampled(h, path, err, &rc);
+        path = sp_strf("%s/%s", dir, files[i]);
+        h = path ? hash_file_sampled(h, path, err, &rc) : h;
+        if (!path)
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        free(path);
     }
     free_files(files, nf);
     snprintf(out, 17, "%016llx", (unsigned long long)h);
@@ -354,15 +374,18 @@ int model_io_identity(const char *dir, char out[17], sp_err *err)
 
 int model_io_weights_dtype(const char *dir, dtype_t *dt, sp_err *err)
 {
-    char **files, path[4096];
+    char **files;
     int nf;
     *dt = DT_F32;
     if (model_io_weight_files(dir, &files, &nf, err))
         return err->code;
-    snprintf(path, sizeof path, "%s/%s", dir, files[0]);
+    char *path = sp_strf("%s/%s", dir, files[0]);
     free_files(files, nf);
+    if (!path)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     st_file f;
     int rc = st_open(&f, path, err);
+    free(path);
     if (!rc && f.n > 0)
         *dt = f.tensors[0].dt == DT_F32 || f.tensors[0].dt == DT_F16 ? f.tensors[0].dt : DT_BF16;
     st_close(&f);

@@ -9,6 +9,11 @@
 
 #include "model.h"
 
+/* The largest safetensors file model_io_save writes for spotune's model
+ * directories (init-model, full fine-tuning, merged export): 5 GiB, as
+ * Hugging Face's save_pretrained shards by default. */
+#define MODEL_IO_SHARD_BYTES ((size_t)5 << 30)
+
 /* Loads every base (non-LoRA) parameter from dir. */
 int model_io_load_base(model_t *m, const char *dir, sp_err *err);
 /* Writes dir/config.json and model.safetensors (sharded above shard_bytes,

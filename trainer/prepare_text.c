@@ -136,16 +136,18 @@ int prepare_text(const char *in_path, const char *out_prefix, double val_fractio
     if (!rc && nval == d.n)
         rc = sp_fail(err, SP_EXIT_INPUT,
                      "%s: %zu document(s): too few to split off a validation set", in_path, d.n);
-    char path[4096];
     memset(st, 0, sizeof *st);
-    if (!rc) {
-        snprintf(path, sizeof path, "%s.train.h5", out_prefix);
-        rc = write_split(path, text, &d, in_val, 0, &st->train_docs, &st->train_tokens, err);
-    }
-    if (!rc && nval) {
-        snprintf(path, sizeof path, "%s.val.h5", out_prefix);
-        rc = write_split(path, text, &d, in_val, 1, &st->val_docs, &st->val_tokens, err);
-    }
+    char *train_path = sp_strf("%s.train.h5", out_prefix);
+    char *val_path = sp_strf("%s.val.h5", out_prefix);
+    if (!rc && (!train_path || !val_path))
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (!rc)
+        rc = write_split(train_path, text, &d, in_val, 0, &st->train_docs, &st->train_tokens,
+                         err);
+    if (!rc && nval)
+        rc = write_split(val_path, text, &d, in_val, 1, &st->val_docs, &st->val_tokens, err);
+    free(train_path);
+    free(val_path);
     free(in_val);
     free(d.start);
     free(d.len);

@@ -273,25 +273,17 @@ static int write_entry(int fd, const st_entry *e, size_t i, st_fetch_fn fetch, v
     return rc;
 }
 
-int st_write_fetch(const char *path, const st_entry *e, size_t n, const char *const *meta,
-                   size_t n_meta, st_fetch_fn fetch, void *ctx, sp_err *err)
+/* st_write_fetch's file, written as tmp and renamed to path. */
+static int write_file(const char *tmp, const char *path, const char *hdr, size_t hlen,
+                      const st_entry *e, size_t n, st_fetch_fn fetch, void *ctx, sp_err *err)
 {
-    size_t hlen;
-    char *hdr = build_header(e, n, meta, n_meta, &hlen);
-    if (!hdr)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot build the safetensors header", path);
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        free(hdr);
+    if (fd < 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", tmp, strerror(errno));
-    }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     int bad = write_all(fd, len8, 8) || write_all(fd, hdr, hlen);
-    free(hdr);
     int rc = 0;
     for (size_t i = 0; i < n && !bad && !rc; i++)
         rc = write_entry(fd, &e[i], i, fetch, ctx, err);
@@ -310,4 +302,22 @@ int st_write_fetch(const char *path, const st_entry *e, size_t n, const char *co
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", path, strerror(saved));
     }
     return 0;
+}
+
+int st_write_fetch(const char *path, const st_entry *e, size_t n, const char *const *meta,
+                   size_t n_meta, st_fetch_fn fetch, void *ctx, sp_err *err)
+{
+    size_t hlen;
+    char *hdr = build_header(e, n, meta, n_meta, &hlen);
+    if (!hdr)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot build the safetensors header", path);
+    char *tmp = sp_strf("%s.tmp-%d", path, (int)getpid());
+    if (!tmp) {
+        free(hdr);
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
+    int rc = write_file(tmp, path, hdr, hlen, e, n, fetch, ctx, err);
+    free(tmp);
+    free(hdr);
+    return rc;
 }

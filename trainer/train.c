@@ -58,7 +58,7 @@ static int mkdir_p(const char *dir, sp_err *err)
  * exit) is waited for up to run.lock_wait_s. */
 static int lock_run_dir(trainer_t *t, sp_err *err)
 {
-    char note[1024];
+    char note[SP_ERR_MSG_MAX];
     if (run_lock_take(&t->lock, t->cfg->run_dir, 0, note, sizeof note, err) == 0 ||
         err->code != SP_EXIT_USAGE || t->cfg->run_lock_wait_s <= 0) {
         if (!err->code && note[0])
@@ -78,18 +78,24 @@ static int lock_run_dir(trainer_t *t, sp_err *err)
 
 static int write_resolved_config(trainer_t *t, sp_err *err)
 {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/config.yaml", t->cfg->run_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", tmp, strerror(errno));
-    fprintf(f, "# resolved configuration of this run (every key, defaults included)\n");
-    int rc = config_write_yaml(t->cfg, f, err);
-    if (fclose(f) != 0 && !rc)
-        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", tmp);
-    if (!rc && rename(tmp, path) != 0)
-        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", path, strerror(errno));
+    char *path = sp_strf("%s/config.yaml", t->cfg->run_dir);
+    char *tmp = path ? sp_strf("%s.tmp", path) : NULL;
+    FILE *f = tmp ? fopen(tmp, "w") : NULL;
+    int rc = 0;
+    if (!tmp)
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    else if (!f)
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", tmp, strerror(errno));
+    if (f) {
+        fprintf(f, "# resolved configuration of this run (every key, defaults included)\n");
+        rc = config_write_yaml(t->cfg, f, err);
+        if (fclose(f) != 0 && !rc)
+            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write", tmp);
+        if (!rc && rename(tmp, path) != 0)
+            rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write: %s", path, strerror(errno));
+    }
+    free(path);
+    free(tmp);
     return rc;
 }
 
@@ -377,32 +383,41 @@ static int run_validation(trainer_t *t, sp_err *err)
     return 0;
 }
 
+static int save_adapter(trainer_t *t, const char *dir, sp_err *err)
+{
+    if (adapter_save(t->m, dir, t->cfg->model_path, err))
+        return err->code;
+    fprintf(t->out, "adapter (PEFT layout): %s/adapter_model.safetensors\n", dir);
+    return 0;
+}
+
+static int save_model(trainer_t *t, const char *dir, sp_err *err)
+{
+    dtype_t dt;
+    if (model_io_weights_dtype(t->cfg->model_path, &dt, err))
+        return err->code;
+    if (model_io_save(t->m, dir, dt, 0, MODEL_IO_SHARD_BYTES, err))
+        return err->code;
+    if (t->m->shard_count > 1 && t->be->act_dt != DT_F32 && t->be->act_dt != dt)
+        log_event(t->out, &t->metrics, "info",
+                  "the optimizer is sharded, so %s holds the %s compute weights; the exact "
+                  "fp32 weights are in the last checkpoint (spotune export CKPT --merged DIR)",
+                  dir, dtype_name(t->be->act_dt));
+    fprintf(t->out, "model (Hugging Face layout, %s): %s\n", dtype_name(dt), dir);
+    return 0;
+}
+
 static int finish(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
     if (t->rank != 0)
         return 0;
-    char dir[4096];
-    if (c->mode == MODE_LORA) {
-        snprintf(dir, sizeof dir, "%s/adapter", c->run_dir);
-        if (adapter_save(t->m, dir, c->model_path, err))
-            return err->code;
-        fprintf(t->out, "adapter (PEFT layout): %s/adapter_model.safetensors\n", dir);
-    } else {
-        snprintf(dir, sizeof dir, "%s/model", c->run_dir);
-        dtype_t dt;
-        if (model_io_weights_dtype(c->model_path, &dt, err))
-            return err->code;
-        if (model_io_save(t->m, dir, dt, 0, (size_t)5 << 30, err))
-            return err->code;
-        if (t->m->shard_count > 1 && t->be->act_dt != DT_F32 && t->be->act_dt != dt)
-            log_event(t->out, &t->metrics, "info",
-                      "the optimizer is sharded, so %s holds the %s compute weights; the exact "
-                      "fp32 weights are in the last checkpoint (spotune export CKPT --merged DIR)",
-                      dir, dtype_name(t->be->act_dt));
-        fprintf(t->out, "model (Hugging Face layout, %s): %s\n", dtype_name(dt), dir);
-    }
-    return 0;
+    char *dir = sp_strf("%s/%s", c->run_dir, c->mode == MODE_LORA ? "adapter" : "model");
+    if (!dir)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    int rc = c->mode == MODE_LORA ? save_adapter(t, dir, err) : save_model(t, dir, err);
+    free(dir);
+    return rc;
 }
 
 static void trainer_free(trainer_t *t)
@@ -421,6 +436,21 @@ static void trainer_free(trainer_t *t)
     run_lock_release(t->lock);
 }
 
+/* train.log_samples: RUN_DIR/samples/rank-R.tsv */
+static int open_samples(trainer_t *t, sp_err *err)
+{
+    char *dir = sp_strf("%s/samples", t->cfg->run_dir);
+    char *path = dir ? sp_strf("%s/rank-%d.tsv", dir, t->rank) : NULL;
+    if (!path)
+        sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    comm_barrier(t->comm, err); /* rank 0 made run.dir */
+    if (!err->code && !mkdir_p(dir, err) && !(t->samples = fopen(path, "a")))
+        sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
+    free(dir);
+    free(path);
+    return err->code;
+}
+
 static int setup(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
@@ -437,17 +467,8 @@ static int setup(trainer_t *t, sp_err *err)
     }
     if (backend_create(&t->be, backend, comm_local_rank(t->comm), threads, err))
         return err->code;
-    if (c->log_samples) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/samples", c->run_dir);
-        comm_barrier(t->comm, err); /* rank 0 made run.dir */
-        if (err->code || mkdir_p(path, err))
-            return err->code;
-        snprintf(path, sizeof path, "%s/samples/rank-%d.tsv", c->run_dir, t->rank);
-        t->samples = fopen(path, "a");
-        if (!t->samples)
-            return sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
-    }
+    if (c->log_samples && open_samples(t, err))
+        return err->code;
     /* device gradients travel over NCCL, bootstrapped over MPI */
     if (strcmp(t->be->name, "cuda") == 0 && t->world > 1 &&
         comm_device_init(t->comm, t->be->device, err))
