@@ -54,16 +54,23 @@ tensor_t tensor_view(tensor_t t, size_t off, size_t n)
     return v;
 }
 
-void be_fail(backend_t *be, const char *file, int line, const char *fmt, ...)
+void be_vfail(backend_t *be, const char *file, int line, const char *prefix, const char *fmt,
+              va_list ap)
 {
     if (be->err.code)
         return;
     char body[1536];
+    vsnprintf(body, sizeof body, fmt, ap);
+    sp_fail(&be->err, SP_EXIT_OTHER, "%s backend: %s%s (%s:%d)", be->name, prefix, body, file,
+            line);
+}
+
+void be_fail(backend_t *be, const char *file, int line, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(body, sizeof body, fmt, ap);
+    be_vfail(be, file, line, "", fmt, ap);
     va_end(ap);
-    sp_fail(&be->err, SP_EXIT_OTHER, "%s backend: %s (%s:%d)", be->name, body, file, line);
 }
 
 int be_check(backend_t *be, sp_err *err)

@@ -176,6 +176,9 @@ int backend_cuda_probe(char *why, size_t n);
 int be_check(backend_t *be, sp_err *err);
 /* Records a failure in the sticky error (first wins). */
 void be_fail(backend_t *be, const char *file, int line, const char *fmt, ...) SP_PRINTF(4, 5);
+/* be_fail with the message prefixed (a backend's "device 0 (name): "). */
+void be_vfail(backend_t *be, const char *file, int line, const char *prefix, const char *fmt,
+              va_list ap) SP_PRINTF(5, 0);
 
 /* Upload n host values of dtype src_dt into t (converting to t.dt). */
 void be_upload(backend_t *be, tensor_t t, const void *src, dtype_t src_dt);

@@ -72,17 +72,9 @@ __global__ void attn_softmax_forward_kernel(const float *S, void *P, int pdt, fl
     int i = blockIdx.x, c = blockIdx.y, t = r0 + i;
     size_t row = (size_t)c * hs + (size_t)i * ldS;
     float m = -INFINITY, s = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-        float x = S[row + j];
-        if (x > m) {
-            s = s * expf(m - x) + 1.0f;
-            m = x;
-        } else {
-            s += expf(x - m);
-        }
-    }
-    float M = block_max(m, sh);
-    float l = M + logf(block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sh));
+    for (int j = threadIdx.x; j <= t; j += blockDim.x)
+        online_max_sum(S[row + j], m, s);
+    float l = block_lse(m, s, sh);
     for (int j = threadIdx.x; j < kend; j += blockDim.x)
         st_f(P, pdt, row + j, j <= t ? expf(S[row + j] - l) : 0.0f);
     if (threadIdx.x == 0)
@@ -130,28 +122,48 @@ __global__ void attn_softmax_backward_kernel(const float *S, const float *dP, vo
     }
 }
 
+/* One block of the loops over (b, g, chunk k0, row block r0): the ncc heads
+ * of the chunk, the rows of the block and the keys [0, kend) they see, and
+ * where the block starts in q (and out, dout, dq), in k and v, and in lse. */
+typedef struct attn_blk {
+    int ncc, rows, kend;
+    size_t qoff, koff, lbase;
+} attn_blk;
+
+static attn_blk attn_block(const attn_plan *pl, int b, int g, int k0, int r0, int T, int nh,
+                           int nkv, int group, int hd)
+{
+    attn_blk a;
+    a.ncc = nkv - k0 < pl->nc ? nkv - k0 : pl->nc;
+    a.rows = T - r0 < pl->R ? T - r0 : pl->R;
+    a.kend = r0 + a.rows;
+    a.qoff = (((size_t)b * T + r0) * nh + (size_t)k0 * group + g) * hd;
+    a.koff = ((size_t)b * T * nkv + k0) * hd;
+    a.lbase = ((size_t)b * nh + (size_t)k0 * group + g) * T;
+    return a;
+}
+
 /* The product S = scale Q_blk K[0:kend]^T of one (b, g, chunk, row block),
  * and its twin dP = dO_blk V^T (same shapes). */
 static void scores(backend_t *be, float *S, const char *Q, const char *K, dtype_t dt,
-                   const attn_plan *pl, int rows, int kend, int ncc, int nh, int nkv, int group,
-                   int hd, float alpha)
+                   const attn_plan *pl, const attn_blk *a, int nh, int nkv, int group, int hd,
+                   float alpha)
 {
-    gemm_desc d;
-    memset(&d, 0, sizeof d);
-    d.M = rows;
-    d.N = kend;
-    d.K = hd;
-    d.transB = 1;
-    d.adt = d.bdt = dt;
-    d.cdt = DT_F32;
-    d.lda = (int64_t)nh * hd;
-    d.ldb = (int64_t)nkv * hd;
-    d.ldc = pl->ldS;
-    d.batch = ncc;
-    d.sa = (int64_t)group * hd;
-    d.sb = hd;
-    d.sc = (int64_t)pl->hs;
+    gemm_desc d = gemm_desc_of(a->rows, a->kend, hd, 0, 1, dt, dt, DT_F32, (int64_t)nh * hd,
+                               (int64_t)nkv * hd, pl->ldS, a->ncc, (int64_t)group * hd, hd,
+                               (int64_t)pl->hs);
     cuda_gemm(be, &d, Q, K, S, alpha, 0.0f);
+}
+
+/* The product out_blk = X KV[0:kend] of one (b, g, chunk, row block), written
+ * over the query rows: O = P V in the forward, dQ = dS K in the backward. */
+static void rows_times_kv(backend_t *be, char *out, const void *X, const char *KV, dtype_t dt,
+                          const attn_plan *pl, const attn_blk *a, int nh, int nkv, int group,
+                          int hd)
+{
+    gemm_desc d = gemm_desc_of(a->rows, hd, a->kend, 0, 0, dt, dt, dt, pl->ldS, (int64_t)nkv * hd,
+                               (int64_t)nh * hd, a->ncc, (int64_t)pl->hs, hd, (int64_t)group * hd);
+    cuda_gemm(be, &d, X, KV, out, 1.0f, 0.0f);
 }
 
 /* ---- forward ----------------------------------------------------------------------- */
@@ -181,33 +193,18 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
         for (int g = 0; g < group; g++)
             for (int k0 = 0; k0 < nkv; k0 += pl.nc)
                 for (int r0 = 0; r0 < T && !be->err.code; r0 += pl.R) {
-                    int ncc = nkv - k0 < pl.nc ? nkv - k0 : pl.nc;
-                    int rows = T - r0 < pl.R ? T - r0 : pl.R, kend = r0 + rows;
-                    size_t qoff = (((size_t)b * T + r0) * nh + (size_t)k0 * group + g) * hd;
-                    size_t koff = ((size_t)b * T * nkv + k0) * hd;
-                    size_t lbase = ((size_t)b * nh + (size_t)k0 * group + g) * T;
-                    scores(be, S, (const char *)q.p + qoff * esz, (const char *)k.p + koff * esz,
-                           dt, &pl, rows, kend, ncc, nh, nkv, group, hd, scale);
-                    attn_softmax_forward_kernel<<<dim3(rows, ncc), SOFTMAX_BLOCK, 0, st>>>(
-                        S, P, dt, (float *)lse.p, pl.hs, pl.ldS, r0, kend, lbase,
+                    attn_blk a = attn_block(&pl, b, g, k0, r0, T, nh, nkv, group, hd);
+                    scores(be, S, (const char *)q.p + a.qoff * esz,
+                           (const char *)k.p + a.koff * esz, dt, &pl, &a, nh, nkv, group, hd,
+                           scale);
+                    attn_softmax_forward_kernel<<<dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st>>>(
+                        S, P, dt, (float *)lse.p, pl.hs, pl.ldS, r0, a.kend, a.lbase,
                         (size_t)group * T);
                     if (LAUNCHED(be, "attn_softmax_forward_kernel"))
                         return;
-                    gemm_desc o;
-                    memset(&o, 0, sizeof o);
-                    o.M = rows;
-                    o.N = hd;
-                    o.K = kend;
-                    o.adt = o.bdt = o.cdt = dt;
-                    o.lda = pl.ldS;
-                    o.ldb = (int64_t)nkv * hd;
-                    o.ldc = (int64_t)nh * hd;
-                    o.batch = ncc;
-                    o.sa = (int64_t)pl.hs;
-                    o.sb = hd;
-                    o.sc = (int64_t)group * hd;
-                    cuda_gemm(be, &o, P, (const char *)v.p + koff * esz,
-                              (char *)out.p + qoff * esz, 1.0f, 0.0f);
+                    rows_times_kv(be, (char *)out.p + a.qoff * esz, P,
+                                  (const char *)v.p + a.koff * esz, dt, &pl, &a, nh, nkv, group,
+                                  hd);
                 }
 }
 
@@ -250,52 +247,25 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
         for (int g = 0; g < group; g++)
             for (int k0 = 0; k0 < nkv; k0 += pl.nc)
                 for (int r0 = 0; r0 < T && !be->err.code; r0 += pl.R) {
-                    int ncc = nkv - k0 < pl.nc ? nkv - k0 : pl.nc;
-                    int rows = T - r0 < pl.R ? T - r0 : pl.R, kend = r0 + rows;
-                    size_t qoff = (((size_t)b * T + r0) * nh + (size_t)k0 * group + g) * hd;
-                    size_t koff = ((size_t)b * T * nkv + k0) * hd;
-                    size_t lbase = ((size_t)b * nh + (size_t)k0 * group + g) * T;
-                    const char *Qb = (const char *)q.p + qoff * esz;
-                    const char *dOb = (const char *)dout.p + qoff * esz;
-                    const char *Kb = (const char *)k.p + koff * esz;
-                    const char *Vb = (const char *)v.p + koff * esz;
-                    scores(be, S, Qb, Kb, dt, &pl, rows, kend, ncc, nh, nkv, group, hd, scale);
-                    scores(be, dP, dOb, Vb, dt, &pl, rows, kend, ncc, nh, nkv, group, hd, 1.0f);
-                    attn_softmax_backward_kernel<<<dim3(rows, ncc), SOFTMAX_BLOCK, 0, st>>>(
-                        S, dP, P, dS, dt, (const float *)lse.p, D, pl.hs, pl.ldS, r0, kend, lbase,
-                        (size_t)group * T, scale);
+                    attn_blk a = attn_block(&pl, b, g, k0, r0, T, nh, nkv, group, hd);
+                    const char *Qb = (const char *)q.p + a.qoff * esz;
+                    const char *dOb = (const char *)dout.p + a.qoff * esz;
+                    const char *Kb = (const char *)k.p + a.koff * esz;
+                    const char *Vb = (const char *)v.p + a.koff * esz;
+                    scores(be, S, Qb, Kb, dt, &pl, &a, nh, nkv, group, hd, scale);
+                    scores(be, dP, dOb, Vb, dt, &pl, &a, nh, nkv, group, hd, 1.0f);
+                    attn_softmax_backward_kernel<<<dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st>>>(
+                        S, dP, P, dS, dt, (const float *)lse.p, D, pl.hs, pl.ldS, r0, a.kend,
+                        a.lbase, (size_t)group * T, scale);
                     if (LAUNCHED(be, "attn_softmax_backward_kernel"))
                         return;
                     /* dQ_blk = dS K[0:kend] (every query row written once) */
-                    gemm_desc d;
-                    memset(&d, 0, sizeof d);
-                    d.M = rows;
-                    d.N = hd;
-                    d.K = kend;
-                    d.adt = d.bdt = d.cdt = dt;
-                    d.lda = pl.ldS;
-                    d.ldb = (int64_t)nkv * hd;
-                    d.ldc = (int64_t)nh * hd;
-                    d.batch = ncc;
-                    d.sa = (int64_t)pl.hs;
-                    d.sb = hd;
-                    d.sc = (int64_t)group * hd;
-                    cuda_gemm(be, &d, dS, Kb, (char *)dq.p + qoff * esz, 1.0f, 0.0f);
+                    rows_times_kv(be, (char *)dq.p + a.qoff * esz, dS, Kb, dt, &pl, &a, nh, nkv,
+                                  group, hd);
                     /* dK[0:kend] += dS^T Q_blk;  dV[0:kend] += P^T dO_blk (fp32) */
-                    memset(&d, 0, sizeof d);
-                    d.M = kend;
-                    d.N = hd;
-                    d.K = rows;
-                    d.transA = 1;
-                    d.adt = d.bdt = dt;
-                    d.cdt = DT_F32;
-                    d.lda = pl.ldS;
-                    d.ldb = (int64_t)nh * hd;
-                    d.ldc = (int64_t)nkv * hd;
-                    d.batch = ncc;
-                    d.sa = (int64_t)pl.hs;
-                    d.sb = (int64_t)group * hd;
-                    d.sc = hd;
+                    gemm_desc d = gemm_desc_of(a.kend, hd, a.rows, 1, 0, dt, dt, DT_F32, pl.ldS,
+                                               (int64_t)nh * hd, (int64_t)nkv * hd, a.ncc,
+                                               (int64_t)pl.hs, (int64_t)group * hd, hd);
                     cuda_gemm(be, &d, dS, Qb, dK32 + (size_t)k0 * hd, 1.0f, 1.0f);
                     cuda_gemm(be, &d, P, dOb, dV32 + (size_t)k0 * hd, 1.0f, 1.0f);
                 }

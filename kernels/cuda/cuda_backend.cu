@@ -21,12 +21,12 @@ extern "C" void cuda_fail(backend_t *be, const char *file, int line, const char 
 {
     if (be->err.code)
         return;
-    char body[1024];
+    char where[160];
+    snprintf(where, sizeof where, "device %d (%s): ", device_of(be), be->device_name);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(body, sizeof body, fmt, ap);
+    be_vfail(be, file, line, where, fmt, ap);
     va_end(ap);
-    be_fail(be, file, line, "device %d (%s): %s", device_of(be), be->device_name, body);
 }
 
 extern "C" int cuda_ok(backend_t *be, cudaError_t e, const char *call, const char *file, int line)

@@ -145,78 +145,78 @@ static __device__ __forceinline__ float d_rng_normal(uint64_t seed, uint64_t ctr
 
 /* ---- block reductions (fixed shape: deterministic) --------------------------- */
 
-static __device__ __forceinline__ float warp_sum(float v)
+/* The two operations the reductions use. */
+struct sum_op {
+    template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct max_op {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename T, typename Op> static __device__ __forceinline__ T warp_reduce(T v, Op op)
 {
     for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-static __device__ __forceinline__ float warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-static __device__ __forceinline__ double warp_sum_d(double v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum (or max) over the block, returned to every thread. sh holds 33 values;
- * blockDim.x is a multiple of 32. */
-static __device__ __forceinline__ float block_sum(float v, float *sh)
+/* op over the block, returned to every thread; idle: what a missing warp
+ * adds (op's identity). sh holds 33 values; blockDim.x is a multiple of 32. */
+template <typename T, typename Op>
+static __device__ __forceinline__ T block_reduce(T v, T *sh, T idle, Op op)
 {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads(); /* a previous call's readers are done with sh */
     if (lane == 0)
         sh[w] = v;
     __syncthreads();
     if (w == 0) {
-        v = warp_sum(lane < nw ? sh[lane] : 0.0f);
+        v = warp_reduce(lane < nw ? sh[lane] : idle, op);
         if (lane == 0)
             sh[32] = v;
     }
     __syncthreads();
     return sh[32];
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    return warp_reduce(v, sum_op());
+}
+
+/* Sum (or max) over the block, returned to every thread. */
+static __device__ __forceinline__ float block_sum(float v, float *sh)
+{
+    return block_reduce(v, sh, 0.0f, sum_op());
 }
 
 static __device__ __forceinline__ float block_max(float v, float *sh)
 {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        v = warp_max(lane < nw ? sh[lane] : -INFINITY);
-        if (lane == 0)
-            sh[32] = v;
-    }
-    __syncthreads();
-    return sh[32];
+    return block_reduce(v, sh, -INFINITY, max_op());
 }
 
 static __device__ __forceinline__ double block_sum_d(double v, double *sh)
 {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        v = warp_sum_d(lane < nw ? sh[lane] : 0.0);
-        if (lane == 0)
-            sh[32] = v;
+    return block_reduce(v, sh, 0.0, sum_op());
+}
+
+/* Online softmax: x joins a thread's running max m and its sum s of
+ * exp(. - m); block_lse combines the block's (m, s) into log sum exp. */
+static __device__ __forceinline__ void online_max_sum(float x, float &m, float &s)
+{
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f;
+        m = x;
+    } else {
+        s += expf(x - m);
     }
-    __syncthreads();
-    return sh[32];
+}
+
+static __device__ __forceinline__ float block_lse(float m, float s, float *sh)
+{
+    float M = block_max(m, sh);
+    return M + logf(block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sh));
 }
 
 /* ---- the entry points of each file -------------------------------------------- */
@@ -230,6 +230,31 @@ typedef struct gemm_desc {
     int batch;
     int64_t sa, sb, sc;
 } gemm_desc;
+
+/* The one builder of a gemm_desc: every field, in the struct's order (the
+ * strides matter only when batch > 1). */
+static inline gemm_desc gemm_desc_of(int M, int N, int K, int transA, int transB, dtype_t adt,
+                                     dtype_t bdt, dtype_t cdt, int64_t lda, int64_t ldb,
+                                     int64_t ldc, int batch, int64_t sa, int64_t sb, int64_t sc)
+{
+    gemm_desc d;
+    d.M = M;
+    d.N = N;
+    d.K = K;
+    d.transA = transA;
+    d.transB = transB;
+    d.adt = adt;
+    d.bdt = bdt;
+    d.cdt = cdt;
+    d.lda = lda;
+    d.ldb = ldb;
+    d.ldc = ldc;
+    d.batch = batch;
+    d.sa = sa;
+    d.sb = sb;
+    d.sc = sc;
+    return d;
+}
 
 extern "C" {
 /* cuda_matmul.cu */

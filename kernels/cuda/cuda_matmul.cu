@@ -293,19 +293,8 @@ extern "C" void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, i
      * cuda_gemm checks the dtype triple cuBLASLt multiplies */
     if (be->err.code || M == 0 || N == 0)
         return;
-    gemm_desc d;
-    memset(&d, 0, sizeof d);
-    d.M = M;
-    d.N = N;
-    d.K = K;
-    d.transA = transA;
-    d.transB = transB;
-    d.adt = K > 0 ? A.dt : C.dt == DT_F32 ? DT_F32 : DT_BF16;
-    d.bdt = K > 0 ? B.dt : d.adt;
-    d.cdt = C.dt;
-    d.lda = transA ? M : K;
-    d.ldb = transB ? K : N;
-    d.ldc = N;
-    d.batch = 1;
+    dtype_t adt = K > 0 ? A.dt : C.dt == DT_F32 ? DT_F32 : DT_BF16;
+    gemm_desc d = gemm_desc_of(M, N, K, transA, transB, adt, K > 0 ? B.dt : adt, C.dt,
+                               transA ? M : K, transB ? K : N, N, 1, 0, 0, 0);
     cuda_gemm(be, &d, A.p, B.p, C.p, alpha, beta);
 }

@@ -327,18 +327,9 @@ __global__ void cross_entropy_kernel(void *logits, int dt, float *loss, const in
     }
     float xt = threadIdx.x == 0 ? ld_f(logits, dt, base + t) : 0.0f; /* read before any write */
     float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float x = ld_f(logits, dt, base + i);
-        if (x > m) {
-            s = s * expf(m - x) + 1.0f;
-            m = x;
-        } else {
-            s += expf(x - m);
-        }
-    }
-    float M = block_max(m, sh);
-    float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sh);
-    float lse = M + logf(S);
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+        online_max_sum(ld_f(logits, dt, base + i), m, s);
+    float lse = block_lse(m, s, sh);
     if (threadIdx.x == 0)
         loss[blockIdx.x] = lse - xt;
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
