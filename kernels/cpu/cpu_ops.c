@@ -240,21 +240,32 @@ void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout,
 
 /* ---- embedding ---------------------------------------------------------- */
 
+/* Token id t names a row of a table of `rows` rows (H columns of table.n
+ * values); one outside it gives a zero row and gets no gradient, as on CUDA
+ * (the model checks ids first). */
+static size_t table_rows(tensor_t table, int H)
+{
+    return H > 0 ? table.n / (size_t)H : 0;
+}
+
+static int in_table(int32_t t, size_t rows)
+{
+    return t >= 0 && (size_t)t < rows;
+}
+
 void cpu_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
                            int H)
 {
     (void)be;
-    const float *W = F(table);
-    const int32_t *tok = I(tokens);
-    float *O = F(out);
     if (H <= 0)
         return;
-    size_t vocab = table.n / (size_t)H;
-    /* an id outside the table gives a zero row (the model checks ids first) */
+    size_t vocab = table_rows(table, H);
+    const float *W = F(table);
+    const int32_t *tok = I(tokens);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
-        float *o = O + (size_t)i * H;
-        if (tok[i] >= 0 && (size_t)tok[i] < vocab)
+        float *o = F(out) + (size_t)i * H;
+        if (in_table(tok[i], vocab))
             memcpy(o, W + (size_t)tok[i] * H, sizeof(float) * H);
         else
             memset(o, 0, sizeof(float) * H);
@@ -265,19 +276,14 @@ void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tenso
                             int H)
 {
     (void)be;
-    const float *DO = F(dout);
+    size_t vocab = table_rows(dtable, H);
     const int32_t *tok = I(tokens);
-    float *DW = F(dtable);
-    if (H <= 0)
-        return;
-    size_t vocab = dtable.n / (size_t)H;
-    /* parallel over columns: each row of dtable is summed in token order; an
-     * id outside the table adds nothing */
+    /* parallel over columns: each row of dtable is summed in token order */
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < H; c++)
         for (int i = 0; i < n; i++)
-            if (tok[i] >= 0 && (size_t)tok[i] < vocab)
-                DW[(size_t)tok[i] * H + c] += DO[(size_t)i * H + c];
+            if (in_table(tok[i], vocab))
+                F(dtable)[(size_t)tok[i] * H + c] += F(dout)[(size_t)i * H + c];
 }
 
 /* ---- fused softmax cross-entropy ---------------------------------------- */
