@@ -177,6 +177,12 @@ uint64_t sp_fnv1a(uint64_t h, const void *data, size_t n)
     return h;
 }
 
+const char *sp_after(const char *s, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    return strncmp(s, prefix, n) == 0 ? s + n : NULL;
+}
+
 int sp_mkdir_p(const char *path)
 {
     if (strlen(path) >= PATH_MAX) {

@@ -89,6 +89,11 @@ int sp_fitf(char *buf, size_t n, const char *fmt, ...) SP_PRINTF(3, 4);
 /* printf into buf[n], cut to fit; returns 1 when it was cut, else 0. */
 int sp_cutf(char *buf, size_t n, const char *fmt, ...) SP_PRINTF(3, 4);
 
+/* s past its leading prefix, or NULL when s does not begin with prefix. */
+const char *sp_after(const char *s, const char *prefix);
+/* The length of a string literal (without its NUL), counted by the compiler. */
+#define SP_LEN(lit) (sizeof("" lit) - 1)
+
 /* mkdir -p: creates path and its missing parents (mode 0755); 0 or -1 with
  * errno. A path of PATH_MAX bytes or more is refused (ENAMETOOLONG) before
  * anything is created. */

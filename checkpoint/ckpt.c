@@ -40,6 +40,20 @@ void ckpt_snapshot_free(ckpt_snapshot *s)
     memset(s, 0, sizeof *s);
 }
 
+/* arr (n elements of elem bytes, capacity *cap) with room for one more: arr
+ * or a grown copy (the capacity doubled, first at first), NULL when out of
+ * memory (arr is then left as it was). */
+static void *reserve(void *arr, int n, int *cap, size_t elem, int first)
+{
+    if (n < *cap)
+        return arr;
+    int c = *cap ? 2 * *cap : first;
+    void *grown = realloc(arr, elem * (size_t)c);
+    if (grown)
+        *cap = c;
+    return grown;
+}
+
 /* The attribute called name, emptied, or a new one; NULL when out of memory
  * or the name is longer than an attribute's name holds. */
 static ckpt_attr *new_attr(ckpt_snapshot *s, const char *name)
@@ -53,14 +67,10 @@ static ckpt_attr *new_attr(ckpt_snapshot *s, const char *name)
             s->attrs[i].s = NULL;
             return &s->attrs[i];
         }
-    if (s->nattrs == s->cap_attrs) {
-        int cap = s->cap_attrs ? 2 * s->cap_attrs : 16;
-        ckpt_attr *a = realloc(s->attrs, sizeof *a * (size_t)cap);
-        if (!a)
-            return NULL;
-        s->attrs = a;
-        s->cap_attrs = cap;
-    }
+    ckpt_attr *attrs = reserve(s->attrs, s->nattrs, &s->cap_attrs, sizeof *attrs, 16);
+    if (!attrs)
+        return NULL;
+    s->attrs = attrs;
     ckpt_attr *a = &s->attrs[s->nattrs++];
     memset(a, 0, sizeof *a);
     memcpy(a->name, name, len + 1);
@@ -100,14 +110,10 @@ int ckpt_set_str(ckpt_snapshot *s, const char *name, const char *v)
 
 float *ckpt_add_array(ckpt_snapshot *s, const char *name, int ndim, const int64_t *shape)
 {
-    if (s->narrays == s->cap_arrays) {
-        int cap = s->cap_arrays ? 2 * s->cap_arrays : 64;
-        ckpt_array *a = realloc(s->arrays, sizeof *a * (size_t)cap);
-        if (!a)
-            return NULL;
-        s->arrays = a;
-        s->cap_arrays = cap;
-    }
+    ckpt_array *arrays = reserve(s->arrays, s->narrays, &s->cap_arrays, sizeof *arrays, 64);
+    if (!arrays)
+        return NULL;
+    s->arrays = arrays;
     ckpt_array *a = &s->arrays[s->narrays];
     memset(a, 0, sizeof *a);
     a->ndim = ndim;
@@ -899,9 +905,9 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
     while ((e = readdir(d))) {
         long long step;
         char tail[8];
-        int tmp = strncmp(e->d_name, ".tmp-step-", 10) == 0;
-        const char *num = tmp ? e->d_name + 10 : e->d_name + 5;
-        if (!tmp && (strncmp(e->d_name, "step-", 5) != 0 ||
+        const char *num = sp_after(e->d_name, ".tmp-step-");
+        int tmp = num != NULL;
+        if (!tmp && (!(num = sp_after(e->d_name, "step-")) ||
                      sscanf(num, "%lld%7s", &step, tail) != 1))
             continue;
         if (tmp && sscanf(num, "%lld", &step) != 1)
@@ -1015,7 +1021,7 @@ static void remove_leftovers(const char *root)
     DIR *d = opendir(root);
     struct dirent *e;
     while (d && (e = readdir(d))) {
-        if (strncmp(e->d_name, ".del-", 5) != 0)
+        if (!sp_after(e->d_name, ".del-"))
             continue;
         if (other_writer_alive(e->d_name, NULL))
             continue;

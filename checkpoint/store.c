@@ -218,8 +218,9 @@ static int percent_decode(char *s)
 
 static int open_file_url(store_t *s, const char *rest, sp_err *err)
 {
-    if (strncmp(rest, "localhost/", 10) == 0)
-        rest += 9;
+    const char *local = sp_after(rest, "localhost");
+    if (local && *local == '/')
+        rest = local;
     if (rest[0] != '/')
         return store_fail(s, err, STORE_EUSAGE, NULL,
                           "file:// URLs need an absolute path (file:///abs/path)");
@@ -293,10 +294,11 @@ static int open_url(store_t *s, const char *url, const store_opts *opts, sp_err 
     int rc = apply_defaults(s, opts, err);
     if (rc)
         return rc;
-    if (url && strncmp(url, "file://", 7) == 0)
-        return open_file_url(s, url + 7, err);
-    if (url && strncmp(url, "s3://", 5) == 0)
-        return open_s3_url(s, url + 5, err);
+    const char *rest;
+    if (url && (rest = sp_after(url, "file://")))
+        return open_file_url(s, rest, err);
+    if (url && (rest = sp_after(url, "s3://")))
+        return open_s3_url(s, rest, err);
     return store_fail(s, err, STORE_EUSAGE, NULL,
                       "unsupported store URL (use file:///abs/path or s3://bucket/prefix)");
 }

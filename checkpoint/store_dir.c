@@ -299,11 +299,9 @@ typedef struct step_dir {
 /* Length of "step-<digits>/" at the start of key, or 0. */
 static size_t step_name(const char *key, uint64_t *step)
 {
-    if (strncmp(key, "step-", 5))
-        return 0;
+    const char *d = sp_after(key, "step-");
     char *end;
-    const char *d = key + 5;
-    if (*d < '0' || *d > '9')
+    if (!d || *d < '0' || *d > '9')
         return 0;
     errno = 0;
     unsigned long long v = strtoull(d, &end, 10);

@@ -395,7 +395,7 @@ static int load_credentials(store_t *s, s3_backend *b, sp_err *err)
 static int split_endpoint(const char *ep, char **scheme, char **rest)
 {
     const char *sep = strstr(ep, "://");
-    if (!sep || (strncmp(ep, "http://", 7) && strncmp(ep, "https://", 8)) || !sep[3])
+    if (!sep || (!sp_after(ep, "http://") && !sp_after(ep, "https://")) || !sep[3])
         return -1;
     *scheme = strndup(ep, (size_t)(sep - ep) + 3);
     *rest = strdup(sep + 3);
@@ -438,7 +438,7 @@ static int resolve_endpoint(store_t *s, s3_backend *b, sp_err *err)
     b->aws_default = !ep;
     if (!ep)
         ep = aws = sp_strf("https://s3.%s.amazonaws.com%s", b->region,
-                                       strncmp(b->region, "cn-", 3) ? "" : ".cn");
+                                       sp_after(b->region, "cn-") ? ".cn" : "");
     int rc = 0;
     if (!ep || split_endpoint(ep, &scheme, &rest))
         rc = store_fail(s, err, STORE_EUSAGE, NULL,

@@ -184,19 +184,21 @@ static void abort_upload(store_t *s, const char *key, const char *upload_query, 
 
 static char *complete_body(char (*etags)[160], size_t n)
 {
+#define APPEND_LIT(b, lit) membuf_append(b, lit, SP_LEN(lit))
     membuf b = {0};
-    int bad = membuf_append(&b, "<CompleteMultipartUpload>", 25);
+    int bad = APPEND_LIT(&b, "<CompleteMultipartUpload>");
     for (size_t i = 0; i < n && !bad; i++) {
         char part[256];
         int len = snprintf(part, sizeof part, "<Part><PartNumber>%zu</PartNumber><ETag>", i + 1);
         bad |= membuf_append(&b, part, (size_t)len);
         for (const char *e = etags[i]; *e && !bad; e++) /* ETags are quoted hex; escape anyway */
-            bad |= *e == '&'   ? membuf_append(&b, "&amp;", 5)
-                   : *e == '<' ? membuf_append(&b, "&lt;", 4)
+            bad |= *e == '&'   ? APPEND_LIT(&b, "&amp;")
+                   : *e == '<' ? APPEND_LIT(&b, "&lt;")
                                : membuf_append(&b, e, 1);
-        bad |= membuf_append(&b, "</ETag></Part>", 14);
+        bad |= APPEND_LIT(&b, "</ETag></Part>");
     }
-    bad |= membuf_append(&b, "</CompleteMultipartUpload>", 26);
+    bad |= APPEND_LIT(&b, "</CompleteMultipartUpload>");
+#undef APPEND_LIT
     if (bad)
         membuf_free(&b);
     return (char *)b.p;

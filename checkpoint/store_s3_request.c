@@ -210,18 +210,27 @@ static void header_value(const char *data, size_t n, size_t skip, char *out, siz
     out[len] = 0;
 }
 
+/* The header line data (n bytes) starts with name, case aside: name's
+ * length, else 0. */
+static size_t header_is(const char *data, size_t n, const char *name)
+{
+    size_t len = strlen(name);
+    return n >= len && !strncasecmp(data, name, len) ? len : 0;
+}
+
 static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
 {
     s3_req *r = ((attempt_ctx *)arg)->r;
     size_t n = size * nmemb;
     char num[32];
-    if (n >= 5 && !strncasecmp(data, "HTTP/", 5)) {
+    size_t k;
+    if (header_is(data, n, "HTTP/")) {
         r->etag[0] = 0;
         r->content_length = 0;
-    } else if (n > 5 && !strncasecmp(data, "etag:", 5)) {
-        header_value(data, n, 5, r->etag, sizeof r->etag);
-    } else if (n > 15 && !strncasecmp(data, "content-length:", 15)) {
-        header_value(data, n, 15, num, sizeof num);
+    } else if ((k = header_is(data, n, "etag:")) && n > k) {
+        header_value(data, n, k, r->etag, sizeof r->etag);
+    } else if ((k = header_is(data, n, "content-length:")) && n > k) {
+        header_value(data, n, k, num, sizeof num);
         r->content_length = strtoull(num, NULL, 10);
     }
     return n;

@@ -35,7 +35,7 @@ static int choose_url(ckpt_ctl *c, const char *resume, char **path, sp_err *err)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     char *slash = strrchr(url, '/');
     int rc = 0;
-    if (!slash || strncmp(slash + 1, "step-", 5) != 0) {
+    if (!slash || !sp_after(slash + 1, "step-")) {
         rc = sp_fail(err, SP_EXIT_USAGE, "--resume %s: expected .../step-NNNNNNNN", resume);
     } else {
         *slash = 0;
@@ -63,7 +63,7 @@ static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
         return err->code;
     int64_t local_step = -1;
     if (found) {
-        local_step = strtoll(strrchr(local, '/') + 6, NULL, 10);
+        local_step = strtoll(strrchr(local, '/') + SP_LEN("/step-"), NULL, 10);
         if (!(*path = strdup(local)))
             return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     }
@@ -83,7 +83,7 @@ static int choose(ckpt_ctl *c, const char *resume, char **path, sp_err *err)
     *path = NULL;
     if (strcmp(resume, "none") == 0)
         return 0;
-    if (strncmp(resume, "s3://", 5) == 0 || strncmp(resume, "file://", 7) == 0)
+    if (sp_after(resume, "s3://") || sp_after(resume, "file://"))
         return choose_url(c, resume, path, err);
     if (strcmp(resume, "auto") == 0)
         return choose_auto(c, path, err);

@@ -21,7 +21,7 @@
 
 static int is_url(const char *s)
 {
-    return strncmp(s, "s3://", 5) == 0 || strncmp(s, "file://", 7) == 0;
+    return sp_after(s, "s3://") || sp_after(s, "file://");
 }
 
 static int fail(sp_err *err)
@@ -45,7 +45,7 @@ static int split_step_url(const char *url, char **base, const char **name, sp_er
     while (len > 0 && b[len - 1] == '/')
         b[--len] = 0;
     char *slash = strrchr(b, '/');
-    if (!slash || strncmp(slash + 1, "step-", 5) != 0) {
+    if (!slash || !sp_after(slash + 1, "step-")) {
         free(b);
         return sp_fail(err, SP_EXIT_USAGE, "%s: expected a checkpoint URL ending in /step-NNNNNNNN",
                        url);
@@ -208,7 +208,7 @@ static int list_remote(const char *url, const store_opts *o, sp_err *err)
             rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
             break;
         }
-        long long step = strtoll(name + 5, NULL, 10);
+        long long step = strtoll(name + SP_LEN("step-"), NULL, 10);
         if (has_manifest) {
             void *data = NULL;
             size_t n = 0;
@@ -385,9 +385,10 @@ static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *ba
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     for (int i = 0; i < s->narrays; i++) {
         const ckpt_array *a = &s->arrays[i];
-        if (strncmp(a->name, "params/", 7) != 0 || a->ndim != 2)
+        const char *name = sp_after(a->name, "params/");
+        if (!name || a->ndim != 2)
             continue;
-        t[n++] = (adapter_tensor){a->name + 7, {a->shape[0], a->shape[1]}, a->data};
+        t[n++] = (adapter_tensor){name, {a->shape[0], a->shape[1]}, a->data};
     }
     model_opts o;
     opts_from_config(c, &o);
