@@ -52,6 +52,9 @@ int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
 int comm_local_rank(const comm_t *c);
 int comm_local_size(const comm_t *c);
+/* The node's online cores shared between the node's ranks (at least 1): a
+ * rank's CPU threads when none are configured. */
+int comm_cores_per_rank(const comm_t *c);
 const char *comm_host(const comm_t *c);
 /* GPU ordinal this rank should use: local rank modulo the visible devices. */
 int comm_device_for_rank(const comm_t *c, int visible_devices);

@@ -48,6 +48,26 @@ static int check_args(comm_t *c, const char *fn, const void *buf, size_t n, comm
     return 0;
 }
 
+/* check_args of a collective's send and recv (n elements each). */
+static int check_both(comm_t *c, const char *fn, const void *send, const void *recv, size_t n,
+                      comm_dtype dt, comm_op op, sp_err *err)
+{
+    return check_args(c, fn, send, n, dt, op, err) || check_args(c, fn, recv, n, dt, op, err)
+               ? err->code
+               : 0;
+}
+
+/* On one rank a collective's result is its own send, copied to recv: 1
+ * when that is so (the collective is done). */
+static int one_rank(const comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt)
+{
+    if (c->size != 1)
+        return 0;
+    if (n > 0 && send != recv)
+        memmove(recv, send, n * comm_dtype_size(dt));
+    return 1;
+}
+
 static size_t chunk_elems(const comm_t *c, comm_dtype dt)
 {
     size_t m = c->chunk_bytes / comm_dtype_size(dt);
@@ -271,14 +291,10 @@ static int allgather_chunk(comm_t *c, const chunk_call *k, const void *send, voi
 int comm_allgather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt, sp_err *err)
 {
     size_t es = comm_dtype_size(dt);
-    if (check_args(c, "comm_allgather", send, n, dt, COMM_SUM, err) ||
-        check_args(c, "comm_allgather", recv, n, dt, COMM_SUM, err))
+    if (check_both(c, "comm_allgather", send, recv, n, dt, COMM_SUM, err))
         return err->code;
-    if (c->size == 1) {
-        if (n > 0 && send != recv)
-            memmove(recv, send, n * es);
+    if (one_rank(c, send, recv, n, dt))
         return 0;
-    }
     /* send may already sit in its slot of recv (MPI forbids the alias) */
     int in_place = send == (const char *)recv + (size_t)c->rank * n * es;
     chunk_call k = {"allgather", in_place ? NULL : send, recv, n, dt, COMM_SUM, 0,
@@ -307,18 +323,14 @@ static int gather_chunk(comm_t *c, const chunk_call *k, const void *send, void *
 int comm_gather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt, int root,
                 sp_err *err)
 {
-    size_t es = comm_dtype_size(dt);
     if (check_args(c, "comm_gather", send, n, dt, COMM_SUM, err) ||
         (c->rank == root && check_args(c, "comm_gather", recv, n, dt, COMM_SUM, err)))
         return err->code;
     if (root < 0 || root >= c->size)
         return sp_fail(err, SP_EXIT_OTHER, "comm_gather: root %d is not a rank (world of %d)",
                        root, c->size);
-    if (c->size == 1) {
-        if (n > 0 && send != recv)
-            memmove(recv, send, n * es);
+    if (one_rank(c, send, recv, n, dt))
         return 0;
-    }
     chunk_call k = {"gather", send, c->rank == root ? recv : NULL, n, dt, COMM_SUM, root,
                     gather_chunk};
     return run_chunks(c, &k, err);
@@ -351,15 +363,10 @@ static int reduce_scatter_chunk(comm_t *c, const chunk_call *k, const void *send
 int comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt,
                         comm_op op, sp_err *err)
 {
-    size_t es = comm_dtype_size(dt);
-    if (check_args(c, "comm_reduce_scatter", send, n, dt, op, err) ||
-        check_args(c, "comm_reduce_scatter", recv, n, dt, op, err))
+    if (check_both(c, "comm_reduce_scatter", send, recv, n, dt, op, err))
         return err->code;
-    if (c->size == 1) {
-        if (n > 0 && send != recv)
-            memmove(recv, send, n * es);
+    if (one_rank(c, send, recv, n, dt))
         return 0;
-    }
     chunk_call k = {"reduce_scatter", send, recv, n, dt, op, 0, reduce_scatter_chunk};
     return run_chunks(c, &k, err);
 }

@@ -442,6 +442,13 @@ int comm_rank(const comm_t *c) { return c->rank; }
 int comm_size(const comm_t *c) { return c->size; }
 int comm_local_rank(const comm_t *c) { return c->local_rank; }
 int comm_local_size(const comm_t *c) { return c->local_size; }
+
+int comm_cores_per_rank(const comm_t *c)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int local = comm_local_size(c) > 0 ? comm_local_size(c) : 1;
+    return cores / local > 0 ? (int)(cores / local) : 1;
+}
 const char *comm_host(const comm_t *c) { return c->host; }
 
 int comm_device_for_rank(const comm_t *c, int visible_devices)

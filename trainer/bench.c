@@ -178,11 +178,8 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                        "bench: unknown preset '%s' (tiny, small, llama-7b, llama-13b)", bo->preset);
     backend_t *be;
     int threads = bo->threads;
-    if (threads == 0) { /* the node's cores shared between its ranks */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int local = comm_local_size(comm) > 0 ? comm_local_size(comm) : 1;
-        threads = cores / local > 0 ? (int)(cores / local) : 1;
-    }
+    if (threads == 0)
+        threads = comm_cores_per_rank(comm);
     if (backend_create(&be, bo->backend, comm_local_rank(comm), threads, err))
         return err->code;
     if (strcmp(be->name, "cuda") == 0 && comm_size(comm) > 1 &&
@@ -332,7 +329,7 @@ static int print_plan(const bench_opts *bo, int mode, sp_err *err)
     if (model_config_preset(&mc, bo->preset))
         return sp_fail(err, SP_EXIT_USAGE,
                        "bench: unknown preset '%s' (tiny, small, llama-7b, llama-13b)", bo->preset);
-    dtype_t act = strncmp(bo->backend, "cpu", 3) == 0 ? DT_F32 : DT_BF16;
+    dtype_t act = sp_after(bo->backend, "cpu") ? DT_F32 : DT_BF16; /* cpu and cpu-ref */
     model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
                     .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
                     .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};

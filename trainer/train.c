@@ -460,11 +460,8 @@ static int setup(trainer_t *t, sp_err *err)
         return err->code;
     int threads = (int)c->threads;
     const char *backend = config_backend_names[c->backend];
-    if (threads == 0 && strcmp(backend, "cuda") != 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int local = comm_local_size(t->comm) > 0 ? comm_local_size(t->comm) : 1;
-        threads = cores / local > 0 ? (int)(cores / local) : 1;
-    }
+    if (threads == 0 && strcmp(backend, "cuda") != 0)
+        threads = comm_cores_per_rank(t->comm);
     if (backend_create(&t->be, backend, comm_local_rank(t->comm), threads, err))
         return err->code;
     if (c->log_samples && open_samples(t, err))
