@@ -308,18 +308,15 @@ int cli_main(int argc, char **argv)
         printf("spotune %s\n", SPOTUNE_VERSION);
         return 0;
     }
-    if (!strcmp(cmd, "train"))
-        return cmd_train(argc - 1, argv + 1);
-    if (!strcmp(cmd, "init-model"))
-        return cmd_init_model(argc - 1, argv + 1);
-    if (!strcmp(cmd, "prepare-text"))
-        return cmd_prepare_text(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench"))
-        return cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "ckpt"))
-        return cmd_ckpt(argc - 1, argv + 1);
-    if (!strcmp(cmd, "export"))
-        return cmd_export(argc - 1, argv + 1);
+    static const struct {
+        const char *name;
+        int (*run)(int argc, char **argv);
+    } commands[] = {{"train", cmd_train}, {"init-model", cmd_init_model},
+                    {"prepare-text", cmd_prepare_text}, {"bench", cmd_bench},
+                    {"ckpt", cmd_ckpt}, {"export", cmd_export}};
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(cmd, commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
     if (!strcmp(cmd, "config-reference")) {
         if (argc > 2) {
             int help = !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h");

@@ -232,35 +232,39 @@ static int bad(sp_err *err, origin o, const key_def *k, const char *fmt, const c
     return sp_fail(err, SP_EXIT_USAGE, "%s: %s: %s", o.file, k->name, detail);
 }
 
+/* A K_INT or K_FLOAT value: s parsed, checked against k's range, stored at base. */
+static int set_number(char *base, const key_def *k, const char *s, int quoted, origin o,
+                      sp_err *err)
+{
+    int is_int = k->type == K_INT;
+    int64_t i = 0;
+    double v = 0;
+    if (quoted || (is_int ? parse_int(s, &i) : parse_float(s, &v)))
+        return bad(err, o, k,
+                   is_int ? "expected an integer, got '%s'" : "expected a number, got '%s'", s);
+    if (is_int)
+        v = (double)i;
+    if (v < k->min || v > k->max) {
+        char r[128];
+        snprintf(r, sizeof r,
+                 is_int ? "%%s is out of range [%.0f, %.0f]" : "%%s is out of range [%g, %g]",
+                 k->min, k->max);
+        return bad(err, o, k, r, s);
+    }
+    if (is_int)
+        *(int64_t *)base = i;
+    else
+        *(double *)base = v;
+    return 0;
+}
+
 static int set_scalar(config_t *cfg, const key_def *k, const char *s, int quoted, origin o,
                       sp_err *err)
 {
     char *base = (char *)cfg + k->offset;
     switch (k->type) {
-    case K_INT: {
-        int64_t v;
-        if (quoted || parse_int(s, &v))
-            return bad(err, o, k, "expected an integer, got '%s'", s);
-        if ((double)v < k->min || (double)v > k->max) {
-            char r[128];
-            snprintf(r, sizeof r, "%%s is out of range [%.0f, %.0f]", k->min, k->max);
-            return bad(err, o, k, r, s);
-        }
-        *(int64_t *)base = v;
-        return 0;
-    }
-    case K_FLOAT: {
-        double v;
-        if (quoted || parse_float(s, &v))
-            return bad(err, o, k, "expected a number, got '%s'", s);
-        if (v < k->min || v > k->max) {
-            char r[128];
-            snprintf(r, sizeof r, "%%s is out of range [%g, %g]", k->min, k->max);
-            return bad(err, o, k, r, s);
-        }
-        *(double *)base = v;
-        return 0;
-    }
+    case K_INT:
+    case K_FLOAT: return set_number(base, k, s, quoted, o, err);
     case K_BOOL: {
         int v;
         if (quoted || parse_bool(s, &v))

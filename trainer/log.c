@@ -26,8 +26,12 @@ void metrics_close(metrics_t *m)
     m->f = NULL;
 }
 
+/* Writes record o (the reference is taken; NULL: out of memory, nothing
+ * written) with its time as a line of metrics.jsonl. */
 static void emit(metrics_t *m, json_t *o)
 {
+    if (!o)
+        return;
     json_object_set_new(o, "time", json_real(sp_wall_time()));
     if (m && m->f) {
         char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -55,16 +59,11 @@ void log_duration(char *buf, size_t n, double s)
 
 void log_step(FILE *out, metrics_t *m, const step_report *r, int print)
 {
-    json_t *o = json_object();
-    json_object_set_new(o, "event", json_string("train"));
-    json_object_set_new(o, "step", json_integer(r->step));
-    json_object_set_new(o, "loss", num(r->loss));
-    json_object_set_new(o, "lr", num(r->lr));
-    json_object_set_new(o, "grad_norm", num(r->grad_norm));
-    json_object_set_new(o, "tokens_per_s", num(r->tokens_per_s));
-    json_object_set_new(o, "step_s", num(r->step_s));
-    json_object_set_new(o, "elapsed_s", num(r->elapsed_s));
-    json_object_set_new(o, "trained_tokens", json_integer(r->tokens));
+    json_t *o = json_pack("{s:s, s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:I}", "event", "train", "step",
+                          (json_int_t)r->step, "loss", num(r->loss), "lr", num(r->lr), "grad_norm",
+                          num(r->grad_norm), "tokens_per_s", num(r->tokens_per_s), "step_s",
+                          num(r->step_s), "elapsed_s", num(r->elapsed_s), "trained_tokens",
+                          (json_int_t)r->tokens);
     if (r->remote_behind >= 0)
         json_object_set_new(o, "remote_behind", json_integer(r->remote_behind));
     emit(m, o);
@@ -85,12 +84,8 @@ void log_step(FILE *out, metrics_t *m, const step_report *r, int print)
 
 void log_val(FILE *out, metrics_t *m, int64_t step, double val_loss, int64_t tokens)
 {
-    json_t *o = json_object();
-    json_object_set_new(o, "event", json_string("val"));
-    json_object_set_new(o, "step", json_integer(step));
-    json_object_set_new(o, "val_loss", num(val_loss));
-    json_object_set_new(o, "val_tokens", json_integer(tokens));
-    emit(m, o);
+    emit(m, json_pack("{s:s, s:I, s:o, s:I}", "event", "val", "step", (json_int_t)step, "val_loss",
+                      num(val_loss), "val_tokens", (json_int_t)tokens));
     if (out) {
         fprintf(out, "step %6lld | val_loss %.4f (%lld tokens)\n", (long long)step, val_loss,
                 (long long)tokens);
@@ -104,10 +99,7 @@ void log_event(FILE *out, metrics_t *m, const char *event, const char *fmt, ...)
     va_start(ap, fmt);
     char *msg = sp_vstrf(fmt, ap);
     va_end(ap);
-    json_t *o = json_object();
-    json_object_set_new(o, "event", json_string(event));
-    json_object_set_new(o, "message", json_string(msg ? msg : "(out of memory)"));
-    emit(m, o);
+    emit(m, json_pack("{s:s, s:s}", "event", event, "message", msg ? msg : "(out of memory)"));
     if (out) {
         fprintf(out, "%s: %s\n", event, msg ? msg : "(out of memory)");
         fflush(out);

@@ -222,20 +222,16 @@ int model_config_load(model_config_t *mc, const char *dir, sp_err *err)
 int model_config_write(const model_config_t *mc, const char *path, const char *torch_dtype,
                        sp_err *err)
 {
-    json_t *o = json_object();
-    json_object_set_new(o, "architectures", json_pack("[s]", mc->architecture));
-    json_object_set_new(o, "model_type", json_string(mc->model_type));
-    json_object_set_new(o, "vocab_size", json_integer(mc->vocab));
-    json_object_set_new(o, "hidden_size", json_integer(mc->hidden));
-    json_object_set_new(o, "intermediate_size", json_integer(mc->intermediate));
-    json_object_set_new(o, "num_hidden_layers", json_integer(mc->layers));
-    json_object_set_new(o, "num_attention_heads", json_integer(mc->heads));
-    json_object_set_new(o, "num_key_value_heads", json_integer(mc->kv_heads));
-    json_object_set_new(o, "head_dim", json_integer(mc->head_dim));
-    json_object_set_new(o, "hidden_act", json_string("silu"));
-    json_object_set_new(o, "max_position_embeddings", json_integer(mc->max_pos));
-    json_object_set_new(o, "rms_norm_eps", json_real(mc->rms_eps));
-    json_object_set_new(o, "rope_theta", json_real(mc->rope_theta));
+    json_t *o = json_pack(
+        "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:f, s:f}", "architectures",
+        mc->architecture, "model_type", mc->model_type, "vocab_size", (json_int_t)mc->vocab,
+        "hidden_size", (json_int_t)mc->hidden, "intermediate_size", (json_int_t)mc->intermediate,
+        "num_hidden_layers", (json_int_t)mc->layers, "num_attention_heads", (json_int_t)mc->heads,
+        "num_key_value_heads", (json_int_t)mc->kv_heads, "head_dim", (json_int_t)mc->head_dim,
+        "hidden_act", "silu", "max_position_embeddings", (json_int_t)mc->max_pos, "rms_norm_eps",
+        mc->rms_eps, "rope_theta", mc->rope_theta);
+    if (!o)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     if (mc->rope_type == ROPE_LLAMA3)
         json_object_set_new(
             o, "rope_scaling",

@@ -55,20 +55,33 @@ static tensor_t lora_down(const step_ctx *c, int l, int p, tensor_t x, int64_t i
     return xr;
 }
 
+/* Projection p of layer l: its parameters (the w, b, lora_a and lora_b of L)
+ * and its input and output widths. */
+typedef struct proj {
+    layer_params *L;
+    int in, out;
+} proj;
+
+static proj proj_of(const model_t *m, int l, int p)
+{
+    int64_t in, out;
+    model_config_proj_dims(&m->mc, p, &in, &out);
+    proj j = {&m->layers[l], (int)in, (int)out};
+    return j;
+}
+
 /* y (+)= x W^T + b + scale * (drop(x) A^T) B^T */
 static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, int accumulate)
 {
     model_t *m = c->m;
-    layer_params *L = &m->layers[l];
-    int64_t in, out;
-    model_config_proj_dims(&m->mc, p, &in, &out);
-    be_matmul(m->be, y, x, L->w[p]->w, c->rows, (int)out, (int)in, 0, 1, 1.0f,
+    proj j = proj_of(m, l, p);
+    be_matmul(m->be, y, x, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, 1.0f,
               accumulate ? 1.0f : 0.0f);
-    if (L->b[p])
-        be_add_bias(m->be, y, L->b[p]->w, c->rows, (int)out);
-    if (L->lora_a[p]) {
-        tensor_t xr = lora_down(c, l, p, x, in);
-        be_matmul(m->be, y, xr, L->lora_b[p]->w, c->rows, (int)out, (int)m->o.lora_r, 0, 1,
+    if (j.L->b[p])
+        be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
+    if (j.L->lora_a[p]) {
+        tensor_t xr = lora_down(c, l, p, x, j.in);
+        be_matmul(m->be, y, xr, j.L->lora_b[p]->w, c->rows, j.out, (int)m->o.lora_r, 0, 1,
                   m->lora_scale, 1.0f);
     }
 }
@@ -79,32 +92,30 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
                             int accumulate)
 {
     model_t *m = c->m;
-    layer_params *L = &m->layers[l];
-    int64_t in, out;
-    model_config_proj_dims(&m->mc, p, &in, &out);
-    be_matmul(m->be, dx, dy, L->w[p]->w, c->rows, (int)in, (int)out, 0, 0, 1.0f,
-              accumulate ? 1.0f : 0.0f);
-    if (L->w[p]->trainable)
-        be_matmul(m->be, L->w[p]->grad, dy, x, (int)out, (int)in, c->rows, 1, 0, 1.0f, 1.0f);
-    if (L->b[p] && L->b[p]->trainable)
-        be_bias_backward(m->be, L->b[p]->grad, dy, c->rows, (int)out);
-    if (!L->lora_a[p])
+    proj j = proj_of(m, l, p);
+    param_t *W = j.L->w[p], *bias = j.L->b[p];
+    be_matmul(m->be, dx, dy, W->w, c->rows, j.in, j.out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
+    if (W->trainable)
+        be_matmul(m->be, W->grad, dy, x, j.out, j.in, c->rows, 1, 0, 1.0f, 1.0f);
+    if (bias && bias->trainable)
+        be_bias_backward(m->be, bias->grad, dy, c->rows, j.out);
+    if (!j.L->lora_a[p])
         return;
     model_scratch *s = MODEL_SCRATCH(m);
-    param_t *A = L->lora_a[p], *B = L->lora_b[p];
+    param_t *A = j.L->lora_a[p], *B = j.L->lora_b[p];
     int r = (int)m->o.lora_r;
     tensor_t xr = m->acts[l].xr[p];
-    be_matmul(m->be, B->grad, dy, xr, (int)out, r, c->rows, 1, 0, m->lora_scale, 1.0f);
-    be_matmul(m->be, s->dxr, dy, B->w, c->rows, r, (int)out, 0, 0, m->lora_scale, 0.0f);
-    tensor_t xin = lora_input(c, l, p, x, in);
-    be_matmul(m->be, A->grad, s->dxr, xin, r, (int)in, c->rows, 1, 0, 1.0f, 1.0f);
+    be_matmul(m->be, B->grad, dy, xr, j.out, r, c->rows, 1, 0, m->lora_scale, 1.0f);
+    be_matmul(m->be, s->dxr, dy, B->w, c->rows, r, j.out, 0, 0, m->lora_scale, 0.0f);
+    tensor_t xin = lora_input(c, l, p, x, j.in);
+    be_matmul(m->be, A->grad, s->dxr, xin, r, j.in, c->rows, 1, 0, 1.0f, 1.0f);
     if (m->o.lora_dropout > 0) {
-        tensor_t d = rows_of(s->drop, c->rows, in);
-        be_matmul(m->be, d, s->dxr, A->w, c->rows, (int)in, r, 0, 0, 1.0f, 0.0f);
-        lora_input(c, l, p, d, in); /* the same mask applied to the gradient */
+        tensor_t d = rows_of(s->drop, c->rows, j.in);
+        be_matmul(m->be, d, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 0.0f);
+        lora_input(c, l, p, d, j.in); /* the same mask applied to the gradient */
         be_add(m->be, dx, d, 1.0f, d.n);
     } else {
-        be_matmul(m->be, dx, s->dxr, A->w, c->rows, (int)in, r, 0, 0, 1.0f, 1.0f);
+        be_matmul(m->be, dx, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 1.0f);
     }
 }
 
