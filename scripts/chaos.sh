@@ -28,7 +28,7 @@
 #                 build build-cpu/)
 #   --out DIR     where the runs and logs go (default runs/)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || { echo "chaos: cannot enter the repository root" >&2; exit 1; }
 ranks=2 kills=10 seed=$RANDOM steps="" build="" out=runs
 usage() { sed -n '/^# usage:/,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "$1"; }
 while [ $# -gt 0 ]; do
@@ -51,7 +51,8 @@ if [ -z "$build" ]; then
   ninja -C build-cpu spotune >/dev/null || { echo "chaos: the build failed"; exit 1; }
   build=build-cpu
 fi
-spotune=$(cd "$build" && pwd)/spotune
+build_abs=$(cd "$build" && pwd) || { echo "chaos: no build directory $build"; exit 2; }
+spotune=$build_abs/spotune
 [ -x "$spotune" ] || { echo "chaos: no $spotune"; exit 2; }
 mkdir -p "$out"
 inputs=$out/demo-inputs
