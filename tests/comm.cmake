@@ -21,6 +21,6 @@ target_compile_definitions(test_comm PRIVATE
 set_tests_properties(test_comm PROPERTIES TIMEOUT 300)
 
 # scripts/launch.sh: the commands it builds, and one real 2-rank launch.
-spotune_require(test_launch.sh)
+spotune_require(test_launch.sh check.sh)
 add_test(NAME launch_sh COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_launch.sh ${CMAKE_BINARY_DIR})
 set_tests_properties(launch_sh PROPERTIES TIMEOUT 300 LABELS comm)

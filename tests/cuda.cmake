@@ -20,7 +20,7 @@ set_tests_properties(test_cuda_comm PROPERTIES TIMEOUT 300)
 # far inside its budget; and with stand-in programs, PASS, FAIL, TIMEOUT and
 # SKIPPED rows, the budget cut-off, both MFU conventions and the Python
 # peer's import error (tests/test_gpu_check.sh).
-spotune_require(test_gpu_check.sh)
+spotune_require(test_gpu_check.sh check.sh)
 add_test(NAME gpu_check_sh COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_check.sh
   ${CMAKE_BINARY_DIR})
 set_tests_properties(gpu_check_sh PROPERTIES TIMEOUT 300 LABELS "cuda;gpu_check")

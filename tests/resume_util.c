@@ -23,25 +23,20 @@ char *dir;
 
 void resume_setup(void)
 {
-    dir = tu_tempdir("resume");
-    cr_assert(dir);
+    dir = tu_tiny_dir("resume", 3, 5);
     char *out = NULL;
-    int rc = tu_tiny_inputs(dir, 3, 5, &out);
+    int rc = tu_spotune(&out, "init-model --preset tiny --seed 6 %s/other", dir);
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
-    rc = tu_spotune(&out, "init-model --preset tiny --seed 6 %s/other", dir);
-    cr_assert_eq(rc, 0, "%s", out);
-    free(out);
-    const char *cfg = tu_fmt(
-        "run:\n  seed: %d\nmodel:\n  path: %s/model\n"
-        "train:\n  mode: lora\n  steps: 40\n  seq_len: %d\n  micro_batch: 2\n"
-        "  grad_accum: 2\n  lr: 3e-3\n  warmup_steps: 4\n"
-        "lora:\n  r: 4\n  alpha: 8\n  dropout: 0.1\n  targets: [q_proj, v_proj, down_proj]\n"
-        "data:\n  train: %s/data.train.h5\n"
-        "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
-        "checkpoint:\n  every_minutes: 0\n  keep: 2\n",
-        SEED, dir, SEQ_LEN, dir);
-    cr_assert_eq(tu_write_file(tu_fmt("%s/run.yaml", dir), cfg), 0);
+    tu_run_yaml(dir,
+                "run:\n  seed: %d\n"
+                "train:\n  mode: lora\n  steps: 40\n  seq_len: %d\n  micro_batch: 2\n"
+                "  grad_accum: 2\n  lr: 3e-3\n  warmup_steps: 4\n"
+                "lora:\n  r: 4\n  alpha: 8\n  dropout: 0.1\n"
+                "  targets: [q_proj, v_proj, down_proj]\n"
+                "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
+                "checkpoint:\n  every_minutes: 0\n  keep: 2\n",
+                SEED, SEQ_LEN);
 }
 
 void resume_teardown(void)
@@ -73,7 +68,7 @@ int read_losses(const char *name, double *v, int max)
          p = strstr(p + 1, "\"event\":\"train\"")) {
         char *l = strstr(p, "\"loss\":");
         cr_assert(l);
-        v[n++] = strtod(l + 7, NULL);
+        v[n++] = strtod(l + SP_LEN("\"loss\":"), NULL);
     }
     free(text);
     return n;

@@ -27,9 +27,10 @@ set(store_s3_env
   AWS_REGION=us-east-1
   SPOTUNE_TEST_S3_ENDPOINT=http://127.0.0.1:${SPOTUNE_TEST_S3_PORT})
 
+# test_util.c (directories, the S3 server's endpoint and proxy) links the trainer.
 spotune_test(test_store_file
-  SOURCES test_store_file.c test_store_util.c
-  LIBS spotune_checkpoint
+  SOURCES test_store_file.c test_store_util.c test_util.c
+  LIBS spotune_trainer
   LABELS store)
 set_tests_properties(test_store_file PROPERTIES
   ENVIRONMENT "${store_common_env}" FAIL_REGULAR_EXPRESSION "${store_fail_regex}")
@@ -51,8 +52,8 @@ set_tests_properties(s3_server_stop PROPERTIES
 
 foreach(suite test_store_s3 test_store_s3_fault)
   spotune_test(${suite}
-    SOURCES ${suite}.c test_store_util.c
-    LIBS spotune_checkpoint
+    SOURCES ${suite}.c test_store_util.c test_util.c
+    LIBS spotune_trainer
     LABELS "store;s3")
   # RESOURCE_LOCK: the fault suite stops the shared proxy
   set_tests_properties(${suite} PROPERTIES

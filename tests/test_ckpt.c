@@ -163,18 +163,6 @@ static void count_bad(void *ctx, const ckpt_info *bad)
     bad_reports++;
 }
 
-/* The id of a process that has just exited (and been reaped): a writer
- * killed with -9 */
-static int dead_pid(void)
-{
-    char *out = NULL;
-    cr_assert_eq(tu_sh(&out, "echo $$"), 0);
-    int pid = atoi(out);
-    free(out);
-    cr_assert_gt(pid, 0);
-    return pid;
-}
-
 /* ROOT/.tmp-step-<step>-<pid>/ holding a partial state.h5, as a writer
  * that died before its rename leaves it; returns its name */
 static const char *leftover(int64_t step, int pid)
@@ -216,7 +204,7 @@ Test(ckpt, newest_damaged_falls_back_to_the_previous)
     tu_sh(NULL, "printf 'X' | dd of=%s/state.h5 bs=1 seek=100 conv=notrunc 2>/dev/null", p);
     /* a writer killed (-9) before its rename leaves a .tmp- directory */
     char tmp[128];
-    snprintf(tmp, sizeof tmp, "%s", leftover(50, dead_pid()));
+    snprintf(tmp, sizeof tmp, "%s", leftover(50, tu_dead_pid()));
     sp_err err = {0};
     ckpt_info *l;
     int n;
@@ -260,7 +248,7 @@ Test(ckpt, leftover_of_a_live_writer_is_left_alone)
     char live[128], mine[128], gone[128];
     snprintf(live, sizeof live, "%s", leftover(30, other));
     snprintf(mine, sizeof mine, "%s", leftover(20, (int)getpid()));
-    snprintf(gone, sizeof gone, "%s", leftover(5, dead_pid()));
+    snprintf(gone, sizeof gone, "%s", leftover(5, tu_dead_pid()));
     ckpt_info *l;
     int n;
     sp_err err = {0};
@@ -320,7 +308,7 @@ Test(ckpt, retention_keeps_newest_and_multiples)
 {
     for (int s = 10; s <= 70; s += 10)
         free(write_step(s));
-    leftover(80, dead_pid());
+    leftover(80, tu_dead_pid());
     sp_err err = {0};
     deleted = 0;
     cr_assert_eq(ckpt_prune(dir, 2, 40, count_deleted, NULL, &err), 0);

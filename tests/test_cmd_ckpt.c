@@ -27,26 +27,15 @@ static char *dir;
 
 static void setup(void)
 {
-    dir = tu_tempdir("cmdckpt");
-    cr_assert(dir);
-    char *out = NULL;
-    int rc = tu_tiny_inputs(dir, 3, 5, &out);
-    cr_assert_eq(rc, 0, "%s", out);
-    free(out);
+    dir = tu_tiny_dir("cmdckpt", 3, 5);
     /* LoRA r=4, alpha=8 (scale 2) on three projections; a checkpoint every
      * 4 steps, so 12 steps leave step-4, -8 and -12 */
-    char path[4096], cfg[4096];
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
-    snprintf(cfg, sizeof cfg,
-             "run:\n  seed: 21\nmodel:\n  path: %s/model\n"
-             "train:\n  mode: lora\n  steps: 12\n  seq_len: 32\n  micro_batch: 2\n"
-             "  grad_accum: 1\n  lr: 1e-2\n  warmup_steps: 2\n"
-             "lora:\n  r: 4\n  alpha: 8\n  targets: [q_proj, v_proj, down_proj]\n"
-             "data:\n  train: %s/data.train.h5\n"
-             "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
-             "checkpoint:\n  every_minutes: 0\n  every_steps: 4\n  keep: 10\n",
-             dir, dir);
-    cr_assert_eq(tu_write_file(path, cfg), 0);
+    tu_run_yaml(dir, "run:\n  seed: 21\n"
+                     "train:\n  mode: lora\n  steps: 12\n  seq_len: 32\n  micro_batch: 2\n"
+                     "  grad_accum: 1\n  lr: 1e-2\n  warmup_steps: 2\n"
+                     "lora:\n  r: 4\n  alpha: 8\n  targets: [q_proj, v_proj, down_proj]\n"
+                     "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
+                     "checkpoint:\n  every_minutes: 0\n  every_steps: 4\n  keep: 10\n");
 }
 
 static void teardown(void)
@@ -100,17 +89,6 @@ static void flip_byte(const char *path, long offset)
     cr_assert_eq(fseek(f, offset, SEEK_SET), 0);
     cr_assert_neq(fputc(c ^ 0xff, f), EOF);
     cr_assert_eq(fclose(f), 0);
-}
-
-/* The id of a process that has exited (and been reaped). */
-static int dead_pid(void)
-{
-    char *out = NULL;
-    cr_assert_eq(tu_sh(&out, "echo $$"), 0);
-    int pid = atoi(out);
-    free(out);
-    cr_assert_gt(pid, 0);
-    return pid;
 }
 
 /* ---- ckpt list ----------------------------------------------------------------- */
@@ -202,7 +180,9 @@ static int check_listing(const char *text, const char *root, row *rows, int max,
     double now = (double)time(NULL);
     for (int i = 0; i < n; i++) {
         row *r = &rows[i];
-        const char *num = strncmp(r->name, ".tmp-step-", 10) == 0 ? r->name + 10 : r->name + 5;
+        const char *num = sp_after(r->name, ".tmp-step-");
+        num = num ? num : sp_after(r->name, "step-");
+        cr_assert(num, "%s is not a checkpoint's name", r->name);
         cr_expect_eq(r->step, strtoll(num, NULL, 10), "%s listed as step %lld", r->name, r->step);
         if (i > 0)
             cr_expect_geq(rows[i - 1].step, r->step, "not newest first: %s", text);
@@ -244,7 +224,7 @@ Test(cmd_ckpt, list_shows_step_time_size_and_status)
     /* damage step 8 and leave the .tmp- directory of a write killed by -9 */
     flip_byte(at("run/checkpoints/step-00000008/state.h5"), 3000);
     char tmp[128];
-    snprintf(tmp, sizeof tmp, ".tmp-step-00000016-%d", dead_pid());
+    snprintf(tmp, sizeof tmp, ".tmp-step-00000016-%d", tu_dead_pid());
     cr_assert_eq(tu_sh(NULL, "mkdir %s && head -c 5000 %s > %s/state.h5", at("run/checkpoints/%s", tmp),
                        at("run/checkpoints/step-00000012/state.h5"),
                        at("run/checkpoints/%s", tmp)),
@@ -589,7 +569,7 @@ Test(cmd_ckpt, full_mode_exports_a_model_and_no_adapter)
 Test(cmd_ckpt, resume_reports_incomplete_newer_checkpoints)
 {
     train("run", "--set train.steps=8");
-    int pid = dead_pid();
+    int pid = tu_dead_pid();
     char tmp[128];
     snprintf(tmp, sizeof tmp, ".tmp-step-00000012-%d", pid);
     cr_assert_eq(tu_sh(NULL, "cd %s && mkdir %s && head -c 3000 step-00000008/state.h5 > "

@@ -21,24 +21,14 @@ static char *dir;
 
 static void setup(void)
 {
-    dir = tu_tempdir("dist");
-    cr_assert(dir);
-    char *out = NULL;
-    int rc = tu_tiny_inputs(dir, 4, 8, &out);
-    cr_assert_eq(rc, 0, "%s", out);
-    free(out);
-    char path[4096], cfg[4096];
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
-    snprintf(cfg, sizeof cfg,
-             "run:\n  seed: 5\nmodel:\n  path: %s/model\n"
-             "train:\n  mode: lora\n  steps: 6\n  seq_len: 32\n  micro_batch: 1\n"
-             "  grad_accum: 1\n  lr: 3e-3\n"
-             "lora:\n  r: 4\n  alpha: 8\n  dropout: 0.1\n  targets: [q_proj, k_proj, down_proj]\n"
-             "data:\n  train: %s/data.train.h5\n"
-             "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
-             "comm:\n  timeout_s: 10\ncheckpoint:\n  every_minutes: 0\n",
-             dir, dir);
-    cr_assert_eq(tu_write_file(path, cfg), 0);
+    dir = tu_tiny_dir("dist", 4, 8);
+    tu_run_yaml(dir, "run:\n  seed: 5\n"
+                     "train:\n  mode: lora\n  steps: 6\n  seq_len: 32\n  micro_batch: 1\n"
+                     "  grad_accum: 1\n  lr: 3e-3\n"
+                     "lora:\n  r: 4\n  alpha: 8\n  dropout: 0.1\n"
+                     "  targets: [q_proj, k_proj, down_proj]\n"
+                     "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
+                     "comm:\n  timeout_s: 10\ncheckpoint:\n  every_minutes: 0\n");
 }
 
 static void teardown(void)
@@ -65,7 +55,7 @@ static int losses(const char *name, double *v, int max)
     int n = 0;
     for (char *p = strstr(text, "\"event\":\"train\""); p && n < max;
          p = strstr(p + 1, "\"event\":\"train\""))
-        v[n++] = strtod(strstr(p, "\"loss\":") + 7, NULL);
+        v[n++] = strtod(strstr(p, "\"loss\":") + SP_LEN("\"loss\":"), NULL);
     free(text);
     return n;
 }
@@ -143,8 +133,8 @@ Test(distributed, buckets_change_nothing_and_rank_0_alone_reports)
     cr_assert(m);
     int records = 0;
     for (char *p = strstr(m, "\"event\":\"train\""); p; p = strstr(p + 1, "\"event\":\"train\"")) {
-        double tps = strtod(strstr(p, "\"tokens_per_s\":") + 15, NULL);
-        double dt = strtod(strstr(p, "\"step_s\":") + 9, NULL);
+        double tps = strtod(strstr(p, "\"tokens_per_s\":") + SP_LEN("\"tokens_per_s\":"), NULL);
+        double dt = strtod(strstr(p, "\"step_s\":") + SP_LEN("\"step_s\":"), NULL);
         /* global batch: 2 ranks x 2 windows x 32 tokens */
         cr_expect_lt(fabs(tps * dt - 128.0), 1e-3 * 128.0, "tokens/s %g x step %g s", tps, dt);
         records++;

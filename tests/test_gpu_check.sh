@@ -22,13 +22,8 @@ set -uo pipefail
 build=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")/.." && pwd)
 check_sh="$here/scripts/gpu_check.sh"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-check() { # check NAME CONDITION_RESULT DETAIL
-    if [[ $2 -eq 0 ]]; then echo "ok   $1"; else echo "FAIL $1: $3"; fails=$((fails + 1)); fi
-}
-has() { grep -qF -- "$2" <<<"$1"; }
+# shellcheck source=tests/check.sh
+source "$here/tests/check.sh" # $tmp, check, has
 row() { grep -E "^\| $2 \|" <<<"$1"; } # row TABLE N
 
 # ---- 1. the dry run on the real programs --------------------------------------------------

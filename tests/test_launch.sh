@@ -9,13 +9,8 @@ set -uo pipefail
 build=$1
 here=$(cd "$(dirname "$0")/.." && pwd)
 launch="$here/scripts/launch.sh"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-check() { # check NAME CONDITION_RESULT DETAIL
-    if [[ $2 -eq 0 ]]; then echo "ok   $1"; else echo "FAIL $1: $3"; fails=$((fails + 1)); fi
-}
-has() { grep -qF -- "$2" <<<"$1"; }
+# shellcheck source=tests/check.sh
+source "$here/tests/check.sh" # $tmp, check, has
 
 # one node, ranks from CUDA_VISIBLE_DEVICES
 out=$(env -i PATH="$PATH" HOME="$tmp" CUDA_VISIBLE_DEVICES=0,1,2 "$launch" --dry-run prog a b 2>&1)

@@ -24,53 +24,35 @@
 static char *dir;
 static char url[512];
 
-static const char *endpoint(void)
-{
-    const char *e = getenv("SPOTUNE_TEST_S3_ENDPOINT");
-    cr_assert(e && *e && getenv("AWS_ACCESS_KEY_ID") && getenv("AWS_SECRET_ACCESS_KEY"),
-              "the S3 test environment is missing: these tests need the local server");
-    return e;
-}
-
 static void setup(void)
 {
-    dir = tu_tempdir("remote");
-    cr_assert(dir);
-    char *out = NULL;
-    int rc = tu_tiny_inputs(dir, 9, 4, &out);
-    cr_assert_eq(rc, 0, "%s", out);
-    free(out);
+    dir = tu_tiny_dir("remote", 9, 4);
     /* a bucket per test run; the prefix is unique to this test */
     snprintf(url, sizeof url, "s3://spotune-remote-test/run-%d-%ld", (int)getpid(),
              (long)(sp_wall_time() * 1000) % 100000000);
     store_opts o = {0};
-    o.endpoint = endpoint();
+    o.endpoint = tu_s3_endpoint();
     o.addressing = STORE_ADDR_PATH;
     store_t *st;
     sp_err err = {0};
     cr_assert_eq(store_open(&st, url, &o, &err), 0, "%s", err.msg);
     cr_assert_eq(store_create_bucket(st, &err), 0, "%s", err.msg);
     store_close(st);
-    char path[4096], cfg[4096];
-    snprintf(path, sizeof path, "%s/run.yaml", dir);
-    snprintf(cfg, sizeof cfg,
-             "run:\n  seed: 8\nmodel:\n  path: %s/model\n"
-             "train:\n  mode: lora\n  steps: 40\n  seq_len: 32\n  micro_batch: 4\n  lr: 3e-3\n"
-             "lora:\n  r: 4\n  alpha: 8\n  targets: [q_proj, v_proj]\n"
-             "data:\n  train: %s/data.train.h5\n"
-             "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
-             "checkpoint:\n  every_minutes: 0\n  every_steps: 5\n  keep: 2\n"
-             "  remote: %s\n  endpoint: %s\n  region: us-east-1\n  addressing: path\n"
-             "  upload_deadline_s: 60\n",
-             dir, dir, url, endpoint());
-    cr_assert_eq(tu_write_file(path, cfg), 0);
+    tu_run_yaml(dir,
+                "run:\n  seed: 8\n"
+                "train:\n  mode: lora\n  steps: 40\n  seq_len: 32\n  micro_batch: 4\n"
+                "  lr: 3e-3\n"
+                "lora:\n  r: 4\n  alpha: 8\n  targets: [q_proj, v_proj]\n"
+                "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
+                "checkpoint:\n  every_minutes: 0\n  every_steps: 5\n  keep: 2\n"
+                "  remote: %s\n  endpoint: %s\n  region: us-east-1\n  addressing: path\n"
+                "  upload_deadline_s: 60\n",
+                url, tu_s3_endpoint());
 }
-
-static void proxy_thaw(void);
 
 static void teardown(void)
 {
-    proxy_thaw(); /* whatever a test did, the proxy runs on */
+    tu_proxy_thaw(); /* whatever a test did, the proxy runs on */
     tu_rmtree(dir);
     free(dir);
 }
@@ -79,10 +61,8 @@ TestSuite(remote, .init = setup, .fini = teardown, .timeout = 900);
 
 static const char *cmd(const char *name, const char *extra)
 {
-    static char c[8192];
-    snprintf(c, sizeof c, "%s/spotune train %s/run.yaml --set run.dir=%s/%s %s",
-             SPOTUNE_BINARY_DIR, dir, dir, name, extra ? extra : "");
-    return c;
+    return tu_fmt("%s/spotune train %s/run.yaml --set run.dir=%s/%s %s", tu_binary_dir(), dir,
+                  dir, name, extra ? extra : "");
 }
 
 static int run(const char *name, const char *extra, char **out)
@@ -93,7 +73,7 @@ static int run(const char *name, const char *extra, char **out)
 static store_t *open_store(void)
 {
     store_opts o = {0};
-    o.endpoint = endpoint();
+    o.endpoint = tu_s3_endpoint();
     o.addressing = STORE_ADDR_PATH;
     store_t *st = NULL;
     sp_err err = {0};
@@ -110,58 +90,6 @@ static int remote_has(const char *key)
     cr_assert_eq(store_exists(st, key, &exists, NULL, &err), 0, "%s", err.msg);
     store_close(st);
     return exists;
-}
-
-/* ---- the store's proxy, stopped (hung) and resumed -------------------------- */
-
-static pid_t frozen_proxy, freeze_guard;
-
-static pid_t proxy_pid(void)
-{
-    const char *base = getenv("SWIFT_S3_BASE");
-    cr_assert(base && *base, "SWIFT_S3_BASE missing (ctest sets it)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/run/proxy.pid", base);
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "%s", path);
-    int pid = 0;
-    int n = fscanf(f, "%d", &pid);
-    fclose(f);
-    cr_assert(n == 1 && pid > 1, "%s holds no pid", path);
-    return (pid_t)pid;
-}
-
-/* SIGSTOPs the proxy: connections are accepted and never answered. A guard
- * process sends SIGCONT when this test process ends first (a failed
- * assertion, a crash, a timeout) or after max_s seconds: a stopped proxy
- * would break every suite after this one. */
-static void proxy_freeze(double max_s)
-{
-    cr_assert_eq(frozen_proxy, 0);
-    pid_t proxy = proxy_pid(), parent = getpid();
-    pid_t g = fork();
-    cr_assert_geq(g, 0, "fork");
-    if (g == 0) {
-        struct timespec tick = {0, 20 * 1000 * 1000};
-        for (long i = 0; i < (long)(max_s * 50) && getppid() == parent; i++)
-            nanosleep(&tick, NULL);
-        kill(proxy, SIGCONT);
-        _exit(0);
-    }
-    frozen_proxy = proxy;
-    freeze_guard = g;
-    cr_assert_eq(kill(proxy, SIGSTOP), 0, "SIGSTOP %d", (int)proxy);
-}
-
-static void proxy_thaw(void)
-{
-    if (frozen_proxy > 0)
-        kill(frozen_proxy, SIGCONT);
-    if (freeze_guard > 0) {
-        kill(freeze_guard, SIGKILL);
-        waitpid(freeze_guard, NULL, 0);
-    }
-    frozen_proxy = freeze_guard = 0;
 }
 
 /* ---- a run in the background --------------------------------------------------- */
@@ -273,18 +201,19 @@ Test(remote, preempted_run_resumes_from_the_bucket_on_a_fresh_machine)
                  0, "the adapter after a resume from the bucket differs");
     /* ckpt list / verify / export on the bucket */
     char *ls = NULL;
-    cr_expect_eq(tu_spotune(&ls, "ckpt list %s --endpoint %s --path-style", url, endpoint()), 0);
+    cr_expect_eq(
+        tu_spotune(&ls, "ckpt list %s --endpoint %s --path-style", url, tu_s3_endpoint()), 0);
     cr_expect(tu_contains(ls, "step-00000040") && tu_contains(ls, "complete"), "%s", ls);
     free(ls);
     char *v = NULL;
     cr_expect_eq(tu_spotune(&v, "ckpt verify %s/step-00000040 --endpoint %s --path-style", url,
-                            endpoint()),
+                            tu_s3_endpoint()),
                  0, "%s", v);
     cr_expect(tu_contains(v, ": ok"), "%s", v);
     free(v);
     char *e = NULL;
     cr_expect_eq(tu_spotune(&e, "export %s/step-00000040 --endpoint %s --path-style --peft %s/exp",
-                            url, endpoint(), dir),
+                            url, tu_s3_endpoint(), dir),
                  0, "%s", e);
     free(e);
     cr_expect_eq(tu_sh(NULL, "cmp %s/exp/adapter_model.safetensors "
@@ -443,10 +372,10 @@ Test(remote, takeover_stops_the_other_job)
 Test(remote, ckpt_commands_give_up_on_a_store_that_never_answers)
 {
     char *out = NULL;
-    proxy_freeze(120);
+    tu_proxy_freeze(120);
     double t0 = sp_now();
     int rc = tu_spotune(&out, "ckpt list %s --endpoint %s --path-style --timeout 4", url,
-                        endpoint());
+                        tu_s3_endpoint());
     double took = sp_now() - t0;
     cr_expect_neq(rc, 0, "%s", out);
     cr_expect(tu_contains(out, "ListObjectsV2 failed") && tu_contains(out, "gave up after"),
@@ -455,20 +384,21 @@ Test(remote, ckpt_commands_give_up_on_a_store_that_never_answers)
     free(out);
     t0 = sp_now();
     rc = tu_spotune(&out, "ckpt verify %s/step-00000005 --endpoint %s --path-style --timeout 4",
-                    url, endpoint());
+                    url, tu_s3_endpoint());
     took = sp_now() - t0;
     cr_expect_neq(rc, 0, "%s", out);
     cr_expect(tu_contains(out, "gave up after"), "%s", out);
     cr_expect(took >= 3.5 && took < 12, "ckpt verify --timeout 4 took %.1f s", took);
     free(out);
     t0 = sp_now();
-    rc = tu_spotune(&out, "ckpt list %s --endpoint %s --path-style", url, endpoint());
+    rc = tu_spotune(&out, "ckpt list %s --endpoint %s --path-style", url, tu_s3_endpoint());
     took = sp_now() - t0;
     cr_expect_neq(rc, 0, "%s", out);
     cr_expect(took >= 25 && took < 45, "ckpt list (default deadline 30 s) took %.1f s", took);
     free(out);
-    proxy_thaw();
-    rc = tu_spotune(&out, "ckpt list %s --endpoint %s --path-style --timeout 0", url, endpoint());
+    tu_proxy_thaw();
+    rc = tu_spotune(&out, "ckpt list %s --endpoint %s --path-style --timeout 0", url,
+                    tu_s3_endpoint());
     cr_expect_eq(rc, 2, "--timeout 0 is a usage error: %s", out);
     free(out);
 }
@@ -480,7 +410,7 @@ Test(remote, a_remote_checkpoint_without_manifest_is_never_used)
     free(out);
     /* a newer remote checkpoint whose upload never finished */
     store_opts o = {0};
-    o.endpoint = endpoint();
+    o.endpoint = tu_s3_endpoint();
     o.addressing = STORE_ADDR_PATH;
     store_t *st;
     sp_err err = {0};
@@ -545,7 +475,7 @@ Test(remote, ckpt_pull_downloads_what_was_pushed_and_refuses_a_missing_step)
               "%s", out);
     free(out);
     cr_assert_eq(tu_spotune(&out, "ckpt pull %s/step-00000010 %s/pulled --endpoint %s --path-style",
-                            url, dir, endpoint()),
+                            url, dir, tu_s3_endpoint()),
                  0, "%s", out);
     cr_expect(tu_contains(out, "verified"), "%s", out);
     free(out);
@@ -561,7 +491,7 @@ Test(remote, ckpt_pull_downloads_what_was_pushed_and_refuses_a_missing_step)
                  0, "the pulled checkpoint lacks its MANIFEST or state");
 
     int rc = tu_spotune(&out, "ckpt pull %s/step-00000099 %s/missing --endpoint %s --path-style",
-                        url, dir, endpoint());
+                        url, dir, tu_s3_endpoint());
     cr_expect_eq(rc, 3, "a missing checkpoint is an input error (exit 3): %d %s", rc, out);
     cr_expect(tu_contains(out, "error") && tu_contains(out, "step-00000099"), "%s", out);
     free(out);
@@ -571,7 +501,7 @@ Test(remote, ckpt_pull_downloads_what_was_pushed_and_refuses_a_missing_step)
 
     /* the target exists: refused, and the pulled checkpoint is untouched */
     rc = tu_spotune(&out, "ckpt pull %s/step-00000005 %s/pulled --endpoint %s --path-style", url,
-                    dir, endpoint());
+                    dir, tu_s3_endpoint());
     cr_expect_neq(rc, 0, "pulled over an existing directory: %s", out);
     cr_expect(tu_contains(out, "already exists"), "%s", out);
     free(out);
@@ -615,7 +545,7 @@ Test(remote, a_remote_checkpoint_failing_its_checksum_or_size_is_never_resumed)
     store_close(st);
     /* ckpt pull verifies too */
     int rc = tu_spotune(&out, "ckpt pull %s/step-00000015 %s/pulled15 --endpoint %s --path-style",
-                        url, dir, endpoint());
+                        url, dir, tu_s3_endpoint());
     cr_expect_eq(rc, 3, "pulled a checkpoint that fails its checksum: %d %s", rc, out);
     cr_expect(tu_contains(out, "fails its SHA-256 checksum"), "%s", out);
     free(out);
@@ -644,7 +574,7 @@ Test(remote, a_remote_checkpoint_failing_its_checksum_or_size_is_never_resumed)
     for (int i = 1; i < 3; i++) {
         char *v = NULL;
         int vrc = tu_spotune(&v, "ckpt verify %s/%s --endpoint %s --path-style", url, steps[i],
-                             endpoint());
+                             tu_s3_endpoint());
         cr_expect_eq(vrc, 0, "%s in the bucket after the re-push: %s", steps[i], v);
         cr_expect(tu_contains(v, ": ok"), "%s", v);
         free(v);
@@ -668,7 +598,7 @@ Test(remote, training_goes_on_while_the_store_hangs)
     free(text);
     cr_assert(running(pid), "the run ended before the store was stopped");
 
-    proxy_freeze(300);
+    tu_proxy_freeze(300);
     double t_stop = sp_wall_time();
     int s0 = last_step("hang");
     cr_assert_leq(s0, 270, "the run is too fast for this test: step %d of 300 already", s0);
@@ -678,7 +608,7 @@ Test(remote, training_goes_on_while_the_store_hangs)
     while (reached && running(pid) && sp_wall_time() - t_stop < 3.0)
         tu_sleep(0.02);
     double t_cont = sp_wall_time();
-    proxy_thaw();
+    tu_proxy_thaw();
     int s1 = last_step("hang");
     int rc = tu_wait(pid, 600);
     text = tu_read_file(log, NULL);
@@ -694,17 +624,17 @@ Test(remote, training_goes_on_while_the_store_hangs)
     for (char *p = strstr(m, "{\"event\":"); p; p = strstr(p + 1, "{\"event\":")) {
         char *t = strstr(p, "\"time\":"), *eol = strchr(p, '\n');
         cr_assert(t && (!eol || t < eol), "a record without its time: %.200s", p);
-        double when = strtod(t + 7, NULL);
-        if (!strncmp(p, "{\"event\":\"checkpoint_uploaded\"", 30) && when > t_stop + 1.0 &&
+        double when = strtod(t + SP_LEN("\"time\":"), NULL);
+        if (sp_after(p, "{\"event\":\"checkpoint_uploaded\"") && when > t_stop + 1.0 &&
             when < t_cont)
             uploads++; /* (an answer already on its way when the proxy stopped: 1 s) */
-        if (strncmp(p, "{\"event\":\"train\",\"step\":", 24) || when < t_stop || when > t_cont)
+        if (!sp_after(p, "{\"event\":\"train\",\"step\":") || when < t_stop || when > t_cont)
             continue;
         char *b = strstr(p, "\"remote_behind\":");
         cr_assert(b && b < t, "a train record without remote_behind: %.200s", p);
         during++;
-        last = atoi(p + 24);
-        last_behind = atoi(b + 16);
+        last = atoi(p + SP_LEN("{\"event\":\"train\",\"step\":"));
+        last_behind = atoi(b + SP_LEN("\"remote_behind\":"));
     }
     free(m);
     cr_expect_eq(uploads, 0, "%d checkpoint(s) reached a store that was stopped", uploads);
@@ -717,7 +647,7 @@ Test(remote, training_goes_on_while_the_store_hangs)
     snprintf(line, sizeof line, "step %6d/300 |", last);
     const char *l = strstr(text, line), *r = l ? strstr(l, "| remote behind ") : NULL;
     const char *nl = l ? strchr(l, '\n') : NULL;
-    cr_expect(r && (!nl || r < nl) && atoi(r + 16) == last_behind,
+    cr_expect(r && (!nl || r < nl) && atoi(r + SP_LEN("| remote behind ")) == last_behind,
               "the log line of step %d does not say the remote is %d behind: %s", last,
               last_behind, text);
 
@@ -746,14 +676,14 @@ Test(remote, upload_deadline_runs_out_on_preemption_while_the_store_hangs)
     text = tu_read_file(log, NULL);
     cr_assert(up, "no checkpoint reached the store before it was stopped: %s", text);
     free(text);
-    proxy_freeze(300);
+    tu_proxy_freeze(300);
     int s0 = last_step("dl");
     int reached = wait_step("dl", s0 + 3, pid, 300);
     double t0 = sp_now();
     kill(pid, SIGTERM);
     int rc = tu_wait(pid, deadline + 120);
     double took = sp_now() - t0;
-    proxy_thaw();
+    tu_proxy_thaw();
     text = tu_read_file(log, NULL);
     cr_assert(reached, "training stalled with the store hung: %s", text);
     cr_assert_eq(rc, 75, "exit %d after SIGTERM (%.1f s): %s", rc, took, text);
@@ -784,7 +714,7 @@ Test(remote, upload_deadline_runs_out_on_preemption_while_the_store_hangs)
 Test(remote, endpoint_from_aws_endpoint_url)
 {
     char *out = NULL;
-    cr_assert_eq(tu_sh(&out, "env -u AWS_ENDPOINT_URL_S3 AWS_ENDPOINT_URL=%s %s", endpoint(),
+    cr_assert_eq(tu_sh(&out, "env -u AWS_ENDPOINT_URL_S3 AWS_ENDPOINT_URL=%s %s", tu_s3_endpoint(),
                        cmd("envep", "--set checkpoint.endpoint= --set train.steps=10")),
                  0, "%s", out);
     char done[1024];
@@ -796,19 +726,20 @@ Test(remote, endpoint_from_aws_endpoint_url)
     snprintf(cpath, sizeof cpath, "%s/envep/config.yaml", dir);
     char *conf = tu_read_file(cpath, NULL);
     cr_assert(conf, "no %s", cpath);
-    cr_expect(!tu_contains(conf, endpoint()), "the resolved config names the endpoint: %s", conf);
+    cr_expect(!tu_contains(conf, tu_s3_endpoint()), "the resolved config names the endpoint: %s",
+              conf);
     free(conf);
     cr_expect(remote_has("step-00000010/MANIFEST.json"), "step 10 is not in the bucket");
 
     cr_expect_eq(tu_sh(&out, "env -u AWS_ENDPOINT_URL_S3 AWS_ENDPOINT_URL=%s %s/spotune ckpt list %s",
-                       endpoint(), SPOTUNE_BINARY_DIR, url),
+                       tu_s3_endpoint(), SPOTUNE_BINARY_DIR, url),
                  0, "%s", out);
     cr_expect(tu_contains(out, "step-00000010") && tu_contains(out, "complete"), "%s", out);
     free(out);
     /* AWS_ENDPOINT_URL_S3 wins over AWS_ENDPOINT_URL (nothing listens on port 9) */
     cr_expect_eq(tu_sh(&out, "env AWS_ENDPOINT_URL_S3=%s AWS_ENDPOINT_URL=http://127.0.0.1:9 "
                              "%s/spotune ckpt list %s",
-                       endpoint(), SPOTUNE_BINARY_DIR, url),
+                       tu_s3_endpoint(), SPOTUNE_BINARY_DIR, url),
                  0, "%s", out);
     cr_expect(tu_contains(out, "step-00000010") && tu_contains(out, "complete"), "%s", out);
     free(out);

@@ -304,7 +304,7 @@ static int catches_sigterm(int pid)
     snprintf(path, sizeof path, "/proc/%d/status", pid);
     read_proc(path, buf, sizeof buf);
     const char *p = strstr(buf, "SigCgt:");
-    unsigned long long mask = p ? strtoull(p + 7, NULL, 16) : 0;
+    unsigned long long mask = p ? strtoull(p + SP_LEN("SigCgt:"), NULL, 16) : 0;
     return (mask >> (SIGTERM - 1)) & 1;
 }
 

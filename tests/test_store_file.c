@@ -19,17 +19,18 @@
 
 TestSuite(store_file, .timeout = 120);
 
-typedef struct fixture {
+typedef struct store_fx {
     char *dir;   /* scratch */
     char *root;  /* store root (dir/store) */
     char *url;
     store_t *s;
-} fixture;
+} store_fx;
 
-static fixture open_fixture(const char *tag)
+static store_fx open_fixture(const char *tag)
 {
-    fixture f = {0};
-    f.dir = tu_tmpdir(tag);
+    store_fx f = {0};
+    f.dir = tu_tempdir(tag);
+    cr_assert(f.dir, "cannot make a directory under the build tree");
     cr_assert(asprintf(&f.root, "%s/store", f.dir) > 0);
     cr_assert(asprintf(&f.url, "file://%s", f.root) > 0);
     sp_err err = {0};
@@ -37,7 +38,7 @@ static fixture open_fixture(const char *tag)
     return f;
 }
 
-static void close_fixture(fixture *f)
+static void close_fixture(store_fx *f)
 {
     store_close(f->s);
     tu_rmtree(f->dir);
@@ -53,7 +54,7 @@ static char *path_in(const char *dir, const char *name)
     return p;
 }
 
-static void roundtrip_file(fixture *f, size_t n, uint64_t seed)
+static void roundtrip_file(store_fx *f, size_t n, uint64_t seed)
 {
     char *src = path_in(f->dir, "src.bin"), *back = path_in(f->dir, "back/got.bin");
     tu_random_file(src, n, seed);
@@ -72,7 +73,7 @@ static void roundtrip_file(fixture *f, size_t n, uint64_t seed)
 
 Test(store_file, roundtrip_sizes)
 {
-    fixture f = open_fixture("rt");
+    store_fx f = open_fixture("rt");
     roundtrip_file(&f, 1024, 1);
     roundtrip_file(&f, 5 * MIB, 2);
     roundtrip_file(&f, 37 * MIB, 3);
@@ -83,7 +84,7 @@ Test(store_file, roundtrip_sizes)
 
 Test(store_file, bytes_roundtrip_and_missing)
 {
-    fixture f = open_fixture("bytes");
+    store_fx f = open_fixture("bytes");
     sp_err err = {0};
     const char msg[] = "hello, checkpoint";
     cr_assert_eq(store_put_bytes(f.s, "a/b/c.txt", msg, sizeof msg - 1, 0, &err), 0, "%s", err.msg);
@@ -109,14 +110,14 @@ Test(store_file, bytes_roundtrip_and_missing)
 
 Test(store_file, if_none_match_never_replaces)
 {
-    fixture f = open_fixture("inm");
+    store_fx f = open_fixture("inm");
     sp_err err = {0};
     cr_assert_eq(store_put_bytes(f.s, "m/MANIFEST.json", "one", 3, 1, &err), 0, "%s", err.msg);
     cr_assert_eq(store_put_bytes(f.s, "m/MANIFEST.json", "two", 3, 1, &err), STORE_EEXIST);
     cr_assert(strstr(err.msg, "already exists"), "%s", err.msg);
     sp_err_clear(&err);
     char *src = path_in(f.dir, "three");
-    tu_write_file(src, "three", 5);
+    tu_write_bytes(src, "three", 5);
     cr_assert_eq(store_put_file(f.s, "m/MANIFEST.json", src, 1, &err), STORE_EEXIST);
     sp_err_clear(&err);
     void *data;
@@ -136,7 +137,7 @@ Test(store_file, if_none_match_never_replaces)
 
 Test(store_file, list_sorted_filtered_and_skips_temporaries)
 {
-    fixture f = open_fixture("list");
+    store_fx f = open_fixture("list");
     sp_err err = {0};
     store_listing l;
     cr_assert_eq(store_list(f.s, "", &l, &err), 0, "missing root lists as empty: %s", err.msg);
@@ -146,7 +147,7 @@ Test(store_file, list_sorted_filtered_and_skips_temporaries)
     for (int i = 0; i < 5; i++)
         cr_assert_eq(store_put_bytes(f.s, keys[i], keys[i], strlen(keys[i]), 0, &err), 0);
     char *junk = path_in(f.root, "step-1/.spotune-tmp.abc123");
-    tu_write_file(junk, "x", 1);
+    tu_write_bytes(junk, "x", 1);
     free(junk);
 
     cr_assert_eq(store_list(f.s, "", &l, &err), 0);
@@ -169,7 +170,7 @@ Test(store_file, list_sorted_filtered_and_skips_temporaries)
 
 Test(store_file, delete_is_idempotent_and_tidies_directories)
 {
-    fixture f = open_fixture("del");
+    store_fx f = open_fixture("del");
     sp_err err = {0};
     cr_assert_eq(store_put_bytes(f.s, "d/e/f.bin", "x", 1, 0, &err), 0);
     cr_assert_eq(store_delete(f.s, "d/e/f.bin", &err), 0, "%s", err.msg);
@@ -187,7 +188,7 @@ Test(store_file, delete_is_idempotent_and_tidies_directories)
 
 Test(store_file, bad_keys_and_urls)
 {
-    fixture f = open_fixture("bad");
+    store_fx f = open_fixture("bad");
     const char *bad[] = {"", "/abs", "a//b", "a/../b", "..", "./a", "a/", "a\nb"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         sp_err err = {0};
@@ -257,7 +258,7 @@ static char *make_ckpt(const char *parent, const char *name, uint64_t seed, size
     char man[128];
     int n = snprintf(man, sizeof man, "{\"step\": \"%s\", \"seed\": %llu}", name,
                      (unsigned long long)seed);
-    tu_write_file(p, man, (size_t)n);
+    tu_write_bytes(p, man, (size_t)n);
     free(p);
     return d;
 }
@@ -276,7 +277,7 @@ static void assert_same_tree(const char *a, const char *b)
 
 Test(store_file, push_manifest_last_pull_identical)
 {
-    fixture f = open_fixture("push");
+    store_fx f = open_fixture("push");
     char *local = path_in(f.dir, "local");
     mkdir(local, 0777);
     char *ck = make_ckpt(local, "step-00000100", 7, 3 * MIB);
@@ -314,7 +315,7 @@ Test(store_file, push_manifest_last_pull_identical)
 
 Test(store_file, push_refuses_incomplete_and_conflicting)
 {
-    fixture f = open_fixture("conflict");
+    store_fx f = open_fixture("conflict");
     char *local = path_in(f.dir, "local");
     mkdir(local, 0777);
     char *ck = make_ckpt(local, "step-00000100", 1, 1000);
@@ -385,7 +386,7 @@ static void assert_manifest_first(const key_log *log)
 
 Test(store_file, prune_keeps_newest_and_multiples_manifest_first)
 {
-    fixture f = open_fixture("prune");
+    store_fx f = open_fixture("prune");
     put_step(f.s, 50, 0); /* incomplete, older: garbage */
     for (unsigned st = 100; st <= 600; st += 100)
         put_step(f.s, st, 1);
@@ -455,13 +456,13 @@ static int ev_get(ev_log *l, const int *field)
 }
 
 /* "Takes the store down": the store root's parent becomes a regular file. */
-static void block_store(const fixture *f, const char *moved)
+static void block_store(const store_fx *f, const char *moved)
 {
     cr_assert_eq(rename(f->root, moved), 0);
-    tu_write_file(f->root, "blocker", 7);
+    tu_write_bytes(f->root, "blocker", 7);
 }
 
-static void unblock_store(const fixture *f, const char *moved)
+static void unblock_store(const store_fx *f, const char *moved)
 {
     cr_assert_eq(unlink(f->root), 0);
     cr_assert_eq(rename(moved, f->root), 0);
@@ -469,7 +470,7 @@ static void unblock_store(const fixture *f, const char *moved)
 
 Test(store_file, uploader_pushes_backlog_after_outage)
 {
-    fixture f = open_fixture("upl");
+    store_fx f = open_fixture("upl");
     sp_err err = {0};
     cr_assert_eq(store_create_bucket(f.s, &err), 0);
     char *local = path_in(f.dir, "local"), *moved = path_in(f.dir, "moved");
@@ -516,7 +517,7 @@ Test(store_file, uploader_pushes_backlog_after_outage)
 
 Test(store_file, uploader_bounded_queue_drops_oldest_waiting)
 {
-    fixture f = open_fixture("drop");
+    store_fx f = open_fixture("drop");
     sp_err err = {0};
     cr_assert_eq(store_create_bucket(f.s, &err), 0);
     char *local = path_in(f.dir, "local"), *moved = path_in(f.dir, "moved");
@@ -559,7 +560,7 @@ Test(store_file, uploader_bounded_queue_drops_oldest_waiting)
 
 Test(store_file, uploader_drops_job_whose_directory_vanished_and_stops_promptly)
 {
-    fixture f = open_fixture("gone");
+    store_fx f = open_fixture("gone");
     sp_err err = {0};
     ev_log ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
     uploader_opts o = {.retry_base_s = 5, .retry_max_s = 5, .on_event = on_event, .arg = &ev};

@@ -28,23 +28,6 @@ char *tu_unique(const char *tag)
     return s;
 }
 
-char *tu_tmpdir(const char *tag)
-{
-    char *base = NULL, *dir = NULL;
-    cr_assert(asprintf(&base, "%s/test-store-tmp", SPOTUNE_BINARY_DIR) > 0);
-    mkdir(base, 0777);
-    cr_assert(asprintf(&dir, "%s/%s-XXXXXX", base, tag) > 0);
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp %s", dir);
-    free(base);
-    return dir;
-}
-
-void tu_rmtree(const char *dir)
-{
-    char *argv[] = {"rm", "-rf", (char *)dir, NULL};
-    tu_run(argv, NULL);
-}
-
 void *tu_random_bytes(size_t n, uint64_t seed)
 {
     uint8_t *p = malloc(n ? n : 1);
@@ -56,7 +39,7 @@ void *tu_random_bytes(size_t n, uint64_t seed)
     return p;
 }
 
-void tu_write_file(const char *path, const void *data, size_t n)
+void tu_write_bytes(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");
     cr_assert_not_null(f, "fopen %s", path);
@@ -67,7 +50,7 @@ void tu_write_file(const char *path, const void *data, size_t n)
 void tu_random_file(const char *path, size_t n, uint64_t seed)
 {
     void *p = tu_random_bytes(n, seed);
-    tu_write_file(path, p, n);
+    tu_write_bytes(path, p, n);
     free(p);
 }
 
@@ -113,15 +96,6 @@ int tu_swift(const char *cmd, const char *arg)
     int rc = tu_run(argv, NULL);
     free(script);
     return rc;
-}
-
-const char *tu_s3_endpoint(void)
-{
-    const char *ep = getenv("SPOTUNE_TEST_S3_ENDPOINT");
-    cr_assert(ep && *ep && getenv("AWS_ACCESS_KEY_ID") && getenv("AWS_SECRET_ACCESS_KEY"),
-              "S3 test environment missing: SPOTUNE_TEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID and "
-              "AWS_SECRET_ACCESS_KEY must be set (ctest sets them and starts the server)");
-    return ep;
 }
 
 store_t *tu_s3_open(const char *tag, store_opts *o, char **url)
@@ -177,7 +151,8 @@ int tu_aws(const char *out_path, ...)
 
 int tu_s3_uploads_in_progress(const char *full_key)
 {
-    char *dir = tu_tmpdir("mpu"), *out = NULL;
+    char *dir = tu_tempdir("mpu"), *out = NULL;
+    cr_assert(dir);
     cr_assert(asprintf(&out, "%s/uploads.json", dir) > 0);
     /* the key itself as the prefix: its uploads, and those of longer keys */
     int rc = tu_aws(out, "s3api", "list-multipart-uploads", "--bucket", TU_BUCKET, "--prefix",
@@ -200,94 +175,21 @@ int tu_s3_uploads_in_progress(const char *full_key)
     return count;
 }
 
-/* ---- the proxy ---------------------------------------------------------------- */
-
-static const char *swift_base(void)
+const char *tu_mpu_created(const char *full_key)
 {
-    const char *base = getenv("SWIFT_S3_BASE");
-    cr_assert(base && *base, "SWIFT_S3_BASE missing (ctest sets it)");
-    return base;
+    return tu_fmt(" POST /" TU_BUCKET "/%s%%3Fuploads%%3D HTTP/1.0 200 ", full_key);
 }
 
-int tu_proxy_pid(void)
+void tu_expect_mpu_aborted(store_t *s, const char *key, const char *full_key, size_t from,
+                           double wait_s)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/run/proxy.pid", swift_base());
-    FILE *f = fopen(path, "r");
-    cr_assert_not_null(f, "%s", path);
-    int pid = 0;
-    int n = fscanf(f, "%d", &pid);
-    fclose(f);
-    cr_assert(n == 1 && pid > 1, "%s holds no pid", path);
-    return pid;
-}
-
-static pid_t frozen_proxy, freeze_guard;
-
-void tu_proxy_freeze(double max_s)
-{
-    cr_assert_eq(frozen_proxy, 0, "the proxy is already stopped");
-    pid_t proxy = (pid_t)tu_proxy_pid(), parent = getpid();
-    pid_t g = fork();
-    cr_assert_geq(g, 0, "fork");
-    if (g == 0) { /* async-signal-safe calls only: the parent may have threads */
-        struct timespec tick = {0, 20 * 1000 * 1000};
-        for (long i = 0; i < (long)(max_s * 50) && getppid() == parent; i++)
-            nanosleep(&tick, NULL);
-        kill(proxy, SIGCONT);
-        _exit(0);
-    }
-    frozen_proxy = proxy;
-    freeze_guard = g;
-    cr_assert_eq(kill(proxy, SIGSTOP), 0, "SIGSTOP %d", (int)proxy);
-}
-
-void tu_proxy_thaw(void)
-{
-    if (frozen_proxy > 0)
-        kill(frozen_proxy, SIGCONT);
-    if (freeze_guard > 0) {
-        kill(freeze_guard, SIGKILL);
-        waitpid(freeze_guard, NULL, 0);
-    }
-    frozen_proxy = freeze_guard = 0;
-}
-
-char *tu_proxy_log(size_t *len)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/log/proxy.log", swift_base());
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "the proxy log %s is missing", path);
-    size_t cap = 1 << 20, n = 0, got;
-    char *text = malloc(cap);
-    cr_assert_not_null(text);
-    while ((got = fread(text + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n < 4096) {
-            text = realloc(text, cap *= 2);
-            cr_assert_not_null(text);
-        }
-    }
-    fclose(f);
-    text[n] = 0;
-    if (len)
-        *len = n;
-    return text;
-}
-
-int tu_proxy_log_wait(size_t from, const char *needle, double timeout_s)
-{
-    double t0 = sp_now();
-    for (;;) {
-        size_t n = 0;
-        char *text = tu_proxy_log(&n);
-        int found = n > from && strstr(text + from, needle) != NULL;
-        free(text);
-        if (found)
-            return 1;
-        if (sp_now() - t0 > timeout_s)
-            return 0;
-        usleep(20 * 1000);
-    }
+    const char *aborted = tu_fmt(" DELETE /" TU_BUCKET "/%s%%3FuploadId%%3D", full_key);
+    cr_assert(tu_proxy_log_wait(from, aborted, wait_s),
+              "no AbortMultipartUpload reached the store");
+    cr_assert_eq(tu_s3_uploads_in_progress(full_key), 0, "an incomplete upload of %s is left",
+                 full_key);
+    int exists = 1;
+    sp_err err = {0};
+    cr_assert_eq(store_exists(s, key, &exists, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(exists, 0, "a failed upload left an object");
 }

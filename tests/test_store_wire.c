@@ -41,7 +41,7 @@ static char *read_request(int fd)
         if (!end)
             continue;
         const char *cl = strcasestr(buf, "content-length:");
-        size_t body = cl ? strtoul(cl + 15, NULL, 10) : 0;
+        size_t body = cl ? strtoul(cl + SP_LEN("content-length:"), NULL, 10) : 0;
         if (n >= (size_t)(end + 4 - buf) + body)
             break;
     }

@@ -458,7 +458,7 @@ Test(train, bench_plan_shows_the_sharded_optimizer)
         "%s", eight);
     const char *a = strstr(one, "total"), *b = strstr(eight, "total");
     cr_assert(a && b, "%s\n%s", one, eight);
-    double t1 = strtod(a + 5, NULL), t8 = strtod(b + 5, NULL);
+    double t1 = strtod(a + SP_LEN("total"), NULL), t8 = strtod(b + SP_LEN("total"), NULL);
     cr_expect(t1 > 80.0 && t8 < 0.9 * 80.0e9 / (1 << 30), "1 rank %.2f GiB, 8 ranks %.2f GiB", t1,
               t8);
     cr_expect(tu_contains(eight, "(optimizer sharded)") && !tu_contains(one, "sharded"), "%s",

@@ -1,6 +1,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "test_util.h"
 
+#include <criterion/criterion.h>
+
 #include <jansson.h>
 
 #include "checkpoint/ckpt.h"
@@ -236,6 +238,16 @@ int tu_spawn(const char *log, const char *fmt, ...)
     return (int)pid;
 }
 
+int tu_dead_pid(void)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_sh(&out, "echo $$"), 0);
+    int pid = atoi(out);
+    free(out);
+    cr_assert_gt(pid, 0);
+    return pid;
+}
+
 void tu_sleep(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -289,6 +301,30 @@ int tu_tiny_inputs(const char *dir, int text_seed, int model_seed, char **out)
                  "--seed %d %s/model",
                  tu_source_dir(), dir, text_seed, tu_binary_dir(), dir, dir, tu_binary_dir(),
                  model_seed, dir);
+}
+
+char *tu_tiny_dir(const char *tag, int text_seed, int model_seed)
+{
+    char *dir = tu_tempdir(tag), *out = NULL;
+    cr_assert(dir, "cannot make a directory under %s/tmp", tu_binary_dir());
+    int rc = tu_tiny_inputs(dir, text_seed, model_seed, &out);
+    cr_assert_eq(rc, 0, "%s", out ? out : "");
+    free(out);
+    return dir;
+}
+
+void tu_run_yaml(const char *dir, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *rest = sp_vstrf(fmt, ap);
+    va_end(ap);
+    cr_assert(rest);
+    const char *yaml =
+        tu_fmt("model:\n  path: %s/model\ndata:\n  train: %s/data.train.h5\n%s", dir, dir, rest);
+    free(rest);
+    cr_assert_eq(tu_write_file(tu_fmt("%s/run.yaml", dir), yaml), 0, "cannot write %s/run.yaml",
+                 dir);
 }
 
 int tu_animals_task(const char *dir, char **out)
@@ -430,4 +466,107 @@ void tu_hf_close(tu_hf_case *c)
         backend_destroy(c->be);
     free(c->inputs);
     free(c->targets);
+}
+
+/* ---- the local S3 test server ------------------------------------------------ */
+
+const char *tu_s3_endpoint(void)
+{
+    const char *ep = getenv("SPOTUNE_TEST_S3_ENDPOINT");
+    cr_assert(ep && *ep && getenv("AWS_ACCESS_KEY_ID") && getenv("AWS_SECRET_ACCESS_KEY"),
+              "S3 test environment missing: SPOTUNE_TEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID and "
+              "AWS_SECRET_ACCESS_KEY must be set (ctest sets them and starts the server)");
+    return ep;
+}
+
+/* ---- the proxy ---------------------------------------------------------------- */
+
+static const char *swift_base(void)
+{
+    const char *base = getenv("SWIFT_S3_BASE");
+    cr_assert(base && *base, "SWIFT_S3_BASE missing (ctest sets it)");
+    return base;
+}
+
+int tu_proxy_pid(void)
+{
+    char *path = sp_strf("%s/run/proxy.pid", swift_base());
+    FILE *f = path ? fopen(path, "r") : NULL;
+    cr_assert_not_null(f, "%s", path);
+    int pid = 0;
+    int n = fscanf(f, "%d", &pid);
+    fclose(f);
+    cr_assert(n == 1 && pid > 1, "%s holds no pid", path);
+    free(path);
+    return pid;
+}
+
+static pid_t frozen_proxy, freeze_guard;
+
+void tu_proxy_freeze(double max_s)
+{
+    cr_assert_eq(frozen_proxy, 0, "the proxy is already stopped");
+    pid_t proxy = (pid_t)tu_proxy_pid(), parent = getpid();
+    pid_t g = fork();
+    cr_assert_geq(g, 0, "fork");
+    if (g == 0) { /* async-signal-safe calls only: the parent may have threads */
+        struct timespec tick = {0, 20 * 1000 * 1000};
+        for (long i = 0; i < (long)(max_s * 50) && getppid() == parent; i++)
+            nanosleep(&tick, NULL);
+        kill(proxy, SIGCONT);
+        _exit(0);
+    }
+    frozen_proxy = proxy;
+    freeze_guard = g;
+    cr_assert_eq(kill(proxy, SIGSTOP), 0, "SIGSTOP %d", (int)proxy);
+}
+
+void tu_proxy_thaw(void)
+{
+    if (frozen_proxy > 0)
+        kill(frozen_proxy, SIGCONT);
+    if (freeze_guard > 0) {
+        kill(freeze_guard, SIGKILL);
+        waitpid(freeze_guard, NULL, 0);
+    }
+    frozen_proxy = freeze_guard = 0;
+}
+
+char *tu_proxy_log(size_t *len)
+{
+    char *path = sp_strf("%s/log/proxy.log", swift_base()); /* not tu_fmt: callers poll */
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    cr_assert_not_null(f, "the proxy log %s is missing", path);
+    free(path);
+    size_t cap = 1 << 20, n = 0, got;
+    char *text = malloc(cap);
+    cr_assert_not_null(text);
+    while ((got = fread(text + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n < 4096) {
+            text = realloc(text, cap *= 2);
+            cr_assert_not_null(text);
+        }
+    }
+    fclose(f);
+    text[n] = 0;
+    if (len)
+        *len = n;
+    return text;
+}
+
+int tu_proxy_log_wait(size_t from, const char *needle, double timeout_s)
+{
+    double t0 = sp_now();
+    for (;;) {
+        size_t n = 0;
+        char *text = tu_proxy_log(&n);
+        int found = n > from && strstr(text + from, needle) != NULL;
+        free(text);
+        if (found)
+            return 1;
+        if (sp_now() - t0 > timeout_s)
+            return 0;
+        tu_sleep(0.02);
+    }
 }

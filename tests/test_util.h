@@ -49,12 +49,22 @@ int tu_spawn(const char *log, const char *fmt, ...);
 /* Waits for pid up to timeout_s (then SIGKILLs its group); returns the exit
  * status, 128+signal, or -1 on timeout. */
 int tu_wait(int pid, double timeout_s);
+/* The id of a process that has just exited and been reaped (as a writer
+ * killed with -9 leaves in a name). */
+int tu_dead_pid(void);
 /* Sleeps s seconds. */
 void tu_sleep(double s);
 /* In dir: the demo's synthetic text (seed text_seed) tokenized to
  * data.train.h5 (no validation split) and a tiny model in model/ (seed
  * model_seed). Returns the exit status; *out receives the tools' output. */
 int tu_tiny_inputs(const char *dir, int text_seed, int model_seed, char **out);
+/* A fresh directory (tu_tempdir(tag)) with tu_tiny_inputs made in it; fails
+ * the test when they cannot be made. */
+char *tu_tiny_dir(const char *tag, int text_seed, int model_seed);
+/* Writes dir/run.yaml: model.path and data.train set to what tu_tiny_inputs
+ * made in dir, then the rest of the config, printf'd from fmt (without model:
+ * and data: sections). */
+void tu_run_yaml(const char *dir, const char *fmt, ...) SP_PRINTF(2, 3);
 /* In dir: a small text of sentences about coloured animals and sums
  * (text.txt), tokenized with a tenth for validation (data.train.h5,
  * data.val.h5), and the tiny model (model/, seed 3). Returns the exit
@@ -85,5 +95,27 @@ typedef struct tu_hf_case {
 int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const char *backend,
                int recompute, uint64_t first_id, sp_err *err);
 void tu_hf_close(tu_hf_case *c);
+
+/* ---- the local S3 test server (tests/store.cmake starts it) ------------------ */
+
+/* Its endpoint; fails the test when the environment is missing (an S3 test
+ * must never pass without a server). */
+const char *tu_s3_endpoint(void);
+
+/* Its proxy (fault injection): the pid of the running Swift proxy ($SWIFT_S3_BASE/run/proxy.pid). */
+int tu_proxy_pid(void);
+/* SIGSTOPs the proxy (the store hangs: connections are accepted, nothing is
+ * answered). A guard process sends SIGCONT if this process ends first (a
+ * failed assertion, a crash, a timeout) or after max_s seconds, so a stopped
+ * proxy never outlives the test. tu_proxy_thaw sends SIGCONT at once. */
+void tu_proxy_freeze(double max_s);
+void tu_proxy_thaw(void);
+/* The proxy's log: one line per request, which ends "... bytes_recvd
+ * bytes_sent etag txn headers request_time source info start_time end_time
+ * policy". The whole text (malloc'ed), and its current size. */
+char *tu_proxy_log(size_t *len);
+/* Polls the proxy log (after byte offset `from`) until it holds `needle`,
+ * up to timeout_s; returns 1 if it does. */
+int tu_proxy_log_wait(size_t from, const char *needle, double timeout_s);
 
 #endif

@@ -12,22 +12,6 @@
 
 #define WANT "spotune " SPOTUNE_CMAKE_VERSION
 
-/* A printf into a malloc'd string. */
-static char *strf(const char *fmt, ...) SP_PRINTF(1, 2);
-static char *strf(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    cr_assert_geq(n, 0);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s);
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    return s;
-}
 
 Test(version, spotune_version_and_help_print_the_cmake_version)
 {
@@ -45,29 +29,21 @@ Test(version, spotune_version_and_help_print_the_cmake_version)
 
 Test(version, a_checkpoint_names_the_cmake_version_as_its_writer, .timeout = 240)
 {
-    char *dir = tu_tempdir("version");
-    cr_assert(dir);
-    char *out = NULL;
-    int rc = tu_tiny_inputs(dir, 3, 5, &out);
-    cr_assert_eq(rc, 0, "%s", out ? out : "");
-    free(out);
-    char *cfg = strf("run:\n  dir: %s/run\n  seed: 1\nmodel:\n  path: %s/model\n"
+    char *dir = tu_tiny_dir("version", 3, 5);
+    tu_run_yaml(dir, "run:\n  dir: %s/run\n  seed: 1\n"
                      "train:\n  mode: lora\n  steps: 2\n  seq_len: 16\n  micro_batch: 2\n"
                      "  warmup_steps: 1\n"
                      "lora:\n  r: 2\n  alpha: 4\n  targets: [q_proj]\n"
-                     "data:\n  train: %s/data.train.h5\n"
                      "runtime:\n  backend: cpu\n  threads: 1\n"
                      "checkpoint:\n  every_minutes: 0\n",
-                     dir, dir, dir);
-    char *cfg_path = strf("%s/run.yaml", dir);
-    cr_assert_eq(tu_write_file(cfg_path, cfg), 0);
-    out = NULL;
-    rc = tu_spotune(&out, "train %s", cfg_path);
+                dir);
+    char *cfg_path = sp_strf("%s/run.yaml", dir), *out = NULL;
+    int rc = tu_spotune(&out, "train %s", cfg_path);
     cr_assert_eq(rc, 0, "%s", out ? out : "");
     free(out);
 
     /* the final checkpoint, read as resuming reads it */
-    char *ck = strf("%s/run/checkpoints/step-00000002", dir);
+    char *ck = sp_strf("%s/run/checkpoints/step-00000002", dir);
     ckpt_snapshot s;
     ckpt_snapshot_init(&s);
     sp_err err = {0};
@@ -78,7 +54,6 @@ Test(version, a_checkpoint_names_the_cmake_version_as_its_writer, .timeout = 240
     ckpt_snapshot_free(&s);
     free(ck);
     free(cfg_path);
-    free(cfg);
     tu_rmtree(dir);
     free(dir);
 }
