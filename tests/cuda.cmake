@@ -6,13 +6,15 @@
 # device (or without the CUDA backend) each prints "skipped: no usable CUDA
 # device: " and the CUDA error, and exits 77, which ctest counts as skipped.
 spotune_test(test_cuda_ops SOURCES test_cuda_ops.c op_checks.c LIBS spotune_kernels LABELS cuda)
-spotune_test(test_cuda_layer SOURCES test_cuda_layer.c LIBS spotune_trainer LABELS cuda)
+spotune_test(test_cuda_layer SOURCES test_cuda_layer.c test_util.c LIBS spotune_trainer
+  LABELS cuda)
 set_tests_properties(test_cuda_layer PROPERTIES TIMEOUT 900)
 spotune_test(test_cuda_model SOURCES test_cuda_model.c test_util.c LIBS spotune_trainer
   LABELS cuda)
 add_dependencies(test_cuda_model spotune)
 set_tests_properties(test_cuda_model PROPERTIES TIMEOUT 900)
-spotune_test(test_cuda_comm SOURCES test_cuda_comm.c LIBS spotune_trainer LABELS cuda)
+spotune_test(test_cuda_comm SOURCES test_cuda_comm.c test_util.c LIBS spotune_trainer
+  LABELS cuda)
 set_tests_properties(test_cuda_comm PROPERTIES TIMEOUT 300)
 
 # scripts/gpu_check.sh without a GPU (here, and in CI): every GPU step is a

@@ -30,6 +30,7 @@
 
 #include "comm/comm.h"
 #include "cuda_test_main.h"
+#include "test_util.h"
 #include "trainer/grad_sync.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
@@ -100,25 +101,12 @@ static float *download(run *r, tensor_t t)
     return h;
 }
 
-static double max_rel(const float *got, const float *want, size_t n, size_t *differ)
-{
-    double m = 0, e = 0;
-    *differ = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        *differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-        if (fabs((double)want[i]) > m)
-            m = fabs((double)want[i]);
-        if (d > e || d != d)
-            e = d != d ? INFINITY : d;
-    }
-    return m > 0 ? e / m : e;
-}
-
 static void expect_same(const char *what, const float *got, const float *want, size_t n)
 {
-    size_t differ;
-    double e = max_rel(got, want, n, &differ);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++)
+        differ += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    double e = tu_rel_err(got, want, n);
     cr_expect(e <= SAME_TOL, "%s: NCCL run differs from comm off by %.3g (%zu of %zu values)",
               what, e, differ, n);
     fprintf(stderr, "%s: %zu of %zu values differ, largest %.2e\n", what, differ, n, e);

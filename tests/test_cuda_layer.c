@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "cuda_test_main.h"
+#include "test_util.h"
 #include "trainer/model.h"
 #include "trainer/model_internal.h"
 
@@ -167,19 +168,6 @@ static double rel_rms(const float *got, const float *want, size_t n)
     return e == e ? e : INFINITY;
 }
 
-static double max_rel(const float *got, const float *want, size_t n)
-{
-    double m = 0, e = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (fabs((double)want[i]) > m)
-            m = fabs((double)want[i]);
-        if (d > e || d != d)
-            e = d != d ? INFINITY : d;
-    }
-    return m > 0 ? e / m : e;
-}
-
 static void expect_rms(const char *mode, const char *what, const float *g, const float *c,
                        size_t n, double tol)
 {
@@ -190,7 +178,7 @@ static void expect_rms(const char *mode, const char *what, const float *g, const
     cr_expect(norm > 0, "recompute %s: %s is all zeros on the cpu: nothing compared", mode, what);
     cr_expect(e <= tol, "recompute %s: %s: relative RMS error %.3g > %.3g", mode, what, e, tol);
     fprintf(stderr, "recompute %-9s %-70s rel RMS %.2e (tol %.1e), max/max %.2e\n", mode, what, e,
-            tol, max_rel(g, c, n));
+            tol, tu_rel_err(g, c, n));
 }
 
 static void compare(const char *mode, const model_t *m, const result *g, const result *c, int T)
@@ -222,7 +210,7 @@ static void compare(const char *mode, const model_t *m, const result *g, const r
 static void expect_same(const char *mode, const char *what, const float *a, const float *b,
                         size_t n)
 {
-    double e = max_rel(a, b, n);
+    double e = tu_rel_err(a, b, n);
     cr_expect(e <= SAME_TOL, "recompute %s on cuda: %s differs from recompute none by %.3g",
               mode, what, e);
 }

@@ -202,10 +202,11 @@ double tu_rel_err(const float *a, const float *b, size_t n)
 {
     double m = 0, e = 0;
     for (size_t i = 0; i < n; i++) {
-        if (fabs(b[i]) > m)
-            m = fabs(b[i]);
-        if (fabs((double)a[i] - b[i]) > e)
-            e = fabs((double)a[i] - b[i]);
+        double d = fabs((double)a[i] - b[i]);
+        if (fabs((double)b[i]) > m)
+            m = fabs((double)b[i]);
+        if (d > e || d != d)
+            e = d != d ? INFINITY : d;
     }
     return m > 0 ? e / m : e;
 }

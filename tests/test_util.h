@@ -40,7 +40,7 @@ char *tu_read_file(const char *path, size_t *len);
 int tu_write_file(const char *path, const char *text);
 /* Loads one F32 tensor of a safetensors file into malloc'd memory. */
 float *tu_load_f32(const char *path, const char *name, size_t *n);
-/* max |a-b| / max |b| */
+/* max |a-b| / max |b| (infinite when a difference is NaN) */
 double tu_rel_err(const float *a, const float *b, size_t n);
 int tu_contains(const char *haystack, const char *needle);
 /* Starts `sh -c "exec CMD"` in its own process group with stdout and stderr
