@@ -45,8 +45,9 @@ static char *deep_dir(size_t len)
     return rel;
 }
 
-/* The run.dir, model and data of a run all ~4000 bytes deep (the deepest file
- * it writes is 4048 bytes): it trains, checkpoints, resumes from its
+/* The run.dir, model and data of a run all ~4000 bytes deep (its deepest
+ * path, a checkpoint's metrics.jsonl while the checkpoint is written, is
+ * about 4050 bytes): it trains, checkpoints, resumes from its
  * checkpoint, and the checkpoint verifies and exports (which reads the base
  * model's path from the checkpoint's config: it must be stored whole). */
 Test(long_paths, a_run_4000_bytes_deep_trains_resumes_and_exports)

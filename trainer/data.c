@@ -74,6 +74,7 @@ static int read_attr_int(hid_t file, const char *name, int64_t *out)
     return rc < 0 ? -1 : 0;
 }
 
+/* A string attribute, cut to out[n]: a label (the tokenizer's name). */
 static void read_attr_str(hid_t file, const char *name, char *out, size_t n)
 {
     out[0] = 0;
@@ -86,7 +87,7 @@ static void read_attr_str(hid_t file, const char *name, char *out, size_t n)
             char *s = NULL;
             H5Tset_size(mt, H5T_VARIABLE);
             if (H5Aread(a, mt, &s) >= 0 && s) {
-                snprintf(out, n, "%s", s);
+                sp_cutf(out, n, "%s", s);
                 H5free_memory(s);
             }
         } else {
@@ -94,7 +95,7 @@ static void read_attr_str(hid_t file, const char *name, char *out, size_t n)
             char *s = calloc(len + 1, 1);
             H5Tset_size(mt, len + 1);
             if (s && H5Aread(a, mt, s) >= 0)
-                snprintf(out, n, "%s", s);
+                sp_cutf(out, n, "%s", s);
             free(s);
         }
         H5Tclose(mt);
