@@ -91,16 +91,6 @@ static void close_run(run *r)
     comm_finalize(r->comm);
 }
 
-static float *download(run *r, tensor_t t)
-{
-    sp_err err = {0};
-    float *h = malloc(sizeof(float) * (t.n ? t.n : 1));
-    cr_assert(h);
-    be_download(r->be, h, DT_F32, t);
-    cr_assert_eq(be_check(r->be, &err), 0, "%s", err.msg);
-    return h;
-}
-
 static void expect_same(const char *what, const float *got, const float *want, size_t n)
 {
     size_t differ = 0;
@@ -181,8 +171,8 @@ static void check_overlap(int mode, double bucket_mb)
     spy sp;
     open_run(&off, mode, 0);
     step(&off, bucket_mb, NULL);
-    float *g0 = download(&off, off.m->grad), *m0 = download(&off, off.m->master);
-    float *c0 = download(&off, off.m->copy);
+    float *g0 = tu_download(off.be, off.m->grad), *m0 = tu_download(off.be, off.m->master);
+    float *c0 = tu_download(off.be, off.m->copy);
     size_t n = off.m->n_trainable;
     close_run(&off);
 
@@ -194,8 +184,8 @@ static void check_overlap(int mode, double bucket_mb)
     fprintf(stderr, "%s, %g MiB buckets: %zu trainable, hook called %d times, %zu elements "
                     "handed to NCCL before the last call\n",
             what, bucket_mb, n, sp.calls, sp.launched_before_last);
-    float *g1 = download(&on, on.m->grad), *m1 = download(&on, on.m->master);
-    float *c1 = download(&on, on.m->copy);
+    float *g1 = tu_download(on.be, on.m->grad), *m1 = tu_download(on.be, on.m->master);
+    float *c1 = tu_download(on.be, on.m->copy);
     char buf[160];
     snprintf(buf, sizeof buf, "%s %g MiB: gradients after the all-reduce", what, bucket_mb);
     expect_same(buf, g1, g0, n);
@@ -225,8 +215,8 @@ Test(cuda_comm, sharded_reduce_scatter_and_allgather_one_rank)
     run off, on;
     open_run(&off, MODE_FULL, 0);
     step(&off, 25.0, NULL);
-    float *g0 = download(&off, off.m->grad), *m0 = download(&off, off.m->master);
-    float *c0 = download(&off, off.m->copy);
+    float *g0 = tu_download(off.be, off.m->grad), *m0 = tu_download(off.be, off.m->master);
+    float *c0 = tu_download(off.be, off.m->copy);
     size_t n = off.m->n_trainable;
     close_run(&off);
 
@@ -249,8 +239,8 @@ Test(cuda_comm, sharded_reduce_scatter_and_allgather_one_rank)
     cr_assert(shard.p);
     cr_assert_eq(grad_sync_reduce_scatter(r->be, r->comm, r->m->grad, shard, n, &err), 0, "%s",
                  err.msg);
-    float *s1 = download(r, shard);
-    float *g1 = download(r, r->m->grad);
+    float *s1 = tu_download(r->be, shard);
+    float *g1 = tu_download(r->be, r->m->grad);
     expect_same("reduce-scatter: the shard holds the gradient", s1, g0, n);
     expect_same("reduce-scatter: the gradient arena is left as it was", g1, g0, n);
     double sumsq = be_sumsq(r->be, shard, n);
@@ -260,7 +250,7 @@ Test(cuda_comm, sharded_reduce_scatter_and_allgather_one_rank)
     be_copy(r->be, r->m->grad, shard); /* AdamW reads the arena */
     model_adamw(r->m, &a);
     cr_assert_eq(grad_sync_allgather(r->be, r->comm, r->m->copy, 0, n, &err), 0, "%s", err.msg);
-    float *m1 = download(r, r->m->master), *c1 = download(r, r->m->copy);
+    float *m1 = tu_download(r->be, r->m->master), *c1 = tu_download(r->be, r->m->copy);
     expect_same("AdamW from the shard: masters", m1, m0, n);
     expect_same("all-gather in place (bf16): the compute copy", c1, c0, n);
     be_free(r->be, &shard);

@@ -101,16 +101,6 @@ static void free_result(result *r)
     free(r->grad);
 }
 
-static float *download(backend_t *be, tensor_t t)
-{
-    sp_err err = {0};
-    float *h = malloc(sizeof(float) * (t.n ? t.n : 1));
-    cr_assert(h, "out of host memory");
-    be_download(be, h, DT_F32, t);
-    cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
-    return h;
-}
-
 /* d loss / d x_final, from the model's layer output, final norm and LM head
  * and the targets it holds: the head's forward and backward on all rows. */
 static float *loss_side_gradient(backend_t *be, model_t *m, int T)
@@ -129,7 +119,7 @@ static float *loss_side_gradient(backend_t *be, model_t *m, int T)
     op->cross_entropy(be, logits, loss, tensor_view(s->targets, 0, rows), T, V, 1.0f / T);
     op->matmul(be, dh, logits, m->lm_head->w, T, H, V, 0, 0, 1.0f, 0.0f);
     op->rmsnorm_backward(be, dx, none, dh, xf, m->final_norm->w, rstd, T, H);
-    float *h = download(be, dx);
+    float *h = tu_download(be, dx);
     tensor_t all[] = {hf, rstd, logits, loss, dh, dx};
     for (int i = 0; i < 6; i++)
         op->free(be, &all[i]);
@@ -148,9 +138,9 @@ static void run_step(backend_t *be, model_t *m, const int32_t *in, const int32_t
     cr_assert_eq(model_forward_backward(m, &b, &sum, &err), 0, "%s: %s", be->name, err.msg);
     r->loss = sum / T;
     model_scratch *s = MODEL_SCRATCH(m);
-    r->out = download(be, tensor_view(s->x_final, 0, (size_t)T * H));
-    r->din = download(be, tensor_view(s->dres, 0, (size_t)T * H));
-    r->grad = download(be, tensor_view(m->grad, 0, m->n_trainable));
+    r->out = tu_download(be, tensor_view(s->x_final, 0, (size_t)T * H));
+    r->din = tu_download(be, tensor_view(s->dres, 0, (size_t)T * H));
+    r->grad = tu_download(be, tensor_view(m->grad, 0, m->n_trainable));
     r->dloss = loss_side_gradient(be, m, T);
 }
 

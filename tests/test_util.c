@@ -178,6 +178,16 @@ int tu_write_file(const char *path, const char *text)
     return fclose(f);
 }
 
+float *tu_download(backend_t *be, tensor_t t)
+{
+    sp_err err = {0};
+    float *h = malloc(sizeof(float) * (t.n ? t.n : 1));
+    cr_assert(h, "out of host memory");
+    be_download(be, h, DT_F32, t);
+    cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
+    return h;
+}
+
 float *tu_load_f32(const char *path, const char *name, size_t *n)
 {
     st_file f;

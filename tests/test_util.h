@@ -38,6 +38,9 @@ int tu_spotune(char **output, const char *fmt, ...);
 int tu_sh(char **output, const char *fmt, ...);
 char *tu_read_file(const char *path, size_t *len);
 int tu_write_file(const char *path, const char *text);
+/* Tensor t as F32 in malloc'd host memory; fails the test on the backend's
+ * sticky error. */
+float *tu_download(backend_t *be, tensor_t t);
 /* Loads one F32 tensor of a safetensors file into malloc'd memory. */
 float *tu_load_f32(const char *path, const char *name, size_t *n);
 /* max |a-b| / max |b| (infinite when a difference is NaN) */
