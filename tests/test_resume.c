@@ -120,6 +120,28 @@ Test(resume, sigkill_just_after_a_checkpoint_then_resume_is_bit_identical)
     expect_same_run("whole", "killed", 1);
 }
 
+/* SIGKILL before the first checkpoint: the next start has nothing to resume
+ * from and starts afresh, and metrics.jsonl then holds each step once (the
+ * killed attempt's records are dropped), so the curve is the whole run's. */
+Test(resume, a_start_after_a_kill_before_any_checkpoint_logs_each_step_once)
+{
+    char *out = NULL;
+    cr_assert_eq(run(NULL, "whole", NULL, &out), 0, "%s", out);
+    free(out);
+    char log[4096];
+    snprintf(log, sizeof log, "%s/killed.log", dir);
+    int pid = tu_spawn(log, "%s", train_cmd(NULL, "killed", NULL));
+    wait_step("killed", 3, pid);
+    kill(pid, SIGKILL);
+    tu_wait(pid, 60);
+    int before = last_step("killed");
+    cr_assert(before >= 3 && before < 40, "the killed attempt logged %d steps", before);
+    cr_assert_eq(run(NULL, "killed", NULL, &out), 0, "%s", out);
+    cr_expect(!tu_contains(out, "resumed from"), "%s", out);
+    free(out);
+    expect_same_run("whole", "killed", 1);
+}
+
 /* SIGTERM to one rank of a 2-rank job, not to mpirun: every rank stops at the
  * same step boundary, rank 0 commits the checkpoint (saying whether the
  * signal was its own or another rank's), and the job exits 75. */

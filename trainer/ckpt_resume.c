@@ -202,15 +202,17 @@ static void copy_metrics(ckpt_ctl *c, const char *path, const char *tmp, const c
 
 /* A resumed run rewrites metrics.jsonl without the records of steps after
  * the checkpoint, so the curve a user plots has no repeated steps; on a new
- * machine (no metrics yet) it starts from the checkpoint's copy. */
+ * machine (no metrics yet) it starts from the checkpoint's copy. A start that
+ * restores nothing (ckpt_dir NULL, step 0) drops the records of every step an
+ * earlier attempt trained without committing a checkpoint. */
 static void trim_metrics(ckpt_ctl *c, const char *ckpt_dir, int64_t step)
 {
-    if (!c->metrics || !c->metrics->f)
+    if (!c->metrics || !c->metrics->f || (!ckpt_dir && c->fresh_metrics))
         return;
     char *path = sp_strf("%s/metrics.jsonl", c->cfg->run_dir);
     char *tmp = path ? sp_strf("%s.tmp", path) : NULL;
-    char *saved = sp_strf("%s/metrics.jsonl", ckpt_dir);
-    if (path && tmp && saved)
+    char *saved = ckpt_dir ? sp_strf("%s/metrics.jsonl", ckpt_dir) : NULL;
+    if (path && tmp && (saved || !ckpt_dir))
         copy_metrics(c, path, tmp, saved, step);
     free(path);
     free(tmp);
@@ -284,6 +286,8 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
                      resumed, err);
     else
         ckpt_snapshot_free(&s);
+    if (!rc && !*resumed && c->rank == 0)
+        trim_metrics(c, NULL, 0);
     if (!rc && *resumed && c->rank == 0) {
         trim_metrics(c, path, h.step);
         log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu", path,
