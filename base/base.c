@@ -8,7 +8,9 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <time.h>
 
 int sp_fail(sp_err *e, int code, const char *fmt, ...)
@@ -207,4 +209,23 @@ int sp_mkdir_p(const char *path)
     free(buf);
     errno = saved;
     return rc;
+}
+
+int sp_pid_running(long pid)
+{
+    if (pid <= 0 || pid > 0x7fffffffL)
+        return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno != EPERM)
+        return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1; /* no /proc: kill's answer is all there is */
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* "PID (comm) S ...": the state follows the last ')' (comm may hold one) */
+    const char *rp = strrchr(buf, ')');
+    return !(rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X'));
 }

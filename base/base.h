@@ -99,6 +99,12 @@ const char *sp_after(const char *s, const char *prefix);
  * anything is created. */
 int sp_mkdir_p(const char *path);
 
+/* Whether process pid of this host is running: it exists (EPERM counts:
+ * it exists, not ours) and has not exited. A process that has exited but is
+ * not yet reaped (a zombie, state Z or X in /proc/PID/stat) is not running:
+ * where PID 1 does not reap at once, killed ranks stay zombies for minutes. */
+int sp_pid_running(long pid);
+
 /* FNV-1a 64-bit over bytes, chainable (pass the previous hash as h). */
 #define SP_FNV_INIT 0xcbf29ce484222325ULL
 uint64_t sp_fnv1a(uint64_t h, const void *data, size_t n);

@@ -3,7 +3,6 @@
 #include "ckpt.h"
 
 #include <dirent.h>
-#include <signal.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -870,7 +869,7 @@ static uint64_t dir_bytes(const char *dir)
 
 /* The process id at the end of a ".tmp-step-NNNNNNNN-PID" or ".del-...-PID"
  * name (0 if none), and whether that process is alive and not this one: a
- * writer (or deleter) that may still be at work. EPERM means it exists. */
+ * writer (or deleter) that may still be at work (a zombie is not). */
 static int other_writer_alive(const char *name, int *pid_out)
 {
     const char *dash = strrchr(name, '-');
@@ -882,7 +881,7 @@ static int other_writer_alive(const char *name, int *pid_out)
         *pid_out = (int)pid;
     if (pid <= 0 || pid == (long)getpid())
         return 0;
-    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+    return sp_pid_running(pid);
 }
 
 static int cmp_info(const void *a, const void *b)

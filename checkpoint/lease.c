@@ -7,7 +7,6 @@
 #include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,12 +46,6 @@ static void fmt_utc(char *buf, size_t n, double t)
     struct tm tm;
     gmtime_r(&s, &tm);
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
-
-/* A process of this host that still exists (EPERM: it exists, not ours). */
-static int pid_alive(long pid)
-{
-    return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
 }
 
 /* ---- the run directory's lock ---------------------------------------------------- */
@@ -231,7 +224,7 @@ static holder_state judge(const lease_t *l, const lease_info *in, double *age)
     *age = sp_wall_time() - in->renewed;
     if (strcmp(in->id.job, l->me.job) == 0)
         return HOLDER_ME;
-    if (strcmp(in->id.host, l->me.host) == 0 && !pid_alive(in->id.pid))
+    if (strcmp(in->id.host, l->me.host) == 0 && !sp_pid_running(in->id.pid))
         return HOLDER_ENDED;
     double ttl = in->ttl_s > 0 ? in->ttl_s : l->o.ttl_s;
     return *age > ttl ? HOLDER_EXPIRED : HOLDER_LIVE;

@@ -5,6 +5,7 @@
  * MANIFEST first. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +279,27 @@ Test(ckpt, leftover_of_a_live_writer_is_left_alone)
 
     cr_assert_eq(ckpt_prune(dir, 1, 0, NULL, NULL, &err), 0, "%s", err.msg);
     cr_expect(exists(live), "retention removed the live writer's %s", live);
+}
+
+/* A writer that has exited but is not yet reaped (a zombie: killed ranks
+ * re-parented to a PID 1 that does not reap) is gone: its leftover is
+ * removed at once, not left alone as being written. */
+Test(ckpt, leftover_of_a_zombie_writer_is_removed)
+{
+    free(write_step(10));
+    int zombie = tu_zombie_pid();
+    cr_assert_eq(kill(zombie, 0), 0, "a zombie still answers kill(pid, 0)");
+    cr_expect(!sp_pid_running(zombie), "zombie %d counted as running", zombie);
+    cr_expect(sp_pid_running((long)getpid()) && !sp_pid_running(tu_dead_pid()));
+    char z[128];
+    snprintf(z, sizeof z, "%s", leftover(30, zombie));
+    find_latest("step-00000010");
+    cr_assert_eq(bad_reports, 1);
+    cr_expect_str_eq(reported[0], z);
+    cr_expect(tu_contains(reasons[0], "removed") && !tu_contains(reasons[0], "left alone"), "%s",
+              reasons[0]);
+    cr_expect(!exists(z), "the zombie writer's %s is still there", z);
+    tu_reap(zombie);
 }
 
 Test(ckpt, verify_of_a_missing_or_plain_path)

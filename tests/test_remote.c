@@ -334,6 +334,29 @@ Test(remote, a_second_job_on_a_live_prefix_waits_then_refuses)
                   tu_contains(out, "which has ended"),
               "%s", out);
     free(out);
+
+    /* a lease of this host's process that has exited and is not yet reaped
+     * (a zombie) is taken over at once too, not after its 90 s */
+    int zombie = tu_zombie_pid();
+    snprintf(lease, sizeof lease,
+             "{\"host\": \"%s\", \"pid\": %d, \"job\": \"0123456789abcdef\", "
+             "\"run_dir\": \"/gone\", \"started\": %.0f, \"renewed\": %.0f, \"ttl_s\": 90}",
+             host, zombie, sp_wall_time(), sp_wall_time());
+    st = open_store();
+    cr_assert_eq(store_put_bytes(st, "LEASE.json", lease, strlen(lease), 0, &err), 0, "%s",
+                 err.msg);
+    store_close(st);
+    t0 = sp_now();
+    rc = run("fourth", "--set train.steps=3", &out);
+    waited = sp_now() - t0;
+    tu_reap(zombie);
+    char took[128];
+    snprintf(took, sizeof took, "taking over the lease of pid %d on host ", zombie);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, took) && tu_contains(out, "which has ended"), "'%s' lacks '%s'",
+              out, took);
+    cr_expect_lt(waited, 85.0, "the run waited %.0f s for a dead job's lease", waited);
+    free(out);
 }
 
 /* --takeover: a second job takes the prefix at once; the first notices at its

@@ -259,6 +259,34 @@ int tu_dead_pid(void)
     return pid;
 }
 
+int tu_zombie_pid(void)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork");
+    if (pid == 0)
+        _exit(0);
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    for (int i = 0; i < 5000; i++) { /* up to 50 s on a loaded machine */
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = 0;
+        const char *rp = strrchr(buf, ')');
+        if (rp && rp[1] == ' ' && rp[2] == 'Z')
+            return (int)pid;
+        tu_sleep(0.01);
+    }
+    cr_assert_fail("child %d never became a zombie", (int)pid);
+    return -1;
+}
+
+void tu_reap(int pid)
+{
+    waitpid((pid_t)pid, NULL, 0);
+}
+
 void tu_sleep(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};

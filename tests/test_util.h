@@ -55,6 +55,11 @@ int tu_wait(int pid, double timeout_s);
 /* The id of a process that has just exited and been reaped (as a writer
  * killed with -9 leaves in a name). */
 int tu_dead_pid(void);
+/* A child of this process that has exited and is not reaped (a zombie, as
+ * ranks re-parented to a PID 1 that does not reap stay); reap it with
+ * tu_reap. */
+int tu_zombie_pid(void);
+void tu_reap(int pid);
 /* Sleeps s seconds. */
 void tu_sleep(double s);
 /* In dir: the demo's synthetic text (seed text_seed) tokenized to
