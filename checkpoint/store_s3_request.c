@@ -257,6 +257,7 @@ static int on_seek(void *arg, curl_off_t off, int origin)
 
 static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
 {
+    (void)dt, (void)dn, (void)ut, (void)un; /* only asked whether to go on */
     attempt_ctx *a = arg;
     return store_canceled(a->cancel) || store_canceled(a->r->cancel2);
 }
