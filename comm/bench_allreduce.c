@@ -234,6 +234,7 @@ static void bench_device(comm_t *c, const bench_args *a)
 
 static void bench_device(comm_t *c, const bench_args *a)
 {
+    (void)a;
     comm_abort(c, SP_EXIT_USAGE, "bench --device: spotune was built without CUDA");
 }
 

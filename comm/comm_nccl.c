@@ -25,39 +25,49 @@ static int no_cuda(sp_err *err, const char *fn)
 }
 
 void comm_device_free(comm_t *c) { (void)c; }
-void *comm_device_nccl(comm_t *c) { return NULL; }
+void *comm_device_nccl(comm_t *c)
+{
+    (void)c;
+    return NULL;
+}
 
 int comm_device_init(comm_t *c, int device, sp_err *err)
 {
+    (void)c, (void)device;
     return no_cuda(err, "comm_device_init");
 }
 
 int comm_device_allreduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op,
                           void *stream, sp_err *err)
 {
+    (void)c, (void)buf, (void)n, (void)dt, (void)op, (void)stream;
     return no_cuda(err, "comm_device_allreduce");
 }
 
 int comm_device_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt,
                                comm_op op, void *stream, sp_err *err)
 {
+    (void)c, (void)send, (void)recv, (void)n, (void)dt, (void)op, (void)stream;
     return no_cuda(err, "comm_device_reduce_scatter");
 }
 
 int comm_device_allgather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt,
                           void *stream, sp_err *err)
 {
+    (void)c, (void)send, (void)recv, (void)n, (void)dt, (void)stream;
     return no_cuda(err, "comm_device_allgather");
 }
 
 int comm_device_bcast(comm_t *c, void *buf, size_t n, comm_dtype dt, int root, void *stream,
                       sp_err *err)
 {
+    (void)c, (void)buf, (void)n, (void)dt, (void)root, (void)stream;
     return no_cuda(err, "comm_device_bcast");
 }
 
 int comm_device_wait(comm_t *c, void *stream, sp_err *err)
 {
+    (void)c, (void)stream;
     return no_cuda(err, "comm_device_wait");
 }
 
