@@ -139,10 +139,14 @@ static CURL *pool_get(s3_backend *b)
     return curl_easy_init();
 }
 
-static void pool_put(s3_backend *b, CURL *h)
+/* A handle goes back to the pool for its connection cache only after a
+ * transfer that worked: after a failed one (curl 7.88 after a failed name
+ * lookup, for one) its next setopt can fail with "bad argument", and the
+ * connection it held is dead anyway. */
+static void pool_put(s3_backend *b, CURL *h, int worked)
 {
     pthread_mutex_lock(&b->mu);
-    if (b->pool_n < b->pool_cap) {
+    if (worked && b->pool_n < b->pool_cap) {
         b->pool[b->pool_n++] = h;
         h = NULL;
     }
@@ -523,7 +527,7 @@ static int attempt(store_t *s, s3_req *r, const char *url, store_cancel c, char 
         cc = CURLE_BAD_FUNCTION_ARGUMENT;
     int rc = classify(r, cc, errbuf, c, detail, dn);
     curl_slist_free_all(hdrs);
-    pool_put(b, a.h);
+    pool_put(b, a.h, cc == CURLE_OK);
     return rc;
 }
 

@@ -227,6 +227,29 @@ Test(store_s3_fault, hung_server_detected_in_seconds)
     store_close(s);
 }
 
+/* A host name that does not resolve (.invalid never does) fails every
+ * attempt the same way and says so; each retry gets a fresh handle (curl 7.88
+ * answered the second attempt on the reused one with "A libcurl function was
+ * given a bad argument"). */
+Test(store_s3_fault, unresolvable_endpoint_is_named_on_every_attempt)
+{
+    setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+    store_opts o = {.endpoint = "http://no-such-host.invalid:9", .max_retries = 2,
+                    .retry_base_s = 0.05, .timeout_s = 5};
+    store_t *s = NULL;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&s, "s3://bucket/prefix", &o, &err), 0, "%s", err.msg);
+    int exists = 0;
+    int rc = store_exists(s, "anything", &exists, NULL, &err);
+    store_close(s);
+    cr_expect_eq(rc, STORE_EFAIL, "%s", err.msg);
+    cr_expect(strstr(err.msg, "Could not resolve host: no-such-host.invalid") &&
+                  strstr(err.msg, "(after 3 attempts)"),
+              "%s", err.msg);
+    cr_expect(!strstr(err.msg, "bad argument"), "%s", err.msg);
+}
+
 /* Threads of this process (/proc/self/task). */
 static int thread_count(void)
 {
