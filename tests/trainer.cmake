@@ -3,6 +3,8 @@ spotune_test(test_ops SOURCES test_ops.c op_checks.c LIBS spotune_kernels)
 foreach(suite config model_hf model_io data train_cpu ckpt cmd_ckpt distributed)
   spotune_test(test_${suite} SOURCES test_${suite}.c test_util.c LIBS spotune_trainer)
 endforeach()
+# spotune plan: memory, speed and cost before renting
+spotune_test(test_plan SOURCES test_plan.c test_util.c LIBS spotune_trainer)
 # preemption and resume, the checkpoint policy, long paths: one fixture (resume_util)
 foreach(suite resume ckpt_policy rank_change long_paths)
   spotune_test(test_${suite} SOURCES test_${suite}.c resume_util.c test_util.c

@@ -46,19 +46,22 @@ static double gpu_peak_tflops(const char *name)
  * ones, LoRA adapters included; attention 12 * layers * heads * head_dim * T;
  * the embedding gather and recomputation are not counted). The common
  * convention is 6 x (every parameter) per token: bench_flops_6n. */
-static double flops_per_token(const model_t *m, int T)
+double bench_flops_per_token(const model_config_t *mc, int mode, double lora_params, int64_t T)
 {
-    const model_config_t *mc = &m->mc;
-    double nmm = (double)mc->vocab * (double)mc->hidden, lora = 0;
+    double nmm = (double)mc->vocab * (double)mc->hidden;
     for (int p = 0; p < PROJ_COUNT; p++) {
         int64_t in, out;
         model_config_proj_dims(mc, p, &in, &out);
         nmm += (double)mc->layers * (double)(in * out);
     }
-    if (m->o.mode == MODE_LORA)
-        lora = (double)m->n_trainable;
-    double mm = m->o.mode == MODE_FULL ? 6.0 * nmm : 4.0 * nmm + 6.0 * lora;
+    double mm = mode == MODE_FULL ? 6.0 * nmm : 4.0 * nmm + 6.0 * lora_params;
     return mm + 12.0 * (double)mc->layers * (double)(mc->heads * mc->head_dim) * (double)T;
+}
+
+static double flops_per_token(const model_t *m, int T)
+{
+    return bench_flops_per_token(&m->mc, m->o.mode,
+                                 m->o.mode == MODE_LORA ? (double)m->n_trainable : 0.0, T);
 }
 
 static const char *modes_name(int mode)

@@ -36,5 +36,12 @@ int bench_check_against_cpu(double loss, double gnorm, double cpu_loss, double c
                             double loss_tol, double gnorm_tol, char *why, size_t n);
 /* 6 x every parameter of the model: the common convention's FLOPs per token. */
 double bench_flops_6n(const model_config_t *mc);
+/* Model FLOPs per trained token, the honest count (PaLM's convention:
+ * matmuls forward 2N, backward 2N for activations plus 2N for weights when
+ * they train, so 4N for the frozen weights of LoRA and 6N for the trainable
+ * ones, LoRA adapters (lora_params) included, lm_head counted, the
+ * embedding gather not; attention 12 x layers x heads x head_dim x T;
+ * recomputation not counted). mode: MODE_LORA or MODE_FULL. */
+double bench_flops_per_token(const model_config_t *mc, int mode, double lora_params, int64_t T);
 
 #endif

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "model.h"
 #include "model_io.h"
+#include "plan.h"
 #include "prepare_text.h"
 #include "signals.h"
 #include "train.h"
@@ -44,6 +45,8 @@ static void usage(FILE *f)
             "                      the adapter (PEFT layout) or the merged model of a checkpoint\n"
             "  bench [--preset NAME] [--mode lora|full|both] ...\n"
             "                      time training steps of a preset with random weights\n"
+            "  plan MODEL|PRESET|RUN.yaml --gpu NAME [--mode lora|qlora|full] ...\n"
+            "                      before renting: memory per GPU, fit, speed, cost, checkpoint\n"
             "  config-reference    print the reference of every config key (Markdown)\n"
             "  --version           print the version\n\n"
             "exit codes: 0 done, 1 other failure, 2 usage or config error, 3 bad model, data\n"
@@ -313,7 +316,8 @@ int cli_main(int argc, char **argv)
         int (*run)(int argc, char **argv);
     } commands[] = {{"train", cmd_train}, {"init-model", cmd_init_model},
                     {"prepare-text", cmd_prepare_text}, {"bench", cmd_bench},
-                    {"ckpt", cmd_ckpt}, {"export", cmd_export}};
+                    {"ckpt", cmd_ckpt}, {"export", cmd_export},
+                    {"plan", plan_main}};
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(cmd, commands[i].name))
             return commands[i].run(argc - 1, argv + 1);

@@ -1,0 +1,496 @@
+/* spotune plan: figures checked by hand (7B LoRA, QLoRA, FLOPs, checkpoint),
+ * the plan against the CPU allocator's measured peak of real training steps,
+ * the fixes that make a run fit, the GPU table, the command's table and JSON,
+ * and every bad input refused with its name and exit code. */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
+#include "trainer/plan.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static void input_for(plan_input *in, const char *model, int mode, const char *gpu)
+{
+    sp_err err = {0};
+    plan_input_defaults(in);
+    cr_assert_eq(plan_load_model(in, model, &err), 0, "%s", err.msg);
+    in->mode = mode;
+    const plan_gpu *g = plan_gpu_find(gpu);
+    cr_assert(g, "%s", gpu);
+    snprintf(in->gpu_label, sizeof in->gpu_label, "%s", g->label);
+    in->gpu_mem_bytes = g->mem_gib * GIB;
+    in->gpu_tflops = g->bf16_tflops;
+}
+
+/* Llama-2-7B (the llama-7b preset: vocabulary 32000, hidden 4096,
+ * intermediate 11008, 32 layers, 32 heads, untied), LoRA r 16 on all seven
+ * projections, seq_len 2048, micro_batch 1, no recompute, one H100:
+ *   N = 2 x 32000 x 4096 (embedding, lm_head) + 4096 (final norm)
+ *       + 32 x (2 x 4096 (norms) + 4 x 4096^2 (q, k, v, o) + 3 x 4096 x 11008 (MLP))
+ *     = 6,738,415,616 (Hugging Face's count of Llama-2-7b-hf)
+ *   weights, bf16: 2N = 13,476,831,232 bytes (12.55 GiB)
+ *   LoRA: per layer r (in + out): 4 x 16 x 8192 + 3 x 16 x 15104 = 1,249,280;
+ *     x 32 = 39,976,960 trainable
+ *   trainable state: fp32 master 4 + bf16 compute copy 2 = 6 B each = 239,861,760
+ *   gradients: fp32, 4 B = 159,907,840; optimizer: AdamW m and v, 8 B = 319,815,680
+ *   activations (bf16, B T = 2048): every layer's input and the final one,
+ *     33 x 2048 x 4096, plus per layer 2BT (rstd) + 3BT H (h1, h2, x_mid) +
+ *     BT qd + 2 BT kvd (q, k, v) + BT qd + B heads T (att, lse) + 3 BT I (g, u, a)
+ *     + 7 BT r (LoRA's x A) = 126,652,416; 276,824,064 + 32 x 126,652,416
+ *     = 4,329,701,376 elements x 2 = 8,659,402,752 bytes (8.06 GiB)
+ *   checkpoint: params, adam_m, adam_v in fp32: 12 x 39,976,960 = 479,723,520 bytes
+ *   FLOPs per token: matmul weights nmm = 32000 x 4096 (lm_head)
+ *     + 32 x (4 x 4096^2 + 3 x 4096 x 11008) = 6,607,077,376; frozen 4 nmm
+ *     + trainable 6 x 39,976,960 + attention 12 x 32 x 4096 x 2048
+ *     = 26,428,309,504 + 239,861,760 + 3,221,225,472 = 29,889,396,736
+ *   tokens/s at the assumed 40% of 989 TFLOP/s: 0.4 x 989e12 / 29,889,396,736 = 13,235.6 */
+Test(plan, llama_7b_lora_by_hand)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-7b", PLAN_LORA, "H100");
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_eq(r.params, 6738415616LL);
+    cr_expect_eq(r.trainable_params, 39976960LL);
+    cr_expect_eq(r.mem.weights, 13476831232.0);
+    cr_expect_eq(r.mem.trainable, 239861760.0);
+    cr_expect_eq(r.mem.gradients, 159907840.0);
+    cr_expect_eq(r.mem.optimizer, 319815680.0);
+    cr_expect_eq(r.mem.activations, 8659402752.0);
+    cr_expect_gt(r.mem.workspace, PLAN_CUDA_WORKSPACE);
+    cr_expect_eq(r.mem.total, r.mem.weights + r.mem.trainable + r.mem.gradients +
+                                  r.mem.optimizer + r.mem.activations + r.mem.workspace);
+    cr_expect_eq(r.ckpt_bytes, 479723520.0);
+    cr_expect_eq(r.flops_per_token, 29889396736.0);
+    cr_expect_eq(r.flops_6n, 6.0 * 6738415616.0);
+    cr_expect_float_eq(r.tokens_per_s_gpu, 0.4 * 989e12 / 29889396736.0, 1e-6);
+    cr_expect_eq(r.mfu_measured, 0);
+    cr_expect(strstr(r.mfu_source, "assumed"), "%s", r.mfu_source);
+    /* 80 GiB less 1 GiB and 5%: 75 GiB usable */
+    cr_expect_float_eq(r.usable_bytes, 75.0 * GIB, 1.0);
+    cr_expect(r.fits);
+    cr_expect_eq(r.nfixes, 0);
+    /* the model's own plan agrees: the trainer allocates these bytes */
+    model_opts o = {.mode = MODE_LORA, .lora_r = 16, .lora_targets = 127, .max_batch = 1,
+                    .seq_len = 2048};
+    model_plan p;
+    model_plan_bytes(&in.mc, &o, DT_BF16, &p);
+    cr_expect_eq((double)(p.weights + p.trainable + p.activations + p.scratch) +
+                     PLAN_CUDA_WORKSPACE,
+                 r.mem.total);
+}
+
+/* The same run on a 24 GB card: 21.87 GiB do not fit the 21.8 usable;
+ * recomputing attention (its output and softmax statistics no longer kept per
+ * layer: 32 x (2048 x 4096 + 65536) x 2 bytes less) is the cheapest change,
+ * re-planned to fit. */
+Test(plan, llama_7b_lora_on_24_gb_fits_with_recompute)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-7b", PLAN_LORA, "RTX3090");
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_not(r.fits, "%.3f GiB of %.3f", r.mem.total / GIB, r.usable_bytes / GIB);
+    cr_assert_geq(r.nfixes, 2);
+    cr_expect_eq(r.fixes[0].recompute, RECOMPUTE_ATTENTION);
+    cr_expect_eq(r.fixes[0].micro_batch, 1);
+    cr_expect_float_eq(r.mem.total - r.fixes[0].mem.total, 31.0 * (2048.0 * 4096 + 65536) * 2, 1.0);
+    for (int i = 0; i < r.nfixes; i++)
+        cr_expect_leq(r.fixes[i].mem.total, r.usable_bytes, "%s", r.fixes[i].what);
+    /* QLoRA is offered last for LoRA, and said to be unavailable */
+    const plan_fix *q = &r.fixes[r.nfixes - 1];
+    cr_expect_eq(q->mode, PLAN_QLORA);
+    cr_expect_eq(q->available, 0);
+    cr_expect(strstr(q->what, "not available"), "%s", q->what);
+}
+
+/* Micro-batch 8 on a 48 GB card (64 GiB of activations): a smaller micro-batch with a larger
+ * grad_accum keeps the global batch (mb x accum = 8). */
+Test(plan, smaller_micro_batch_keeps_the_global_batch)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-7b", PLAN_LORA, "L40S");
+    in.micro_batch = 8;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_assert_not(r.fits);
+    int found = 0;
+    for (int i = 0; i < r.nfixes; i++)
+        if (r.fixes[i].micro_batch < 8 && r.fixes[i].mode == PLAN_LORA) {
+            found = 1;
+            cr_expect_eq(r.fixes[i].micro_batch * r.fixes[i].grad_accum, 8);
+            cr_expect(strstr(r.fixes[i].what, "train.micro_batch"), "%s", r.fixes[i].what);
+        }
+    cr_expect(found);
+}
+
+/* QLoRA: the seven projections' 6,476,005,376 weights in NF4 (4 bits, an
+ * 8-bit absmax per 64 and an fp32 constant per 256 absmax: 4.127 bits), the
+ * other 262,410,240 (embeddings, lm_head, norms) bf16:
+ * 6,476,005,376 x 4.127 / 8 + 2 x 262,410,240 = 3,865,591,808 bytes. */
+Test(plan, qlora_weights_by_hand)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-7b", PLAN_QLORA, "L4");
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_eq(r.mem.weights, 3865591808.0);
+    cr_expect_eq(r.trainable_params, 39976960LL);
+    cr_expect_float_eq(r.mfu, 0.30, 1e-12);
+}
+
+/* Full fine-tuning of 7B on eight 80 GB cards: with the optimizer sharded,
+ * 6 bytes per weight stay whole (fp32 gradient, bf16 copy) and 16 are
+ * divided (master, m, v, the reduced gradient shard): 8 bytes per weight;
+ * alone on one card it does not fit, and the fix is more GPUs. */
+Test(plan, full_7b_sharded_over_8_gpus)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-7b", PLAN_FULL, "H100");
+    in.recompute = RECOMPUTE_LAYER;
+    in.gpus_per_node = 8;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect(r.sharded);
+    double N = 6738415616.0, per = (r.mem.trainable + r.mem.gradients + r.mem.optimizer) / N;
+    cr_expect_float_eq(per, 8.0, 1e-6, "%.6f B/weight", per);
+    cr_expect_eq(r.mem.weights, 0.0);
+    cr_expect(r.fits, "%.2f GiB", r.mem.total / GIB);
+    cr_expect_eq(r.ckpt_bytes, 12.0 * N);
+
+    in.gpus_per_node = 1;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_not(r.sharded);
+    cr_expect_not(r.fits);
+    cr_assert_gt(r.nfixes, 0);
+    cr_expect_gt(r.fixes[0].gpus_per_node * r.fixes[0].nodes, 1, "%s", r.fixes[0].what);
+    cr_expect(strstr(r.fixes[0].what, "sharded"), "%s", r.fixes[0].what);
+    cr_expect_eq(r.fixes[0].mode, PLAN_FULL);
+}
+
+/* 13B full does not fit 80 GB however many GPUs (the whole fp32 gradient is
+ * 48.5 GiB and the bf16 copy 24): LoRA is what fits. */
+Test(plan, full_13b_on_80_gb_only_lora_fits)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-13b", PLAN_FULL, "A100-80GB");
+    in.gpus_per_node = 8;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_not(r.fits);
+    for (int i = 0; i < r.nfixes; i++)
+        cr_expect_neq(r.fixes[i].mode, PLAN_FULL, "%s", r.fixes[i].what);
+    cr_assert_gt(r.nfixes, 0);
+    cr_expect_eq(r.fixes[0].mode, PLAN_LORA);
+}
+
+/* Wall time, cost and upload: 1e9 tokens at the job's tokens/s; a 480 MB
+ * adapter checkpoint at 100 Mbit/s takes 38.4 s: inside AWS's 120 s and
+ * Alibaba Cloud's 300 s, not GCP's or Azure's 30 s. */
+Test(plan, job_time_cost_and_upload)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-7b", PLAN_LORA, "H100");
+    in.gpus_per_node = 8;
+    in.tokens = 1e9;
+    in.epochs = 2;
+    in.price_per_hour = 3.0;
+    in.upload_mbps = 100;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_float_eq(r.tokens_per_s, 8 * r.tokens_per_s_gpu, 1e-6);
+    cr_expect_float_eq(r.wall_s, 2e9 / r.tokens_per_s, 1e-6);
+    cr_expect_float_eq(r.cost, r.wall_s / 3600 * 3.0 * 8, 1e-9);
+    cr_expect_float_eq(r.upload_s, 479723520.0 * 8 / 100e6, 1e-9);
+    int n = plan_cloud_count();
+    cr_assert_eq(n, 4);
+    double want[] = {120, 30, 30, 300};
+    for (int i = 0; i < n; i++)
+        cr_expect_eq(plan_cloud_at(i)->notice_s, want[i], "%s", plan_cloud_at(i)->name);
+}
+
+Test(plan, gpu_table)
+{
+    cr_expect_eq(plan_gpu_count(), 9);
+    cr_expect_eq(plan_gpu_find("h100")->mem_gib, 80);
+    cr_expect_eq(plan_gpu_find("RTX 4090")->bf16_tflops, 165.2);
+    cr_expect_eq(plan_gpu_find("a100-40gb")->mem_gib, 40);
+    cr_expect_eq(plan_gpu_find("H200")->mem_gib, 141);
+    cr_expect_null(plan_gpu_find("A100"), "ambiguous");
+    cr_expect_null(plan_gpu_find("TPUv5"));
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA A100-SXM4-80GB")->name, "A100-80GB");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA A100-PCIE-40GB")->name, "A100-40GB");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA H100 80GB HBM3")->name, "H100");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA L40S")->name, "L40S");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA L4")->name, "L4");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA A10")->name, "A10");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA GeForce RTX 3090")->name, "RTX3090");
+    cr_expect_null(plan_gpu_for_device("NVIDIA A10G"));
+    cr_expect_null(plan_gpu_for_device("NVIDIA H100 PCIe"));
+}
+
+/* ---- the plan against the CPU allocator's peak ------------------------------- */
+
+/* Creates the model on the CPU backend, runs two training steps (forward,
+ * backward, AdamW), and compares the backend's peak of allocated bytes with
+ * the plan of the same run on the CPU (f32, no headroom). */
+static void check_peak(const char *preset, int mode, int recompute, int64_t mb, int64_t T,
+                       double dropout, int shards)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    plan_input_defaults(&in);
+    cr_assert_eq(plan_load_model(&in, preset, &err), 0);
+    in.mode = mode;
+    in.recompute = recompute;
+    in.micro_batch = mb;
+    in.seq_len = T;
+    in.lora_dropout = dropout;
+    in.gpus_per_node = shards;
+    in.cpu = 1;
+    in.gpu_mem_bytes = 1e12;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+
+    backend_t *be;
+    cr_assert_eq(backend_create(&be, "cpu", 0, 2, &err), 0, "%s", err.msg);
+    model_opts o = {.mode = mode, .lora_r = 16, .lora_alpha = 32, .lora_dropout = dropout,
+                    .lora_targets = 127, .max_batch = mb, .seq_len = T, .recompute = recompute,
+                    .seed = 1};
+    if (shards > 1 && mode == MODE_FULL)
+        o.shard_count = shards;
+    model_t *m;
+    cr_assert_eq(model_create(&m, be, &in.mc, &o, &err), 0, "%s", err.msg);
+    model_init_base_random(m, 1);
+    if (mode == MODE_LORA)
+        model_init_lora(m, 1);
+    size_t n = (size_t)(mb * T);
+    int32_t *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+    uint64_t ids[64];
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (int32_t)(sp_rng_u64(3, i) % (uint64_t)in.mc.vocab);
+        y[i] = (int32_t)(sp_rng_u64(4, i) % (uint64_t)in.mc.vocab);
+    }
+    for (int b = 0; b < mb; b++)
+        ids[b] = (uint64_t)b;
+    model_batch batch = {x, y, ids, (int)mb, (int)T, (float)(1.0 / (double)n), 1};
+    adamw_args a = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .grad_scale = 1.0f};
+    int steps = strcmp(preset, "tiny") == 0 ? 2 : 1; /* the peak is the same at every step */
+    for (int s = 1; s <= steps; s++) {
+        double loss = 0;
+        model_zero_grads(m);
+        cr_assert_eq(model_forward_backward(m, &batch, &loss, &err), 0, "%s", err.msg);
+        a.step = s;
+        model_adamw(m, &a);
+        cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
+    }
+    double peak = (double)be->bytes_peak, rel = fabs(r.mem.total - peak) / peak;
+    cr_log_info("%s %s recompute %d mb %lld T %lld: plan %.0f, peak %.0f bytes (%+.3f%%)", preset,
+                mode == MODE_FULL ? "full" : "lora", recompute, (long long)mb, (long long)T,
+                r.mem.total, peak, 100 * (r.mem.total - peak) / peak);
+    cr_expect_leq(rel, 0.05,
+                  "%s %s recompute %d mb %lld T %lld dropout %g shards %d: plan %.0f bytes, "
+                  "allocator peak %.0f (%.2f%%)",
+                  preset, mode == MODE_FULL ? "full" : "lora", recompute, (long long)mb,
+                  (long long)T, dropout, shards, r.mem.total, peak, 100 * rel);
+    model_destroy(m);
+    backend_destroy(be);
+    free(x);
+    free(y);
+}
+
+Test(plan, within_5_percent_of_the_allocator_peak_tiny)
+{
+    for (int rec = RECOMPUTE_NONE; rec <= RECOMPUTE_LAYER; rec++) {
+        check_peak("tiny", MODE_LORA, rec, 2, 64, 0.0, 1);
+        check_peak("tiny", MODE_FULL, rec, 2, 64, 0.0, 1);
+    }
+    check_peak("tiny", MODE_LORA, RECOMPUTE_NONE, 4, 128, 0.1, 1);
+    check_peak("tiny", MODE_FULL, RECOMPUTE_ATTENTION, 1, 128, 0.0, 2);
+}
+
+Test(plan, within_5_percent_of_the_allocator_peak_small, .timeout = 300)
+{
+    check_peak("small", MODE_LORA, RECOMPUTE_NONE, 1, 128, 0.05, 1);
+    check_peak("small", MODE_FULL, RECOMPUTE_LAYER, 2, 64, 0.0, 1);
+}
+
+/* ---- the command ------------------------------------------------------------- */
+
+static json_t *plan_json(const char *args)
+{
+    char *out = NULL;
+    int rc = tu_spotune(&out, "plan %s --json 2>/dev/null", args);
+    cr_assert_eq(rc, 0, "plan %s: exit %d\n%s", args, rc, out);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    cr_assert(j, "%s: %s\n%s", args, je.text, out);
+    free(out);
+    return j;
+}
+
+Test(plan, command_table_and_json)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_spotune(&out, "plan llama-7b --gpu H100 --tokens 1e8 --price-per-hour 2.5 "
+                                  "--upload-mbps 100"),
+                 0, "%s", out);
+    const char *want[] = {"weights", "trainable state", "gradients", "optimizer", "activations",
+                          "workspace", "fits: yes", "MFU", "assumed", "tokens/s", "wall time",
+                          "cost", "479.7 MB", "AWS 120 s ok", "GCP 30 s TOO SLOW",
+                          "Alibaba Cloud 300 s ok"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(tu_contains(out, want[i]), "no '%s' in:\n%s", want[i], out);
+    free(out);
+
+    json_t *j = plan_json("llama-7b --gpu RTX3090");
+    cr_expect(json_is_false(json_object_get(j, "fits")));
+    json_t *fx = json_object_get(j, "fixes");
+    cr_assert(json_array_size(fx) >= 2);
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(fx, 0), "recompute")),
+                     "attention");
+    json_t *mem = json_object_get(j, "memory_gib");
+    cr_expect_float_eq(json_real_value(json_object_get(mem, "weights")), 13476831232.0 / GIB,
+                       1e-9);
+    cr_expect(json_is_null(json_object_get(json_object_get(j, "job"), "wall_s")));
+    json_decref(j);
+
+    j = plan_json("llama-13b --gpu L4 --mode qlora");
+    cr_expect(json_is_false(json_object_get(j, "mode_available")));
+    cr_expect(json_is_true(json_object_get(j, "fits")));
+    json_decref(j);
+    cr_assert_eq(tu_spotune(&out, "plan llama-13b --gpu L4 --mode qlora"), 0, "%s", out);
+    cr_expect(tu_contains(out, "QLoRA training is not available in spotune yet"), "%s", out);
+    free(out);
+
+    /* --gpu-mem and --gpu-tflops instead of a card of the table */
+    j = plan_json("small --gpu-mem 8 --gpu-tflops 100 --mode full");
+    cr_expect_float_eq(json_real_value(json_object_get(json_object_get(j, "gpu"), "mem_gib")),
+                       8.0, 1e-12);
+    json_decref(j);
+}
+
+/* A model directory, its config.json, a run YAML (its settings, the job from
+ * train.steps) and a dataset's token count. */
+Test(plan, command_inputs)
+{
+    char *d = tu_tiny_dir("plan", 1, 1), *out = NULL;
+    json_t *a = plan_json(tu_fmt("%s/model --gpu L4", d));
+    json_t *b = plan_json(tu_fmt("%s/model/config.json --gpu L4", d));
+    json_t *c = plan_json("tiny --gpu L4");
+    json_int_t pa = json_integer_value(json_object_get(a, "params"));
+    cr_expect_eq(pa, json_integer_value(json_object_get(b, "params")));
+    cr_expect_eq(pa, json_integer_value(json_object_get(c, "params")));
+    json_decref(a);
+    json_decref(b);
+    json_decref(c);
+
+    tu_run_yaml(d, "run:\n  dir: %s/run\ntrain:\n  mode: full\n  steps: 50\n  seq_len: 64\n"
+                   "  micro_batch: 4\n  grad_accum: 2\nruntime:\n  recompute: layer\n", d);
+    json_t *y = plan_json(tu_fmt("%s/run.yaml --gpu H100 --gpus 2", d));
+    cr_expect_str_eq(json_string_value(json_object_get(y, "mode")), "full");
+    cr_expect_eq(json_integer_value(json_object_get(y, "seq_len")), 64);
+    cr_expect_eq(json_integer_value(json_object_get(y, "micro_batch")), 4);
+    cr_expect_str_eq(json_string_value(json_object_get(y, "recompute")), "layer");
+    cr_expect(json_is_true(json_object_get(y, "optimizer_sharded")));
+    /* 50 steps x (2 GPUs x 4 x 2) windows x 64 tokens */
+    cr_expect_float_eq(json_real_value(json_object_get(json_object_get(y, "job"), "tokens")),
+                       50.0 * 16 * 64, 1e-9);
+    json_decref(y);
+
+    /* the dataset: its windows of seq_len tokens, times the epochs */
+    json_t *ds = plan_json(tu_fmt("tiny --gpu L4 --seq-len 64 --dataset %s/data.train.h5 "
+                                  "--epochs 3",
+                                  d));
+    double tok = json_real_value(json_object_get(json_object_get(ds, "job"), "tokens"));
+    cr_expect_gt(tok, 0);
+    cr_expect_eq(fmod(tok, 3.0 * 64), 0.0, "%g", tok);
+    json_decref(ds);
+    cr_expect_eq(tu_spotune(&out, "plan --help"), 0);
+    cr_expect(tu_contains(out, "--upload-mbps"), "%s", out);
+    free(out);
+    cr_expect_eq(tu_spotune(&out, "plan --list-gpus"), 0);
+    cr_expect(tu_contains(out, "H200 141GB"), "%s", out);
+    free(out);
+    cr_expect_eq(tu_spotune(&out, "--help"), 0);
+    cr_expect(tu_contains(out, "plan MODEL"), "%s", out);
+    free(out);
+    tu_rmtree(d);
+    free(d);
+}
+
+static void refused(int code, const char *args, const char *needle)
+{
+    char *out = NULL;
+    int rc = tu_spotune(&out, "plan %s", args);
+    cr_expect_eq(rc, code, "plan %s: exit %d, not %d\n%s", args, rc, code, out);
+    cr_expect(tu_contains(out, needle), "plan %s: no '%s' in:\n%s", args, needle, out);
+    free(out);
+}
+
+Test(plan, bad_inputs)
+{
+    char *d = tu_tempdir("planbad");
+    /* a config.json of an architecture spotune does not train */
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s/gpt2 %s/empty", d, d), 0);
+    tu_write_file(tu_fmt("%s/gpt2/config.json", d),
+                  "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": \"gpt2\", "
+                  "\"vocab_size\": 50257, \"n_embd\": 768, \"n_layer\": 12}");
+    refused(3, tu_fmt("%s/gpt2 --gpu H100", d), "architecture 'GPT2LMHeadModel' is not supported");
+    refused(3, tu_fmt("%s/gpt2/config.json --gpu H100", d), "gpt2/config.json");
+    refused(3, tu_fmt("%s/empty --gpu H100", d), "empty/config.json: missing");
+    tu_write_file(tu_fmt("%s/empty/config.json", d), "{\"architectures\": [\"LlamaForCausalLM\"], "
+                                                     "\"hidden_size\": 64}");
+    refused(3, tu_fmt("%s/empty --gpu H100", d), "vocab_size is missing");
+    /* a GPU not in the table, none at all, a memory too small for anything */
+    refused(2, "llama-7b --gpu TPUv5", "--gpu 'TPUv5' is not in the table (RTX3090");
+    refused(2, "llama-7b", "which GPU?");
+    refused(2, "llama-7b --gpu-mem 80", "which GPU?");
+    refused(2, "llama-7b --gpu-mem 2 --gpu-tflops 100", "nothing fits");
+    refused(2, "llama-13b --gpu-mem 6 --gpu-tflops 100 --mode full", "nothing fits");
+    /* bad numbers and words, each named */
+    refused(2, "llama-7b --gpu H100 --seq-len abc", "--seq-len 'abc'");
+    refused(2, "llama-7b --gpu H100 --seq-len 1", "--seq-len '1'");
+    refused(2, "llama-7b --gpu H100 --micro-batch 0", "--micro-batch '0'");
+    refused(2, "llama-7b --gpu H100 --gpus 0", "--gpus '0'");
+    refused(2, "llama-7b --gpu H100 --nodes -1", "--nodes '-1'");
+    refused(2, "llama-7b --gpu-mem -3 --gpu-tflops 100", "--gpu-mem '-3'");
+    refused(2, "llama-7b --gpu-mem 80 --gpu-tflops 0", "--gpu-tflops '0'");
+    refused(2, "llama-7b --gpu H100 --mfu 1.5", "--mfu 1.5");
+    refused(2, "llama-7b --gpu H100 --price-per-hour x", "--price-per-hour 'x'");
+    refused(2, "llama-7b --gpu H100 --tokens 0", "--tokens '0'");
+    refused(2, "llama-7b --gpu H100 --epochs 2", "--epochs needs --tokens or --dataset");
+    refused(2, "llama-7b --gpu H100 --upload-mbps 0", "--upload-mbps '0'");
+    refused(2, "llama-7b --gpu H100 --headroom 90", "--headroom 90.00 GiB leaves nothing");
+    refused(2, "llama-7b --gpu H100 --mode qlor", "--mode 'qlor'");
+    refused(2, "llama-7b --gpu H100 --recompute all", "--recompute 'all'");
+    refused(2, "llama-7b --gpu H100 --lora-r 0", "--lora-r '0'");
+    refused(2, "llama-7b --gpu H100 --bogus", "unknown or incomplete option '--bogus'");
+    refused(2, "--gpu H100", "give a model");
+    refused(2, "llama-7b tiny --gpu H100", "one MODEL or RUN.yaml");
+    refused(2, "llama-7b --gpu H100 --tokens 5 --dataset x.h5", "--tokens or --dataset");
+    /* a dataset that is not one, a YAML with a bad key or a missing model */
+    refused(3, tu_fmt("tiny --gpu L4 --dataset %s/none.h5", d), "none.h5");
+    tu_write_file(tu_fmt("%s/bad.yaml", d), "train:\n  seq_len: -4\n");
+    refused(2, tu_fmt("%s/bad.yaml --gpu L4", d), "train.seq_len");
+    cr_assert_eq(tu_sh(NULL, "printf 'model:\\n  path: %s/nowhere\\n' > %s/nomodel.yaml", d, d), 0);
+    refused(3, tu_fmt("%s/nomodel.yaml --gpu L4", d), "model.path: ");
+    tu_rmtree(d);
+    free(d);
+}
