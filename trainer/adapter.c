@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "model_io.h"
 #include "safetensors.h"
 
 static json_t *adapter_config(const model_opts *o, const char *base)
@@ -72,8 +73,13 @@ int adapter_write(const char *dir, const model_opts *o, const char *base_model_p
     char *weights = sp_strf("%s/adapter_model.safetensors", dir);
     char *path = sp_strf("%s/adapter_config.json", dir);
     char *tmp = path ? sp_strf("%s.tmp", path) : NULL;
-    const char *meta[] = {"format", "pt"};
-    int rc = weights && tmp ? st_write(weights, e, n, meta, 1, err)
+    /* the base model's identity, when its directory is at hand: lora.init_from
+     * checks it (PEFT, vLLM and SGLang ignore metadata) */
+    char id[17];
+    sp_err ignored = {0};
+    int has_id = base_model_path && model_io_identity(base_model_path, id, &ignored) == 0;
+    const char *meta[] = {"format", "pt", ADAPTER_META_BASE, id};
+    int rc = weights && tmp ? st_write(weights, e, n, meta, has_id ? 2 : 1, err)
                             : sp_fail(err, SP_EXIT_OTHER, "out of memory");
     free(e);
     if (!rc) {
@@ -117,77 +123,5 @@ int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_er
     for (size_t i = 0; i < n; i++)
         free((void *)t[i].data);
     free(t);
-    return rc;
-}
-
-/* adapter_config.json (path) describes the adapters of m. */
-static int check_config(const model_t *m, const char *path, sp_err *err)
-{
-    json_error_t je;
-    json_t *c = json_load_file(path, 0, &je);
-    if (!c)
-        return sp_fail(err, SP_EXIT_INPUT, "%s: %s", path, je.text);
-    int rc = 0;
-    json_t *r = json_object_get(c, "r"), *a = json_object_get(c, "lora_alpha");
-    json_t *rs = json_object_get(c, "use_rslora"), *tm = json_object_get(c, "target_modules");
-    if (!json_is_integer(r) || json_integer_value(r) != m->o.lora_r)
-        rc = sp_fail(err, SP_EXIT_INPUT, "%s: r differs from lora.r = %lld", path,
-                     (long long)m->o.lora_r);
-    else if (!json_is_number(a) || fabs(json_number_value(a) - m->o.lora_alpha) > 1e-9)
-        rc = sp_fail(err, SP_EXIT_INPUT, "%s: lora_alpha differs from lora.alpha = %g", path,
-                     m->o.lora_alpha);
-    else if (!!json_is_true(rs) != !!m->o.rslora)
-        rc = sp_fail(err, SP_EXIT_INPUT, "%s: use_rslora differs from lora.rslora", path);
-    else if (!json_is_array(tm))
-        rc = sp_fail(err, SP_EXIT_INPUT, "%s: target_modules must be a list", path);
-    if (!rc) {
-        int64_t bits = 0;
-        size_t i;
-        json_t *v;
-        json_array_foreach(tm, i, v) for (int p = 0; p < PROJ_COUNT; p++) if (
-            json_is_string(v) && strcmp(json_string_value(v), config_target_names[p]) == 0) bits |=
-            1 << p;
-        if (bits != m->o.lora_targets)
-            rc = sp_fail(err, SP_EXIT_INPUT, "%s: target_modules differ from lora.targets", path);
-    }
-    json_decref(c);
-    return rc;
-}
-
-/* adapter_load of the adapters' file path */
-static int load_weights(model_t *m, const char *path, sp_err *err)
-{
-    st_file f;
-    int rc = st_open(&f, path, err);
-    for (int i = 0; i < m->nparams && !rc; i++) {
-        param_t *p = &m->params[i];
-        if (p->kind != PK_LORA_A && p->kind != PK_LORA_B)
-            continue;
-        const st_tensor *t = st_find(&f, p->name);
-        if (!t)
-            rc = sp_fail(err, SP_EXIT_INPUT, "%s: tensor '%s' is missing", path, p->name);
-        else if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1])
-            rc = sp_fail(err, SP_EXIT_INPUT, "%s: tensor '%s' has the wrong shape", path,
-                         p->name);
-        else if (t->dt != DT_F32 && t->dt != DT_BF16 && t->dt != DT_F16)
-            rc = sp_fail(err, SP_EXIT_INPUT, "%s: tensor '%s' has dtype %s", path, p->name,
-                         dtype_name(t->dt));
-        else
-            model_param_upload(m, p, t->data, t->dt);
-    }
-    st_close(&f);
-    return rc ? rc : be_check(m->be, err);
-}
-
-int adapter_load(model_t *m, const char *dir, sp_err *err)
-{
-    char *config = sp_strf("%s/adapter_config.json", dir);
-    char *path = sp_strf("%s/adapter_model.safetensors", dir);
-    int rc = !config || !path ? sp_fail(err, SP_EXIT_OTHER, "out of memory")
-                              : check_config(m, config, err);
-    free(config);
-    if (!rc)
-        rc = load_weights(m, path, err);
-    free(path);
     return rc;
 }

@@ -18,9 +18,23 @@ int adapter_write(const char *dir, const model_opts *o, const char *base_model_p
                   const adapter_tensor *t, size_t n, sp_err *err);
 /* Writes the model's LoRA weights (F32 masters) and config to dir. */
 int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_err *err);
-/* Loads every LoRA weight of the model from dir/adapter_model.safetensors;
- * checks r, alpha, targets and rslora in adapter_config.json against the
- * model. */
+/* The safetensors metadata key of the base model's identity
+ * (model_io_identity), written when the base directory is at hand. */
+#define ADAPTER_META_BASE "spotune_base_model"
+
+/* trainer/adapter_load.c: the adapter in dir (as PEFT or spotune writes it)
+ * into the model's LoRA weights (A and B, masters and compute copies), after
+ * checking everything first: adapter_config.json readable, peft_type LORA,
+ * no DoRA or other unsupported option, r, lora_alpha, use_rslora and
+ * target_modules equal to the model's; the base identity the adapter
+ * records (if any) equal to base_identity (unless NULL); every LoRA weight
+ * present with its shape and a float dtype, and no other tensor. Errors name
+ * the directory or file, the field or tensor, and both values: exit 2 for a
+ * mismatch with the run's config or base model, 3 for a bad adapter. note
+ * (may be NULL) receives a line for the log. */
+int adapter_init_from(model_t *m, const char *dir, const char *base_identity, char *note,
+                      size_t note_n, sp_err *err);
+/* adapter_init_from without a base identity or note. */
 int adapter_load(model_t *m, const char *dir, sp_err *err);
 
 #endif

@@ -88,6 +88,16 @@ static const key_def keys[] = {
         "down_proj."},
     {"lora.rslora", K_BOOL, O(lora_rslora), "false", 0, 0, NULL, 1,
      "Rank-stabilised LoRA: scale by alpha/sqrt(r) instead of alpha/r."},
+    {"lora.init_from", K_STRING, O(lora_init_from), "", 0, 0, NULL, 0,
+     "PEFT adapter directory (adapter_config.json + adapter_model.safetensors, as spotune "
+     "export --peft or PEFT's save_pretrained writes it) whose A and B replace the initial "
+     "LoRA weights (A random, B zero) on every rank: training carries on from it with a fresh "
+     "optimizer state and this run's own data order. Its r, lora_alpha, target_modules and "
+     "use_rslora must equal lora.r, lora.alpha, lora.targets and lora.rslora, and the base "
+     "model identity spotune records in it must be model.path's; DoRA adapters are refused. "
+     "Only a fresh start reads it: a run that resumes takes its weights from the checkpoint "
+     "(which holds what init_from gave, trained on), so the key may change or go on resume. "
+     "Empty: start from the random initialisation."},
     {"data.train", K_STRING, O(data_train), NULL, 0, 0, NULL, 1,
      "Training dataset (HDF5, the format of docs/formats.md)."},
     {"data.val", K_STRING, O(data_val), "", 0, 0, NULL, 0,
@@ -544,6 +554,10 @@ int config_validate(const config_t *c, sp_err *err)
                        src, c->min_lr, c->lr);
     if (c->mode == MODE_LORA && !c->lora_targets)
         return sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", src);
+    if (c->mode != MODE_LORA && c->lora_init_from && *c->lora_init_from)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s: lora.init_from (%s) needs train.mode lora, not full", src,
+                       c->lora_init_from);
     return 0;
 }
 

@@ -165,6 +165,30 @@ static int stop_before_training(trainer_t *t, const char *before, sp_err *err)
                    before);
 }
 
+/* lora.init_from on a fresh start: every rank reads the same adapter into its
+ * LoRA weights (after ckpt_ctl_resume, which restored nothing); a resumed run
+ * keeps the checkpoint's weights. */
+static int init_from(trainer_t *t, const char *identity, sp_err *err)
+{
+    const char *dir = t->cfg->lora_init_from;
+    if (t->cfg->mode != MODE_LORA || !dir || !*dir)
+        return 0;
+    if (t->resumed) {
+        log_event(t->out, &t->metrics, "info",
+                  "lora.init_from (%s) is not read: the run resumes from a checkpoint, "
+                  "whose LoRA weights it carries on from",
+                  dir);
+        return 0;
+    }
+    char note[SP_ERR_MSG_MAX];
+    if (adapter_init_from(t->m, dir, identity, note, sizeof note, err)) {
+        sp_err_prefix(err, "lora.init_from: ");
+        return err->code;
+    }
+    log_event(t->out, &t->metrics, "info", "LoRA weights initialised from %s (%s)", dir, note);
+    return 0;
+}
+
 static int setup_model(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
@@ -204,7 +228,8 @@ static int setup_model(trainer_t *t, sp_err *err)
     char identity[17];
     if (model_io_identity(c->model_path, identity, err) ||
         ckpt_ctl_open(&t->ck, c, t->comm, identity, t->out, &t->metrics, err) ||
-        ckpt_ctl_resume(t->ck, t->m, t->resume, t->mb, &t->ga, &t->p, &t->resumed, err))
+        ckpt_ctl_resume(t->ck, t->m, t->resume, t->mb, &t->ga, &t->p, &t->resumed, err) ||
+        init_from(t, identity, err))
         return err->code;
     t->global_batch = (int64_t)t->world * t->mb * t->ga;
     if (t->out) {
