@@ -2,7 +2,8 @@
  * directory. The loaded weights are the exported ones bit for bit, on every
  * rank; the first loss of a run started from run A's export is A's own
  * evaluation of that adapter; training on from it beats a fresh start; an
- * adapter written by PEFT itself gives PEFT's loss; a resume takes the
+ * adapter written by PEFT itself gives PEFT's loss; BF16 and F16 adapters
+ * load as their values; a resume takes the
  * checkpoint whatever init_from says; and every bad adapter or mismatch with
  * the run's config is refused by name with the documented exit code. */
 #define _POSIX_C_SOURCE 200809L
@@ -468,4 +469,66 @@ Test(init_from, bad_adapters_refused_by_file_and_tensor)
     const char *bad_id[] = {ADAPTER_META_BASE, "not-an-identity"};
     tensors("badid", NULL, NULL, NULL, NULL, bad_id);
     refused("badid", NULL, 3, "badid/adapter_model.safetensors", "not a base model identity");
+}
+
+/* BF16 and F16 adapters (as PEFT saves a half-precision model's) load as
+ * their values: each F32 master equals the half value converted, exactly. */
+Test(init_from, half_precision_adapters_load_as_their_values)
+{
+    good_adapter();
+    sp_err err = {0};
+    st_file f;
+    cr_assert_eq(st_open(&f, tu_fmt("%s/good/adapter_model.safetensors", dir), &err), 0, "%s",
+                 err.msg);
+    for (int half = 0; half < 2; half++) {
+        dtype_t dt = half ? DT_F16 : DT_BF16;
+        const char *name = half ? "f16" : "bf16";
+        copy_good(name);
+        st_entry *e = calloc(f.n, sizeof *e);
+        uint16_t **h = calloc(f.n, sizeof *h);
+        for (size_t i = 0; i < f.n; i++) {
+            const st_tensor *t = &f.tensors[i];
+            h[i] = malloc(2 * t->numel);
+            for (size_t k = 0; k < t->numel; k++) {
+                float x = ((const float *)t->data)[k] + (float)k * 1e-3f; /* B not all zero */
+                h[i][k] = half ? sp_f32_to_f16(x) : sp_f32_to_bf16(x);
+            }
+            e[i] = (st_entry){t->name, dt, 2, {t->shape[0], t->shape[1]}, h[i]};
+        }
+        char *p = strdup(tu_fmt("%s/%s/adapter_model.safetensors", dir, name));
+        const char *meta[] = {"format", "pt"};
+        cr_assert_eq(st_write(p, e, f.n, meta, 1, &err), 0, "%s", err.msg);
+        free(p);
+
+        model_config_t mc;
+        backend_t *be;
+        model_t *m;
+        model_opts o = {.mode = MODE_LORA, .lora_r = 4, .lora_alpha = 8,
+                        .lora_targets = TARGET_Q | TARGET_V | TARGET_DOWN, .max_batch = 1,
+                        .seq_len = 2, .seed = 99};
+        cr_assert_eq(model_config_load(&mc, tu_fmt("%s/model", dir), &err), 0, "%s", err.msg);
+        cr_assert_eq(backend_create(&be, "cpu", 0, 1, &err), 0, "%s", err.msg);
+        cr_assert_eq(model_create(&m, be, &mc, &o, &err), 0, "%s", err.msg);
+        cr_assert_eq(adapter_init_from(m, tu_fmt("%s/%s", dir, name), NULL, NULL, 0, &err), 0,
+                     "%s", err.msg);
+        for (size_t i = 0; i < f.n; i++) {
+            param_t *q = model_find_param(m, f.tensors[i].name);
+            cr_assert(q && q->n == f.tensors[i].numel, "%s", f.tensors[i].name);
+            float *got = malloc(sizeof(float) * q->n);
+            model_param_download(m, q, got);
+            size_t bad = 0;
+            for (size_t k = 0; k < q->n; k++) {
+                float want = half ? sp_f16_to_f32(h[i][k]) : sp_bf16_to_f32(h[i][k]);
+                bad += memcmp(&got[k], &want, sizeof want) != 0;
+            }
+            cr_expect_eq(bad, 0, "%s %s: %zu values differ", name, q->name, bad);
+            free(got);
+            free(h[i]);
+        }
+        free(h);
+        free(e);
+        model_destroy(m);
+        backend_destroy(be);
+    }
+    st_close(&f);
 }
