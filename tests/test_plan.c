@@ -494,3 +494,26 @@ Test(plan, bad_inputs)
     tu_rmtree(d);
     free(d);
 }
+
+/* docs/plan.md carries scripts/plan_table.sh's output and --list-gpus's
+ * table unchanged. */
+Test(plan, docs_tables_are_the_commands_output, .timeout = 120)
+{
+    char *doc = tu_read_file(tu_fmt("%s/docs/plan.md", tu_source_dir()), NULL), *out = NULL;
+    cr_assert(doc);
+    cr_assert_eq(tu_sh(&out, "bash %s/scripts/plan_table.sh --spotune %s/spotune",
+                       tu_source_dir(), tu_binary_dir()),
+                 0, "%s", out);
+    const char *begin = "<!-- scripts/plan_table.sh: begin -->\n";
+    const char *b = strstr(doc, begin), *e = strstr(doc, "<!-- scripts/plan_table.sh: end -->");
+    cr_assert(b && e && e > b);
+    b += strlen(begin);
+    cr_expect(strlen(out) == (size_t)(e - b) && !strncmp(b, out, (size_t)(e - b)),
+              "docs/plan.md's table is not scripts/plan_table.sh's output; regenerate it:\n%s",
+              out);
+    free(out);
+    cr_assert_eq(tu_spotune(&out, "plan --list-gpus"), 0, "%s", out);
+    cr_expect(strstr(doc, out), "docs/plan.md lacks the table of --list-gpus:\n%s", out);
+    free(out);
+    free(doc);
+}

@@ -179,11 +179,14 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
 
     printf("\njob\n");
     if (r->job_tokens > 0) {
-        printf("  tokens           %.4g (%s)\n", r->job_tokens, tokens_from);
+        if (r->job_tokens >= 1e9)
+            printf("  tokens           %.2fB (%s)\n", r->job_tokens / 1e9, tokens_from);
+        else
+            printf("  tokens           %.2fM (%s)\n", r->job_tokens / 1e6, tokens_from);
         printf("  wall time        %.2f h\n", r->wall_s / 3600.0);
         if (in->price_per_hour > 0)
-            printf("  cost             %.2f at %.2f per GPU-hour x %d GPUs\n", r->cost,
-                   in->price_per_hour, world);
+            printf("  cost             %.2f at %.2f per GPU-hour x %d GPU%s\n", r->cost,
+                   in->price_per_hour, world, world == 1 ? "" : "s");
         else
             printf("  cost             give --price-per-hour\n");
     } else {
@@ -192,8 +195,9 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
     }
 
     printf("\ncheckpoint\n");
-    printf("  size             %.1f MB (params, adam_m, adam_v: 12 bytes per trainable weight,%s)\n",
-           r->ckpt_bytes / 1e6,
+    printf("  size             %.*f %s (params, adam_m, adam_v: 12 bytes per trainable weight,%s)\n",
+           r->ckpt_bytes >= 1e9 ? 2 : 1, r->ckpt_bytes / (r->ckpt_bytes >= 1e9 ? 1e9 : 1e6),
+           r->ckpt_bytes >= 1e9 ? "GB" : "MB",
            in->mode == PLAN_FULL ? " gathered whole" : " the adapter only, never the base");
     if (in->upload_mbps > 0) {
         printf("  upload           %.1f s at %.0f Mbit/s; against the preemption notice:",

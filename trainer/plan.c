@@ -449,8 +449,7 @@ static int64_t fitting_micro_batch(plan_input *v, plan_result *vr)
     return 0;
 }
 
-static void describe(char *buf, size_t n, const plan_input *base, const plan_input *v,
-                     const char *extra)
+static void describe(char *buf, size_t n, const plan_input *base, const plan_input *v)
 {
     buf[0] = 0;
     size_t k = 0;
@@ -459,9 +458,12 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
         if (k < n)                                                                \
             k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__);                   \
     } while (0)
-    if (v->mode != base->mode)
-        PUT("%smode %s", k ? ", " : "",
-            v->mode == PLAN_QLORA ? "qlora" : v->mode == PLAN_FULL ? "full" : "lora");
+    if (v->mode != base->mode && v->mode == PLAN_QLORA)
+        PUT("mode qlora (LoRA r %lld on NF4 weights; QLoRA training is not available in "
+            "spotune yet)",
+            (long long)v->lora_r);
+    else if (v->mode != base->mode)
+        PUT("mode lora (r %lld) instead of full fine-tuning", (long long)v->lora_r);
     if (v->recompute != base->recompute)
         PUT("%sruntime.recompute: %s", k ? ", " : "", recompute_name(v->recompute));
     if (v->micro_batch != base->micro_batch)
@@ -470,8 +472,6 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
     if (v->gpus_per_node != base->gpus_per_node || v->nodes != base->nodes)
         PUT("%s%d GPUs (%d node%s x %d), optimizer sharded", k ? ", " : "",
             v->gpus_per_node * v->nodes, v->nodes, v->nodes == 1 ? "" : "s", v->gpus_per_node);
-    if (extra)
-        PUT("%s%s", k ? "; " : "", extra);
 #undef PUT
 }
 
@@ -499,7 +499,7 @@ static void find_fixes(const plan_input *in, plan_result *r)
         v = *in;
         v.recompute = rec;
         if (fits(&v, &vr)) {
-            describe(what, sizeof what, in, &v, NULL);
+            describe(what, sizeof what, in, &v);
             add_fix(r, &v, &vr, what);
             break;
         }
@@ -507,13 +507,13 @@ static void find_fixes(const plan_input *in, plan_result *r)
     /* 2. smaller micro-batches, at the given recompute, then with layer recompute */
     v = *in;
     if (fitting_micro_batch(&v, &vr)) {
-        describe(what, sizeof what, in, &v, NULL);
+        describe(what, sizeof what, in, &v);
         add_fix(r, &v, &vr, what);
     } else if (in->recompute < RECOMPUTE_LAYER) {
         v = *in;
         v.recompute = RECOMPUTE_LAYER;
         if (fitting_micro_batch(&v, &vr)) {
-            describe(what, sizeof what, in, &v, NULL);
+            describe(what, sizeof what, in, &v);
             add_fix(r, &v, &vr, what);
         }
     }
@@ -542,7 +542,7 @@ static void find_fixes(const plan_input *in, plan_result *r)
                 v.nodes = nodes;
                 if (fits(&v, &vr)) {
                     found = 1;
-                    describe(what, sizeof what, in, &v, NULL);
+                    describe(what, sizeof what, in, &v);
                     add_fix(r, &v, &vr, what);
                 }
             }
@@ -550,16 +550,12 @@ static void find_fixes(const plan_input *in, plan_result *r)
     }
     /* 4. full fine-tuning: LoRA instead */
     if (in->mode == PLAN_FULL && cheapest_in_mode(in, PLAN_LORA, &v, &vr)) {
-        char why[80];
-        snprintf(why, sizeof why, "LoRA r %lld instead of full fine-tuning",
-                 (long long)in->lora_r);
-        describe(what, sizeof what, in, &v, why);
+        describe(what, sizeof what, in, &v);
         add_fix(r, &v, &vr, what);
     }
     /* 5. QLoRA (LoRA on 4-bit frozen weights) */
     if (in->mode != PLAN_QLORA && cheapest_in_mode(in, PLAN_QLORA, &v, &vr)) {
-        describe(what, sizeof what, in, &v,
-                 "QLoRA training is not available in spotune yet");
+        describe(what, sizeof what, in, &v);
         add_fix(r, &v, &vr, what);
     }
 }
