@@ -3,9 +3,9 @@
  * rank; the first loss of a run started from run A's export is A's own
  * evaluation of that adapter; training on from it beats a fresh start; an
  * adapter written by PEFT itself gives PEFT's loss; BF16 and F16 adapters
- * load as their values; a resume takes the
- * checkpoint whatever init_from says; and every bad adapter or mismatch with
- * the run's config is refused by name with the documented exit code. */
+ * load as their values; a resume takes the checkpoint whatever init_from
+ * says; and every bad adapter or mismatch with the run's config is refused
+ * by name with the documented exit code. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -346,7 +346,8 @@ static void config_field(const char *name, const char *field, const char *value)
 
 /* DIR/NAME with adapter_model.safetensors rewritten: the good tensors, the
  * one named `drop` left out, `reshape` written with its two dimensions
- * swapped, `retype` as I32, `extra` added; meta: a metadata pair or NULL */
+ * swapped, `retype` as I32, `extra` added; meta: one metadata pair (key,
+ * value) or NULL for format: pt */
 static void tensors(const char *name, const char *drop, const char *reshape, const char *retype,
                     const char *extra, const char *const *meta)
 {
@@ -376,7 +377,7 @@ static void tensors(const char *name, const char *drop, const char *reshape, con
     const char *path = tu_fmt("%s/%s/adapter_model.safetensors", dir, name);
     char *p = strdup(path);
     const char *fmt_only[] = {"format", "pt"};
-    cr_assert_eq(st_write(p, e, n, meta ? meta : fmt_only, meta ? 2 : 1, &err), 0, "%s", err.msg);
+    cr_assert_eq(st_write(p, e, n, meta ? meta : fmt_only, 1, &err), 0, "%s", err.msg);
     free(p);
     free(e);
     st_close(&f);

@@ -228,9 +228,10 @@ int adapter_init_from(model_t *m, const char *dir, const char *base_identity, ch
     int opened = 0;
     int rc = !config || !path ? sp_fail(err, SP_EXIT_OTHER, "out of memory")
                               : check_config(m, dir, config, &name_or_path, err);
-    if (!rc && !(rc = st_open(&f, path, err))) {
-        opened = 1;
-        rc = recorded_identity(&f, id, err);
+    if (!rc) {
+        opened = 1; /* st_close after st_open, whatever it returned */
+        if (!(rc = st_open(&f, path, err)))
+            rc = recorded_identity(&f, id, err);
     }
     if (!rc && id[0] && base_identity && strcmp(id, base_identity) != 0)
         rc = sp_fail(err, SP_EXIT_USAGE,
