@@ -4,6 +4,7 @@
  * schedules and gradient clipping. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,4 +270,94 @@ Test(model_io, sharded_optimizer_plan_fits_7b_full_in_80_gb)
     cr_expect_eq(model_shard_len(10, 4), 3);
     cr_expect_eq(model_shard_len(12, 4), 3);
     cr_expect_eq(model_shard_len(7, 1), 7);
+}
+
+/* A tensor missing from a sharded model: the error names the tensor and the
+ * shard model.safetensors.index.json places it in (or says the index does
+ * not list it). */
+Test(model_io, missing_tensor_names_its_shard)
+{
+    model_t *a = tiny(MODE_FULL, 0);
+    model_init_base_random(a, 12);
+    sp_err err = {0};
+    const char *d = tu_fmt("%s/sharded-missing", dir);
+    cr_assert_eq(model_io_save(a, d, DT_F32, 0, 300000, &err), 0, "%s", err.msg);
+    const char *name = "model.layers.2.mlp.up_proj.weight";
+    char *index = sp_strf("%s/model.safetensors.index.json", d);
+    json_t *root = json_load_file(index, 0, NULL);
+    cr_assert(root, "%s", index);
+    json_t *map = json_object_get(root, "weight_map");
+    const char *shard = json_string_value(json_object_get(map, name));
+    cr_assert(shard, "%s lacks %s", index, name);
+    char *shard_name = strdup(shard);
+    /* the shard rewritten without the tensor */
+    char *path = sp_strf("%s/%s", d, shard_name), *tmp = sp_strf("%s.new", path);
+    st_file f;
+    cr_assert_eq(st_open(&f, path, &err), 0, "%s", err.msg);
+    st_entry *e = calloc(f.n, sizeof *e);
+    size_t n = 0;
+    for (size_t i = 0; i < f.n; i++) {
+        const st_tensor *t = &f.tensors[i];
+        if (strcmp(t->name, name) == 0)
+            continue;
+        e[n] = (st_entry){t->name, t->dt, t->ndim, {0}, t->data};
+        memcpy(e[n].shape, t->shape, sizeof t->shape);
+        n++;
+    }
+    cr_assert_eq(n + 1, f.n, "%s held %s", path, name);
+    cr_assert_eq(st_write(tmp, e, n, NULL, 0, &err), 0, "%s", err.msg);
+    st_close(&f);
+    free(e);
+    cr_assert_eq(rename(tmp, path), 0);
+    model_t *b = tiny(MODE_FULL, 0);
+    err = (sp_err){0};
+    cr_expect_eq(model_io_load_base(b, d, &err), SP_EXIT_INPUT);
+    cr_expect(tu_contains(err.msg, name) && tu_contains(err.msg, shard_name) &&
+                  tu_contains(err.msg, "model.safetensors.index.json"),
+              "%s", err.msg);
+    /* and once the index does not list it either */
+    json_object_del(map, name);
+    cr_assert_eq(json_dump_file(root, index, JSON_INDENT(2)), 0);
+    err = (sp_err){0};
+    cr_expect_eq(model_io_load_base(b, d, &err), SP_EXIT_INPUT);
+    cr_expect(tu_contains(err.msg, name) && tu_contains(err.msg, "does not list it"), "%s",
+              err.msg);
+    json_decref(root);
+    free(shard_name);
+    free(path);
+    free(tmp);
+    free(index);
+    model_destroy(a), model_destroy(b);
+}
+
+/* Saving into a directory that holds the other layout: the files a loader
+ * would read are the new ones (a stale index or single file is removed). */
+Test(model_io, a_save_replaces_the_other_layout)
+{
+    model_t *a = tiny(MODE_FULL, 0);
+    model_init_base_random(a, 13);
+    sp_err err = {0};
+    const char *d = tu_fmt("%s/relayout", dir);
+    char **files;
+    int nf;
+    cr_assert_eq(model_io_save(a, d, DT_F32, 0, 300000, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_io_save(a, d, DT_F32, 0, (size_t)1 << 30, &err), 0, "%s", err.msg);
+    cr_expect(access(tu_fmt("%s/model.safetensors.index.json", d), F_OK) != 0,
+              "the sharded save's index is still there");
+    cr_assert_eq(model_io_weight_files(d, &files, &nf, &err), 0, "%s", err.msg);
+    cr_expect(nf == 1 && strcmp(files[0], "model.safetensors") == 0, "%d files", nf);
+    for (int i = 0; i < nf; i++)
+        free(files[i]);
+    free(files);
+    cr_assert_eq(model_io_save(a, d, DT_F32, 0, 300000, &err), 0, "%s", err.msg);
+    cr_expect(access(tu_fmt("%s/model.safetensors", d), F_OK) != 0,
+              "the single-file save's model.safetensors is still there");
+    cr_assert_eq(model_io_weight_files(d, &files, &nf, &err), 0, "%s", err.msg);
+    cr_expect_gt(nf, 5, "%d shards", nf);
+    for (int i = 0; i < nf; i++)
+        free(files[i]);
+    free(files);
+    model_t *b = tiny(MODE_FULL, 0);
+    cr_assert_eq(model_io_load_base(b, d, &err), 0, "%s", err.msg);
+    model_destroy(a), model_destroy(b);
 }

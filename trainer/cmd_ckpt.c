@@ -16,6 +16,7 @@
 #include "adapter.h"
 #include "config.h"
 #include "model.h"
+#include "model_card.h"
 #include "model_io.h"
 #include "state_check.h"
 
@@ -255,12 +256,14 @@ static void ckpt_usage(FILE *f)
 #define CLI_DEADLINE_S 30.0
 
 static int parse_store_opts(int argc, char **argv, store_opts *o, const char *extra,
-                            const char **out_a, const char **out_b, const char **out_c)
+                            const char **out_a, const char **out_b, const char **out_c,
+                            const char **out_d)
 {
     static const struct option lo[] = {
         {"endpoint", 1, 0, 'e'}, {"region", 1, 0, 'r'}, {"path-style", 0, 0, 'p'},
         {"peft", 1, 0, 'P'},     {"merged", 1, 0, 'M'}, {"model", 1, 0, 'm'},
-        {"timeout", 1, 0, 't'},  {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
+        {"dtype", 1, 0, 'd'},    {"timeout", 1, 0, 't'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     int ch;
     char *end;
     optind = 1;
@@ -281,14 +284,17 @@ static int parse_store_opts(int argc, char **argv, store_opts *o, const char *ex
         case 'P':
         case 'M':
         case 'm':
+        case 'd':
             if (!extra || !strchr(extra, ch))
                 return -1;
             if (ch == 'P')
                 *out_a = optarg;
             else if (ch == 'M')
                 *out_b = optarg;
-            else
+            else if (ch == 'm')
                 *out_c = optarg;
+            else
+                *out_d = optarg;
             break;
         case 'h': return 1;
         default: return -1;
@@ -310,7 +316,7 @@ int cmd_ckpt(int argc, char **argv)
         ckpt_usage(stdout);
         return 0;
     }
-    int prc = parse_store_opts(argc - 1, argv + 1, &o, NULL, &unused, &unused, &unused);
+    int prc = parse_store_opts(argc - 1, argv + 1, &o, NULL, &unused, &unused, &unused, &unused);
     if (prc) {
         ckpt_usage(prc > 0 ? stdout : stderr);
         return prc > 0 ? 0 : SP_EXIT_USAGE;
@@ -373,8 +379,22 @@ static void opts_from_config(const config_t *c, model_opts *o)
     o->seed = (uint64_t)c->seed;
 }
 
+/* --dtype's value */
+static int dtype_of_option(const char *v, dtype_t *dt, sp_err *err)
+{
+    if (strcmp(v, "bf16") == 0)
+        *dt = DT_BF16;
+    else if (strcmp(v, "f16") == 0)
+        *dt = DT_F16;
+    else if (strcmp(v, "f32") == 0)
+        *dt = DT_F32;
+    else
+        return sp_fail(err, SP_EXIT_USAGE, "export: --dtype '%s' is not one of bf16, f16, f32", v);
+    return 0;
+}
+
 static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *base,
-                       const char *out, sp_err *err)
+                       const char *ckpt_dir, const char *out, sp_err *err)
 {
     if (c->mode != MODE_LORA)
         return sp_fail(err, SP_EXIT_USAGE,
@@ -395,11 +415,25 @@ static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *ba
     int rc = n ? adapter_write(out, &o, base, t, n, err)
                : sp_fail(err, SP_EXIT_INPUT, "the checkpoint holds no LoRA weights");
     free(t);
+    /* the model card: what was trained, from the checkpoint's own metrics */
+    const ckpt_attr *step = ckpt_get(s, "step");
+    model_card card = {.base_model = base,
+                       .steps = step && step->type == CKPT_ATTR_INT ? step->i : 0,
+                       .train_data = c->data_train,
+                       .val_data = c->data_val};
+    char *metrics = rc ? NULL : sp_strf("%s/metrics.jsonl", ckpt_dir);
+    if (!rc && !metrics)
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (!rc && model_card_read_metrics(&card, metrics, err))
+        rc = err->code;
+    if (!rc)
+        rc = model_card_write(out, &o, &card, err);
+    free(metrics);
     return rc;
 }
 
 static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *base,
-                         const char *out, sp_err *err)
+                         const char *out, const char *dtype_opt, sp_err *err)
 {
     model_config_t mc;
     if (model_config_load(&mc, base, err))
@@ -419,7 +453,8 @@ static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *
     model_opts o;
     opts_from_config(c, &o);
     dtype_t dt;
-    int rc = model_io_weights_dtype(base, &dt, err);
+    int rc = dtype_opt ? dtype_of_option(dtype_opt, &dt, err)
+                       : model_io_weights_dtype(base, &dt, err);
     if (!rc)
         rc = backend_create(&be, "cpu", 0, 0, err);
     if (!rc && (rc = model_create(&m, be, &mc, &o, err)) == 0)
@@ -437,7 +472,8 @@ static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *
             model_param_upload(m, p, a->data, DT_F32);
     }
     if (!rc)
-        rc = model_io_save(m, out, dt, c->mode == MODE_LORA, MODEL_IO_SHARD_BYTES, err);
+        rc = model_io_save_derived(m, base, out, dt, c->mode == MODE_LORA, MODEL_IO_SHARD_BYTES,
+                                   err);
     if (m)
         model_destroy(m);
     if (m || rc == 0)
@@ -447,12 +483,16 @@ static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *
 
 static void export_usage(FILE *f)
 {
-    fprintf(f, "usage: spotune export CHECKPOINT [--peft OUT_DIR] [--merged OUT_DIR] [--model DIR]\n"
+    fprintf(f, "usage: spotune export CHECKPOINT [--peft OUT_DIR] [--merged OUT_DIR [--dtype D]]\n"
+               "                      [--model DIR]\n"
                "CHECKPOINT: a checkpoint directory or s3://bucket/prefix/step-NNNNNNNN.\n"
                "--peft: the LoRA adapter in the PEFT layout (adapter_model.safetensors +\n"
-               "  adapter_config.json), for Hugging Face PEFT, vLLM and SGLang.\n"
+               "  adapter_config.json, and a README.md model card), for Hugging Face PEFT,\n"
+               "  vLLM and SGLang.\n"
                "--merged: base + adapter (or the fully fine-tuned weights) as a Hugging Face\n"
-               "  model directory in the base model's dtype.\n"
+               "  model directory that loads without the base: the base's config.json with\n"
+               "  only the dtype changed, its tokenizer files and generation_config.json.\n"
+               "--dtype bf16|f16|f32: the merged weights' dtype (default: the base's).\n"
                "--model: the base model directory (default: model.path of the run).\n"
                "options for s3://: --endpoint URL --region R --path-style --timeout S\n");
 }
@@ -460,13 +500,20 @@ static void export_usage(FILE *f)
 int cmd_export(int argc, char **argv)
 {
     store_opts o = {0};
-    const char *peft = NULL, *merged = NULL, *model = NULL;
-    int prc = parse_store_opts(argc, argv, &o, "PMm", &peft, &merged, &model);
+    const char *peft = NULL, *merged = NULL, *model = NULL, *dtype = NULL;
+    int prc = parse_store_opts(argc, argv, &o, "PMmd", &peft, &merged, &model, &dtype);
     if (prc || optind != argc - 1 || (!peft && !merged)) {
         export_usage(prc > 0 ? stdout : stderr);
         return prc > 0 ? 0 : SP_EXIT_USAGE;
     }
     sp_err err = {0};
+    dtype_t dt;
+    if (dtype && !merged)
+        sp_fail(&err, SP_EXIT_USAGE, "export: --dtype applies to --merged only");
+    else if (dtype)
+        dtype_of_option(dtype, &dt, &err);
+    if (err.code)
+        return fail(&err);
     char *dir, *tmp;
     ckpt_snapshot s;
     config_t c;
@@ -483,9 +530,9 @@ int cmd_export(int argc, char **argv)
         rc = err.code = SP_EXIT_INPUT; /* a damaged checkpoint, not the user's config */
     }
     const char *base = model ? model : c.model_path;
-    if (!rc && peft && (rc = export_peft(&s, &c, base, peft, &err)) == 0)
+    if (!rc && peft && (rc = export_peft(&s, &c, base, dir, peft, &err)) == 0)
         printf("adapter (PEFT layout): %s\n", peft);
-    if (!rc && merged && (rc = export_merged(&s, &c, base, merged, &err)) == 0)
+    if (!rc && merged && (rc = export_merged(&s, &c, base, merged, dtype, &err)) == 0)
         printf("merged model (Hugging Face layout): %s\n", merged);
     ckpt_snapshot_free(&s);
     config_free(&c);

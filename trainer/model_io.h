@@ -18,14 +18,29 @@
 int model_io_load_base(model_t *m, const char *dir, sp_err *err);
 /* Writes dir/config.json and model.safetensors (sharded above shard_bytes,
  * with model.safetensors.index.json) holding the base parameters in dtype
- * (F32 or BF16). With merge_lora, LoRA updates are folded into the weights. */
+ * (F32, BF16 or F16). With merge_lora, LoRA updates are folded into the weights. */
 int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, size_t shard_bytes,
                   sp_err *err);
+/* Writes dir as a model derived from the base directory base_dir (full
+ * fine-tuning, merged export), loadable without base_dir at hand: the
+ * weights as model_io_save writes them (in dtype: F32, BF16 or F16), every
+ * tokenizer and generation file of base_dir (model_io_is_side_file) copied,
+ * and config.json last: base_dir's with every key kept and only the dtype
+ * key(s) changed ("torch_dtype" and/or "dtype", as the base has them).
+ * Refuses (SP_EXIT_USAGE) to write into base_dir itself. */
+int model_io_save_derived(model_t *m, const char *base_dir, const char *dir, dtype_t dtype,
+                          int merge_lora, size_t shard_bytes, sp_err *err);
+/* 1 for the file names of a model directory that model_io_save_derived
+ * copies: tokenizer* (tokenizer.json, tokenizer_config.json,
+ * tokenizer.model, ...), *.tiktoken, special_tokens_map.json,
+ * added_tokens.json, chat_template.jinja/.json, vocab.json, vocab.txt,
+ * merges.txt, spiece.model, sentencepiece.bpe.model, generation_config.json. */
+int model_io_is_side_file(const char *name);
 /* 16 hex digits identifying the base model: its config.json and the names,
  * shapes, dtypes and sampled bytes of its tensors. */
 int model_io_identity(const char *dir, char out[17], sp_err *err);
-/* The dtype a model directory stores its weights in: BF16 (for BF16 and
- * F16) or F32, read from its first tensor; an exported model keeps it. */
+/* The dtype a model directory stores its weights in (F32, BF16 or F16),
+ * read from its first tensor; an exported model keeps it unless told. */
 int model_io_weights_dtype(const char *dir, dtype_t *dt, sp_err *err);
 /* Lists the safetensors files of a model directory (index shards or the
  * single file). Caller frees each string and the array. */

@@ -18,6 +18,7 @@
 #include "grad_sync.h"
 #include "log.h"
 #include "model.h"
+#include "model_card.h"
 #include "model_io.h"
 #include "optim.h"
 #include "signals.h"
@@ -412,6 +413,14 @@ static int save_adapter(trainer_t *t, const char *dir, sp_err *err)
 {
     if (adapter_save(t->m, dir, t->cfg->model_path, err))
         return err->code;
+    model_card card = {.base_model = t->cfg->model_path, .steps = t->p.step,
+                       .train_data = t->cfg->data_train, .val_data = t->cfg->data_val};
+    char *metrics = sp_strf("%s/metrics.jsonl", t->cfg->run_dir);
+    int rc = metrics ? model_card_read_metrics(&card, metrics, err)
+                     : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    free(metrics);
+    if (rc || model_card_write(dir, &t->m->o, &card, err))
+        return err->code;
     fprintf(t->out, "adapter (PEFT layout): %s/adapter_model.safetensors\n", dir);
     return 0;
 }
@@ -421,7 +430,7 @@ static int save_model(trainer_t *t, const char *dir, sp_err *err)
     dtype_t dt;
     if (model_io_weights_dtype(t->cfg->model_path, &dt, err))
         return err->code;
-    if (model_io_save(t->m, dir, dt, 0, MODEL_IO_SHARD_BYTES, err))
+    if (model_io_save_derived(t->m, t->cfg->model_path, dir, dt, 0, MODEL_IO_SHARD_BYTES, err))
         return err->code;
     if (t->m->shard_count > 1 && t->be->act_dt != DT_F32 && t->be->act_dt != dt)
         log_event(t->out, &t->metrics, "info",

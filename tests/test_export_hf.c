@@ -1,0 +1,613 @@
+/* Exports that serve unchanged, on every Hugging Face fixture architecture
+ * (tests/fixtures/hf: llama_gqa, llama_tied_llama3, qwen2_bias, mistral).
+ * A base whose config.json carries keys spotune has never heard of
+ * ("sliding_window": null, an unknown object, eos_token_id as a list,
+ * transformers 4's torch_dtype + rope_scaling, ...) and tokenizer files is
+ * fine-tuned a few steps with LoRA by spotune, then exported:
+ *   - the merged config.json equals the base's but for the dtype key(s), in
+ *     the same key order;
+ *   - the base's tokenizer and generation files are copied byte for byte,
+ *     other files are not;
+ *   - the merged model loaded back by spotune gives the logits of base +
+ *     adapter in spotune (the fixture's batch; 1e-5 relative to the largest
+ *     logit, float32 rounding of W + s B A), and the adapter moved them;
+ *   - --dtype bf16|f16 writes every tensor and the config in that dtype;
+ *     a bad --dtype, --dtype without --merged and an export into the base
+ *     directory are refused by name, writing nothing;
+ *   - the adapter directory has a README.md model card (PEFT's front matter,
+ *     base model, targets, r/alpha, steps, final losses, datasets), whose
+ *     losses are the last train and val records of metrics.jsonl;
+ *   - a config.json as transformers writes it comes out byte for byte;
+ *   - a full fine-tune's RUN_DIR/model/ keeps the config and files the same
+ *     way;
+ *   - spotune --help lists export --model and --dtype. */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test_util.h"
+#include "trainer/data.h"
+#include "trainer/model_card.h"
+#include "trainer/model_io.h"
+
+/* merged f32 weights against base + adapter: float32 rounding of the sum */
+#define LOGITS_TOL 1e-5
+/* the adapter must move the logits by more than this (else the test is weak) */
+#define MOVED_MIN 1e-3
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = tu_tempdir("exporthf");
+    cr_assert(dir);
+}
+
+static void teardown(void)
+{
+    tu_rmtree(dir);
+    free(dir);
+}
+
+TestSuite(export_hf, .init = setup, .fini = teardown, .timeout = 600);
+
+/* DIR/rel in one of 8 static buffers used in turn */
+static const char *at(const char *rel)
+{
+    static char buf[8][4096];
+    static int next;
+    char *b = buf[next++ % 8];
+    snprintf(b, 4096, "%s/%s", dir, rel);
+    return b;
+}
+
+static int exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static json_t *load_json(const char *path)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    cr_assert(j, "%s: %s", path, je.text);
+    return j;
+}
+
+/* The files the test puts beside the base's weights: name, content, and
+ * whether a merged export must copy it. */
+static const struct {
+    const char *name, *text;
+    int copied;
+} side_files[] = {
+    {"tokenizer.json", "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\"}}\n", 1},
+    {"tokenizer_config.json", "{\"model_max_length\": 4160, \"chat_template\": null}\n", 1},
+    {"special_tokens_map.json", "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}\n", 1},
+    {"tokenizer.model", "\x0a\x05\x3c\x75\x6e\x6b\x3e binary sentencepiece bytes\n", 1},
+    {"chat_template.jinja", "{% for m in messages %}{{ m['content'] }}{% endfor %}\n", 1},
+    {"added_tokens.json", "{\"<extra_0>\": 63}\n", 1},
+    {"vocab.json", "{\"a\": 0, \"b\": 1}\n", 1},
+    {"merges.txt", "#version: 0.2\na b\n", 1},
+    {"notes.txt", "not a tokenizer file\n", 0},
+    {"training_args.bin", "not a tokenizer file either\n", 0},
+};
+
+/* Makes DIR/base: the fixture's model/ with config.json edited (keys spotune
+ * has never heard of, per architecture variants) and the side files. */
+static void make_base(const char *name)
+{
+    const char *fx = fixture(tu_fmt("hf/%s/model", name));
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s && cp %s/model.safetensors %s/generation_config.json %s/",
+                       at("base"), fx, fx, at("base")),
+                 0);
+    json_t *c = load_json(tu_fmt("%s/config.json", fx));
+    json_object_set_new(c, "sliding_window", json_null());
+    json_object_set_new(c, "spotune_never_heard_of",
+                        json_pack("{s:[i, f, n, s], s:b, s:{s:s}}", "list", 1, 2.5, "x", "flag", 1,
+                                  "nested", "deeper", "value"));
+    if (strcmp(name, "llama_gqa") == 0) {
+        /* a list of end ids, a pad id, and both dtype keys */
+        json_object_set_new(c, "eos_token_id", json_pack("[i, i]", 2, 5));
+        json_object_set_new(c, "pad_token_id", json_integer(0));
+        json_object_set_new(c, "torch_dtype", json_string("float32"));
+    } else if (strcmp(name, "llama_tied_llama3") == 0) {
+        /* as transformers 4 writes it: torch_dtype, rope_theta at the top,
+         * rope_scaling for the llama3 parameters */
+        json_t *rp = json_deep_copy(json_object_get(c, "rope_parameters"));
+        json_object_set_new(c, "rope_theta", json_real(500000.0));
+        json_object_del(rp, "rope_theta");
+        json_object_set_new(c, "rope_scaling", rp);
+        json_object_del(c, "rope_parameters");
+        json_object_del(c, "dtype");
+        json_object_set_new(c, "torch_dtype", json_string("float32"));
+    } else if (strcmp(name, "mistral") == 0) {
+        /* no window at all (the key transformers must not fill in with 4096) */
+        json_object_set_new(c, "max_window_layers", json_integer(1));
+    }
+    cr_assert_eq(json_dump_file(c, at("base/config.json"), JSON_INDENT(2)), 0);
+    json_decref(c);
+    for (size_t i = 0; i < sizeof side_files / sizeof side_files[0]; i++)
+        cr_assert_eq(tu_write_file(at(tu_fmt("base/%s", side_files[i].name)), side_files[i].text),
+                     0);
+}
+
+/* DIR/train.h5 and DIR/val.h5: random tokens below vocab, documents of 50 */
+static void make_data(int64_t vocab)
+{
+    sp_err err = {0};
+    for (int part = 0; part < 2; part++) {
+        uint64_t n = part ? 400 : 2000, ndocs = n / 50;
+        uint32_t *tok = malloc(sizeof *tok * n);
+        uint8_t *msk = malloc(n);
+        uint64_t *off = malloc(sizeof *off * (ndocs + 1));
+        uint64_t s = 0x9e3779b97f4a7c15ull + (uint64_t)part;
+        for (uint64_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            tok[i] = (uint32_t)((s >> 33) % (uint64_t)vocab);
+            msk[i] = i % 50 != 0;
+        }
+        for (uint64_t d = 0; d <= ndocs; d++)
+            off[d] = d * 50;
+        cr_assert_eq(dataset_write(at(part ? "val.h5" : "train.h5"), tok, msk, n, off, ndocs, vocab,
+                                   2, "test", &err),
+                     0, "%s", err.msg);
+        free(tok), free(msk), free(off);
+    }
+}
+
+/* Trains DIR/run (mode lora or full) for 6 steps on DIR/base; the final
+ * checkpoint is DIR/run/checkpoints/step-00000006. */
+static void train(const char *mode, const char *targets)
+{
+    char *yaml = sp_strf("run:\n  dir: %s\n  seed: 7\nmodel:\n  path: %s\n"
+                         "data:\n  train: %s\n  val: %s\n  val_every: 3\n  val_windows: 4\n"
+                         "train:\n  mode: %s\n  steps: 6\n  seq_len: 16\n  micro_batch: 2\n"
+                         "  grad_accum: 1\n  lr: 5e-2\n  warmup_steps: 1\n"
+                         "lora:\n  r: 4\n  alpha: 8\n  targets: %s\n"
+                         "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
+                         "checkpoint:\n  every_minutes: 0\n  every_steps: 6\n",
+                         at("run"), at("base"), at("train.h5"), at("val.h5"), mode, targets);
+    cr_assert_eq(tu_write_file(at("run.yaml"), yaml), 0);
+    free(yaml);
+    char *out = NULL;
+    int rc = tu_spotune(&out, "train %s", at("run.yaml"));
+    cr_assert_eq(rc, 0, "training failed (%d): %s", rc, out);
+    free(out);
+}
+
+/* The merged config.json (path) is the base's with every dtype key the base
+ * has (torch_dtype and/or dtype; torch_dtype when none) set to want, every
+ * other key equal and in the same order. */
+static void check_config(const char *path_at, const char *want)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s", path_at);
+    json_t *base = load_json(at("base/config.json")), *got = load_json(path);
+    int had = 0;
+    const char *keys[] = {"torch_dtype", "dtype"};
+    for (int i = 0; i < 2; i++)
+        if (json_object_get(base, keys[i])) {
+            json_object_set_new(base, keys[i], json_string(want));
+            had = 1;
+        }
+    if (!had)
+        json_object_set_new(base, "torch_dtype", json_string(want));
+    char *b = json_dumps(base, JSON_INDENT(2)), *g = json_dumps(got, JSON_INDENT(2));
+    cr_expect(json_equal(base, got), "%s differs from the base's config.json but for the "
+                                     "dtype:\n%s\nexpected:\n%s",
+              path, g, b);
+    /* same keys in the same order (jansson keeps insertion order) */
+    cr_expect_str_eq(g, b, "%s: key order or formatting differs", path);
+    json_t *sw = json_object_get(got, "sliding_window");
+    cr_expect(sw && json_is_null(sw), "%s: sliding_window must stay null", path);
+    free(b), free(g);
+    json_decref(base), json_decref(got);
+}
+
+/* The side files of DIR/base are in out byte for byte; the others are not. */
+static void check_side_files(const char *out_at)
+{
+    char out[4096]; /* out_at may be one of at()'s buffers, which the loop reuses */
+    snprintf(out, sizeof out, "%s", out_at);
+    for (size_t i = 0; i < sizeof side_files / sizeof side_files[0]; i++) {
+        const char *p = tu_fmt("%s/%s", out, side_files[i].name);
+        if (!side_files[i].copied) {
+            cr_expect(!exists(p), "%s was copied", p);
+            continue;
+        }
+        char *o = NULL;
+        cr_expect_eq(tu_sh(&o, "cmp %s %s", at(tu_fmt("base/%s", side_files[i].name)), p), 0,
+                     "%s: %s", p, o);
+        free(o);
+    }
+    char *o = NULL;
+    cr_expect_eq(tu_sh(&o, "cmp %s %s", at("base/generation_config.json"),
+                       tu_fmt("%s/generation_config.json", out)),
+                 0, "generation_config.json: %s", o);
+    free(o);
+}
+
+/* logits of the fixture's batch for the model in case_dir/model (+ lora/) */
+static float *logits_of(const char *case_dir, int lora, size_t *n)
+{
+    tu_hf_case hc;
+    sp_err err = {0};
+    cr_assert_eq(tu_hf_open(&hc, case_dir, lora, 0.0, "cpu", RECOMPUTE_NONE, 0, &err), 0, "%s: %s",
+                 case_dir, err.msg);
+    *n = (size_t)hc.B * hc.T * hc.mc.vocab;
+    float *l = malloc(sizeof(float) * *n);
+    model_batch b = {hc.inputs, hc.targets, hc.ids, hc.B, hc.T, 1.0f, 1};
+    cr_assert_eq(model_forward_logits(hc.m, &b, l, &err), 0, "%s", err.msg);
+    tu_hf_close(&hc);
+    return l;
+}
+
+/* DIR/<tag>: model -> model_dir, lora -> adapter_dir, the fixture's batch */
+static const char *case_dir(const char *tag, const char *name, const char *model_dir,
+                            const char *adapter_dir)
+{
+    static char buf[2][4096];
+    static int next;
+    char *d = buf[next++ % 2];
+    snprintf(d, sizeof buf[0], "%s/%s", dir, tag);
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s && ln -sfn %s %s/model && ln -sf %s %s/batch.safetensors",
+                       d, model_dir, d, fixture(tu_fmt("hf/%s/batch.safetensors", name)), d),
+                 0);
+    if (adapter_dir)
+        cr_assert_eq(tu_sh(NULL, "ln -sfn %s %s/lora", adapter_dir, d), 0);
+    return d;
+}
+
+/* Every tensor of the merged model's safetensors file(s) has dtype want. */
+static void check_weights_dtype(const char *model_dir, dtype_t want)
+{
+    char **files;
+    int nf;
+    sp_err err = {0};
+    cr_assert_eq(model_io_weight_files(model_dir, &files, &nf, &err), 0, "%s", err.msg);
+    size_t seen = 0;
+    for (int i = 0; i < nf; i++) {
+        st_file f;
+        cr_assert_eq(st_open(&f, tu_fmt("%s/%s", model_dir, files[i]), &err), 0, "%s", err.msg);
+        for (size_t k = 0; k < f.n; k++, seen++)
+            cr_expect_eq(f.tensors[k].dt, want, "%s: %s is %s, not %s", files[i],
+                         f.tensors[k].name, dtype_name(f.tensors[k].dt), dtype_name(want));
+        st_close(&f);
+        free(files[i]);
+    }
+    free(files);
+    cr_expect_gt(seen, 0);
+}
+
+static void check_card(const char *adapter_at, const char *targets_line)
+{
+    char adapter[4096];
+    snprintf(adapter, sizeof adapter, "%s", adapter_at);
+    char *card = tu_read_file(tu_fmt("%s/README.md", adapter), NULL);
+    cr_assert(card, "%s/README.md is missing", adapter);
+    char *front = sp_strf("---\nbase_model: \"%s\"\nlibrary_name: peft\n", at("base"));
+    cr_expect(strncmp(card, front, strlen(front)) == 0, "front matter:\n%s", card);
+    free(front);
+    const char *want[] = {
+        tu_fmt("- **Base model:** `%s`\n", at("base")),
+        "- **Adapter:** LoRA, r = 4, lora_alpha = 8 (scale 2, alpha / r), lora_dropout = 0, "
+        "use_rslora = false\n",
+        targets_line,
+        "- **Steps:** 6\n",
+        tu_fmt("- **Training data:** `%s`\n", at("train.h5")),
+        tu_fmt("- **Validation data:** `%s`\n", at("val.h5")),
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(tu_contains(card, want[i]), "README.md lacks \"%s\":\n%s", want[i], card);
+    /* the final losses are the last train and val records of the run */
+    json_t *last_train = NULL, *last_val = NULL;
+    char *metrics = tu_read_file(at("run/metrics.jsonl"), NULL);
+    cr_assert(metrics);
+    for (char *line = strtok(metrics, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *o = json_loads(line, 0, NULL);
+        const char *ev = json_string_value(json_object_get(o, "event"));
+        json_t **slot = ev && !strcmp(ev, "train") ? &last_train : ev && !strcmp(ev, "val") ? &last_val : NULL;
+        if (slot) {
+            json_decref(*slot);
+            *slot = o;
+        } else {
+            json_decref(o);
+        }
+    }
+    cr_assert(last_train && last_val, "the run recorded no train or no val loss");
+    char line[256];
+    snprintf(line, sizeof line, "- **Final train loss:** %.4f (step %lld)\n",
+             json_number_value(json_object_get(last_train, "loss")),
+             (long long)json_integer_value(json_object_get(last_train, "step")));
+    cr_expect(tu_contains(card, line), "README.md lacks \"%s\":\n%s", line, card);
+    snprintf(line, sizeof line, "- **Final validation loss:** %.4f (step %lld)\n",
+             json_number_value(json_object_get(last_val, "val_loss")),
+             (long long)json_integer_value(json_object_get(last_val, "step")));
+    cr_expect(tu_contains(card, line), "README.md lacks \"%s\":\n%s", line, card);
+    json_decref(last_train), json_decref(last_val);
+    free(metrics);
+    free(card);
+}
+
+/* The whole check for one architecture. */
+static void check_arch(const char *name)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    make_base(name);
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    make_data(mc.vocab);
+    train("lora", "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]");
+    char ck[4096]; /* kept: at() reuses its buffers */
+    snprintf(ck, sizeof ck, "%s", at("run/checkpoints/step-00000006"));
+    char *out = NULL;
+    int rc = tu_spotune(&out, "export %s --merged %s --peft %s", ck, at("merged"), at("peft"));
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+
+    check_config(at("merged/config.json"), "float32");
+    check_side_files(at("merged"));
+    check_weights_dtype(at("merged"), DT_F32);
+    check_card(at("peft"), "- **Target modules:** q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                           "up_proj, down_proj\n");
+    /* the run's own adapter/ has the same card */
+    check_card(at("run/adapter"), "- **Target modules:** q_proj, k_proj, v_proj, o_proj, "
+                                  "gate_proj, up_proj, down_proj\n");
+
+    /* merged == base + adapter, in spotune, on the fixture's batch */
+    size_t n, n2, n3;
+    float *with = logits_of(case_dir("with-adapter", name, at("base"), at("peft")), 1, &n);
+    float *merged = logits_of(case_dir("merged-case", name, at("merged"), NULL), 0, &n2);
+    cr_assert_eq(n, n2);
+    double e = tu_rel_err(merged, with, n);
+    cr_expect_lt(e, LOGITS_TOL, "%s: merged logits differ from base + adapter: rel %g", name, e);
+    float *plain = logits_of(case_dir("base-only", name, at("base"), NULL), 0, &n3);
+    double moved = tu_rel_err(plain, with, n);
+    cr_expect_gt(moved, MOVED_MIN, "%s: the adapter barely changed the logits (rel %g)", name,
+                 moved);
+    printf("%s: merged vs base + adapter logits rel %.3g (adapter moved them by %.3g)\n", name, e,
+           moved);
+    free(with), free(merged), free(plain);
+}
+
+Test(export_hf, llama_gqa) { check_arch("llama_gqa"); }
+Test(export_hf, llama_tied_llama3) { check_arch("llama_tied_llama3"); }
+Test(export_hf, qwen2_bias) { check_arch("qwen2_bias"); }
+Test(export_hf, mistral_sliding_window_null) { check_arch("mistral"); }
+
+/* A config.json as transformers writes it (the fixture's, untouched) comes
+ * out byte for byte the same in the base's dtype, and with --dtype bf16 the
+ * only line that differs is the dtype's. */
+Test(export_hf, config_json_keeps_the_bases_bytes)
+{
+    const char *names[] = {"llama_gqa", "llama_tied_llama3", "qwen2_bias", "mistral"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        model_config_t mc;
+        sp_err err = {0};
+        const char *fx = fixture(tu_fmt("hf/%s/model", names[i]));
+        cr_assert_eq(tu_sh(NULL, "rm -rf %s %s %s && cp -r %s %s", at("base"), at("run"),
+                           at("m"), fx, at("base")),
+                     0);
+        cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+        make_data(mc.vocab);
+        train("lora", "[q_proj, v_proj]");
+        char *out = NULL;
+        int rc = tu_spotune(&out, "export %s --merged %s", at("run/checkpoints/step-00000006"),
+                            at("m"));
+        cr_assert_eq(rc, 0, "%s", out);
+        free(out);
+        cr_expect_eq(tu_sh(&out, "cmp %s/config.json %s/config.json", fx, at("m")), 0,
+                     "%s: config.json changed: %s", names[i], out);
+        free(out);
+        rc = tu_spotune(&out, "export %s --merged %s --dtype bf16",
+                        at("run/checkpoints/step-00000006"), at("m"));
+        cr_assert_eq(rc, 0, "%s", out);
+        free(out);
+        cr_assert_eq(tu_sh(&out, "diff %s/config.json %s/config.json | grep '^[<>]'", fx,
+                           at("m")),
+                     0);
+        cr_expect_str_eq(out, "<   \"dtype\": \"float32\",\n>   \"dtype\": \"bfloat16\",\n",
+                         "%s: the diff is more than the dtype", names[i]);
+        free(out);
+    }
+}
+
+/* Every tensor of model_dir (in dt) is the f32 merged model's (ref_dir)
+ * rounded once to dt (round to nearest even, as dtype_convert does): the
+ * bytes are equal. */
+static void check_rounded(const char *model_dir, const char *ref_dir, dtype_t dt)
+{
+    st_file f, r;
+    sp_err err = {0};
+    cr_assert_eq(st_open(&f, tu_fmt("%s/model.safetensors", model_dir), &err), 0, "%s", err.msg);
+    cr_assert_eq(st_open(&r, tu_fmt("%s/model.safetensors", ref_dir), &err), 0, "%s", err.msg);
+    cr_expect_eq(f.n, r.n);
+    for (size_t i = 0; i < r.n; i++) {
+        const st_tensor *rt = &r.tensors[i], *t = st_find(&f, rt->name);
+        cr_assert(t, "%s lacks %s", model_dir, rt->name);
+        cr_assert_eq(rt->dt, DT_F32);
+        cr_assert_eq(t->numel, rt->numel, "%s", rt->name);
+        float *src = malloc(sizeof(float) * rt->numel);
+        uint16_t *want = malloc(2 * rt->numel);
+        memcpy(src, rt->data, sizeof(float) * rt->numel);
+        cr_assert_eq(dtype_convert(want, dt, src, DT_F32, rt->numel), 0);
+        cr_expect_eq(memcmp(want, t->data, 2 * rt->numel), 0,
+                     "%s: not the f32 merged weights rounded to %s", rt->name, dtype_name(dt));
+        free(src), free(want);
+    }
+    st_close(&f), st_close(&r);
+}
+
+/* --dtype: every tensor and the config follow, each weight the f32 merged
+ * weight rounded once; the logits stay near base + adapter's (a sanity
+ * bound: bf16 keeps 8 significant bits, f16 11; measured 7.7e-3 and 2.1e-3
+ * relative to the largest logit). */
+static void check_dtype(const char *name, const char *opt, dtype_t dt, const char *torch_name,
+                        double tol)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    make_base(name);
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    make_data(mc.vocab);
+    train("lora", "[q_proj, v_proj, down_proj]");
+    char ck[4096]; /* kept: at() reuses its buffers */
+    snprintf(ck, sizeof ck, "%s", at("run/checkpoints/step-00000006"));
+    char *out = NULL;
+    int rc = tu_spotune(&out, "export %s --merged %s --peft %s --dtype %s", ck, at("m"), at("p"),
+                        opt);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    check_config(at("m/config.json"), torch_name);
+    check_weights_dtype(at("m"), dt);
+    check_side_files(at("m"));
+    if (dt != DT_F32) {
+        rc = tu_spotune(&out, "export %s --merged %s", ck, at("m32"));
+        cr_assert_eq(rc, 0, "%s", out);
+        free(out);
+        check_weights_dtype(at("m32"), DT_F32); /* the default: the base's dtype */
+        check_rounded(at("m"), at("m32"), dt);
+    }
+    size_t n, n2;
+    float *with = logits_of(case_dir("with-adapter", name, at("base"), at("p")), 1, &n);
+    float *merged = logits_of(case_dir("merged-case", name, at("m"), NULL), 0, &n2);
+    double e = tu_rel_err(merged, with, n);
+    cr_expect_lt(e, tol, "%s --dtype %s: rel %g", name, opt, e);
+    printf("%s --dtype %s: merged vs base + adapter logits rel %.3g\n", name, opt, e);
+    free(with), free(merged);
+}
+
+Test(export_hf, dtype_bf16) { check_dtype("llama_gqa", "bf16", DT_BF16, "bfloat16", 3e-2); }
+Test(export_hf, dtype_f16) { check_dtype("qwen2_bias", "f16", DT_F16, "float16", 1e-2); }
+Test(export_hf, dtype_f32) { check_dtype("llama_tied_llama3", "f32", DT_F32, "float32", LOGITS_TOL); }
+
+/* Bad requests are refused by name and write nothing. */
+Test(export_hf, bad_requests_are_refused)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    make_base("llama_gqa");
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    make_data(mc.vocab);
+    train("lora", "[q_proj, v_proj]");
+    char ck[4096]; /* kept: at() reuses its buffers */
+    snprintf(ck, sizeof ck, "%s", at("run/checkpoints/step-00000006"));
+    char *out = NULL;
+    int rc = tu_spotune(&out, "export %s --merged %s --dtype f8", ck, at("bad"));
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "--dtype") && tu_contains(out, "'f8'") && tu_contains(out, "bf16"),
+              "%s", out);
+    cr_expect(!exists(at("bad")), "a bad --dtype wrote %s", at("bad"));
+    free(out);
+    rc = tu_spotune(&out, "export %s --peft %s --dtype bf16", ck, at("bad"));
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "--dtype") && tu_contains(out, "--merged"), "%s", out);
+    cr_expect(!exists(at("bad")), "--dtype without --merged wrote %s", at("bad"));
+    free(out);
+    /* into the base directory itself: refused, the base untouched */
+    char *before = NULL, *after = NULL;
+    cr_assert_eq(tu_sh(&before, "cd %s && sha256sum *", at("base")), 0);
+    rc = tu_spotune(&out, "export %s --merged %s", ck, at("base"));
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, at("base")) && tu_contains(out, "base model directory"), "%s", out);
+    free(out);
+    cr_assert_eq(tu_sh(&after, "cd %s && sha256sum *", at("base")), 0);
+    cr_expect_str_eq(after, before, "the base changed");
+    free(before), free(after);
+}
+
+/* A full fine-tune's RUN_DIR/model/ and its merged export: the base's
+ * config.json but for the dtype, the tokenizer and generation files. */
+Test(export_hf, full_fine_tune_model_dir)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    make_base("mistral");
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    make_data(mc.vocab);
+    train("full", "[q_proj]");
+    check_config(at("run/model/config.json"), "float32");
+    check_side_files(at("run/model"));
+    char *out = NULL;
+    int rc = tu_spotune(&out, "export %s --merged %s --dtype bf16",
+                        at("run/checkpoints/step-00000006"), at("full-bf16"));
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    check_config(at("full-bf16/config.json"), "bfloat16");
+    check_weights_dtype(at("full-bf16"), DT_BF16);
+    check_side_files(at("full-bf16"));
+}
+
+/* spotune --help lists export's --model (and --dtype). */
+Test(export_hf, help_lists_export_options)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_spotune(&out, "--help"), 0, "%s", out);
+    const char *line = strstr(out, "export CHECKPOINT");
+    cr_assert(line, "%s", out);
+    const char *end = strstr(line, "bench");
+    cr_assert(end);
+    char *part = strndup(line, (size_t)(end - line));
+    cr_expect(tu_contains(part, "--model") && tu_contains(part, "--dtype") &&
+                  tu_contains(part, "--peft") && tu_contains(part, "--merged"),
+              "%s", part);
+    free(part);
+    free(out);
+}
+
+/* The card's losses are the last numeric train and val records; a line cut
+ * short (a killed writer) and a NaN loss (written as null) are skipped; no
+ * val record or no metrics file says "none recorded". */
+Test(export_hf, model_card_from_metrics)
+{
+    sp_err err = {0};
+    const char *metrics = at("metrics.jsonl");
+    cr_assert_eq(tu_write_file(metrics,
+                               "{\"event\": \"train\", \"step\": 1, \"loss\": 4.5}\n"
+                               "{\"event\": \"val\", \"step\": 1, \"val_loss\": 4.25}\n"
+                               "{\"event\": \"train\", \"step\": 2, \"loss\": 3.125}\n"
+                               "{\"event\": \"train\", \"step\": 3, \"loss\": null}\n"
+                               "{\"event\": \"checkpoint\", \"step\": 3}\n"
+                               "{\"event\": \"train\", \"step\": 4, \"lo"),
+                 0);
+    model_card card = {.base_model = "org/base-7b", .steps = 4, .train_data = "d/train.h5"};
+    cr_assert_eq(model_card_read_metrics(&card, metrics, &err), 0, "%s", err.msg);
+    cr_expect_eq(card.train_loss, 3.125);
+    cr_expect_eq(card.train_loss_step, 2);
+    cr_expect_eq(card.val_loss, 4.25);
+    cr_expect_eq(card.val_loss_step, 1);
+    model_opts o = {.mode = MODE_LORA, .lora_r = 16, .lora_alpha = 16, .lora_dropout = 0.05,
+                    .rslora = 1, .lora_targets = TARGET_Q | TARGET_V};
+    cr_assert_eq(model_card_write(dir, &o, &card, &err), 0, "%s", err.msg);
+    char *text = tu_read_file(at("README.md"), NULL);
+    const char *want[] = {"---\nbase_model: \"org/base-7b\"\nlibrary_name: peft\n",
+                          "- \"base_model:adapter:org/base-7b\"\n",
+                          "- **Adapter:** LoRA, r = 16, lora_alpha = 16 (scale 4, alpha / sqrt(r)), "
+                          "lora_dropout = 0.05, use_rslora = true\n",
+                          "- **Target modules:** q_proj, v_proj\n",
+                          "- **Steps:** 4\n",
+                          "- **Final train loss:** 3.1250 (step 2)\n",
+                          "- **Final validation loss:** 4.2500 (step 1)\n",
+                          "- **Training data:** `d/train.h5`\n",
+                          "- **Validation data:** none\n"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(tu_contains(text, want[i]), "README.md lacks \"%s\":\n%s", want[i], text);
+    free(text);
+    /* no metrics at all */
+    cr_assert_eq(model_card_read_metrics(&card, at("no-such-metrics.jsonl"), &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(model_card_write(dir, &o, &card, &err), 0, "%s", err.msg);
+    text = tu_read_file(at("README.md"), NULL);
+    cr_expect(tu_contains(text, "- **Final train loss:** none recorded\n") &&
+                  tu_contains(text, "- **Final validation loss:** none recorded\n"),
+              "%s", text);
+    free(text);
+    cr_expect(!exists(at("README.md.tmp")));
+}
