@@ -265,7 +265,8 @@ Test(init_from, peft_adapter_qwen2_bias_gives_peft_loss) { peft_fixture("qwen2_b
 /* A resume takes the checkpoint: with init_from changed to a directory that
  * does not exist, or removed, or added to a run that had none, the run
  * resumes (the key is not in the config hash) and says init_from is not
- * read; the continuation equals the uninterrupted run's adapter bit for bit. */
+ * read; the continuation equals the uninterrupted run's adapter bit for bit.
+ * --resume none starts afresh and reads it. */
 Test(init_from, a_resume_takes_the_checkpoint_whatever_init_from_says)
 {
     run_a_and_export();
@@ -295,6 +296,15 @@ Test(init_from, a_resume_takes_the_checkpoint_whatever_init_from_says)
     int rc = train(&out, "plain", tu_fmt("%s --set train.steps=3", from));
     cr_expect_eq(rc, 0, "%s", out);
     cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "is not read"), "%s", out);
+    free(out);
+    /* --resume none: a fresh start, which reads it */
+    rc = tu_spotune(&out, "train %s/run.yaml --set run.dir=%s/plain %s --set train.steps=1 "
+                          "--resume none",
+                    dir, dir, from);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(!tu_contains(out, "resumed from") &&
+                  tu_contains(out, "LoRA weights initialised from"),
+              "%s", out);
     free(out);
 }
 
