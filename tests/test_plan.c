@@ -240,8 +240,25 @@ Test(plan, gpu_table)
     cr_expect_str_eq(plan_gpu_for_device("NVIDIA L4")->name, "L4");
     cr_expect_str_eq(plan_gpu_for_device("NVIDIA A10")->name, "A10");
     cr_expect_str_eq(plan_gpu_for_device("NVIDIA GeForce RTX 3090")->name, "RTX3090");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA A100 80GB PCIe")->name, "A100-80GB");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA GeForce RTX 4090")->name, "RTX4090");
+    cr_expect_str_eq(plan_gpu_for_device("NVIDIA H200")->name, "H200");
+    cr_expect_null(plan_gpu_for_device("NVIDIA L40"));
     cr_expect_null(plan_gpu_for_device("NVIDIA A10G"));
     cr_expect_null(plan_gpu_for_device("NVIDIA H100 PCIe"));
+}
+
+/* PLAN_CUDA_WORKSPACE is the CUDA backend's workspace_bytes (which only a
+ * CUDA build can read): the source still says 32 + 256 + 64 MiB. */
+Test(plan, cuda_workspace_matches_the_backend)
+{
+    char *src = tu_read_file(tu_fmt("%s/kernels/cuda/cuda_backend.cu", tu_source_dir()), NULL);
+    cr_assert(src);
+    cr_expect(strstr(src, "be->workspace_bytes = ((size_t)32 << 20) + ((size_t)256 << 20) + "
+                          "((size_t)64 << 20);"),
+              "kernels/cuda/cuda_backend.cu changed the workspace: update PLAN_CUDA_WORKSPACE");
+    cr_expect_eq(PLAN_CUDA_WORKSPACE, (double)((32 + 256 + 64) << 20));
+    free(src);
 }
 
 /* ---- the plan against the CPU allocator's peak ------------------------------- */

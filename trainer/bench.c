@@ -14,6 +14,7 @@
 #include "grad_sync.h"
 #include "model.h"
 #include "optim.h"
+#include "plan.h"
 
 typedef struct bench_opts {
     const char *preset, *backend;
@@ -25,14 +26,16 @@ typedef struct bench_opts {
     int cpu_check;              /* -1 auto (tiny and small), 0 off, 1 on */
 } bench_opts;
 
-/* Dense bf16 tensor-core peaks (TFLOP/s) by device name. */
+/* Dense bf16 tensor-core peaks (TFLOP/s) by device name: the cards of
+ * spotune plan's table (trainer/plan.c, with their datasheets), then others. */
 static double gpu_peak_tflops(const char *name)
 {
+    const plan_gpu *g = plan_gpu_for_device(name);
+    if (g)
+        return g->bf16_tflops;
     static const struct { const char *key; double tflops; } peaks[] = {
-        {"H200", 989.0},  {"H100 PCIe", 756.0}, {"H100", 989.0},   {"H800", 989.0},
-        {"A100", 312.0},  {"A800", 312.0},      {"L40S", 362.0},   {"L40", 181.0},
-        {"A10G", 70.0},   {"A10", 125.0},       {"RTX 4090", 165.0}, {"RTX 3090", 71.0},
-        {"A6000", 155.0}, {"L4", 121.0},
+        {"H100 PCIe", 756.0}, {"H100", 989.0}, {"H800", 989.0}, {"A100", 312.0},
+        {"A800", 312.0},      {"L40", 181.0},  {"A10G", 70.0},  {"A6000", 155.0},
     };
     for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
         if (strstr(name, peaks[i].key))
