@@ -8,10 +8,11 @@ serves as base + adapter does under Hugging Face PEFT.
 
 With --base/--adapter/--merged it loads the base with transformers plus the
 adapter with PeftModel.from_pretrained (the reference) and the merged directory
-alone with AutoModelForCausalLM (and AutoTokenizer when it holds tokenizer
-files), all in float32, and fails (exit 1) unless
+alone with AutoModelForCausalLM, all in float32, and fails (exit 1) unless
   - the merged config.json equals the base's except for the dtype key(s)
     ("torch_dtype", "dtype");
+  - when the base has a tokenizer, AutoTokenizer on the merged directory alone
+    encodes a sentence and renders a chat template as the base's does;
   - the greedy generation of --new-tokens (32) tokens from a prompt of 8 token
     ids is the same token for token (generate(do_sample=False,
     min_new_tokens=N): end-of-sequence does not cut either short);
@@ -26,7 +27,8 @@ bug.
 With --fixtures it runs the whole chain on every architecture of
 tests/fixtures/hf (llama_gqa, llama_tied_llama3, qwen2_bias, mistral): copies
 the fixture's model/ as the base (mistral's with "sliding_window": null, the
-case where a rebuilt config.json made transformers fill in 4096), writes a
+case where a rebuilt config.json made transformers fill in 4096) with the test
+tokenizer of tests/fixtures/tokenizer beside it, writes a
 random-token dataset (h5py), trains 12 LoRA steps with `SPOTUNE train` on all
 seven projections, exports --peft and --merged, checks as above, and prints one
 line per architecture.
@@ -115,15 +117,23 @@ def check(base_dir, adapter_dir, merged_dir, new_tokens=32, long_tokens=4160, to
         ok = False
     cfg = AutoConfig.from_pretrained(merged_dir, local_files_only=True)
     fig["merged_sliding_window"] = getattr(cfg, "sliding_window", None)
-    tok_files = [f for f in os.listdir(merged_dir) if f.startswith("tokenizer")]
-    if tok_files:
+    fig["tokenizer"] = "none in the base"
+    if any(f.startswith("tokenizer") for f in os.listdir(base_dir)):
+        # the merged directory's tokenizer alone encodes as the base's does
+        text = "The merged model reads this sentence the way the base model does."
+        chat = [{"role": "user", "content": "Which tokens?"}]
         try:
-            AutoTokenizer.from_pretrained(merged_dir, local_files_only=True)
-            fig["tokenizer"] = "loads"
+            t_base = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
+            t_mer = AutoTokenizer.from_pretrained(merged_dir, local_files_only=True)
+            same = t_base(text)["input_ids"] == t_mer(text)["input_ids"]
+            if t_base.chat_template:
+                same = same and (t_base.apply_chat_template(chat, tokenize=False) ==
+                                 t_mer.apply_chat_template(chat, tokenize=False))
+            fig["tokenizer"] = "same as the base's" if same else "DIFFERENT"
         except Exception as e:
-            print(f"FAIL: AutoTokenizer cannot load {merged_dir}: {e}")
             fig["tokenizer"] = f"fails: {e}"
-            ok = False
+        print(f"tokenizer (AutoTokenizer on the merged directory): {fig['tokenizer']}")
+        ok = ok and fig["tokenizer"] == "same as the base's"
     ref = load_reference(base_dir, adapter_dir)
     merged = load_model(merged_dir)
     vocab = cfg.vocab_size
@@ -204,6 +214,11 @@ def fixture_chain(arch, spotune, work, args):
         cfg["sliding_window"] = None  # no window: must not become transformers' 4096
     with open(cfg_path, "w") as f:
         f.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    # a real tokenizer beside the weights (tests/fixtures/tokenizer: byte-level BPE with a
+    # chat template), which the merged directory must carry
+    tok_dir = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
+    for name in os.listdir(tok_dir):
+        shutil.copy(os.path.join(tok_dir, name), base)
     write_dataset(os.path.join(d, "train.h5"), cfg["vocab_size"], 4000, 1)
     write_dataset(os.path.join(d, "val.h5"), cfg["vocab_size"], 800, 2)
     run_dir = os.path.join(d, "run")
@@ -273,12 +288,13 @@ def main(argv=None):
             if not args.workdir:
                 shutil.rmtree(work, ignore_errors=True)
         print("\narchitecture       generation (32 tokens)  min top-2 gap  logits rel "
-              f"({args.long_tokens} tokens)  sliding_window  config")
+              f"({args.long_tokens} tokens)  sliding_window  config            tokenizer")
         for arch, ok, f in rows:
+            conf = "= base but dtype" if not f["config_keys_differing"] else \
+                str(f["config_keys_differing"])
             print(f"{arch:18s} {'equal' if f['generation_equal'] else 'DIFFERENT':23s} "
                   f"{f['min_top2_gap']:<14.3g} {f['long_logits_rel']:<25.3g} "
-                  f"{str(f['merged_sliding_window']):15s} "
-                  f"{'= base but dtype' if not f['config_keys_differing'] else f['config_keys_differing']}")
+                  f"{str(f['merged_sliding_window']):15s} {conf:17s} {f['tokenizer']}")
         return 0 if all_ok else 1
     except LoadFailure as e:
         print(f"error: {e}", file=sys.stderr)
