@@ -445,6 +445,40 @@ static void check_rounded(const char *model_dir, const char *ref_dir, dtype_t dt
     st_close(&f), st_close(&r);
 }
 
+/* Strings and numbers as Python's json.dumps writes them (python3 writes the
+ * base's config.json here): non-ASCII, DEL and control characters escaped,
+ * astral characters as surrogate pairs, reals in repr's shortest form; the
+ * merged config.json is the same file byte for byte. */
+Test(export_hf, config_json_strings_and_numbers_as_python_writes_them)
+{
+    const char *fx = fixture("hf/llama_gqa/model");
+    cr_assert_eq(tu_sh(NULL, "cp -r %s %s", fx, at("base")), 0);
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "python3 -c 'import json, sys\n"
+                   "p = sys.argv[1]\n"
+                   "c = json.load(open(p))\n"
+                   "c[\"_name_or_path\"] = \"mod\\u00e8le \\u6a21 \\x7f \\x01 \\U0001f600 \\\"q\\\" \\\\ / \\t\"\n"
+                   "c[\"reals\"] = [1e-05, 1e16, 0.1, 123.456, -0.0, 5e-324, 1.7976931348623157e308, "
+                   "100.0, 0.0001, 2.5e-07, 12345678901234567.0, 3.0e15]\n"
+                   "c[\"nested\"] = {\"empty_list\": [], \"empty_obj\": {}, \"big\": 9007199254740993}\n"
+                   "open(p, \"w\").write(json.dumps(c, indent=2, sort_keys=True) + \"\\n\")' %s",
+                   at("base/config.json"));
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    model_config_t mc;
+    sp_err err = {0};
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    make_data(mc.vocab);
+    train("lora", "[q_proj]");
+    rc = tu_spotune(&out, "export %s --merged %s", at("run/checkpoints/step-00000006"), at("m"));
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    rc = tu_sh(&out, "diff %s %s", at("base/config.json"), at("m/config.json"));
+    cr_expect_eq(rc, 0, "config.json changed:\n%s", out);
+    free(out);
+}
+
 /* --dtype: every tensor and the config follow, each weight the f32 merged
  * weight rounded once; the logits stay near base + adapter's (a sanity
  * bound: bf16 keeps 8 significant bits, f16 11; measured 7.7e-3 and 2.1e-3

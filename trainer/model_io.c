@@ -387,6 +387,47 @@ static void put_real(FILE *f, double x)
     fprintf(f, "%s%s", fixed, strchr(fixed, '.') ? "" : ".0");
 }
 
+/* A string as Python's json.dumps writes it (ensure_ascii): printable ASCII
+ * as is but for " and backslash, the short escapes, everything else as a
+ * backslash-u escape of 4 lower-case hex digits (UTF-8 decoded, surrogate
+ * pairs above U+FFFF). s is valid UTF-8:
+ * jansson checked it when it read the file. */
+static void put_str(FILE *f, const char *s, size_t n)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n"
+                        : c == '\r' ? "\\r" : c == '\t' ? "\\t" : c == '\b' ? "\\b"
+                        : c == '\f' ? "\\f" : NULL;
+        if (esc) {
+            fputs(esc, f);
+            i++;
+            continue;
+        }
+        if (c >= 0x20 && c < 0x7f) {
+            fputc(c, f);
+            i++;
+            continue;
+        }
+        uint32_t cp = c;
+        int len = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+        if (len > 1)
+            cp = c & (0x3f >> (len - 1));
+        for (int k = 1; k < len && i + (size_t)k < n; k++)
+            cp = (cp << 6) | ((unsigned char)s[i + (size_t)k] & 0x3f);
+        i += (size_t)len;
+        if (cp > 0xffff) {
+            cp -= 0x10000;
+            fprintf(f, "\\u%04x\\u%04x", 0xd800 + (unsigned)(cp >> 10),
+                    0xdc00 + (unsigned)(cp & 0x3ff));
+        } else {
+            fprintf(f, "\\u%04x", (unsigned)cp);
+        }
+    }
+    fputc('"', f);
+}
+
 /* j as transformers writes config.json (json.dumps(indent=2), ASCII only)
  * but in j's own key order. */
 static void put_json(FILE *f, json_t *j, int depth)
@@ -404,11 +445,9 @@ static void put_json(FILE *f, json_t *j, int depth)
             json_t *v;
             json_object_foreach(j, k, v)
             {
-                json_t *key = json_string(k);
-                char *ks = key ? json_dumps(key, JSON_ENCODE_ANY | JSON_ENSURE_ASCII) : NULL;
-                fprintf(f, "%s\n%*s%s: ", i++ ? "," : "", 2 * (depth + 1), "", ks ? ks : "\"\"");
-                free(ks);
-                json_decref(key);
+                fprintf(f, "%s\n%*s", i++ ? "," : "", 2 * (depth + 1), "");
+                put_str(f, k, strlen(k));
+                fputs(": ", f);
                 put_json(f, v, depth + 1);
             }
         } else {
@@ -420,6 +459,8 @@ static void put_json(FILE *f, json_t *j, int depth)
         fprintf(f, "\n%*s%c", 2 * depth, "", obj ? '}' : ']');
     } else if (json_is_real(j)) {
         put_real(f, json_real_value(j));
+    } else if (json_is_string(j)) {
+        put_str(f, json_string_value(j), json_string_length(j));
     } else {
         char *s = json_dumps(j, JSON_ENCODE_ANY | JSON_ENSURE_ASCII);
         fputs(s ? s : "null", f);
