@@ -430,6 +430,13 @@ Test(plan, command_inputs)
     cr_expect_float_eq(json_real_value(json_object_get(json_object_get(y, "job"), "tokens")),
                        50.0 * 16 * 64, 1e-9);
     json_decref(y);
+    /* options win over the YAML; --model replaces its model.path */
+    y = plan_json(tu_fmt("%s/run.yaml --model llama-7b --mode lora --seq-len 128 --gpu H100", d));
+    cr_expect_str_eq(json_string_value(json_object_get(y, "mode")), "lora");
+    cr_expect_str_eq(json_string_value(json_object_get(y, "model")), "llama-7b");
+    cr_expect_eq(json_integer_value(json_object_get(y, "seq_len")), 128);
+    cr_expect_eq(json_integer_value(json_object_get(y, "params")), 6738415616LL);
+    json_decref(y);
 
     /* the dataset: its windows of seq_len tokens, times the epochs */
     json_t *ds = plan_json(tu_fmt("tiny --gpu L4 --seq-len 64 --dataset %s/data.train.h5 "
@@ -508,6 +515,8 @@ Test(plan, bad_inputs)
     refused(2, tu_fmt("%s/bad.yaml --gpu L4", d), "train.seq_len");
     cr_assert_eq(tu_sh(NULL, "printf 'model:\\n  path: %s/nowhere\\n' > %s/nomodel.yaml", d, d), 0);
     refused(3, tu_fmt("%s/nomodel.yaml --gpu L4", d), "model.path: ");
+    refused(3, tu_fmt("%s/nomodel.yaml --gpu L4", d), "--model config.json|DIR|PRESET");
+    refused(2, tu_fmt("llama-7b --model tiny --gpu L4"), "--model replaces a run YAML's model.path");
     tu_rmtree(d);
     free(d);
 }

@@ -434,8 +434,12 @@ static int run(int argc, char **argv, sp_err *err)
     const char *what = model ? model : yaml ? yaml_model : arg;
     if (!what)
         rc = sp_fail(err, SP_EXIT_USAGE, "%s: model.path is not set (or give --model)", arg);
-    if (!rc && (rc = plan_load_model(&in, what, err)) && yaml && !model)
+    if (!rc && (rc = plan_load_model(&in, what, err)) && yaml && !model) {
         sp_err_prefix(err, "%s: model.path: ", arg);
+        size_t l = strlen(err->msg);
+        snprintf(err->msg + l, sizeof err->msg - l,
+                 " (--model config.json|DIR|PRESET plans without the model's files)");
+    }
     free(yaml_model);
     if (rc)
         return rc;
