@@ -19,7 +19,7 @@
  *     losses are the last train and val records of metrics.jsonl;
  *   - a config.json as transformers writes it comes out byte for byte;
  *   - a full fine-tune's RUN_DIR/model/ keeps the config and files the same
- *     way;
+ *     way, even over its own base;
  *   - spotune --help lists export --model and --dtype. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
@@ -211,15 +211,16 @@ static void check_config(const char *path_at, const char *want)
     json_decref(base), json_decref(got);
 }
 
-/* The side files of DIR/base are in out byte for byte; the others are not. */
-static void check_side_files(const char *out_at)
+/* The side files of DIR/base are in out byte for byte; the others are not
+ * (unless out is the base itself: in_place). */
+static void check_side_files_in(const char *out_at, int in_place)
 {
     char out[4096]; /* out_at may be one of at()'s buffers, which the loop reuses */
     snprintf(out, sizeof out, "%s", out_at);
     for (size_t i = 0; i < sizeof side_files / sizeof side_files[0]; i++) {
         const char *p = tu_fmt("%s/%s", out, side_files[i].name);
         if (!side_files[i].copied) {
-            cr_expect(!exists(p), "%s was copied", p);
+            cr_expect(in_place || !exists(p), "%s was copied", p);
             continue;
         }
         char *o = NULL;
@@ -232,6 +233,11 @@ static void check_side_files(const char *out_at)
                        tu_fmt("%s/generation_config.json", out)),
                  0, "generation_config.json: %s", o);
     free(o);
+}
+
+static void check_side_files(const char *out_at)
+{
+    check_side_files_in(out_at, 0);
 }
 
 /* logits of the fixture's batch for the model in case_dir/model (+ lora/) */
@@ -577,6 +583,33 @@ Test(export_hf, full_fine_tune_model_dir)
     check_config(at("full-bf16/config.json"), "bfloat16");
     check_weights_dtype(at("full-bf16"), DT_BF16);
     check_side_files(at("full-bf16"));
+}
+
+/* A full fine-tune whose model.path is its own RUN_DIR/model/ (a second
+ * stage in the same directory) replaces the base in place at the end: the
+ * config and tokenizer files survive, the weights are the trained ones. */
+Test(export_hf, full_fine_tune_over_its_own_base)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    make_base("qwen2_bias");
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s && cp -r %s %s && cp -r %s %s", at("run"), at("base"),
+                       at("run/model"), at("base"), at("orig")),
+                 0);
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    make_data(mc.vocab);
+    /* train() points model.path at DIR/base: point it at DIR/run/model instead */
+    cr_assert_eq(tu_sh(NULL, "rm -rf %s && ln -s %s %s", at("base"), at("run/model"), at("base")),
+                 0);
+    train("full", "[q_proj]");
+    cr_assert_eq(tu_sh(NULL, "rm %s && cp -r %s %s", at("base"), at("orig"), at("base")), 0);
+    check_config(at("run/model/config.json"), "float32");
+    check_side_files_in(at("run/model"), 1);
+    char *out = NULL;
+    cr_expect_neq(tu_sh(&out, "cmp %s %s", at("orig/model.safetensors"),
+                        at("run/model/model.safetensors")),
+                  0, "the weights were not replaced by the trained ones");
+    free(out);
 }
 
 /* spotune --help lists export's --model (and --dtype). */

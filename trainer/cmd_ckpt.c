@@ -435,6 +435,13 @@ static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *ba
 static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *base,
                          const char *out, const char *dtype_opt, sp_err *err)
 {
+    struct stat sb, so;
+    if (stat(base, &sb) == 0 && stat(out, &so) == 0 && sb.st_dev == so.st_dev &&
+        sb.st_ino == so.st_ino)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "--merged %s is the base model directory: the export would overwrite the "
+                       "base; choose another directory",
+                       out);
     model_config_t mc;
     if (model_config_load(&mc, base, err))
         return err->code;

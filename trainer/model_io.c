@@ -589,20 +589,12 @@ static int copy_side_files(const char *base_dir, const char *dir, sp_err *err)
     return rc;
 }
 
-static int same_dir(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-           sa.st_ino == sb.st_ino;
-}
-
 int model_io_save_derived(model_t *m, const char *base_dir, const char *dir, dtype_t dtype,
                           int merge_lora, size_t shard_bytes, sp_err *err)
 {
-    if (same_dir(base_dir, dir))
-        return sp_fail(err, SP_EXIT_USAGE, "%s is the base model directory: writing there would "
-                                           "overwrite the base; choose another directory",
-                       dir);
+    /* dir may be base_dir itself (a run whose model.path is its own model/):
+     * the base's config.json and side files are read whole before each is
+     * replaced by a rename, and its weights were copied at load */
     if (sp_mkdir_p(dir) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", dir, strerror(errno));
     /* config.json last: a directory with one holds a whole model */

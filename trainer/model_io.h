@@ -27,7 +27,7 @@ int model_io_save(model_t *m, const char *dir, dtype_t dtype, int merge_lora, si
  * tokenizer and generation file of base_dir (model_io_is_side_file) copied,
  * and config.json last: base_dir's with every key kept and only the dtype
  * key(s) changed ("torch_dtype" and/or "dtype", as the base has them).
- * Refuses (SP_EXIT_USAGE) to write into base_dir itself. */
+ * Every file is replaced by a rename, so dir may even be base_dir. */
 int model_io_save_derived(model_t *m, const char *base_dir, const char *dir, dtype_t dtype,
                           int merge_lora, size_t shard_bytes, sp_err *err);
 /* 1 for the file names of a model directory that model_io_save_derived
