@@ -511,6 +511,8 @@ Test(plan, bad_inputs)
     refused(2, "llama-7b --gpu H100 --tokens 5 --dataset x.h5", "--tokens or --dataset");
     /* a dataset that is not one, a YAML with a bad key or a missing model */
     refused(3, tu_fmt("tiny --gpu L4 --dataset %s/none.h5", d), "none.h5");
+    tu_write_file(tu_fmt("%s/text.h5", d), "not a dataset\n");
+    refused(3, tu_fmt("tiny --gpu L4 --dataset %s/text.h5", d), "text.h5: not an HDF5 file");
     tu_write_file(tu_fmt("%s/bad.yaml", d), "train:\n  seq_len: -4\n");
     refused(2, tu_fmt("%s/bad.yaml --gpu L4", d), "train.seq_len");
     cr_assert_eq(tu_sh(NULL, "printf 'model:\\n  path: %s/nowhere\\n' > %s/nomodel.yaml", d, d), 0);
