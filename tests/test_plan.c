@@ -25,9 +25,7 @@ static void input_for(plan_input *in, const char *model, int mode, const char *g
     in->mode = mode;
     const plan_gpu *g = plan_gpu_find(gpu);
     cr_assert(g, "%s", gpu);
-    snprintf(in->gpu_label, sizeof in->gpu_label, "%s", g->label);
-    in->gpu_mem_bytes = g->mem_gib * GIB;
-    in->gpu_tflops = g->bf16_tflops;
+    plan_input_set_gpu(in, g);
 }
 
 /* Llama-2-7B (the llama-7b preset: vocabulary 32000, hidden 4096,
@@ -222,6 +220,33 @@ Test(plan, job_time_cost_and_upload)
     double want[] = {120, 30, 30, 300};
     for (int i = 0; i < n; i++)
         cr_expect_eq(plan_cloud_at(i)->notice_s, want[i], "%s", plan_cloud_at(i)->name);
+}
+
+/* A training config's settings, as a config check before a run takes them. */
+Test(plan, from_a_training_config)
+{
+    config_t c;
+    sp_err err = {0};
+    config_defaults(&c);
+    cr_assert_eq(config_load(&c, tu_fmt("%s/configs/llama-7b-full.yaml", tu_source_dir()), &err),
+                 0, "%s", err.msg);
+    plan_input in;
+    plan_input_defaults(&in);
+    plan_input_from_config(&in, &c);
+    cr_expect_eq(in.mode, PLAN_FULL);
+    cr_expect_eq(in.seq_len, c.seq_len);
+    cr_expect_eq(in.micro_batch, c.micro_batch);
+    cr_expect_eq(in.grad_accum, c.grad_accum);
+    cr_expect_eq(in.recompute, c.recompute);
+    cr_expect_eq(in.shard_optimizer, c.shard_optimizer);
+    cr_assert_eq(plan_load_model(&in, "llama-7b", &err), 0);
+    plan_input_set_gpu(&in, plan_gpu_find("H100"));
+    in.gpus_per_node = 8;
+    plan_result r;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect(r.fits, "configs/llama-7b-full.yaml on 8 H100: %.2f GiB of %.2f", r.mem.total / GIB,
+              r.usable_bytes / GIB);
+    config_free(&c);
 }
 
 Test(plan, gpu_table)

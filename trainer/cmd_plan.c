@@ -324,15 +324,7 @@ static int from_yaml(plan_input *in, const char *path, char **model_path, int64_
     config_defaults(&c);
     int rc = config_load(&c, path, err);
     if (!rc) {
-        in->mode = c.mode == MODE_FULL ? PLAN_FULL : PLAN_LORA;
-        in->lora_r = c.lora_r;
-        in->lora_targets = c.lora_targets;
-        in->lora_dropout = c.lora_dropout;
-        in->seq_len = c.seq_len;
-        in->micro_batch = c.micro_batch;
-        in->grad_accum = c.grad_accum;
-        in->recompute = c.recompute;
-        in->shard_optimizer = c.shard_optimizer;
+        plan_input_from_config(in, &c);
         *steps = c.steps;
         *model_path = c.model_path ? strdup(c.model_path) : NULL;
         if (in->mode == PLAN_LORA && !in->lora_targets)
@@ -484,9 +476,7 @@ static int run(int argc, char **argv, sp_err *err)
                            "plan: --gpu '%s' is not in the table (%s); give --gpu-mem GiB and "
                            "--gpu-tflops T for another card",
                            gpu, plan_gpu_names());
-        snprintf(in.gpu_label, sizeof in.gpu_label, "%s", g->label);
-        in.gpu_mem_bytes = g->mem_gib * GIB;
-        in.gpu_tflops = g->bf16_tflops;
+        plan_input_set_gpu(&in, g);
     } else if (!gmem || !gtf) {
         return sp_fail(err, SP_EXIT_USAGE,
                        "plan: which GPU? --gpu NAME (%s), or --gpu-mem GiB and --gpu-tflops T",

@@ -168,6 +168,26 @@ void plan_input_defaults(plan_input *in)
     in->epochs = 1;
 }
 
+void plan_input_from_config(plan_input *in, const config_t *c)
+{
+    in->mode = c->mode == MODE_FULL ? PLAN_FULL : PLAN_LORA;
+    in->lora_r = c->lora_r;
+    in->lora_targets = c->lora_targets;
+    in->lora_dropout = c->lora_dropout;
+    in->seq_len = c->seq_len;
+    in->micro_batch = c->micro_batch;
+    in->grad_accum = c->grad_accum;
+    in->recompute = c->recompute;
+    in->shard_optimizer = c->shard_optimizer;
+}
+
+void plan_input_set_gpu(plan_input *in, const plan_gpu *g)
+{
+    snprintf(in->gpu_label, sizeof in->gpu_label, "%s", g->label);
+    in->gpu_mem_bytes = g->mem_gib * 1024.0 * 1024.0 * 1024.0;
+    in->gpu_tflops = g->bf16_tflops;
+}
+
 int plan_load_model(plan_input *in, const char *what, sp_err *err)
 {
     snprintf(in->model_name, sizeof in->model_name, "%s", what);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "../base/base.h"
+#include "config.h"
 #include "model_config.h"
 
 /* Modes: PLAN_LORA and PLAN_FULL equal MODE_LORA and MODE_FULL (config.h). */
@@ -127,6 +128,13 @@ typedef struct plan_result {
  * projections, seq_len 2048, micro_batch 1, recompute none, 1 GPU, 1 epoch);
  * mc, model_name and the GPU are left empty. */
 void plan_input_defaults(plan_input *in);
+/* Takes a training config's settings over in's: train.mode, seq_len,
+ * micro_batch, grad_accum, shard_optimizer, lora.r, targets and dropout,
+ * runtime.recompute. The model is not read: plan_load_model(in,
+ * c->model_path, err) does. */
+void plan_input_from_config(plan_input *in, const config_t *c);
+/* A card of the table: its label, memory and peak into in. */
+void plan_input_set_gpu(plan_input *in, const plan_gpu *g);
 /* Fills in->mc from a preset name, a model directory or a config.json path
  * (model_config_load: an unsupported architecture is SP_EXIT_INPUT). */
 int plan_load_model(plan_input *in, const char *what, sp_err *err);
