@@ -536,13 +536,29 @@ static int run(int argc, char **argv, sp_err *err)
     else
         print_human(&in, &r, tokens_from);
     fflush(stdout);
-    if (!r.fits && r.nfixes == 0)
+    if (!r.fits && r.nfixes == 0) {
+        /* the least this model can take: LoRA on NF4 weights, layer recompute, micro-batch 1 */
+        plan_input least = in;
+        plan_result lr;
+        least.mode = PLAN_QLORA;
+        least.recompute = RECOMPUTE_LAYER;
+        least.micro_batch = 1;
+        if (plan_compute(&least, &lr, err))
+            return err->code;
+        if (r.usable_bytes <= 0)
+            return sp_fail(err, SP_EXIT_USAGE,
+                           "plan: the %.2f GiB card is no larger than the headroom kept free "
+                           "(%.2f GiB: CUDA context, libraries, what the driver reserves): "
+                           "nothing fits; --headroom GiB plans with less",
+                           in.gpu_mem_bytes / GIB, r.headroom_bytes / GIB);
         return sp_fail(err, SP_EXIT_USAGE,
                        "plan: %s needs %.2f GiB per GPU in %s mode and %.2f GiB are usable of "
-                       "the %.2f GiB card: nothing fits (not QLoRA with layer recompute and "
-                       "micro-batch 1, not more GPUs); take a larger card",
+                       "the %.2f GiB card: nothing fits (the least, QLoRA with layer recompute "
+                       "and micro-batch 1, needs %.2f GiB; more GPUs do not help); take a "
+                       "larger card",
                        in.model_name, r.mem.total / GIB, mode_name(in.mode), r.usable_bytes / GIB,
-                       in.gpu_mem_bytes / GIB);
+                       in.gpu_mem_bytes / GIB, lr.mem.total / GIB);
+    }
     return 0;
 }
 
