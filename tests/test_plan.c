@@ -257,6 +257,9 @@ Test(plan, gpu_table)
     cr_expect_eq(plan_gpu_find("a100-40gb")->mem_gib, 40);
     cr_expect_eq(plan_gpu_find("H200")->mem_gib, 141);
     cr_expect_null(plan_gpu_find("A100"), "ambiguous");
+    cr_expect_str_eq(plan_gpu_find("H100 SXM")->name, "H100");
+    cr_expect_str_eq(plan_gpu_find("h200 141gb")->name, "H200");
+    cr_expect_str_eq(plan_gpu_find("A100 80GB")->name, "A100-80GB");
     cr_expect_null(plan_gpu_find("TPUv5"));
     cr_expect_str_eq(plan_gpu_for_device("NVIDIA A100-SXM4-80GB")->name, "A100-80GB");
     cr_expect_str_eq(plan_gpu_for_device("NVIDIA A100-PCIE-40GB")->name, "A100-40GB");

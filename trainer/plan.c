@@ -100,13 +100,9 @@ const plan_gpu *plan_gpu_find(const char *name)
         if (!strcmp(want, a) || !strcmp(want, b))
             return &gpus[i];
     }
-    /* common short forms: "A100" alone is ambiguous; "H100 80GB", "H200 141GB" */
+    /* short forms of the H100 SXM ("A100" alone is ambiguous: not found) */
     if (!strcmp(want, "h10080gb") || !strcmp(want, "h100sxm"))
         return plan_gpu_find("H100");
-    if (!strcmp(want, "h200141gb"))
-        return plan_gpu_find("H200");
-    if (!strcmp(want, "a10040gb") || !strcmp(want, "a10080gb"))
-        return plan_gpu_find(!strcmp(want, "a10040gb") ? "A100-40GB" : "A100-80GB");
     return NULL;
 }
 
