@@ -399,7 +399,9 @@ static void plan_one(const plan_input *in, plan_result *r)
         if (strstr(in->gpu_label, measured[i].device_key) && measured[i].mode == in->mode) {
             r->mfu = measured[i].mfu;
             r->mfu_measured = 1;
-            snprintf(r->mfu_source, sizeof r->mfu_source, "measured: %s", measured[i].source);
+            /* (the table is empty until a GPU row lands: the compiler sees a NULL) */
+            snprintf(r->mfu_source, sizeof r->mfu_source, "measured: %s",
+                     measured[i].source ? measured[i].source : "docs/perf.md");
         }
     /* MFU counts the model's FLOPs; recomputation is extra work at that rate */
     r->tokens_per_s_gpu = in->gpu_tflops > 0 ? r->mfu * in->gpu_tflops * 1e12 /
