@@ -451,6 +451,20 @@ int comm_cores_per_rank(const comm_t *c)
 }
 const char *comm_host(const comm_t *c) { return c->host; }
 
+void comm_mpi_version(char *buf, size_t n)
+{
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    /* callable before MPI_Init (MPI-3), so a world of one says it too */
+    if (n == 0)
+        return;
+    if (MPI_Get_library_version(v, &len) != MPI_SUCCESS)
+        len = 0;
+    v[len < (int)sizeof v ? len : (int)sizeof v - 1] = 0;
+    v[strcspn(v, "\n,")] = 0; /* the first clause: "Open MPI v4.1.4" */
+    snprintf(buf, n, "%s", v[0] ? v : "unknown");
+}
+
 int comm_device_for_rank(const comm_t *c, int visible_devices)
 {
     return visible_devices > 0 ? c->local_rank % visible_devices : 0;

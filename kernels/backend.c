@@ -174,6 +174,7 @@ typedef struct cuda_api {
     int (*create)(backend_t **out, int device, int threads, sp_err *err);
     int (*device_count)(void);
     int (*probe)(char *why, size_t n);
+    void *handle;
     char error[1024]; /* why it could not be loaded ("" when it was) */
 } cuda_api;
 
@@ -218,6 +219,7 @@ static void load_cuda(void)
 {
     char tried[900] = "";
     void *h = open_module(tried, sizeof tried);
+    cuda.handle = h;
     if (h) {
         *(void **)&cuda.create = dlsym(h, "cuda_backend_create");
         *(void **)&cuda.device_count = dlsym(h, "cuda_backend_device_count");
@@ -251,6 +253,25 @@ int backend_cuda_probe(char *why, size_t n)
         snprintf(why, n, "this spotune was built without the CUDA backend (nvcc was not found "
                          "when it was configured, or SPOTUNE_CUDA=OFF)");
     return 0;
+#endif
+}
+
+void *backend_cuda_symbol(const char *name, char *why, size_t n)
+{
+#ifdef SPOTUNE_WITH_CUDA
+    const cuda_api *api = cuda_module(why, n);
+    if (!api)
+        return NULL;
+    void *sym = dlsym(api->handle, name);
+    if (!sym && why && n)
+        snprintf(why, n, "the CUDA backend (%s) lacks %s", CUDA_MODULE, name);
+    return sym;
+#else
+    (void)name; /* nothing to look up without the module */
+    if (why && n)
+        snprintf(why, n, "this spotune was built without the CUDA backend (nvcc was not found "
+                         "when it was configured, or SPOTUNE_CUDA=OFF)");
+    return NULL;
 #endif
 }
 

@@ -171,6 +171,10 @@ int backend_cuda_available(void);
  * error of cudaGetDeviceCount (no device, insufficient driver, ...), or that
  * this build has no CUDA backend. Creates no CUDA context (safe before fork). */
 int backend_cuda_probe(char *why, size_t n);
+/* A C entry point of the CUDA module (loading it on first use), e.g. the
+ * doctor's measurements (kernels/cuda/cuda_doctor.h); NULL with why set when
+ * the module or the symbol is missing. */
+void *backend_cuda_symbol(const char *name, char *why, size_t n);
 
 /* Copies the sticky error into err and returns its code (0 if none). */
 int be_check(backend_t *be, sp_err *err);

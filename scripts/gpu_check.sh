@@ -22,6 +22,10 @@
 #   HF PEFT 7B LoRA mb1       scripts/bench_hf_peft.py, same settings
 #   bench 13B LoRA mb1
 #   bench 7B LoRA mb8         retried with --recompute layer if it fails
+#   spotune doctor            its GPU lines: devices, driver and runtime,
+#                             ECC, clocks, bf16 GEMM TFLOP/s against the
+#                             card's peak, device-memory copy GB/s, P2P
+#                             between pairs; each line a row of its own
 #   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
 #                             test_cuda_ops, reduced shapes; each error a row
 #   nvidia-smi (end)
@@ -132,7 +136,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 }
 
 declare -A IDX
-for s in smi_start ops layer model comm small_lora small_full b7 hf7 b13 b7mb8 memcheck smi_end; do
+for s in smi_start ops layer model comm small_lora small_full b7 hf7 b13 b7mb8 doctor memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, real attention shapes)" ;;
@@ -145,6 +149,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 b13 b7mb8 m
     hf7) n="HF PEFT llama-7b LoRA r16 mb1 seq 2048 (bench_hf_peft.py)" ;;
     b13) n="bench llama-13b LoRA r16 mb1 seq 2048" ;;
     b7mb8) n="bench llama-7b LoRA r16 mb8 seq 2048" ;;
+    doctor) n="spotune doctor: GPU lines (devices, ECC, clocks, bf16 GEMM, memory copy, P2P)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
     esac
@@ -328,6 +333,38 @@ if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
     first=${R_FIG[${IDX[b7mb8]}]}
     bench b7mb8 90 llama-7b lora 8 5 layer
     R_FIG[${IDX[b7mb8]}]="${R_FIG[${IDX[b7mb8]}]}; recompute none had failed: ${first:0:150}"
+fi
+
+# spotune doctor: its GPU lines, each a row of its own (a SKIPPED one is named
+# in the doctor's row, not a row: one GPU has no pairs, one rank no NCCL test)
+i=${IDX[doctor]}
+if [ -n "$NO_GPU" ]; then
+    row_set "$i" SKIPPED 0 "$NO_GPU"
+else
+    step doctor 60 "$SPOTUNE" doctor --cloud none --io-mib 16
+    case $RC in
+    125) row_set "$i" SKIPPED 0 "not started: the budget ran out" ;;
+    124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s" ;;
+    0 | 1)
+        gpu_lines=$(grep -E '^(PASS|WARN|FAIL|SKIPPED) +gpu' "$PARTS/doctor.out")
+        gpu_fail=$(grep -cE '^FAIL +gpu' <<<"$gpu_lines")
+        skipped=$(awk '$1 == "SKIPPED" { printf "%s%s", s, $2; s = ", " }' <<<"$gpu_lines")
+        summary="$(grep -cE '^(PASS|WARN|FAIL)' <<<"$gpu_lines") GPU lines, $gpu_fail FAIL${skipped:+; skipped: $skipped}; $(tail -n 1 "$PARTS/doctor.out")"
+        if [ -z "$gpu_lines" ]; then
+            row_set "$i" FAIL "$DT" "exit $RC, no GPU line: $(why_failed "$PARTS/doctor.out")"
+        elif [ "$gpu_fail" -gt 0 ]; then
+            row_set "$i" FAIL "$DT" "$summary"
+        else
+            row_set "$i" PASS "$DT" "$summary"
+        fi
+        while read -r st name fig; do
+            case $st in PASS | WARN | FAIL) ;; *) continue ;; esac
+            row_new "doctor $name"
+            row_set "$ROW" "$st" "-" "$fig"
+        done <<<"$gpu_lines"
+        ;;
+    *) row_set "$i" FAIL "$DT" "exit $RC: $(why_failed "$PARTS/doctor.out")" ;;
+    esac
 fi
 
 # compute-sanitizer's memcheck with what is left

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 13 rows, every GPU step is
+#     run on a GPU machine too): the table has all 14 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA), the
 #     test programs report their own skip, exit 77, and it takes under a
 #     minute;
@@ -12,7 +12,9 @@
 #     7B micro-batch 8 retried with --recompute layer, both MFU conventions,
 #     the Python peer run with the machine's library path (not the
 #     bundle's) and its import error as a FAIL row with the message,
-#     nvidia-smi at start and end, memcheck errors as rows, the table in
+#     nvidia-smi at start and end, spotune doctor's GPU lines as rows (a
+#     WARN among them; its SKIPPED lines named in its row), memcheck errors
+#     as rows, the table in
 #     $OUT/gpu_check_table.md, exit 1;
 #  3. the budget enforced: a step that hangs is cut at what is left of a
 #     30 s budget, every later step is a "not started" row, and the whole
@@ -44,7 +46,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 13 rows" $((n != 13)) "$table"
+check "dry run: the table has the 14 rows" $((n != 14)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -53,12 +55,12 @@ for k in 2 3 4 5; do
         { has "$r" "cudaGetDeviceCount: " || has "$r" "built without the CUDA backend"; }
     check "dry run: test row $k skipped by the program itself, naming why" $? "$r"
 done
-for k in 6 7 8 9 10 11 12; do
+for k in 6 7 8 9 10 11 12 13; do
     r=$(row "$table" $k)
     has "$r" "no usable CUDA device: "
     check "dry run: GPU row $k skipped with the reason" $? "$r"
 done
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 13)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 14)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -99,6 +101,15 @@ case "$args" in
     echo "spotune: error: cuda backend: device 0 (NVIDIA H200): cudaMalloc of 268435456 bytes: out of memory" >&2
     exit 1 ;;
 *"--micro-batch 8"*"--recompute layer"*) json 3000 0.40 0.41 11.21 ok ;;
+doctor*)
+    echo "spotune doctor 0.1.0 on gpu-host: 1 rank on 1 host (gpu-host)"
+    echo "PASS    host.cpu             64 online cores  (expected: >= 4 cores)"
+    echo "PASS    gpu0.device          NVIDIA H200 (sm_90, 132 SMs, PCI 0000:19:00), 139.8 GiB (139.2 GiB free); driver CUDA 12.8 / 570.86.15, runtime 13.0  (expected: driver >= the CUDA runtime spotune was built with)"
+    echo "WARN    gpu0.gemm_bf16       512 TFLOP/s, 52% of peak (8192^3, fp32 accumulation)  (expected: >= 70% of H200's 989 TFLOP/s dense bf16 peak)"
+    echo "SKIPPED gpu.p2p              one GPU: no pairs"
+    echo "SKIPPED gpu.nccl_allreduce   one rank: run it under mpirun"
+    echo "3 PASS, 1 WARN, 0 FAIL, 2 SKIPPED: ready"
+    exit 0 ;;
 *) echo "unexpected: $args" >&2; exit 9 ;;
 esac
 EOF
@@ -174,12 +185,15 @@ expect_row 9 FAIL "error: import torch: OSError: libcudnn.so.9"
 expect_row 10 TIMEOUT "killed after 8s"
 expect_row 11 PASS "recompute layer; 3000 tok/s"
 expect_row 11 PASS "recompute none had failed: exit 1: spotune: error: cuda backend"
-expect_row 12 FAIL "exit 3, 3 errors"
-expect_row 13 PASS "NVIDIA H200"
-expect_row 14 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 15 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 12 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
+expect_row 13 FAIL "exit 3, 3 errors"
+expect_row 14 PASS "NVIDIA H200"
+expect_row 15 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 16 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 17 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 18 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 13 rows and the 2 memcheck error rows" $((n != 15)) "$table"
+check "stand-ins: 14 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 18)) "$table"
 has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
 check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"
 memcheck_out=$(tar -xzOf "$tmp/mixed/gpu_check_outputs.tar.gz" out/memcheck.out 2>&1)
@@ -218,10 +232,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 13)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-2]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 10)) "$table"
-expect_row 13 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 14)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-3]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 11)) "$table"
+expect_row 14 PASS "NVIDIA H200"
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

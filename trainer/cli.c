@@ -12,6 +12,7 @@
 #include "bench.h"
 #include "cmd_ckpt.h"
 #include "config.h"
+#include "doctor.h"
 #include "model.h"
 #include "model_io.h"
 #include "plan.h"
@@ -49,6 +50,9 @@ static void usage(FILE *f)
             "                      time training steps of a preset with random weights\n"
             "  plan MODEL|PRESET|RUN.yaml --gpu NAME [--mode lora|qlora|full] ...\n"
             "                      before renting: memory per GPU, fit, speed, cost, checkpoint\n"
+            "  doctor [CONFIG.yaml] [--json]\n"
+            "                      check this machine before a run: host, disk, object store,\n"
+            "                      preemption notice, the config's inputs, GPUs\n"
             "  config-reference    print the reference of every config key (Markdown)\n"
             "  --version           print the version\n\n"
             "exit codes: 0 done, 1 other failure, 2 usage or config error, 3 bad model, data\n"
@@ -319,7 +323,8 @@ int cli_main(int argc, char **argv)
     } commands[] = {{"train", cmd_train}, {"init-model", cmd_init_model},
                     {"prepare-text", cmd_prepare_text}, {"bench", cmd_bench},
                     {"ckpt", cmd_ckpt}, {"export", cmd_export},
-                    {"plan", plan_main}};
+                    {"plan", plan_main},
+                    {"doctor", cmd_doctor}};
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(cmd, commands[i].name))
             return commands[i].run(argc - 1, argv + 1);

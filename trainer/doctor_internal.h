@@ -1,0 +1,48 @@
+/* trainer/doctor_internal.h — shared by doctor.c (the command, host,
+ * storage, store, preemption and config checks) and doctor_gpu.c (the GPU
+ * checks). */
+#ifndef SPOTUNE_DOCTOR_INTERNAL_H
+#define SPOTUNE_DOCTOR_INTERNAL_H
+
+#include <stddef.h>
+
+#include "../base/base.h"
+#include "../comm/comm.h"
+
+enum { DR_PASS = 0, DR_WARN, DR_FAIL, DR_SKIPPED };
+extern const char *const doctor_status_names[]; /* "PASS", "WARN", "FAIL", "SKIPPED" */
+
+typedef struct dr_check {
+    char name[64];
+    int status;
+    char measured[1024];
+    char expected[200];
+    char host[64];
+} dr_check;
+
+typedef struct doctor {
+    dr_check *v;
+    size_t n, cap;
+    char host[64]; /* given to each check added */
+} doctor_t;
+
+/* Appends one check: its name ("host.cpu"), status, the expected figure and
+ * the measured one (printf). */
+void doctor_add(doctor_t *d, const char *name, int status, const char *expected,
+                const char *fmt, ...) SP_PRINTF(5, 6);
+
+/* The GPUs this process sees: count 0 with why when none is usable. */
+typedef struct dr_gpus {
+    int count;
+    char why[600];
+    size_t min_free;  /* the smallest free memory of a GPU, bytes */
+    size_t min_total; /* the smallest memory of a GPU, bytes */
+    char name[128];   /* the first GPU's name */
+    int local_ranks;  /* ranks on this host (they share its memory on the CPU backend) */
+} dr_gpus;
+
+void doctor_gpu_probe(dr_gpus *g);
+/* The gpu.* lines (SKIPPED with g->why when there is no GPU). */
+void doctor_gpu_checks(doctor_t *d, const dr_gpus *g, comm_t *comm);
+
+#endif
