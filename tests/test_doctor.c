@@ -8,7 +8,8 @@
  *     config's model, data and memory plan PASS; a wrong secret FAILs naming
  *     the 403 and never shows the secret; missing credentials FAIL naming the
  *     variable; an endpoint that refuses connections FAILs within seconds
- *     (measured); exit 1 on each FAIL;
+ *     (measured), one that accepts and never answers within --timeout per
+ *     request; exit 1 on each FAIL;
  *   - a read-only run directory (a read-only tmpfs): FAIL naming it; a
  *     damaged model or dataset, and a memory plan that does not fit (with
  *     the change that makes it fit): FAIL;
@@ -164,6 +165,7 @@ Test(doctor, bad_options_and_configs_exit_2)
         {"--remote ftp://bucket", "--remote takes s3://bucket[/prefix] or file:///path"},
         {"--frobnicate", "unknown option '--frobnicate'"},
         {"a.yaml b.yaml", "one config at most, got also 'b.yaml'"},
+        {"--endpoint http://127.0.0.1:9", "give --remote URL or a config with checkpoint.remote"},
         {"/nonexistent/run.yaml", "/nonexistent/run.yaml"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -277,6 +279,27 @@ Test(doctor, store_endpoint_down_fails_in_seconds)
     EXPECT_STATUS(out, "store.clock_skew", "FAIL");
     cr_expect(dt < 10, "took %.1f s:\n%s", dt, out);
     cr_log_info("endpoint down: doctor ended in %.2f s", dt);
+    free(out);
+}
+
+/* A store that accepts connections and never answers (the proxy stopped):
+ * FAIL within --timeout per request, not after the uploader's patience. */
+Test(doctor, store_that_never_answers_fails_within_the_timeout)
+{
+    make_bucket();
+    remote_yaml(NULL);
+    tu_proxy_freeze(60);
+    char *out = NULL;
+    double t0 = sp_now();
+    int rc = tu_spotune(&out, "doctor %s/run.yaml --cloud none --io-mib 1 --timeout 3", dir);
+    double dt = sp_now() - t0;
+    tu_proxy_thaw();
+    cr_expect_eq(rc, 1, "exit %d\n%s", rc, out);
+    EXPECT_STATUS(out, "store.roundtrip", "FAIL");
+    EXPECT_STATUS(out, "store.clock_skew", "FAIL");
+    /* two requests of 3 s at most (the probe PUT, the HEAD for the Date) */
+    cr_expect(dt < 12, "took %.1f s:\n%s", dt, out);
+    cr_log_info("store frozen: doctor ended in %.2f s", dt);
     free(out);
 }
 

@@ -1045,6 +1045,11 @@ static int parse(int argc, char **argv, dr_args *a)
         fprintf(stderr, "spotune doctor: one config at most, got also '%s'\n", argv[optind]);
         return SP_EXIT_USAGE;
     }
+    if ((a->endpoint || a->region || a->path_style) && !a->remote && !a->config) {
+        fprintf(stderr, "spotune doctor: --endpoint, --region and --path-style are for a store: "
+                        "give --remote URL or a config with checkpoint.remote\n");
+        return SP_EXIT_USAGE;
+    }
     if (a->remote && !sp_after(a->remote, "s3://") && !sp_after(a->remote, "file://")) {
         fprintf(stderr, "spotune doctor: --remote takes s3://bucket[/prefix] or file:///path, got '%s'\n",
                 a->remote);
