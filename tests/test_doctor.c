@@ -16,7 +16,8 @@
  *   - the preemption notice against the fake metadata service that
  *     tests/test_spot_run.sh uses: the cloud found, no notice PASS, a notice
  *     FAIL (exit 1), for each cloud;
- *   - under mpirun -np 2: one report from rank 0 (2 ranks), both ranks exit 0.
+ *   - under mpirun -np 2: one report from rank 0 (2 ranks), both ranks exit 0;
+ *   - the CUDA module exports the entry points the GPU lines look up.
  * The S3 server comes from tests/store.cmake's fixture (tu_s3_endpoint). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -471,4 +472,34 @@ Test(doctor, memory_plan_that_does_not_fit_fails_with_a_fix)
     cr_expect_eq(rc, 0, "exit %d\n%s", rc, out);
     EXPECT_STATUS(out, "config.memory_plan", "PASS");
     free(out);
+}
+
+/* The GPU lines' entry points are in the CUDA module under the names the
+ * doctor looks up (a check that needs no GPU: the module loads here, only
+ * cudaGetDeviceCount fails). */
+Test(doctor, cuda_module_has_the_doctor_entry_points)
+{
+    static const char *const names[] = {"cuda_doctor_info",  "cuda_doctor_gemm",
+                                        "cuda_doctor_copy",  "cuda_doctor_p2p",
+                                        "cuda_doctor_alloc", "cuda_doctor_free",
+                                        "cuda_doctor_sync"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char why[1024] = "";
+        void *sym = backend_cuda_symbol(names[i], why, sizeof why);
+#ifdef SPOTUNE_WITH_CUDA
+        if (!sym && tu_contains(why, "cannot be loaded"))
+            cr_skip_test("the CUDA module cannot be loaded here: %s", why);
+        cr_expect(sym != NULL, "%s: %s", names[i], why);
+#else
+        cr_expect(sym == NULL && tu_contains(why, "built without the CUDA backend"), "%s: %s",
+                  names[i], why);
+#endif
+    }
+    char why[1024] = "";
+    cr_expect(backend_cuda_symbol("cuda_doctor_no_such_thing", why, sizeof why) == NULL);
+#ifdef SPOTUNE_WITH_CUDA
+    cr_expect(tu_contains(why, "lacks cuda_doctor_no_such_thing") ||
+                  tu_contains(why, "cannot be loaded"),
+              "%s", why);
+#endif
 }

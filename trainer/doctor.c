@@ -1160,7 +1160,7 @@ int cmd_doctor(int argc, char **argv)
 
     /* host and storage: the first rank of each host; the rest: rank 0 */
     dr_gpus gpus;
-    doctor_gpu_probe(&gpus);
+    doctor_gpu_probe(&gpus, comm_local_rank(comm) == 0);
     gpus.local_ranks = comm_local_size(comm);
     if (comm_local_rank(comm) == 0) {
         check_host(&d);

@@ -41,7 +41,9 @@ typedef struct dr_gpus {
     int local_ranks;  /* ranks on this host (they share its memory on the CPU backend) */
 } dr_gpus;
 
-void doctor_gpu_probe(dr_gpus *g);
+/* The count (no CUDA context); with detail also the memory and the name,
+ * which create a context on each device (the first rank of a host only). */
+void doctor_gpu_probe(dr_gpus *g, int detail);
 /* The gpu.* lines (SKIPPED with g->why when there is no GPU). */
 void doctor_gpu_checks(doctor_t *d, const dr_gpus *g, comm_t *comm);
 

@@ -66,7 +66,7 @@ extern "C" int cuda_doctor_gemm(int dev, int n, int iters, double *tflops, char 
         snprintf(why, wn, "cublasCreate failed");
         goto out;
     }
-    for (int i = -1; i < iters; i++) { /* i = -1: the warm-up */
+    for (int i = -3; i < iters; i++) { /* i < 0: the warm-up (clocks ramp up) */
         if (i == 0)
             TRY(cudaEventRecord(e0));
         cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a,

@@ -23,7 +23,8 @@ typedef struct cuda_doctor_dev {
 } cuda_doctor_dev;
 
 typedef int (*cuda_doctor_info_fn)(int dev, cuda_doctor_dev *out, char *why, size_t n);
-/* C[n,n] = A B in bf16 with fp32 accumulation (cuBLAS), timed over iters. */
+/* C[n,n] = A B in bf16 with fp32 accumulation (cuBLAS), timed over iters
+ * after 3 untimed. */
 typedef int (*cuda_doctor_gemm_fn)(int dev, int n, int iters, double *tflops, char *why,
                                    size_t wn);
 /* cudaMemcpy device to device of bytes, timed over iters: GB/s of read+write. */
