@@ -17,7 +17,10 @@
  *     tests/test_spot_run.sh uses: the cloud found, no notice PASS, a notice
  *     FAIL (exit 1), for each cloud;
  *   - under mpirun -np 2: one report from rank 0 (2 ranks), both ranks exit 0;
- *   - the CUDA module exports the entry points the GPU lines look up.
+ *   - the CUDA module exports the entry points the GPU lines look up;
+ *   - the store's clock against a Date header 5 and 20 minutes off
+ *     (tests/tools/skewed_date.py): WARN, FAIL;
+ *   - NCCL_SOCKET_IFNAME honoured; an open-file limit of 1024 WARNs.
  * The S3 server comes from tests/store.cmake's fixture (tu_s3_endpoint). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -502,4 +505,88 @@ Test(doctor, cuda_module_has_the_doctor_entry_points)
                   tu_contains(why, "cannot be loaded"),
               "%s", why);
 #endif
+}
+
+/* Starts tests/tools/skewed_date.py (a Date header skew_s off); its pid, the
+ * URL in url. */
+static int skewed_server(double skew_s, char *url_out, size_t n)
+{
+    char *log = sp_strf("%s/skew-%.0f.port", dir, skew_s);
+    int pid = tu_spawn(log, "python3 %s/tests/tools/skewed_date.py --skew %.0f", tu_source_dir(),
+                       skew_s);
+    char *port = NULL;
+    for (int i = 0; i < 100 && !(port && atoi(port) > 0); i++) {
+        free(port);
+        tu_sleep(0.05);
+        port = tu_read_file(log, NULL);
+    }
+    cr_assert(pid > 0 && port && atoi(port) > 0, "the skewed Date server did not start");
+    snprintf(url_out, n, "http://127.0.0.1:%d", atoi(port));
+    free(port);
+    free(log);
+    return pid;
+}
+
+/* The store's clock: within 60 s PASS, beyond WARN, beyond 15 minutes FAIL
+ * (SigV4 requests are refused); the endpoint answers 403 to everything, so
+ * the probe FAILs too, naming the 403. */
+Test(doctor, clock_skew_against_the_date_header)
+{
+    static const struct {
+        double skew;
+        const char *status, *says;
+    } cases[] = {{0, "PASS", "this clock is "},
+                 {-300, "WARN", "s ahead of the store's"},
+                 {1200, "FAIL", "s behind the store's"},
+                 {-1200, "FAIL", "RequestTimeTooSkewed"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char ep[64];
+        int pid = skewed_server(cases[i].skew, ep, sizeof ep);
+        char *out = NULL;
+        int rc = tu_sh(&out,
+                       "AWS_ACCESS_KEY_ID=id AWS_SECRET_ACCESS_KEY=secret %s/spotune doctor "
+                       "--remote s3://b/p --endpoint %s --cloud none --io-mib 1",
+                       tu_binary_dir(), ep);
+        cr_expect_eq(rc, 1, "skew %.0f: exit %d\n%s", cases[i].skew, rc, out);
+        EXPECT_STATUS(out, "store.clock_skew", cases[i].status);
+        const char *l = line_of(out, "store.clock_skew");
+        cr_expect(tu_contains(l, cases[i].says), "skew %.0f: %s", cases[i].skew, l);
+        cr_expect(tu_contains(line_of(out, "store.roundtrip"), "403"), "%s", out);
+        free(out);
+        kill(pid, SIGTERM);
+        tu_wait(pid, 10);
+    }
+}
+
+/* NCCL_SOCKET_IFNAME is honoured (NCCL's syntax), and a low open-file limit
+ * WARNs with the reason. */
+Test(doctor, nccl_interfaces_and_open_file_limit)
+{
+    char *out = NULL;
+    int rc = tu_sh(&out, "NCCL_SOCKET_IFNAME=nosuchif0 %s/spotune doctor --cloud none --io-mib 1",
+                   tu_binary_dir());
+    cr_expect_eq(rc, 1, "exit %d\n%s", rc, out);
+    EXPECT_STATUS(out, "host.network", "FAIL");
+    cr_expect(tu_contains(line_of(out, "host.network"), "NCCL_SOCKET_IFNAME=nosuchif0 matches no up"),
+              "%s", out);
+    free(out);
+    rc = tu_sh(&out, "NCCL_SOCKET_IFNAME==lo %s/spotune doctor --cloud none --io-mib 1",
+               tu_binary_dir());
+    cr_expect_eq(rc, 0, "exit %d\n%s", rc, out);
+    EXPECT_STATUS(out, "host.network", "PASS");
+    cr_expect(tu_contains(line_of(out, "host.network"), "NCCL_SOCKET_IFNAME==lo: lo"), "%s", out);
+    free(out);
+    rc = tu_sh(&out, "NCCL_SOCKET_IFNAME=^lo %s/spotune doctor --cloud none --io-mib 1",
+               tu_binary_dir());
+    cr_expect(!tu_contains(line_of(out, "host.network"), ": lo"), "%s", out);
+    free(out);
+
+    rc = tu_sh(&out, "ulimit -n 1024 && %s/spotune doctor --cloud none --io-mib 1",
+               tu_binary_dir());
+    cr_expect_eq(rc, 0, "exit %d\n%s", rc, out);
+    EXPECT_STATUS(out, "host.open_files", "WARN");
+    cr_expect(tu_contains(line_of(out, "host.open_files"), "soft limit 1024") &&
+                  tu_contains(line_of(out, "host.open_files"), "ulimit -n 65536"),
+              "%s", out);
+    free(out);
 }
