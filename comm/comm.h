@@ -58,6 +58,8 @@ int comm_cores_per_rank(const comm_t *c);
 const char *comm_host(const comm_t *c);
 /* The MPI library's version ("Open MPI v4.1.4"), launched or not. */
 void comm_mpi_version(char *buf, size_t n);
+/* The NCCL library's version ("NCCL 2.21.5"), or why there is none. */
+void comm_nccl_version(char *buf, size_t n);
 /* GPU ordinal this rank should use: local rank modulo the visible devices. */
 int comm_device_for_rank(const comm_t *c, int visible_devices);
 /* Same meaning as comm_opts.timeout_s: 0 restores 60 s, negative disables. */

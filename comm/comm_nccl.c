@@ -9,6 +9,7 @@
  * are local copies, unless comm_opts.nccl_world_of_one asked for a one-rank
  * NCCL communicator (to run the NCCL path on a single GPU). Without CUDA every entry point returns an error. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,6 +19,11 @@
 #ifndef SPOTUNE_COMM_NCCL
 
 int comm_device_available(void) { return 0; }
+
+void comm_nccl_version(char *buf, size_t n)
+{
+    snprintf(buf, n, "no NCCL (spotune was built without CUDA)");
+}
 
 static int no_cuda(sp_err *err, const char *fn)
 {
@@ -88,6 +94,15 @@ struct comm_device {
 };
 
 int comm_device_available(void) { return 1; }
+
+void comm_nccl_version(char *buf, size_t n)
+{
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess)
+        snprintf(buf, n, "unknown (ncclGetVersion failed)");
+    else /* NCCL_VERSION_CODE: 10000 major + 100 minor + patch since 2.9 */
+        snprintf(buf, n, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+}
 
 /* ---- error reporting ---------------------------------------------------- */
 

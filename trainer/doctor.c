@@ -164,8 +164,10 @@ static void check_network(doctor_t *d)
 
 static void check_mpi(doctor_t *d, comm_t *comm, const char *hosts)
 {
-    char ver[200];
-    comm_mpi_version(ver, sizeof ver);
+    char ver[320], mpi[200], nccl[100];
+    comm_mpi_version(mpi, sizeof mpi);
+    comm_nccl_version(nccl, sizeof nccl);
+    snprintf(ver, sizeof ver, "%s, %s", mpi, nccl);
     const char *path = getenv("PATH");
     int launcher = 0;
     char *copy = path ? strdup(path) : NULL, *save = NULL;
