@@ -25,7 +25,9 @@
 #   spotune doctor            its GPU lines: devices, driver and runtime,
 #                             ECC, clocks, bf16 GEMM TFLOP/s against the
 #                             card's peak, device-memory copy GB/s, P2P
-#                             between pairs; each line a row of its own
+#                             between pairs, and with 2 GPUs or more (under
+#                             mpirun, a rank per GPU) NCCL all-reduce bus
+#                             bandwidth; each line a row of its own
 #   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
 #                             test_cuda_ops, reduced shapes; each error a row
 #   nvidia-smi (end)
@@ -341,7 +343,14 @@ i=${IDX[doctor]}
 if [ -n "$NO_GPU" ]; then
     row_set "$i" SKIPPED 0 "$NO_GPU"
 else
-    step doctor 60 "$SPOTUNE" doctor --cloud none --io-mib 16
+    # with two GPUs or more and mpirun, a rank per GPU: the NCCL line too
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+    if [ "${NGPU:-0}" -ge 2 ] && command -v mpirun >/dev/null 2>&1; then
+        step doctor 90 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+            mpirun -np "$NGPU" "$SPOTUNE" doctor --cloud none --io-mib 16
+    else
+        step doctor 60 "$SPOTUNE" doctor --cloud none --io-mib 16
+    fi
     case $RC in
     125) row_set "$i" SKIPPED 0 "not started: the budget ran out" ;;
     124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s" ;;
