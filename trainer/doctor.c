@@ -1061,9 +1061,9 @@ static int parse(int argc, char **argv, dr_args *a)
 }
 
 /* Every rank's checks to rank 0 (a fixed slot each), added to d there. */
-#define SLOT_BYTES ((size_t)64 << 10)
+#define SLOT_BYTES ((size_t)256 << 10)
 
-static int gather_checks(comm_t *comm, doctor_t *d, size_t first_remote, sp_err *err)
+static int gather_checks(comm_t *comm, doctor_t *d, sp_err *err)
 {
     int size = comm_size(comm), rank = comm_rank(comm);
     char *mine = calloc(1, SLOT_BYTES);
@@ -1076,10 +1076,24 @@ static int gather_checks(comm_t *comm, doctor_t *d, size_t first_remote, sp_err 
     if (rank != 0) {
         json_t *a = checks_json(d->v, d->n);
         char *s = json_dumps(a, JSON_COMPACT);
-        if (s && strlen(s) < SLOT_BYTES)
+        if (s && strlen(s) < SLOT_BYTES) {
             memcpy(mine, s, strlen(s) + 1);
-        else
-            strcpy(mine, "[]");
+        } else { /* too many lines: one line saying so instead */
+            dr_check one;
+            memset(&one, 0, sizeof one);
+            snprintf(one.name, sizeof one.name, "host.report");
+            one.status = DR_FAIL;
+            snprintf(one.measured, sizeof one.measured,
+                     "rank %d's %zu check lines (%zu bytes of JSON) exceed the %zu KiB each rank "
+                     "may send to rank 0; run spotune doctor on this host alone",
+                     rank, d->n, s ? strlen(s) : (size_t)0, SLOT_BYTES >> 10);
+            memcpy(one.host, d->host, sizeof one.host);
+            json_t *b = checks_json(&one, 1);
+            char *t = json_dumps(b, JSON_COMPACT);
+            snprintf(mine, SLOT_BYTES, "%s", t ? t : "[]");
+            free(t);
+            json_decref(b);
+        }
         free(s);
         json_decref(a);
     }
@@ -1091,7 +1105,6 @@ static int gather_checks(comm_t *comm, doctor_t *d, size_t first_remote, sp_err 
             if (slot[0] && checks_from_json(d, slot) != 0)
                 doctor_add(d, "mpi.gather", DR_FAIL, "", "rank %d sent unreadable results", r);
         }
-    (void)first_remote; /* rank 0's own checks stay first */
     free(mine);
     free(all);
     return rc;
@@ -1205,7 +1218,7 @@ int cmd_doctor(int argc, char **argv)
     }
     doctor_gpu_checks(&d, &gpus, comm); /* every rank: the NCCL test is collective */
 
-    int rc = gather_checks(comm, &d, d.n, &err);
+    int rc = gather_checks(comm, &d, &err);
     int code = 0;
     if (rc) {
         fprintf(stderr, "spotune: error: rank %d: %s\n", rank, err.msg);
