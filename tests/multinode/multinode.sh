@@ -39,6 +39,9 @@
 #   resume_fewer_ranks  node-b lost; the restart on node-a alone (2 ranks
 #                       instead of 4) resumes from the bucket and trains every
 #                       sample exactly once (log.samples audit)
+#   doctor              spotune doctor over 2 nodes x 2 ranks: one report
+#                       from rank 0, each node's host and storage lines once,
+#                       named by its host; a FAIL on rank 0 ends all with 1
 # Timing knobs used: comm.timeout_s 4; SPOTUNE_SIGKILL_TIMEOUT 4 (mpirun
 # holds 2 x this after it notices a lost node, handling nothing else: with
 # launch.sh's default of 120 s every failure case would take 4 minutes, see
@@ -640,8 +643,39 @@ case_resume_fewer_ranks() {
     report "$work/first.log" "$work/second.log"
 }
 
+# spotune doctor over 2 nodes x 2 ranks: one report from rank 0 holding each
+# host's own host and storage lines (the first rank of each node runs them),
+# every line named by its host, 4 ranks on 2 hosts, every rank exits 0.
+case_doctor() {
+    topo_up a b
+    local out rc
+    out=$(cd "$work" && on_node a mpirun --hostfile "$work/hosts" -np 4 --map-by ppr:2:node \
+        --bind-to none "${pass[@]}" "$spotune" doctor --cloud none --io-mib 4 2>&1)
+    rc=$?
+    keep "$out"
+    check "mpirun -np 4 spotune doctor over 2 nodes exits 0" $rc "$out"
+    has "$out" "4 ranks on 2 hosts \(node-a, node-b\)"
+    check "the report names 4 ranks on the 2 hosts" $? "$out"
+    [[ $(grep -c "spotune doctor .* on node-a" <<<"$out") -eq 1 &&
+        $(grep -c "spotune doctor " <<<"$out") -eq 1 ]]
+    check "one report, from rank 0 on node-a" $? "$out"
+    grep -qE "^PASS +\[node-a\] storage.write" <<<"$out" &&
+        grep -qE "^PASS +\[node-b\] storage.write" <<<"$out"
+    check "each node's storage line, named by its host" $? "$out"
+    [[ $(grep -cE "^[A-Z]+ +\[node-.\] host.cpu" <<<"$out") -eq 2 ]]
+    check "host lines once per node, not per rank" $? "$out"
+    out=$(cd "$work" && on_node a mpirun --hostfile "$work/hosts" -np 4 --map-by ppr:2:node \
+        --bind-to none "${pass[@]}" "$spotune" doctor --cloud none --io-mib 1 \
+        --remote s3://b/p --endpoint http://127.0.0.1:9 2>&1)
+    rc=$?
+    keep "$out"
+    ((rc == 1))
+    check "a FAIL on rank 0: the job exits 1" $? "exit $rc: $out"
+    report
+}
+
 case "$case_name" in
-trajectory | launch_hostfile | node_lost | partition | storage_partition | resume_fewer_ranks)
+trajectory | launch_hostfile | node_lost | partition | storage_partition | resume_fewer_ranks | doctor)
     "case_$case_name" ;;
 *)
     echo "unknown case $case_name" >&2
