@@ -649,6 +649,13 @@ case_resume_fewer_ranks() {
 case_doctor() {
     topo_up a b
     local out rc
+    # In a sanitizer build, LeakSanitizer's tracer dies (SIGSEGV, "LeakSanitizer
+    # has encountered a fatal error") at the exit of the ranks on node-b, the
+    # node reached through agent.sh, for `spotune bench` as for the doctor;
+    # so no leak check here (tests/test_doctor.c runs the doctor under mpirun
+    # on one host, where it runs clean), the rest of ASan and UBSan stay on.
+    local ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+    export ASAN_OPTIONS
     out=$(cd "$work" && on_node a mpirun --hostfile "$work/hosts" -np 4 --map-by ppr:2:node \
         --bind-to none "${pass[@]}" "$spotune" doctor --cloud none --io-mib 4 2>&1)
     rc=$?
