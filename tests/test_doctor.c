@@ -6,7 +6,8 @@
  *   - the object store, against the local S3 test server: good credentials
  *     PASS (probe put, read back, listed, deleted; upload; clock skew), the
  *     config's model, data and memory plan PASS; a wrong secret FAILs naming
- *     the 403 and never shows the secret; missing credentials FAIL naming the
+ *     the 403 and never shows the secret; a missing bucket FAILs naming it;
+ *     missing credentials FAIL naming the
  *     variable; an endpoint that refuses connections FAILs within seconds
  *     (measured), one that accepts and never answers within --timeout per
  *     request; exit 1 on each FAIL;
@@ -266,6 +267,23 @@ Test(doctor, store_bad_credentials_fail_naming_the_cause)
     EXPECT_STATUS(out, "store.credentials", "FAIL");
     cr_expect(tu_contains(line_of(out, "store.credentials"), "AWS_ACCESS_KEY_ID is not set"), "%s",
               out);
+    free(out);
+}
+
+/* A bucket that does not exist: FAIL naming it (404 NoSuchBucket). */
+Test(doctor, store_no_such_bucket_fails_naming_it)
+{
+    char *out = NULL;
+    int rc = tu_spotune(&out,
+                        "doctor --remote s3://spotune-doctor-no-such-bucket/p --endpoint %s "
+                        "--path-style --cloud none --io-mib 1",
+                        tu_s3_endpoint());
+    cr_expect_eq(rc, 1, "exit %d\n%s", rc, out);
+    EXPECT_STATUS(out, "store.roundtrip", "FAIL");
+    const char *l = line_of(out, "store.roundtrip");
+    cr_expect(tu_contains(l, "NoSuchBucket") && tu_contains(l, "[cause: no such bucket]"), "%s",
+              l);
+    EXPECT_STATUS(out, "store.clock_skew", "PASS"); /* the store answers */
     free(out);
 }
 
