@@ -7,10 +7,9 @@
  *     PASS (probe put, read back, listed, deleted; upload; clock skew), the
  *     config's model, data and memory plan PASS; a wrong secret FAILs naming
  *     the 403 and never shows the secret; a missing bucket FAILs naming it;
- *     missing credentials FAIL naming the
- *     variable; an endpoint that refuses connections FAILs within seconds
- *     (measured), one that accepts and never answers within --timeout per
- *     request; exit 1 on each FAIL;
+ *     missing credentials FAIL naming the variable; an endpoint that
+ *     refuses connections FAILs within seconds (measured), one that accepts
+ *     and never answers within --timeout per request; exit 1 on each FAIL;
  *   - a read-only run directory (a read-only tmpfs): FAIL naming it; a
  *     damaged model or dataset, and a memory plan that does not fit (with
  *     the change that makes it fit): FAIL;
