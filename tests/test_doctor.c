@@ -588,8 +588,9 @@ Test(doctor, nccl_interfaces_and_open_file_limit)
                    tu_binary_dir());
     cr_expect_eq(rc, 1, "exit %d\n%s", rc, out);
     EXPECT_STATUS(out, "host.network", "FAIL");
-    cr_expect(tu_contains(line_of(out, "host.network"), "NCCL_SOCKET_IFNAME=nosuchif0 matches no up"),
-              "%s", out);
+    cr_expect(
+        tu_contains(line_of(out, "host.network"), "NCCL_SOCKET_IFNAME=nosuchif0 matches no up"),
+        "%s", out);
     free(out);
     rc = tu_sh(&out, "NCCL_SOCKET_IFNAME==lo %s/spotune doctor --cloud none --io-mib 1",
                tu_binary_dir());

@@ -285,7 +285,8 @@ static void check_storage(doctor_t *d, const char *run_dir, int io_mib)
     doctor_add(d, "storage.free", fr >= 20.0 * (1 << 30) ? DR_PASS
                                   : fr >= 1.0 * (1 << 30) ? DR_WARN
                                                           : DR_FAIL,
-               ">= 20 GiB free (checkpoints; FAIL under 1 GiB)", "%s %s: %.1f GiB free of %.1f GiB%s",
+               ">= 20 GiB free (checkpoints; FAIL under 1 GiB)",
+               "%s %s: %.1f GiB free of %.1f GiB%s",
                what, dir, gib(fr), gib((double)sv.f_blocks * sv.f_frsize), note);
     if (sv.f_flag & ST_RDONLY) {
         doctor_add(d, "storage.write", DR_FAIL, "writable, >= 100 MB/s",
@@ -440,7 +441,8 @@ static void check_clock(doctor_t *d, const store_opts *o, double timeout_s)
 static const char *cause(int rc)
 {
     switch (rc) {
-    case STORE_EAUTH: return " [cause: the store refused the credentials or their rights (401/403)]";
+    case STORE_EAUTH:
+        return " [cause: the store refused the credentials or their rights (401/403)]";
     case STORE_ENOBUCKET: return " [cause: no such bucket]";
     case STORE_EFAIL: return " [cause: the store did not answer or failed]";
     default: return "";
@@ -519,7 +521,8 @@ static void check_store(doctor_t *d, const char *url, const store_opts *so, int 
     }
     double dt = sp_now() - t0;
     if (rc) {
-        doctor_add(d, "store.roundtrip", DR_FAIL, expect, "%s of a probe object failed after %.1f s: %s%s",
+        doctor_add(d, "store.roundtrip", DR_FAIL, expect,
+                   "%s of a probe object failed after %.1f s: %s%s",
                    step, dt, err.msg, cause(rc));
         if (key && strcmp(step, "PUT") != 0) {
             sp_err e2 = {0};
@@ -711,7 +714,8 @@ static int meta_notice(const char *cloud, const char *base, char *why, size_t n)
             json_t *ev = json_object_get(j, "Events");
             notice = 0;
             for (size_t i = 0; i < json_array_size(ev); i++) {
-                const char *t = json_string_value(json_object_get(json_array_get(ev, i), "EventType"));
+                json_t *e = json_array_get(ev, i);
+                const char *t = json_string_value(json_object_get(e, "EventType"));
                 if (t && !strcmp(t, "Preempt"))
                     notice = 1;
             }
@@ -1028,7 +1032,8 @@ static int parse(int argc, char **argv, dr_args *a)
             break;
         case 'm':
             if (!sp_after(optarg, "http://") && !sp_after(optarg, "https://")) {
-                fprintf(stderr, "spotune doctor: --metadata-url takes an http(s):// URL, got '%s'\n",
+                fprintf(stderr,
+                        "spotune doctor: --metadata-url takes an http(s):// URL, got '%s'\n",
                         optarg);
                 return SP_EXIT_USAGE;
             }
@@ -1053,7 +1058,8 @@ static int parse(int argc, char **argv, dr_args *a)
         return SP_EXIT_USAGE;
     }
     if (a->remote && !sp_after(a->remote, "s3://") && !sp_after(a->remote, "file://")) {
-        fprintf(stderr, "spotune doctor: --remote takes s3://bucket[/prefix] or file:///path, got '%s'\n",
+        fprintf(stderr,
+                "spotune doctor: --remote takes s3://bucket[/prefix] or file:///path, got '%s'\n",
                 a->remote);
         return SP_EXIT_USAGE;
     }
