@@ -102,7 +102,7 @@ case "$args" in
     exit 1 ;;
 *"--micro-batch 8"*"--recompute layer"*) json 3000 0.40 0.41 11.21 ok ;;
 doctor*)
-    echo "spotune doctor 0.1.0 on gpu-host: 1 rank on 1 host (gpu-host)"
+    echo "spotune doctor 9.9.9 on gpu-host: 1 rank on 1 host (gpu-host)"
     echo "PASS    host.cpu             64 online cores  (expected: >= 4 cores)"
     echo "PASS    gpu0.device          NVIDIA H200 (sm_90, 132 SMs, PCI 0000:19:00), 139.8 GiB (139.2 GiB free); driver CUDA 12.8 / 570.86.15, runtime 13.0  (expected: driver >= the CUDA runtime spotune was built with)"
     echo "WARN    gpu0.gemm_bf16       512 TFLOP/s, 52% of peak (8192^3, fp32 accumulation)  (expected: >= 70% of H200's 989 TFLOP/s dense bf16 peak)"
