@@ -437,6 +437,14 @@ Test(init_from, config_mismatches_refused_naming_field_and_values)
     sp_err err = {0};
     cr_assert_eq(model_io_identity(tu_fmt("%s/model", dir), id, &err), 0, "%s", err.msg);
     refused("good", tu_fmt("--set model.path=%s/other", dir), 2, id, "trained on the base model");
+    /* export --peft records the identity the checkpoint holds, even when the
+     * base directory is not at hand (--model names one that does not exist) */
+    char *xo = NULL;
+    int rc = tu_spotune(&xo, "export %s/ok/checkpoints/step-00000001 --peft %s/nobase --model %s/gone",
+                        dir, dir, dir);
+    cr_assert_eq(rc, 0, "export without the base at hand (%d): %s", rc, xo);
+    free(xo);
+    refused("nobase", tu_fmt("--set model.path=%s/other", dir), 2, id, "trained on the base model");
 }
 
 Test(init_from, bad_adapters_refused_by_file_and_tensor)

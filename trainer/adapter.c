@@ -59,7 +59,7 @@ static int cmp_entry(const void *a, const void *b)
 }
 
 int adapter_write(const char *dir, const model_opts *o, const char *base_model_path,
-                  const adapter_tensor *t, size_t n, sp_err *err)
+                  const char *base_identity, const adapter_tensor *t, size_t n, sp_err *err)
 {
     if (sp_mkdir_p(dir) != 0)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", dir, strerror(errno));
@@ -77,7 +77,9 @@ int adapter_write(const char *dir, const model_opts *o, const char *base_model_p
      * checks it (PEFT, vLLM and SGLang ignore metadata) */
     char id[17];
     sp_err ignored = {0};
-    int has_id = base_model_path && model_io_identity(base_model_path, id, &ignored) == 0;
+    int has_id = base_identity && base_identity[0]
+                     ? snprintf(id, sizeof id, "%s", base_identity) > 0
+                     : base_model_path && model_io_identity(base_model_path, id, &ignored) == 0;
     const char *meta[] = {"format", "pt", ADAPTER_META_BASE, id};
     int rc = weights && tmp ? st_write(weights, e, n, meta, has_id ? 2 : 1, err)
                             : sp_fail(err, SP_EXIT_OTHER, "out of memory");
@@ -119,7 +121,7 @@ int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_er
     if (!rc)
         rc = be_check(m->be, err);
     if (!rc)
-        rc = adapter_write(dir, &m->o, base_model_path, t, n, err);
+        rc = adapter_write(dir, &m->o, base_model_path, NULL, t, n, err);
     for (size_t i = 0; i < n; i++)
         free((void *)t[i].data);
     free(t);

@@ -13,9 +13,12 @@ typedef struct adapter_tensor {
     const float *data;
 } adapter_tensor;
 
-/* Writes LoRA tensors and the adapter_config.json of options o to dir. */
+/* Writes LoRA tensors and the adapter_config.json of options o to dir. The
+ * base model's identity recorded in the weights' metadata is base_identity
+ * when given (a checkpoint's own record), else that of the directory
+ * base_model_path when it is at hand, else none. */
 int adapter_write(const char *dir, const model_opts *o, const char *base_model_path,
-                  const adapter_tensor *t, size_t n, sp_err *err);
+                  const char *base_identity, const adapter_tensor *t, size_t n, sp_err *err);
 /* Writes the model's LoRA weights (F32 masters) and config to dir. */
 int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_err *err);
 /* The safetensors metadata key of the base model's identity

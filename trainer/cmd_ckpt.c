@@ -412,7 +412,9 @@ static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *ba
     }
     model_opts o;
     opts_from_config(c, &o);
-    int rc = n ? adapter_write(out, &o, base, t, n, err)
+    /* the identity of the base it was trained on, recorded by the checkpoint:
+     * the base directory need not be at hand */
+    int rc = n ? adapter_write(out, &o, base, s->base_model, t, n, err)
                : sp_fail(err, SP_EXIT_INPUT, "the checkpoint holds no LoRA weights");
     free(t);
     /* the model card: what was trained, from the checkpoint's own metrics */
