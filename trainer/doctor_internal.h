@@ -1,12 +1,13 @@
-/* trainer/doctor_internal.h — shared by doctor.c (the command, host,
- * storage, store, preemption and config checks) and doctor_gpu.c (the GPU
- * checks). */
+/* trainer/doctor_internal.h — shared by doctor.c (the command, the report
+ * and the config checks), doctor_host.c (host and disk), doctor_remote.c (the
+ * object store and preemption notices) and doctor_gpu.c (the GPU checks). */
 #ifndef SPOTUNE_DOCTOR_INTERNAL_H
 #define SPOTUNE_DOCTOR_INTERNAL_H
 
 #include <stddef.h>
 
 #include "../base/base.h"
+#include "../checkpoint/store.h"
 #include "../comm/comm.h"
 
 enum { DR_PASS = 0, DR_WARN, DR_FAIL, DR_SKIPPED };
@@ -30,6 +31,32 @@ typedef struct doctor {
  * the measured one (printf). */
 void doctor_add(doctor_t *d, const char *name, int status, const char *expected,
                 const char *fmt, ...) SP_PRINTF(5, 6);
+
+static inline double dr_gib(double b)
+{
+    return b / (1024.0 * 1024.0 * 1024.0);
+}
+
+static inline double dr_mib(double b)
+{
+    return b / (1024.0 * 1024.0);
+}
+
+/* A /proc/meminfo figure in KiB ("MemAvailable"), or -1 */
+long long dr_meminfo_kib(const char *key);
+/* host.* lines: cores, memory, open files, /dev/shm, NCCL's interfaces */
+void dr_check_host(doctor_t *d);
+/* host.mpi: the MPI and NCCL versions, the ranks and their hosts */
+void dr_check_mpi(doctor_t *d, comm_t *comm, const char *hosts);
+/* storage.* lines for run_dir (NULL: the current directory): free space,
+ * write + fsync throughput of io_mib MiB */
+void dr_check_storage(doctor_t *d, const char *run_dir, int io_mib);
+/* store.* lines for url with options so: credentials, probe object, upload
+ * speed (io_mib), clock skew; each request bounded by deadline_s */
+void dr_check_store(doctor_t *d, const char *url, const store_opts *so, int io_mib,
+                    double deadline_s);
+/* preempt.* lines: which cloud's metadata service answers, a pending notice */
+void dr_check_preemption(doctor_t *d, const char *cloud_opt, const char *meta_url);
 
 /* The GPUs this process sees: count 0 with why when none is usable. */
 typedef struct dr_gpus {
