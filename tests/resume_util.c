@@ -94,10 +94,7 @@ size_t read_proc(const char *path, char *buf, size_t cap)
 /* The process exists and has not exited (is not a zombie waiting to be reaped). */
 int proc_running(int pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    char *rp = read_proc(path, buf, sizeof buf) ? strrchr(buf, ')') : NULL;
-    return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
+    return sp_pid_running(pid);
 }
 
 /* Waits until the run has logged `step` (or the process ended); polls for up
