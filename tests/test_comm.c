@@ -72,7 +72,8 @@ static void job_child(char *const argv[], const char *const env[], const char *o
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     /* In a sanitizer build the ranks are instrumented and Open MPI is not:
      * its own allocations that live until exit are not our leaks. */
-    add_option("ASAN_OPTIONS", "fast_unwind_on_malloc=0"); /* Open MPI has no frame pointers */
+    /* Open MPI has no frame pointers; dynamic TLS: see tu_mpirun */
+    add_option("ASAN_OPTIONS", "fast_unwind_on_malloc=0:intercept_tls_get_addr=0");
     add_option("LSAN_OPTIONS",
                "suppressions=" SPOTUNE_SOURCE_DIR "/tests/lsan.supp:print_suppressions=0");
     add_option("UBSAN_OPTIONS", "print_stacktrace=1");

@@ -71,7 +71,7 @@ if [[ -n "$prog" ]]; then
     # the leak suppressions (they lack frame pointers)
     asan=${ASAN_OPTIONS:-}
     out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES= \
-        OMPI_MCA_pml=ob1 ASAN_OPTIONS="${asan:+$asan:}fast_unwind_on_malloc=0" \
+        OMPI_MCA_pml=ob1 ASAN_OPTIONS="${asan:+$asan:}fast_unwind_on_malloc=0:intercept_tls_get_addr=0" \
         SPOTUNE_SIGKILL_TIMEOUT=5 timeout 120 "$launch" -g 2 --tcp -- "$prog" allreduce 2>&1)
     rc=$?
     [[ $rc -eq 0 ]] && has "$out" "ok "
