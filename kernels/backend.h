@@ -113,6 +113,16 @@ typedef struct backend_ops {
     /* y[r,:] += b;  db += sum_r dy[r,:] (F32) */
     void (*add_bias)(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
     void (*bias_backward)(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols);
+    /* DoRA. weight_norm: n[o] = || W[o,:] + scale * (B A)[o,:] ||_2 (F32 n [out];
+     * W [out,in], A [r,in], B [out,r]; r == 0: the row norms of W, A and B
+     * untouched), accumulated in fp32 or wider.
+     * col_scale: y[r,c] *= num[c] / den[c] (den F32).
+     * col_dot: out[c] += sum_r x[r,c] * y[r,c] / den[c] (out, den F32). */
+    void (*weight_norm)(backend_t *be, tensor_t n, tensor_t W, tensor_t A, tensor_t B,
+                        float scale, int out, int in, int r);
+    void (*col_scale)(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int rows, int cols);
+    void (*col_dot)(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den, int rows,
+                    int cols);
 
     /* out = in * keep / (1 - p), keep = uniform(seed, offset + i) >= p.
      * The same call on gradients is the backward. p == 0 copies. */
@@ -253,6 +263,12 @@ void be_add_bias_at(const char *file, int line, backend_t *be, tensor_t y, tenso
                     int cols);
 void be_bias_backward_at(const char *file, int line, backend_t *be, tensor_t db, tensor_t dy,
                          int rows, int cols);
+void be_weight_norm_at(const char *file, int line, backend_t *be, tensor_t n, tensor_t W,
+                       tensor_t A, tensor_t B, float scale, int out, int in, int r);
+void be_col_scale_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t num,
+                     tensor_t den, int rows, int cols);
+void be_col_dot_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t x,
+                   tensor_t y, tensor_t den, int rows, int cols);
 void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
                    float p, uint64_t seed, uint64_t offset);
 /* 0.0 when the call is refused */
@@ -291,6 +307,9 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_add(...) be_add_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_add_bias(...) be_add_bias_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_bias_backward(...) be_bias_backward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_weight_norm(...) be_weight_norm_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_col_scale(...) be_col_scale_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_col_dot(...) be_col_dot_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_dropout(...) be_dropout_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_sumsq(...) be_sumsq_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_adamw(...) be_adamw_at(__FILE__, __LINE__, __VA_ARGS__)

@@ -454,6 +454,56 @@ void be_bias_backward_at(const char *file, int line, backend_t *be, tensor_t db,
         be->ops->bias_backward(be, db, dy, rows, cols);
 }
 
+void be_weight_norm_at(const char *file, int line, backend_t *be, tensor_t n, tensor_t W,
+                       tensor_t A, tensor_t B, float scale, int out, int in, int r)
+{
+    call c = begin(be, "weight_norm", file, line);
+    size_arg(&c, "out", out);
+    size_arg(&c, "in", in);
+    size_arg(&c, "r", r);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "n", n, (size_t)out, "out", TAKES_F32);
+    tensor_arg(&c, "W", W, mul((size_t)out, (size_t)in), "out x in", TAKES_FLOAT);
+    if (r > 0) {
+        tensor_arg(&c, "A", A, mul((size_t)r, (size_t)in), "r x in", TAKES_FLOAT);
+        tensor_arg(&c, "B", B, mul((size_t)out, (size_t)r), "out x r", TAKES_FLOAT);
+    }
+    if (!c.bad)
+        be->ops->weight_norm(be, n, W, A, B, scale, out, in, r);
+}
+
+void be_col_scale_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t num,
+                     tensor_t den, int rows, int cols)
+{
+    call c = begin(be, "col_scale", file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "cols", cols);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "y", y, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
+    tensor_arg(&c, "num", num, (size_t)cols, "cols", TAKES_FLOAT);
+    tensor_arg(&c, "den", den, (size_t)cols, "cols", TAKES_F32);
+    if (!c.bad)
+        be->ops->col_scale(be, y, num, den, rows, cols);
+}
+
+void be_col_dot_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t x,
+                   tensor_t y, tensor_t den, int rows, int cols)
+{
+    call c = begin(be, "col_dot", file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "cols", cols);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "out", out, (size_t)cols, "cols", TAKES_F32);
+    tensor_arg(&c, "x", x, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
+    tensor_arg(&c, "y", y, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
+    tensor_arg(&c, "den", den, (size_t)cols, "cols", TAKES_F32);
+    if (!c.bad)
+        be->ops->col_dot(be, out, x, y, den, rows, cols);
+}
+
 void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
                    float p, uint64_t seed, uint64_t offset)
 {

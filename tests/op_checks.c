@@ -102,6 +102,18 @@ static void c_bias_backward(backend_t *be, const tensor_t *t, const int *d)
 {
     be_bias_backward(be, t[0], t[1], d[0], d[1]);
 }
+static void c_weight_norm(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_weight_norm(be, t[0], t[1], t[2], t[3], 0.5f, d[0], d[1], d[2]);
+}
+static void c_col_scale(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_col_scale(be, t[0], t[1], t[2], d[0], d[1]);
+}
+static void c_col_dot(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_col_dot(be, t[0], t[1], t[2], t[3], d[0], d[1]);
+}
 static void c_dropout(backend_t *be, const tensor_t *t, const int *d)
 {
     (void)d;
@@ -195,6 +207,18 @@ static const op_spec specs[] = {
     {"bias_backward", c_bias_backward, 2,
      {T_("db", 4, "cols", TAKES_F32), T_("dy", 12, "rows x cols", TAKES_FLOAT)}, 2,
      {"rows", "cols"}, {3, 4}},
+    {"weight_norm", c_weight_norm, 4,
+     {T_("n", 3, "out", TAKES_F32), T_("W", 12, "out x in", TAKES_FLOAT),
+      T_("A", 8, "r x in", TAKES_FLOAT), T_("B", 6, "out x r", TAKES_FLOAT)},
+     3, {"out", "in", "r"}, {3, 4, 2}},
+    {"col_scale", c_col_scale, 3,
+     {T_("y", 12, "rows x cols", TAKES_FLOAT), T_("num", 4, "cols", TAKES_FLOAT),
+      T_("den", 4, "cols", TAKES_F32)},
+     2, {"rows", "cols"}, {3, 4}},
+    {"col_dot", c_col_dot, 4,
+     {T_("out", 4, "cols", TAKES_F32), T_("x", 12, "rows x cols", TAKES_FLOAT),
+      T_("y", 12, "rows x cols", TAKES_FLOAT), T_("den", 4, "cols", TAKES_F32)},
+     2, {"rows", "cols"}, {3, 4}},
     {"dropout", c_dropout, 2, {T_("out", E_, "n", TAKES_FLOAT), T_("in", E_, "n", TAKES_FLOAT)},
      0, {NULL}, {0}},
     {"sumsq", c_sumsq, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},

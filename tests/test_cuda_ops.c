@@ -692,6 +692,62 @@ Test(cuda_ops, add_add_bias_and_bias_backward)
     }
 }
 
+/* ---- DoRA: weight_norm, col_scale, col_dot ----------------------------------------------- */
+
+/* The inputs are bf16 values (rnd), so both sides see the same numbers: the
+ * F32 outputs (norms, the column dots) within TOL_F32, col_scale's output
+ * stored in act_dt within TOL_BF16. */
+Test(cuda_ops, dora_weight_norm_col_scale_and_col_dot)
+{
+    static const int shapes[][4] = {{7, 9, 3, 5}, {300, 45, 8, 129}, {1, 1, 1, 1}, {64, 1000, 16, 33}};
+    for (int s = 0; s < 4; s++) {
+        int out = shapes[s][0], in = shapes[s][1], r = shapes[s][2], rows = shapes[s][3];
+        size_t nw = (size_t)out * in, na = (size_t)r * in, nb = (size_t)out * r;
+        size_t ny = (size_t)rows * out;
+        float *W = rnd(nw, 1.0f), *A = rnd(na, 1.0f), *B = rnd(nb, 1.0f), *Y = rnd(ny, 1.0f);
+        float *X = rnd(ny, 1.0f), *num = rnd((size_t)out, 1.0f), *den = rnd((size_t)out, 1.0f);
+        float *acc = rnd((size_t)out, 1.0f);
+        for (int o = 0; o < out; o++)
+            den[o] = 0.5f + fabsf(den[o]);
+        tensor_t gW = up(gpu, gpu->act_dt, W, nw), gA = up(gpu, gpu->act_dt, A, na);
+        tensor_t gB = up(gpu, gpu->act_dt, B, nb), gn = up(gpu, DT_F32, den, (size_t)out);
+        tensor_t cW = up(cpu, DT_F32, W, nw), cA = up(cpu, DT_F32, A, na);
+        tensor_t cB = up(cpu, DT_F32, B, nb), cn = up(cpu, DT_F32, den, (size_t)out);
+        be_weight_norm(gpu, gn, gW, gA, gB, 0.5f, out, in, r);
+        be_weight_norm(cpu, cn, cW, cA, cB, 0.5f, out, in, r);
+        gpu_ok();
+        char what[96];
+        snprintf(what, sizeof what, "weight_norm %dx%d r %d", out, in, r);
+        expect_close(what, gn, cn, (size_t)out, TOL_F32);
+        be_weight_norm(gpu, gn, gW, (tensor_t){0}, (tensor_t){0}, 0.5f, out, in, 0);
+        be_weight_norm(cpu, cn, cW, (tensor_t){0}, (tensor_t){0}, 0.5f, out, in, 0);
+        gpu_ok();
+        snprintf(what, sizeof what, "weight_norm %dx%d r 0", out, in);
+        expect_close(what, gn, cn, (size_t)out, TOL_F32);
+
+        tensor_t gY = up(gpu, gpu->act_dt, Y, ny), gX = up(gpu, gpu->act_dt, X, ny);
+        tensor_t gnum = up(gpu, gpu->act_dt, num, (size_t)out), gden = up(gpu, DT_F32, den, (size_t)out);
+        tensor_t gacc = up(gpu, DT_F32, acc, (size_t)out);
+        tensor_t cY = up(cpu, DT_F32, Y, ny), cX = up(cpu, DT_F32, X, ny);
+        tensor_t cnum = up(cpu, DT_F32, num, (size_t)out), cden = up(cpu, DT_F32, den, (size_t)out);
+        tensor_t cacc = up(cpu, DT_F32, acc, (size_t)out);
+        be_col_dot(gpu, gacc, gX, gY, gden, rows, out);
+        be_col_dot(cpu, cacc, cX, cY, cden, rows, out);
+        be_col_scale(gpu, gY, gnum, gden, rows, out);
+        be_col_scale(cpu, cY, cnum, cden, rows, out);
+        gpu_ok();
+        snprintf(what, sizeof what, "col_dot %dx%d (+=)", rows, out);
+        expect_close(what, gacc, cacc, (size_t)out, TOL_F32);
+        snprintf(what, sizeof what, "col_scale %dx%d", rows, out);
+        expect_close(what, gY, cY, ny, TOL_BF16);
+        tensor_t *g[] = {&gW, &gA, &gB, &gn, &gY, &gX, &gnum, &gden, &gacc};
+        tensor_t *c[] = {&cW, &cA, &cB, &cn, &cY, &cX, &cnum, &cden, &cacc};
+        for (int i = 0; i < 9; i++)
+            drop(gpu, g[i]), drop(cpu, c[i]);
+        free(W), free(A), free(B), free(Y), free(X), free(num), free(den), free(acc);
+    }
+}
+
 /* ---- dropout: the CPU's mask, bit for bit ----------------------------------------------- */
 
 static void check_dropout(size_t n, float p, uint64_t seed, uint64_t offset, dtype_t dt,

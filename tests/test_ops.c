@@ -452,6 +452,74 @@ Test(ops, bias_add_and_backward)
     free(y), free(b), free(got), free(db);
 }
 
+/* DoRA's ops against plain double loops: the row norms of W + s B A (and of
+ * W alone with r = 0), y * num / den per column, and the column dot
+ * products over den accumulated into out. FWD_TOL on both CPU paths. */
+Test(ops, dora_weight_norm_col_scale_and_col_dot)
+{
+    const char *kinds[] = {"cpu", "cpu-ref"};
+    int out = 7, in = 9, r = 3, rows = 5;
+    float s = 0.75f;
+    float *W = rnd((size_t)out * in, 1), *A = rnd((size_t)r * in, 1), *B = rnd((size_t)out * r, 1);
+    float *y = rnd((size_t)rows * out, 1), *x = rnd((size_t)rows * out, 1);
+    float *num = rnd((size_t)out, 1), *den = rnd((size_t)out, 1), *acc0 = rnd((size_t)out, 1);
+    for (int o = 0; o < out; o++)
+        den[o] = 0.5f + fabsf(den[o]); /* a norm: positive */
+    double nw[7], n0[7], ys[35], dot[7];
+    for (int o = 0; o < out; o++) {
+        double ss = 0, ss0 = 0;
+        for (int j = 0; j < in; j++) {
+            double v = 0;
+            for (int k = 0; k < r; k++)
+                v += (double)B[o * r + k] * A[k * in + j];
+            double w = W[o * in + j] + (double)s * v;
+            ss += w * w;
+            ss0 += (double)W[o * in + j] * W[o * in + j];
+        }
+        nw[o] = sqrt(ss);
+        n0[o] = sqrt(ss0);
+        double d = 0;
+        for (int i = 0; i < rows; i++) {
+            ys[i * out + o] = (double)y[i * out + o] * num[o] / den[o];
+            d += (double)x[i * out + o] * y[i * out + o];
+        }
+        dot[o] = acc0[o] + d / den[o];
+    }
+    for (int kind = 0; kind < 2; kind++) {
+        backend_t *b2;
+        sp_err err = {0};
+        cr_assert_eq(backend_create(&b2, kinds[kind], 0, 2, &err), 0, "%s", err.msg);
+        tensor_t tW = be_alloc(b2, DT_F32, (size_t)out * in), tA = be_alloc(b2, DT_F32, (size_t)r * in);
+        tensor_t tB = be_alloc(b2, DT_F32, (size_t)out * r), tn = be_alloc(b2, DT_F32, (size_t)out);
+        tensor_t ty = be_alloc(b2, DT_F32, (size_t)rows * out), tx = be_alloc(b2, DT_F32, (size_t)rows * out);
+        tensor_t tnum = be_alloc(b2, DT_F32, (size_t)out), tden = be_alloc(b2, DT_F32, (size_t)out);
+        tensor_t tacc = be_alloc(b2, DT_F32, (size_t)out);
+        be_upload(b2, tW, W, DT_F32), be_upload(b2, tA, A, DT_F32), be_upload(b2, tB, B, DT_F32);
+        be_upload(b2, ty, y, DT_F32), be_upload(b2, tx, x, DT_F32);
+        be_upload(b2, tnum, num, DT_F32), be_upload(b2, tden, den, DT_F32);
+        be_upload(b2, tacc, acc0, DT_F32);
+        float got[35];
+        be_weight_norm(b2, tn, tW, tA, tB, s, out, in, r);
+        be_download(b2, got, DT_F32, tn);
+        cr_expect_lt(rel_err(got, nw, (size_t)out), FWD_TOL, "%s weight_norm", kinds[kind]);
+        be_weight_norm(b2, tn, tW, (tensor_t){0}, (tensor_t){0}, s, out, in, 0);
+        be_download(b2, got, DT_F32, tn);
+        cr_expect_lt(rel_err(got, n0, (size_t)out), FWD_TOL, "%s weight_norm r = 0", kinds[kind]);
+        be_col_dot(b2, tacc, tx, ty, tden, rows, out);
+        be_download(b2, got, DT_F32, tacc);
+        cr_expect_lt(rel_err(got, dot, (size_t)out), FWD_TOL, "%s col_dot", kinds[kind]);
+        be_col_scale(b2, ty, tnum, tden, rows, out);
+        be_download(b2, got, DT_F32, ty);
+        cr_expect_lt(rel_err(got, ys, (size_t)rows * out), FWD_TOL, "%s col_scale", kinds[kind]);
+        cr_expect_eq(be_check(b2, &err), 0, "%s", err.msg);
+        tensor_t *all[] = {&tW, &tA, &tB, &tn, &ty, &tx, &tnum, &tden, &tacc};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            be_free(b2, all[i]);
+        backend_destroy(b2);
+    }
+    free(W), free(A), free(B), free(y), free(x), free(num), free(den), free(acc0);
+}
+
 /* ---- cross-entropy ------------------------------------------------------------ */
 
 Test(ops, cross_entropy_loss_and_gradient)

@@ -38,6 +38,11 @@ void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t t
 void cpu_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
 void cpu_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
 void cpu_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols);
+void cpu_weight_norm(backend_t *be, tensor_t n, tensor_t W, tensor_t A, tensor_t B, float scale,
+                     int out, int in, int r);
+void cpu_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int rows, int cols);
+void cpu_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den, int rows,
+                 int cols);
 void cpu_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
                  uint64_t offset);
 double cpu_sumsq(backend_t *be, tensor_t x, size_t n);

@@ -358,6 +358,52 @@ void cpu_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int co
     }
 }
 
+void cpu_weight_norm(backend_t *be, tensor_t n, tensor_t W, tensor_t A, tensor_t B, float scale,
+                     int out, int in, int r)
+{
+    (void)be;
+    float *N = F(n);
+    const float *Wv = F(W), *Av = r > 0 ? F(A) : NULL, *Bv = r > 0 ? F(B) : NULL;
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < out; o++) {
+        double acc = 0.0;
+        for (int j = 0; j < in; j++) {
+            double v = 0.0;
+            for (int k = 0; k < r; k++)
+                v += (double)Bv[(size_t)o * r + k] * Av[(size_t)k * in + j];
+            v = Wv[(size_t)o * in + j] + (double)scale * v;
+            acc += v * v;
+        }
+        N[o] = (float)sqrt(acc);
+    }
+}
+
+void cpu_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int rows, int cols)
+{
+    (void)be;
+    float *Y = F(y);
+    const float *Nu = F(num), *De = F(den);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            Y[(size_t)r * cols + c] *= Nu[c] / De[c];
+}
+
+void cpu_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den, int rows,
+                 int cols)
+{
+    (void)be;
+    float *O = F(out);
+    const float *X = F(x), *Y = F(y), *De = F(den);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < cols; c++) {
+        double acc = 0.0;
+        for (int r = 0; r < rows; r++)
+            acc += (double)X[(size_t)r * cols + c] * Y[(size_t)r * cols + c];
+        O[c] += (float)(acc / De[c]);
+    }
+}
+
 void cpu_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
                  uint64_t offset)
 {

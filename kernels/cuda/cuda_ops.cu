@@ -389,6 +389,108 @@ extern "C" void cuda_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int 
     colsum(be, db, dy.p, dy.dt, NULL, 0, NULL, rows, cols);
 }
 
+/* ---- DoRA: row norms of W + s B A, per-column scale and dot ----------------------- */
+
+/* one block per row o: n[o] = || W[o,:] + scale * B[o,:] A ||_2, summed in double */
+__global__ void weight_norm_kernel(float *n, const void *W, int wdt, const void *A, int adt,
+                                   const void *B, int bdt, float scale, int in, int r)
+{
+    __shared__ double sh[33];
+    size_t o = blockIdx.x;
+    double ss = 0.0;
+    for (int j = threadIdx.x; j < in; j += blockDim.x) {
+        float v = 0.0f;
+        for (int k = 0; k < r; k++)
+            v += ld_f(B, bdt, o * r + k) * ld_f(A, adt, (size_t)k * in + j);
+        double w = (double)ld_f(W, wdt, o * in + j) + (double)scale * (double)v;
+        ss += w * w;
+    }
+    ss = block_sum_d(ss, sh);
+    if (threadIdx.x == 0)
+        n[o] = (float)sqrt(ss);
+}
+
+extern "C" void cuda_weight_norm(backend_t *be, tensor_t n, tensor_t W, tensor_t A, tensor_t B,
+                                 float scale, int out, int in, int r)
+{
+    if (be->err.code || out <= 0)
+        return;
+    weight_norm_kernel<<<out, ROW_BLOCK, 0, STREAM(be)>>>(
+        (float *)n.p, W.p, W.dt, r > 0 ? A.p : NULL, A.dt, r > 0 ? B.p : NULL, B.dt, scale, in, r);
+    LAUNCHED(be, "weight_norm_kernel");
+}
+
+__global__ void col_scale_kernel(void *y, int ydt, const void *num, int ndt, const float *den,
+                                 int cols, size_t n)
+{
+    GRID_STRIDE(i, n)
+    st_f(y, ydt, i, ld_f(y, ydt, i) * (ld_f(num, ndt, i % cols) / den[i % cols]));
+}
+
+extern "C" void cuda_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int rows,
+                               int cols)
+{
+    size_t n = (size_t)rows * cols;
+    if (be->err.code || !n)
+        return;
+    col_scale_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, num.p, num.dt,
+                                                                     (const float *)den.p, cols, n);
+    LAUNCHED(be, "col_scale_kernel");
+}
+
+/* part[chunk][c] = sum over the chunk's rows of x[r,c] * y[r,c], in double */
+__global__ void coldot_partial_kernel(double *part, const void *x, int xdt, const void *y,
+                                      int ydt, int rows, int cols, int rows_per_chunk)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols)
+        return;
+    int r0 = blockIdx.y * rows_per_chunk;
+    int r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+    double acc = 0.0;
+    for (int r = r0; r < r1; r++) {
+        size_t i = (size_t)r * cols + c;
+        acc += (double)ld_f(x, xdt, i) * (double)ld_f(y, ydt, i);
+    }
+    part[(size_t)blockIdx.y * cols + c] = acc;
+}
+
+/* out[c] += (sum over chunks of part[chunk][c], chunks in order) / den[c] */
+__global__ void coldot_finish_kernel(float *out, const double *part, const float *den,
+                                     int chunks, int cols)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols)
+        return;
+    double acc = 0.0;
+    for (int k = 0; k < chunks; k++)
+        acc += part[(size_t)k * cols + c];
+    out[c] += (float)(acc / (double)den[c]);
+}
+
+extern "C" void cuda_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den,
+                             int rows, int cols)
+{
+    if (be->err.code || rows <= 0 || cols <= 0)
+        return;
+    int chunks = (rows + 31) / 32;
+    if (chunks > 128)
+        chunks = 128;
+    int per = (rows + chunks - 1) / chunks;
+    chunks = (rows + per - 1) / per;
+    double *part = (double *)cuda_scratch(be, sizeof(double) * (size_t)chunks * cols);
+    if (!part)
+        return;
+    dim3 grid((unsigned)((cols + CUDA_BLOCK - 1) / CUDA_BLOCK), (unsigned)chunks);
+    coldot_partial_kernel<<<grid, CUDA_BLOCK, 0, STREAM(be)>>>(part, x.p, x.dt, y.p, y.dt, rows,
+                                                               cols, per);
+    if (LAUNCHED(be, "coldot_partial_kernel"))
+        return;
+    coldot_finish_kernel<<<(cols + CUDA_BLOCK - 1) / CUDA_BLOCK, CUDA_BLOCK, 0, STREAM(be)>>>(
+        (float *)out.p, part, (const float *)den.p, chunks, cols);
+    LAUNCHED(be, "coldot_finish_kernel");
+}
+
 /* ---- dropout: keep = uniform(seed, offset + i) >= p, the CPU's draw ------------ */
 
 __global__ void dropout_kernel(void *out, int odt, const void *in, int idt, size_t n, float p,
