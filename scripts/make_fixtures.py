@@ -39,6 +39,7 @@ BATCH = 2
 SEQ = 11
 MASK_ONES_FRACTION = 0.7
 LORA_B_STD = 0.02
+DORA_MAGNITUDE_JITTER = 0.1
 BIAS_STD = 0.1
 EMBED_STD = 0.25
 
@@ -90,6 +91,32 @@ CASES = [
         "lora": dict(r=2, lora_alpha=4, target_modules=["k_proj", "o_proj", "gate_proj", "up_proj"],
                      use_rslora=False),
         "seed": 1003,
+    },
+    {
+        "name": "llama_gqa_dora",
+        "arch": "llama",
+        "config": dict(
+            vocab_size=97, hidden_size=48, intermediate_size=80,
+            num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+            rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+            max_position_embeddings=64,
+        ),
+        "lora": dict(r=4, lora_alpha=8, target_modules=LORA_ALL, use_rslora=False,
+                     use_dora=True),
+        "seed": 1005,
+    },
+    {
+        "name": "qwen2_bias_dora",
+        "arch": "qwen2",
+        "config": dict(
+            vocab_size=70, hidden_size=32, intermediate_size=48,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
+        ),
+        "lora": dict(r=2, lora_alpha=4, target_modules=["q_proj", "k_proj", "o_proj", "up_proj",
+                                                        "down_proj"],
+                     use_rslora=True, use_dora=True),
+        "seed": 1006,
     },
     {
         "name": "mistral",
@@ -364,9 +391,10 @@ def make_case(case, root, meta, log):
 
     # ---- LoRA adapter (float32, as saved) -------------------------------------
     lo = case["lora"]
+    dora = lo.get("use_dora", False)
     lcfg = LoraConfig(r=lo["r"], lora_alpha=lo["lora_alpha"], lora_dropout=0.0,
                       target_modules=list(lo["target_modules"]), use_rslora=lo["use_rslora"],
-                      task_type="CAUSAL_LM")
+                      use_dora=dora, task_type="CAUSAL_LM")
     base32 = model_cls.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
     torch.manual_seed(seed + 1)  # PEFT draws lora_A from the global generator
     pm = get_peft_model(base32, lcfg)
@@ -374,6 +402,8 @@ def make_case(case, root, meta, log):
         for n, p in pm.named_parameters():
             if ".lora_B." in n:
                 p.copy_(torch.randn(p.shape, generator=gen) * LORA_B_STD)
+        if dora:
+            set_dora_magnitudes(pm, gen)
     lora_dir = os.path.join(cdir, "lora")
     pm.save_pretrained(lora_dir)
     tidy_adapter_dir(lora_dir)
@@ -381,7 +411,10 @@ def make_case(case, root, meta, log):
     with safe_open(os.path.join(lora_dir, "adapter_model.safetensors"), "pt") as f:
         adapter_keys = sorted(f.keys())
         adapter = {k: f.get_tensor(k) for k in adapter_keys}
-    assert adapter_keys and all(".lora_A." in k or ".lora_B." in k for k in adapter_keys)
+    assert adapter_keys and all(".lora_A." in k or ".lora_B." in k or
+                                (dora and k.endswith(".lora_magnitude_vector"))
+                                for k in adapter_keys)
+    assert dora == any(k.endswith(".lora_magnitude_vector") for k in adapter_keys)
 
     # ---- LoRA reference, float64 from the saved files -------------------------
     b64 = load_f64(model_dir)
@@ -392,6 +425,7 @@ def make_case(case, root, meta, log):
         assert p.dtype == torch.float64, n
         if p.requires_grad:
             key = n.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+            key = key.replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector")
             trainable[key] = p
     assert sorted(trainable) == adapter_keys, \
         f"{name}: trainable params differ from adapter keys: {set(trainable) ^ set(adapter_keys)}"
@@ -413,11 +447,62 @@ def make_case(case, root, meta, log):
         assert shift > 1e-3, f"{name}: the adapter barely changes the logits ({shift})"
     save_tensors(os.path.join(cdir, "lora_expected.safetensors"), lexp, meta)
     probe = [adapter_keys[0], adapter_keys[1], adapter_keys[-2], adapter_keys[-1]]
-    finite_difference_check(p64, {k: trainable[k] for k in probe},
-                            lambda: masked_loss(p64(input_ids=inputs).logits, tokens, mask),
-                            name + " lora")
+    if dora:  # one magnitude too (the keys sort A, B, magnitude per projection)
+        probe.append(next(k for k in adapter_keys if k.endswith(".lora_magnitude_vector")))
+    # DoRA's gradient treats ||W + s B A|| as a constant (PEFT detaches it):
+    # the finite differences hold it at its value for the stored parameters.
+    with dora_norms_frozen(dora):
+        with torch.no_grad():
+            p64(input_ids=inputs)  # the norms, from the unperturbed parameters
+        finite_difference_check(p64, {k: trainable[k] for k in probe},
+                                lambda: masked_loss(p64(input_ids=inputs).logits, tokens, mask),
+                                name + " lora")
     log.append(f"{name} lora: loss {lloss.item():.6f}, {len(adapter_keys)} adapter tensors, "
                f"max logit shift vs base {shift:.3f}")
+
+
+@contextlib.contextmanager
+def dora_norms_frozen(on):
+    """While on: each DoRA layer's weight norm is the one its first call computes."""
+    if not on:
+        yield
+        return
+    from peft.tuners.lora.dora import DoraLinearLayer
+    saved = DoraLinearLayer.get_weight_norm
+    cache = {}
+
+    def frozen(self, *args, **kwargs):
+        if id(self) not in cache:
+            cache[id(self)] = saved(self, *args, **kwargs).detach().clone()
+        return cache[id(self)]
+
+    DoraLinearLayer.get_weight_norm = frozen
+    try:
+        yield
+    finally:
+        DoraLinearLayer.get_weight_norm = saved
+
+
+def set_dora_magnitudes(pm, gen):
+    """Give every DoRA magnitude m the row norms of W + s B A for the B just
+    drawn, times 1 + N(0, DORA_MAGNITUDE_JITTER^2) per row.
+
+    PEFT initialises m when it creates the layer, to the norms of W + s B A
+    with B = 0 then; after B is redrawn, m / ||W + s B A|| would be close to
+    1 only by chance. The jitter makes m / n differ from 1 so that a missing
+    scale, or a norm taken with the wrong B, shows in the outputs.
+    """
+    import torch
+    from peft.tuners.lora import LoraLayer
+    with torch.no_grad():
+        for _, mod in pm.named_modules():
+            if not isinstance(mod, LoraLayer) or "default" not in mod.lora_magnitude_vector:
+                continue
+            w = mod.get_base_layer().weight
+            delta = mod.lora_B["default"].weight @ mod.lora_A["default"].weight
+            norm = torch.linalg.norm(w + mod.scaling["default"] * delta, dim=1)
+            mag = mod.lora_magnitude_vector["default"].weight
+            mag.copy_(norm * (1.0 + DORA_MAGNITUDE_JITTER * torch.randn(mag.shape, generator=gen)))
 
 
 def tidy_adapter_dir(lora_dir):

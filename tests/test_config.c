@@ -167,6 +167,36 @@ Test(config, missing_required_keys_and_cross_checks)
                  "train.min_lr", "larger than train.lr");
 }
 
+/* lora.dora: a math key (a resume that changes it is refused by name), off
+ * leaves the hash of the configs that predate it; refused with full
+ * fine-tuning and with LoRA dropout. */
+Test(config, dora_is_a_math_key_and_its_refusals_name_it)
+{
+    config_t c, d;
+    sp_err err = {0};
+    config_defaults(&c);
+    config_defaults(&d);
+    cr_expect_eq(c.lora_dora, 0);
+    uint64_t off = config_math_hash(&c);
+    cr_assert_eq(config_set(&d, "lora.dora=false", &err), 0, "%s", err.msg);
+    cr_expect_eq(config_math_hash(&d), off);
+    cr_assert_eq(config_set(&d, "lora.dora=true", &err), 0, "%s", err.msg);
+    cr_expect_eq(d.lora_dora, 1);
+    cr_expect_neq(config_math_hash(&d), off);
+    char diff[512];
+    cr_expect_eq(config_diff_math(&c, &d, diff, sizeof diff), 1);
+    cr_expect(tu_contains(diff, "lora.dora (false, now true)"), "%s", diff);
+    config_free(&c);
+    config_free(&d);
+    const char *base = "run:\n  dir: x\nmodel:\n  path: m\ndata:\n  train: d\n";
+    char text[512];
+    snprintf(text, sizeof text, "%strain:\n  mode: full\nlora:\n  dora: true\n", base);
+    expect_error(text, "lora.dora", "needs train.mode lora");
+    snprintf(text, sizeof text, "%slora:\n  dora: true\n  dropout: 0.1\n", base);
+    expect_error(text, "lora.dora", "lora.dropout 0.1");
+    expect_error("lora:\n  dora: sometimes\n", "bad.yaml:2", "lora.dora");
+}
+
 Test(config, missing_file)
 {
     config_t c;

@@ -235,9 +235,10 @@ static void peft_fixture(const char *name)
                             "--set data.train=%s/%s-%d.h5 --set train.seq_len=%d "
                             "--set train.micro_batch=1 --set train.steps=1 --set lora.r=%lld "
                             "--set lora.alpha=%.17g --set lora.rslora=%s --set lora.targets=%s "
-                            "--set lora.init_from=%s/lora",
+                            "--set lora.dora=%s --set lora.init_from=%s/lora",
                             dir, dir, run, fxd, dir, name, b, T1 - 1, (long long)o.lora_r,
-                            o.lora_alpha, o.rslora ? "true" : "false", targets, fxd);
+                            o.lora_alpha, o.rslora ? "true" : "false", targets,
+                            o.dora ? "true" : "false", fxd);
         cr_assert_eq(rc, 0, "%s failed (%d): %s", run, rc, out);
         cr_expect(tu_contains(out, "records no base model identity"), "%s", out);
         free(out);
@@ -260,6 +261,9 @@ static void peft_fixture(const char *name)
 
 Test(init_from, peft_adapter_llama_gqa_gives_peft_loss) { peft_fixture("llama_gqa"); }
 Test(init_from, peft_adapter_llama_tied_llama3_gives_peft_loss) { peft_fixture("llama_tied_llama3"); }
+/* DoRA adapters (use_dora, their lora_magnitude_vector loaded) into lora.dora runs */
+Test(init_from, peft_dora_adapter_llama_gqa_gives_peft_loss) { peft_fixture("llama_gqa_dora"); }
+Test(init_from, peft_dora_adapter_qwen2_bias_gives_peft_loss) { peft_fixture("qwen2_bias_dora"); }
 Test(init_from, peft_adapter_qwen2_bias_gives_peft_loss) { peft_fixture("qwen2_bias"); }
 
 /* A resume takes the checkpoint: with init_from changed to a directory that
@@ -427,6 +431,8 @@ Test(init_from, config_mismatches_refused_naming_field_and_values)
     refused("good", "--set lora.targets=[q_proj,v_proj]", 2, g,
             "target_modules [q_proj, v_proj, down_proj], the run lora.targets [q_proj, v_proj]");
     refused("good", "--set train.mode=full", 2, "lora.init_from", "needs train.mode lora");
+    /* a plain LoRA adapter into a DoRA run (a DoRA one into a plain run: bad_adapters) */
+    refused("good", "--set lora.dora=true", 2, g, "use_dora false, the run lora.dora true");
     config_field("alllinear", "target_modules", "\"all-linear\"");
     refused("alllinear", NULL, 2, tu_fmt("%s/alllinear", dir),
             "target_modules [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj], the "
@@ -460,7 +466,13 @@ Test(init_from, bad_adapters_refused_by_file_and_tensor)
     cr_assert_eq(tu_sh(NULL, "rm %s/noweights/adapter_model.safetensors", dir), 0);
     refused("noweights", NULL, 3, "noweights/adapter_model.safetensors", "cannot");
     config_field("dora", "use_dora", "true");
-    refused("dora", NULL, 3, "dora/adapter_config.json", "use_dora is true");
+    refused("dora", NULL, 2, "use_dora true, the run lora.dora false", "lora_magnitude_vector");
+    /* use_dora with no magnitudes in the file */
+    refused("dora", "--set lora.dora=true", 3,
+            "'base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector' is missing",
+            "dora/adapter_model.safetensors");
+    config_field("doranum", "use_dora", "1");
+    refused("doranum", NULL, 3, "doranum/adapter_config.json", "use_dora must be true or false");
     config_field("prefix", "peft_type", "\"PREFIX_TUNING\"");
     refused("prefix", NULL, 3, "prefix/adapter_config.json", "peft_type is PREFIX_TUNING");
     config_field("bias", "bias", "\"all\"");

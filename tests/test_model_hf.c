@@ -99,6 +99,13 @@ Test(model_hf, mistral_full) { check_case("mistral", 0, "cpu", RECOMPUTE_NONE); 
 Test(model_hf, reference_backend) { check_case("llama_gqa", 1, "cpu-ref", RECOMPUTE_NONE); }
 Test(model_hf, recompute_layer) { check_case("llama_gqa", 1, "cpu", RECOMPUTE_LAYER); }
 Test(model_hf, recompute_attention) { check_case("qwen2_bias", 0, "cpu", RECOMPUTE_ATTENTION); }
+/* DoRA (PEFT use_dora): the gradients of A, B and the magnitude, the norm
+ * ||W + s B A|| detached as PEFT does; B is non-zero and m / n != 1. */
+Test(model_hf, llama_gqa_dora_all_targets) { check_case("llama_gqa_dora", 1, "cpu", RECOMPUTE_NONE); }
+Test(model_hf, qwen2_biases_dora_rslora) { check_case("qwen2_bias_dora", 1, "cpu", RECOMPUTE_NONE); }
+Test(model_hf, dora_reference_backend) { check_case("qwen2_bias_dora", 1, "cpu-ref", RECOMPUTE_NONE); }
+Test(model_hf, dora_recompute_layer) { check_case("llama_gqa_dora", 1, "cpu", RECOMPUTE_LAYER); }
+Test(model_hf, dora_recompute_attention) { check_case("qwen2_bias_dora", 1, "cpu", RECOMPUTE_ATTENTION); }
 
 /* Recomputation must not change a single bit of the gradients. */
 static float *grads_of(const char *name, int lora, int recompute)
@@ -123,6 +130,20 @@ Test(model_hf, recompute_is_bit_identical)
     float *c = grads_of("llama_gqa", 0, RECOMPUTE_ATTENTION);
     hf_case hc;
     open_case(&hc, "llama_gqa", 0, "cpu", RECOMPUTE_NONE);
+    size_t n = hc.m->n_trainable;
+    close_case(&hc);
+    cr_expect_eq(memcmp(a, b, n * sizeof(float)), 0);
+    cr_expect_eq(memcmp(a, c, n * sizeof(float)), 0);
+    free(a), free(b), free(c);
+}
+
+Test(model_hf, dora_recompute_is_bit_identical)
+{
+    float *a = grads_of("llama_gqa_dora", 1, RECOMPUTE_NONE);
+    float *b = grads_of("llama_gqa_dora", 1, RECOMPUTE_LAYER);
+    float *c = grads_of("llama_gqa_dora", 1, RECOMPUTE_ATTENTION);
+    hf_case hc;
+    open_case(&hc, "llama_gqa_dora", 1, "cpu", RECOMPUTE_NONE);
     size_t n = hc.m->n_trainable;
     close_case(&hc);
     cr_expect_eq(memcmp(a, b, n * sizeof(float)), 0);
@@ -180,8 +201,9 @@ static void peft_round_trip(const char *name)
     for (size_t i = 0; i < a.n; i++) {
         const st_tensor *x = &a.tensors[i], *y = st_find(&b, x->name);
         cr_assert(y, "%s: we did not write %s", name, x->name);
-        cr_expect(x->dt == DT_F32 && y->dt == DT_F32 && x->ndim == 2 && y->ndim == 2 &&
-                      x->shape[0] == y->shape[0] && x->shape[1] == y->shape[1],
+        cr_expect(x->dt == DT_F32 && y->dt == DT_F32 && x->ndim == y->ndim &&
+                      (x->ndim == 2 || x->ndim == 1) && x->shape[0] == y->shape[0] &&
+                      (x->ndim == 1 || x->shape[1] == y->shape[1]),
                   "%s: %s differs in dtype or shape", name, x->name);
         cr_expect_eq(memcmp(x->data, y->data, 4 * x->numel), 0, "%s: %s values differ", name,
                      x->name);
@@ -224,4 +246,6 @@ Test(model_hf, adapter_written_as_peft_writes_it)
     peft_round_trip("llama_gqa");
     peft_round_trip("llama_tied_llama3");
     peft_round_trip("qwen2_bias");
+    peft_round_trip("llama_gqa_dora");
+    peft_round_trip("qwen2_bias_dora");
 }

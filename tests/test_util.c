@@ -428,6 +428,7 @@ int tu_lora_opts(const char *dir, model_opts *o, sp_err *err)
     o->lora_r = json_integer_value(json_object_get(c, "r"));
     o->lora_alpha = json_number_value(json_object_get(c, "lora_alpha"));
     o->rslora = json_is_true(json_object_get(c, "use_rslora"));
+    o->dora = json_is_true(json_object_get(c, "use_dora"));
     o->lora_targets = 0;
     size_t i;
     json_t *v;

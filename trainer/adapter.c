@@ -37,7 +37,7 @@ static json_t *adapter_config(const model_opts *o, const char *base)
     json_object_set_new(j, "target_modules", targets);
     json_object_set_new(j, "bias", json_string("none"));
     json_object_set_new(j, "use_rslora", json_boolean(o->rslora));
-    json_object_set_new(j, "use_dora", json_false());
+    json_object_set_new(j, "use_dora", json_boolean(o->dora));
     json_object_set_new(j, "fan_in_fan_out", json_false());
     json_object_set_new(j, "inference_mode", json_true());
     json_object_set_new(j, "init_lora_weights", json_true());
@@ -67,7 +67,8 @@ int adapter_write(const char *dir, const model_opts *o, const char *base_model_p
     if (!e)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     for (size_t i = 0; i < n; i++)
-        e[i] = (st_entry){t[i].name, DT_F32, 2, {t[i].shape[0], t[i].shape[1]}, t[i].data};
+        e[i] = (st_entry){t[i].name, DT_F32, t[i].shape[1] ? 2 : 1, {t[i].shape[0], t[i].shape[1]},
+                          t[i].data};
     /* sorted by name: the same adapter gives the same bytes, whoever writes it */
     qsort(e, n, sizeof *e, cmp_entry);
     char *weights = sp_strf("%s/adapter_model.safetensors", dir);
@@ -108,7 +109,7 @@ int adapter_save(model_t *m, const char *dir, const char *base_model_path, sp_er
     int rc = 0;
     for (int i = 0; i < m->nparams && !rc; i++) {
         param_t *p = &m->params[i];
-        if (p->kind != PK_LORA_A && p->kind != PK_LORA_B)
+        if (p->kind != PK_LORA_A && p->kind != PK_LORA_B && p->kind != PK_LORA_M)
             continue;
         float *buf = malloc(sizeof(float) * p->n);
         if (!buf) {

@@ -9,7 +9,7 @@
 
 typedef struct adapter_tensor {
     const char *name; /* PEFT key */
-    int64_t shape[2];
+    int64_t shape[2]; /* shape[1] == 0: a vector (DoRA's lora_magnitude_vector) */
     const float *data;
 } adapter_tensor;
 

@@ -67,13 +67,7 @@ static int unsupported(const json_t *c, const char *path, sp_err *err)
     static const char *const off[] = {"layers_to_transform", "layers_pattern", "modules_to_save",
                                       "layer_replication", "target_parameters",
                                       "trainable_token_indices"};
-    json_t *v = json_object_get(c, "use_dora");
-    if (v && !json_is_false(v) && !json_is_null(v))
-        return sp_fail(err, SP_EXIT_INPUT,
-                       "%s: use_dora is true: a DoRA adapter (its lora_magnitude_vector) "
-                       "cannot be trained on, spotune implements plain LoRA",
-                       path);
-    v = json_object_get(c, "bias");
+    json_t *v = json_object_get(c, "bias");
     if (v && !(json_is_string(v) && strcmp(json_string_value(v), "none") == 0))
         return sp_fail(err, SP_EXIT_INPUT,
                        "%s: bias is not \"none\": spotune trains no biases in LoRA mode", path);
@@ -115,6 +109,7 @@ static int check_config(const model_t *m, const char *dir, const char *path,
     json_t *pt = json_object_get(c, "peft_type"), *r = json_object_get(c, "r");
     json_t *a = json_object_get(c, "lora_alpha"), *rs = json_object_get(c, "use_rslora");
     json_t *bm = json_object_get(c, "base_model_name_or_path");
+    json_t *dora = json_object_get(c, "use_dora");
     int64_t bits = 0;
     char want[160], have[160];
     if (!json_is_object(c))
@@ -128,6 +123,8 @@ static int check_config(const model_t *m, const char *dir, const char *path,
         rc = sp_fail(err, SP_EXIT_INPUT, "%s: lora_alpha must be a number", path);
     else if (rs && !json_is_boolean(rs) && !json_is_null(rs))
         rc = sp_fail(err, SP_EXIT_INPUT, "%s: use_rslora must be true or false", path);
+    else if (dora && !json_is_boolean(dora) && !json_is_null(dora))
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: use_dora must be true or false", path);
     else if (!(rc = read_targets(json_object_get(c, "target_modules"), path, &bits, err)))
         rc = unsupported(c, path, err);
     if (rc) {
@@ -144,6 +141,11 @@ static int check_config(const model_t *m, const char *dir, const char *path,
     else if (json_is_true(rs) != !!o->rslora)
         rc = sp_fail(err, SP_EXIT_USAGE, "%s: the adapter has use_rslora %s, the run lora.rslora %s",
                      dir, json_is_true(rs) ? "true" : "false", o->rslora ? "true" : "false");
+    else if (json_is_true(dora) != !!o->dora)
+        rc = sp_fail(err, SP_EXIT_USAGE,
+                     "%s: the adapter has use_dora %s, the run lora.dora %s: a DoRA adapter "
+                     "(its lora_magnitude_vector) and a plain LoRA one do not compute the same",
+                     dir, json_is_true(dora) ? "true" : "false", o->dora ? "true" : "false");
     else if (bits != o->lora_targets)
         rc = sp_fail(err, SP_EXIT_USAGE,
                      "%s: the adapter has target_modules [%s], the run lora.targets [%s]", dir,
@@ -176,14 +178,20 @@ static int recorded_identity(const st_file *f, char id[17], sp_err *err)
     return rc;
 }
 
-/* Every tensor of f is one of the model's LoRA weights, and every LoRA weight
- * is in f with its shape and a float dtype. */
+static int adapter_kind(int kind)
+{
+    return kind == PK_LORA_A || kind == PK_LORA_B || kind == PK_LORA_M;
+}
+
+/* Every tensor of f is one of the model's LoRA weights (A, B, and DoRA's
+ * magnitude), and every one of them is in f with its shape and a float
+ * dtype. */
 static int check_tensors(model_t *m, const st_file *f, sp_err *err)
 {
     for (size_t i = 0; i < f->n; i++) {
         const st_tensor *t = &f->tensors[i];
         param_t *p = model_find_param(m, t->name);
-        if (!p || (p->kind != PK_LORA_A && p->kind != PK_LORA_B))
+        if (!p || !adapter_kind(p->kind))
             return sp_fail(err, SP_EXIT_INPUT,
                            "%s: tensor '%s' is not a LoRA weight of this run (lora.targets, "
                            "the model's layers)",
@@ -191,19 +199,26 @@ static int check_tensors(model_t *m, const st_file *f, sp_err *err)
     }
     for (int i = 0; i < m->nparams; i++) {
         param_t *p = &m->params[i];
-        if (p->kind != PK_LORA_A && p->kind != PK_LORA_B)
+        if (!adapter_kind(p->kind))
             continue;
         const st_tensor *t = st_find(f, p->name);
         if (!t)
             return sp_fail(err, SP_EXIT_INPUT, "%s: tensor '%s' is missing", f->path, p->name);
-        if (t->ndim != 2 || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1]) {
+        if (t->ndim != p->ndim || t->shape[0] != p->shape[0] ||
+            (p->ndim == 2 && t->shape[1] != p->shape[1])) {
             char got[96] = "";
             for (int d = 0; d < t->ndim; d++)
                 sp_cutf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
                         (long long)t->shape[d]);
+            char want[64];
+            if (p->ndim == 2)
+                snprintf(want, sizeof want, "%lld, %lld", (long long)p->shape[0],
+                         (long long)p->shape[1]);
+            else
+                snprintf(want, sizeof want, "%lld", (long long)p->shape[0]);
             return sp_fail(err, SP_EXIT_INPUT,
-                           "%s: tensor '%s' has shape [%s], this run's LoRA needs [%lld, %lld]",
-                           f->path, p->name, got, (long long)p->shape[0], (long long)p->shape[1]);
+                           "%s: tensor '%s' has shape [%s], this run's LoRA needs [%s]", f->path,
+                           p->name, got, want);
         }
         if (t->dt != DT_F32 && t->dt != DT_BF16 && t->dt != DT_F16)
             return sp_fail(err, SP_EXIT_INPUT,
@@ -242,7 +257,7 @@ int adapter_init_from(model_t *m, const char *dir, const char *base_identity, ch
         rc = check_tensors(m, &f, err);
     for (int i = 0; !rc && i < m->nparams; i++) {
         param_t *p = &m->params[i];
-        if (p->kind == PK_LORA_A || p->kind == PK_LORA_B)
+        if (adapter_kind(p->kind))
             model_param_upload(m, p, st_find(&f, p->name)->data, st_find(&f, p->name)->dt);
     }
     if (!rc && note && note_n && id[0])

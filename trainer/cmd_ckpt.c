@@ -374,6 +374,7 @@ static void opts_from_config(const config_t *c, model_opts *o)
     o->lora_dropout = c->lora_dropout;
     o->lora_targets = c->lora_targets;
     o->rslora = c->lora_rslora;
+    o->dora = c->lora_dora;
     o->max_batch = 1;
     o->seq_len = 2;
     o->seed = (uint64_t)c->seed;
@@ -406,9 +407,10 @@ static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *ba
     for (int i = 0; i < s->narrays; i++) {
         const ckpt_array *a = &s->arrays[i];
         const char *name = sp_after(a->name, "params/");
-        if (!name || a->ndim != 2)
+        int magnitude = name && a->ndim == 1 && strstr(name, ".lora_magnitude_vector");
+        if (!name || (a->ndim != 2 && !magnitude))
             continue;
-        t[n++] = (adapter_tensor){name, {a->shape[0], a->shape[1]}, a->data};
+        t[n++] = (adapter_tensor){name, {a->shape[0], magnitude ? 0 : a->shape[1]}, a->data};
     }
     model_opts o;
     opts_from_config(c, &o);

@@ -88,13 +88,20 @@ static const key_def keys[] = {
         "down_proj."},
     {"lora.rslora", K_BOOL, O(lora_rslora), "false", 0, 0, NULL, 1,
      "Rank-stabilised LoRA: scale by alpha/sqrt(r) instead of alpha/r."},
+    {"lora.dora", K_BOOL, O(lora_dora), "false", 0, 0, NULL, 1,
+     "DoRA (weight-decomposed LoRA, PEFT's use_dora): each target projection also trains a "
+     "magnitude vector m (one value per output feature, initialised to the row norms of the "
+     "base weight) and computes y = m / ||W + s B A||_row * (x W^T + s (x A^T) B^T) + b, the "
+     "norm taken per output row and treated as a constant in the backward, as PEFT does. Needs "
+     "train.mode lora and lora.dropout 0, and runs on the CPU backends (cpu, cpu-ref) only."},
     {"lora.init_from", K_STRING, O(lora_init_from), "", 0, 0, NULL, 0,
      "PEFT adapter directory (adapter_config.json + adapter_model.safetensors, as spotune "
      "export --peft or PEFT's save_pretrained writes it) whose A and B replace the initial "
      "LoRA weights (A random, B zero) on every rank: training carries on from it with a fresh "
      "optimizer state and this run's own data order. Its r, lora_alpha, target_modules and "
-     "use_rslora must equal lora.r, lora.alpha, lora.targets and lora.rslora, and the base "
-     "model identity spotune records in it must be model.path's; DoRA adapters are refused. "
+     "use_rslora must equal lora.r, lora.alpha, lora.targets and lora.rslora, its use_dora "
+     "lora.dora (a DoRA adapter's magnitude vectors are loaded too), and the base "
+     "model identity spotune records in it must be model.path's. "
      "Only a fresh start reads it: a run that resumes takes its weights from the checkpoint "
      "(which holds what init_from gave, trained on), so the key may change or go on resume. "
      "Empty: start from the random initialisation."},
@@ -554,6 +561,14 @@ int config_validate(const config_t *c, sp_err *err)
                        src, c->min_lr, c->lr);
     if (c->mode == MODE_LORA && !c->lora_targets)
         return sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", src);
+    if (c->lora_dora && c->mode != MODE_LORA)
+        return sp_fail(err, SP_EXIT_USAGE, "%s: lora.dora needs train.mode lora, not full", src);
+    if (c->lora_dora && c->lora_dropout > 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s: lora.dora with lora.dropout %g is not supported (PEFT's DoRA "
+                       "recomputes the base projection on the dropped input); set lora.dropout "
+                       "to 0",
+                       src, c->lora_dropout);
     if (c->mode != MODE_LORA && c->lora_init_from && *c->lora_init_from)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s: lora.init_from (%s) needs train.mode lora, not full", src,
@@ -680,6 +695,8 @@ uint64_t config_math_hash(const config_t *cfg)
             continue; /* the model is identified by its content, not its path */
         char buf[VALUE_TEXT_MAX];
         const char *val = value_text(cfg, k, buf);
+        if (strcmp(k->name, "lora.dora") == 0 && !cfg->lora_dora)
+            continue; /* off: the hash of the runs that predate the key */
         h = sp_fnv1a(h, k->name, strlen(k->name) + 1);
         h = sp_fnv1a(h, val, strlen(val) + 1);
     }

@@ -45,6 +45,7 @@ typedef struct config {
     double lora_alpha, lora_dropout;
     int64_t lora_targets; /* TARGET_* bits */
     int lora_rslora;
+    int lora_dora; /* DoRA: a trained magnitude per output row of each target */
     char *lora_init_from; /* PEFT adapter directory a fresh start begins from, or "" */
     /* data */
     char *data_train, *data_val;

@@ -29,6 +29,12 @@ void model_lora_name(char *buf, size_t n, int layer, int proj, int b_matrix)
              proj_module(proj), config_target_names[proj], b_matrix ? 'B' : 'A');
 }
 
+void model_dora_name(char *buf, size_t n, int layer, int proj)
+{
+    snprintf(buf, n, "base_model.model.model.layers.%d.%s.%s.lora_magnitude_vector", layer,
+             proj_module(proj), config_target_names[proj]);
+}
+
 static param_t *add_param(model_t *m, int kind, int layer, int proj, int64_t d0, int64_t d1,
                           int trainable, int decay, const char *name)
 {
@@ -79,6 +85,10 @@ static void build_table(model_t *m)
                 L->lora_a[p] = add_param(m, PK_LORA_A, l, p, m->o.lora_r, in, 1, 1, name);
                 model_lora_name(name, sizeof name, l, p, 1);
                 L->lora_b[p] = add_param(m, PK_LORA_B, l, p, out, m->o.lora_r, 1, 1, name);
+                if (m->o.dora) { /* a gain per output row: no decay, as the norm weights */
+                    model_dora_name(name, sizeof name, l, p);
+                    L->lora_m[p] = add_param(m, PK_LORA_M, l, p, out, 0, 1, 0, name);
+                }
             }
         }
     }
@@ -178,6 +188,7 @@ static size_t act_elems_per_layer(const model_config_t *mc, const model_opts *o,
     return 2 * BT + 3 * BT * H + BT * qd + 2 * BT * kvd + att + 3 * BT * I + lora;
 }
 
+/* The widest input or output of a projection. */
 static size_t max_in_features(const model_config_t *mc)
 {
     size_t q = (size_t)(mc->heads * mc->head_dim), mx = (size_t)mc->hidden;
@@ -203,13 +214,15 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
     size_t a = dtype_size(act_dt), BT = (size_t)(o->max_batch * o->seq_len);
     size_t H = (size_t)mc->hidden, I = (size_t)mc->intermediate;
     size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
-    size_t total = (size_t)model_config_params(mc), lora = 0;
+    size_t total = (size_t)model_config_params(mc), lora = 0, dora_norms = 0;
     if (o->mode == MODE_LORA)
         for (int p = 0; p < PROJ_COUNT; p++)
             if (o->lora_targets & (1 << p)) {
                 int64_t in, out;
                 model_config_proj_dims(mc, p, &in, &out);
                 lora += (size_t)mc->layers * (size_t)o->lora_r * (size_t)(in + out);
+                if (o->dora) /* the magnitude, and its norm kept per layer (F32) */
+                    lora += (size_t)mc->layers * (size_t)out, dora_norms += (size_t)out;
             }
     size_t trainable = o->mode == MODE_FULL ? total : lora;
     plan->weights = (o->mode == MODE_FULL ? 0 : total) * a;
@@ -229,9 +242,11 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
         acts += L * (per - act_elems_per_layer(mc, o, 1)) + act_elems_per_layer(mc, o, 1);
     else
         acts += L * per;
-    plan->activations = acts * a;
+    plan->activations = acts * a + (o->recompute == RECOMPUTE_LAYER ? 1 : L) * dora_norms * 4;
     size_t bwd = 3 * BT * I > 2 * BT * (qd + kvd) ? 3 * BT * I : 2 * BT * (qd + kvd);
     size_t drop = o->mode == MODE_LORA && o->lora_dropout > 0 ? BT * max_in_features(mc) : 0;
+    if (o->mode == MODE_LORA && o->dora)
+        drop += BT * max_in_features(mc);
     size_t chunk = (size_t)logits_chunk_rows(mc, o, act_dt);
     plan->scratch = (BT + 3 * BT * H + bwd + BT * (size_t)o->lora_r + drop +
                      chunk * (size_t)mc->vocab) * a +
@@ -273,8 +288,14 @@ static void alloc_layer_set(model_t *m, layer_acts *a, int part)
     a->u = act_alloc(m, BT * I, d);
     a->a = act_alloc(m, BT * I, d);
     for (int p = 0; p < PROJ_COUNT; p++)
-        if (lora_on(m, p))
+        if (lora_on(m, p)) {
             a->xr[p] = act_alloc(m, BT * (size_t)m->o.lora_r, d);
+            if (m->o.dora) {
+                int64_t in, out;
+                model_config_proj_dims(mc, p, &in, &out);
+                a->wnorm[p] = act_alloc(m, (size_t)out, DT_F32);
+            }
+        }
 }
 
 static void alloc_activations(model_t *m)
@@ -317,6 +338,8 @@ static void alloc_activations(model_t *m)
         s->dxr = act_alloc(m, BT * (size_t)m->o.lora_r, d);
         if (m->o.lora_dropout > 0)
             s->drop = act_alloc(m, BT * max_in_features(mc), d);
+        if (m->o.dora)
+            s->dora = act_alloc(m, BT * max_in_features(mc), d);
     }
     s->chunk_rows = logits_chunk_rows(mc, &m->o, d);
     s->logits = act_alloc(m, (size_t)s->chunk_rows * (size_t)mc->vocab, d);
@@ -414,7 +437,7 @@ int model_create(model_t **out, backend_t *be, const model_config_t *mc, const m
     m->mc = *mc;
     m->o = *o;
     m->be = be;
-    int max_params = 4 + (int)mc->layers * (2 + 4 * PROJ_COUNT);
+    int max_params = 4 + (int)mc->layers * (2 + 5 * PROJ_COUNT);
     m->params = calloc((size_t)max_params, sizeof *m->params);
     m->layers = calloc((size_t)mc->layers, sizeof *m->layers);
     m->acts = calloc((size_t)mc->layers, sizeof *m->acts);
@@ -484,14 +507,16 @@ void model_destroy(model_t *m)
                                next ? &next->a : NULL};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             free_if_owned(be, fields[f], nfields[f]);
-        for (int p = 0; p < PROJ_COUNT; p++)
+        for (int p = 0; p < PROJ_COUNT; p++) {
             free_if_owned(be, &a->xr[p], next ? &next->xr[p] : NULL);
+            free_if_owned(be, &a->wnorm[p], next ? &next->wnorm[p] : NULL);
+        }
         free_if_owned(be, &a->x, NULL);
     }
     model_scratch *s = m->scratch;
     if (s) {
         tensor_t *fields[] = {&s->x_final, &s->rstd_f, &s->hf, &s->dres, &s->dh,
-                              &s->bwd, &s->dxr, &s->drop, &s->logits, &s->loss,
+                              &s->bwd, &s->dxr, &s->drop, &s->dora, &s->logits, &s->loss,
                               &s->tokens, &s->targets, &s->rope_cos, &s->rope_sin};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             free_if_owned(be, fields[f], NULL);
@@ -572,6 +597,23 @@ void model_init_lora(model_t *m, uint64_t seed)
             fill_const(m, p, 0.0f);
         }
     }
+    /* DoRA's magnitude: the row norms of W + s B A with the A and B just drawn */
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (p->kind == PK_LORA_M) {
+            model_dora_norm(m, p->layer, p->proj, fill_target(m, p));
+            sync_copy(m, p);
+        }
+    }
+}
+
+void model_dora_norm(model_t *m, int l, int p, tensor_t n)
+{
+    const layer_params *L = &m->layers[l];
+    int64_t in, out;
+    model_config_proj_dims(&m->mc, p, &in, &out);
+    be_weight_norm(m->be, n, L->w[p]->w, L->lora_a[p]->w, L->lora_b[p]->w, m->lora_scale,
+                   (int)out, (int)in, (int)m->o.lora_r);
 }
 
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt)

@@ -14,7 +14,8 @@
 #include "config.h"
 #include "model_config.h"
 
-enum { PK_EMBED, PK_NORM, PK_WEIGHT, PK_BIAS, PK_LM_HEAD, PK_LORA_A, PK_LORA_B };
+/* PK_LORA_M: DoRA's magnitude vector [out] of a target projection */
+enum { PK_EMBED, PK_NORM, PK_WEIGHT, PK_BIAS, PK_LM_HEAD, PK_LORA_A, PK_LORA_B, PK_LORA_M };
 
 typedef struct param {
     char name[160]; /* as Hugging Face (base) or PEFT (adapter) names it */
@@ -35,6 +36,7 @@ typedef struct layer_params {
     param_t *attn_norm, *mlp_norm;
     param_t *w[PROJ_COUNT], *b[PROJ_COUNT];
     param_t *lora_a[PROJ_COUNT], *lora_b[PROJ_COUNT]; /* NULL: not a target */
+    param_t *lora_m[PROJ_COUNT];                      /* NULL: not a target or no DoRA */
 } layer_params;
 
 typedef struct model_opts {
@@ -43,6 +45,7 @@ typedef struct model_opts {
     double lora_alpha, lora_dropout;
     int64_t lora_targets;
     int rslora;
+    int dora; /* DoRA: lora_m on every target (needs lora_dropout 0) */
     int64_t max_batch, seq_len;
     int recompute;
     uint64_t seed;
@@ -116,7 +119,9 @@ int model_create(model_t **out, backend_t *be, const model_config_t *mc, const m
 void model_destroy(model_t *m);
 /* Base weights ~ N(0, 0.02), norms 1, biases 0 (as Hugging Face initialises). */
 void model_init_base_random(model_t *m, uint64_t seed);
-/* LoRA A Kaiming-uniform (a = sqrt 5, i.e. U(-1/sqrt(in), 1/sqrt(in))), B = 0. */
+/* LoRA A Kaiming-uniform (a = sqrt 5, i.e. U(-1/sqrt(in), 1/sqrt(in))), B = 0;
+ * with DoRA the magnitude m = ||W + s B A||_row = ||W||_row (as PEFT
+ * initialises it): call after the base weights are loaded. */
 void model_init_lora(model_t *m, uint64_t seed);
 /* Copies host values (dtype src_dt) into a parameter (master and compute copy). */
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt);
@@ -155,5 +160,10 @@ size_t model_shard_len(size_t n, int count);
 /* Hugging Face / PEFT names. */
 void model_base_name(char *buf, size_t n, int layer, int proj, int bias);
 void model_lora_name(char *buf, size_t n, int layer, int proj, int b_matrix);
+/* PEFT's name of DoRA's magnitude vector: ...q_proj.lora_magnitude_vector */
+void model_dora_name(char *buf, size_t n, int layer, int proj);
+/* DoRA: n[o] = ||W[o,:] + s (B A)[o,:]||_2 of target p of layer l into the
+ * F32 tensor n [out] (from the compute copies of W, A, B). */
+void model_dora_norm(model_t *m, int l, int p, tensor_t n);
 
 #endif

@@ -70,11 +70,45 @@ static proj proj_of(const model_t *m, int l, int p)
     return j;
 }
 
+/* z = x W^T + scale * (x A^T) B^T into z (DoRA's unscaled output; the LoRA
+ * branch's activation xr from the forward). */
+static void dora_unscaled(const step_ctx *c, int l, int p, tensor_t z, tensor_t x)
+{
+    model_t *m = c->m;
+    proj j = proj_of(m, l, p);
+    be_matmul(m->be, z, x, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, 1.0f, 0.0f);
+    be_matmul(m->be, z, m->acts[l].xr[p], j.L->lora_b[p]->w, c->rows, j.out, (int)m->o.lora_r, 0,
+              1, m->lora_scale, 1.0f);
+}
+
+/* DoRA (PEFT's use_dora, without dropout): y (+)= m / n * (x W^T + scale *
+ * (x A^T) B^T) + b, n = ||W + scale B A||_row computed here from the current
+ * A and B and kept for the backward, which treats it as a constant. */
+static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, int accumulate)
+{
+    model_t *m = c->m;
+    proj j = proj_of(m, l, p);
+    tensor_t n = m->acts[l].wnorm[p];
+    model_dora_norm(m, l, p, n);
+    lora_down(c, l, p, x, j.in);
+    tensor_t z = accumulate ? rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out) : y;
+    dora_unscaled(c, l, p, z, x);
+    be_col_scale(m->be, z, j.L->lora_m[p]->w, n, c->rows, j.out);
+    if (accumulate)
+        be_add(m->be, y, z, 1.0f, z.n);
+    if (j.L->b[p])
+        be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
+}
+
 /* y (+)= x W^T + b + scale * (drop(x) A^T) B^T */
 static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, int accumulate)
 {
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
+    if (j.L->lora_m[p]) {
+        dora_forward(c, l, p, y, x, accumulate);
+        return;
+    }
     be_matmul(m->be, y, x, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, 1.0f,
               accumulate ? 1.0f : 0.0f);
     if (j.L->b[p])
@@ -87,18 +121,27 @@ static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t
 }
 
 /* Given dy: dx (+)= dy W (+ the LoRA path), and the gradients of whatever
- * is trainable (W, b, A, B). */
+ * is trainable (W, b, A, B, DoRA's magnitude). */
 static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x, tensor_t dx,
                             int accumulate)
 {
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
     param_t *W = j.L->w[p], *bias = j.L->b[p];
+    if (bias && bias->trainable)
+        be_bias_backward(m->be, bias->grad, dy, c->rows, j.out);
+    if (j.L->lora_m[p]) {
+        /* DoRA: dm += sum_rows dy * z / n; the rest sees dy * m / n */
+        tensor_t g = rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out), n = m->acts[l].wnorm[p];
+        dora_unscaled(c, l, p, g, x);
+        be_col_dot(m->be, j.L->lora_m[p]->grad, dy, g, n, c->rows, j.out);
+        be_copy(m->be, g, rows_of(dy, c->rows, j.out));
+        be_col_scale(m->be, g, j.L->lora_m[p]->w, n, c->rows, j.out);
+        dy = g;
+    }
     be_matmul(m->be, dx, dy, W->w, c->rows, j.in, j.out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
     if (W->trainable)
         be_matmul(m->be, W->grad, dy, x, j.out, j.in, c->rows, 1, 0, 1.0f, 1.0f);
-    if (bias && bias->trainable)
-        be_bias_backward(m->be, bias->grad, dy, c->rows, j.out);
     if (!j.L->lora_a[p])
         return;
     model_scratch *s = MODEL_SCRATCH(m);
@@ -155,6 +198,8 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
     if (!out.p) {
         if (L->lora_a[PROJ_DOWN])
             lora_down(c, l, PROJ_DOWN, a->a, mc->intermediate);
+        if (L->lora_m[PROJ_DOWN])
+            model_dora_norm(m, l, PROJ_DOWN, a->wnorm[PROJ_DOWN]);
         return;
     }
     be_copy(m->be, rows_of(out, c->rows, H), rows_of(a->x_mid, c->rows, H));

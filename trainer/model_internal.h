@@ -12,6 +12,7 @@ struct layer_acts {
     tensor_t x; /* layer input (the residual stream) [BT,H] */
     tensor_t rstd1, h1, q, k, v, att, lse, x_mid, rstd2, h2, g, u, a;
     tensor_t xr[PROJ_COUNT]; /* LoRA x.A^T [BT,r] */
+    tensor_t wnorm[PROJ_COUNT]; /* DoRA: ||W + s B A||_row [out] (F32), detached */
 };
 
 typedef struct model_scratch {
@@ -19,6 +20,8 @@ typedef struct model_scratch {
     tensor_t dres, dh;            /* residual gradient, norm-output gradient */
     tensor_t bwd;                 /* union: MLP (dg, du, da) or attention (dq, dk, dv, datt) */
     tensor_t dxr, drop;           /* LoRA: d(x.A^T), dropped input */
+    tensor_t dora;                /* DoRA: a projection's unscaled output, then its
+                                     gradient times m / n [BT, widest projection] */
     tensor_t logits, loss, tokens, targets;
     tensor_t rope_cos, rope_sin;
     int64_t chunk_rows; /* rows of logits materialised at once */

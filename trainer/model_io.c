@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,7 +163,7 @@ int model_io_load_base(model_t *m, const char *dir, sp_err *err)
     }
     for (int i = 0; i < m->nparams && !rc; i++) {
         param_t *p = &m->params[i];
-        if (p->kind == PK_LORA_A || p->kind == PK_LORA_B)
+        if (p->kind == PK_LORA_A || p->kind == PK_LORA_B || p->kind == PK_LORA_M)
             continue;
         const st_tensor *t = NULL;
         int where = -1;
@@ -194,7 +195,8 @@ typedef struct save_ctx {
     int merge_lora;
 } save_ctx;
 
-/* W + scale * B A for a projection weight with an adapter. */
+/* W + scale * B A for a projection weight with an adapter; with DoRA each
+ * row o then times m[o] / ||row o|| (PEFT's merge). */
 static int merged_weight(model_t *m, const param_t *p, float *w, sp_err *err)
 {
     layer_params *L = &m->layers[p->layer];
@@ -218,6 +220,23 @@ static int merged_weight(model_t *m, const param_t *p, float *w, sp_err *err)
         }
     free(a);
     free(b);
+    param_t *M = L->lora_m[p->proj];
+    if (!M)
+        return 0;
+    float *mag = malloc(sizeof(float) * M->n);
+    if (!mag)
+        return sp_fail(err, SP_EXIT_OTHER, "out of host memory merging '%s'", p->name);
+    model_param_download(m, M, mag);
+    for (int64_t o = 0; o < out; o++) {
+        float *wo = w + o * in;
+        double ss = 0.0;
+        for (int64_t i = 0; i < in; i++)
+            ss += (double)wo[i] * wo[i];
+        double f = (double)mag[o] / sqrt(ss);
+        for (int64_t i = 0; i < in; i++)
+            wo[i] = (float)(wo[i] * f);
+    }
+    free(mag);
     return 0;
 }
 
@@ -285,7 +304,7 @@ static int save_weights(model_t *m, const char *dir, dtype_t dtype, int merge_lo
     size_t in_shard = 0;
     for (int i = 0; i < m->nparams; i++) {
         param_t *p = &m->params[i];
-        if (p->kind == PK_LORA_A || p->kind == PK_LORA_B)
+        if (p->kind == PK_LORA_A || p->kind == PK_LORA_B || p->kind == PK_LORA_M)
             continue;
         e[n] = (st_entry){p->name, dtype, p->ndim, {p->shape[0], p->shape[1]}, NULL};
         ps[n] = p;

@@ -205,12 +205,18 @@ static int setup_model(trainer_t *t, sp_err *err)
         log_event(t->out, NULL, "warning",
                   "train.seq_len %lld exceeds the model's max_position_embeddings %lld",
                   (long long)c->seq_len, (long long)t->mc.max_pos);
+    if (c->lora_dora && strcmp(t->be->name, "cuda") == 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "
+                       "cpu-ref); the CUDA backend (runtime.backend %s) does not train DoRA yet",
+                       c->source ? c->source : "config", config_backend_names[c->backend]);
     model_opts o = {.mode = c->mode,
                     .lora_r = c->lora_r,
                     .lora_alpha = c->lora_alpha,
                     .lora_dropout = c->lora_dropout,
                     .lora_targets = c->lora_targets,
                     .rslora = c->lora_rslora,
+                    .dora = c->lora_dora,
                     .max_batch = c->micro_batch,
                     .seq_len = c->seq_len,
                     .recompute = c->recompute,
