@@ -164,16 +164,17 @@ static void make_data(int64_t vocab)
 
 /* Trains DIR/run (mode lora or full) for 6 steps on DIR/base; the final
  * checkpoint is DIR/run/checkpoints/step-00000006. */
-static void train(const char *mode, const char *targets)
+static void train(const char *mode, const char *targets, int dora)
 {
     char *yaml = sp_strf("run:\n  dir: %s\n  seed: 7\nmodel:\n  path: %s\n"
                          "data:\n  train: %s\n  val: %s\n  val_every: 3\n  val_windows: 4\n"
                          "train:\n  mode: %s\n  steps: 6\n  seq_len: 16\n  micro_batch: 2\n"
                          "  grad_accum: 1\n  lr: 5e-2\n  warmup_steps: 1\n"
-                         "lora:\n  r: 4\n  alpha: 8\n  targets: %s\n"
+                         "lora:\n  r: 4\n  alpha: 8\n  targets: %s\n  dora: %s\n"
                          "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
                          "checkpoint:\n  every_minutes: 0\n  every_steps: 6\n",
-                         at("run"), at("base"), at("train.h5"), at("val.h5"), mode, targets);
+                         at("run"), at("base"), at("train.h5"), at("val.h5"), mode, targets,
+                         dora ? "true" : "false");
     cr_assert_eq(tu_write_file(at("run.yaml"), yaml), 0);
     free(yaml);
     char *out = NULL;
@@ -292,7 +293,7 @@ static void check_weights_dtype(const char *model_dir, dtype_t want)
     cr_expect_gt(seen, 0);
 }
 
-static void check_card(const char *adapter_at, const char *targets_line)
+static void check_card(const char *adapter_at, const char *targets_line, int dora)
 {
     char adapter[4096];
     snprintf(adapter, sizeof adapter, "%s", adapter_at);
@@ -303,8 +304,11 @@ static void check_card(const char *adapter_at, const char *targets_line)
     free(front);
     const char *want[] = {
         tu_fmt("- **Base model:** `%s`\n", at("base")),
-        "- **Adapter:** LoRA, r = 4, lora_alpha = 8 (scale 2, alpha / r), lora_dropout = 0, "
-        "use_rslora = false\n",
+        dora ? "- **Adapter:** DoRA (LoRA with a trained magnitude per output feature), r = 4, "
+               "lora_alpha = 8 (scale 2, alpha / r), lora_dropout = 0, use_rslora = false, "
+               "use_dora = true\n"
+             : "- **Adapter:** LoRA, r = 4, lora_alpha = 8 (scale 2, alpha / r), "
+               "lora_dropout = 0, use_rslora = false\n",
         targets_line,
         "- **Steps:** 6\n",
         tu_fmt("- **Training data:** `%s`\n", at("train.h5")),
@@ -342,15 +346,16 @@ static void check_card(const char *adapter_at, const char *targets_line)
     free(card);
 }
 
-/* The whole check for one architecture. */
-static void check_arch(const char *name)
+/* The whole check for one architecture (dora: the run trains DoRA, its
+ * adapter holds use_dora and the magnitudes, the merge applies m / n). */
+static void check_arch_dora(const char *name, int dora)
 {
     model_config_t mc;
     sp_err err = {0};
     make_base(name);
     cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
     make_data(mc.vocab);
-    train("lora", "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]");
+    train("lora", "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]", dora);
     char ck[4096]; /* kept: at() reuses its buffers */
     snprintf(ck, sizeof ck, "%s", at("run/checkpoints/step-00000006"));
     char *out = NULL;
@@ -362,10 +367,15 @@ static void check_arch(const char *name)
     check_side_files(at("merged"));
     check_weights_dtype(at("merged"), DT_F32);
     check_card(at("peft"), "- **Target modules:** q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                           "up_proj, down_proj\n");
+                           "up_proj, down_proj\n", dora);
     /* the run's own adapter/ has the same card */
     check_card(at("run/adapter"), "- **Target modules:** q_proj, k_proj, v_proj, o_proj, "
-                                  "gate_proj, up_proj, down_proj\n");
+                                  "gate_proj, up_proj, down_proj\n", dora);
+    json_t *acfg = load_json(at("peft/adapter_config.json"));
+    cr_expect(json_is_boolean(json_object_get(acfg, "use_dora")) &&
+                  json_is_true(json_object_get(acfg, "use_dora")) == !!dora,
+              "%s: adapter_config.json use_dora is not %s", name, dora ? "true" : "false");
+    json_decref(acfg);
 
     /* merged == base + adapter, in spotune, on the fixture's batch */
     size_t n, n2, n3;
@@ -383,7 +393,14 @@ static void check_arch(const char *name)
     free(with), free(merged), free(plain);
 }
 
+static void check_arch(const char *name)
+{
+    check_arch_dora(name, 0);
+}
+
 Test(export_hf, llama_gqa) { check_arch("llama_gqa"); }
+Test(export_hf, llama_gqa_dora) { check_arch_dora("llama_gqa", 1); }
+Test(export_hf, qwen2_bias_dora) { check_arch_dora("qwen2_bias", 1); }
 Test(export_hf, llama_tied_llama3) { check_arch("llama_tied_llama3"); }
 Test(export_hf, qwen2_bias) { check_arch("qwen2_bias"); }
 Test(export_hf, mistral_sliding_window_null) { check_arch("mistral"); }
@@ -403,7 +420,7 @@ Test(export_hf, config_json_keeps_the_bases_bytes)
                      0);
         cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
         make_data(mc.vocab);
-        train("lora", "[q_proj, v_proj]");
+        train("lora", "[q_proj, v_proj]", 0);
         char *out = NULL;
         int rc = tu_spotune(&out, "export %s --merged %s", at("run/checkpoints/step-00000006"),
                             at("m"));
@@ -476,7 +493,7 @@ Test(export_hf, config_json_strings_and_numbers_as_python_writes_them)
     sp_err err = {0};
     cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
     make_data(mc.vocab);
-    train("lora", "[q_proj]");
+    train("lora", "[q_proj]", 0);
     rc = tu_spotune(&out, "export %s --merged %s", at("run/checkpoints/step-00000006"), at("m"));
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
@@ -497,7 +514,7 @@ static void check_dtype(const char *name, const char *opt, dtype_t dt, const cha
     make_base(name);
     cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
     make_data(mc.vocab);
-    train("lora", "[q_proj, v_proj, down_proj]");
+    train("lora", "[q_proj, v_proj, down_proj]", 0);
     char ck[4096]; /* kept: at() reuses its buffers */
     snprintf(ck, sizeof ck, "%s", at("run/checkpoints/step-00000006"));
     char *out = NULL;
@@ -536,7 +553,7 @@ Test(export_hf, bad_requests_are_refused)
     make_base("llama_gqa");
     cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
     make_data(mc.vocab);
-    train("lora", "[q_proj, v_proj]");
+    train("lora", "[q_proj, v_proj]", 0);
     char ck[4096]; /* kept: at() reuses its buffers */
     snprintf(ck, sizeof ck, "%s", at("run/checkpoints/step-00000006"));
     char *out = NULL;
@@ -572,7 +589,7 @@ Test(export_hf, full_fine_tune_model_dir)
     make_base("mistral");
     cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
     make_data(mc.vocab);
-    train("full", "[q_proj]");
+    train("full", "[q_proj]", 0);
     check_config(at("run/model/config.json"), "float32");
     check_side_files(at("run/model"));
     char *out = NULL;
@@ -601,7 +618,7 @@ Test(export_hf, full_fine_tune_over_its_own_base)
     /* train() points model.path at DIR/base: point it at DIR/run/model instead */
     cr_assert_eq(tu_sh(NULL, "rm -rf %s && ln -s %s %s", at("base"), at("run/model"), at("base")),
                  0);
-    train("full", "[q_proj]");
+    train("full", "[q_proj]", 0);
     cr_assert_eq(tu_sh(NULL, "rm %s && cp -r %s %s", at("base"), at("orig"), at("base")), 0);
     check_config(at("run/model/config.json"), "float32");
     check_side_files_in(at("run/model"), 1);

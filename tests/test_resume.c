@@ -27,13 +27,13 @@ TestSuite(resume, .init = resume_setup, .fini = resume_teardown, .timeout = 900)
 /* A signal to a single process: at the next step boundary it commits a
  * checkpoint and exits 75 (the log names the signal), having trained no step
  * past that checkpoint; resumed, the run ends bit-identical to an
- * uninterrupted one. */
-static void signal_then_resume(int sig, const char *sig_name)
+ * uninterrupted one. extra: more options for every run. */
+static void signal_then_resume_with(int sig, const char *sig_name, const char *extra)
 {
     char *out = NULL;
-    cr_assert_eq(run(NULL, "whole", NULL, &out), 0, "%s", out);
+    cr_assert_eq(run(NULL, "whole", extra, &out), 0, "%s", out);
     free(out);
-    stop_with(NULL, "cut", NULL, sig, 12);
+    stop_with(NULL, "cut", extra, sig, 12);
     char *text = read_log("cut"), want[64];
     snprintf(want, sizeof want, "stop requested (%s)", sig_name);
     cr_expect(tu_contains(text, want), "no '%s': %s", want, text);
@@ -42,10 +42,23 @@ static void signal_then_resume(int sig, const char *sig_name)
     int done = last_step("cut");
     cr_assert(done >= 12 && done < 40, "stopped after %d steps", done);
     cr_expect_eq(done, at, "the run logged %d steps but its stop checkpoint is step %d", done, at);
-    cr_assert_eq(run(NULL, "cut", NULL, &out), 0, "%s", out);
+    cr_assert_eq(run(NULL, "cut", extra, &out), 0, "%s", out);
     cr_expect(tu_contains(out, "resumed from"), "%s", out);
     free(out);
     expect_same_run("whole", "cut", 1);
+}
+
+static void signal_then_resume(int sig, const char *sig_name)
+{
+    signal_then_resume_with(sig, sig_name, NULL);
+}
+
+/* DoRA: the magnitudes are trainable parameters like A and B (masters and
+ * AdamW moments in the checkpoint), so a resumed DoRA run is bit-identical
+ * too. */
+Test(resume, dora_sigterm_then_resume_is_bit_identical)
+{
+    signal_then_resume_with(SIGTERM, "SIGTERM", "--set lora.dropout=0 --set lora.dora=true");
 }
 
 Test(resume, sigterm_then_resume_is_bit_identical)
@@ -298,6 +311,10 @@ Test(resume, changed_math_refused_changed_steps_allowed)
     int rc = run(NULL, "chg", "--set train.steps=8 --set lora.r=8", &out);
     cr_expect_eq(rc, 2, "%s", out);
     cr_expect(tu_contains(out, "lora.r (4, now 8)"), "%s", out);
+    free(out);
+    rc = run(NULL, "chg", "--set train.steps=8 --set lora.dropout=0 --set lora.dora=true", &out);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "lora.dora (false, now true)"), "%s", out);
     free(out);
     char sets[4096];
     snprintf(sets, sizeof sets, "--set train.steps=8 --set model.path=%s/other", dir);

@@ -97,10 +97,11 @@ int model_card_write(const char *dir, const model_opts *o, const model_card *car
     fprintf(f, "- **Base model:** `%s`\n", base);
     double scale = o->rslora ? o->lora_alpha / sqrt((double)o->lora_r)
                              : o->lora_alpha / (double)o->lora_r;
-    fprintf(f, "- **Adapter:** LoRA, r = %lld, lora_alpha = %g (scale %g, alpha / %s), "
-               "lora_dropout = %g, use_rslora = %s\n",
+    fprintf(f, "- **Adapter:** %s, r = %lld, lora_alpha = %g (scale %g, alpha / %s), "
+               "lora_dropout = %g, use_rslora = %s%s\n",
+            o->dora ? "DoRA (LoRA with a trained magnitude per output feature)" : "LoRA",
             (long long)o->lora_r, o->lora_alpha, scale, o->rslora ? "sqrt(r)" : "r",
-            o->lora_dropout, o->rslora ? "true" : "false");
+            o->lora_dropout, o->rslora ? "true" : "false", o->dora ? ", use_dora = true" : "");
     fputs("- **Target modules:**", f);
     for (int p = 0, first = 1; p < TARGET_COUNT; p++)
         if (o->lora_targets & (1 << p)) {
