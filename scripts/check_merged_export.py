@@ -25,7 +25,9 @@ is printed: a tie closer than the logits' error could flip a token without a
 bug.
 
 With --fixtures it runs the whole chain on every architecture of
-tests/fixtures/hf (llama_gqa, llama_tied_llama3, qwen2_bias, mistral): copies
+tests/fixtures/hf (llama_gqa, llama_tied_llama3, qwen2_bias, mistral), and
+llama_gqa and qwen2_bias again with DoRA (lora.dora: the adapter's use_dora
+and magnitudes, the merge's m / ||W + s B A|| per row): copies
 the fixture's model/ as the base (mistral's with "sliding_window": null, the
 case where a rebuilt config.json made transformers fill in 4096) with the test
 tokenizer of tests/fixtures/tokenizer beside it, writes a
@@ -47,6 +49,9 @@ import tempfile
 import warnings
 
 ARCHS = ("llama_gqa", "llama_tied_llama3", "qwen2_bias", "mistral")
+# --fixtures: (architecture, DoRA) chains; DoRA (lora.dora, PEFT's use_dora) on two
+DORA_ARCHS = ("llama_gqa", "qwen2_bias")
+CHAINS = tuple((a, False) for a in ARCHS) + tuple((a, True) for a in DORA_ARCHS)
 DTYPE_KEYS = ("torch_dtype", "dtype")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -202,8 +207,8 @@ def run(cmd):
     return p.stdout
 
 
-def fixture_chain(arch, spotune, work, args):
-    d = os.path.join(work, arch)
+def fixture_chain(arch, dora, spotune, work, args):
+    d = os.path.join(work, arch + ("_dora" if dora else ""))
     shutil.rmtree(d, ignore_errors=True)
     base = os.path.join(d, "base")
     shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "hf", arch, "model"), base)
@@ -229,13 +234,20 @@ def fixture_chain(arch, spotune, work, args):
                 "  grad_accum: 1\n  lr: 2e-2\n  warmup_steps: 2\n"
                 "lora:\n  r: 8\n  alpha: 16\n"
                 "  targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]\n"
+                f"  dora: {'true' if dora else 'false'}\n"
                 "log:\n  every: 4\nruntime:\n  backend: cpu\n  threads: 1\n"
                 "checkpoint:\n  every_minutes: 0\n  every_steps: 12\n")
     run([spotune, "train", os.path.join(d, "run.yaml")])
     ck = os.path.join(run_dir, "checkpoints", "step-00000012")
     adapter, merged = os.path.join(d, "peft"), os.path.join(d, "merged")
     run([spotune, "export", ck, "--peft", adapter, "--merged", merged])
-    print(f"== {arch}: base {base}, adapter {adapter}, merged {merged}")
+    # every tensor of the adapter (DoRA's magnitudes too) loads into PEFT as written
+    run([sys.executable, os.path.join(ROOT, "scripts", "check_peft_adapter.py"), "--base", base,
+         "--adapter", adapter])
+    with open(os.path.join(adapter, "adapter_config.json")) as f:
+        if json.load(f).get("use_dora") is not dora:
+            raise LoadFailure(f"{adapter}/adapter_config.json: use_dora is not {dora}")
+    print(f"== {arch}{' (DoRA)' if dora else ''}: base {base}, adapter {adapter}, merged {merged}")
     return check(base, adapter, merged, args.new_tokens, args.long_tokens, args.tolerance)
 
 
@@ -280,9 +292,9 @@ def main(argv=None):
         work = args.workdir or tempfile.mkdtemp(prefix="check-merged-")
         rows, all_ok = [], True
         try:
-            for arch in ARCHS:
-                ok, fig = fixture_chain(arch, os.path.abspath(args.spotune), work, args)
-                rows.append((arch, ok, fig))
+            for arch, dora in CHAINS:
+                ok, fig = fixture_chain(arch, dora, os.path.abspath(args.spotune), work, args)
+                rows.append((arch + (" dora" if dora else ""), ok, fig))
                 all_ok = all_ok and ok
         finally:
             if not args.workdir:

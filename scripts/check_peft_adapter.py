@@ -15,6 +15,8 @@ the adapter with PeftModel.from_pretrained, then fails if
     (PEFT silently ignores such keys), or a LoRA weight of the model does not
     come from the file, or a loaded weight differs from the file's value,
   - the base model directory itself has missing or unexpected tensors.
+A DoRA adapter (use_dora) is checked the same way, its lora_magnitude_vector
+tensors included.
 Then prints a summary: LoRA modules loaded, r, alpha, scaling, targets.
 
 With --tokens-file (an I32/I64 `tokens` tensor [B, T]) and --expect-logits (an
@@ -104,6 +106,10 @@ def verify_tensors(pm, adapter_dir, adapter_name="default"):
             key = name.replace(f".{adapter_name}.", ".")
             if key.endswith(f".{adapter_name}"):
                 key = key[: -len(adapter_name) - 1]
+            # DoRA: the parameter lora_magnitude_vector.<adapter>.weight is saved
+            # as lora_magnitude_vector
+            if key.endswith(".lora_magnitude_vector.weight"):
+                key = key[: -len(".weight")]
             model_sd[key] = p
     missing = sorted(set(model_sd) - set(file_sd))
     unexpected = sorted(set(file_sd) - set(model_sd))
@@ -138,7 +144,7 @@ def summarize(pm, file_sd, adapter_name="default"):
     print(f"adapter: {len(layers)} LoRA modules loaded ({', '.join(kinds)}), {len(file_sd)} tensors "
           f"({', '.join(dtypes)})")
     print(f"  r {cfg.r} (modules: {ranks}), lora_alpha {cfg.lora_alpha}, use_rslora {cfg.use_rslora}, "
-          f"scaling {scalings}, lora_dropout {cfg.lora_dropout}")
+          f"use_dora {cfg.use_dora}, scaling {scalings}, lora_dropout {cfg.lora_dropout}")
     print(f"  target_modules {targets}, bias {cfg.bias!r}, task_type {cfg.task_type}")
     if not layers:
         raise LoadFailure("no LoRA module was created: target_modules match nothing in the base model")

@@ -195,6 +195,8 @@ Test(config, dora_is_a_math_key_and_its_refusals_name_it)
     snprintf(text, sizeof text, "%slora:\n  dora: true\n  dropout: 0.1\n", base);
     expect_error(text, "lora.dora", "lora.dropout 0.1");
     expect_error("lora:\n  dora: sometimes\n", "bad.yaml:2", "lora.dora");
+    snprintf(text, sizeof text, "%slora:\n  dora: true\nruntime:\n  backend: cuda\n", base);
+    expect_error(text, "lora.dora", "not runtime.backend cuda");
 }
 
 Test(config, missing_file)

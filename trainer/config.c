@@ -569,6 +569,11 @@ int config_validate(const config_t *c, sp_err *err)
                        "recomputes the base projection on the dropped input); set lora.dropout "
                        "to 0",
                        src, c->lora_dropout);
+    if (c->lora_dora && strcmp(config_backend_names[c->backend], "cuda") == 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "
+                       "cpu-ref), not runtime.backend cuda",
+                       src);
     if (c->mode != MODE_LORA && c->lora_init_from && *c->lora_init_from)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s: lora.init_from (%s) needs train.mode lora, not full", src,

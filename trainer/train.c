@@ -208,7 +208,7 @@ static int setup_model(trainer_t *t, sp_err *err)
     if (c->lora_dora && strcmp(t->be->name, "cuda") == 0)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "
-                       "cpu-ref); the CUDA backend (runtime.backend %s) does not train DoRA yet",
+                       "cpu-ref); runtime.backend %s chose the CUDA backend",
                        c->source ? c->source : "config", config_backend_names[c->backend]);
     model_opts o = {.mode = c->mode,
                     .lora_r = c->lora_r,
