@@ -502,6 +502,99 @@ Test(init_from, bad_adapters_refused_by_file_and_tensor)
     refused("badid", NULL, 3, "badid/adapter_model.safetensors", "not a base model identity");
 }
 
+/* A DoRA model of DIR/model's shape (r 4 on q_proj, v_proj, down_proj), its
+ * base weights loaded and its LoRA initialised with seed. */
+static model_t *dora_model(backend_t **be, uint64_t seed)
+{
+    sp_err err = {0};
+    model_config_t mc;
+    model_t *m;
+    model_opts o = {.mode = MODE_LORA, .lora_r = 4, .lora_alpha = 8, .dora = 1,
+                    .lora_targets = TARGET_Q | TARGET_V | TARGET_DOWN, .max_batch = 1,
+                    .seq_len = 2, .seed = seed};
+    cr_assert_eq(model_config_load(&mc, tu_fmt("%s/model", dir), &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_create(be, "cpu", 0, 1, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_create(&m, *be, &mc, &o, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_io_load_base(m, tu_fmt("%s/model", dir), &err), 0, "%s", err.msg);
+    model_init_lora(m, seed);
+    return m;
+}
+
+/* A DoRA adapter written by spotune: use_dora true, each magnitude a vector
+ * [out] initialised to the row norms of the base weight (B = 0), and loaded
+ * back bit for bit; a magnitude of another shape is refused naming it. */
+Test(init_from, dora_adapter_magnitudes_written_loaded_and_checked)
+{
+    sp_err err = {0};
+    backend_t *be, *be2;
+    model_t *m = dora_model(&be, 7), *m2 = dora_model(&be2, 8);
+    const char *adir = tu_fmt("%s/dgood", dir);
+    char *adir_dup = strdup(adir);
+    cr_assert_eq(adapter_save(m, adir_dup, NULL, &err), 0, "%s", err.msg);
+    json_t *cfg = json_load_file(tu_fmt("%s/adapter_config.json", adir_dup), 0, NULL);
+    cr_expect(json_is_true(json_object_get(cfg, "use_dora")));
+    json_decref(cfg);
+    const char *qm = "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector";
+    param_t *q = model_find_param(m, qm), *w = model_find_param(m, "model.layers.0.self_attn.q_proj.weight");
+    cr_assert(q && w && q->ndim == 1 && q->shape[0] == w->shape[0]);
+    /* m = ||W||_row at initialisation (B = 0), in double here */
+    float *mag = malloc(sizeof(float) * q->n), *wv = malloc(sizeof(float) * w->n);
+    model_param_download(m, q, mag);
+    model_param_download(m, w, wv);
+    double worst = 0;
+    for (int64_t o = 0; o < w->shape[0]; o++) {
+        double ss = 0;
+        for (int64_t i = 0; i < w->shape[1]; i++)
+            ss += (double)wv[o * w->shape[1] + i] * wv[o * w->shape[1] + i];
+        double e = fabs(mag[o] - sqrt(ss)) / sqrt(ss);
+        worst = e > worst ? e : worst;
+    }
+    cr_expect_lt(worst, 1e-6, "magnitude vs row norm of W: rel %g", worst);
+    /* loaded into another DoRA model: every magnitude as written */
+    cr_assert_eq(adapter_init_from(m2, adir_dup, NULL, NULL, 0, &err), 0, "%s", err.msg);
+    size_t checked = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        param_t *p = &m->params[i];
+        if (p->kind != PK_LORA_M)
+            continue;
+        float *a = malloc(sizeof(float) * p->n), *b = malloc(sizeof(float) * p->n);
+        model_param_download(m, p, a);
+        model_param_download(m2, model_find_param(m2, p->name), b);
+        cr_expect_eq(memcmp(a, b, sizeof(float) * p->n), 0, "%s differs", p->name);
+        free(a), free(b);
+        checked++;
+    }
+    cr_expect_eq(checked, (size_t)m->mc.layers * 3, "magnitudes: one per layer and target");
+    /* the q_proj magnitude written as [out, 1] */
+    st_file f;
+    cr_assert_eq(st_open(&f, tu_fmt("%s/adapter_model.safetensors", adir_dup), &err), 0, "%s",
+                 err.msg);
+    st_entry *e = calloc(f.n, sizeof *e);
+    for (size_t i = 0; i < f.n; i++) {
+        const st_tensor *t = &f.tensors[i];
+        e[i] = (st_entry){t->name, t->dt, t->ndim, {t->shape[0], t->shape[1]}, t->data};
+        if (strcmp(t->name, qm) == 0)
+            e[i].ndim = 2, e[i].shape[1] = 1;
+    }
+    cr_assert_eq(tu_sh(NULL, "cp -r %s %s/dshape", adir_dup, dir), 0);
+    char *p = strdup(tu_fmt("%s/dshape/adapter_model.safetensors", dir));
+    const char *meta[] = {"format", "pt"};
+    cr_assert_eq(st_write(p, e, f.n, meta, 1, &err), 0, "%s", err.msg);
+    st_close(&f);
+    free(e);
+    sp_err bad = {0};
+    int rc = adapter_init_from(m2, tu_fmt("%s/dshape", dir), NULL, NULL, 0, &bad);
+    cr_expect_eq(rc, 3, "%s", bad.msg);
+    char want[256];
+    snprintf(want, sizeof want, "'%s' has shape [%lld, 1], this run's LoRA needs [%lld]", qm,
+             (long long)q->shape[0], (long long)q->shape[0]);
+    cr_expect(tu_contains(bad.msg, want), "'%s' lacks '%s'", bad.msg, want);
+    free(p);
+    free(mag), free(wv), free(adir_dup);
+    model_destroy(m), model_destroy(m2);
+    backend_destroy(be), backend_destroy(be2);
+}
+
 /* BF16 and F16 adapters (as PEFT saves a half-precision model's) load as
  * their values: each F32 master equals the half value converted, exactly. */
 Test(init_from, half_precision_adapters_load_as_their_values)
