@@ -60,17 +60,17 @@ static int losses(const char *name, double *v, int max)
     return n;
 }
 
-static void same_trajectory(const char *mode)
+static void same_trajectory_with(const char *mode, const char *tag, const char *more)
 {
     /* global batch 4 windows: 1 x 4, 2 x 2, 4 x 1 (and 1 rank by accumulation) */
     const struct { int ranks; int mb, ga; } runs[] = {{0, 4, 1}, {1, 1, 4}, {2, 2, 1}, {4, 1, 1}};
     double ref[16];
     for (int r = 0; r < 4; r++) {
         char name[64], extra[256], *out = NULL;
-        snprintf(name, sizeof name, "%s-%d-%d-%d", mode, runs[r].ranks, runs[r].mb, runs[r].ga);
+        snprintf(name, sizeof name, "%s-%d-%d-%d", tag, runs[r].ranks, runs[r].mb, runs[r].ga);
         snprintf(extra, sizeof extra,
-                 "--set train.mode=%s --set train.micro_batch=%d --set train.grad_accum=%d", mode,
-                 runs[r].mb, runs[r].ga);
+                 "--set train.mode=%s --set train.micro_batch=%d --set train.grad_accum=%d %s",
+                 mode, runs[r].mb, runs[r].ga, more);
         cr_assert_eq(train(runs[r].ranks, name, extra, &out), 0, "%s", out);
         free(out);
         double v[16];
@@ -84,6 +84,17 @@ static void same_trajectory(const char *mode)
                              "%s step %d: %.9f vs %.9f (1 rank)", name, i + 1, v[i], ref[i]);
         }
     }
+}
+
+static void same_trajectory(const char *mode)
+{
+    same_trajectory_with(mode, mode, "");
+}
+
+/* DoRA's magnitudes are reduced with the other gradients */
+Test(distributed, one_two_four_ranks_same_trajectory_dora)
+{
+    same_trajectory_with("lora", "dora", "--set lora.dropout=0 --set lora.dora=true");
 }
 
 Test(distributed, one_two_four_ranks_same_trajectory_lora)
