@@ -20,6 +20,7 @@ typedef struct model_scratch {
     tensor_t bwd;                 /* union: MLP (dg, du, da) or attention (dq, dk, dv, datt) */
     tensor_t dxr, drop;           /* LoRA: d(x.A^T), dropped input */
     tensor_t logits, loss, tokens, targets;
+    tensor_t pos, seg; /* packed documents: positions and first positions [BT] (model_batch) */
     tensor_t rope_cos, rope_sin;
     int64_t chunk_rows; /* rows of logits materialised at once */
 } model_scratch;
