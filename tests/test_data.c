@@ -141,19 +141,21 @@ Test(data, token_scan_split_between_parts)
     for (int part = 0; part < 4; part++) {
         dataset_t d;
         sp_err err = {0};
-        int rc = dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, part, 4, &err);
+        int rc =
+            dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, DATA_PACK_STREAM, part, 4, &err);
         if (part < 3) {
             cr_expect_eq(rc, 0, "part %d: %s", part, err.msg);
             cr_expect_eq(d.n_windows, 29, "part %d", part);
         } else {
             cr_expect_eq(rc, SP_EXIT_INPUT, "part %d: rc %d", part, rc);
-            cr_expect(tu_contains(err.msg, "token 250 at position 250 is not below"), "%s", err.msg);
+            cr_expect(tu_contains(err.msg, "token 250 at position 250 is not below"), "%s",
+                      err.msg);
         }
         dataset_close(&d);
     }
     dataset_t d;
     sp_err err = {0};
-    cr_expect_neq(dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, 4, 4, &err), 0);
+    cr_expect_neq(dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, DATA_PACK_STREAM, 4, 4, &err), 0);
     cr_expect(tu_contains(err.msg, "part 4 of 4"), "%s", err.msg);
     dataset_close(&d);
 }
@@ -283,8 +285,8 @@ static uint64_t check_layout(const char *name, const uint64_t *lens, int nd, int
     uint64_t n = 0;
     for (int k = 0; k < nd; k++)
         n += lens[k];
-    cr_assert_eq(dataset_open(&d, path_of(name), T, (int64_t)n + 1, 1, &err), 0, "%s", err.msg);
-    cr_assert_eq(dataset_set_packing(&d, packing, &err), 0, "%s", err.msg);
+    cr_assert_eq(dataset_open_part(&d, path_of(name), T, (int64_t)n + 1, 1, packing, 0, 1, &err), 0,
+                 "%s", err.msg);
     uint64_t *doc = malloc(sizeof(uint64_t) * n), *start = malloc(sizeof(uint64_t) * (size_t)nd);
     for (int k = 0, i = 0; k < nd; k++) {
         start[k] = (uint64_t)i;
@@ -400,8 +402,7 @@ Test(data, packing_needs_a_document_of_two_tokens)
     make_docs("ones.h5", lens, 12);
     dataset_t d;
     sp_err err = {0};
-    cr_assert_eq(dataset_open(&d, path_of("ones.h5"), 4, 100, 1, &err), 0, "%s", err.msg);
-    int rc = dataset_set_packing(&d, DATA_PACK_DOCUMENTS, &err);
+    int rc = dataset_open_part(&d, path_of("ones.h5"), 4, 100, 1, DATA_PACK_DOCUMENTS, 0, 1, &err);
     cr_expect_eq(rc, SP_EXIT_INPUT, "rc %d: %s", rc, err.msg);
     cr_expect(tu_contains(err.msg, "ones.h5") && tu_contains(err.msg, "no document has two tokens"),
               "%s", err.msg);

@@ -160,14 +160,16 @@ static int scan_tokens(dataset_t *d, int64_t model_vocab, int part, int parts, s
     return rc;
 }
 
+static int dataset_set_packing(dataset_t *d, int packing, sp_err *err);
+
 int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
                  uint64_t seed, sp_err *err)
 {
-    return dataset_open_part(d, path, seq_len, model_vocab, seed, 0, 1, err);
+    return dataset_open_part(d, path, seq_len, model_vocab, seed, DATA_PACK_STREAM, 0, 1, err);
 }
 
 int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
-                      uint64_t seed, int part, int parts, sp_err *err)
+                      uint64_t seed, int packing, int part, int parts, sp_err *err)
 {
     memset(d, 0, sizeof *d);
     d->file = d->tokens = d->mask = -1;
@@ -214,14 +216,16 @@ int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t m
                        "%s: the dataset's vocab_size %lld exceeds the model's %lld (tokenized "
                        "for another model?)",
                        path, (long long)d->vocab_size, (long long)model_vocab);
-    if (d->n_tokens < (uint64_t)seq_len + 1)
+    if (packing == DATA_PACK_STREAM && d->n_tokens < (uint64_t)seq_len + 1)
         return sp_fail(err, SP_EXIT_INPUT,
                        "%s: %llu tokens is too few for one window of seq_len %lld", path,
                        (unsigned long long)d->n_tokens, (long long)seq_len);
     d->n_windows = (d->n_tokens - 1) / (uint64_t)seq_len;
     if (parts < 1 || part < 0 || part >= parts)
         return sp_fail(err, SP_EXIT_OTHER, "dataset part %d of %d does not exist", part, parts);
-    return scan_tokens(d, model_vocab, part, parts, err);
+    if (scan_tokens(d, model_vocab, part, parts, err))
+        return err->code;
+    return dataset_set_packing(d, packing, err);
 }
 
 const char *const dataset_packing_names[] = {"stream", "documents", "pad", NULL};
@@ -243,7 +247,7 @@ static int add_window(dataset_t *d, uint64_t *cap, uint64_t x, uint64_t y)
     return 0;
 }
 
-int dataset_set_packing(dataset_t *d, int packing, sp_err *err)
+static int dataset_set_packing(dataset_t *d, int packing, sp_err *err)
 {
     if (packing == DATA_PACK_STREAM)
         return 0;

@@ -46,16 +46,14 @@ typedef struct dataset {
  * one window of seq_len. Errors are SP_EXIT_INPUT and name the file. */
 int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
                  uint64_t seed, sp_err *err);
-/* The same, but of the token scan only part `part` of `parts` (a contiguous
+/* The same with windows laid out by `packing` (DATA_PACK_*; dataset_open:
+ * stream), and of the token scan only part `part` of `parts` (a contiguous
  * slice): the ranks of a job each scan their slice, and an error on any of
- * them ends the job, so the file is checked whole while each rank reads 1/N. */
+ * them ends the job, so the file is checked whole while each rank reads 1/N.
+ * Packed, a dataset with no document of two tokens is refused
+ * (SP_EXIT_INPUT, naming the file); one shorter than a window is not. */
 int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
-                      uint64_t seed, int part, int parts, sp_err *err);
-/* Switches an open dataset to packing (DATA_PACK_*): reads the document
- * offsets and lays out the windows (n_windows changes; stream is the
- * layout dataset_open made). A dataset with no document of two tokens
- * cannot be packed (SP_EXIT_INPUT, naming the file). */
-int dataset_set_packing(dataset_t *d, int packing, sp_err *err);
+                      uint64_t seed, int packing, int part, int parts, sp_err *err);
 void dataset_close(dataset_t *d);
 /* Window index of global sample s (and its epoch). */
 int dataset_window_of(dataset_t *d, uint64_t sample, uint64_t *window, uint64_t *epoch,

@@ -251,14 +251,12 @@ static int setup_data(trainer_t *t, sp_err *err)
     const config_t *c = t->cfg;
     /* each rank checks its slice of the tokens; any failure ends the whole job */
     if (dataset_open_part(&t->train, c->data_train, c->seq_len, t->mc.vocab, (uint64_t)c->seed,
-                          t->rank, t->world, err))
+                          c->data_packing, t->rank, t->world, err))
         return err->code;
     t->has_val = c->data_val && *c->data_val;
     if (t->has_val && dataset_open_part(&t->val, c->data_val, c->seq_len, t->mc.vocab,
-                                        (uint64_t)c->seed, t->rank, t->world, err))
-        return err->code;
-    if (dataset_set_packing(&t->train, c->data_packing, err) ||
-        (t->has_val && dataset_set_packing(&t->val, c->data_packing, err)))
+                                        (uint64_t)c->seed, c->data_packing, t->rank, t->world,
+                                        err))
         return err->code;
     size_t n = (size_t)(t->ga * t->mb * t->T);
     t->inputs = malloc(sizeof(int32_t) * n);
@@ -271,14 +269,6 @@ static int setup_data(trainer_t *t, sp_err *err)
         t->seg = malloc(sizeof(int32_t) * n);
         if (!t->pos || !t->seg)
             return sp_fail(err, SP_EXIT_OTHER, "out of memory");
-        if (t->out)
-            fprintf(t->out,
-                    "data: packing %s: %llu documents into %llu windows of %lld, %.1f%% of the "
-                    "positions predict (the rest is padding); no token attends across documents\n",
-                    dataset_packing_names[c->data_packing], (unsigned long long)t->train.n_docs,
-                    (unsigned long long)t->train.n_windows, (long long)t->T,
-                    100.0 * (double)t->train.predictions /
-                        ((double)t->train.n_windows * (double)t->T));
     }
     if (t->out)
         fprintf(t->out,
@@ -290,6 +280,14 @@ static int setup_data(trainer_t *t, sp_err *err)
                 (long long)t->ga, (long long)(t->global_batch * t->T),
                 (double)(t->global_batch * c->steps) / (double)t->train.n_windows,
                 (long long)c->steps);
+    if (c->data_packing != DATA_PACK_STREAM && t->out)
+        fprintf(t->out,
+                "data: packing %s: %llu documents into %llu windows of %lld, %.1f%% of the "
+                "positions predict (the rest is padding); no token attends across documents\n",
+                dataset_packing_names[c->data_packing], (unsigned long long)t->train.n_docs,
+                (unsigned long long)t->train.n_windows, (long long)t->T,
+                100.0 * (double)t->train.predictions /
+                    ((double)t->train.n_windows * (double)t->T));
     return 0;
 }
 
