@@ -77,18 +77,26 @@ typedef struct backend_ops {
                              tensor_t w, tensor_t rstd, int rows, int cols);
 
     /* In place on x[B,T,nh,hd], rotate-half convention; cos, sin are F32
-     * [T, hd/2]. inverse applies the transposed rotation (the backward). */
-    void (*rope)(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T, int nh,
-                 int hd, int inverse);
+     * [T, hd/2], row p the angles of position p. pos: I32 [B,T], the
+     * position of each token (packed documents restart at 0), values taken
+     * in [0, T) (clamped); absent (p == NULL): position t. inverse applies
+     * the transposed rotation (the backward). */
+    void (*rope)(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B,
+                 int T, int nh, int hd, int inverse);
 
     /* Causal grouped-query attention, scale 1/sqrt(hd).
      * q, out [B,T,nh,hd]; k, v [B,T,nkv,hd]; lse F32 [B,nh,T] (log-sum-exp
-     * of each softmax row, kept for the backward). dq, dk, dv overwritten. */
+     * of each softmax row, kept for the backward). dq, dk, dv overwritten.
+     * seg: I32 [B,T], variable-length sequences packed in a row: query t
+     * attends to keys j in [seg[b,t], t] only (the first position of its
+     * document; values clamped to [0, t]), so no token sees another
+     * document; absent (p == NULL): every key j <= t. */
     void (*attention_forward)(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                              tensor_t v, int B, int T, int nh, int nkv, int hd);
+                              tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
     void (*attention_backward)(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
-                               tensor_t k, tensor_t v, int B, int T, int nh, int nkv, int hd);
+                               tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
+                               int nkv, int hd);
 
     /* out = silu(g) * u; backward overwrites dg, du */
     void (*swiglu_forward)(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
@@ -239,14 +247,14 @@ void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t 
                             tensor_t dout, tensor_t x, tensor_t w, tensor_t rstd, int rows,
                             int cols);
 void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
-                int B, int T, int nh, int hd, int inverse);
+                tensor_t pos, int B, int T, int nh, int hd, int inverse);
 void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t out,
-                             tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B, int T,
-                             int nh, int nkv, int hd);
+                             tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B,
+                             int T, int nh, int nkv, int hd);
 void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_t dq,
                               tensor_t dk, tensor_t dv, tensor_t dout, tensor_t out, tensor_t lse,
-                              tensor_t q, tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
-                              int hd);
+                              tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B, int T,
+                              int nh, int nkv, int hd);
 void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t g,
                           tensor_t u, size_t n);
 void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t dg, tensor_t du,

@@ -264,7 +264,7 @@ void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t 
 }
 
 void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
-                int B, int T, int nh, int hd, int inverse)
+                tensor_t pos, int B, int T, int nh, int hd, int inverse)
 {
     call c = begin(be, "rope", file, line);
     size_arg(&c, "B", B);
@@ -280,8 +280,9 @@ void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t 
     size_t nc = mul((size_t)T, (size_t)(hd / 2));
     tensor_arg(&c, "cos", cos, nc, "T x hd/2", TAKES_F32);
     tensor_arg(&c, "sin", sin, nc, "T x hd/2", TAKES_F32);
+    optional_arg(&c, "pos", pos, mul((size_t)B, (size_t)T), "B x T", TAKES_I32);
     if (!c.bad)
-        be->ops->rope(be, x, cos, sin, B, T, nh, hd, inverse);
+        be->ops->rope(be, x, cos, sin, pos, B, T, nh, hd, inverse);
 }
 
 /* The shape of an attention call: positive, nh a multiple of nkv. */
@@ -299,8 +300,8 @@ static void attention_shape(call *c, int B, int T, int nh, int nkv, int hd)
 }
 
 void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t out,
-                             tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B, int T,
-                             int nh, int nkv, int hd)
+                             tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B,
+                             int T, int nh, int nkv, int hd)
 {
     call c = begin(be, "attention_forward", file, line);
     attention_shape(&c, B, T, nh, nkv, hd);
@@ -313,17 +314,18 @@ void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t
     tensor_arg(&c, "q", q, nq, "B x T x nh x hd", TAKES_FLOAT);
     tensor_arg(&c, "k", k, nk, "B x T x nkv x hd", TAKES_FLOAT);
     tensor_arg(&c, "v", v, nk, "B x T x nkv x hd", TAKES_FLOAT);
+    optional_arg(&c, "seg", seg, mul((size_t)B, (size_t)T), "B x T", TAKES_I32);
     const char *names[] = {"q", "k", "v", "out"};
     tensor_t ts[] = {q, k, v, out};
     same_dtype(&c, names, ts, 4, "q, k, v and out");
     if (!c.bad)
-        be->ops->attention_forward(be, out, lse, q, k, v, B, T, nh, nkv, hd);
+        be->ops->attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
 }
 
 void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_t dq,
                               tensor_t dk, tensor_t dv, tensor_t dout, tensor_t out, tensor_t lse,
-                              tensor_t q, tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
-                              int hd)
+                              tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B, int T,
+                              int nh, int nkv, int hd)
 {
     call c = begin(be, "attention_backward", file, line);
     attention_shape(&c, B, T, nh, nkv, hd);
@@ -340,11 +342,13 @@ void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_
     tensor_arg(&c, "q", q, nq, "B x T x nh x hd", TAKES_FLOAT);
     tensor_arg(&c, "k", k, nk, "B x T x nkv x hd", TAKES_FLOAT);
     tensor_arg(&c, "v", v, nk, "B x T x nkv x hd", TAKES_FLOAT);
+    optional_arg(&c, "seg", seg, mul((size_t)B, (size_t)T), "B x T", TAKES_I32);
     const char *names[] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
     tensor_t ts[] = {q, k, v, out, dout, dq, dk, dv};
     same_dtype(&c, names, ts, 8, "q, k, v, out and their gradients");
     if (!c.bad)
-        be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
+        be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv,
+                                    hd);
 }
 
 void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t g,

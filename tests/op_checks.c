@@ -34,7 +34,7 @@ typedef struct op_spec {
     const char *op;
     void (*call)(backend_t *be, const tensor_t *t, const int *d);
     int nt;
-    targ t[9];
+    targ t[10];
     int nd;
     const char *dim[5];
     int d[5]; /* the valid call's sizes */
@@ -56,16 +56,16 @@ static void c_rmsnorm_backward(backend_t *be, const tensor_t *t, const int *d)
 }
 static void c_rope(backend_t *be, const tensor_t *t, const int *d)
 {
-    be_rope(be, t[0], t[1], t[2], d[0], d[1], d[2], d[3], 0);
+    be_rope(be, t[0], t[1], t[2], t[3], d[0], d[1], d[2], d[3], 0);
 }
 static void c_attention_forward(backend_t *be, const tensor_t *t, const int *d)
 {
-    be_attention_forward(be, t[0], t[1], t[2], t[3], t[4], d[0], d[1], d[2], d[3], d[4]);
+    be_attention_forward(be, t[0], t[1], t[2], t[3], t[4], t[5], d[0], d[1], d[2], d[3], d[4]);
 }
 static void c_attention_backward(backend_t *be, const tensor_t *t, const int *d)
 {
-    be_attention_backward(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], d[0], d[1],
-                          d[2], d[3], d[4]);
+    be_attention_backward(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], d[0],
+                          d[1], d[2], d[3], d[4]);
 }
 static void c_swiglu_forward(backend_t *be, const tensor_t *t, const int *d)
 {
@@ -160,22 +160,22 @@ static const op_spec specs[] = {
       T_("dout", 12, "rows x cols", TAKES_FLOAT), T_("x", 12, "rows x cols", TAKES_FLOAT),
       T_("w", 4, "cols", TAKES_FLOAT), T_("rstd", 3, "rows", TAKES_F32)},
      2, {"rows", "cols"}, {3, 4}},
-    {"rope", c_rope, 3,
+    {"rope", c_rope, 4,
      {T_("x", 24, "B x T x nh x hd", TAKES_FLOAT), T_("cos", 6, "T x hd/2", TAKES_F32),
-      T_("sin", 6, "T x hd/2", TAKES_F32)},
+      T_("sin", 6, "T x hd/2", TAKES_F32), {"pos", 3, 3, "B x T", TAKES_I32, 1}},
      4, {"B", "T", "nh", "hd"}, {1, 3, 2, 4}},
-    {"attention_forward", c_attention_forward, 5,
+    {"attention_forward", c_attention_forward, 6,
      {T_("out", 24, "B x T x nh x hd", TAKES_FLOAT), T_("lse", 6, "B x nh x T", TAKES_F32),
       T_("q", 24, "B x T x nh x hd", TAKES_FLOAT), T_("k", 12, "B x T x nkv x hd", TAKES_FLOAT),
-      T_("v", 12, "B x T x nkv x hd", TAKES_FLOAT)},
+      T_("v", 12, "B x T x nkv x hd", TAKES_FLOAT), {"seg", 3, 3, "B x T", TAKES_I32, 1}},
      5, {"B", "T", "nh", "nkv", "hd"}, {1, 3, 2, 1, 4}},
-    {"attention_backward", c_attention_backward, 9,
+    {"attention_backward", c_attention_backward, 10,
      {T_("dq", 24, "B x T x nh x hd", TAKES_FLOAT), T_("dk", 12, "B x T x nkv x hd", TAKES_FLOAT),
       T_("dv", 12, "B x T x nkv x hd", TAKES_FLOAT),
       T_("dout", 24, "B x T x nh x hd", TAKES_FLOAT),
       T_("out", 24, "B x T x nh x hd", TAKES_FLOAT), T_("lse", 6, "B x nh x T", TAKES_F32),
       T_("q", 24, "B x T x nh x hd", TAKES_FLOAT), T_("k", 12, "B x T x nkv x hd", TAKES_FLOAT),
-      T_("v", 12, "B x T x nkv x hd", TAKES_FLOAT)},
+      T_("v", 12, "B x T x nkv x hd", TAKES_FLOAT), {"seg", 3, 3, "B x T", TAKES_I32, 1}},
      5, {"B", "T", "nh", "nkv", "hd"}, {1, 3, 2, 1, 4}},
     {"swiglu_forward", c_swiglu_forward, 3,
      {T_("out", E_, "n", TAKES_FLOAT), T_("g", E_, "n", TAKES_FLOAT),
@@ -236,9 +236,9 @@ static const op_spec specs[] = {
 typedef struct arena {
     backend_t *be;
     int n;
-    tensor_t parent[9];
-    unsigned char *image[9]; /* the bytes of each parent before any call */
-    size_t bytes[9];
+    tensor_t parent[10];
+    unsigned char *image[10]; /* the bytes of each parent before any call */
+    size_t bytes[10];
 } arena;
 
 static void arena_make(arena *a, backend_t *be, const op_spec *s)
@@ -358,7 +358,7 @@ static int check_op(backend_t *be, const op_spec *s)
 {
     arena a;
     arena_make(&a, be, s);
-    tensor_t t[9];
+    tensor_t t[10];
     int d[5];
     char want[300];
     int cases = 0;
@@ -368,7 +368,7 @@ static int check_op(backend_t *be, const op_spec *s)
 
     /* the valid call (with its optional tensors present, then absent) */
     for (int absent = 0; absent < 2; absent++) {
-        tensor_t tv[9];
+        tensor_t tv[10];
         memcpy(tv, t, sizeof tv);
         for (int i = 0; i < s->nt && absent; i++)
             if (s->t[i].optional)
@@ -438,7 +438,7 @@ static void refused_sizes(backend_t *be, const char *op, const int *d, const cha
     const op_spec *s = spec_of(op);
     arena a;
     arena_make(&a, be, s);
-    tensor_t t[9];
+    tensor_t t[10];
     for (int i = 0; i < s->nt; i++)
         t[i] = arena_arg(&a, s, i);
     refused(&a, s, t, d, want);

@@ -341,13 +341,16 @@ long model_config_int(const char *key)
     return v;
 }
 
+int resume_packing = DATA_PACK_STREAM;
+
 void expect_every_sample_once(const sample_row *rows, int n, int steps, long long G)
 {
     dataset_t d;
     sp_err err = {0};
     const char *path = tu_fmt("%s/data.train.h5", dir);
-    cr_assert_eq(dataset_open(&d, path, SEQ_LEN, model_config_int("vocab_size"), SEED, &err), 0,
-                 "%s", err.msg);
+    cr_assert_eq(dataset_open_part(&d, path, SEQ_LEN, model_config_int("vocab_size"), SEED,
+                                   resume_packing, 0, 1, &err),
+                 0, "%s", err.msg);
     uint64_t total = (uint64_t)steps * (uint64_t)G;
     int *count = calloc(total, sizeof *count);
     cr_assert(count);

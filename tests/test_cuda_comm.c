@@ -131,7 +131,13 @@ static void step(run *r, double bucket_mb, spy *sp)
         tg[i] = (int32_t)(sp_rng_u64(32, (uint64_t)i) % (uint64_t)r->m->mc.vocab);
     }
     uint64_t ids[2] = {0, 1};
-    model_batch b = {in, tg, ids, B, T, 1.0f / (float)(B * T), 1};
+    model_batch b = {.inputs = in,
+                     .targets = tg,
+                     .sample_ids = ids,
+                     .B = B,
+                     .T = T,
+                     .grad_scale = 1.0f / (float)(B * T),
+                     .last = 1};
     grad_sync_t gs;
     double loss = 0, sumsq = 0;
     model_zero_grads(r->m);
@@ -231,7 +237,7 @@ Test(cuda_comm, sharded_reduce_scatter_and_allgather_one_rank)
         tg[i] = (int32_t)(sp_rng_u64(32, (uint64_t)i) % (uint64_t)r->m->mc.vocab);
     }
     uint64_t ids[2] = {0, 1};
-    model_batch b = {in, tg, ids, B, T, 1.0f / (float)(B * T), 1};
+    model_batch b = {.inputs = in, .targets = tg, .sample_ids = ids, .B = B, .T = T, .grad_scale = 1.0f / (float)(B * T), .last = 1};
     double loss = 0;
     model_zero_grads(r->m);
     cr_assert_eq(model_forward_backward(r->m, &b, &loss, &err), 0, "%s", err.msg);

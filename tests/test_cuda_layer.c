@@ -131,7 +131,13 @@ static void run_step(backend_t *be, model_t *m, const int32_t *in, const int32_t
 {
     sp_err err = {0};
     uint64_t ids[1] = {0};
-    model_batch b = {in, tg, ids, 1, T, 1.0f / (float)T, 1};
+    model_batch b = {.inputs = in,
+                     .targets = tg,
+                     .sample_ids = ids,
+                     .B = 1,
+                     .T = T,
+                     .grad_scale = 1.0f / (float)T,
+                     .last = 1};
     double sum = 0;
     size_t H = (size_t)m->mc.hidden;
     model_zero_grads(m);

@@ -55,7 +55,13 @@ static void close_side(side *s)
 static float *step(side *s, double *loss)
 {
     sp_err err = {0};
-    model_batch b = {s->inputs, s->targets, s->ids, s->B, s->T, (float)(1.0 / s->count), 1};
+    model_batch b = {.inputs = s->inputs,
+                     .targets = s->targets,
+                     .sample_ids = s->ids,
+                     .B = s->B,
+                     .T = s->T,
+                     .grad_scale = (float)(1.0 / s->count),
+                     .last = 1};
     double sum = 0;
     model_zero_grads(s->m);
     cr_assert_eq(model_forward_backward(s->m, &b, &sum, &err), 0, "%s", err.msg);
@@ -69,7 +75,7 @@ static float *step(side *s, double *loss)
 static float *logits(side *s)
 {
     sp_err err = {0};
-    model_batch b = {s->inputs, s->targets, s->ids, s->B, s->T, 1.0f, 1};
+    model_batch b = {.inputs = s->inputs, .targets = s->targets, .sample_ids = s->ids, .B = s->B, .T = s->T, .grad_scale = 1.0f, .last = 1};
     float *l = malloc(sizeof(float) * (size_t)s->B * s->T * s->mc.vocab);
     cr_assert_eq(model_forward_logits(s->m, &b, l, &err), 0, "%s", err.msg);
     return l;

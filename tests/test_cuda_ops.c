@@ -346,7 +346,8 @@ Test(cuda_ops, rmsnorm_forward_and_backward)
 
 /* ---- RoPE ------------------------------------------------------------------------------ */
 
-static void check_rope(int B, int T, int nh, int hd)
+/* pos: the position of each of the B*T tokens (packed documents), or NULL */
+static void check_rope_pos(int B, int T, int nh, int hd, const int32_t *pos)
 {
     size_t n = (size_t)B * T * nh * hd, half = (size_t)hd / 2;
     float *x = rnd(n, 1.0f), *c = malloc(sizeof(float) * T * half), *s = malloc(sizeof(float) * T * half);
@@ -361,15 +362,44 @@ static void check_rope(int B, int T, int nh, int hd)
         tensor_t gs = up(gpu, DT_F32, s, T * half);
         tensor_t cx = up(cpu, DT_F32, x, n), cc = up(cpu, DT_F32, c, T * half);
         tensor_t cs = up(cpu, DT_F32, s, T * half);
-        be_rope(gpu, gx, gc, gs, B, T, nh, hd, inverse);
-        be_rope(cpu, cx, cc, cs, B, T, nh, hd, inverse);
+        tensor_t gp = {0}, cp = {0};
+        if (pos) {
+            gp = be_alloc(gpu, DT_I32, (size_t)B * T), cp = be_alloc(cpu, DT_I32, (size_t)B * T);
+            cr_assert(gp.p && cp.p);
+            be_upload(gpu, gp, pos, DT_I32), be_upload(cpu, cp, pos, DT_I32);
+        }
+        be_rope(gpu, gx, gc, gs, gp, B, T, nh, hd, inverse);
+        be_rope(cpu, cx, cc, cs, cp, B, T, nh, hd, inverse);
         gpu_ok();
         char what[96];
-        snprintf(what, sizeof what, "rope B%d T%d nh%d hd%d inverse %d", B, T, nh, hd, inverse);
+        snprintf(what, sizeof what, "rope B%d T%d nh%d hd%d inverse %d%s", B, T, nh, hd, inverse,
+                 pos ? " packed" : "");
         expect_close(what, gx, cx, n, TOL_BF16);
         drop(gpu, &gx), drop(gpu, &gc), drop(gpu, &gs), drop(cpu, &cx), drop(cpu, &cc), drop(cpu, &cs);
+        if (pos)
+            drop(gpu, &gp), drop(cpu, &cp);
     }
     free(x), free(c), free(s);
+}
+
+static void check_rope(int B, int T, int nh, int hd)
+{
+    check_rope_pos(B, T, nh, hd, NULL);
+}
+
+/* Rows of packed documents: document lengths drawn from 1..max_len, so
+ * starts fall anywhere (inside and across the 512-row blocks); seg[i] the
+ * row index of i's document start, pos[i] its position in the document. */
+static void packed_rows(int B, int T, int max_len, int32_t *seg, int32_t *pos)
+{
+    uint64_t draw = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T;) {
+            int len = 1 + (int)(sp_rng_u64(0x5e9, draw++) % (uint64_t)max_len);
+            for (int i = t; i < t + len && i < T; i++)
+                seg[b * T + i] = t, pos[b * T + i] = i - t;
+            t += len;
+        }
 }
 
 Test(cuda_ops, rope_and_its_inverse)
@@ -377,6 +407,15 @@ Test(cuda_ops, rope_and_its_inverse)
     check_rope(2, 5, 3, 8);
     check_rope(1, 17, 2, 64);
     check_rope(3, 33, 4, 128);
+}
+
+Test(cuda_ops, rope_positions_of_packed_documents)
+{
+    int B = 2, T = 300;
+    int32_t *seg = malloc(sizeof(int32_t) * B * T), *pos = malloc(sizeof(int32_t) * B * T);
+    packed_rows(B, T, 70, seg, pos);
+    check_rope_pos(B, T, 4, 64, pos);
+    free(seg), free(pos);
 }
 
 /* ---- attention ------------------------------------------------------------------------- */
@@ -447,7 +486,9 @@ static void expect_close_chunks(const char *what, tensor_t g, tensor_t c, int B,
     free(b);
 }
 
-static void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks)
+/* seg: packed documents ([B*T] first keys, backend.h), or NULL */
+static void check_attention_seg(int B, int T, int nh, int nkv, int hd, int chunks,
+                                const int32_t *seg)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
@@ -459,11 +500,18 @@ static void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks
     tensor_t co = up(cpu, DT_F32, NULL, nq), cl = up(cpu, DT_F32, NULL, nl);
     tensor_t cdo = up(cpu, DT_F32, dout, nq), cdq = up(cpu, DT_F32, NULL, nq);
     tensor_t cdk = up(cpu, DT_F32, NULL, nk), cdv = up(cpu, DT_F32, NULL, nk);
-    be_attention_forward(gpu, go, gl, gq, gk, gv, B, T, nh, nkv, hd);
-    be_attention_forward(cpu, co, cl, cq, ck, cv, B, T, nh, nkv, hd);
+    tensor_t gsg = {0}, csg = {0};
+    if (seg) {
+        gsg = be_alloc(gpu, DT_I32, (size_t)B * T), csg = be_alloc(cpu, DT_I32, (size_t)B * T);
+        cr_assert(gsg.p && csg.p);
+        be_upload(gpu, gsg, seg, DT_I32), be_upload(cpu, csg, seg, DT_I32);
+    }
+    be_attention_forward(gpu, go, gl, gq, gk, gv, gsg, B, T, nh, nkv, hd);
+    be_attention_forward(cpu, co, cl, cq, ck, cv, csg, B, T, nh, nkv, hd);
     gpu_ok();
     char what[128];
-    snprintf(what, sizeof what, "attention B%d T%d nh%d nkv%d hd%d", B, T, nh, nkv, hd);
+    snprintf(what, sizeof what, "attention B%d T%d nh%d nkv%d hd%d%s", B, T, nh, nkv, hd,
+             seg ? " packed" : "");
     char w2[160];
     snprintf(w2, sizeof w2, "%s out", what);
     expect_close(w2, go, co, nq, TOL_BF16);
@@ -476,8 +524,8 @@ static void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks
     float *o = down(gpu, go);
     be_upload(cpu, co, o, DT_F32);
     free(o);
-    be_attention_backward(gpu, gdq, gdk, gdv, gdo, go, gl, gq, gk, gv, B, T, nh, nkv, hd);
-    be_attention_backward(cpu, cdq, cdk, cdv, cdo, co, cl, cq, ck, cv, B, T, nh, nkv, hd);
+    be_attention_backward(gpu, gdq, gdk, gdv, gdo, go, gl, gq, gk, gv, gsg, B, T, nh, nkv, hd);
+    be_attention_backward(cpu, cdq, cdk, cdv, cdo, co, cl, cq, ck, cv, csg, B, T, nh, nkv, hd);
     gpu_ok();
     snprintf(w2, sizeof w2, "%s dq", what);
     expect_close(w2, gdq, cdq, nq, TOL_BF16);
@@ -495,7 +543,14 @@ static void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks
     tensor_t cs[] = {cq, ck, cv, co, cl, cdo, cdq, cdk, cdv};
     for (int i = 0; i < 9; i++)
         drop(gpu, &gs[i]), drop(cpu, &cs[i]);
+    if (seg)
+        drop(gpu, &gsg), drop(cpu, &csg);
     free(q), free(k), free(v), free(dout);
+}
+
+static void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks)
+{
+    check_attention_seg(B, T, nh, nkv, hd, chunks, NULL);
 }
 
 static void check_attention(int B, int T, int nh, int nkv, int hd)
@@ -510,6 +565,19 @@ Test(cuda_ops, attention_small_and_odd_shapes)
     check_attention(1, 33, 4, 4, 16);
     check_attention(2, 65, 8, 2, 32);
     check_attention(1, 11, 3, 1, 5);  /* odd head_dim, one kv head */
+}
+
+/* Packed documents (data.packing): short rows, and rows whose documents
+ * cross the 512-row blocks, against the CPU backend's masked attention
+ * (itself checked against a per-document reference in tests/test_ops.c). */
+Test(cuda_ops, attention_packed_documents)
+{
+    int32_t *seg = malloc(sizeof(int32_t) * 2 * 1031), *pos = malloc(sizeof(int32_t) * 2 * 1031);
+    packed_rows(2, 37, 9, seg, pos);
+    check_attention_seg(2, 37, 6, 2, 16, 0, seg);
+    packed_rows(2, 1031, 400, seg, pos);
+    check_attention_seg(2, 1031, 4, 2, 64, 1, seg);
+    free(seg), free(pos);
 }
 
 Test(cuda_ops, attention_several_row_blocks)
@@ -938,7 +1006,7 @@ Test(cuda_ops, mixed_and_foreign_float_dtypes_are_refused)
     be_matmul(gpu, f, b, f, 4, 4, 4, 0, 1, 1.0f, 0.0f);
     op_checks_expect_refused(gpu, "matmul: A is BF16 and B is F32: the operands share one dtype",
                              __FILE__, "matmul of BF16 by F32");
-    be_attention_forward(gpu, f, f, f, b, b, 1, 4, 2, 2, 4);
+    be_attention_forward(gpu, f, f, f, b, b, (tensor_t){0}, 1, 4, 2, 2, 4);
     op_checks_expect_refused(gpu,
                              "attention_forward: q is F32 and k is BF16: q, k, v and out share "
                              "one dtype",

@@ -64,7 +64,7 @@ Test(data, windows_targets_and_masks)
     cr_expect_eq(d.n_windows, 10, "(101 - 1) / 10");
     int32_t in[10], tg[10];
     int64_t trained;
-    cr_assert_eq(dataset_read_window(&d, 3, in, tg, &trained, &err), 0);
+    cr_assert_eq(dataset_read_window(&d, 3, in, tg, NULL, NULL, &trained, &err), 0);
     int64_t want_trained = 0;
     for (int t = 0; t < 10; t++) {
         cr_expect_eq(in[t], 30 + t);
@@ -141,19 +141,21 @@ Test(data, token_scan_split_between_parts)
     for (int part = 0; part < 4; part++) {
         dataset_t d;
         sp_err err = {0};
-        int rc = dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, part, 4, &err);
+        int rc =
+            dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, DATA_PACK_STREAM, part, 4, &err);
         if (part < 3) {
             cr_expect_eq(rc, 0, "part %d: %s", part, err.msg);
             cr_expect_eq(d.n_windows, 29, "part %d", part);
         } else {
             cr_expect_eq(rc, SP_EXIT_INPUT, "part %d: rc %d", part, rc);
-            cr_expect(tu_contains(err.msg, "token 250 at position 250 is not below"), "%s", err.msg);
+            cr_expect(tu_contains(err.msg, "token 250 at position 250 is not below"), "%s",
+                      err.msg);
         }
         dataset_close(&d);
     }
     dataset_t d;
     sp_err err = {0};
-    cr_expect_neq(dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, 4, 4, &err), 0);
+    cr_expect_neq(dataset_open_part(&d, path_of("p4.h5"), 10, 250, 1, DATA_PACK_STREAM, 4, 4, &err), 0);
     cr_expect(tu_contains(err.msg, "part 4 of 4"), "%s", err.msg);
     dataset_close(&d);
 }
@@ -229,7 +231,7 @@ Test(data, prepare_text_paragraphs_and_split)
     cr_expect_eq(d.n_tokens, st.train_tokens);
     cr_expect_eq(d.eos_id, BYTE_EOS);
     int32_t in[8], tg[8];
-    cr_assert_eq(dataset_read_window(&d, 0, in, tg, NULL, &err), 0);
+    cr_assert_eq(dataset_read_window(&d, 0, in, tg, NULL, NULL, NULL, &err), 0);
     cr_expect_eq(in[0], BYTE_BOS, "documents start with bos");
     cr_expect_eq(in[1], 'p');
     cr_expect_eq(tg[0], 'p', "bytes are trained");
@@ -239,4 +241,170 @@ Test(data, prepare_text_paragraphs_and_split)
     sp_err_clear(&err);
     cr_expect_eq(prepare_text(txt, prefix, 0.1, 3, &st, &err), SP_EXIT_INPUT);
     cr_expect(tu_contains(err.msg, "empty"));
+}
+
+/* ---- data.packing ---------------------------------------------------------------- */
+
+/* Documents of the given token counts; token i is i + 1 (so a slot names
+ * the stream position it holds; padding is eos 0), loss_mask 0 at every
+ * 7th position. */
+static void make_docs(const char *name, const uint64_t *lens, int nd)
+{
+    uint64_t n = 0, *off = malloc(sizeof(uint64_t) * (size_t)(nd + 1));
+    off[0] = 0;
+    for (int k = 0; k < nd; k++)
+        off[k + 1] = off[k] + lens[k];
+    n = off[nd];
+    uint32_t *t = malloc(sizeof(uint32_t) * n);
+    uint8_t *m = malloc(n);
+    for (uint64_t i = 0; i < n; i++) {
+        t[i] = (uint32_t)(i + 1);
+        m[i] = i % 7 != 3;
+    }
+    sp_err err = {0};
+    cr_assert_eq(dataset_write(path_of(name), t, m, n, off, (uint64_t)nd, (int64_t)n + 1, 0,
+                               "test", &err),
+                 0, "%s", err.msg);
+    free(off), free(t), free(m);
+}
+
+/* Reads every window of a packed layout and checks what data.packing
+ * promises, from the tokens alone: every prediction inside a document
+ * (position i predicts i + 1, both in one document) is in exactly one
+ * slot, none crosses documents; each piece's slots hold consecutive
+ * positions, its positions start at 0 and its seg is its first slot; a
+ * piece starts at a document's start unless its document is longer than T
+ * (then at a multiple of T into it); a document of at most T predictions
+ * is never split; padding is input 0, target -1, after the pieces;
+ * targets follow loss_mask. Returns the windows. */
+static uint64_t check_layout(const char *name, const uint64_t *lens, int nd, int64_t T,
+                             int packing)
+{
+    dataset_t d;
+    sp_err err = {0};
+    uint64_t n = 0;
+    for (int k = 0; k < nd; k++)
+        n += lens[k];
+    cr_assert_eq(dataset_open_part(&d, path_of(name), T, (int64_t)n + 1, 1, packing, 0, 1, &err), 0,
+                 "%s", err.msg);
+    uint64_t *doc = malloc(sizeof(uint64_t) * n), *start = malloc(sizeof(uint64_t) * (size_t)nd);
+    for (int k = 0, i = 0; k < nd; k++) {
+        start[k] = (uint64_t)i;
+        for (uint64_t j = 0; j < lens[k]; j++)
+            doc[i++] = (uint64_t)k;
+    }
+    int *seen = calloc(n, sizeof(int));
+    uint64_t *win_of = calloc(n, sizeof(uint64_t));
+    int32_t *in = malloc(sizeof(int32_t) * (size_t)T), *tg = malloc(sizeof(int32_t) * (size_t)T);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *seg = malloc(sizeof(int32_t) * (size_t)T);
+    uint64_t predictions = 0;
+    for (uint64_t w = 0; w < d.n_windows; w++) {
+        int64_t trained = -1, count = 0;
+        cr_assert_eq(dataset_read_window(&d, w, in, tg, pos, seg, &trained, &err), 0, "%s",
+                     err.msg);
+        int pieces = 0, padding = 0;
+        for (int64_t t = 0; t < T; t++) {
+            cr_assert(seg[t] >= 0 && seg[t] <= t && pos[t] == t - seg[t],
+                      "%s window %llu slot %lld: seg %d pos %d", name, (unsigned long long)w,
+                      (long long)t, seg[t], pos[t]);
+            if (in[t] == 0) { /* padding: the rest of the window */
+                padding = 1;
+                cr_expect_eq(tg[t], -1, "padding trains");
+                continue;
+            }
+            cr_assert(!padding, "%s window %llu: a token after padding", name,
+                      (unsigned long long)w);
+            uint64_t i = (uint64_t)in[t] - 1, k = doc[i];
+            cr_assert(i + 1 < n && doc[i + 1] == k, "%s: position %llu predicts across documents",
+                      name, (unsigned long long)i);
+            cr_expect_eq(tg[t], i % 7 != 2 ? (int32_t)(i + 2) : -1, "target of position %llu",
+                         (unsigned long long)i);
+            count += tg[t] >= 0;
+            seen[i]++;
+            win_of[i] = w;
+            predictions++;
+            if (seg[t] == t) { /* a piece starts */
+                pieces++;
+                uint64_t into = i - start[k];
+                cr_expect(into == 0 || (lens[k] - 1 > (uint64_t)T && into % (uint64_t)T == 0),
+                          "%s: a piece starts %llu tokens into document %llu of %llu", name,
+                          (unsigned long long)into, (unsigned long long)k,
+                          (unsigned long long)lens[k]);
+            } else {
+                cr_expect_eq((uint64_t)in[t - 1], i, "slots of a piece are consecutive");
+            }
+        }
+        cr_expect_eq(trained, count, "trained count of window %llu", (unsigned long long)w);
+        if (packing == DATA_PACK_PAD)
+            cr_expect_eq(pieces, 1, "pad: window %llu holds %d pieces", (unsigned long long)w,
+                         pieces);
+    }
+    for (uint64_t i = 0; i + 1 < n; i++)
+        cr_expect_eq(seen[i], doc[i + 1] == doc[i] ? 1 : 0, "%s: position %llu seen %d times",
+                     name, (unsigned long long)i, seen[i]);
+    for (int k = 0; k < nd; k++) /* short documents whole, in one window */
+        for (uint64_t i = start[k]; lens[k] >= 2 && lens[k] - 1 <= (uint64_t)T &&
+                                    i + 1 < start[k] + lens[k];
+             i++)
+            cr_expect_eq(win_of[i], win_of[start[k]], "document %d split", k);
+    cr_expect_eq(predictions, d.predictions);
+    free(doc), free(start), free(seen), free(win_of), free(in), free(tg), free(pos), free(seg);
+    uint64_t W = d.n_windows;
+    dataset_close(&d);
+    return W;
+}
+
+static const uint64_t doc_lens[] = {4, 1, 6, 12, 3, 2, 1, 5, 16, 6, 7, 2};
+#define N_DOCS (int)(sizeof doc_lens / sizeof doc_lens[0])
+
+Test(data, packing_documents_whole_attending_to_themselves)
+{
+    make_docs("docs.h5", doc_lens, N_DOCS);
+    uint64_t W = check_layout("docs.h5", doc_lens, N_DOCS, 5, DATA_PACK_DOCUMENTS);
+    /* fewer windows than one document each: short documents share windows */
+    cr_expect_lt(W, check_layout("docs.h5", doc_lens, N_DOCS, 5, DATA_PACK_PAD));
+    check_layout("docs.h5", doc_lens, N_DOCS, 8, DATA_PACK_DOCUMENTS);
+    check_layout("docs.h5", doc_lens, N_DOCS, 15, DATA_PACK_DOCUMENTS); /* one split: 16 */
+    check_layout("docs.h5", doc_lens, N_DOCS, 64, DATA_PACK_DOCUMENTS);
+}
+
+Test(data, packing_pad_one_document_per_window)
+{
+    make_docs("pad.h5", doc_lens, N_DOCS);
+    /* T = 5: every document of more than 1 token, in ceil((len - 1) / 5) windows */
+    uint64_t want = 0;
+    for (int k = 0; k < N_DOCS; k++)
+        want += doc_lens[k] > 1 ? (doc_lens[k] - 1 + 4) / 5 : 0;
+    cr_expect_eq(check_layout("pad.h5", doc_lens, N_DOCS, 5, DATA_PACK_PAD), want);
+    check_layout("pad.h5", doc_lens, N_DOCS, 11, DATA_PACK_PAD);
+}
+
+/* A stream window read with positions and segments: t and 0. */
+Test(data, stream_windows_have_plain_positions)
+{
+    make("s.h5", 101, 1000);
+    dataset_t d;
+    sp_err err = {0};
+    cr_assert_eq(dataset_open(&d, path_of("s.h5"), 10, 1000, 1, &err), 0, "%s", err.msg);
+    int32_t in[10], tg[10], pos[10], seg[10];
+    cr_assert_eq(dataset_read_window(&d, 2, in, tg, pos, seg, NULL, &err), 0, "%s", err.msg);
+    for (int t = 0; t < 10; t++) {
+        cr_expect_eq(pos[t], t);
+        cr_expect_eq(seg[t], 0);
+        cr_expect_eq(in[t], 20 + t);
+    }
+    dataset_close(&d);
+}
+
+Test(data, packing_needs_a_document_of_two_tokens)
+{
+    uint64_t lens[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    make_docs("ones.h5", lens, 12);
+    dataset_t d;
+    sp_err err = {0};
+    int rc = dataset_open_part(&d, path_of("ones.h5"), 4, 100, 1, DATA_PACK_DOCUMENTS, 0, 1, &err);
+    cr_expect_eq(rc, SP_EXIT_INPUT, "rc %d: %s", rc, err.msg);
+    cr_expect(tu_contains(err.msg, "ones.h5") && tu_contains(err.msg, "no document has two tokens"),
+              "%s", err.msg);
+    dataset_close(&d);
 }

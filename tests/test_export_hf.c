@@ -250,7 +250,13 @@ static float *logits_of(const char *case_dir, int lora, size_t *n)
                  case_dir, err.msg);
     *n = (size_t)hc.B * hc.T * hc.mc.vocab;
     float *l = malloc(sizeof(float) * *n);
-    model_batch b = {hc.inputs, hc.targets, hc.ids, hc.B, hc.T, 1.0f, 1};
+    model_batch b = {.inputs = hc.inputs,
+                     .targets = hc.targets,
+                     .sample_ids = hc.ids,
+                     .B = hc.B,
+                     .T = hc.T,
+                     .grad_scale = 1.0f,
+                     .last = 1};
     cr_assert_eq(model_forward_logits(hc.m, &b, l, &err), 0, "%s", err.msg);
     tu_hf_close(&hc);
     return l;

@@ -33,8 +33,13 @@ static void close_case(hf_case *hc)
 
 static model_batch batch_of(hf_case *hc, int first, int count)
 {
-    model_batch b = {hc->inputs + first * hc->T, hc->targets + first * hc->T,
-                     hc->ids + first, count, hc->T, (float)(1.0 / hc->count), 1};
+    model_batch b = {.inputs = hc->inputs + first * hc->T,
+                     .targets = hc->targets + first * hc->T,
+                     .sample_ids = hc->ids + first,
+                     .B = count,
+                     .T = hc->T,
+                     .grad_scale = (float)(1.0 / hc->count),
+                     .last = 1};
     return b;
 }
 

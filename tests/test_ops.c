@@ -13,7 +13,7 @@
 #include "op_checks.h"
 
 static backend_t *be;
-static tensor_t owned[64]; /* every tensor a test allocates, freed by teardown */
+static tensor_t owned[256]; /* every tensor a test allocates, freed by teardown */
 static int nowned;
 
 static void setup(void)
@@ -32,12 +32,18 @@ static void teardown(void)
 static tensor_t talloc(dtype_t dt, size_t n)
 {
     tensor_t t = be_alloc(be, dt, n);
-    cr_assert(t.p && nowned < 64);
+    cr_assert(t.p && nowned < 256);
     owned[nowned++] = t;
     return t;
 }
 
 TestSuite(ops, .init = setup, .fini = teardown);
+
+static tensor_t no_tensor(void)
+{
+    tensor_t t = {0};
+    return t;
+}
 
 static uint64_t g_seed = 42;
 
@@ -214,16 +220,18 @@ Test(ops, rmsnorm_forward_backward)
 
 /* ---- RoPE ---------------------------------------------------------------------- */
 
-static void rope_ref(double *out, const double *x, const float *cs, const float *sn, int B, int T,
-                     int nh, int hd)
+/* pos: the position of each token (NULL: t) */
+static void rope_ref(double *out, const double *x, const float *cs, const float *sn,
+                     const int32_t *pos, int B, int T, int nh, int hd)
 {
     int half = hd / 2;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < nh; h++) {
                 size_t o = (((size_t)b * T + t) * nh + h) * hd;
+                int p = pos ? pos[b * T + t] : t;
                 for (int i = 0; i < half; i++) {
-                    double c = cs[t * half + i], s = sn[t * half + i];
+                    double c = cs[p * half + i], s = sn[p * half + i];
                     out[o + i] = x[o + i] * c - x[o + i + half] * s;
                     out[o + i + half] = x[o + i + half] * c + x[o + i] * s;
                 }
@@ -242,15 +250,15 @@ Test(ops, rope_forward_and_inverse)
             sn[t * half + i] = (float)sin(a);
         }
     tensor_t tx = dev(x, n), tc = dev(cs, (size_t)T * half), ts = dev(sn, (size_t)T * half);
-    be_rope(be, tx, tc, ts, B, T, nh, hd, 0);
+    be_rope(be, tx, tc, ts, no_tensor(), B, T, nh, hd, 0);
     double *xd = to_d(x, n), *want = malloc(sizeof(double) * n);
-    rope_ref(want, xd, cs, sn, B, T, nh, hd);
+    rope_ref(want, xd, cs, sn, NULL, B, T, nh, hd);
     float *got = host(tx);
     cr_expect_lt(rel_err(got, want, n), FWD_TOL);
     /* the inverse is the transpose: <R, rope(x)> = <rope^T(R), x> */
     float *R = rnd(n, 1);
     tensor_t tR = dev(R, n);
-    be_rope(be, tR, tc, ts, B, T, nh, hd, 1);
+    be_rope(be, tR, tc, ts, no_tensor(), B, T, nh, hd, 1);
     float *rt = host(tR);
     double lhs = dot_d(want, R, n), rhs = 0;
     for (size_t i = 0; i < n; i++)
@@ -267,7 +275,7 @@ Test(ops, rope_forward_and_inverse)
             memcpy(xp, x, sizeof(float) * n);
             xp[i] += sgn ? -1e-2f : 1e-2f;
             tensor_t tp = dev(xp, n);
-            be_rope(be, tp, tc, ts, B, T, nh, hd, 0);
+            be_rope(be, tp, tc, ts, no_tensor(), B, T, nh, hd, 0);
             float *yp = host(tp);
             L[sgn] = 0;
             for (size_t k = 0; k < n; k++)
@@ -283,8 +291,9 @@ Test(ops, rope_forward_and_inverse)
 
 /* ---- attention --------------------------------------------------------------- */
 
-static void attn_ref(double *out, const double *q, const double *k, const double *v, int B, int T,
-                     int nh, int nkv, int hd)
+/* seg: the first key each query attends to (NULL: 0) */
+static void attn_ref(double *out, const double *q, const double *k, const double *v,
+                     const int32_t *seg, int B, int T, int nh, int nkv, int hd)
 {
     int g = nh / nkv;
     double *p = malloc(sizeof(double) * T);
@@ -292,8 +301,9 @@ static void attn_ref(double *out, const double *q, const double *k, const double
         for (int h = 0; h < nh; h++)
             for (int t = 0; t < T; t++) {
                 const double *qt = q + (((size_t)b * T + t) * nh + h) * hd;
+                int lo = seg ? seg[b * T + t] : 0;
                 double m = -1e300, l = 0;
-                for (int j = 0; j <= t; j++) {
+                for (int j = lo; j <= t; j++) {
                     const double *kj = k + (((size_t)b * T + j) * nkv + h / g) * hd;
                     double s = 0;
                     for (int d = 0; d < hd; d++)
@@ -302,12 +312,12 @@ static void attn_ref(double *out, const double *q, const double *k, const double
                     if (p[j] > m)
                         m = p[j];
                 }
-                for (int j = 0; j <= t; j++)
+                for (int j = lo; j <= t; j++)
                     l += (p[j] = exp(p[j] - m));
                 double *o = out + (((size_t)b * T + t) * nh + h) * hd;
                 for (int d = 0; d < hd; d++) {
                     double acc = 0;
-                    for (int j = 0; j <= t; j++)
+                    for (int j = lo; j <= t; j++)
                         acc += p[j] * v[(((size_t)b * T + j) * nkv + h / g) * hd + d];
                     o[d] = acc / l;
                 }
@@ -315,19 +325,24 @@ static void attn_ref(double *out, const double *q, const double *k, const double
     free(p);
 }
 
-static void check_attention(int B, int T, int nh, int nkv, int hd)
+/* seg: packed documents ([B*T] first keys) or NULL */
+static void check_attention_seg(int B, int T, int nh, int nkv, int hd, const int32_t *seg)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
     float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1), *R = rnd(nq, 1);
     tensor_t tq = dev(q, nq), tk = dev(k, nk), tv = dev(v, nk), to = dev(NULL, nq),
-             tl = dev(NULL, (size_t)B * nh * T);
-    be_attention_forward(be, to, tl, tq, tk, tv, B, T, nh, nkv, hd);
+             tl = dev(NULL, (size_t)B * nh * T), ts = no_tensor();
+    if (seg) {
+        ts = talloc(DT_I32, (size_t)B * T);
+        be_upload(be, ts, seg, DT_I32);
+    }
+    be_attention_forward(be, to, tl, tq, tk, tv, ts, B, T, nh, nkv, hd);
     double *qd = to_d(q, nq), *kd = to_d(k, nk), *vd = to_d(v, nk), *want = malloc(sizeof(double) * nq);
-    attn_ref(want, qd, kd, vd, B, T, nh, nkv, hd);
+    attn_ref(want, qd, kd, vd, seg, B, T, nh, nkv, hd);
     float *got = host(to);
     cr_expect_lt(rel_err(got, want, nq), FWD_TOL, "attention fwd %d %d %d %d %d", B, T, nh, nkv, hd);
     tensor_t tdo = dev(R, nq), tdq = dev(NULL, nq), tdk = dev(NULL, nk), tdv = dev(NULL, nk);
-    be_attention_backward(be, tdq, tdk, tdv, tdo, to, tl, tq, tk, tv, B, T, nh, nkv, hd);
+    be_attention_backward(be, tdq, tdk, tdv, tdo, to, tl, tq, tk, tv, ts, B, T, nh, nkv, hd);
     float *dq = host(tdq), *dk = host(tdk), *dv = host(tdv);
     double h = 1e-6, *tmp = malloc(sizeof(double) * nq);
     double *fd[3] = {malloc(sizeof(double) * nq), malloc(sizeof(double) * nk), malloc(sizeof(double) * nk)};
@@ -337,10 +352,10 @@ static void check_attention(int B, int T, int nh, int nkv, int hd)
         for (size_t i = 0; i < ns[which]; i++) {
             double keep = xs[which][i];
             xs[which][i] = keep + h;
-            attn_ref(tmp, qd, kd, vd, B, T, nh, nkv, hd);
+            attn_ref(tmp, qd, kd, vd, seg, B, T, nh, nkv, hd);
             double lp = dot_d(tmp, R, nq);
             xs[which][i] = keep - h;
-            attn_ref(tmp, qd, kd, vd, B, T, nh, nkv, hd);
+            attn_ref(tmp, qd, kd, vd, seg, B, T, nh, nkv, hd);
             double lm = dot_d(tmp, R, nq);
             xs[which][i] = keep;
             fd[which][i] = (lp - lm) / (2 * h);
@@ -352,11 +367,101 @@ static void check_attention(int B, int T, int nh, int nkv, int hd)
     free(dq), free(dk), free(dv), free(tmp), free(fd[0]), free(fd[1]), free(fd[2]);
 }
 
+static void check_attention(int B, int T, int nh, int nkv, int hd)
+{
+    check_attention_seg(B, T, nh, nkv, hd, NULL);
+}
+
+/* Rows of packed documents: row 0 holds documents of 3, 1 and 5 tokens,
+ * row 1 one of 4 then 5 tokens (T = 9). */
+static const int32_t packed_seg[18] = {0, 0, 0, 3, 4, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4, 4};
+
+/* Packed rows: forward and backward against the reference restricted to
+ * each document, and, independently of that reference, each document's
+ * output equals attention over that document alone (no token sees
+ * another document), on the fast and the reference path. */
+static void check_packed_attention(void)
+{
+    int B = 2, T = 9, nh = 4, nkv = 2, hd = 4;
+    check_attention_seg(B, T, nh, nkv, hd, packed_seg);
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+    float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1);
+    tensor_t ts = talloc(DT_I32, (size_t)B * T), to = dev(NULL, nq),
+             tl = dev(NULL, (size_t)B * nh * T);
+    be_upload(be, ts, packed_seg, DT_I32);
+    be_attention_forward(be, to, tl, dev(q, nq), dev(k, nk), dev(v, nk), ts, B, T, nh, nkv, hd);
+    float *got = host(to);
+    for (int b = 0; b < B; b++)
+        for (int s0 = 0; s0 < T;) {
+            int n = 1;
+            while (s0 + n < T && packed_seg[b * T + s0 + n] == s0)
+                n++;
+            /* the document [s0, s0 + n) alone, as a batch of one row of n */
+            size_t qo = ((size_t)b * T + s0) * nh * hd, ko = ((size_t)b * T + s0) * nkv * hd;
+            tensor_t ao = dev(NULL, (size_t)n * nh * hd), al = dev(NULL, (size_t)nh * n);
+            be_attention_forward(be, ao, al, dev(q + qo, (size_t)n * nh * hd),
+                                 dev(k + ko, (size_t)n * nkv * hd), dev(v + ko, (size_t)n * nkv * hd),
+                                 no_tensor(), 1, n, nh, nkv, hd);
+            float *alone = host(ao);
+            for (size_t i = 0; i < (size_t)n * nh * hd; i++)
+                cr_expect_float_eq(got[qo + i], alone[i], 1e-6f, "row %d document at %d: %g vs %g",
+                                   b, s0, (double)got[qo + i], (double)alone[i]);
+            free(alone);
+            s0 += n;
+        }
+    free(q), free(k), free(v), free(got);
+}
+
 Test(ops, attention_gqa_causal)
 {
     check_attention(2, 5, 4, 2, 4);  /* grouped query */
     check_attention(1, 9, 3, 3, 6);  /* multi-head, odd T */
     check_attention(1, 3, 4, 1, 2);  /* multi-query */
+}
+
+Test(ops, attention_packed_documents)
+{
+    check_packed_attention();
+}
+
+/* RoPE with positions restarting at each packed document: each token is
+ * rotated by its own position (the reference), and a document placed at
+ * offset s0 is rotated exactly as the same document at the start of a row. */
+Test(ops, rope_positions_of_packed_documents)
+{
+    int B = 2, T = 9, nh = 2, hd = 6, half = hd / 2;
+    size_t n = (size_t)B * T * nh * hd;
+    int32_t pos[18];
+    for (int i = 0; i < B * T; i++)
+        pos[i] = i % T - packed_seg[i];
+    float *x = rnd(n, 1), *cs = malloc(sizeof(float) * T * half), *sn = malloc(sizeof(float) * T * half);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double a = t * pow(10000.0, -2.0 * i / hd);
+            cs[t * half + i] = (float)cos(a);
+            sn[t * half + i] = (float)sin(a);
+        }
+    tensor_t tx = dev(x, n), tc = dev(cs, (size_t)T * half), ts = dev(sn, (size_t)T * half);
+    tensor_t tp = talloc(DT_I32, (size_t)B * T);
+    be_upload(be, tp, pos, DT_I32);
+    be_rope(be, tx, tc, ts, tp, B, T, nh, hd, 0);
+    double *xd = to_d(x, n), *want = malloc(sizeof(double) * n);
+    rope_ref(want, xd, cs, sn, pos, B, T, nh, hd);
+    float *got = host(tx);
+    cr_expect_lt(rel_err(got, want, n), FWD_TOL);
+    /* row 1's second document (5 tokens at offset 4) against itself at offset 0 */
+    size_t o = ((size_t)1 * T + 4) * nh * hd, len = (size_t)5 * nh * hd;
+    tensor_t alone = dev(x + o, len);
+    be_rope(be, alone, tc, ts, no_tensor(), 1, 5, nh, hd, 0);
+    float *ga = host(alone);
+    for (size_t i = 0; i < len; i++)
+        cr_expect_float_eq(got[o + i], ga[i], 0.0f, "element %zu", i);
+    /* the inverse with positions undoes the forward */
+    be_rope(be, tx, tc, ts, tp, B, T, nh, hd, 1);
+    float *back = host(tx);
+    for (size_t i = 0; i < n; i++)
+        cr_expect_float_eq(back[i], x[i], 1e-6f, "inverse, element %zu", i);
+    free(x), free(cs), free(sn), free(xd), free(want), free(got), free(ga), free(back);
 }
 
 /* ---- SwiGLU, embedding, bias, add ------------------------------------------- */
@@ -671,6 +776,7 @@ Test(ops, attention_reference_path)
     cr_assert_eq(backend_create(&be, "cpu-ref", 0, 2, &err), 0, "%s", err.msg);
     check_attention(2, 5, 4, 2, 4);
     check_attention(1, 9, 3, 3, 6);
+    check_packed_attention();
 }
 
 /* ---- argument checks -------------------------------------------------------- */

@@ -333,7 +333,13 @@ static void check_peak(const char *preset, int mode, int recompute, int64_t mb, 
     }
     for (int b = 0; b < mb; b++)
         ids[b] = (uint64_t)b;
-    model_batch batch = {x, y, ids, (int)mb, (int)T, (float)(1.0 / (double)n), 1};
+    model_batch batch = {.inputs = x,
+                         .targets = y,
+                         .sample_ids = ids,
+                         .B = (int)mb,
+                         .T = (int)T,
+                         .grad_scale = (float)(1.0 / (double)n),
+                         .last = 1};
     adamw_args a = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .grad_scale = 1.0f};
     int steps = strcmp(preset, "tiny") == 0 ? 2 : 1; /* the peak is the same at every step */

@@ -16,6 +16,7 @@
 #include "checkpoint/ckpt.h"
 #include "resume_util.h"
 #include "test_util.h"
+#include "trainer/data.h"
 #include "trainer/safetensors.h"
 
 TestSuite(rank_change, .init = resume_setup, .fini = resume_teardown, .timeout = 1500);
@@ -24,6 +25,9 @@ typedef struct leg {
     int ranks, to_step;
 } leg;
 
+/* What every run of a chain adds (data.packing), "" by default */
+static const char *chain_more = "";
+
 /* Every run of a chain: the same math (a constant schedule after warmup, so
  * the learning rate does not depend on train.steps, which the legs change). */
 static const char *chain_extra(int steps, int mb, int ga, char *buf, size_t n)
@@ -31,8 +35,8 @@ static const char *chain_extra(int steps, int mb, int ga, char *buf, size_t n)
     snprintf(buf, n,
              "--set train.steps=%d --set train.micro_batch=%d --set train.grad_accum=%d "
              "--set train.schedule=constant --set log.samples=true "
-             "--set checkpoint.keep=20",
-             steps, mb, ga);
+             "--set checkpoint.keep=20 %s",
+             steps, mb, ga, chain_more);
     return buf;
 }
 
@@ -105,6 +109,10 @@ static void run_chain(const char *name, const leg *legs, int nlegs, int mb, int 
         snprintf(want, sizeof want, "global batch %d windows (%d ranks x %d x %d)", G,
                  legs[i].ranks, mb, G / (legs[i].ranks * mb));
         cr_expect(tu_contains(out, want), "leg %d: expected '%s' in\n%s", i, want, out);
+        if (resume_packing != DATA_PACK_STREAM) {
+            snprintf(want, sizeof want, "data: packing %s:", dataset_packing_names[resume_packing]);
+            cr_expect(tu_contains(out, want), "leg %d: expected '%s' in\n%s", i, want, out);
+        }
         free(out);
         cr_expect_eq(ckpt_global_batch(name, legs[i].to_step), G,
                      "leg %d on %d rank(s): checkpoint step %d records a global batch of %lld, "
@@ -152,4 +160,15 @@ Test(rank_change, four_two_three_four)
 {
     const leg legs[] = {{4, 2}, {2, 4}, {3, 6}, {4, 8}};
     run_chain("c4234", legs, 4, 1, 12);
+}
+
+/* Packed documents (data.packing documents): a window is a set of whole
+ * documents; resuming on 1 then 2 ranks trains each packed window exactly
+ * once and follows the uninterrupted 2-rank run. */
+Test(rank_change, two_one_two_packed_documents)
+{
+    chain_more = "--set data.packing=documents";
+    resume_packing = DATA_PACK_DOCUMENTS;
+    const leg legs[] = {{2, 3}, {1, 6}, {2, 9}};
+    run_chain("c212p", legs, 3, 2, 8);
 }

@@ -316,6 +316,11 @@ Test(resume, changed_math_refused_changed_steps_allowed)
     cr_expect_eq(rc, 2, "%s", out);
     cr_expect(tu_contains(out, "lora.dora (false, now true)"), "%s", out);
     free(out);
+    /* another packing makes other windows: the data cursor would mean others */
+    rc = run(NULL, "chg", "--set train.steps=8 --set data.packing=documents", &out);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "data.packing (stream, now documents)"), "%s", out);
+    free(out);
     char sets[4096];
     snprintf(sets, sizeof sets, "--set train.steps=8 --set model.path=%s/other", dir);
     rc = run(NULL, "chg", sets, &out);

@@ -208,7 +208,13 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     }
     for (int b = 0; b < bo->micro_batch && b < 4096; b++)
         ids[b] = (uint64_t)b;
-    model_batch batch = {in, tg, ids, bo->micro_batch, bo->seq_len, (float)(1.0 / (double)n), 1};
+    model_batch batch = {.inputs = in,
+                         .targets = tg,
+                         .sample_ids = ids,
+                         .B = bo->micro_batch,
+                         .T = bo->seq_len,
+                         .grad_scale = (float)(1.0 / (double)n),
+                         .last = 1};
     adamw_args a = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .weight_decay = 0.0f, .grad_scale = 1.0f};
     double t0 = 0, step1_loss = NAN, step1_gnorm = NAN;

@@ -338,7 +338,7 @@ static int dataset_tokens(const char *path, const plan_input *in, double *tokens
 {
     dataset_t d;
     memset(&d, 0, sizeof d);
-    if (dataset_open(&d, path, in->seq_len, in->mc.vocab, 0, err)) {
+    if (dataset_open_part(&d, path, in->seq_len, in->mc.vocab, 0, in->packing, 0, 1, err)) {
         dataset_close(&d); /* what it opened before the failure */
         return err->code;
     }

@@ -23,7 +23,11 @@ typedef struct key_def {
     const char *def;          /* default, as YAML text (NULL: required or empty) */
     double min, max;          /* numeric range (inclusive) */
     const char *const *enums; /* K_ENUM choices, NULL-terminated */
-    int math;                 /* 1: changing it changes the math (refused on resume) */
+    int math;                 /* 1: changing it changes the math (refused on resume);
+                                 MATH_SINCE: the same, for a key added after checkpoints
+                                 existed: hashed only when set away from its default, so the
+                                 checkpoints of earlier versions (which ran at the default)
+                                 keep their hash and still resume */
     const char *doc;
 } key_def;
 
@@ -32,7 +36,9 @@ static const char *const schedules[] = {"cosine", "linear", "constant", NULL};
 static const char *const recomputes[] = {"none", "attention", "layer", NULL};
 const char *const config_backend_names[] = {"auto", "cpu", "cpu-ref", "cuda", NULL};
 static const char *const addressings[] = {"auto", "path", "virtual", NULL};
+static const char *const packings[] = {"stream", "documents", "pad", NULL}; /* DATA_PACK_* */
 
+#define MATH_SINCE 2
 #define O(f) offsetof(config_t, f)
 #define BIG 9.0e15
 static const key_def keys[] = {
@@ -88,7 +94,7 @@ static const key_def keys[] = {
         "down_proj."},
     {"lora.rslora", K_BOOL, O(lora_rslora), "false", 0, 0, NULL, 1,
      "Rank-stabilised LoRA: scale by alpha/sqrt(r) instead of alpha/r."},
-    {"lora.dora", K_BOOL, O(lora_dora), "false", 0, 0, NULL, 1,
+    {"lora.dora", K_BOOL, O(lora_dora), "false", 0, 0, NULL, MATH_SINCE,
      "DoRA (weight-decomposed LoRA, PEFT's use_dora): each target projection also trains a "
      "magnitude vector m (one value per output feature, initialised to the row norms of the "
      "base weight) and computes y = m / ||W + s B A||_row * (x W^T + s (x A^T) B^T) + b, the "
@@ -109,6 +115,15 @@ static const key_def keys[] = {
      "Training dataset (HDF5, the format of docs/formats.md)."},
     {"data.val", K_STRING, O(data_val), "", 0, 0, NULL, 0,
      "Validation dataset (HDF5). Empty: no validation."},
+    {"data.packing", K_ENUM, O(data_packing), "stream", 0, 0, packings, MATH_SINCE,
+     "How windows are made of the documents. stream: seq_len-token windows cut from all "
+     "documents concatenated; attention and predictions cross document boundaries "
+     "(pre-training style). documents: whole documents packed into each window in file order "
+     "(one that does not fit the rest of a window starts the next; one longer than seq_len is "
+     "split into pieces of seq_len), each attending only to itself with positions restarting "
+     "at 0, as Hugging Face computes each example on its own (SFT). pad: one document (or "
+     "piece) per window, the rest padding; padding is never trained and never attended to. "
+     "Changing it changes which windows exist, so a run cannot resume under another value."},
     {"data.val_every", K_INT, O(val_every), "0", 0, BIG, NULL, 0,
      "Validate every N steps and after the last step (0: only after the last step)."},
     {"data.val_windows", K_INT, O(val_windows), "64", 1, BIG, NULL, 0,
@@ -700,8 +715,8 @@ uint64_t config_math_hash(const config_t *cfg)
             continue; /* the model is identified by its content, not its path */
         char buf[VALUE_TEXT_MAX];
         const char *val = value_text(cfg, k, buf);
-        if (strcmp(k->name, "lora.dora") == 0 && !cfg->lora_dora)
-            continue; /* off: the hash of the runs that predate the key */
+        if (k->math == MATH_SINCE && k->def && strcmp(val, k->def) == 0)
+            continue;
         h = sp_fnv1a(h, k->name, strlen(k->name) + 1);
         h = sp_fnv1a(h, val, strlen(val) + 1);
     }

@@ -49,6 +49,7 @@ typedef struct config {
     char *lora_init_from; /* PEFT adapter directory a fresh start begins from, or "" */
     /* data */
     char *data_train, *data_val;
+    int data_packing; /* DATA_PACK_* (data.h): stream, documents, pad */
     int64_t val_every, val_windows;
     /* log */
     int64_t log_every;

@@ -160,14 +160,16 @@ static int scan_tokens(dataset_t *d, int64_t model_vocab, int part, int parts, s
     return rc;
 }
 
+static int dataset_set_packing(dataset_t *d, int packing, sp_err *err);
+
 int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
                  uint64_t seed, sp_err *err)
 {
-    return dataset_open_part(d, path, seq_len, model_vocab, seed, 0, 1, err);
+    return dataset_open_part(d, path, seq_len, model_vocab, seed, DATA_PACK_STREAM, 0, 1, err);
 }
 
 int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
-                      uint64_t seed, int part, int parts, sp_err *err)
+                      uint64_t seed, int packing, int part, int parts, sp_err *err)
 {
     memset(d, 0, sizeof *d);
     d->file = d->tokens = d->mask = -1;
@@ -214,14 +216,91 @@ int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t m
                        "%s: the dataset's vocab_size %lld exceeds the model's %lld (tokenized "
                        "for another model?)",
                        path, (long long)d->vocab_size, (long long)model_vocab);
-    if (d->n_tokens < (uint64_t)seq_len + 1)
+    if (packing == DATA_PACK_STREAM && d->n_tokens < (uint64_t)seq_len + 1)
         return sp_fail(err, SP_EXIT_INPUT,
                        "%s: %llu tokens is too few for one window of seq_len %lld", path,
                        (unsigned long long)d->n_tokens, (long long)seq_len);
     d->n_windows = (d->n_tokens - 1) / (uint64_t)seq_len;
     if (parts < 1 || part < 0 || part >= parts)
         return sp_fail(err, SP_EXIT_OTHER, "dataset part %d of %d does not exist", part, parts);
-    return scan_tokens(d, model_vocab, part, parts, err);
+    if (scan_tokens(d, model_vocab, part, parts, err))
+        return err->code;
+    return dataset_set_packing(d, packing, err);
+}
+
+const char *const dataset_packing_names[] = {"stream", "documents", "pad", NULL};
+
+/* Appends window (x, y) to the layout (grown by doubling). */
+static int add_window(dataset_t *d, uint64_t *cap, uint64_t x, uint64_t y)
+{
+    if (d->n_windows == *cap) {
+        uint64_t n = *cap ? 2 * *cap : 1024;
+        uint64_t *w = realloc(d->win, sizeof(uint64_t) * 2 * n);
+        if (!w)
+            return -1;
+        d->win = w;
+        *cap = n;
+    }
+    d->win[2 * d->n_windows] = x;
+    d->win[2 * d->n_windows + 1] = y;
+    d->n_windows++;
+    return 0;
+}
+
+static int dataset_set_packing(dataset_t *d, int packing, sp_err *err)
+{
+    if (packing == DATA_PACK_STREAM)
+        return 0;
+    if (packing != DATA_PACK_DOCUMENTS && packing != DATA_PACK_PAD)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: packing %d does not exist", d->path, packing);
+    d->doc_off = malloc(sizeof(uint64_t) * (size_t)(d->n_docs + 1));
+    if (!d->doc_off)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory for the document offsets");
+    hid_t off = H5Dopen2((hid_t)d->file, "/doc_offsets", H5P_DEFAULT);
+    int bad_ = off < 0 || read_range(off, H5T_NATIVE_UINT64, 0, d->n_docs + 1, d->doc_off);
+    if (off >= 0)
+        H5Dclose(off);
+    if (bad_)
+        return bad(err, d->path, "cannot read doc_offsets");
+    uint64_t T = (uint64_t)d->seq_len, cap = 0, fill = 0, wx = 0, wy = 0;
+    d->n_windows = 0;
+    d->predictions = 0;
+    for (uint64_t k = 0; k < d->n_docs; k++) {
+        uint64_t x = d->doc_off[k], e = d->doc_off[k + 1];
+        /* a document of n tokens makes n - 1 predictions */
+        uint64_t p = e - x > 1 ? e - x - 1 : 0;
+        while (p > 0) {
+            if (packing == DATA_PACK_DOCUMENTS && fill > 0 && p > T - fill) {
+                if (add_window(d, &cap, wx, wy)) /* it does not fit: pad this window */
+                    return sp_fail(err, SP_EXIT_OTHER, "out of memory for the windows");
+                fill = 0;
+            }
+            if (fill == 0)
+                wx = x;
+            uint64_t take = p < T - fill ? p : T - fill;
+            x += take;
+            p -= take;
+            fill += take;
+            d->predictions += take;
+            wy = x;
+            if (packing == DATA_PACK_PAD || fill == T) {
+                if (add_window(d, &cap, wx, wy))
+                    return sp_fail(err, SP_EXIT_OTHER, "out of memory for the windows");
+                fill = 0;
+            }
+        }
+    }
+    if (fill > 0 && add_window(d, &cap, wx, wy))
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory for the windows");
+    if (d->n_windows == 0)
+        return bad(err, d->path,
+                   "no document has two tokens: nothing to predict with data.packing "
+                   "documents or pad");
+    d->packing = packing;
+    free(d->perm); /* the permutation covers the new windows */
+    d->perm = NULL;
+    d->perm_epoch = UINT64_MAX;
+    return 0;
 }
 
 void dataset_close(dataset_t *d)
@@ -233,6 +312,8 @@ void dataset_close(dataset_t *d)
     if (d->file >= 0)
         H5Fclose((hid_t)d->file);
     free(d->perm);
+    free(d->doc_off);
+    free(d->win);
     free(d->path);
     memset(d, 0, sizeof *d);
     d->file = d->tokens = d->mask = -1;
@@ -272,32 +353,103 @@ int dataset_window_of(dataset_t *d, uint64_t sample, uint64_t *window, uint64_t 
     return 0;
 }
 
+/* Reads tokens [off, off + n) and their loss_mask values, checked. */
+static int read_tokens(dataset_t *d, uint64_t off, uint64_t n, uint32_t **tok, uint8_t **msk,
+                       sp_err *err)
+{
+    *tok = malloc(sizeof(uint32_t) * n);
+    *msk = malloc(n);
+    if (!*tok || !*msk)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (read_range((hid_t)d->tokens, H5T_NATIVE_UINT32, off, n, *tok) ||
+        read_range((hid_t)d->mask, H5T_NATIVE_UINT8, off, n, *msk))
+        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot read tokens %llu..%llu", d->path,
+                       (unsigned long long)off, (unsigned long long)(off + n - 1));
+    for (uint64_t t = 0; t < n; t++)
+        if ((*msk)[t] > 1)
+            return sp_fail(err, SP_EXIT_INPUT,
+                           "%s: loss_mask value %u at position %llu (expected 0 or 1)", d->path,
+                           (*msk)[t], (unsigned long long)(off + t));
+    return 0;
+}
+
+/* The document holding token x: the last k with doc_off[k] <= x. */
+static uint64_t doc_of(const dataset_t *d, uint64_t x)
+{
+    uint64_t lo = 0, hi = d->n_docs; /* doc_off[lo] <= x < doc_off[hi] */
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (d->doc_off[mid] <= x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* A packed window: its pieces from token x0, each up to its document's
+ * last token or the window's end y, then padding. */
+static int read_packed(dataset_t *d, uint64_t w, int32_t *inputs, int32_t *targets, int32_t *pos,
+                       int32_t *seg, int64_t *trained, sp_err *err)
+{
+    uint64_t x0 = d->win[2 * w], y = d->win[2 * w + 1], T = (uint64_t)d->seq_len;
+    uint32_t *tok = NULL;
+    uint8_t *msk = NULL;
+    int rc = read_tokens(d, x0, y - x0 + 1, &tok, &msk, err);
+    uint64_t slot = 0;
+    int64_t n = 0;
+    for (uint64_t x = x0, k = rc ? 0 : doc_of(d, x0); !rc && x < y;) {
+        while (d->doc_off[k + 1] <= x)
+            k++;
+        uint64_t e = d->doc_off[k + 1], end = e - 1 < y ? e - 1 : y, first = slot;
+        for (uint64_t i = x; i < end && slot < T; i++, slot++) {
+            inputs[slot] = (int32_t)tok[i - x0];
+            targets[slot] = msk[i + 1 - x0] ? (int32_t)tok[i + 1 - x0] : -1;
+            pos[slot] = (int32_t)(slot - first);
+            seg[slot] = (int32_t)first;
+            n += targets[slot] >= 0;
+        }
+        x = end < e - 1 ? end : e; /* a split piece ends the window */
+    }
+    int32_t pad = d->eos_id >= 0 && d->eos_id < d->vocab_size ? (int32_t)d->eos_id : 0;
+    for (uint64_t t = slot; t < T && !rc; t++) {
+        inputs[t] = pad;
+        targets[t] = -1;
+        pos[t] = (int32_t)(t - slot);
+        seg[t] = (int32_t)slot;
+    }
+    free(tok);
+    free(msk);
+    if (trained)
+        *trained = n;
+    return rc;
+}
+
 int dataset_read_window(dataset_t *d, uint64_t w, int32_t *inputs, int32_t *targets,
-                        int64_t *trained, sp_err *err)
+                        int32_t *pos, int32_t *seg, int64_t *trained, sp_err *err)
 {
     uint64_t T = (uint64_t)d->seq_len, off = w * T;
     if (w >= d->n_windows)
         return sp_fail(err, SP_EXIT_OTHER, "%s: window %llu out of range", d->path,
                        (unsigned long long)w);
-    uint32_t *tok = malloc(sizeof(uint32_t) * (T + 1));
-    uint8_t *msk = malloc(T + 1);
-    int rc = 0;
-    if (!tok || !msk)
-        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
-    else if (read_range((hid_t)d->tokens, H5T_NATIVE_UINT32, off, T + 1, tok) ||
-             read_range((hid_t)d->mask, H5T_NATIVE_UINT8, off, T + 1, msk))
-        rc = sp_fail(err, SP_EXIT_INPUT, "%s: cannot read window %llu", d->path,
-                     (unsigned long long)w);
+    if (d->packing != DATA_PACK_STREAM) {
+        if (!pos || !seg)
+            return sp_fail(err, SP_EXIT_OTHER, "%s: a packed window needs positions and segments",
+                           d->path);
+        return read_packed(d, w, inputs, targets, pos, seg, trained, err);
+    }
+    uint32_t *tok = NULL;
+    uint8_t *msk = NULL;
+    int rc = read_tokens(d, off, T + 1, &tok, &msk, err);
     int64_t n = 0;
-    for (uint64_t t = 0; t <= T && !rc; t++)
-        if (msk[t] > 1)
-            rc = sp_fail(err, SP_EXIT_INPUT,
-                         "%s: loss_mask value %u at position %llu (expected 0 or 1)", d->path,
-                         msk[t], (unsigned long long)(off + t));
     for (uint64_t t = 0; t < T && !rc; t++) {
         inputs[t] = (int32_t)tok[t];
         targets[t] = msk[t + 1] ? (int32_t)tok[t + 1] : -1;
         n += msk[t + 1] != 0;
+        if (pos)
+            pos[t] = (int32_t)t;
+        if (seg)
+            seg[t] = 0;
     }
     free(tok);
     free(msk);

@@ -12,6 +12,19 @@
 
 #include "../base/base.h"
 
+/* How windows are made of the documents (data.packing, config.h):
+ * DATA_PACK_STREAM: window w is tokens [w*T, w*T + T] of the one stream;
+ * attention and the predictions cross document boundaries.
+ * DATA_PACK_DOCUMENTS: whole documents, in file order, filled into windows
+ * of T predictions; a document that does not fit the rest of a window
+ * starts the next one (the rest is padding), one longer than T is split
+ * into pieces of T (and a last shorter piece). Each piece attends only to
+ * itself, its positions start at 0, and its last token predicts nothing.
+ * DATA_PACK_PAD: one document (or piece of T) per window, padded.
+ * Padding: input eos_id, target -1 (no loss), attending only to padding. */
+enum { DATA_PACK_STREAM = 0, DATA_PACK_DOCUMENTS = 1, DATA_PACK_PAD = 2 };
+extern const char *const dataset_packing_names[]; /* "stream", "documents", "pad" */
+
 typedef struct dataset {
     char *path;
     int64_t file, tokens, mask; /* HDF5 handles */
@@ -22,6 +35,10 @@ typedef struct dataset {
     uint64_t seed;
     uint64_t perm_epoch; /* epoch whose permutation is in perm (UINT64_MAX: none) */
     uint64_t *perm;
+    int packing;          /* DATA_PACK_* */
+    uint64_t *doc_off;    /* packed: the n_docs + 1 document offsets */
+    uint64_t *win;        /* packed: window w predicts from token win[2w] up to win[2w+1] */
+    uint64_t predictions; /* packed: trained-or-masked predictions in all windows (no padding) */
 } dataset_t;
 
 /* Opens and checks path: the three datasets, their lengths, doc_offsets
@@ -29,20 +46,28 @@ typedef struct dataset {
  * one window of seq_len. Errors are SP_EXIT_INPUT and name the file. */
 int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
                  uint64_t seed, sp_err *err);
-/* The same, but of the token scan only part `part` of `parts` (a contiguous
+/* The same with windows laid out by `packing` (DATA_PACK_*; dataset_open:
+ * stream), and of the token scan only part `part` of `parts` (a contiguous
  * slice): the ranks of a job each scan their slice, and an error on any of
- * them ends the job, so the file is checked whole while each rank reads 1/N. */
+ * them ends the job, so the file is checked whole while each rank reads 1/N.
+ * Packed, a dataset with no document of two tokens is refused
+ * (SP_EXIT_INPUT, naming the file); one shorter than a window is not. */
 int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
-                      uint64_t seed, int part, int parts, sp_err *err);
+                      uint64_t seed, int packing, int part, int parts, sp_err *err);
 void dataset_close(dataset_t *d);
 /* Window index of global sample s (and its epoch). */
 int dataset_window_of(dataset_t *d, uint64_t sample, uint64_t *window, uint64_t *epoch,
                       sp_err *err);
 /* Reads window w: inputs[t] = tokens[w*T + t], targets[t] = tokens[w*T + t + 1]
- * or -1 where that token's loss_mask is 0. Returns the trained targets. A
- * loss_mask value other than 0 or 1 is an error (SP_EXIT_INPUT). */
+ * or -1 where that token's loss_mask is 0 (stream; packed windows as the
+ * layout above says). pos[t] is the token's position in its document (its
+ * RoPE position) and seg[t] the index in the window of its document's first
+ * token (attention reaches back to it and no further): t and 0 in a
+ * stream. pos and seg may be NULL (not wanted), only in a stream. Returns
+ * the trained targets. A loss_mask value other than 0 or 1 is an error
+ * (SP_EXIT_INPUT). */
 int dataset_read_window(dataset_t *d, uint64_t w, int32_t *inputs, int32_t *targets,
-                        int64_t *trained, sp_err *err);
+                        int32_t *pos, int32_t *seg, int64_t *trained, sp_err *err);
 
 /* Writes a dataset file (used by prepare-text and the tests). */
 int dataset_write(const char *path, const uint32_t *tokens, const uint8_t *mask, uint64_t n,

@@ -96,13 +96,15 @@ static void check_inputs(doctor_t *d, const config_t *c, int world, const dr_gpu
         dataset_t ds;
         memset(&ds, 0, sizeof ds);
         sp_err_clear(&err);
-        if (dataset_open(&ds, paths[i], c->seq_len, mc.vocab, (uint64_t)c->seed, &err))
+        if (dataset_open_part(&ds, paths[i], c->seq_len, mc.vocab, (uint64_t)c->seed,
+                              c->data_packing, 0, 1, &err))
             doctor_add(d, names[i], DR_FAIL, "a valid dataset", "%s", err.msg);
         else
             doctor_add(d, names[i], DR_PASS, "a valid dataset",
-                       "%s: %llu tokens, %llu documents, %llu windows of %lld", paths[i],
-                       (unsigned long long)ds.n_tokens, (unsigned long long)ds.n_docs,
-                       (unsigned long long)ds.n_windows, (long long)c->seq_len);
+                       "%s: %llu tokens, %llu documents, %llu windows of %lld (packing %s)",
+                       paths[i], (unsigned long long)ds.n_tokens, (unsigned long long)ds.n_docs,
+                       (unsigned long long)ds.n_windows, (long long)c->seq_len,
+                       dataset_packing_names[c->data_packing]);
         dataset_close(&ds);
     }
 

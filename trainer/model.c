@@ -346,6 +346,8 @@ static void alloc_activations(model_t *m)
     s->loss = act_alloc(m, BT, DT_F32);
     s->tokens = act_alloc(m, BT, DT_I32);
     s->targets = act_alloc(m, BT, DT_I32);
+    s->pos = act_alloc(m, BT, DT_I32);
+    s->seg = act_alloc(m, BT, DT_I32);
     size_t half = (size_t)mc->head_dim / 2, T = (size_t)m->o.seq_len;
     s->rope_cos = act_alloc(m, T * half, DT_F32);
     s->rope_sin = act_alloc(m, T * half, DT_F32);
@@ -517,7 +519,8 @@ void model_destroy(model_t *m)
     if (s) {
         tensor_t *fields[] = {&s->x_final, &s->rstd_f, &s->hf, &s->dres, &s->dh,
                               &s->bwd, &s->dxr, &s->drop, &s->dora, &s->logits, &s->loss,
-                              &s->tokens, &s->targets, &s->rope_cos, &s->rope_sin};
+                              &s->tokens, &s->targets, &s->pos, &s->seg,
+                              &s->rope_cos, &s->rope_sin};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             free_if_owned(be, fields[f], NULL);
     }

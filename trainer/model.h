@@ -64,6 +64,11 @@ typedef struct model_batch {
     int B, T;
     float grad_scale; /* d(step loss)/d(sum of token losses): 1 / trained tokens of the step */
     int last;         /* the step's last micro-batch: gradients become final (grads_ready) */
+    /* Packed documents (data.packing documents|pad), or both NULL (one
+     * stream: position t, every earlier token attended): [B*T] each, pos
+     * the RoPE position of each token (0 at its document's start), seg the
+     * index in its row of its document's first token (0 <= seg[t] <= t). */
+    const int32_t *pos, *seg;
 } model_batch;
 
 /* Called during the backward of the step's last micro-batch each time the

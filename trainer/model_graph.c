@@ -162,11 +162,35 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
     }
 }
 
+/* The batch's packed-document positions and segment starts on the device
+ * (uploaded by forward), or absent tensors for one stream per row. */
+static tensor_t batch_pos(const step_ctx *c)
+{
+    return c->b->pos ? rows_of(MODEL_SCRATCH(c->m)->pos, c->rows, 1) : no_tensor();
+}
+
+static tensor_t batch_seg(const step_ctx *c)
+{
+    return c->b->seg ? rows_of(MODEL_SCRATCH(c->m)->seg, c->rows, 1) : no_tensor();
+}
+
 static void attention(const step_ctx *c, layer_acts *a)
 {
     const model_config_t *mc = &c->m->mc;
-    be_attention_forward(c->m->be, a->att, a->lse, a->q, a->k, a->v, c->b->B, c->b->T,
-                         (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
+    be_attention_forward(c->m->be, a->att, a->lse, a->q, a->k, a->v, batch_seg(c), c->b->B,
+                         c->b->T, (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
+}
+
+/* RoPE on the query and key heads (inverse: their gradients). */
+static void rope_qk(const step_ctx *c, tensor_t q, tensor_t k, int inverse)
+{
+    model_t *m = c->m;
+    const model_config_t *mc = &m->mc;
+    model_scratch *s = MODEL_SCRATCH(m);
+    tensor_t pos = batch_pos(c);
+    int B = c->b->B, T = c->b->T, hd = (int)mc->head_dim;
+    be_rope(m->be, q, s->rope_cos, s->rope_sin, pos, B, T, (int)mc->heads, hd, inverse);
+    be_rope(m->be, k, s->rope_cos, s->rope_sin, pos, B, T, (int)mc->kv_heads, hd, inverse);
 }
 
 /* One decoder layer; out receives the next residual stream (out.p == NULL
@@ -178,15 +202,13 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
     const model_config_t *mc = &m->mc;
     layer_params *L = &m->layers[l];
     layer_acts *a = &m->acts[l];
-    model_scratch *s = MODEL_SCRATCH(m);
-    int B = c->b->B, T = c->b->T, H = (int)mc->hidden;
+    int H = (int)mc->hidden;
     be_rmsnorm_forward(m->be, a->h1, a->rstd1, a->x, L->attn_norm->w, c->rows, H,
                        (float)mc->rms_eps);
     linear_forward(c, l, PROJ_Q, a->q, a->h1, 0);
     linear_forward(c, l, PROJ_K, a->k, a->h1, 0);
     linear_forward(c, l, PROJ_V, a->v, a->h1, 0);
-    be_rope(m->be, a->q, s->rope_cos, s->rope_sin, B, T, (int)mc->heads, (int)mc->head_dim, 0);
-    be_rope(m->be, a->k, s->rope_cos, s->rope_sin, B, T, (int)mc->kv_heads, (int)mc->head_dim, 0);
+    rope_qk(c, a->q, a->k, 0);
     attention(c, a);
     be_copy(m->be, rows_of(a->x_mid, c->rows, H), rows_of(a->x, c->rows, H));
     linear_forward(c, l, PROJ_O, a->x_mid, a->att, 1);
@@ -236,10 +258,9 @@ static void layer_backward(const step_ctx *c, int l)
     tensor_t dk = tensor_view(s->bwd, 2 * rows * qd, rows * kvd);
     tensor_t dv = tensor_view(s->bwd, 2 * rows * qd + rows * kvd, rows * kvd);
     linear_backward(c, l, PROJ_O, s->dres, a->att, datt, 0);
-    be_attention_backward(m->be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-                          (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
-    be_rope(m->be, dq, s->rope_cos, s->rope_sin, B, T, (int)mc->heads, (int)mc->head_dim, 1);
-    be_rope(m->be, dk, s->rope_cos, s->rope_sin, B, T, (int)mc->kv_heads, (int)mc->head_dim, 1);
+    be_attention_backward(m->be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, batch_seg(c),
+                          B, T, (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
+    rope_qk(c, dq, dk, 1);
     linear_backward(c, l, PROJ_Q, dq, a->h1, s->dh, 0);
     linear_backward(c, l, PROJ_K, dk, a->h1, s->dh, 1);
     linear_backward(c, l, PROJ_V, dv, a->h1, s->dh, 1);
@@ -306,6 +327,17 @@ static int check_batch(model_t *m, const model_batch *b, sp_err *err)
                            b->inputs[i] < 0 || b->inputs[i] >= m->mc.vocab ? b->inputs[i]
                                                                              : b->targets[i],
                            i, (long long)m->mc.vocab);
+    /* packed documents: the data layer's promise, checked (an out-of-range
+     * position or segment would silently attend or rotate wrongly) */
+    for (size_t i = 0; i < n && (b->pos || b->seg); i++) {
+        int t = (int)(i % (size_t)b->T);
+        if ((b->pos && (b->pos[i] < 0 || b->pos[i] > t)) ||
+            (b->seg && (b->seg[i] < 0 || b->seg[i] > t)))
+            return sp_fail(err, SP_EXIT_OTHER,
+                           "packed batch: position %d or document start %d at row position %d "
+                           "is out of range",
+                           b->pos ? b->pos[i] : 0, b->seg ? b->seg[i] : 0, t);
+    }
     return 0;
 }
 
@@ -318,6 +350,10 @@ static int forward(const step_ctx *c, sp_err *err)
         return err->code;
     be_upload(m->be, tensor_view(s->tokens, 0, n), c->b->inputs, DT_I32);
     be_upload(m->be, tensor_view(s->targets, 0, n), c->b->targets, DT_I32);
+    if (c->b->pos)
+        be_upload(m->be, tensor_view(s->pos, 0, n), c->b->pos, DT_I32);
+    if (c->b->seg)
+        be_upload(m->be, tensor_view(s->seg, 0, n), c->b->seg, DT_I32);
     be_embedding_forward(m->be, m->acts[0].x, m->embed->w, s->tokens, c->rows, (int)m->mc.hidden);
     int L = (int)m->mc.layers;
     for (int l = 0; l < L; l++)

@@ -23,6 +23,7 @@ typedef struct model_scratch {
     tensor_t dora;                /* DoRA: a projection's unscaled output, then its
                                      gradient times m / n [BT, widest projection] */
     tensor_t logits, loss, tokens, targets;
+    tensor_t pos, seg; /* packed documents: positions and first positions [BT] (model_batch) */
     tensor_t rope_cos, rope_sin;
     int64_t chunk_rows; /* rows of logits materialised at once */
 } model_scratch;

@@ -173,6 +173,7 @@ void plan_input_from_config(plan_input *in, const config_t *c)
     in->seq_len = c->seq_len;
     in->micro_batch = c->micro_batch;
     in->grad_accum = c->grad_accum;
+    in->packing = c->data_packing;
     in->recompute = c->recompute;
     in->shard_optimizer = c->shard_optimizer;
 }

@@ -52,6 +52,7 @@ typedef struct plan_input {
     int64_t lora_r, lora_targets; /* TARGET_* bits (config.h) */
     double lora_dropout;
     int64_t seq_len, micro_batch, grad_accum;
+    int packing;            /* data.packing (DATA_PACK_*): how a dataset makes windows */
     int recompute;          /* RECOMPUTE_* (config.h) */
     int shard_optimizer;    /* full mode on several GPUs: ZeRO stage 1 (train.shard_optimizer) */
     int gpus_per_node, nodes;

@@ -36,6 +36,7 @@ typedef struct trainer {
     metrics_t metrics;
     int64_t T, mb, ga, global_batch;
     int32_t *inputs, *targets;
+    int32_t *pos, *seg; /* packed documents (data.packing), else NULL */
     uint64_t *sample_ids;
     ckpt_ctl *ck;
     run_lock *lock; /* rank 0: this job holds run.dir */
@@ -256,11 +257,12 @@ static int setup_data(trainer_t *t, sp_err *err)
     const config_t *c = t->cfg;
     /* each rank checks its slice of the tokens; any failure ends the whole job */
     if (dataset_open_part(&t->train, c->data_train, c->seq_len, t->mc.vocab, (uint64_t)c->seed,
-                          t->rank, t->world, err))
+                          c->data_packing, t->rank, t->world, err))
         return err->code;
     t->has_val = c->data_val && *c->data_val;
     if (t->has_val && dataset_open_part(&t->val, c->data_val, c->seq_len, t->mc.vocab,
-                                        (uint64_t)c->seed, t->rank, t->world, err))
+                                        (uint64_t)c->seed, c->data_packing, t->rank, t->world,
+                                        err))
         return err->code;
     size_t n = (size_t)(t->ga * t->mb * t->T);
     t->inputs = malloc(sizeof(int32_t) * n);
@@ -268,6 +270,12 @@ static int setup_data(trainer_t *t, sp_err *err)
     t->sample_ids = malloc(sizeof(uint64_t) * (size_t)(t->ga * t->mb));
     if (!t->inputs || !t->targets || !t->sample_ids)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (c->data_packing != DATA_PACK_STREAM) {
+        t->pos = malloc(sizeof(int32_t) * n);
+        t->seg = malloc(sizeof(int32_t) * n);
+        if (!t->pos || !t->seg)
+            return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
     if (t->out)
         fprintf(t->out,
                 "data: %s: %llu tokens, %llu documents, %llu windows of %lld; global batch %lld "
@@ -278,6 +286,14 @@ static int setup_data(trainer_t *t, sp_err *err)
                 (long long)t->ga, (long long)(t->global_batch * t->T),
                 (double)(t->global_batch * c->steps) / (double)t->train.n_windows,
                 (long long)c->steps);
+    if (c->data_packing != DATA_PACK_STREAM && t->out)
+        fprintf(t->out,
+                "data: packing %s: %llu documents into %llu windows of %lld, %.1f%% of the "
+                "positions predict (the rest is padding); no token attends across documents\n",
+                dataset_packing_names[c->data_packing], (unsigned long long)t->train.n_docs,
+                (unsigned long long)t->train.n_windows, (long long)t->T,
+                100.0 * (double)t->train.predictions /
+                    ((double)t->train.n_windows * (double)t->T));
     return 0;
 }
 
@@ -294,7 +310,8 @@ static int load_step(trainer_t *t, int64_t *trained, sp_err *err)
             t->sample_ids[slot] = sample;
             if (dataset_window_of(&t->train, sample, &w, &e, err) ||
                 dataset_read_window(&t->train, w, t->inputs + slot * t->T,
-                                    t->targets + slot * t->T, &n, err))
+                                    t->targets + slot * t->T, t->pos ? t->pos + slot * t->T : NULL,
+                                    t->seg ? t->seg + slot * t->T : NULL, &n, err))
                 return err->code;
             if (t->samples)
                 fprintf(t->samples, "%lld\t%llu\t%llu\t%llu\n", (long long)t->p.step + 1,
@@ -323,9 +340,16 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
         model_zero_grads(t->m);
         grad_sync_begin(&gs, t->m, t->comm, c->comm_bucket_mb);
         for (int64_t k = 0; k < t->ga; k++) {
-            model_batch b = {t->inputs + k * t->mb * t->T, t->targets + k * t->mb * t->T,
-                             t->sample_ids + k * t->mb, (int)t->mb, (int)t->T,
-                             (float)(1.0 / (double)trained), k == t->ga - 1};
+            int64_t at = k * t->mb * t->T;
+            model_batch b = {.inputs = t->inputs + at,
+                             .targets = t->targets + at,
+                             .sample_ids = t->sample_ids + k * t->mb,
+                             .B = (int)t->mb,
+                             .T = (int)t->T,
+                             .grad_scale = (float)(1.0 / (double)trained),
+                             .last = k == t->ga - 1,
+                             .pos = t->pos ? t->pos + at : NULL,
+                             .seg = t->seg ? t->seg + at : NULL};
             if (model_forward_backward(t->m, &b, &loss_sum, err)) {
                 t->m->grads_ready = NULL;
                 return err->code;
@@ -393,13 +417,21 @@ static int run_validation(trainer_t *t, sp_err *err)
             int64_t n = 0;
             t->sample_ids[filled] = w;
             if (dataset_read_window(&t->val, w, t->inputs + filled * t->T,
-                                    t->targets + filled * t->T, &n, err))
+                                    t->targets + filled * t->T,
+                                    t->pos ? t->pos + filled * t->T : NULL,
+                                    t->seg ? t->seg + filled * t->T : NULL, &n, err))
                 return err->code;
             sums[1] += (double)n;
             filled++;
         }
         if (filled == t->mb || (last && filled > 0)) {
-            model_batch b = {t->inputs, t->targets, t->sample_ids, (int)filled, (int)t->T, 0.0f, 0};
+            model_batch b = {.inputs = t->inputs,
+                             .targets = t->targets,
+                             .sample_ids = t->sample_ids,
+                             .B = (int)filled,
+                             .T = (int)t->T,
+                             .pos = t->pos,
+                             .seg = t->seg};
             if (model_evaluate(t->m, &b, &sums[0], err))
                 return err->code;
             filled = 0;
@@ -473,6 +505,8 @@ static void trainer_free(trainer_t *t)
     free(t->inputs);
     free(t->targets);
     free(t->sample_ids);
+    free(t->pos);
+    free(t->seg);
     run_lock_release(t->lock);
 }
 

@@ -5,6 +5,7 @@
  * inside the op. */
 #include <cblas.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,8 +13,8 @@
 
 #define F(t) ((float *)(t).p)
 
-/* S = scale * Q_h K^T, then P = softmax over j <= t (masked to 0 above the
- * diagonal); writes the row log-sum-exps when lse != NULL, else uses them. */
+/* S = scale * Q_h K^T, then P = softmax over lo(t) <= j <= t (masked to 0
+ * elsewhere: above the diagonal and before the query's document). */
 static void scores(float *S, const float *q, const float *k, int T, int ldq, int ldk, int hd,
                    float scale)
 {
@@ -21,20 +22,23 @@ static void scores(float *S, const float *q, const float *k, int T, int ldq, int
                 S, T);
 }
 
-static void softmax_rows(float *S, float *lse, int T)
+static void softmax_rows(float *S, float *lse, const int32_t *seg, int T)
 {
     for (int t = 0; t < T; t++) {
         float *s = S + (size_t)t * T;
+        int lo = cpu_seg_lo(seg, (size_t)t, t);
         float m = -INFINITY;
-        for (int j = 0; j <= t; j++)
+        for (int j = lo; j <= t; j++)
             m = s[j] > m ? s[j] : m;
         double l = 0.0;
-        for (int j = 0; j <= t; j++) {
+        for (int j = 0; j < lo; j++)
+            s[j] = 0.0f;
+        for (int j = lo; j <= t; j++) {
             s[j] = expf(s[j] - m);
             l += s[j];
         }
         float inv = (float)(1.0 / l);
-        for (int j = 0; j <= t; j++)
+        for (int j = lo; j <= t; j++)
             s[j] *= inv;
         for (int j = t + 1; j < T; j++)
             s[j] = 0.0f;
@@ -43,9 +47,10 @@ static void softmax_rows(float *S, float *lse, int T)
 }
 
 void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                                tensor_t v, int B, int T, int nh, int nkv, int hd)
+                                tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
     const float *Q = F(q), *K = F(k), *V = F(v);
+    const int32_t *SG = seg.p;
     float *O = F(out), *L = F(lse);
     int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -67,7 +72,7 @@ void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tenso
                 const float *kk = K + (size_t)b * T * ldk + (size_t)kh * hd;
                 const float *vv = V + (size_t)b * T * ldk + (size_t)kh * hd;
                 scores(S, qh, kk, T, ldq, ldk, hd, scale);
-                softmax_rows(S, L + ((size_t)b * nh + h) * T, T);
+                softmax_rows(S, L + ((size_t)b * nh + h) * T, SG ? SG + (size_t)b * T : NULL, T);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, S, T, vv,
                             ldk, 0.0f, O + (size_t)b * T * ldq + (size_t)h * hd, ldq);
             }
@@ -79,9 +84,11 @@ void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tenso
 
 void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                  tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
-                                 tensor_t k, tensor_t v, int B, int T, int nh, int nkv, int hd)
+                                 tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
+                                 int nkv, int hd)
 {
     const float *Q = F(q), *K = F(k), *V = F(v), *O = F(out), *DO = F(dout), *L = F(lse);
+    const int32_t *SG = seg.p;
     float *DQ = F(dq), *DK = F(dk), *DV = F(dv);
     int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -112,7 +119,10 @@ void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor
                     scores(P, Q + qo, kk, T, ldq, ldk, hd, scale);
                     for (int t = 0; t < T; t++) {
                         float *p = P + (size_t)t * T;
-                        for (int j = 0; j <= t; j++)
+                        int lo = cpu_seg_lo(SG, (size_t)b * T + t, t);
+                        for (int j = 0; j < lo; j++)
+                            p[j] = 0.0f; /* dS is 0 there too: p (dP - D) */
+                        for (int j = lo; j <= t; j++)
                             p[j] = expf(p[j] - lh[t]);
                         for (int j = t + 1; j < T; j++)
                             p[j] = 0.0f;

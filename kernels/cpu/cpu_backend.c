@@ -114,22 +114,23 @@ static void cpu_destroy(backend_t *be)
 
 /* Attention: sgemm per head on the fast path, plain loops for the reference. */
 static void cpu_attention_fwd(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                              tensor_t v, int B, int T, int nh, int nkv, int hd)
+                              tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
     if (cpu_reference(be))
-        cpu_attention_forward(be, out, lse, q, k, v, B, T, nh, nkv, hd);
+        cpu_attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
     else
-        cpu_attention_forward_blas(be, out, lse, q, k, v, B, T, nh, nkv, hd);
+        cpu_attention_forward_blas(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
 }
 
 static void cpu_attention_bwd(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                               tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
-                              int B, int T, int nh, int nkv, int hd)
+                              tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
     if (cpu_reference(be))
-        cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
+        cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
     else
-        cpu_attention_backward_blas(be, dq, dk, dv, dout, out, lse, q, k, v, B, T, nh, nkv, hd);
+        cpu_attention_backward_blas(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv,
+                                    hd);
 }
 
 static const backend_ops cpu_ops = {

@@ -13,19 +13,29 @@ void cpu_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x,
                          int rows, int cols, float eps);
 void cpu_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
                           tensor_t w, tensor_t rstd, int rows, int cols);
-void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T, int nh, int hd,
-              int inverse);
+void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B, int T,
+              int nh, int hd, int inverse);
 void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                           tensor_t v, int B, int T, int nh, int nkv, int hd);
+                           tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
-                            tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B,
-                            int T, int nh, int nkv, int hd);
+                            tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
+                            tensor_t seg, int B, int T, int nh, int nkv, int hd);
 /* The fast path's attention (sgemm per head, cpu_attention_blas.c). */
 void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                                tensor_t v, int B, int T, int nh, int nkv, int hd);
+                                tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
 void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                  tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
-                                 tensor_t k, tensor_t v, int B, int T, int nh, int nkv, int hd);
+                                 tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
+                                 int nkv, int hd);
+/* The first key query t of row b attends to: seg[b*T + t] clamped to
+ * [0, t], or 0 without segments (backend.h, attention). */
+static inline int cpu_seg_lo(const int32_t *seg, size_t bt, int t)
+{
+    if (!seg)
+        return 0;
+    int v = seg[bt];
+    return v < 0 ? 0 : v > t ? t : v;
+}
 void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
 void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
                          tensor_t u, size_t n);

@@ -72,18 +72,21 @@ void cpu_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout
 
 /* ---- RoPE (rotate-half) --------------------------------------------------- */
 
-void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T, int nh, int hd,
-              int inverse)
+void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B, int T,
+              int nh, int hd, int inverse)
 {
     (void)be;
     float *X = F(x);
     const float *C = F(cos), *S = F(sin);
+    const int32_t *P = pos.p;
     int half = hd / 2;
     float sgn = inverse ? -1.0f : 1.0f;
     /* out[i] = x[i] cos - x[i+half] sin;  out[i+half] = x[i+half] cos + x[i] sin */
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         int t = bt % T;
+        if (P) /* the token's position, clamped to the table */
+            t = P[bt] < 0 ? 0 : P[bt] >= T ? T - 1 : P[bt];
         const float *c = C + (size_t)t * half, *s = S + (size_t)t * half;
         for (int h = 0; h < nh; h++) {
             float *v = X + ((size_t)bt * nh + h) * hd;
@@ -107,10 +110,11 @@ static float dotf(const float *a, const float *b, int n)
 }
 
 void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                           tensor_t v, int B, int T, int nh, int nkv, int hd)
+                           tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
     (void)be;
     const float *Q = F(q), *K = F(k), *V = F(v);
+    const int32_t *SG = seg.p;
     float *O = F(out), *L = F(lse);
     int group = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
@@ -124,8 +128,9 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
                 int kh = h / group;
                 for (int t = 0; t < T; t++) {
                     const float *qt = Q + (((size_t)b * T + t) * nh + h) * hd;
+                    int lo = cpu_seg_lo(SG, (size_t)b * T + t, t);
                     float m = -INFINITY;
-                    for (int j = 0; j <= t; j++) {
+                    for (int j = lo; j <= t; j++) {
                         const float *kj = K + (((size_t)b * T + j) * nkv + kh) * hd;
                         p[j] = dotf(qt, kj, hd) * scale;
                         if (p[j] > m)
@@ -134,7 +139,7 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
                     double l = 0.0;
                     for (int d = 0; d < hd; d++)
                         acc[d] = 0.0;
-                    for (int j = 0; j <= t; j++) {
+                    for (int j = lo; j <= t; j++) {
                         float e = expf(p[j] - m);
                         l += e;
                         const float *vj = V + (((size_t)b * T + j) * nkv + kh) * hd;
@@ -153,11 +158,12 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
 }
 
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
-                            tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v, int B,
-                            int T, int nh, int nkv, int hd)
+                            tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
+                            tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
     (void)be;
     const float *Q = F(q), *K = F(k), *V = F(v), *O = F(out), *DO = F(dout), *L = F(lse);
+    const int32_t *SG = seg.p;
     float *DQ = F(dq), *DK = F(dk), *DV = F(dv);
     int group = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
@@ -181,9 +187,10 @@ void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv
                         float lt = L[((size_t)b * nh + h) * T + t];
                         float D = dotf(dot_, O + qo, hd);
                         float *dqt = DQ + qo;
+                        int lo = cpu_seg_lo(SG, (size_t)b * T + t, t);
                         for (int d = 0; d < hd; d++)
                             dqt[d] = 0.0f;
-                        for (int j = 0; j <= t; j++) {
+                        for (int j = lo; j <= t; j++) {
                             size_t kvo = (((size_t)b * T + j) * nkv + kh) * hd;
                             float pj = expf(dotf(qt, K + kvo, hd) * scale - lt);
                             float dp = dotf(dot_, V + kvo, hd);
@@ -192,7 +199,7 @@ void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv
                             for (int d = 0; d < hd; d++)
                                 dvj[d] += pj * dot_[d];
                         }
-                        for (int j = 0; j <= t; j++) {
+                        for (int j = lo; j <= t; j++) {
                             size_t kvo = (((size_t)b * T + j) * nkv + kh) * hd;
                             const float *kj = K + kvo;
                             float *dkj = DK + kvo;

@@ -12,6 +12,11 @@
  * dQ = dS K, and dK += dS^T Q, dV += P^T dO accumulate in fp32 buffers over
  * row blocks and the query heads of a group, then are converted.
  *
+ * Packed rows (seg, backend.h): the softmax kernels mask, for each query, the
+ * keys before its document's first position as they mask those above the
+ * diagonal (no T x T mask exists anywhere); the products still cover keys
+ * [0, kend) of a row block.
+ *
  * Memory: the score blocks live only inside the op, in the backend's
  * scratch buffer, bounded by ATTN_BUDGET (forward 6 bytes, backward 12 bytes
  * per score element for bf16), plus D (B x nh x T) and the two fp32 dK/dV
@@ -61,22 +66,33 @@ static size_t carve(size_t *off, size_t bytes)
 
 /* ---- kernels -------------------------------------------------------------------- */
 
+/* The first key query t attends to: the start of its document in a packed
+ * row (seg, this batch row's T entries, clamped to [0, t]), or 0. */
+__device__ __forceinline__ int attn_lo(const int *seg, int t)
+{
+    if (!seg)
+        return 0;
+    int v = seg[t];
+    return v < 0 ? 0 : v > t ? t : v;
+}
+
 /* One block per (query row i of the block, head c of the chunk): the row's
- * max and sum of exponentials over keys j <= t (fp32), lse = m + log(sum),
- * P[j] = exp(S[j] - lse) for j <= t and 0 for the masked keys up to kend. */
+ * max and sum of exponentials over keys lo <= j <= t (fp32), lse = m +
+ * log(sum), P[j] = exp(S[j] - lse) there and 0 for the masked keys up to
+ * kend (before the query's document and above the diagonal). */
 __global__ void attn_softmax_forward_kernel(const float *S, void *P, int pdt, float *lse,
-                                            size_t hs, int ldS, int r0, int kend, size_t lbase,
-                                            size_t lstride)
+                                            const int *seg, size_t hs, int ldS, int r0, int kend,
+                                            size_t lbase, size_t lstride)
 {
     __shared__ float sh[33];
-    int i = blockIdx.x, c = blockIdx.y, t = r0 + i;
+    int i = blockIdx.x, c = blockIdx.y, t = r0 + i, lo = attn_lo(seg, t);
     size_t row = (size_t)c * hs + (size_t)i * ldS;
     float m = -INFINITY, s = 0.0f;
-    for (int j = threadIdx.x; j <= t; j += blockDim.x)
+    for (int j = lo + threadIdx.x; j <= t; j += blockDim.x)
         online_max_sum(S[row + j], m, s);
     float l = block_lse(m, s, sh);
     for (int j = threadIdx.x; j < kend; j += blockDim.x)
-        st_f(P, pdt, row + j, j <= t ? expf(S[row + j] - l) : 0.0f);
+        st_f(P, pdt, row + j, j >= lo && j <= t ? expf(S[row + j] - l) : 0.0f);
     if (threadIdx.x == 0)
         lse[lbase + (size_t)c * lstride + t] = l;
 }
@@ -103,17 +119,17 @@ __global__ void attn_rowdot_kernel(float *D, const void *dO, const void *O, int 
  * over keys j < kend: P = exp(S - lse), dS = P (dP - D) scale, both 0 for
  * the masked keys. */
 __global__ void attn_softmax_backward_kernel(const float *S, const float *dP, void *P, void *dS,
-                                             int dt, const float *lse, const float *D, size_t hs,
-                                             int ldS, int r0, int kend, size_t lbase,
-                                             size_t lstride, float scale)
+                                             int dt, const float *lse, const float *D,
+                                             const int *seg, size_t hs, int ldS, int r0, int kend,
+                                             size_t lbase, size_t lstride, float scale)
 {
-    int i = blockIdx.x, c = blockIdx.y, t = r0 + i;
+    int i = blockIdx.x, c = blockIdx.y, t = r0 + i, lo = attn_lo(seg, t);
     size_t row = (size_t)c * hs + (size_t)i * ldS;
     size_t li = lbase + (size_t)c * lstride + t;
     float l = lse[li], d = D[li];
     for (int j = threadIdx.x; j < kend; j += blockDim.x) {
         float p = 0.0f, ds = 0.0f;
-        if (j <= t) {
+        if (j >= lo && j <= t) {
             p = expf(S[row + j] - l);
             ds = p * (dP[row + j] - d) * scale;
         }
@@ -166,11 +182,17 @@ static void rows_times_kv(backend_t *be, char *out, const void *X, const char *K
     cuda_gemm(be, &d, X, KV, out, 1.0f, 0.0f);
 }
 
+/* Batch row b's segment starts (packed documents), or NULL. */
+static const int *seg_row(tensor_t seg, int b, int T)
+{
+    return seg.p ? (const int *)seg.p + (size_t)b * T : NULL;
+}
+
 /* ---- forward ----------------------------------------------------------------------- */
 
 extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
-                                       tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
-                                       int hd)
+                                       tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
+                                       int nkv, int hd)
 {
     /* the shape (positive, nh a multiple of nkv), sizes and dtypes (one
      * for q, k, v, out) have been checked (kernels/backend_ops.c) */
@@ -198,8 +220,8 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
                            (const char *)k.p + a.koff * esz, dt, &pl, &a, nh, nkv, group, hd,
                            scale);
                     attn_softmax_forward_kernel<<<dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st>>>(
-                        S, P, dt, (float *)lse.p, pl.hs, pl.ldS, r0, a.kend, a.lbase,
-                        (size_t)group * T);
+                        S, P, dt, (float *)lse.p, seg_row(seg, b, T), pl.hs, pl.ldS, r0, a.kend,
+                        a.lbase, (size_t)group * T);
                     if (LAUNCHED(be, "attn_softmax_forward_kernel"))
                         return;
                     rows_times_kv(be, (char *)out.p + a.qoff * esz, P,
@@ -212,8 +234,8 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
 
 extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                         tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
-                                        tensor_t k, tensor_t v, int B, int T, int nh, int nkv,
-                                        int hd)
+                                        tensor_t k, tensor_t v, tensor_t seg, int B, int T,
+                                        int nh, int nkv, int hd)
 {
     if (be->err.code) /* arguments checked as for the forward */
         return;
@@ -255,8 +277,8 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
                     scores(be, S, Qb, Kb, dt, &pl, &a, nh, nkv, group, hd, scale);
                     scores(be, dP, dOb, Vb, dt, &pl, &a, nh, nkv, group, hd, 1.0f);
                     attn_softmax_backward_kernel<<<dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st>>>(
-                        S, dP, P, dS, dt, (const float *)lse.p, D, pl.hs, pl.ldS, r0, a.kend,
-                        a.lbase, (size_t)group * T, scale);
+                        S, dP, P, dS, dt, (const float *)lse.p, D, seg_row(seg, b, T), pl.hs,
+                        pl.ldS, r0, a.kend, a.lbase, (size_t)group * T, scale);
                     if (LAUNCHED(be, "attn_softmax_backward_kernel"))
                         return;
                     /* dQ_blk = dS K[0:kend] (every query row written once) */

@@ -272,8 +272,8 @@ void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x
                           int rows, int cols, float eps);
 void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
                            tensor_t w, tensor_t rstd, int rows, int cols);
-void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T, int nh,
-               int hd, int inverse);
+void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B, int T,
+               int nh, int hd, int inverse);
 void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
 void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
                           tensor_t u, size_t n);
@@ -303,10 +303,10 @@ void cuda_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std
 
 /* cuda_attention.cu */
 void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                            tensor_t v, int B, int T, int nh, int nkv, int hd);
+                            tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
 void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                              tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
-                             int B, int T, int nh, int nkv, int hd);
+                             tensor_t seg, int B, int T, int nh, int nkv, int hd);
 }
 
 #endif

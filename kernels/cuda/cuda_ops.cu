@@ -176,8 +176,8 @@ extern "C" void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, t
 
 /* ---- RoPE (rotate-half); the inverse is the backward ------------------------------ */
 
-__global__ void rope_kernel(void *x, int dt, const float *cosv, const float *sinv, int T, int nh,
-                            int hd, size_t n, float sgn)
+__global__ void rope_kernel(void *x, int dt, const float *cosv, const float *sinv, const int *pos,
+                            int T, int nh, int hd, size_t n, float sgn)
 {
     GRID_STRIDE(idx, n)
     {
@@ -185,6 +185,10 @@ __global__ void rope_kernel(void *x, int dt, const float *cosv, const float *sin
         int i = (int)(idx % hh);
         size_t head = idx / hh; /* (b*T + t)*nh + h */
         int t = (int)((head / nh) % T);
+        if (pos) { /* the token's position (packed documents), clamped to the table */
+            int p = pos[head / nh];
+            t = p < 0 ? 0 : p >= T ? T - 1 : p;
+        }
         size_t base = head * (size_t)hd;
         float c = cosv[(size_t)t * hh + i], sn = sgn * sinv[(size_t)t * hh + i];
         float a = ld_f(x, dt, base + i), b = ld_f(x, dt, base + i + hh);
@@ -193,15 +197,15 @@ __global__ void rope_kernel(void *x, int dt, const float *cosv, const float *sin
     }
 }
 
-extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, int B, int T,
-                          int nh, int hd, int inverse)
+extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos,
+                          int B, int T, int nh, int hd, int inverse)
 {
     int hh = hd / 2;
     size_t n = (size_t)B * T * nh * hh;
     if (be->err.code || !n)
         return;
     rope_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
-        x.p, x.dt, (const float *)cos.p, (const float *)sin.p, T, nh, hd, n,
+        x.p, x.dt, (const float *)cos.p, (const float *)sin.p, (const int *)pos.p, T, nh, hd, n,
         inverse ? -1.0f : 1.0f);
     LAUNCHED(be, "rope_kernel");
 }
