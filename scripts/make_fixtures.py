@@ -545,6 +545,12 @@ def generate(root):
     return log
 
 
+# Files another script writes into the case directories
+# (scripts/make_packed_fixtures.py): not compared here, and kept when a case
+# directory is rewritten.
+OTHER_SCRIPTS_FILES = ("packed.safetensors",)
+
+
 def compare_trees(a, b):
     """List of relative paths that differ between two fixture trees."""
     diffs = []
@@ -557,6 +563,8 @@ def compare_trees(a, b):
     for dirpath, _, files in os.walk(b):
         for fn in files:
             rel = os.path.relpath(os.path.join(dirpath, fn), b)
+            if fn in OTHER_SCRIPTS_FILES and dirpath != b:
+                continue
             if not os.path.exists(os.path.join(a, rel)):
                 diffs.append(rel)
     return sorted(set(diffs))
@@ -599,9 +607,16 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         for case in CASES:
             dst = os.path.join(args.out, case["name"])
+            kept = {}
+            for fn in OTHER_SCRIPTS_FILES:
+                if os.path.exists(os.path.join(dst, fn)):
+                    kept[fn] = os.path.join(tmp, case["name"] + "." + fn)
+                    shutil.copy(os.path.join(dst, fn), kept[fn])
             if os.path.exists(dst):
                 shutil.rmtree(dst)
             shutil.copytree(os.path.join(gen_dir, case["name"]), dst)
+            for fn, saved in kept.items():
+                shutil.copy(saved, os.path.join(dst, fn))
     print(f"wrote {len(CASES)} cases to {args.out}")
     return 0
 
