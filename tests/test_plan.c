@@ -516,6 +516,9 @@ Test(plan, bad_inputs)
     tu_write_file(tu_fmt("%s/empty/config.json", d), "{\"architectures\": [\"LlamaForCausalLM\"], "
                                                      "\"hidden_size\": 64}");
     refused(3, tu_fmt("%s/empty --gpu H100", d), "vocab_size is missing");
+    /* a DoRA run: the CPU backends only, no GPU plan */
+    tu_write_file(tu_fmt("%s/dora.yaml", d), "lora:\n  dora: true\n");
+    refused(2, tu_fmt("%s/dora.yaml --gpu H100", d), "lora.dora runs on the CPU backends only");
     /* a GPU not in the table, none at all, a memory too small for anything */
     refused(2, "llama-7b --gpu TPUv5", "--gpu 'TPUv5' is not in the table (RTX3090");
     refused(2, "llama-7b", "which GPU?");

@@ -329,6 +329,11 @@ static int from_yaml(plan_input *in, const char *path, char **model_path, int64_
         *model_path = c.model_path ? strdup(c.model_path) : NULL;
         if (in->mode == PLAN_LORA && !in->lora_targets)
             rc = sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", path);
+        else if (c.lora_dora)
+            rc = sp_fail(err, SP_EXIT_USAGE,
+                         "%s: lora.dora runs on the CPU backends only, and spotune plan plans "
+                         "GPU runs",
+                         path);
     }
     config_free(&c);
     return rc;

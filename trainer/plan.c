@@ -170,6 +170,7 @@ void plan_input_from_config(plan_input *in, const config_t *c)
     in->lora_r = c->lora_r;
     in->lora_targets = c->lora_targets;
     in->lora_dropout = c->lora_dropout;
+    in->lora_dora = c->lora_dora;
     in->seq_len = c->seq_len;
     in->micro_batch = c->micro_batch;
     in->grad_accum = c->grad_accum;
@@ -289,14 +290,14 @@ static double proj_weight_params(const model_config_t *mc)
     return n;
 }
 
-static double lora_params(const model_config_t *mc, int64_t r, int64_t targets)
+static double lora_params(const model_config_t *mc, int64_t r, int64_t targets, int dora)
 {
     double n = 0;
     for (int p = 0; p < PROJ_COUNT; p++)
         if (targets & (1 << p)) {
             int64_t i, o;
             model_config_proj_dims(mc, p, &i, &o);
-            n += (double)mc->layers * (double)r * (double)(i + o);
+            n += (double)mc->layers * ((double)r * (double)(i + o) + (dora ? (double)o : 0.0));
         }
     return n;
 }
@@ -323,11 +324,12 @@ static void plan_one(const plan_input *in, plan_result *r)
     double a = (double)dtype_size(act);
     model_opts o = {.mode = full ? MODE_FULL : MODE_LORA, .lora_r = in->lora_r,
                     .lora_alpha = 2.0 * (double)in->lora_r, .lora_dropout = in->lora_dropout,
-                    .lora_targets = in->lora_targets, .max_batch = in->micro_batch,
+                    .lora_targets = in->lora_targets, .dora = in->lora_dora,
+                    .max_batch = in->micro_batch,
                     .seq_len = in->seq_len, .recompute = in->recompute, .seed = 1};
     r->params = model_config_params(mc);
     double trainable = full ? (double)r->params
-                            : lora_params(mc, in->lora_r, in->lora_targets);
+                            : lora_params(mc, in->lora_r, in->lora_targets, in->lora_dora);
     r->trainable_params = (int64_t)trainable;
     r->sharded = full && in->shard_optimizer && world > 1 && trainable > 0;
     if (r->sharded)

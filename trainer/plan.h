@@ -51,6 +51,7 @@ typedef struct plan_input {
     int mode;               /* PLAN_LORA, PLAN_QLORA, PLAN_FULL */
     int64_t lora_r, lora_targets; /* TARGET_* bits (config.h) */
     double lora_dropout;
+    int lora_dora;          /* DoRA: a magnitude per output feature of each target */
     int64_t seq_len, micro_batch, grad_accum;
     int packing;            /* data.packing (DATA_PACK_*): how a dataset makes windows */
     int recompute;          /* RECOMPUTE_* (config.h) */
