@@ -395,6 +395,26 @@ static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *c
     return rc;
 }
 
+uint64_t ckpt_tree_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    uint64_t total = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        char *path = sp_strf("%s/%s", dir, de->d_name);
+        struct stat st;
+        if (path && lstat(path, &st) == 0)
+            total += S_ISDIR(st.st_mode) ? ckpt_tree_bytes(path)
+                     : S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
+        free(path);
+    }
+    if (d)
+        closedir(d);
+    return total;
+}
+
 int ckpt_remove_tree(const char *dir)
 {
     DIR *d = opendir(dir);

@@ -168,6 +168,8 @@ int64_t ckpt_hdf5_create(const char *path, int *fd);
 int ckpt_hdf5_close(int64_t file, int fd, int failed);
 /* Deletes a directory and everything under it (no error if missing). */
 int ckpt_remove_tree(const char *dir);
+/* Bytes of the regular files under dir (0 if missing). */
+uint64_t ckpt_tree_bytes(const char *dir);
 /* "step-%08lld" */
 void ckpt_dir_name(char *buf, size_t n, int64_t step);
 

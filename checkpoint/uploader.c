@@ -5,6 +5,7 @@
  * events are delivered with the mutex released. */
 #define _GNU_SOURCE
 #include "checkpoint/uploader.h"
+#include "checkpoint/ckpt.h"
 #include "checkpoint/store_impl.h"
 
 #include <errno.h>
@@ -122,7 +123,7 @@ static uploader_event_kind requeue(uploader_t *u, job *j, int rc, double *retry_
     return UPLOADER_JOB_RETRY;
 }
 
-static void finish_job(uploader_t *u, job *j, int rc, const sp_err *e)
+static void finish_job(uploader_t *u, job *j, int rc, const sp_err *e, double seconds)
 {
     double retry_in = 0;
     uploader_event_kind kind = UPLOADER_JOB_DONE;
@@ -145,7 +146,8 @@ static void finish_job(uploader_t *u, job *j, int rc, const sp_err *e)
     if (!stopping)
         emit(u, (uploader_event){.kind = kind, .local_dir = copy.dir, .prefix = copy.prefix,
                                  .err = rc ? e : NULL, .rc = rc, .attempt = copy.attempt,
-                                 .retry_in_s = retry_in});
+                                 .retry_in_s = retry_in, .seconds = rc ? 0 : seconds,
+                                 .bytes = rc ? 0 : ckpt_tree_bytes(copy.dir)});
     job_free(&copy);
     pthread_mutex_lock(&u->mu);
     u->busy = 0; /* only now: uploader_wait returns after the events and retention */
@@ -159,10 +161,12 @@ static void run_job(uploader_t *u, job *j)
     store_xfer_opts x = {&u->cancel, on_key, &c};
     sp_err e = {0};
     j->attempt++;
+    double t0 = sp_now();
     int rc = store_push_dir(u->store, j->dir, j->prefix, &x, &e);
+    double seconds = sp_now() - t0;
     if (!rc)
         run_retention(u);
-    finish_job(u, j, rc, &e);
+    finish_job(u, j, rc, &e, seconds);
 }
 
 /* With the mutex held: takes the head job when due; 0 when it should stop. */

@@ -18,6 +18,8 @@
 #ifndef SPOTUNE_UPLOADER_H
 #define SPOTUNE_UPLOADER_H
 
+#include <stdint.h>
+
 #include "checkpoint/store.h"
 
 typedef struct uploader uploader_t;
@@ -41,6 +43,8 @@ typedef struct uploader_event {
     int rc;                         /* with err: the STORE_E* value */
     int attempt;                    /* 1 for the first try */
     double retry_in_s;              /* JOB_RETRY */
+    double seconds;                 /* JOB_DONE: the successful attempt's transfer time */
+    uint64_t bytes;                 /* JOB_DONE: bytes of the files pushed */
 } uploader_event;
 
 typedef struct uploader_opts {

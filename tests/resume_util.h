@@ -56,12 +56,12 @@ void expect_stall_reported(const ck_record *r, int n, const char *log);
 long model_config_int(const char *key);
 /* Reads up to max rows of rank R's sample log; returns how many. */
 int read_samples(const char *name, int rank, sample_row *rows, int max);
-/* Over steps steps of G windows, the rows hold every global sample
- * 0 .. steps x G - 1 exactly once, each in its own step, as the window the
- * (seed, epoch) permutation of DIR/data.train.h5 assigns it. */
 /* data.packing the runs use (DATA_PACK_*; default stream): which windows
  * the global samples map to. */
 extern int resume_packing;
+/* Over steps steps of G windows, the rows hold every global sample
+ * 0 .. steps x G - 1 exactly once, each in its own step, as the window the
+ * (seed, epoch) permutation of DIR/data.train.h5 assigns it. */
 void expect_every_sample_once(const sample_row *rows, int n, int steps, long long G);
 
 #endif

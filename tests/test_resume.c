@@ -424,3 +424,75 @@ Test(resume, a_signal_to_one_rank_during_start_up_stops_the_job)
     cr_expect(!tu_contains(text, "step      1/"), "a step was trained: %s", text);
     free(text);
 }
+
+/* The last line of RUN/metrics.jsonl holding needle (malloc'ed), or NULL. */
+static char *last_record(const char *name, const char *needle)
+{
+    char *text = tu_read_file(tu_fmt("%s/%s/metrics.jsonl", dir, name), NULL);
+    cr_assert(text);
+    char *found = NULL;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        if (strstr(line, needle)) {
+            free(found);
+            found = strdup(line);
+        }
+    free(text);
+    return found;
+}
+
+/* A stop on 2 ranks pushing to a bucket: the "preemption" record gives the
+ * seconds from the signal to the checkpoint committed and to it being in the
+ * store, and the bytes each rank wrote (rank 0 all of the checkpoint, the
+ * gathered format); each push's record its bytes and rate. A resume whose
+ * checkpoint.upload_deadline_s the measured rate cannot meet is warned at
+ * start, naming the key, and the first push that overruns it once. */
+Test(resume, preemption_budget_and_upload_rate)
+{
+    char extra[4200];
+    snprintf(extra, sizeof extra,
+             "--set train.steps=400 --set checkpoint.every_steps=4 "
+             "--set checkpoint.remote=file://%s/pb-bucket",
+             dir);
+    stop_with(tu_mpirun(2), "pb", extra, SIGUSR1, 9);
+    char *rec = last_record("pb", "\"event\":\"preemption\"");
+    cr_assert(rec, "no preemption record");
+    double to_commit = field(rec, "to_commit_s"), to_remote = field(rec, "to_remote_s");
+    long long step = (long long)field(rec, "step");
+    cr_expect(to_commit >= 0 && to_commit < 60, "to_commit_s %g", to_commit);
+    cr_expect(to_remote >= to_commit && to_remote < 60, "to_remote_s %g (commit %g)", to_remote,
+              to_commit);
+    cr_expect(tu_contains(rec, "\"signal\":\"SIGUSR1\""), "%s", rec);
+    char name[32];
+    ckpt_dir_name(name, sizeof name, step);
+    uint64_t bytes = ckpt_tree_bytes(tu_fmt("%s/pb/checkpoints/%s", dir, name));
+    cr_assert_gt(bytes, 0, "no checkpoint %s", name);
+    cr_expect(tu_contains(rec, tu_fmt("\"bytes_per_rank\":[%llu,0]", (unsigned long long)bytes)),
+              "bytes per rank of %llu expected: %s", (unsigned long long)bytes, rec);
+    free(rec);
+    /* the push of that checkpoint: its bytes (those of the bucket's copy) and a rate */
+    rec = last_record("pb", tu_fmt("/%s (", name));
+    cr_assert(rec, "no upload record of %s", name);
+    cr_expect_eq((uint64_t)field(rec, "bytes"),
+                 ckpt_tree_bytes(tu_fmt("%s/pb-bucket/%s", dir, name)), "%s", rec);
+    cr_expect_gt(field(rec, "mb_per_s"), 0, "%s", rec);
+    free(rec);
+    /* the resume cannot meet a deadline of 1 microsecond at that rate */
+    char *out = NULL;
+    char more[4300];
+    snprintf(more, sizeof more,
+             "%s --set train.steps=%lld --set checkpoint.upload_deadline_s=0.000001", extra,
+             step + 8);
+    int rc = run(NULL, "pb", more, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "at the upload rate this run last measured") &&
+                  tu_contains(out, "longer than checkpoint.upload_deadline_s (0 s)"),
+              "%s", out);
+    const char *slow = "took", *p = out;
+    int overruns = 0;
+    while ((p = strstr(p, "pushing step-")) != NULL) {
+        overruns += strstr(p, slow) != NULL && strstr(p, slow) < strchr(p, '\n');
+        p++;
+    }
+    cr_expect_eq(overruns, 1, "the overrun is said once, said %d times:\n%s", overruns, out);
+    free(out);
+}

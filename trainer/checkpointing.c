@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "checkpointing_internal.h"
 #include "signals.h"
 
@@ -189,12 +191,78 @@ static int write_now(ckpt_ctl *c, model_t *m, const train_progress *p, const cha
     return 0;
 }
 
+/* The times of a stop (sp_now()'s clock; -1: did not happen). */
+typedef struct stop_budget {
+    double t_signal, t_commit, t_remote;
+} stop_budget;
+
+/* After a stop's checkpoint (collective): how long from the signal to the
+ * checkpoint committed and to it being in the store, and the bytes each
+ * rank wrote, to the log and as a "preemption" record of metrics.jsonl —
+ * what a cloud's notice (AWS 120 s, GCP and Azure about 30 s) must cover. */
+static int log_stop_budget(ckpt_ctl *c, const train_progress *p, const stop_budget *b,
+                           sp_err *err)
+{
+    char name[32];
+    ckpt_dir_name(name, sizeof name, p->step);
+    int64_t mine = 0;
+    if (c->rank == 0) {
+        char *dir = sp_strf("%s/%s", c->root, name);
+        mine = dir ? (int64_t)ckpt_tree_bytes(dir) : 0;
+        free(dir);
+    }
+    int64_t *all = calloc((size_t)c->world, sizeof *all);
+    if (!all)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (comm_allgather(c->comm, &mine, all, 1, COMM_I64, err)) {
+        free(all);
+        return err->code;
+    }
+    if (c->rank == 0) {
+        json_t *per = json_array();
+        char list[256] = "";
+        size_t used = 0;
+        int64_t total = 0;
+        for (int r = 0; r < c->world; r++) {
+            json_array_append_new(per, json_integer(all[r]));
+            total += all[r];
+            if (used >= sizeof list || r > 8)
+                continue; /* the first 8 ranks, then an ellipsis */
+            if (r == 8)
+                used += (size_t)snprintf(list + used, sizeof list - used, ", ...");
+            else
+                used += (size_t)snprintf(list + used, sizeof list - used, "%s%.1f",
+                                         r ? ", " : "", (double)all[r] / 1048576.0);
+        }
+        double to_commit = b->t_commit - b->t_signal;
+        double to_remote = b->t_remote >= 0 ? b->t_remote - b->t_signal : -1;
+        char remote[160] = "";
+        if (c->up && to_remote >= 0)
+            snprintf(remote, sizeof remote, ", in the store %.2f s after", to_remote);
+        else if (c->up)
+            snprintf(remote, sizeof remote, ", not in the store within the deadline");
+        json_t *f = json_pack("{s:s, s:I, s:f, s:o, s:o, s:I, s:f}", "signal",
+                              signals_received() ? signals_first_name() : "another rank",
+                              "step", (json_int_t)p->step, "to_commit_s", to_commit,
+                              "to_remote_s", to_remote >= 0 ? json_real(to_remote) : json_null(),
+                              "bytes_per_rank", per, "bytes", (json_int_t)total,
+                              "upload_deadline_s", c->cfg->ckpt_upload_deadline_s);
+        log_event_with(c->log, c->metrics, "preemption", f,
+                       "checkpoint step %lld committed %.2f s after the signal%s; %.1f MiB "
+                       "written (MiB per rank: %s)",
+                       (long long)p->step, to_commit, remote, (double)total / 1048576.0, list);
+    }
+    free(all);
+    return 0;
+}
+
 int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int final, int *stop,
                       sp_err *err)
 {
     const config_t *cfg = c->cfg;
     *stop = 0;
     int32_t flags[3] = {signals_received() > 0, 0, 0};
+    double t_flags = sp_now();
     sp_err lost = {0};
     if (c->rank == 0 && cfg->ckpt_every_minutes > 0 &&
         sp_now() - c->last_time >= cfg->ckpt_every_minutes * 60.0)
@@ -221,6 +289,9 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         return 0;
     /* stop: commit, push up to the deadline, and only then let every rank go */
     int32_t code = 0;
+    stop_budget b = {.t_signal = signals_first_time(), .t_commit = -1, .t_remote = -1};
+    if (b.t_signal < 0) /* the signal reached another rank: from when this one learnt it */
+        b.t_signal = t_flags;
     if (c->rank == 0) {
         if (c->log) {
             fprintf(c->log, "stop requested (%s): committing checkpoint step %lld\n",
@@ -229,8 +300,10 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
             fflush(c->log);
         }
         code = ckpt_writer_wait(c->writer, err);
+        b.t_commit = sp_now();
         if (!code && c->up) {
             int pushed = uploader_wait(c->up, cfg->ckpt_upload_deadline_s);
+            b.t_remote = pushed && ckpt_ctl_remote_behind(c) == 0 ? sp_now() : -1;
             log_event(c->log, c->metrics, pushed ? "info" : "warning",
                       pushed ? "checkpoint step %lld is in %s"
                              : "checkpoint step %lld is not yet in %s after %.0f s; it is "
@@ -246,6 +319,8 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         return rc;
     if (code)
         return c->rank == 0 ? code : sp_fail(err, code, "rank 0 could not commit the checkpoint");
+    if (log_stop_budget(c, p, &b, err))
+        return err->code;
     *stop = 1;
     return 0;
 }

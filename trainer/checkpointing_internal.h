@@ -28,9 +28,11 @@ struct ckpt_ctl {
     uploader_t *up;
     store_t *lease_store; /* the lease's own handle, with short retries */
     lease_t *lease;
-    pthread_mutex_t remote_mu; /* the two fields below, set on the uploader thread */
+    pthread_mutex_t remote_mu; /* the fields below, set on the uploader thread */
     int64_t remote_step;       /* newest step known complete remotely (-1: none) */
     int remote_refused;        /* the store refused a push for good (see on_upload) */
+    double upload_s, upload_mb_s; /* the last push: seconds, MB/s (0: none yet) */
+    int upload_slow_said;      /* a push took longer than checkpoint.upload_deadline_s */
     double last_time;
     int64_t last_step;
     int64_t global_batch; /* windows per step: this run's, after any resume re-split */
@@ -65,5 +67,9 @@ int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char **path, in
                      sp_err *err);
 /* Queues a push of a local checkpoint newer than the store's newest. */
 void ckpt_remote_push_if_missing(ckpt_ctl *c, const char *path, int64_t step);
+/* At start: warns when, at the upload rate the run last measured (its
+ * metrics.jsonl), a checkpoint of state_bytes cannot reach the store within
+ * checkpoint.upload_deadline_s. */
+void ckpt_remote_budget_check(ckpt_ctl *c, uint64_t state_bytes);
 
 #endif

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "checkpointing_internal.h"
 
 static void on_upload(void *arg, const uploader_event *ev)
@@ -20,8 +22,26 @@ static void on_upload(void *arg, const uploader_event *ev)
                 c->remote_step = step;
             pthread_mutex_unlock(&c->remote_mu);
         }
-        log_event(c->log, c->metrics, "checkpoint_uploaded", "%s/%s", store_url(c->store),
-                  ev->prefix);
+        double mb_s = ev->seconds > 0 ? (double)ev->bytes / 1e6 / ev->seconds : 0.0;
+        double deadline = c->cfg->ckpt_upload_deadline_s;
+        pthread_mutex_lock(&c->remote_mu);
+        c->upload_s = ev->seconds;
+        c->upload_mb_s = mb_s;
+        int slow = ev->seconds > deadline && !c->upload_slow_said;
+        c->upload_slow_said |= slow;
+        pthread_mutex_unlock(&c->remote_mu);
+        log_event_with(c->log, c->metrics, "checkpoint_uploaded",
+                       json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)ev->bytes, "seconds",
+                                 ev->seconds, "mb_per_s", mb_s),
+                       "%s/%s (%.1f MiB in %.2f s, %.1f MB/s)", store_url(c->store), ev->prefix,
+                       (double)ev->bytes / 1048576.0, ev->seconds, mb_s);
+        if (slow)
+            log_event(c->log, c->metrics, "warning",
+                      "pushing %s took %.0f s, longer than checkpoint.upload_deadline_s (%.0f "
+                      "s): a checkpoint written on a preemption notice would not reach the "
+                      "store before the machine goes (the previous one would be used); raise "
+                      "the deadline to what the cloud's notice allows, or checkpoint more often",
+                      ev->prefix, ev->seconds, deadline);
         break;
     }
     case UPLOADER_JOB_RETRY:
@@ -272,4 +292,50 @@ void ckpt_remote_push_if_missing(ckpt_ctl *c, const char *path, int64_t step)
     else
         log_event(c->log, c->metrics, "info", "%s lacks checkpoint step %lld: pushing it",
                   store_url(c->store), (long long)step);
+}
+
+/* The MB/s of the newest checkpoint_uploaded record in RUN_DIR/metrics.jsonl
+ * that has one, or 0. */
+static double last_upload_rate(const config_t *cfg)
+{
+    char *path = sp_strf("%s/metrics.jsonl", cfg->run_dir);
+    FILE *f = path ? fopen(path, "r") : NULL;
+    free(path);
+    double rate = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (f && getline(&line, &cap, f) > 0) {
+        if (!strstr(line, "\"checkpoint_uploaded\""))
+            continue;
+        json_t *o = json_loads(line, 0, NULL);
+        json_t *r = json_object_get(o, "mb_per_s");
+        if (json_is_number(r) && json_number_value(r) > 0)
+            rate = json_number_value(r);
+        json_decref(o);
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    return rate;
+}
+
+void ckpt_remote_budget_check(ckpt_ctl *c, uint64_t state_bytes)
+{
+    if (c->rank != 0 || !c->up)
+        return;
+    double rate = last_upload_rate(c->cfg), deadline = c->cfg->ckpt_upload_deadline_s;
+    if (rate <= 0)
+        return; /* nothing measured yet: the first push says (on_upload) */
+    double need = (double)state_bytes / 1e6 / rate;
+    if (need > deadline)
+        log_event_with(c->log, c->metrics, "warning",
+                       json_pack("{s:s, s:I, s:f, s:f, s:f}", "check", "upload_budget",
+                                 "checkpoint_bytes", (json_int_t)state_bytes, "mb_per_s", rate,
+                                 "upload_s", need, "deadline_s", deadline),
+                       "at the upload rate this run last measured (%.1f MB/s), a checkpoint of "
+                       "%.1f MiB needs about %.0f s to reach %s, longer than "
+                       "checkpoint.upload_deadline_s (%.0f s): on a preemption notice the "
+                       "newest checkpoint would stay behind (the previous one would be used)",
+                       rate, (double)state_bytes / 1048576.0, need, store_url(c->store),
+                       deadline);
 }

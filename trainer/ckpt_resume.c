@@ -293,6 +293,8 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
         log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu", path,
                   (long long)h.step, (unsigned long long)h.cursor);
     }
+    if (!rc) /* the trainable arrays and their two AdamW moments, fp32 */
+        ckpt_remote_budget_check(c, (uint64_t)m->n_trainable * 12u);
     free(path);
     return rc;
 }

@@ -170,7 +170,10 @@ static const key_def keys[] = {
     {"checkpoint.part_mb", K_INT, O(ckpt_part_mb), "16", 5, 5120, NULL, 0,
      "Multipart upload part size and ranged download chunk in MiB (S3's minimum is 5)."},
     {"checkpoint.upload_deadline_s", K_FLOAT, O(ckpt_upload_deadline_s), "90", 0, 86400, NULL,
-     0, "On a preemption signal, wait at most this long for the upload before exiting 75."},
+     0, "On a preemption signal, wait at most this long for the upload before exiting 75. Set "
+        "it to what the cloud's notice leaves (AWS about 120 s, GCP and Azure about 30 s): a "
+        "push that takes longer, or a checkpoint too big for the rate the run last measured, "
+        "is warned about."},
     {"checkpoint.final_upload_timeout_s", K_FLOAT, O(ckpt_final_upload_timeout_s), "1800", 0,
      1e9, NULL, 0,
      "At the end of the run, wait at most this long for the remaining uploads. A run whose "

@@ -93,16 +93,35 @@ void log_val(FILE *out, metrics_t *m, int64_t step, double val_loss, int64_t tok
     }
 }
 
-void log_event(FILE *out, metrics_t *m, const char *event, const char *fmt, ...)
+static void event_v(FILE *out, metrics_t *m, const char *event, json_t *fields, const char *fmt,
+                    va_list ap)
 {
-    va_list ap;
-    va_start(ap, fmt);
     char *msg = sp_vstrf(fmt, ap);
-    va_end(ap);
-    emit(m, json_pack("{s:s, s:s}", "event", event, "message", msg ? msg : "(out of memory)"));
+    json_t *o = json_pack("{s:s, s:s}", "event", event, "message", msg ? msg : "(out of memory)");
+    if (o && fields)
+        json_object_update(o, fields);
+    json_decref(fields);
+    emit(m, o);
     if (out) {
         fprintf(out, "%s: %s\n", event, msg ? msg : "(out of memory)");
         fflush(out);
     }
     free(msg);
+}
+
+void log_event(FILE *out, metrics_t *m, const char *event, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    event_v(out, m, event, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void log_event_with(FILE *out, metrics_t *m, const char *event, json_t *fields, const char *fmt,
+                    ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    event_v(out, m, event, fields, fmt, ap);
+    va_end(ap);
 }

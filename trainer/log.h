@@ -28,6 +28,11 @@ void log_step(FILE *out, metrics_t *m, const step_report *r, int print);
 void log_val(FILE *out, metrics_t *m, int64_t step, double val_loss, int64_t tokens);
 /* An event with a free-form message (info, warning) to both outputs. */
 void log_event(FILE *out, metrics_t *m, const char *event, const char *fmt, ...) SP_PRINTF(4, 5);
+/* The same with fields of its own merged into the metrics record: fields
+ * is a jansson object whose reference is taken (NULL: none). */
+struct json_t;
+void log_event_with(FILE *out, metrics_t *m, const char *event, struct json_t *fields,
+                    const char *fmt, ...) SP_PRINTF(5, 6);
 /* h:mm:ss */
 void log_duration(char *buf, size_t n, double seconds);
 

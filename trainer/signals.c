@@ -4,14 +4,18 @@
 
 #include <signal.h>
 #include <string.h>
+#include <time.h>
 
 static volatile sig_atomic_t received;
 static volatile sig_atomic_t first_signal;
+static struct timespec first_at; /* written before received becomes 1, read after */
 
 static void on_signal(int sig)
 {
-    if (!received)
+    if (!received) {
         first_signal = sig;
+        clock_gettime(CLOCK_MONOTONIC, &first_at); /* async-signal-safe */
+    }
     if (received < 1000)
         received++;
 }
@@ -41,4 +45,11 @@ const char *signals_first_name(void)
     case SIGUSR1: return "SIGUSR1";
     default: return "none";
     }
+}
+
+double signals_first_time(void)
+{
+    if (!received)
+        return -1.0;
+    return (double)first_at.tv_sec + 1e-9 * (double)first_at.tv_nsec;
 }

@@ -2,9 +2,9 @@
  * every rank, and which scripts/spot-run.sh sends on a spot-termination
  * notice) become a request to stop: the training loop sees it at the next
  * step boundary, all ranks agree, write a checkpoint and exit 75. A second
- * signal during that save changes nothing. The handler's counter is the
- * process's one piece of global mutable state: a signal handler can reach
- * nothing else. */
+ * signal during that save changes nothing. The handler's counter (with the
+ * first signal and its time) is the process's one piece of global mutable
+ * state: a signal handler can reach nothing else. */
 #ifndef SPOTUNE_SIGNALS_H
 #define SPOTUNE_SIGNALS_H
 
@@ -12,5 +12,7 @@ void signals_install(void);
 /* Signals received so far, and the name of the first. */
 int signals_received(void);
 const char *signals_first_name(void);
+/* When the first arrived (sp_now()'s clock), or -1 before any. */
+double signals_first_time(void);
 
 #endif
