@@ -238,17 +238,24 @@ static void rope_ref(double *out, const double *x, const float *cs, const float 
             }
 }
 
-Test(ops, rope_forward_and_inverse)
+/* cos and sin [T, hd/2] of theta 1e4 */
+static void rope_tables(float *cs, float *sn, int T, int hd)
 {
-    int B = 2, T = 7, nh = 3, hd = 8, half = hd / 2;
-    size_t n = (size_t)B * T * nh * hd;
-    float *x = rnd(n, 1), *cs = malloc(sizeof(float) * T * half), *sn = malloc(sizeof(float) * T * half);
+    int half = hd / 2;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
             double a = t * pow(10000.0, -2.0 * i / hd);
             cs[t * half + i] = (float)cos(a);
             sn[t * half + i] = (float)sin(a);
         }
+}
+
+Test(ops, rope_forward_and_inverse)
+{
+    int B = 2, T = 7, nh = 3, hd = 8, half = hd / 2;
+    size_t n = (size_t)B * T * nh * hd;
+    float *x = rnd(n, 1), *cs = malloc(sizeof(float) * T * half), *sn = malloc(sizeof(float) * T * half);
+    rope_tables(cs, sn, T, hd);
     tensor_t tx = dev(x, n), tc = dev(cs, (size_t)T * half), ts = dev(sn, (size_t)T * half);
     be_rope(be, tx, tc, ts, no_tensor(), B, T, nh, hd, 0);
     double *xd = to_d(x, n), *want = malloc(sizeof(double) * n);
@@ -435,12 +442,7 @@ Test(ops, rope_positions_of_packed_documents)
     for (int i = 0; i < B * T; i++)
         pos[i] = i % T - packed_seg[i];
     float *x = rnd(n, 1), *cs = malloc(sizeof(float) * T * half), *sn = malloc(sizeof(float) * T * half);
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < half; i++) {
-            double a = t * pow(10000.0, -2.0 * i / hd);
-            cs[t * half + i] = (float)cos(a);
-            sn[t * half + i] = (float)sin(a);
-        }
+    rope_tables(cs, sn, T, hd);
     tensor_t tx = dev(x, n), tc = dev(cs, (size_t)T * half), ts = dev(sn, (size_t)T * half);
     tensor_t tp = talloc(DT_I32, (size_t)B * T);
     be_upload(be, tp, pos, DT_I32);
