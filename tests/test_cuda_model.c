@@ -145,6 +145,10 @@ Test(cuda_model, llama_gqa_lora_dropout) { compare_step("llama_gqa", 1, 0.1); }
 Test(cuda_model, tied_llama3_full) { compare_step("llama_tied_llama3", 0, 0.0); }
 Test(cuda_model, qwen2_biases_full) { compare_step("qwen2_bias", 0, 0.0); }
 Test(cuda_model, qwen2_biases_lora) { compare_step("qwen2_bias", 1, 0.0); }
+/* DoRA's model path on the device (its ops are in test_cuda_ops.c). Training
+ * refuses lora.dora on CUDA until this has passed on a GPU (trainer/config.c). */
+Test(cuda_model, llama_gqa_dora) { compare_step("llama_gqa_dora", 1, 0.0); }
+Test(cuda_model, qwen2_biases_dora) { compare_step("qwen2_bias_dora", 1, 0.0); }
 
 /* Recomputing (a layer, or attention) on CUDA gives the same step. */
 Test(cuda_model, recompute_changes_nothing)

@@ -590,7 +590,8 @@ int config_validate(const config_t *c, sp_err *err)
     if (c->lora_dora && strcmp(config_backend_names[c->backend], "cuda") == 0)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "
-                       "cpu-ref), not runtime.backend cuda",
+                       "cpu-ref), not runtime.backend cuda: its CUDA path has not yet run on a "
+                       "GPU (tests/test_cuda_model.c, cuda_model::*_dora)",
                        src);
     if (c->mode != MODE_LORA && c->lora_init_from && *c->lora_init_from)
         return sp_fail(err, SP_EXIT_USAGE,
