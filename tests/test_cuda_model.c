@@ -51,6 +51,12 @@ static void close_side(side *s)
     tu_hf_close(s);
 }
 
+/* Packed documents for the fixtures' 2 x 11 batch (data.packing): row 0
+ * holds documents of 4 and 7 tokens, row 1 of 7, 2 and 2; NULL: none. */
+static const int32_t *packed_pos, *packed_seg;
+static const int32_t fixture_seg[22] = {0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4,
+                                        0, 0, 0, 0, 0, 0, 0, 7, 7, 9, 9};
+
 /* One forward/backward: the mean loss and the whole gradient vector. */
 static float *step(side *s, double *loss)
 {
@@ -61,7 +67,9 @@ static float *step(side *s, double *loss)
                      .B = s->B,
                      .T = s->T,
                      .grad_scale = (float)(1.0 / s->count),
-                     .last = 1};
+                     .last = 1,
+                     .pos = packed_pos,
+                     .seg = packed_seg};
     double sum = 0;
     model_zero_grads(s->m);
     cr_assert_eq(model_forward_backward(s->m, &b, &sum, &err), 0, "%s", err.msg);
@@ -75,7 +83,15 @@ static float *step(side *s, double *loss)
 static float *logits(side *s)
 {
     sp_err err = {0};
-    model_batch b = {.inputs = s->inputs, .targets = s->targets, .sample_ids = s->ids, .B = s->B, .T = s->T, .grad_scale = 1.0f, .last = 1};
+    model_batch b = {.inputs = s->inputs,
+                     .targets = s->targets,
+                     .sample_ids = s->ids,
+                     .B = s->B,
+                     .T = s->T,
+                     .grad_scale = 1.0f,
+                     .last = 1,
+                     .pos = packed_pos,
+                     .seg = packed_seg};
     float *l = malloc(sizeof(float) * (size_t)s->B * s->T * s->mc.vocab);
     cr_assert_eq(model_forward_logits(s->m, &b, l, &err), 0, "%s", err.msg);
     return l;
@@ -145,6 +161,19 @@ Test(cuda_model, llama_gqa_lora_dropout) { compare_step("llama_gqa", 1, 0.1); }
 Test(cuda_model, tied_llama3_full) { compare_step("llama_tied_llama3", 0, 0.0); }
 Test(cuda_model, qwen2_biases_full) { compare_step("qwen2_bias", 0, 0.0); }
 Test(cuda_model, qwen2_biases_lora) { compare_step("qwen2_bias", 1, 0.0); }
+/* Packed documents (data.packing): positions restart and attention stays
+ * inside each document, on the device as on the CPU. */
+Test(cuda_model, llama_gqa_lora_packed_documents)
+{
+    static int32_t pos[22];
+    for (int i = 0; i < 22; i++)
+        pos[i] = i % 11 - fixture_seg[i];
+    packed_pos = pos;
+    packed_seg = fixture_seg;
+    compare_step("llama_gqa", 1, 0.0);
+    compare_step("qwen2_bias", 0, 0.0);
+}
+
 /* DoRA's model path on the device (its ops are in test_cuda_ops.c). Training
  * refuses lora.dora on CUDA until this has passed on a GPU (trainer/config.c). */
 Test(cuda_model, llama_gqa_dora) { compare_step("llama_gqa_dora", 1, 0.0); }
