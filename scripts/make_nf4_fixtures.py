@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Generate the NF4 (QLoRA) golden values in tests/fixtures/nf4/.
+
+spotune's NF4 code (kernels/nf4.c) is checked bit for bit against what
+bitsandbytes computes on the CPU: 4-bit NormalFloat codes in blocks of 64
+with double quantization (the per-block absmax values, minus their mean, are
+quantized again to 8 bits in blocks of 256 with bitsandbytes' signed dynamic
+map), and the dequantized values.
+
+Regenerate (from the repository root):
+
+    pip install torch==2.15.0 safetensors==0.8.0 bitsandbytes==0.50.2 numpy
+    python3 scripts/make_nf4_fixtures.py            # writes tests/fixtures/nf4/
+    python3 scripts/make_nf4_fixtures.py --check    # regenerate in a temp dir, compare
+
+Generated with: torch 2.15.0, safetensors 0.8.0, bitsandbytes 0.50.2
+(Python 3.11, CPU). Other versions print a warning.
+
+matrices.safetensors holds, for each matrix NAME (metadata "matrices": a JSON
+list of [NAME, rows, cols]):
+  NAME.input             F32 [rows, cols]  the matrix quantized
+  NAME.weight            U8  [(n+1)/2, 1]  packed codes, element 2i in the high
+                                           nibble of byte i (an odd count is
+                                           padded with the code of 0.0)
+  NAME.absmax_f32        F32 [ceil(n/64)]  first-level absmax per block of 64
+  NAME.absmax            U8  [ceil(n/64)]  the 8-bit codes of absmax - offset
+  NAME.nested_absmax     F32 [ceil(blocks/256)]
+  NAME.nested_offset     F32 [1]           mean of absmax_f32
+  NAME.nested_quant_map  F32 [256]         as bitsandbytes stores it
+  NAME.quant_map         F32 [16]          the NF4 values
+  NAME.absmax_dequant    F32 [ceil(n/64)]  absmax as dequantization recovers it
+  NAME.dequant           F32 [rows, cols]  bitsandbytes' dequantize_4bit
+and dynamic_map F32 [256]: bitsandbytes' create_dynamic_map() (signed, 8 bits),
+the map the absmax values are quantized with.
+The keys are QuantState.as_dict()'s names (absmax, quant_map, nested_absmax,
+nested_quant_map, nested_offset) prefixed by the matrix name.
+"""
+
+import argparse
+import filecmp
+import json
+import os
+import sys
+import tempfile
+
+PINNED_VERSIONS = {
+    "torch": "2.15.0",
+    "safetensors": "0.8.0",
+    "bitsandbytes": "0.50.2",
+}
+
+# name, rows, cols, seed, scale. odd7x37 has 259 elements (not a multiple of
+# 64, odd: a padded nibble); wide96x300 has 450 blocks (two nested blocks of
+# 256, the second partial).
+MATRICES = [
+    ("sq64x48", 64, 48, 1, 0.02),
+    ("odd7x37", 7, 37, 2, 1.0),
+    ("wide96x300", 96, 300, 3, 0.05),
+    ("tall130x17", 130, 17, 4, 0.3),
+]
+
+
+def import_deps():
+    try:
+        import bitsandbytes
+        import safetensors
+        import torch
+    except ImportError as e:
+        print(f"error: {e.name} is missing. Install with:\n  pip install "
+              + " ".join(f"{k}=={v}" for k, v in PINNED_VERSIONS.items()) + " numpy",
+              file=sys.stderr)
+        sys.exit(2)
+    mods = {"torch": torch, "safetensors": safetensors, "bitsandbytes": bitsandbytes}
+    for name, want in PINNED_VERSIONS.items():
+        have = mods[name].__version__.split("+")[0]
+        if have != want:
+            print(f"warning: {name} {have} installed, fixtures were generated with {want}; "
+                  "the regenerated files may differ", file=sys.stderr)
+    return mods
+
+
+def quantize(W):
+    """bitsandbytes' NF4 quantization with double quantization, and its parts."""
+    import bitsandbytes.functional as F
+    import torch
+    packed, qs = F.quantize_4bit(W, blocksize=64, compress_statistics=True, quant_type="nf4")
+    # the first-level absmax, before double quantization (same op, no nesting)
+    _, qs_plain = F.quantize_4bit(W, blocksize=64, compress_statistics=False, quant_type="nf4")
+    d = qs.as_dict(packed=False)
+    absmax_dq = F.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset
+    deq = F.dequantize_4bit(packed, qs, quant_type="nf4")
+    return {
+        "weight": packed.contiguous(),
+        "absmax_f32": qs_plain.absmax.to(torch.float32),
+        "absmax": d["absmax"],
+        "nested_absmax": d["nested_absmax"].to(torch.float32),
+        "nested_offset": torch.tensor([d["nested_offset"]], dtype=torch.float32),
+        "nested_quant_map": d["nested_quant_map"].to(torch.float32),
+        "quant_map": d["quant_map"].to(torch.float32),
+        "absmax_dequant": absmax_dq.to(torch.float32),
+        "dequant": deq.to(torch.float32),
+    }, qs
+
+
+def generate(out_dir):
+    mods = import_deps()
+    torch = mods["torch"]
+    import bitsandbytes.functional as F
+    from safetensors.torch import save_file
+    tensors, shapes, log = {}, [], []
+    for name, rows, cols, seed, scale in MATRICES:
+        g = torch.Generator().manual_seed(seed)
+        W = (torch.randn(rows, cols, generator=g, dtype=torch.float32) * scale).contiguous()
+        parts, qs = quantize(W)
+        assert qs.blocksize == 64 and qs.state2.blocksize == 256 and qs.quant_type == "nf4"
+        tensors[name + ".input"] = W
+        for k, v in parts.items():
+            tensors[name + "." + k] = v.contiguous()
+        shapes.append([name, rows, cols])
+        # the offset is a float32 mean; spotune sums in double and rounds once
+        exact = float(parts["absmax_f32"].double().mean().to(torch.float32))
+        if exact != float(parts["nested_offset"][0]):
+            log.append(f"note: {name}: bitsandbytes' float32 mean of absmax (torch's "
+                       "vectorised sum) is not the correctly rounded mean")
+        err = (parts["dequant"].double() - W.double()).abs().max().item()
+        log.append(f"{name}: {rows}x{cols}, {parts['absmax'].numel()} blocks, "
+                   f"max |W - dequant| {err:.3g}")
+    tensors["dynamic_map"] = F.create_dynamic_map().to(torch.float32)
+    # one metadata key: safetensors writes a dict's keys in no fixed order
+    save_file(tensors, os.path.join(out_dir, "matrices.safetensors"),
+              metadata={"matrices": json.dumps(shapes)})
+    return log
+
+
+def main(argv=None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    default_out = os.path.join(os.path.dirname(here), "tests", "fixtures", "nf4")
+    ap = argparse.ArgumentParser(description="Generate NF4 golden values from bitsandbytes.")
+    ap.add_argument("--out", default=default_out, help="output directory (default: tests/fixtures/nf4)")
+    ap.add_argument("--check", action="store_true",
+                    help="generate into a temporary directory and compare byte for byte "
+                         "with --out instead of writing it; exit 1 if anything differs")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="spotune-nf4-") as tmp:
+        target = tmp if args.check else args.out
+        os.makedirs(target, exist_ok=True)
+        for line in generate(target):
+            print(line)
+        if args.check:
+            diffs = [fn for fn in sorted(os.listdir(tmp))
+                     if not os.path.exists(os.path.join(args.out, fn))
+                     or not filecmp.cmp(os.path.join(tmp, fn), os.path.join(args.out, fn),
+                                        shallow=False)]
+            if diffs:
+                print("differs from " + args.out + ": " + " ".join(diffs))
+                return 1
+            print(f"identical to {args.out}")
+            return 0
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
