@@ -29,7 +29,8 @@ list of [NAME, rows, cols]):
   NAME.nested_quant_map  F32 [256]         as bitsandbytes stores it
   NAME.quant_map         F32 [16]          the NF4 values
   NAME.absmax_dequant    F32 [ceil(n/64)]  absmax as dequantization recovers it
-  NAME.dequant           F32 [rows, cols]  bitsandbytes' dequantize_4bit
+  NAME.dequant           F32 [rows, cols]  bitsandbytes' reference dequantization
+                                           (dequantize_reference below)
 and dynamic_map F32 [256]: bitsandbytes' create_dynamic_map() (signed, 8 bits),
 the map the absmax values are quantized with.
 The keys are QuantState.as_dict()'s names (absmax, quant_map, nested_absmax,
@@ -79,6 +80,28 @@ def import_deps():
     return mods
 
 
+def dequantize_reference(packed, absmax, qs):
+    """bitsandbytes' reference NF4 dequantization (its default backend's
+    kernel, the one its CPU path uses for odd widths). bitsandbytes 0.50.2's
+    native CPU kernel, used for even widths, scales every block of a matrix
+    of more than one row by the first block's absmax (a bug there), so it is
+    not used; the difference is reported."""
+    import bitsandbytes.functional as F
+    from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
+    from bitsandbytes.backends.utils import _get_4bit_code
+    import torch
+    code = _get_4bit_code("nf4", packed.device)
+    ref = _dequantize_4bit_compute(packed.reshape(-1), absmax, code, qs.blocksize, qs.shape,
+                                   torch.float32)
+    native = F.dequantize_4bit(packed, qs, quant_type="nf4")
+    if not torch.equal(native, ref):
+        NATIVE_DIFFERS.append(tuple(qs.shape))
+    return ref
+
+
+NATIVE_DIFFERS = []
+
+
 def quantize(W):
     """bitsandbytes' NF4 quantization with double quantization, and its parts."""
     import bitsandbytes.functional as F
@@ -88,7 +111,7 @@ def quantize(W):
     _, qs_plain = F.quantize_4bit(W, blocksize=64, compress_statistics=False, quant_type="nf4")
     d = qs.as_dict(packed=False)
     absmax_dq = F.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset
-    deq = F.dequantize_4bit(packed, qs, quant_type="nf4")
+    deq = dequantize_reference(packed, absmax_dq, qs)
     return {
         "weight": packed.contiguous(),
         "absmax_f32": qs_plain.absmax.to(torch.float32),
@@ -125,6 +148,9 @@ def generate(out_dir):
         err = (parts["dequant"].double() - W.double()).abs().max().item()
         log.append(f"{name}: {rows}x{cols}, {parts['absmax'].numel()} blocks, "
                    f"max |W - dequant| {err:.3g}")
+    if NATIVE_DIFFERS:
+        log.append("note: bitsandbytes' native CPU dequantize_4bit differs from its reference "
+                   "kernel for shapes " + ", ".join(f"{r}x{c}" for r, c in NATIVE_DIFFERS))
     tensors["dynamic_map"] = F.create_dynamic_map().to(torch.float32)
     # one metadata key: safetensors writes a dict's keys in no fixed order
     save_file(tensors, os.path.join(out_dir, "matrices.safetensors"),
