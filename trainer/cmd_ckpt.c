@@ -375,6 +375,7 @@ static void opts_from_config(const config_t *c, model_opts *o)
     o->lora_targets = c->lora_targets;
     o->rslora = c->lora_rslora;
     o->dora = c->lora_dora;
+    o->nf4 = c->model_quantize == QUANT_NF4;
     o->max_batch = 1;
     o->seq_len = 2;
     o->seed = (uint64_t)c->seed;
