@@ -33,6 +33,17 @@ list of [NAME, rows, cols]):
                                            (dequantize_reference below)
 and dynamic_map F32 [256]: bitsandbytes' create_dynamic_map() (signed, 8 bits),
 the map the absmax values are quantized with.
+
+llama_gqa_qlora.safetensors: QLoRA on tests/fixtures/hf/llama_gqa (its model/,
+lora/ and batch, read, not changed): every projection weight (q, k, v, o,
+gate, up, down) of the float32 model replaced by bitsandbytes'
+dequantize(quantize_4bit(W)) (NF4, blocksize 64, double quantization), then
+the PEFT adapter's loss and LoRA gradients in float64 as
+scripts/make_fixtures.py computes them (its helpers, imported):
+  dequant.NAME   F32  the dequantized projection weight NAME (HF name)
+  logits, loss   F64 reference, stored F32
+  grad.KEY       F32  the gradient of adapter tensor KEY (PEFT's name)
+Also needs transformers==5.24.0 and peft==0.21.2.
 The keys are QuantState.as_dict()'s names (absmax, quant_map, nested_absmax,
 nested_quant_map, nested_offset) prefixed by the matrix name.
 """
@@ -128,6 +139,8 @@ def quantize(W):
 def generate(out_dir):
     mods = import_deps()
     torch = mods["torch"]
+    # bitsandbytes compiles its reference dequantization once per shape
+    torch._dynamo.config.recompile_limit = 64
     import bitsandbytes.functional as F
     from safetensors.torch import save_file
     tensors, shapes, log = {}, [], []
@@ -151,10 +164,71 @@ def generate(out_dir):
     if NATIVE_DIFFERS:
         log.append("note: bitsandbytes' native CPU dequantize_4bit differs from its reference "
                    "kernel for shapes " + ", ".join(f"{r}x{c}" for r, c in NATIVE_DIFFERS))
+    log += make_qlora_case(out_dir)
     tensors["dynamic_map"] = F.create_dynamic_map().to(torch.float32)
     # one metadata key: safetensors writes a dict's keys in no fixed order
     save_file(tensors, os.path.join(out_dir, "matrices.safetensors"),
               metadata={"matrices": json.dumps(shapes)})
+    return log
+
+
+def make_qlora_case(out_dir):
+    """The llama_gqa fixture's LoRA loss and gradients on an NF4 base."""
+    import warnings
+    import torch
+    import bitsandbytes.functional as F
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    import make_fixtures as mf
+    case_dir = os.path.join(os.path.dirname(here), "tests", "fixtures", "hf", "llama_gqa")
+    model_dir, lora_dir = os.path.join(case_dir, "model"), os.path.join(case_dir, "lora")
+    saved = load_file(os.path.join(model_dir, "model.safetensors"))
+    batch = load_file(os.path.join(case_dir, "batch.safetensors"))
+    tokens, mask = batch["tokens"], batch["loss_mask"]
+    inputs = tokens[:, :-1].long()
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    torch.use_deterministic_algorithms(True)
+    out, log, worst = {}, [], 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with mf.rmsnorm_in_input_precision():
+            b64 = mf.load_f64(model_dir)
+            with torch.no_grad():
+                for n, p in b64.named_parameters():
+                    if not n.endswith("_proj.weight"):
+                        continue
+                    W = saved[n].to(torch.float32)
+                    packed, qs = F.quantize_4bit(W, blocksize=64, compress_statistics=True,
+                                                 quant_type="nf4")
+                    absmax = F.dequantize_blockwise(qs.absmax, qs.state2) + qs.offset
+                    d = dequantize_reference(packed, absmax, qs)
+                    worst = max(worst, (d - W).abs().max().item())
+                    out["dequant." + n] = d
+                    p.copy_(d.double())
+            assert len(out) == 7 * b64.config.num_hidden_layers
+            p64 = PeftModel.from_pretrained(b64, lora_dir, is_trainable=True,
+                                            local_files_only=True).double()
+            trainable = {}
+            for n, p in p64.named_parameters():
+                if p.requires_grad:
+                    key = n.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.",
+                                                                            ".lora_B.")
+                    trainable[key] = p
+            logits = p64(input_ids=inputs).logits
+            loss = mf.masked_loss(logits, tokens, mask)
+            loss.backward()
+    out["logits"] = logits.detach().to(torch.float32)
+    out["loss"] = loss.detach().reshape(1).to(torch.float32)
+    for k, p in trainable.items():
+        out["grad." + k] = p.grad.detach().to(torch.float32)
+    save_file({k: v.contiguous() for k, v in out.items()},
+              os.path.join(out_dir, "llama_gqa_qlora.safetensors"),
+              metadata={"generator": "scripts/make_nf4_fixtures.py"})
+    log.append(f"llama_gqa qlora: loss {loss.item():.6f}, {len(trainable)} adapter tensors, "
+               f"max |W - dequant| {worst:.3g}")
     return log
 
 
