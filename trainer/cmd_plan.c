@@ -215,8 +215,9 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
         printf("  upload           give --upload-mbps for the time against each cloud's notice\n");
     }
     if (in->mode == PLAN_QLORA)
-        printf("\nnote: QLoRA training is not available in spotune yet: this is the plan of "
-               "LoRA on NF4 weights as bitsandbytes stores them (%.3f bits per weight)\n",
+        printf("\nnote: QLoRA training is not available in spotune yet on GPUs "
+               "(model.quantize nf4 runs on the CPU backends only): this is the plan of LoRA on "
+               "NF4 weights as spotune and bitsandbytes store them (%.3f bits per weight)\n",
                PLAN_NF4_BITS);
 }
 
