@@ -467,6 +467,14 @@ static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *
     dtype_t dt;
     int rc = dtype_opt ? dtype_of_option(dtype_opt, &dt, err)
                        : model_io_weights_dtype(base, &dt, err);
+    if (!rc && o.nf4) {
+        if (!dtype_opt)
+            dt = DT_BF16;
+        printf("note: model.quantize nf4: the adapter is merged into the base as it was trained, "
+               "dequantized from NF4, so the merged weights differ from the unquantized base "
+               "plus the adapter by the quantization error; written as %s\n",
+               dtype_name(dt));
+    }
     if (!rc)
         rc = backend_create(&be, "cpu", 0, 0, err);
     if (!rc && (rc = model_create(&m, be, &mc, &o, err)) == 0)
@@ -504,7 +512,8 @@ static void export_usage(FILE *f)
                "--merged: base + adapter (or the fully fine-tuned weights) as a Hugging Face\n"
                "  model directory that loads without the base: the base's config.json with\n"
                "  only the dtype changed, its tokenizer files and generation_config.json.\n"
-               "--dtype bf16|f16|f32: the merged weights' dtype (default: the base's).\n"
+               "--dtype bf16|f16|f32: the merged weights' dtype (default: the base's; bf16 for\n"
+               "  a model.quantize nf4 run, whose base is merged dequantized).\n"
                "--model: the base model directory (default: model.path of the run).\n"
                "options for s3://: --endpoint URL --region R --path-style --timeout S\n");
 }
