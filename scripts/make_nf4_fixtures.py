@@ -44,6 +44,18 @@ scripts/make_fixtures.py computes them (its helpers, imported):
   logits, loss   F64 reference, stored F32
   grad.KEY       F32  the gradient of adapter tensor KEY (PEFT's name)
 Also needs transformers==5.24.0 and peft==0.21.2.
+
+llama_gqa_bnb/: the same model as a pre-quantized bitsandbytes 4-bit
+directory, written by this script from bitsandbytes' quant states (the same
+quantization as llama_gqa_qlora's base) with the names transformers gives
+them when it saves a model loaded with BitsAndBytesConfig(load_in_4bit=True,
+bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True): NAME (packed
+uint8), NAME.absmax, NAME.quant_map, NAME.nested_absmax,
+NAME.nested_quant_map, NAME.quant_state.bitsandbytes__nf4 (the packed JSON
+of QuantState.as_dict(packed=True)), the other tensors as in model/, and
+config.json with the quantization_config BitsAndBytesConfig.to_dict()
+writes. (Not saved by transformers itself: loading a 4-bit model there needs
+a GPU.)
 The keys are QuantState.as_dict()'s names (absmax, quant_map, nested_absmax,
 nested_quant_map, nested_offset) prefixed by the matrix name.
 """
@@ -172,6 +184,26 @@ def generate(out_dir):
     return log
 
 
+def write_bnb_dir(dst, model_dir, saved, quantized):
+    """A bitsandbytes 4-bit model directory as transformers saves one."""
+    import shutil
+    from safetensors.torch import save_file
+    from transformers import BitsAndBytesConfig
+    os.makedirs(dst, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True).to_dict()
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    shutil.copy(os.path.join(model_dir, "generation_config.json"), dst)
+    tensors = {k: v for k, v in saved.items() if k not in quantized}
+    tensors.update(quantized)
+    save_file({k: v.contiguous() for k, v in tensors.items()},
+              os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+
+
 def make_qlora_case(out_dir):
     """The llama_gqa fixture's LoRA loss and gradients on an NF4 base."""
     import warnings
@@ -191,7 +223,7 @@ def make_qlora_case(out_dir):
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     torch.use_deterministic_algorithms(True)
-    out, log, worst = {}, [], 0.0
+    out, log, worst, bnb_dir = {}, [], 0.0, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         with mf.rmsnorm_in_input_precision():
@@ -207,6 +239,9 @@ def make_qlora_case(out_dir):
                     d = dequantize_reference(packed, absmax, qs)
                     worst = max(worst, (d - W).abs().max().item())
                     out["dequant." + n] = d
+                    for k, v in qs.as_dict(packed=True).items():
+                        bnb_dir[n + "." + k] = v
+                    bnb_dir[n] = packed
                     p.copy_(d.double())
             assert len(out) == 7 * b64.config.num_hidden_layers
             p64 = PeftModel.from_pretrained(b64, lora_dir, is_trainable=True,
@@ -227,6 +262,7 @@ def make_qlora_case(out_dir):
     save_file({k: v.contiguous() for k, v in out.items()},
               os.path.join(out_dir, "llama_gqa_qlora.safetensors"),
               metadata={"generator": "scripts/make_nf4_fixtures.py"})
+    write_bnb_dir(os.path.join(out_dir, "llama_gqa_bnb"), model_dir, saved, bnb_dir)
     log.append(f"llama_gqa qlora: loss {loss.item():.6f}, {len(trainable)} adapter tensors, "
                f"max |W - dequant| {worst:.3g}")
     return log
@@ -247,10 +283,14 @@ def main(argv=None):
         for line in generate(target):
             print(line)
         if args.check:
-            diffs = [fn for fn in sorted(os.listdir(tmp))
-                     if not os.path.exists(os.path.join(args.out, fn))
-                     or not filecmp.cmp(os.path.join(tmp, fn), os.path.join(args.out, fn),
-                                        shallow=False)]
+            diffs = []
+            for dirpath, _, files in os.walk(tmp):
+                for fn in sorted(files):
+                    rel = os.path.relpath(os.path.join(dirpath, fn), tmp)
+                    old = os.path.join(args.out, rel)
+                    if not os.path.exists(old) or not filecmp.cmp(os.path.join(tmp, rel), old,
+                                                                  shallow=False):
+                        diffs.append(rel)
             if diffs:
                 print("differs from " + args.out + ": " + " ".join(diffs))
                 return 1

@@ -362,3 +362,155 @@ Test(qlora, memory_is_what_the_plan_counts)
     cr_expect_eq(plan.scratch - dense.scratch, widest * 4 + (16 + 256) * 4);
     tu_hf_close(&hc);
 }
+
+/* ---- a pre-quantized bitsandbytes 4-bit directory ---------------------------------------
+ * tests/fixtures/nf4/llama_gqa_bnb: llama_gqa's projections as bitsandbytes
+ * quantized them (the base of llama_gqa_qlora.safetensors), in transformers'
+ * names. Loaded as stored: the base is bnb's bit for bit, and the loss and
+ * LoRA gradients are PEFT's on it (1e-4). */
+
+/* a case directory: model/ -> the bnb directory (or dir_model), lora/ and the
+ * batch of hf/llama_gqa */
+static char *bnb_case(const char *dir_model)
+{
+    char *d = tu_tempdir("bnb");
+    const char *hf = tu_fmt("%s/tests/fixtures/hf/llama_gqa", tu_source_dir());
+    cr_assert_eq(tu_sh(NULL, "ln -s %s %s/model && ln -s %s/lora %s/lora && "
+                             "ln -s %s/batch.safetensors %s/batch.safetensors",
+                       dir_model ? dir_model
+                                 : tu_fmt("%s/tests/fixtures/nf4/llama_gqa_bnb", tu_source_dir()),
+                       d, hf, d, hf, d),
+                 0);
+    return d;
+}
+
+Test(qlora, prequantized_bitsandbytes_directory_is_loaded_as_stored)
+{
+    char *d = bnb_case(NULL);
+    tu_hf_case hc;
+    sp_err err = {0};
+    cr_assert_eq(tu_hf_open_nf4(&hc, d, "cpu", &err), 0, "%s", err.msg);
+    cr_expect(hc.mc.bnb_nf4);
+    int weights = 0;
+    for (int i = 0; i < hc.m->nparams; i++) {
+        param_t *p = &hc.m->params[i];
+        if (p->kind != PK_WEIGHT)
+            continue;
+        size_t n;
+        float *want = tu_load_f32(qlora_expected(), tu_fmt("dequant.%s", p->name), &n);
+        float *got = malloc(sizeof(float) * n);
+        cr_assert(want && n == p->n);
+        model_param_download(hc.m, p, got);
+        cr_expect(memcmp(got, want, sizeof(float) * n) == 0, "%s: not bnb's values", p->name);
+        free(want);
+        free(got);
+        weights++;
+    }
+    cr_expect_eq(weights, 7 * (int)hc.mc.layers);
+    model_batch b = {.inputs = hc.inputs, .targets = hc.targets, .sample_ids = hc.ids,
+                     .B = hc.B, .T = hc.T, .grad_scale = (float)(1.0 / hc.count), .last = 1};
+    model_zero_grads(hc.m);
+    double loss_sum = 0;
+    cr_assert_eq(model_forward_backward(hc.m, &b, &loss_sum, &err), 0, "%s", err.msg);
+    float *wl = tu_load_f32(qlora_expected(), "loss", NULL);
+    double loss = loss_sum / hc.count;
+    cr_expect_lt(fabs(loss - wl[0]), QLORA_TOL * fabs(wl[0]), "loss %.8f vs %.8f", loss, wl[0]);
+    double worst = 0;
+    for (int i = 0; i < hc.m->nparams; i++) {
+        param_t *p = &hc.m->params[i];
+        if (!p->trainable)
+            continue;
+        size_t n;
+        float *wg = tu_load_f32(qlora_expected(), tu_fmt("grad.%s", p->name), &n);
+        float *g = malloc(sizeof(float) * n);
+        cr_assert(wg && n == p->n);
+        be_download(hc.be, g, DT_F32, p->grad);
+        double ge = tu_rel_err(g, wg, n);
+        worst = fmax(worst, ge);
+        cr_expect_lt(ge, QLORA_TOL, "grad %s rel err %g", p->name, ge);
+        free(g);
+        free(wg);
+    }
+    cr_log_info("bnb directory: loss %.8f vs %.8f, worst LoRA gradient rel err %.3g", loss, wl[0],
+                worst);
+    free(wl);
+    tu_hf_close(&hc);
+    /* without model.quantize nf4: refused, naming the key */
+    cr_assert_neq(tu_hf_open(&hc, d, 1, 0.0, "cpu", RECOMPUTE_NONE, 0, &err), 0);
+    cr_expect_eq(err.code, SP_EXIT_USAGE);
+    cr_expect(strstr(err.msg, "model.quantize nf4") && strstr(err.msg, "quantization_config"),
+              "%s", err.msg);
+    tu_hf_close(&hc);
+    tu_rmtree(d);
+    free(d);
+}
+
+/* Other quantizations in config.json are refused (exit 3) naming the field
+ * and its value. */
+Test(qlora, other_quantizations_are_refused_by_field_and_value)
+{
+    static const struct {
+        const char *edit, *field, *value;
+    } cases[] = {
+        {"fp4", "bnb_4bit_quant_type", "\"fp4\""},
+        {"8-bit", "load_in_8bit", "true"},
+        {"no double quantization", "bnb_4bit_use_double_quant", "false"},
+        {"GPTQ", "quant_method", "\"gptq\""},
+        {"AWQ", "quant_method", "\"awq\""},
+    };
+    const char *src = tu_fmt("%s/tests/fixtures/nf4/llama_gqa_bnb", tu_source_dir());
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *d = tu_tempdir("bnbcfg");
+        /* the edits of the bnb directory's config.json, in Python */
+        const char *py[] = {
+            "q[\"bnb_4bit_quant_type\"] = \"fp4\"",
+            "q[\"load_in_4bit\"] = False; q[\"load_in_8bit\"] = True",
+            "q[\"bnb_4bit_use_double_quant\"] = False",
+            "c[\"quantization_config\"] = {\"quant_method\": \"gptq\", \"bits\": 4}",
+            "c[\"quantization_config\"] = {\"quant_method\": \"awq\", \"bits\": 4}",
+        };
+        cr_assert_eq(tu_sh(NULL,
+                           "python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); "
+                           "q=c[\"quantization_config\"]; %s; json.dump(c, open(sys.argv[2], "
+                           "\"w\"))' %s/config.json %s/config.json",
+                           py[i], src, d),
+                     0, "%s", cases[i].edit);
+        model_config_t mc;
+        sp_err err = {0};
+        cr_expect_eq(model_config_load(&mc, d, &err), SP_EXIT_INPUT, "%s", cases[i].edit);
+        const char *want = tu_fmt("quantization_config.%s %s is not supported", cases[i].field,
+                                  cases[i].value);
+        cr_expect(strstr(err.msg, want), "%s:\n  got  %s\n  want ...%s...", cases[i].edit,
+                  err.msg, want);
+        tu_rmtree(d);
+        free(d);
+    }
+}
+
+/* The blocksize is recorded per tensor (quant_state): another one is refused
+ * (exit 3) naming the tensor, the field and the value. */
+Test(qlora, another_blocksize_is_refused_by_tensor_field_and_value)
+{
+    const char *src = tu_fmt("%s/tests/fixtures/nf4/llama_gqa_bnb", tu_source_dir());
+    char *m = tu_tempdir("bnbbs");
+    /* the first quant state's "blocksize": 64 becomes 32 (same length) */
+    cr_assert_eq(tu_sh(NULL,
+                       "cp %s/config.json %s/generation_config.json %s && python3 -c 'import sys; "
+                       "b=open(sys.argv[1],\"rb\").read(); "
+                       "open(sys.argv[2],\"wb\").write(b.replace(b\"\\\"blocksize\\\": 64\", "
+                       "b\"\\\"blocksize\\\": 32\", 1))' %s/model.safetensors %s/model.safetensors",
+                       src, src, m, src, m),
+                 0);
+    char *d = bnb_case(m);
+    tu_hf_case hc;
+    sp_err err = {0};
+    cr_assert_neq(tu_hf_open_nf4(&hc, d, "cpu", &err), 0);
+    cr_expect_eq(err.code, SP_EXIT_INPUT);
+    cr_expect(strstr(err.msg, ".quant_state.bitsandbytes__nf4: blocksize 32 is not supported"),
+              "%s", err.msg);
+    tu_hf_close(&hc);
+    tu_rmtree(d);
+    tu_rmtree(m);
+    free(d);
+    free(m);
+}

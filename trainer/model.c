@@ -725,6 +725,19 @@ void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt)
     sync_copy(m, p);
 }
 
+void model_param_set_nf4(model_t *m, param_t *p, const uint8_t *codes, const uint8_t *absmax,
+                         const float *nested, float offset)
+{
+    if (!nf4_param(p)) {
+        be_fail(m->be, __FILE__, __LINE__, "%s is not stored as NF4", p->name);
+        return;
+    }
+    be_upload(m->be, p->q_codes, codes, DT_U8);
+    be_upload(m->be, p->q_absmax, absmax, DT_U8);
+    be_upload(m->be, p->q_nested, nested, DT_F32);
+    p->q_offset = offset;
+}
+
 void model_param_download(model_t *m, const param_t *p, float *dst)
 {
     if (nf4_param(p)) {

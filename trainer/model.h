@@ -149,6 +149,10 @@ tensor_t model_weight(model_t *m, const param_t *p);
 /* Copies host values (dtype src_dt) into a parameter (master and compute
  * copy; an NF4 weight is quantized on the host first). */
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt);
+/* Sets NF4 weight p from a stored state (bitsandbytes' layout, host memory):
+ * codes [(n+1)/2], 8-bit absmax [blocks], nested absmax [nested blocks], offset. */
+void model_param_set_nf4(model_t *m, param_t *p, const uint8_t *codes, const uint8_t *absmax,
+                         const float *nested, float offset);
 /* Reads a parameter's value (the F32 master when trainable; the compute copy
  * when the optimizer is sharded) into host F32. */
 void model_param_download(model_t *m, const param_t *p, float *dst);
