@@ -776,3 +776,36 @@ Test(export_hf, qlora_merged_is_the_dequantized_base_plus_adapter)
         free(w), free(merged), free(codes), free(q), free(absmax), free(nested), free(deq);
     }
 }
+
+/* A QLoRA run on a pre-quantized bitsandbytes directory: --merged writes a
+ * dense model (no quantization_config) whose non-target projections are
+ * bitsandbytes' dequantized values exactly (f32). */
+Test(export_hf, qlora_on_a_bitsandbytes_directory_merges_dense)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    cr_assert_eq(tu_sh(NULL, "cp -r %s %s", fixture("nf4/llama_gqa_bnb"), at("base")), 0);
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    cr_assert(mc.bnb_nf4);
+    make_data(mc.vocab);
+    train_q("lora", "[q_proj, v_proj]", 0, "nf4");
+    char *out = NULL;
+    int rc = tu_spotune(&out, "export %s --merged %s --dtype f32",
+                        at("run/checkpoints/step-00000006"), at("m"));
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    json_t *cfg = load_json(at("m/config.json"));
+    cr_expect_null(json_object_get(cfg, "quantization_config"));
+    json_decref(cfg);
+    cr_assert_eq(model_config_load(&mc, at("m"), &err), 0, "%s", err.msg);
+    cr_expect(!mc.bnb_nf4);
+    const char *name = "model.layers.0.self_attn.k_proj.weight";
+    size_t n, nw;
+    float *want = tu_load_f32(fixture("nf4/llama_gqa_qlora.safetensors"), tu_fmt("dequant.%s", name),
+                              &n);
+    float *got = tu_load_f32(at("m/model.safetensors"), name, &nw);
+    cr_assert(want && got && n == nw);
+    cr_expect(memcmp(want, got, sizeof(float) * n) == 0, "%s: not bnb's dequantized values", name);
+    free(want);
+    free(got);
+}

@@ -587,7 +587,8 @@ static void put_json(FILE *f, json_t *j, int depth)
 /* dir/config.json: base_dir's config.json with every key kept, in its order,
  * and only the dtype changed: "torch_dtype" and "dtype", whichever the base
  * has (transformers < 5 writes the first, >= 5 the second); "torch_dtype"
- * when it has neither. */
+ * when it has neither. A base's quantization_config (bitsandbytes NF4) is
+ * dropped: the weights written are dense. */
 static int write_config_like(const char *base_dir, const char *dir, dtype_t dtype, sp_err *err)
 {
     char *src = sp_strf("%s/config.json", base_dir), *dst = sp_strf("%s/config.json", dir);
@@ -610,6 +611,7 @@ static int write_config_like(const char *base_dir, const char *dir, dtype_t dtyp
         if (has_dtype)
             json_object_set(root, "dtype", name);
         json_decref(name);
+        json_object_del(root, "quantization_config");
         /* as transformers writes it, so that a diff against the base shows the
          * dtype alone: json.dumps(indent=2) and a newline at the end */
         size_t len = 0;
