@@ -468,6 +468,14 @@ Test(plan, command_inputs)
     cr_expect_float_eq(json_real_value(json_object_get(json_object_get(y, "job"), "tokens")),
                        50.0 * 16 * 64, 1e-9);
     json_decref(y);
+    /* model.quantize nf4: the plan of QLoRA */
+    tu_write_file(tu_fmt("%s/qlora.yaml", d),
+                  tu_fmt("run:\n  dir: %s/run\nmodel:\n  path: %s/model\n  quantize: nf4\n"
+                         "data:\n  train: %s/data.train.h5\n",
+                         d, d, d));
+    y = plan_json(tu_fmt("%s/qlora.yaml --model llama-7b --gpu H100", d));
+    cr_expect_str_eq(json_string_value(json_object_get(y, "mode")), "qlora");
+    json_decref(y);
     /* options win over the YAML; --model replaces its model.path */
     y = plan_json(tu_fmt("%s/run.yaml --model llama-7b --mode lora --seq-len 128 --gpu H100", d));
     cr_expect_str_eq(json_string_value(json_object_get(y, "mode")), "lora");

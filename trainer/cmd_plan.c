@@ -328,7 +328,7 @@ static int from_yaml(plan_input *in, const char *path, char **model_path, int64_
         plan_input_from_config(in, &c);
         *steps = c.steps;
         *model_path = c.model_path ? strdup(c.model_path) : NULL;
-        if (in->mode == PLAN_LORA && !in->lora_targets)
+        if (in->mode != PLAN_FULL && !in->lora_targets)
             rc = sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", path);
         else if (c.lora_dora)
             rc = sp_fail(err, SP_EXIT_USAGE,

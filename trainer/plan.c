@@ -166,7 +166,9 @@ void plan_input_defaults(plan_input *in)
 
 void plan_input_from_config(plan_input *in, const config_t *c)
 {
-    in->mode = c->mode == MODE_FULL ? PLAN_FULL : PLAN_LORA;
+    in->mode = c->mode == MODE_FULL                 ? PLAN_FULL
+               : c->model_quantize == QUANT_NF4 ? PLAN_QLORA
+                                                : PLAN_LORA;
     in->lora_r = c->lora_r;
     in->lora_targets = c->lora_targets;
     in->lora_dropout = c->lora_dropout;
