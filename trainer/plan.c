@@ -427,7 +427,7 @@ static void add_fix(plan_result *r, const plan_input *v, const plan_result *vr,
     f->nodes = v->nodes;
     f->mem = vr->mem;
     f->tokens_per_s = vr->tokens_per_s;
-    f->available = v->mode != PLAN_QLORA;
+    f->available = v->mode != PLAN_QLORA || v->cpu; /* model.quantize nf4: CPU backends */
 }
 
 static int fits(const plan_input *v, plan_result *vr)
@@ -463,7 +463,9 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
         if (k < n)                                                                \
             k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__);                   \
     } while (0)
-    if (v->mode != base->mode && v->mode == PLAN_QLORA)
+    if (v->mode != base->mode && v->mode == PLAN_QLORA && v->cpu)
+        PUT("mode qlora (model.quantize nf4: LoRA r %lld on NF4 weights)", (long long)v->lora_r);
+    else if (v->mode != base->mode && v->mode == PLAN_QLORA)
         PUT("mode qlora (LoRA r %lld on NF4 weights; QLoRA training is not available in "
             "spotune yet)",
             (long long)v->lora_r);
