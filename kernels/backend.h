@@ -132,6 +132,16 @@ typedef struct backend_ops {
     void (*col_dot)(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den, int rows,
                     int cols);
 
+    /* QLoRA: the first n elements of an NF4 matrix with double quantization
+     * (kernels/nf4.h, bitsandbytes' layout), out[i] = maps[code_i] *
+     * (maps[16 + absmax[i/64]] * nested[i/16384] + offset), computed in F32
+     * and written in out's dtype. codes U8 [(n+1)/2] (two per byte, the
+     * first in the high nibble), absmax U8 [ceil(n/64)], nested F32
+     * [ceil(n/16384)], maps F32 [16 + 256] (the NF4 values, then the 8-bit
+     * dynamic map). */
+    void (*dequant_nf4)(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
+                        tensor_t nested, tensor_t maps, float offset, size_t n);
+
     /* out = in * keep / (1 - p), keep = uniform(seed, offset + i) >= p.
      * The same call on gradients is the backward. p == 0 copies. */
     void (*dropout)(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
@@ -224,7 +234,7 @@ int dtype_convert(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, si
  * takes; then how tensors relate (the operands of a matmul, of attention
  * share a dtype). Float tensors are F32 or be->act_dt (so F32 only on the
  * CPU); the tensors the comments above call F32 are F32, token ids and
- * targets I32. The same bad call fails with the same message on every
+ * targets I32, NF4 codes and 8-bit absmax U8. The same bad call fails with the same message on every
  * backend; backends check only what is theirs (CUDA: the dtype triples
  * cuBLASLt multiplies, conversions between F32 and BF16 only).
  * Token ids and targets are device data, not checked here: on every backend
@@ -277,6 +287,8 @@ void be_col_scale_at(const char *file, int line, backend_t *be, tensor_t y, tens
                      tensor_t den, int rows, int cols);
 void be_col_dot_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t x,
                    tensor_t y, tensor_t den, int rows, int cols);
+void be_dequant_nf4_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t codes,
+                       tensor_t absmax, tensor_t nested, tensor_t maps, float offset, size_t n);
 void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
                    float p, uint64_t seed, uint64_t offset);
 /* 0.0 when the call is refused */
@@ -318,6 +330,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_weight_norm(...) be_weight_norm_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_col_scale(...) be_col_scale_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_col_dot(...) be_col_dot_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_dequant_nf4(...) be_dequant_nf4_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_dropout(...) be_dropout_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_sumsq(...) be_sumsq_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_adamw(...) be_adamw_at(__FILE__, __LINE__, __VA_ARGS__)

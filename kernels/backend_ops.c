@@ -61,7 +61,7 @@ static size_t mul4(size_t a, size_t b, size_t c, size_t d)
 }
 
 /* What dtypes a tensor argument takes. */
-typedef enum { TAKES_FLOAT, TAKES_F32, TAKES_I32 } takes_t;
+typedef enum { TAKES_FLOAT, TAKES_F32, TAKES_I32, TAKES_U8 } takes_t;
 
 static int float_dtype(dtype_t dt)
 {
@@ -103,6 +103,10 @@ static void tensor_arg(call *c, const char *name, tensor_t t, size_t need, const
     case TAKES_I32:
         if (t.dt != DT_I32)
             refuse(c, "%s has dtype %s, takes I32", name, dtype_name(t.dt));
+        return;
+    case TAKES_U8:
+        if (t.dt != DT_U8)
+            refuse(c, "%s has dtype %s, takes U8", name, dtype_name(t.dt));
         return;
     }
 }
@@ -506,6 +510,19 @@ void be_col_dot_at(const char *file, int line, backend_t *be, tensor_t out, tens
     tensor_arg(&c, "den", den, (size_t)cols, "cols", TAKES_F32);
     if (!c.bad)
         be->ops->col_dot(be, out, x, y, den, rows, cols);
+}
+
+void be_dequant_nf4_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t codes,
+                       tensor_t absmax, tensor_t nested, tensor_t maps, float offset, size_t n)
+{
+    call c = begin(be, "dequant_nf4", file, line);
+    tensor_arg(&c, "out", out, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "codes", codes, n / 2 + n % 2, "(n+1)/2", TAKES_U8);
+    tensor_arg(&c, "absmax", absmax, n / 64 + (n % 64 != 0), "ceil(n/64)", TAKES_U8);
+    tensor_arg(&c, "nested", nested, n / 16384 + (n % 16384 != 0), "ceil(n/16384)", TAKES_F32);
+    tensor_arg(&c, "maps", maps, n ? 16 + 256 : 0, "16 + 256", TAKES_F32);
+    if (!c.bad)
+        be->ops->dequant_nf4(be, out, codes, absmax, nested, maps, offset, n);
 }
 
 void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,

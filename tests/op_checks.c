@@ -19,7 +19,7 @@
 #define N_ELEM 10   /* n of the elementwise ops */
 #define FILL 0.25f  /* every float element before a call (ids are 0) */
 
-typedef enum { TAKES_FLOAT, TAKES_F32, TAKES_I32 } takes_t;
+typedef enum { TAKES_FLOAT, TAKES_F32, TAKES_I32, TAKES_U8 } takes_t;
 
 typedef struct targ {
     const char *name;
@@ -105,6 +105,11 @@ static void c_bias_backward(backend_t *be, const tensor_t *t, const int *d)
 static void c_weight_norm(backend_t *be, const tensor_t *t, const int *d)
 {
     be_weight_norm(be, t[0], t[1], t[2], t[3], 0.5f, d[0], d[1], d[2]);
+}
+static void c_dequant_nf4(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_dequant_nf4(be, t[0], t[1], t[2], t[3], t[4], 0.5f, N_ELEM);
 }
 static void c_col_scale(backend_t *be, const tensor_t *t, const int *d)
 {
@@ -219,6 +224,12 @@ static const op_spec specs[] = {
      {T_("out", 4, "cols", TAKES_F32), T_("x", 12, "rows x cols", TAKES_FLOAT),
       T_("y", 12, "rows x cols", TAKES_FLOAT), T_("den", 4, "cols", TAKES_F32)},
      2, {"rows", "cols"}, {3, 4}},
+    /* n = 10: 5 bytes of codes, one block of absmax, one nested block */
+    {"dequant_nf4", c_dequant_nf4, 5,
+     {T_("out", E_, "n", TAKES_FLOAT), T_("codes", 5, "(n+1)/2", TAKES_U8),
+      T_("absmax", 1, "ceil(n/64)", TAKES_U8), T_("nested", 1, "ceil(n/16384)", TAKES_F32),
+      T_("maps", 272, "16 + 256", TAKES_F32)},
+     0, {NULL}, {0}},
     {"dropout", c_dropout, 2, {T_("out", E_, "n", TAKES_FLOAT), T_("in", E_, "n", TAKES_FLOAT)},
      0, {NULL}, {0}},
     {"sumsq", c_sumsq, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
@@ -239,6 +250,7 @@ typedef struct arena {
     tensor_t parent[10];
     unsigned char *image[10]; /* the bytes of each parent before any call */
     size_t bytes[10];
+    size_t esz[10]; /* bytes of an element */
 } arena;
 
 static void arena_make(arena *a, backend_t *be, const op_spec *s)
@@ -248,17 +260,18 @@ static void arena_make(arena *a, backend_t *be, const op_spec *s)
     a->n = s->nt;
     for (int i = 0; i < s->nt; i++) {
         const targ *t = &s->t[i];
-        dtype_t dt = t->takes == TAKES_I32 ? DT_I32 : DT_F32;
+        dtype_t dt = t->takes == TAKES_I32 ? DT_I32 : t->takes == TAKES_U8 ? DT_U8 : DT_F32;
         size_t n = t->n + 2 * GUARD;
         a->parent[i] = be_alloc(be, dt, n);
         cr_assert(a->parent[i].p, "%s: allocating %s", s->op, t->name);
-        a->bytes[i] = n * 4;
+        a->esz[i] = dtype_size(dt);
+        a->bytes[i] = n * a->esz[i];
         a->image[i] = malloc(a->bytes[i]);
         cr_assert(a->image[i]);
-        for (size_t j = 0; j < n; j++) {
+        memset(a->image[i], 0, a->bytes[i]); /* ids, codes */
+        for (size_t j = 0; j < n && dt == DT_F32; j++) {
             float f = FILL;
-            int32_t z = 0;
-            memcpy(a->image[i] + 4 * j, dt == DT_I32 ? (const void *)&z : (const void *)&f, 4);
+            memcpy(a->image[i] + 4 * j, &f, 4);
         }
     }
 }
@@ -276,13 +289,14 @@ static tensor_t arena_arg(const arena *a, const op_spec *s, int i)
     return tensor_view(a->parent[i], GUARD, s->t[i].n);
 }
 
-/* Bytes [lo, hi) of allocation i are as they were (elements of 4 bytes). */
+/* Elements [lo, hi) of allocation i are as they were. */
 static int arena_same(const arena *a, int i, size_t lo, size_t hi, const char *what)
 {
     unsigned char *now = malloc(a->bytes[i]);
     cr_assert(now);
     be_d2h(a->be, now, a->parent[i].p, a->bytes[i]);
-    int same = memcmp(now + 4 * lo, a->image[i] + 4 * lo, 4 * (hi - lo)) == 0;
+    size_t e = a->esz[i];
+    int same = memcmp(now + e * lo, a->image[i] + e * lo, e * (hi - lo)) == 0;
     free(now);
     cr_expect(same, "%s: memory changed", what);
     return same;
@@ -334,7 +348,7 @@ static void refused(arena *a, const op_spec *s, const tensor_t *t, const int *d,
     s->call(a->be, t, d);
     expect_refused(a->be, want, what);
     for (int i = 0; i < a->n; i++)
-        arena_same(a, i, 0, a->bytes[i] / 4, what);
+        arena_same(a, i, 0, a->bytes[i] / a->esz[i], what);
 }
 
 static const char *not_taken(takes_t takes, dtype_t *bad)
@@ -349,6 +363,9 @@ static const char *not_taken(takes_t takes, dtype_t *bad)
     case TAKES_I32:
         *bad = DT_F32;
         return "takes I32";
+    case TAKES_U8:
+        *bad = DT_F32;
+        return "takes U8";
     }
     return "";
 }

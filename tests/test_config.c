@@ -199,6 +199,38 @@ Test(config, dora_is_a_math_key_and_its_refusals_name_it)
     expect_error(text, "lora.dora", "not runtime.backend cuda");
 }
 
+/* model.quantize: a math key (a resume that changes it is refused by name),
+ * none leaves the hash of the configs that predate it; nf4 refused with full
+ * fine-tuning, with DoRA and with the CUDA backend, an unknown value named. */
+Test(config, quantize_is_a_math_key_and_its_refusals_name_it)
+{
+    config_t c, d;
+    sp_err err = {0};
+    config_defaults(&c);
+    config_defaults(&d);
+    cr_expect_eq(c.model_quantize, QUANT_NONE);
+    uint64_t none = config_math_hash(&c);
+    cr_assert_eq(config_set(&d, "model.quantize=none", &err), 0, "%s", err.msg);
+    cr_expect_eq(config_math_hash(&d), none);
+    cr_assert_eq(config_set(&d, "model.quantize=nf4", &err), 0, "%s", err.msg);
+    cr_expect_eq(d.model_quantize, QUANT_NF4);
+    cr_expect_neq(config_math_hash(&d), none);
+    char diff[512];
+    cr_expect_eq(config_diff_math(&c, &d, diff, sizeof diff), 1);
+    cr_expect(tu_contains(diff, "model.quantize (none, now nf4)"), "%s", diff);
+    config_free(&c);
+    config_free(&d);
+    const char *base = "run:\n  dir: x\nmodel:\n  path: m\n  quantize: nf4\ndata:\n  train: d\n";
+    char text[512];
+    snprintf(text, sizeof text, "%strain:\n  mode: full\n", base);
+    expect_error(text, "model.quantize nf4", "needs train.mode lora");
+    snprintf(text, sizeof text, "%slora:\n  dora: true\n", base);
+    expect_error(text, "model.quantize nf4", "lora.dora");
+    snprintf(text, sizeof text, "%sruntime:\n  backend: cuda\n", base);
+    expect_error(text, "model.quantize nf4", "not runtime.backend cuda");
+    expect_error("model:\n  quantize: int8\n", "bad.yaml:2", "model.quantize");
+}
+
 Test(config, missing_file)
 {
     config_t c;

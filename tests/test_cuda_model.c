@@ -282,3 +282,30 @@ int main(int argc, char *argv[])
 {
     return cuda_test_main(argc, argv);
 }
+
+/* model.quantize nf4 runs on the CPU backends only: runtime.backend auto
+ * choosing the GPU is refused at start, naming the key and the backend. */
+Test(cuda_model, qlora_refused_when_auto_chooses_cuda)
+{
+    char *dir = tu_tempdir("cuda-qlora");
+    char *out = NULL;
+    int rc = tu_animals_task(dir, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    char *path = sp_strf("%s/qlora.yaml", dir);
+    char *cfg = sp_strf("run:\n  dir: %s/run\nmodel:\n  path: %s/model\n  quantize: nf4\n"
+                        "train:\n  steps: 2\n  seq_len: 16\n  micro_batch: 1\n"
+                        "data:\n  train: %s/data.train.h5\nruntime:\n  backend: auto\n",
+                        dir, dir, dir);
+    cr_assert_eq(tu_write_file(path, cfg), 0);
+    free(cfg);
+    rc = tu_spotune(&out, "train %s", path);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "model.quantize nf4 runs on the CPU backends only") &&
+                  tu_contains(out, "runtime.backend auto chose the CUDA backend"),
+              "%s", out);
+    free(out);
+    free(path);
+    tu_rmtree(dir);
+    free(dir);
+}

@@ -24,6 +24,7 @@
 
 #include "cuda_test_main.h"
 #include "kernels/backend.h"
+#include "kernels/nf4.h"
 #include "op_checks.h"
 
 #define TOL_BF16 1e-2
@@ -813,6 +814,51 @@ Test(cuda_ops, dora_weight_norm_col_scale_and_col_dot)
         for (int i = 0; i < 9; i++)
             drop(gpu, g[i]), drop(cpu, c[i]);
         free(W), free(A), free(B), free(Y), free(X), free(num), free(den), free(acc);
+    }
+}
+
+/* ---- dequant_nf4: the CPU's values, bit for bit ------------------------------------------ */
+
+/* The F32 output bit-identical to the CPU backend's (every product and the
+ * sum rounded once, no fused multiply-add); the BF16 output the F32 value
+ * rounded to BF16 (to_bf16). Sizes: one partial block and an odd count, two
+ * nested blocks. */
+Test(cuda_ops, dequant_nf4_bit_identical_to_the_cpu)
+{
+    static const size_t sizes[] = {37, 16384 + 3 * 64 + 37};
+    for (int s = 0; s < 2; s++) {
+        size_t n = sizes[s], nb = nf4_blocks(n), nn = nf4_nested_blocks(n);
+        float *x = rnd(n, 0.1f), *absmax = malloc(sizeof(float) * nb);
+        float *nested = malloc(sizeof(float) * nn), maps[272];
+        uint8_t *codes = malloc(nf4_code_bytes(n)), *q = malloc(nb);
+        cr_assert(absmax && nested && codes && q);
+        nf4_quantize_codes(x, n, codes, absmax);
+        float offset = nf4_absmax_offset(absmax, nb);
+        nf4_quantize_absmax(absmax, nb, offset, nf4_dynamic_map, q, nested);
+        memcpy(maps, nf4_quant_map, sizeof nf4_quant_map);
+        memcpy(maps + 16, nf4_dynamic_map, sizeof nf4_dynamic_map);
+        backend_t *bes[2] = {gpu, cpu};
+        tensor_t out[3];
+        for (int k = 0; k < 2; k++) {
+            tensor_t tc = be_alloc(bes[k], DT_U8, nf4_code_bytes(n)), tq = be_alloc(bes[k], DT_U8, nb);
+            tensor_t tn = up(bes[k], DT_F32, nested, nn), tm = up(bes[k], DT_F32, maps, 272);
+            be_upload(bes[k], tc, codes, DT_U8);
+            be_upload(bes[k], tq, q, DT_U8);
+            out[k] = up(bes[k], DT_F32, NULL, n);
+            be_dequant_nf4(bes[k], out[k], tc, tq, tn, tm, offset, n);
+            if (k == 0) {
+                out[2] = up(gpu, gpu->act_dt, NULL, n);
+                be_dequant_nf4(gpu, out[2], tc, tq, tn, tm, offset, n);
+            }
+            gpu_ok();
+            drop(bes[k], &tc), drop(bes[k], &tq), drop(bes[k], &tn), drop(bes[k], &tm);
+        }
+        float *g = down(gpu, out[0]), *c = down(cpu, out[1]), *gb = down(gpu, out[2]);
+        cr_expect(memcmp(g, c, sizeof(float) * n) == 0, "n %zu: F32 not bit-identical", n);
+        for (size_t i = 0; i < n; i++)
+            cr_expect(gb[i] == to_bf16(c[i]), "n %zu [%zu]: bf16 %g, cpu %g", n, i, gb[i], c[i]);
+        drop(gpu, &out[0]), drop(cpu, &out[1]), drop(gpu, &out[2]);
+        free(x), free(absmax), free(nested), free(codes), free(q), free(g), free(c), free(gb);
     }
 }
 

@@ -31,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kernels/nf4.h"
 #include "test_util.h"
 #include "trainer/data.h"
 #include "trainer/model_card.h"
@@ -164,23 +165,28 @@ static void make_data(int64_t vocab)
 
 /* Trains DIR/run (mode lora or full) for 6 steps on DIR/base; the final
  * checkpoint is DIR/run/checkpoints/step-00000006. */
-static void train(const char *mode, const char *targets, int dora)
+static void train_q(const char *mode, const char *targets, int dora, const char *quantize)
 {
-    char *yaml = sp_strf("run:\n  dir: %s\n  seed: 7\nmodel:\n  path: %s\n"
+    char *yaml = sp_strf("run:\n  dir: %s\n  seed: 7\nmodel:\n  path: %s\n  quantize: %s\n"
                          "data:\n  train: %s\n  val: %s\n  val_every: 3\n  val_windows: 4\n"
                          "train:\n  mode: %s\n  steps: 6\n  seq_len: 16\n  micro_batch: 2\n"
                          "  grad_accum: 1\n  lr: 5e-2\n  warmup_steps: 1\n"
                          "lora:\n  r: 4\n  alpha: 8\n  targets: %s\n  dora: %s\n"
                          "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 1\n"
                          "checkpoint:\n  every_minutes: 0\n  every_steps: 6\n",
-                         at("run"), at("base"), at("train.h5"), at("val.h5"), mode, targets,
-                         dora ? "true" : "false");
+                         at("run"), at("base"), quantize, at("train.h5"), at("val.h5"), mode,
+                         targets, dora ? "true" : "false");
     cr_assert_eq(tu_write_file(at("run.yaml"), yaml), 0);
     free(yaml);
     char *out = NULL;
     int rc = tu_spotune(&out, "train %s", at("run.yaml"));
     cr_assert_eq(rc, 0, "training failed (%d): %s", rc, out);
     free(out);
+}
+
+static void train(const char *mode, const char *targets, int dora)
+{
+    train_q(mode, targets, dora, "none");
 }
 
 /* The merged config.json (path) is the base's with every dtype key the base
@@ -700,4 +706,106 @@ Test(export_hf, model_card_from_metrics)
               "%s", text);
     free(text);
     cr_expect(!exists(at("README.md.tmp")));
+}
+
+/* QLoRA (model.quantize nf4): --merged notes that the base is merged
+ * dequantized and writes bf16 by default; in f32 a projection without an
+ * adapter is exactly spotune's NF4 round trip of the base weight
+ * (kernels/nf4.h), and one with an adapter that plus s B A of the --peft
+ * export (float32 rounding of the sum: 1e-6 relative). --peft is as ever. */
+Test(export_hf, qlora_merged_is_the_dequantized_base_plus_adapter)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    cr_assert_eq(tu_sh(NULL, "cp -r %s %s", fixture("hf/llama_gqa/model"), at("base")), 0);
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    make_data(mc.vocab);
+    train_q("lora", "[q_proj, v_proj]", 0, "nf4");
+    char *out = NULL;
+    const char *ck = at("run/checkpoints/step-00000006");
+    int rc = tu_spotune(&out, "export %s --merged %s --peft %s", ck, at("m"), at("peft"));
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "differ from the unquantized base") && tu_contains(out, "BF16"),
+              "%s", out);
+    free(out);
+    check_weights_dtype(at("m"), DT_BF16);
+    rc = tu_spotune(&out, "export %s --merged %s --dtype f32", ck, at("m32"));
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    const char *names[] = {"model.layers.0.self_attn.k_proj.weight",
+                           "model.layers.1.self_attn.q_proj.weight"};
+    for (int t = 0; t < 2; t++) {
+        size_t n, nm;
+        float *w = tu_load_f32(at("base/model.safetensors"), names[t], &n);
+        float *merged = tu_load_f32(at("m32/model.safetensors"), names[t], &nm);
+        cr_assert(w && merged && n == nm, "%s", names[t]);
+        size_t nb = nf4_blocks(n);
+        uint8_t *codes = malloc(nf4_code_bytes(n)), *q = malloc(nb);
+        float *absmax = malloc(sizeof(float) * nb), *nested = malloc(sizeof(float) * nf4_nested_blocks(n));
+        float *deq = malloc(sizeof(float) * n);
+        nf4_quantize_codes(w, n, codes, absmax);
+        float offset = nf4_absmax_offset(absmax, nb);
+        nf4_quantize_absmax(absmax, nb, offset, nf4_dynamic_map, q, nested);
+        nf4_dequantize_absmax(q, nested, nf4_dynamic_map, offset, nb, absmax);
+        nf4_dequantize_codes(codes, absmax, nf4_quant_map, n, deq);
+        if (t == 0) {
+            cr_expect(memcmp(deq, merged, sizeof(float) * n) == 0,
+                      "%s: not the NF4 round trip of the base", names[t]);
+        } else {
+            size_t na, nbm;
+            float *A = tu_load_f32(at("peft/adapter_model.safetensors"),
+                                   "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight", &na);
+            float *B = tu_load_f32(at("peft/adapter_model.safetensors"),
+                                   "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight", &nbm);
+            cr_assert(A && B);
+            size_t r = 4, in = na / r, outd = nbm / r;
+            cr_assert_eq(in * outd, n);
+            float *want = malloc(sizeof(float) * n);
+            for (size_t o = 0; o < outd; o++)
+                for (size_t i = 0; i < in; i++) {
+                    double s = 0;
+                    for (size_t k = 0; k < r; k++)
+                        s += (double)B[o * r + k] * A[k * in + i];
+                    want[o * in + i] = (float)(deq[o * in + i] + 2.0 * s); /* alpha 8 / r 4 */
+                }
+            double e = tu_rel_err(merged, want, n), moved = tu_rel_err(deq, want, n);
+            cr_expect_lt(e, 1e-6, "%s: merged vs dequantized base + s B A: rel %g", names[t], e);
+            cr_expect_gt(moved, 1e-4, "%s: the adapter barely moved the weight", names[t]);
+            free(A), free(B), free(want);
+        }
+        free(w), free(merged), free(codes), free(q), free(absmax), free(nested), free(deq);
+    }
+}
+
+/* A QLoRA run on a pre-quantized bitsandbytes directory: --merged writes a
+ * dense model (no quantization_config) whose non-target projections are
+ * bitsandbytes' dequantized values exactly (f32). */
+Test(export_hf, qlora_on_a_bitsandbytes_directory_merges_dense)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    cr_assert_eq(tu_sh(NULL, "cp -r %s %s", fixture("nf4/llama_gqa_bnb"), at("base")), 0);
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    cr_assert(mc.bnb_nf4);
+    make_data(mc.vocab);
+    train_q("lora", "[q_proj, v_proj]", 0, "nf4");
+    char *out = NULL;
+    int rc = tu_spotune(&out, "export %s --merged %s --dtype f32",
+                        at("run/checkpoints/step-00000006"), at("m"));
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    json_t *cfg = load_json(at("m/config.json"));
+    cr_expect_null(json_object_get(cfg, "quantization_config"));
+    json_decref(cfg);
+    cr_assert_eq(model_config_load(&mc, at("m"), &err), 0, "%s", err.msg);
+    cr_expect(!mc.bnb_nf4);
+    const char *name = "model.layers.0.self_attn.k_proj.weight";
+    size_t n, nw;
+    float *want = tu_load_f32(fixture("nf4/llama_gqa_qlora.safetensors"), tu_fmt("dequant.%s", name),
+                              &n);
+    float *got = tu_load_f32(at("m/model.safetensors"), name, &nw);
+    cr_assert(want && got && n == nw);
+    cr_expect(memcmp(want, got, sizeof(float) * n) == 0, "%s: not bnb's dequantized values", name);
+    free(want);
+    free(got);
 }

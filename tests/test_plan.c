@@ -133,10 +133,14 @@ Test(plan, smaller_micro_batch_keeps_the_global_batch)
     cr_expect(found);
 }
 
-/* QLoRA: the seven projections' 6,476,005,376 weights in NF4 (4 bits, an
- * 8-bit absmax per 64 and an fp32 constant per 256 absmax: 4.127 bits), the
- * other 262,410,240 (embeddings, lm_head, norms) bf16:
- * 6,476,005,376 x 4.127 / 8 + 2 x 262,410,240 = 3,865,591,808 bytes. */
+/* QLoRA: the seven projections' 6,476,005,376 weights as model.quantize nf4
+ * stores them (kernels/nf4.h: 4 bits, an 8-bit absmax per 64, an fp32
+ * nested absmax per 256 absmax: 4.127 bits, and an fp32 offset per matrix):
+ * q, k, v, o (4096 x 4096) 8,388,608 + 262,144 + 4 x (1,024 + 1) =
+ * 8,654,852 bytes each, gate, up, down (4096 x 11008) 22,544,384 + 704,512 +
+ * 4 x (2,752 + 1) = 23,259,908 each, 32 layers: 3,340,772,224; the other
+ * 262,410,240 (embeddings, lm_head, norms) bf16: + 524,820,480 =
+ * 3,865,592,704 bytes. */
 Test(plan, qlora_weights_by_hand)
 {
     plan_input in;
@@ -144,7 +148,7 @@ Test(plan, qlora_weights_by_hand)
     sp_err err = {0};
     input_for(&in, "llama-7b", PLAN_QLORA, "L4");
     cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
-    cr_expect_eq(r.mem.weights, 3865591808.0);
+    cr_expect_eq(r.mem.weights, 3865592704.0);
     cr_expect_eq(r.trainable_params, 39976960LL);
     cr_expect_float_eq(r.mfu, 0.30, 1e-12);
 }
@@ -427,7 +431,7 @@ Test(plan, command_table_and_json)
     cr_expect(json_is_true(json_object_get(j, "fits")));
     json_decref(j);
     cr_assert_eq(tu_spotune(&out, "plan llama-13b --gpu L4 --mode qlora"), 0, "%s", out);
-    cr_expect(tu_contains(out, "QLoRA training is not available in spotune yet"), "%s", out);
+    cr_expect(tu_contains(out, "QLoRA training is not available in spotune yet on GPUs"), "%s", out);
     free(out);
 
     /* --gpu-mem and --gpu-tflops instead of a card of the table */
@@ -463,6 +467,14 @@ Test(plan, command_inputs)
     /* 50 steps x (2 GPUs x 4 x 2) windows x 64 tokens */
     cr_expect_float_eq(json_real_value(json_object_get(json_object_get(y, "job"), "tokens")),
                        50.0 * 16 * 64, 1e-9);
+    json_decref(y);
+    /* model.quantize nf4: the plan of QLoRA */
+    tu_write_file(tu_fmt("%s/qlora.yaml", d),
+                  tu_fmt("run:\n  dir: %s/run\nmodel:\n  path: %s/model\n  quantize: nf4\n"
+                         "data:\n  train: %s/data.train.h5\n",
+                         d, d, d));
+    y = plan_json(tu_fmt("%s/qlora.yaml --model llama-7b --gpu H100", d));
+    cr_expect_str_eq(json_string_value(json_object_get(y, "mode")), "qlora");
     json_decref(y);
     /* options win over the YAML; --model replaces its model.path */
     y = plan_json(tu_fmt("%s/run.yaml --model llama-7b --mode lora --seq-len 128 --gpu H100", d));

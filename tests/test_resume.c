@@ -61,6 +61,13 @@ Test(resume, dora_sigterm_then_resume_is_bit_identical)
     signal_then_resume_with(SIGTERM, "SIGTERM", "--set lora.dropout=0 --set lora.dora=true");
 }
 
+/* QLoRA: the NF4 base is quantized again from model.path on resume, the same
+ * way, so a resumed run is bit-identical too. */
+Test(resume, nf4_sigterm_then_resume_is_bit_identical)
+{
+    signal_then_resume_with(SIGTERM, "SIGTERM", "--set model.quantize=nf4");
+}
+
 Test(resume, sigterm_then_resume_is_bit_identical)
 {
     signal_then_resume(SIGTERM, "SIGTERM");
@@ -315,6 +322,10 @@ Test(resume, changed_math_refused_changed_steps_allowed)
     rc = run(NULL, "chg", "--set train.steps=8 --set lora.dropout=0 --set lora.dora=true", &out);
     cr_expect_eq(rc, 2, "%s", out);
     cr_expect(tu_contains(out, "lora.dora (false, now true)"), "%s", out);
+    free(out);
+    rc = run(NULL, "chg", "--set train.steps=8 --set model.quantize=nf4", &out);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "model.quantize (none, now nf4)"), "%s", out);
     free(out);
     /* another packing makes other windows: the data cursor would mean others */
     rc = run(NULL, "chg", "--set train.steps=8 --set data.packing=documents", &out);

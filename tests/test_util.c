@@ -470,8 +470,8 @@ static int read_batch(tu_hf_case *c, const char *path, sp_err *err)
     return 0;
 }
 
-int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const char *backend,
-               int recompute, uint64_t first_id, sp_err *err)
+static int hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const char *backend,
+                   int recompute, uint64_t first_id, int nf4, sp_err *err)
 {
     memset(c, 0, sizeof *c);
     char *model = sp_strf("%s/model", dir), *adapter = sp_strf("%s/lora", dir);
@@ -487,6 +487,7 @@ int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const c
                     .recompute = recompute};
     if (!rc && lora && !(rc = tu_lora_opts(adapter, &o, err)))
         o.lora_dropout = dropout;
+    o.nf4 = nf4;
     if (!rc && !(rc = backend_create(&c->be, backend, 0, 2, err)) &&
         !(rc = model_create(&c->m, c->be, &c->mc, &o, err)))
         rc = model_io_load_base(c->m, model, err);
@@ -496,6 +497,17 @@ int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const c
     free(adapter);
     free(batch);
     return rc;
+}
+
+int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const char *backend,
+               int recompute, uint64_t first_id, sp_err *err)
+{
+    return hf_open(c, dir, lora, dropout, backend, recompute, first_id, 0, err);
+}
+
+int tu_hf_open_nf4(tu_hf_case *c, const char *dir, const char *backend, sp_err *err)
+{
+    return hf_open(c, dir, 1, 0.0, backend, RECOMPUTE_NONE, 0, 1, err);
 }
 
 void tu_hf_close(tu_hf_case *c)

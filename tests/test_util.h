@@ -102,6 +102,9 @@ typedef struct tu_hf_case {
 } tu_hf_case;
 int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const char *backend,
                int recompute, uint64_t first_id, sp_err *err);
+/* The same with the adapter, no dropout, and the projection weights stored
+ * as NF4 (model.quantize nf4). */
+int tu_hf_open_nf4(tu_hf_case *c, const char *dir, const char *backend, sp_err *err);
 void tu_hf_close(tu_hf_case *c);
 
 /* ---- the local S3 test server (tests/store.cmake starts it) ------------------ */

@@ -375,6 +375,7 @@ static void opts_from_config(const config_t *c, model_opts *o)
     o->lora_targets = c->lora_targets;
     o->rslora = c->lora_rslora;
     o->dora = c->lora_dora;
+    o->nf4 = c->model_quantize == QUANT_NF4;
     o->max_batch = 1;
     o->seq_len = 2;
     o->seed = (uint64_t)c->seed;
@@ -466,6 +467,14 @@ static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *
     dtype_t dt;
     int rc = dtype_opt ? dtype_of_option(dtype_opt, &dt, err)
                        : model_io_weights_dtype(base, &dt, err);
+    if (!rc && o.nf4) {
+        if (!dtype_opt)
+            dt = DT_BF16;
+        printf("note: model.quantize nf4: the adapter is merged into the base as it was trained, "
+               "dequantized from NF4, so the merged weights differ from the unquantized base "
+               "plus the adapter by the quantization error; written as %s\n",
+               dtype_name(dt));
+    }
     if (!rc)
         rc = backend_create(&be, "cpu", 0, 0, err);
     if (!rc && (rc = model_create(&m, be, &mc, &o, err)) == 0)
@@ -503,7 +512,8 @@ static void export_usage(FILE *f)
                "--merged: base + adapter (or the fully fine-tuned weights) as a Hugging Face\n"
                "  model directory that loads without the base: the base's config.json with\n"
                "  only the dtype changed, its tokenizer files and generation_config.json.\n"
-               "--dtype bf16|f16|f32: the merged weights' dtype (default: the base's).\n"
+               "--dtype bf16|f16|f32: the merged weights' dtype (default: the base's; bf16 for\n"
+               "  a model.quantize nf4 run, whose base is merged dequantized).\n"
                "--model: the base model directory (default: model.path of the run).\n"
                "options for s3://: --endpoint URL --region R --path-style --timeout S\n");
 }

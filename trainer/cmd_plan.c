@@ -23,10 +23,12 @@ static void plan_usage(FILE *f)
             "size and upload time against each cloud's preemption notice. No GPU, no weights:\n"
             "MODEL is a model directory or its config.json alone; PRESET is tiny, small,\n"
             "llama-7b or llama-13b; RUN.yaml a training config (its model.path, train.*,\n"
-            "lora.* and runtime.recompute; options given here win).\n"
+            "model.quantize (nf4: qlora), lora.* and runtime.recompute; options given here\n"
+            "win).\n"
             "  --model DIR|config.json|PRESET  the model, instead of RUN.yaml's model.path\n"
-            "  --mode lora|qlora|full   (default lora; qlora: planned only, spotune cannot\n"
-            "                           train it yet)\n"
+            "  --mode lora|qlora|full   (default lora; qlora: LoRA on NF4 weights, which\n"
+            "                           spotune trains on the CPU backends only: planned,\n"
+            "                           not trainable on GPUs yet)\n"
             "  --lora-r N               LoRA rank (default 16, all 7 projections)\n"
             "  --seq-len N              tokens per window (default 2048)\n"
             "  --micro-batch N          windows per GPU per micro-step (default 1)\n"
@@ -214,9 +216,10 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
     } else {
         printf("  upload           give --upload-mbps for the time against each cloud's notice\n");
     }
-    if (in->mode == PLAN_QLORA)
-        printf("\nnote: QLoRA training is not available in spotune yet: this is the plan of "
-               "LoRA on NF4 weights as bitsandbytes stores them (%.3f bits per weight)\n",
+    if (in->mode == PLAN_QLORA && !in->cpu)
+        printf("\nnote: QLoRA training is not available in spotune yet on GPUs "
+               "(model.quantize nf4 runs on the CPU backends only): this is the plan of LoRA on "
+               "NF4 weights as spotune and bitsandbytes store them (%.3f bits per weight)\n",
                PLAN_NF4_BITS);
 }
 
@@ -236,7 +239,7 @@ static void print_json(const plan_input *in, const plan_result *r, const char *t
     json_object_set_new(j, "params", json_integer(r->params));
     json_object_set_new(j, "trainable_params", json_integer(r->trainable_params));
     json_object_set_new(j, "mode", json_string(mode_name(in->mode)));
-    json_object_set_new(j, "mode_available", json_boolean(in->mode != PLAN_QLORA));
+    json_object_set_new(j, "mode_available", json_boolean(in->mode != PLAN_QLORA || in->cpu));
     json_object_set_new(j, "lora_r", in->mode == PLAN_FULL ? json_null() : json_integer(in->lora_r));
     json_object_set_new(j, "seq_len", json_integer(in->seq_len));
     json_object_set_new(j, "micro_batch", json_integer(in->micro_batch));
@@ -327,7 +330,7 @@ static int from_yaml(plan_input *in, const char *path, char **model_path, int64_
         plan_input_from_config(in, &c);
         *steps = c.steps;
         *model_path = c.model_path ? strdup(c.model_path) : NULL;
-        if (in->mode == PLAN_LORA && !in->lora_targets)
+        if (in->mode != PLAN_FULL && !in->lora_targets)
             rc = sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", path);
         else if (c.lora_dora)
             rc = sp_fail(err, SP_EXIT_USAGE,

@@ -37,6 +37,7 @@ static const char *const recomputes[] = {"none", "attention", "layer", NULL};
 const char *const config_backend_names[] = {"auto", "cpu", "cpu-ref", "cuda", NULL};
 static const char *const addressings[] = {"auto", "path", "virtual", NULL};
 static const char *const packings[] = {"stream", "documents", "pad", NULL}; /* DATA_PACK_* */
+static const char *const quantizes[] = {"none", "nf4", NULL};                /* QUANT_* */
 
 #define MATH_SINCE 2
 #define O(f) offsetof(config_t, f)
@@ -54,6 +55,15 @@ static const key_def keys[] = {
     {"model.path", K_STRING, O(model_path), NULL, 0, 0, NULL, 1,
      "Hugging Face model directory: config.json and model.safetensors (or shards listed in "
      "model.safetensors.index.json)."},
+    {"model.quantize", K_ENUM, O(model_quantize), "none", 0, 0, quantizes, MATH_SINCE,
+     "none: the frozen base weights are kept as loaded (in the compute dtype). nf4: QLoRA: the "
+     "seven projection weights of each layer (q, k, v, o, gate, up, down) are quantized at load "
+     "to 4-bit NormalFloat with double quantization, in bitsandbytes' layout and values "
+     "(blocks of 64, the block maxima quantized to 8 bits in blocks of 256; about 0.5 bytes "
+     "per weight), and each product that needs one dequantizes that weight alone into a "
+     "workspace; embeddings, lm_head, norms and biases stay dense. The LoRA gradients are "
+     "those of the dequantized base. Needs train.mode lora; not with lora.dora; runs on the "
+     "CPU backends (cpu, cpu-ref) only. A run cannot resume under another value."},
     {"train.mode", K_ENUM, O(mode), "lora", 0, 0, modes, 1,
      "lora: train LoRA adapters on a frozen base. full: train every weight."},
     {"train.steps", K_INT, O(steps), "100", 1, BIG, NULL, 0, "Optimizer steps in total."},
@@ -592,6 +602,19 @@ int config_validate(const config_t *c, sp_err *err)
                        "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "
                        "cpu-ref), not runtime.backend cuda: its CUDA path has not yet run on a "
                        "GPU (tests/test_cuda_model.c, cuda_model::*_dora)",
+                       src);
+    if (c->model_quantize == QUANT_NF4 && c->mode != MODE_LORA)
+        return sp_fail(err, SP_EXIT_USAGE, "%s: model.quantize nf4 needs train.mode lora, not full",
+                       src);
+    if (c->model_quantize == QUANT_NF4 && c->lora_dora)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s: model.quantize nf4 with lora.dora is not supported (DoRA's weight "
+                       "norms would need the dequantized base); set one of them off",
+                       src);
+    if (c->model_quantize == QUANT_NF4 && strcmp(config_backend_names[c->backend], "cuda") == 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s: model.quantize nf4 runs on the CPU backends only (runtime.backend cpu "
+                       "or cpu-ref), not runtime.backend cuda",
                        src);
     if (c->mode != MODE_LORA && c->lora_init_from && *c->lora_init_from)
         return sp_fail(err, SP_EXIT_USAGE,

@@ -25,6 +25,9 @@ extern const char *const config_target_names[TARGET_COUNT];
 /* runtime.backend choices, indexed by config_t.backend (names backend_create takes) */
 extern const char *const config_backend_names[];
 
+/* model.quantize */
+enum { QUANT_NONE = 0, QUANT_NF4 = 1 };
+
 typedef struct config {
     char *source;          /* the YAML file this came from */
     /* run */
@@ -32,6 +35,7 @@ typedef struct config {
     int64_t seed;
     /* model */
     char *model_path;
+    int model_quantize; /* QUANT_NONE or QUANT_NF4 (QLoRA: NF4 frozen projections) */
     /* train */
     int mode;
     int64_t steps;

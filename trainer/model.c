@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/nf4.h"
 #include "model_internal.h"
 
 #define RNG_TAG_BASE_INIT 0x1001
@@ -226,6 +227,16 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
             }
     size_t trainable = o->mode == MODE_FULL ? total : lora;
     plan->weights = (o->mode == MODE_FULL ? 0 : total) * a;
+    size_t nf4_work = 0;
+    if (o->mode == MODE_LORA && o->nf4)
+        for (int p = 0; p < PROJ_COUNT; p++) {
+            int64_t in, out;
+            model_config_proj_dims(mc, p, &in, &out);
+            size_t n = (size_t)in * (size_t)out;
+            plan->weights -= (size_t)mc->layers * n * a;
+            plan->weights += (size_t)mc->layers * nf4_bytes(n);
+            nf4_work = n > nf4_work ? n : nf4_work;
+        }
     if (o->shard_count > 1) {
         /* grad and compute copy whole (padded); masters, moments, reduced grad per shard */
         size_t shard = model_shard_len(trainable, o->shard_count);
@@ -249,8 +260,9 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
         drop += BT * max_in_features(mc);
     size_t chunk = (size_t)logits_chunk_rows(mc, o, act_dt);
     plan->scratch = (BT + 3 * BT * H + bwd + BT * (size_t)o->lora_r + drop +
-                     chunk * (size_t)mc->vocab) * a +
-                    BT * 4 * 3 + (size_t)o->seq_len * (size_t)mc->head_dim * 4;
+                     chunk * (size_t)mc->vocab + nf4_work) * a +
+                    BT * 4 * 3 + (size_t)o->seq_len * (size_t)mc->head_dim * 4 +
+                    (nf4_work ? (16 + 256) * 4 : 0);
 }
 
 static tensor_t act_alloc(model_t *m, size_t n, dtype_t dt)
@@ -408,7 +420,7 @@ static void alloc_params(model_t *m)
         alloc_sharded(m);
         return;
     }
-    size_t N = m->n_trainable ? m->n_trainable : 1;
+    size_t N = m->n_trainable ? m->n_trainable : 1, work = 0;
     m->master = be_alloc(be, DT_F32, N);
     m->grad = be_alloc(be, DT_F32, N);
     m->adam_m = be_alloc(be, DT_F32, N);
@@ -422,17 +434,70 @@ static void alloc_params(model_t *m)
             p->master = tensor_view(m->master, p->offset, p->n);
             p->grad = tensor_view(m->grad, p->offset, p->n);
             p->w = be->act_dt == DT_F32 ? p->master : tensor_view(m->copy, p->offset, p->n);
+        } else if (m->o.nf4 && p->kind == PK_WEIGHT) {
+            p->q_codes = be_alloc(be, DT_U8, nf4_code_bytes(p->n));
+            p->q_absmax = be_alloc(be, DT_U8, nf4_blocks(p->n));
+            p->q_nested = be_alloc(be, DT_F32, nf4_nested_blocks(p->n));
+            m->bytes_weights += nf4_bytes(p->n);
+            work = p->n > work ? p->n : work;
         } else {
             p->w = be_alloc(be, be->act_dt, p->n);
             m->bytes_weights += p->n * dtype_size(be->act_dt);
         }
     }
+    if (m->o.nf4 && !be->err.code) {
+        float maps[16 + 256];
+        memcpy(maps, nf4_quant_map, sizeof nf4_quant_map);
+        memcpy(maps + 16, nf4_dynamic_map, sizeof nf4_dynamic_map);
+        m->nf4_maps = be_alloc(be, DT_F32, 16 + 256);
+        m->nf4_work = be_alloc(be, be->act_dt, work ? work : 1);
+        if (!be->err.code)
+            be_upload(be, m->nf4_maps, maps, DT_F32);
+    }
+}
+
+static int nf4_param(const param_t *p)
+{
+    return p->q_codes.p != NULL;
+}
+
+tensor_t model_weight(model_t *m, const param_t *p)
+{
+    if (!nf4_param(p))
+        return p->w;
+    tensor_t w = tensor_view(m->nf4_work, 0, p->n);
+    be_dequant_nf4(m->be, w, p->q_codes, p->q_absmax, p->q_nested, m->nf4_maps, p->q_offset, p->n);
+    return w;
+}
+
+/* Quantizes host values x [p->n] into NF4 weight p. */
+static void nf4_store(model_t *m, param_t *p, const float *x)
+{
+    size_t nb = nf4_blocks(p->n), nn = nf4_nested_blocks(p->n);
+    uint8_t *codes = malloc(nf4_code_bytes(p->n)), *q = malloc(nb);
+    float *absmax = malloc(sizeof(float) * nb), *nested = malloc(sizeof(float) * nn);
+    if (!codes || !q || !absmax || !nested) {
+        be_fail(m->be, __FILE__, __LINE__, "out of memory quantizing %s", p->name);
+    } else {
+        nf4_quantize_codes(x, p->n, codes, absmax);
+        p->q_offset = nf4_absmax_offset(absmax, nb);
+        nf4_quantize_absmax(absmax, nb, p->q_offset, nf4_dynamic_map, q, nested);
+        be_upload(m->be, p->q_codes, codes, DT_U8);
+        be_upload(m->be, p->q_absmax, q, DT_U8);
+        be_upload(m->be, p->q_nested, nested, DT_F32);
+    }
+    free(codes);
+    free(q);
+    free(absmax);
+    free(nested);
 }
 
 int model_create(model_t **out, backend_t *be, const model_config_t *mc, const model_opts *o,
                  sp_err *err)
 {
     *out = NULL;
+    if (o->nf4 && (o->mode != MODE_LORA || o->dora))
+        return sp_fail(err, SP_EXIT_USAGE, "model.quantize nf4 needs train.mode lora and no lora.dora");
     model_t *m = calloc(1, sizeof *m);
     if (!m)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
@@ -488,8 +553,14 @@ void model_destroy(model_t *m)
         return;
     backend_t *be = m->be;
     for (int i = 0; i < m->nparams; i++)
-        if (!m->params[i].trainable)
+        if (!m->params[i].trainable) {
             free_if_owned(be, &m->params[i].w, NULL);
+            free_if_owned(be, &m->params[i].q_codes, NULL);
+            free_if_owned(be, &m->params[i].q_absmax, NULL);
+            free_if_owned(be, &m->params[i].q_nested, NULL);
+        }
+    free_if_owned(be, &m->nf4_maps, NULL);
+    free_if_owned(be, &m->nf4_work, NULL);
     tensor_t *arenas[] = {&m->master, &m->grad, &m->adam_m, &m->adam_v, &m->copy, &m->grad_shard};
     for (size_t i = 0; i < 6; i++)
         free_if_owned(be, arenas[i], NULL);
@@ -577,6 +648,17 @@ void model_init_base_random(model_t *m, uint64_t seed)
             fill_const(m, p, 1.0f);
         } else if (p->kind == PK_BIAS) {
             fill_const(m, p, 0.0f);
+        } else if (nf4_param(p)) { /* drawn as a dense weight, then quantized */
+            tensor_t w = tensor_view(m->nf4_work, 0, p->n);
+            float *x = malloc(sizeof(float) * p->n);
+            be_fill_normal(m->be, w, p->n, 0.0f, 0.02f, sp_rng_stream(s, (uint64_t)i), 0);
+            if (!x) {
+                be_fail(m->be, __FILE__, __LINE__, "out of memory quantizing %s", p->name);
+                return;
+            }
+            be_download(m->be, x, DT_F32, w);
+            nf4_store(m, p, x);
+            free(x);
         } else if (p->kind == PK_EMBED || p->kind == PK_WEIGHT || p->kind == PK_LM_HEAD) {
             be_fill_normal(m->be, fill_target(m, p), p->n, 0.0f, 0.02f,
                            sp_rng_stream(s, (uint64_t)i), 0);
@@ -621,6 +703,17 @@ void model_dora_norm(model_t *m, int l, int p, tensor_t n)
 
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt)
 {
+    if (nf4_param(p)) {
+        float *x = malloc(sizeof(float) * p->n);
+        if (!x || dtype_convert(x, DT_F32, src, src_dt, p->n)) {
+            be_fail(m->be, __FILE__, __LINE__, "%s: cannot quantize %s values to NF4", p->name,
+                    dtype_name(src_dt));
+        } else {
+            nf4_store(m, p, x);
+        }
+        free(x);
+        return;
+    }
     be_upload(m->be, fill_target(m, p), src, src_dt);
     size_t lo, hi;
     if (m->shard_count > 1) { /* the masters straight from src, not from the compute copy */
@@ -632,8 +725,25 @@ void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt)
     sync_copy(m, p);
 }
 
+void model_param_set_nf4(model_t *m, param_t *p, const uint8_t *codes, const uint8_t *absmax,
+                         const float *nested, float offset)
+{
+    if (!nf4_param(p)) {
+        be_fail(m->be, __FILE__, __LINE__, "%s is not stored as NF4", p->name);
+        return;
+    }
+    be_upload(m->be, p->q_codes, codes, DT_U8);
+    be_upload(m->be, p->q_absmax, absmax, DT_U8);
+    be_upload(m->be, p->q_nested, nested, DT_F32);
+    p->q_offset = offset;
+}
+
 void model_param_download(model_t *m, const param_t *p, float *dst)
 {
+    if (nf4_param(p)) {
+        be_download(m->be, dst, DT_F32, model_weight(m, p));
+        return;
+    }
     be_download(m->be, dst, DT_F32, p->trainable && m->shard_count == 1 ? p->master : p->w);
 }
 

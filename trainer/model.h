@@ -30,6 +30,12 @@ typedef struct param {
                         empty when the optimizer is sharded: the masters of the
                         rank's shard are in model.master) */
     tensor_t grad;   /* F32 gradient (trainable only) */
+    /* model.quantize nf4, a projection weight (PK_WEIGHT): w is empty and the
+     * value is held as NF4 with double quantization (kernels/nf4.h): codes U8
+     * [(n+1)/2], absmax U8 [blocks of 64], nested F32 [blocks of 256 blocks],
+     * offset; model_weight() dequantizes it when a product needs it */
+    tensor_t q_codes, q_absmax, q_nested;
+    float q_offset;
 } param_t;
 
 typedef struct layer_params {
@@ -46,6 +52,10 @@ typedef struct model_opts {
     int64_t lora_targets;
     int rslora;
     int dora; /* DoRA: lora_m on every target (needs lora_dropout 0) */
+    /* QLoRA: the projection weights (PK_WEIGHT) stored as NF4 with double
+     * quantization (kernels/nf4.h) instead of a dense compute copy; needs
+     * MODE_LORA and no DoRA */
+    int nf4;
     int64_t max_batch, seq_len;
     int recompute;
     uint64_t seed;
@@ -115,6 +125,10 @@ typedef struct model {
     layer_acts *acts;
     void *scratch;
     size_t bytes_weights, bytes_trainable, bytes_acts;
+    /* model.quantize nf4: the NF4 values then the 8-bit dynamic map (F32
+     * [16 + 256]), and the workspace one dequantized projection weight is
+     * written to (act_dt, the largest projection) */
+    tensor_t nf4_maps, nf4_work;
 } model_t;
 
 /* Builds the parameter table and allocates everything (weights zero: load or
@@ -128,8 +142,17 @@ void model_init_base_random(model_t *m, uint64_t seed);
  * with DoRA the magnitude m = ||W + s B A||_row = ||W||_row (as PEFT
  * initialises it): call after the base weights are loaded. */
 void model_init_lora(model_t *m, uint64_t seed);
-/* Copies host values (dtype src_dt) into a parameter (master and compute copy). */
+/* The compute copy of p for a product: p->w, or for an NF4 weight its
+ * dequantized value in m->nf4_work (valid until the next call for another
+ * weight). */
+tensor_t model_weight(model_t *m, const param_t *p);
+/* Copies host values (dtype src_dt) into a parameter (master and compute
+ * copy; an NF4 weight is quantized on the host first). */
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt);
+/* Sets NF4 weight p from a stored state (bitsandbytes' layout, host memory):
+ * codes [(n+1)/2], 8-bit absmax [blocks], nested absmax [nested blocks], offset. */
+void model_param_set_nf4(model_t *m, param_t *p, const uint8_t *codes, const uint8_t *absmax,
+                         const float *nested, float offset);
 /* Reads a parameter's value (the F32 master when trainable; the compute copy
  * when the optimizer is sharded) into host F32. */
 void model_param_download(model_t *m, const param_t *p, float *dst);
@@ -152,7 +175,9 @@ double model_grad_sumsq(model_t *m);
  * which the caller then all-gathers. */
 void model_adamw(model_t *m, const adamw_args *a);
 
-/* Bytes the model needs, by category, before anything is allocated. */
+/* Bytes the model needs, by category, before anything is allocated (with
+ * model_opts.nf4 the projection weights count nf4_bytes() each and the
+ * dequantization workspace is in scratch). */
 typedef struct model_plan {
     size_t weights, trainable, activations, scratch;
 } model_plan;

@@ -4,6 +4,8 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const arch_names[][2] = {
@@ -87,6 +89,55 @@ static int read_rope(model_config_t *mc, json_t *root, const char *path, sp_err 
     return 0;
 }
 
+/* A JSON value as text, for messages. */
+static void json_text(json_t *v, char *buf, size_t n)
+{
+    char *s = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    snprintf(buf, n, "%s", s ? s : "(missing)");
+    free(s);
+}
+
+/* quantization_config: only bitsandbytes' 4-bit NF4 with double
+ * quantization, as transformers writes BitsAndBytesConfig (the blocksize,
+ * 64, is checked per tensor where it is recorded: quant_state). */
+static int check_quantization(model_config_t *mc, json_t *q, const char *path, sp_err *err)
+{
+    char v[128];
+    if (!json_is_object(q))
+        return sp_fail(err, SP_EXIT_INPUT, "%s: quantization_config is not an object", path);
+    json_t *method = json_object_get(q, "quant_method");
+    if (!json_is_string(method) || strcmp(json_string_value(method), "bitsandbytes") != 0) {
+        json_text(method, v, sizeof v);
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: quantization_config.quant_method %s is not supported (only "
+                       "bitsandbytes 4-bit NF4 with double quantization)",
+                       path, v);
+    }
+    static const struct {
+        const char *key, *want; /* want: a JSON literal */
+    } need[] = {{"load_in_8bit", "false"},          {"load_in_4bit", "true"},
+                {"bnb_4bit_quant_type", "\"nf4\""}, {"bnb_4bit_use_double_quant", "true"}};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
+        json_t *got = json_object_get(q, need[i].key);
+        json_text(got, v, sizeof v);
+        if (strcmp(v, need[i].want) != 0 && !(i == 0 && !got))
+            return sp_fail(err, SP_EXIT_INPUT,
+                           "%s: quantization_config.%s %s is not supported (only bitsandbytes "
+                           "4-bit NF4 with double quantization: %s %s)",
+                           path, need[i].key, v, need[i].key, need[i].want);
+    }
+    json_t *storage = json_object_get(q, "bnb_4bit_quant_storage");
+    if (storage && !json_is_null(storage) &&
+        (!json_is_string(storage) || strcmp(json_string_value(storage), "uint8") != 0)) {
+        json_text(storage, v, sizeof v);
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: quantization_config.bnb_4bit_quant_storage %s is not supported (uint8)",
+                       path, v);
+    }
+    mc->bnb_nf4 = 1;
+    return 0;
+}
+
 static int refuse_unsupported(model_config_t *mc, json_t *root, const char *path, sp_err *err)
 {
     json_t *act = json_object_get(root, "hidden_act");
@@ -101,9 +152,8 @@ static int refuse_unsupported(model_config_t *mc, json_t *root, const char *path
         return sp_fail(err, SP_EXIT_INPUT, "%s: partial_rotary_factor %g is not supported", path,
                        v);
     json_t *q = json_object_get(root, "quantization_config");
-    if (q && !json_is_null(q))
-        return sp_fail(err, SP_EXIT_INPUT,
-                       "%s: quantization_config: quantized models are not supported", path);
+    if (q && !json_is_null(q) && check_quantization(mc, q, path, err))
+        return err->code;
     /* a sliding window is recorded; the trainer refuses one shorter than seq_len */
     int uses_window = strcmp(mc->model_type, "qwen2") == 0
                           ? get_bool(root, "use_sliding_window", 0)

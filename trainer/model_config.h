@@ -28,6 +28,10 @@ typedef struct model_config {
     int tie_embeddings;
     int bias[PROJ_COUNT]; /* which projections carry a bias */
     int64_t bos_id, eos_id;
+    /* quantization_config: bitsandbytes 4-bit NF4 with double quantization
+     * (load_in_4bit, bnb_4bit_quant_type nf4, bnb_4bit_use_double_quant):
+     * the projection weights are stored pre-quantized; 0: dense weights */
+    int bnb_nf4;
 } model_config_t;
 
 /* Reads and checks MODEL_DIR/config.json (SP_EXIT_INPUT on problems). */

@@ -109,7 +109,7 @@ static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t
         dora_forward(c, l, p, y, x, accumulate);
         return;
     }
-    be_matmul(m->be, y, x, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, 1.0f,
+    be_matmul(m->be, y, x, model_weight(m, j.L->w[p]), c->rows, j.out, j.in, 0, 1, 1.0f,
               accumulate ? 1.0f : 0.0f);
     if (j.L->b[p])
         be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
@@ -139,7 +139,8 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
         be_col_scale(m->be, g, j.L->lora_m[p]->w, n, c->rows, j.out);
         dy = g;
     }
-    be_matmul(m->be, dx, dy, W->w, c->rows, j.in, j.out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
+    be_matmul(m->be, dx, dy, model_weight(m, W), c->rows, j.in, j.out, 0, 0, 1.0f,
+              accumulate ? 1.0f : 0.0f);
     if (W->trainable)
         be_matmul(m->be, W->grad, dy, x, j.out, j.in, c->rows, 1, 0, 1.0f, 1.0f);
     if (!j.L->lora_a[p])

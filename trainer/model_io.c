@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../kernels/nf4.h"
 #include "safetensors.h"
 
 static int file_exists(const char *p)
@@ -148,8 +149,99 @@ static int missing_tensor(const char *dir, const char *name, char **files, int n
     return rc;
 }
 
+/* The tensor named name in any of the nf files, or NULL. */
+static const st_tensor *find_in(st_file *st, int nf, const char *name)
+{
+    const st_tensor *t = NULL;
+    for (int j = 0; j < nf && !t; j++)
+        t = st_find(&st[j], name);
+    return t;
+}
+
+/* One part NAME.SUFFIX of a bitsandbytes NF4 weight: present, of dtype dt
+ * and n elements. */
+static const st_tensor *bnb_part(const char *dir, st_file *st, int nf, const param_t *p,
+                                 const char *suffix, dtype_t dt, size_t n, sp_err *err)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s%s%s", p->name, *suffix ? "." : "", suffix);
+    const st_tensor *t = find_in(st, nf, name);
+    if (!t)
+        sp_fail(err, SP_EXIT_INPUT, "%s: tensor '%s' is missing (a bitsandbytes NF4 weight)",
+                dir, name);
+    else if (t->dt != dt || t->numel != n)
+        sp_fail(err, SP_EXIT_INPUT, "%s: tensor '%s' is %s with %zu elements, expected %s with %zu",
+                dir, name, dtype_name(t->dt), t->numel, dtype_name(dt), n);
+    else
+        return t;
+    return NULL;
+}
+
+/* A projection weight of a bitsandbytes 4-bit directory (model_config_t
+ * bnb_nf4): the packed codes and the double-quantized statistics as
+ * transformers saves them, checked against kernels/nf4.h's layout, stored
+ * as they are (no requantization). */
+static int load_bnb_nf4(model_t *m, param_t *p, const char *dir, st_file *st, int nf,
+                        sp_err *err)
+{
+    const st_tensor *w, *am, *na, *qm, *nqm, *qs;
+    if (!(w = bnb_part(dir, st, nf, p, "", DT_U8, nf4_code_bytes(p->n), err)) ||
+        !(am = bnb_part(dir, st, nf, p, "absmax", DT_U8, nf4_blocks(p->n), err)) ||
+        !(na = bnb_part(dir, st, nf, p, "nested_absmax", DT_F32, nf4_nested_blocks(p->n), err)) ||
+        !(qm = bnb_part(dir, st, nf, p, "quant_map", DT_F32, 16, err)) ||
+        !(nqm = bnb_part(dir, st, nf, p, "nested_quant_map", DT_F32, 256, err)))
+        return err->code;
+    char qs_name[256];
+    snprintf(qs_name, sizeof qs_name, "%s.quant_state.bitsandbytes__nf4", p->name);
+    if (!(qs = find_in(st, nf, qs_name)) || qs->dt != DT_U8)
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: tensor '%s' is %s (bitsandbytes' quant state, U8 JSON; only NF4 "
+                       "weights are supported)",
+                       dir, qs_name, qs ? "not U8" : "missing");
+    if (memcmp(qm->data, nf4_quant_map, sizeof nf4_quant_map) != 0)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: %s.quant_map is not the NF4 map", dir, p->name);
+    if (memcmp(nqm->data, nf4_dynamic_map, sizeof nf4_dynamic_map) != 0)
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: %s.nested_quant_map is not bitsandbytes' 8-bit dynamic map", dir,
+                       p->name);
+    json_error_t je;
+    json_t *j = json_loadb(qs->data, qs->numel, 0, &je);
+    json_t *shape = json_object_get(j, "shape"), *off = json_object_get(j, "nested_offset");
+    const char *qt = json_string_value(json_object_get(j, "quant_type"));
+    int rc = 0;
+    if (!j)
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: %s is not JSON: %s", dir, qs_name, je.text);
+    else if (!qt || strcmp(qt, "nf4") != 0)
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: %s: quant_type %s is not supported (nf4)", dir,
+                     qs_name, qt ? qt : "(missing)");
+    else if (json_integer_value(json_object_get(j, "blocksize")) != NF4_BLOCK)
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: %s: blocksize %lld is not supported (64)", dir,
+                     qs_name, (long long)json_integer_value(json_object_get(j, "blocksize")));
+    else if (json_integer_value(json_object_get(j, "nested_blocksize")) != NF4_NESTED_BLOCK)
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: %s: nested_blocksize %lld is not supported (256)",
+                     dir, qs_name,
+                     (long long)json_integer_value(json_object_get(j, "nested_blocksize")));
+    else if (json_array_size(shape) != 2 ||
+             json_integer_value(json_array_get(shape, 0)) != p->shape[0] ||
+             json_integer_value(json_array_get(shape, 1)) != p->shape[1])
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: %s: shape is not [%lld, %lld]", dir, qs_name,
+                     (long long)p->shape[0], (long long)p->shape[1]);
+    else if (!json_is_number(off))
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: %s: no nested_offset (double quantization)", dir,
+                     qs_name);
+    else
+        model_param_set_nf4(m, p, w->data, am->data, na->data, (float)json_number_value(off));
+    json_decref(j);
+    return rc ? rc : be_check(m->be, err);
+}
+
 int model_io_load_base(model_t *m, const char *dir, sp_err *err)
 {
+    if (m->mc.bnb_nf4 && !m->o.nf4)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s: the projection weights are bitsandbytes 4-bit NF4 "
+                       "(config.json quantization_config): set model.quantize nf4",
+                       dir);
     char **files;
     int nf;
     if (model_io_weight_files(dir, &files, &nf, err))
@@ -165,6 +257,11 @@ int model_io_load_base(model_t *m, const char *dir, sp_err *err)
         param_t *p = &m->params[i];
         if (p->kind == PK_LORA_A || p->kind == PK_LORA_B || p->kind == PK_LORA_M)
             continue;
+        if (m->mc.bnb_nf4 && p->kind == PK_WEIGHT) {
+            if ((rc = load_bnb_nf4(m, p, dir, st, nf, err)))
+                break;
+            continue;
+        }
         const st_tensor *t = NULL;
         int where = -1;
         for (int j = 0; j < nf && !t; j++)
@@ -490,7 +587,8 @@ static void put_json(FILE *f, json_t *j, int depth)
 /* dir/config.json: base_dir's config.json with every key kept, in its order,
  * and only the dtype changed: "torch_dtype" and "dtype", whichever the base
  * has (transformers < 5 writes the first, >= 5 the second); "torch_dtype"
- * when it has neither. */
+ * when it has neither. A base's quantization_config (bitsandbytes NF4) is
+ * dropped: the weights written are dense. */
 static int write_config_like(const char *base_dir, const char *dir, dtype_t dtype, sp_err *err)
 {
     char *src = sp_strf("%s/config.json", base_dir), *dst = sp_strf("%s/config.json", dir);
@@ -513,6 +611,7 @@ static int write_config_like(const char *base_dir, const char *dir, dtype_t dtyp
         if (has_dtype)
             json_object_set(root, "dtype", name);
         json_decref(name);
+        json_object_del(root, "quantization_config");
         /* as transformers writes it, so that a diff against the base shows the
          * dtype alone: json.dumps(indent=2) and a newline at the end */
         size_t len = 0;

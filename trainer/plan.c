@@ -166,7 +166,9 @@ void plan_input_defaults(plan_input *in)
 
 void plan_input_from_config(plan_input *in, const config_t *c)
 {
-    in->mode = c->mode == MODE_FULL ? PLAN_FULL : PLAN_LORA;
+    in->mode = c->mode == MODE_FULL                 ? PLAN_FULL
+               : c->model_quantize == QUANT_NF4 ? PLAN_QLORA
+                                                : PLAN_LORA;
     in->lora_r = c->lora_r;
     in->lora_targets = c->lora_targets;
     in->lora_dropout = c->lora_dropout;
@@ -302,18 +304,6 @@ static double lora_params(const model_config_t *mc, int64_t r, int64_t targets, 
     return n;
 }
 
-static double largest_proj(const model_config_t *mc)
-{
-    double mx = 0;
-    for (int p = 0; p < PROJ_COUNT; p++) {
-        int64_t i, o;
-        model_config_proj_dims(mc, p, &i, &o);
-        if ((double)i * (double)o > mx)
-            mx = (double)i * (double)o;
-    }
-    return mx;
-}
-
 /* Everything but the fixes. */
 static void plan_one(const plan_input *in, plan_result *r)
 {
@@ -321,11 +311,10 @@ static void plan_one(const plan_input *in, plan_result *r)
     int world = in->gpus_per_node * in->nodes;
     int full = in->mode == PLAN_FULL;
     dtype_t act = in->cpu ? DT_F32 : DT_BF16;
-    double a = (double)dtype_size(act);
     model_opts o = {.mode = full ? MODE_FULL : MODE_LORA, .lora_r = in->lora_r,
                     .lora_alpha = 2.0 * (double)in->lora_r, .lora_dropout = in->lora_dropout,
                     .lora_targets = in->lora_targets, .dora = in->lora_dora,
-                    .max_batch = in->micro_batch,
+                    .nf4 = in->mode == PLAN_QLORA, .max_batch = in->micro_batch,
                     .seq_len = in->seq_len, .recompute = in->recompute, .seed = 1};
     r->params = model_config_params(mc);
     double trainable = full ? (double)r->params
@@ -339,13 +328,11 @@ static void plan_one(const plan_input *in, plan_result *r)
 
     plan_mem *m = &r->mem;
     memset(m, 0, sizeof *m);
+    /* QLoRA: model_plan_bytes counts the seven projections as model.quantize
+     * nf4 stores them (nf4_bytes: PLAN_NF4_BITS per weight, rounded up per
+     * matrix, and its offset), the rest (embeddings, lm_head, norms, biases)
+     * as they are, and the one dequantized projection in its scratch */
     m->weights = (double)p.weights;
-    if (in->mode == PLAN_QLORA) {
-        /* the seven projections in NF4, the rest (embeddings, lm_head, norms,
-         * biases) as they are */
-        double q = proj_weight_params(mc);
-        m->weights = ((double)r->params - q) * a + q * PLAN_NF4_BITS / 8.0;
-    }
     /* model_plan_bytes' trainable arenas, split: gradients fp32, AdamW m and
      * v fp32, the rest (fp32 masters and the compute copy) trainable state */
     if (r->sharded) {
@@ -362,11 +349,8 @@ static void plan_one(const plan_input *in, plan_result *r)
     m->trainable = (double)p.trainable - m->gradients - m->optimizer;
     m->activations = (double)p.activations;
     m->workspace = (double)p.scratch;
-    if (!in->cpu) {
+    if (!in->cpu)
         m->workspace += PLAN_CUDA_WORKSPACE;
-        if (in->mode == PLAN_QLORA) /* one projection dequantized at a time */
-            m->workspace += largest_proj(mc) * a;
-    }
     m->total = m->weights + m->trainable + m->gradients + m->optimizer + m->activations +
                m->workspace;
     if (in->cpu)
@@ -443,7 +427,7 @@ static void add_fix(plan_result *r, const plan_input *v, const plan_result *vr,
     f->nodes = v->nodes;
     f->mem = vr->mem;
     f->tokens_per_s = vr->tokens_per_s;
-    f->available = v->mode != PLAN_QLORA;
+    f->available = v->mode != PLAN_QLORA || v->cpu; /* model.quantize nf4: CPU backends */
 }
 
 static int fits(const plan_input *v, plan_result *vr)
@@ -479,7 +463,9 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
         if (k < n)                                                                \
             k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__);                   \
     } while (0)
-    if (v->mode != base->mode && v->mode == PLAN_QLORA)
+    if (v->mode != base->mode && v->mode == PLAN_QLORA && v->cpu)
+        PUT("mode qlora (model.quantize nf4: LoRA r %lld on NF4 weights)", (long long)v->lora_r);
+    else if (v->mode != base->mode && v->mode == PLAN_QLORA)
         PUT("mode qlora (LoRA r %lld on NF4 weights; QLoRA training is not available in "
             "spotune yet)",
             (long long)v->lora_r);

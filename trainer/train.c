@@ -211,7 +211,13 @@ static int setup_model(trainer_t *t, sp_err *err)
                        "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "
                        "cpu-ref); runtime.backend %s chose the CUDA backend",
                        c->source ? c->source : "config", config_backend_names[c->backend]);
+    if (c->model_quantize == QUANT_NF4 && strcmp(t->be->name, "cuda") == 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s: model.quantize nf4 runs on the CPU backends only (runtime.backend cpu "
+                       "or cpu-ref); runtime.backend %s chose the CUDA backend",
+                       c->source ? c->source : "config", config_backend_names[c->backend]);
     model_opts o = {.mode = c->mode,
+                    .nf4 = c->model_quantize == QUANT_NF4,
                     .lora_r = c->lora_r,
                     .lora_alpha = c->lora_alpha,
                     .lora_dropout = c->lora_dropout,

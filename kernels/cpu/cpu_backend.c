@@ -158,6 +158,7 @@ static const backend_ops cpu_ops = {
     .weight_norm = cpu_weight_norm,
     .col_scale = cpu_col_scale,
     .col_dot = cpu_col_dot,
+    .dequant_nf4 = cpu_dequant_nf4,
     .dropout = cpu_dropout,
     .sumsq = cpu_sumsq,
     .adamw = cpu_adamw,

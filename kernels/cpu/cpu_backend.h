@@ -50,6 +50,8 @@ void cpu_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
 void cpu_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols);
 void cpu_weight_norm(backend_t *be, tensor_t n, tensor_t W, tensor_t A, tensor_t B, float scale,
                      int out, int in, int r);
+void cpu_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax, tensor_t nested,
+                     tensor_t maps, float offset, size_t n);
 void cpu_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int rows, int cols);
 void cpu_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den, int rows,
                  int cols);

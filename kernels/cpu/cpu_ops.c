@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../nf4.h"
 #include "cpu_backend.h"
 
 #define F(t) ((float *)(t).p)
@@ -382,6 +383,18 @@ void cpu_weight_norm(backend_t *be, tensor_t n, tensor_t W, tensor_t A, tensor_t
             acc += v * v;
         }
         N[o] = (float)sqrt(acc);
+    }
+}
+
+void cpu_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax, tensor_t nested,
+                     tensor_t maps, float offset, size_t n)
+{
+    (void)be;
+    size_t chunks = (n + NF4_BLOCK - 1) / NF4_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < chunks; b++) {
+        size_t lo = b * NF4_BLOCK, hi = lo + NF4_BLOCK < n ? lo + NF4_BLOCK : n;
+        nf4_dequantize_range(codes.p, absmax.p, F(nested), F(maps), offset, lo, hi, F(out) + lo);
     }
 }
 

@@ -259,6 +259,7 @@ static const backend_ops cuda_ops_table = {
     .weight_norm = cuda_weight_norm,
     .col_scale = cuda_col_scale,
     .col_dot = cuda_col_dot,
+    .dequant_nf4 = cuda_dequant_nf4,
     .dropout = cuda_dropout,
     .sumsq = cuda_sumsq,
     .adamw = cuda_adamw,

@@ -291,6 +291,8 @@ void cuda_weight_norm(backend_t *be, tensor_t n, tensor_t W, tensor_t A, tensor_
 void cuda_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int rows, int cols);
 void cuda_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den, int rows,
                   int cols);
+void cuda_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
+                      tensor_t nested, tensor_t maps, float offset, size_t n);
 void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
                   uint64_t offset);
 double cuda_sumsq(backend_t *be, tensor_t x, size_t n);

@@ -442,6 +442,33 @@ extern "C" void cuda_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t
     LAUNCHED(be, "col_scale_kernel");
 }
 
+/* NF4 with double quantization (kernels/nf4.h); the products and the sum
+ * rounded one at a time (no fused multiply-add), as the host code and
+ * bitsandbytes do */
+__global__ void dequant_nf4_kernel(void *out, int odt, const uint8_t *codes, const uint8_t *absmax,
+                                   const float *nested, const float *maps, float offset, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        size_t b = i / 64;
+        float am = __fadd_rn(__fmul_rn(maps[16 + absmax[b]], nested[i / 16384]),
+                             offset);
+        uint8_t c = (i % 2) ? (codes[i / 2] & 0x0f) : (uint8_t)(codes[i / 2] >> 4);
+        st_f(out, odt, i, __fmul_rn(maps[c], am));
+    }
+}
+
+extern "C" void cuda_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
+                                 tensor_t nested, tensor_t maps, float offset, size_t n)
+{
+    if (be->err.code || !n)
+        return;
+    dequant_nf4_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
+        out.p, out.dt, (const uint8_t *)codes.p, (const uint8_t *)absmax.p,
+        (const float *)nested.p, (const float *)maps.p, offset, n);
+    LAUNCHED(be, "dequant_nf4_kernel");
+}
+
 /* part[chunk][c] = sum over the chunk's rows of x[r,c] * y[r,c], in double */
 __global__ void coldot_partial_kernel(double *part, const void *x, int xdt, const void *y,
                                       int ydt, int rows, int cols, int rows_per_chunk)
