@@ -661,8 +661,9 @@ case_doctor() {
     [[ $(grep -c "spotune doctor .* on node-a" <<<"$out") -eq 1 &&
         $(grep -c "spotune doctor " <<<"$out") -eq 1 ]]
     check "one report, from rank 0 on node-a" $? "$out"
-    grep -qE "^PASS +\[node-a\] storage.write" <<<"$out" &&
-        grep -qE "^PASS +\[node-b\] storage.write" <<<"$out"
+    # PASS or WARN: the write speed depends on what else the machine is doing
+    grep -qE "^(PASS|WARN) +\[node-a\] storage.write" <<<"$out" &&
+        grep -qE "^(PASS|WARN) +\[node-b\] storage.write" <<<"$out"
     check "each node's storage line, named by its host" $? "$out"
     [[ $(grep -cE "^[A-Z]+ +\[node-.\] host.cpu" <<<"$out") -eq 2 ]]
     check "host lines once per node, not per rank" $? "$out"
