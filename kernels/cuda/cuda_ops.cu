@@ -87,17 +87,26 @@ __global__ void colsum_finish_kernel(float *out, const double *part, int chunks,
     out[c] += (float)acc;
 }
 
+/* A column reduction over rows in two passes: the rows cut into *chunks of
+ * *per (at most 128 chunks of at least 32 rows), one double partial sum per
+ * (chunk, column) in the scratch (returned; NULL on failure). */
+static double *colsum_parts(backend_t *be, int rows, int cols, int *chunks, int *per)
+{
+    int n = (rows + 31) / 32;
+    if (n > 128)
+        n = 128;
+    *per = (rows + n - 1) / n;
+    *chunks = (rows + *per - 1) / *per;
+    return (double *)cuda_scratch(be, sizeof(double) * (size_t)*chunks * cols);
+}
+
 static void colsum(backend_t *be, tensor_t out, const void *a, int adt, const void *x, int xdt,
                    const float *rstd, int rows, int cols)
 {
     if (rows <= 0 || cols <= 0)
         return;
-    int chunks = (rows + 31) / 32;
-    if (chunks > 128)
-        chunks = 128;
-    int per = (rows + chunks - 1) / chunks;
-    chunks = (rows + per - 1) / per;
-    double *part = (double *)cuda_scratch(be, sizeof(double) * (size_t)chunks * cols);
+    int chunks, per;
+    double *part = colsum_parts(be, rows, cols, &chunks, &per);
     if (!part)
         return;
     dim3 grid((unsigned)((cols + CUDA_BLOCK - 1) / CUDA_BLOCK), (unsigned)chunks);
@@ -504,12 +513,8 @@ extern "C" void cuda_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y
 {
     if (be->err.code || rows <= 0 || cols <= 0)
         return;
-    int chunks = (rows + 31) / 32;
-    if (chunks > 128)
-        chunks = 128;
-    int per = (rows + chunks - 1) / chunks;
-    chunks = (rows + per - 1) / per;
-    double *part = (double *)cuda_scratch(be, sizeof(double) * (size_t)chunks * cols);
+    int chunks, per;
+    double *part = colsum_parts(be, rows, cols, &chunks, &per);
     if (!part)
         return;
     dim3 grid((unsigned)((cols + CUDA_BLOCK - 1) / CUDA_BLOCK), (unsigned)chunks);
