@@ -38,6 +38,9 @@ void ckpt_snapshot_free(ckpt_snapshot *s)
         free(s->files[i].data);
     free(s->attrs);
     free(s->arrays);
+    free(s->shard_dir);
+    free(s->shards);
+    free(s->layout);
     memset(s, 0, sizeof *s);
 }
 
@@ -362,6 +365,8 @@ static int check_space(const char *root, const ckpt_snapshot *s, sp_err *err)
                    root, (long long)s->step, need / 1048576.0, avail / 1048576.0);
 }
 
+/* MANIFEST.json of dir: the files written here (hashed now) and, sharded,
+ * the shards as their ranks reported them and the layout. */
 static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *const *files,
                           int nfiles, sp_err *err)
 {
@@ -384,7 +389,19 @@ static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *c
                                 json_pack("{s:I, s:s}", "size", (json_int_t)size, "sha256", hex));
         free(path);
     }
+    for (int i = 0; i < s->nshards && !rc; i++)
+        json_object_set_new(fl, s->shards[i].name,
+                            json_pack("{s:I, s:s}", "size", (json_int_t)s->shards[i].size,
+                                      "sha256", s->shards[i].sha256));
     json_object_set_new(m, "files", fl);
+    if (!rc && s->layout) {
+        json_error_t je;
+        json_t *lay = json_loads(s->layout, 0, &je);
+        if (!lay)
+            rc = sp_fail(err, SP_EXIT_OTHER, "checkpoint layout is not JSON: %s", je.text);
+        else
+            json_object_set_new(m, "layout", lay);
+    }
     char *path = rc ? NULL : sp_strf("%s/%s", dir, CKPT_MANIFEST);
     if (!rc && !path)
         rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
@@ -498,11 +515,16 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char **out_dir, sp_err 
     if (mkdir(root, 0755) != 0 && errno != EEXIST)
         return sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", root, strerror(errno));
     ckpt_dir_name(name, sizeof name, s->step);
-    char *tmp = sp_strf("%s/.tmp-%s-%d", root, name, (int)getpid());
+    char *tmp = s->shard_dir ? strdup(s->shard_dir) : ckpt_tmp_dir(root, s->step, (int)getpid());
     char *fin = sp_strf("%s/%s", root, name);
     int rc = 0;
     if (!tmp || !fin) {
         rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    } else if (s->shard_dir) { /* the ranks wrote their shards into it */
+        if ((rc = write_files(tmp, s, err)) == 0)
+            rc = commit_dir(root, name, tmp, fin, err);
+        if (rc)
+            ckpt_remove_tree(tmp);
     } else {
         ckpt_remove_tree(tmp);
         if (check_space(root, s, err))
@@ -524,6 +546,15 @@ int ckpt_write(const char *root, const ckpt_snapshot *s, char **out_dir, sp_err 
 }
 
 /* ---- MANIFEST and verification --------------------------------------------------- */
+
+void ckpt_manifest_free(ckpt_manifest *m)
+{
+    free(m->files);
+    free(m->layout);
+    m->files = NULL;
+    m->layout = NULL;
+    m->nfiles = 0;
+}
 
 int ckpt_manifest_parse(const char *text, size_t len, ckpt_manifest *m, sp_err *err)
 {
@@ -553,11 +584,20 @@ int ckpt_manifest_parse(const char *text, size_t len, ckpt_manifest *m, sp_err *
         snprintf(m->base_model, sizeof m->base_model, "%s", bm ? bm : "");
         m->created = json_number_value(json_object_get(j, "created"));
         const char *k;
-        json_t *v;
+        json_t *v, *lay = json_object_get(j, "layout");
+        m->files = calloc(json_object_size(fl) + 1, sizeof *m->files);
+        if (lay && json_is_object(lay))
+            m->layout = json_dumps(lay, JSON_COMPACT);
+        if (!m->files || (lay && !m->layout))
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        else if (lay && !json_is_object(lay))
+            rc = sp_fail(err, SP_EXIT_INPUT, "MANIFEST.json: layout is not an object");
         json_object_foreach(fl, k, v)
         {
             json_t *sz = json_object_get(v, "size"), *sh = json_object_get(v, "sha256");
-            if (m->nfiles == 16 || !json_is_integer(sz) || !json_is_string(sh) ||
+            if (rc)
+                break;
+            if (!json_is_integer(sz) || !json_is_string(sh) ||
                 strlen(json_string_value(sh)) != 64 || strchr(k, '/') || strlen(k) >= 128) {
                 rc = sp_fail(err, SP_EXIT_INPUT, "MANIFEST.json: bad entry for file '%s'", k);
                 break;
@@ -844,6 +884,10 @@ static int read_state(const char *dir, const ckpt_manifest *m, ckpt_snapshot *s,
         s->world_size = m->world_size;
         memcpy(s->config_hash, m->config_hash, sizeof s->config_hash);
         memcpy(s->base_model, m->base_model, sizeof s->base_model);
+        if (m->layout && !(s->layout = strdup(m->layout))) {
+            ckpt_snapshot_free(s);
+            return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        }
     }
     return 0;
 }
@@ -856,9 +900,11 @@ int ckpt_read_verified(const char *dir, const ckpt_manifest *m, ckpt_snapshot *s
 int ckpt_read(const char *dir, ckpt_snapshot *s, sp_err *err)
 {
     ckpt_manifest m;
-    if (ckpt_verify(dir, &m, err))
-        return err->code;
-    return read_state(dir, &m, s, err);
+    int rc = ckpt_verify(dir, &m, err);
+    if (!rc)
+        rc = read_state(dir, &m, s, err);
+    ckpt_manifest_free(&m);
+    return rc;
 }
 
 int ckpt_check_state(const char *dir, sp_err *err)

@@ -40,6 +40,14 @@ typedef struct ckpt_array {
     size_t n;
 } ckpt_array;
 
+/* A shard file of a sharded checkpoint, written by its rank: its name in
+ * the checkpoint directory, size and SHA-256 (what MANIFEST lists). */
+typedef struct ckpt_shard_info {
+    char name[64];
+    uint64_t size;
+    char sha256[65];
+} ckpt_shard_info;
+
 /* A file stored beside state.h5 as it is (e.g. the run's metrics so far). */
 typedef struct ckpt_file {
     char name[64];
@@ -59,6 +67,15 @@ typedef struct ckpt_snapshot {
     ckpt_file files[4];
     int nfiles;
     size_t bytes;
+    /* A sharded checkpoint (see "Sharded state" below): ckpt_write commits
+     * shard_dir, which already holds the ranks' shard files (shards, as they
+     * reported them), adding state.h5 and a MANIFEST that lists the shards
+     * and carries layout (JSON text of an object). When read, layout is the
+     * MANIFEST's (NULL: a gathered checkpoint, everything in state.h5). */
+    char *shard_dir;
+    ckpt_shard_info *shards;
+    int nshards;
+    char *layout;
 } ckpt_snapshot;
 
 void ckpt_snapshot_init(ckpt_snapshot *s);
@@ -79,6 +96,15 @@ const ckpt_array *ckpt_find_array(const ckpt_snapshot *s, const char *name);
  * path, a heap string the caller frees (NULL on failure). */
 int ckpt_write(const char *root, const ckpt_snapshot *s, char **out_dir, sp_err *err);
 
+typedef struct ckpt_manifest_file {
+    char name[128];
+    uint64_t size;
+    char sha256[65];
+} ckpt_manifest_file;
+
+/* What MANIFEST.json says; files and layout are heap memory that
+ * ckpt_manifest_free releases (after every ckpt_verify or
+ * ckpt_manifest_parse, whatever it returned). */
 typedef struct ckpt_manifest {
     int format_version;
     int64_t step;
@@ -87,8 +113,10 @@ typedef struct ckpt_manifest {
     char base_model[17];
     double created;
     int nfiles;
-    struct { char name[128]; uint64_t size; char sha256[65]; } files[16];
+    ckpt_manifest_file *files;
+    char *layout; /* a sharded checkpoint's layout (JSON text), or NULL */
 } ckpt_manifest;
+void ckpt_manifest_free(ckpt_manifest *m);
 
 /* Checks MANIFEST.json and every file it names (size, SHA-256). Errors are
  * SP_EXIT_INPUT and say what is wrong (no such directory, missing MANIFEST,
@@ -166,6 +194,56 @@ void ckpt_hdf5_setup(void);
 void ckpt_hdf5_shutdown(void);
 int64_t ckpt_hdf5_create(const char *path, int *fd);
 int ckpt_hdf5_close(int64_t file, int fd, int failed);
+/* ---- Sharded state ----------------------------------------------------------------
+ * With a sharded optimizer each rank owns the fp32 masters and AdamW moments
+ * of one contiguous range [lo, hi) of the flat trainable arena (the
+ * trainable tensors one after another). A sharded checkpoint keeps them so:
+ * rank r writes shard-RRRRR-of-NNNNN.h5 (datasets "params", "adam_m",
+ * "adam_v", each the hi - lo values of its range; attributes step, rank,
+ * count, lo, hi) into the checkpoint's .tmp- directory in parallel with the
+ * others; rank 0 adds state.h5 (attributes, no arrays) and, once every rank
+ * reported its shard written, MANIFEST.json, whose "layout" says which
+ * elements of which tensor are in which file:
+ *   {"kind": "flat-shards", "elements": N,
+ *    "tensors": [{"name", "offset", "shape"}, ...],   (offsets in the arena)
+ *    "shards": [{"file", "lo", "hi"}, ...]}            (covering [0, N) in order)
+ * A reader on any rank count reads only the ranges it needs. */
+#define CKPT_SHARD_GROUPS 3
+extern const char *const ckpt_shard_groups[CKPT_SHARD_GROUPS]; /* params, adam_m, adam_v */
+
+typedef struct ckpt_shard {
+    int64_t step;
+    int rank, count;
+    uint64_t lo, hi;
+    float *data[CKPT_SHARD_GROUPS]; /* hi - lo values each (heap; freed with the shard) */
+} ckpt_shard;
+void ckpt_shard_free(ckpt_shard *sh);
+/* "shard-%05d-of-%05d.h5" */
+void ckpt_shard_name(char *buf, size_t n, int rank, int count);
+/* ROOT/.tmp-step-NNNNNNNN-PID: where a checkpoint is written before its commit
+ * (heap string; NULL when out of memory). */
+char *ckpt_tmp_dir(const char *root, int64_t step, int pid);
+/* Writes sh into dir (which exists) as its shard file, fsynced; info receives
+ * the name, size and SHA-256. */
+int ckpt_shard_write(const char *dir, const ckpt_shard *sh, ckpt_shard_info *info, sp_err *err);
+
+typedef struct ckpt_sharded ckpt_sharded;
+/* Opens the sharded checkpoint dir for ranged reads (its MANIFEST's layout;
+ * the caller verified the files). Not a sharded checkpoint: SP_EXIT_INPUT. */
+int ckpt_sharded_open(ckpt_sharded **out, const char *dir, sp_err *err);
+/* The tensor's elements (0: not in the checkpoint), and its shape. */
+uint64_t ckpt_sharded_tensor(const ckpt_sharded *r, const char *name, int *ndim,
+                             int64_t shape[2]);
+/* Elements [start, start + count) of tensor name's values in group g (0
+ * params, 1 adam_m, 2 adam_v) into dst, from whichever files hold them. */
+int ckpt_sharded_read(ckpt_sharded *r, int g, const char *name, uint64_t start, uint64_t count,
+                      float *dst, sp_err *err);
+void ckpt_sharded_close(ckpt_sharded *r);
+/* Adds every tensor of group g whole to s as the array PREFIX<name> (for the
+ * tools that want a gathered snapshot, e.g. export). */
+int ckpt_sharded_load(const char *dir, ckpt_snapshot *s, int g, const char *prefix,
+                      sp_err *err);
+
 /* Deletes a directory and everything under it (no error if missing). */
 int ckpt_remove_tree(const char *dir);
 /* Bytes of the regular files under dir (0 if missing). */

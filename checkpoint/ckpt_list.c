@@ -131,6 +131,7 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
             else /* a report: a long message is cut */
                 sp_cutf(ci->problem, sizeof ci->problem, "%s", ve.msg);
             ci->created = m.created; /* also of a damaged one whose MANIFEST reads */
+            ckpt_manifest_free(&m);
         }
         free(path);
     }

@@ -15,9 +15,27 @@ struct ckpt_writer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     ckpt_snapshot job;
+    ckpt_shard shard;     /* a shard job (shard_dir set) instead of a snapshot */
+    char *shard_dir;
     int has_job, busy, stop;
     sp_err last; /* the last write's outcome */
+    ckpt_shard_info last_shard;
 };
+
+/* A shard job: the rank's shard file written into dir. */
+static void write_shard(ckpt_writer *w, char *dir, ckpt_shard *sh)
+{
+    sp_err err = {0};
+    ckpt_shard_info info;
+    ckpt_shard_write(dir, sh, &info, &err);
+    ckpt_shard_free(sh);
+    free(dir);
+    pthread_mutex_lock(&w->mu);
+    w->last = err;
+    w->last_shard = info;
+    w->busy = 0;
+    pthread_cond_broadcast(&w->cv);
+}
 
 static void *writer_main(void *arg)
 {
@@ -29,10 +47,18 @@ static void *writer_main(void *arg)
         if (!w->has_job && w->stop)
             break;
         ckpt_snapshot s = w->job;
+        ckpt_shard sh = w->shard;
+        char *shard_dir = w->shard_dir;
         memset(&w->job, 0, sizeof w->job);
+        memset(&w->shard, 0, sizeof w->shard);
+        w->shard_dir = NULL;
         w->has_job = 0;
         w->busy = 1;
         pthread_mutex_unlock(&w->mu);
+        if (shard_dir) {
+            write_shard(w, shard_dir, &sh);
+            continue;
+        }
 
         sp_err err = {0};
         char *dir = NULL;
@@ -96,6 +122,38 @@ int ckpt_writer_submit(ckpt_writer *w, ckpt_snapshot *s, double *waited_s, sp_er
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     (void)err;
+    return 0;
+}
+
+int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, double *waited_s,
+                             sp_err *err)
+{
+    char *d = strdup(dir);
+    if (!d)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    double t0 = sp_now();
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    if (waited_s)
+        *waited_s = sp_now() - t0;
+    w->shard = *sh;
+    memset(sh, 0, sizeof *sh);
+    w->shard_dir = d;
+    w->has_job = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+int ckpt_writer_shard_result(ckpt_writer *w, int *busy, ckpt_shard_info *info, sp_err *err)
+{
+    pthread_mutex_lock(&w->mu);
+    *busy = w->has_job || w->busy;
+    sp_err last = w->last;
+    *info = w->last_shard;
+    pthread_mutex_unlock(&w->mu);
+    if (!*busy && last.code)
+        return sp_fail(err, last.code, "%s", last.msg);
     return 0;
 }
 

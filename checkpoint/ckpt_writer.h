@@ -20,6 +20,14 @@ int ckpt_writer_start(ckpt_writer **out, const char *root, ckpt_written_fn done,
 /* Moves *s to the thread (*s is left empty). Waits first while a previous
  * write runs; *waited_s (may be NULL) receives the wait. */
 int ckpt_writer_submit(ckpt_writer *w, ckpt_snapshot *s, double *waited_s, sp_err *err);
+/* Sharded checkpoints: moves *sh to the thread, which writes it into dir
+ * (the checkpoint's .tmp- directory, which exists) as this rank's shard file
+ * (ckpt_shard_write); no callback. Waits first while a previous write runs. */
+int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, double *waited_s,
+                             sp_err *err);
+/* Without waiting: *busy while a write runs; else the last write's result
+ * (its error, or 0 and, for a shard, *info). */
+int ckpt_writer_shard_result(ckpt_writer *w, int *busy, ckpt_shard_info *info, sp_err *err);
 /* Waits until idle; returns the error of the last write (0 if it succeeded). */
 int ckpt_writer_wait(ckpt_writer *w, sp_err *err);
 /* Waits for the write in progress, then stops the thread. NULL is a no-op. */

@@ -174,6 +174,7 @@ int stopped_at(const char *name, const char *text)
         cr_expect_eq(m.step, step, "%s: MANIFEST says step %lld", ck, (long long)m.step);
     else
         cr_expect_fail("the stop checkpoint %s: %s", ck, err.msg);
+    ckpt_manifest_free(&m);
     return step;
 }
 

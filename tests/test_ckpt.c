@@ -100,6 +100,7 @@ static void expect_bad(const char *path, const char *want)
     ckpt_manifest m;
     sp_err err = {0};
     int rc = ckpt_verify(path, &m, &err);
+    ckpt_manifest_free(&m);
     cr_expect_eq(rc, SP_EXIT_INPUT, "rc %d", rc);
     cr_expect(tu_contains(err.msg, want), "'%s' lacks '%s'", err.msg, want);
     cr_expect(tu_contains(err.msg, "step-0000"), "'%s' does not name the checkpoint", err.msg);
@@ -309,11 +310,13 @@ Test(ckpt, verify_of_a_missing_or_plain_path)
     sp_err err = {0};
     snprintf(p, sizeof p, "%s/step-00000099", dir);
     cr_expect_eq(ckpt_verify(p, &m, &err), SP_EXIT_INPUT);
+    ckpt_manifest_free(&m);
     cr_expect(tu_contains(err.msg, p) && tu_contains(err.msg, "no such checkpoint directory"),
               "%s", err.msg);
     cr_assert_eq(tu_write_file(p, "not a directory\n"), 0);
     sp_err err2 = {0};
     cr_expect_eq(ckpt_verify(p, &m, &err2), SP_EXIT_INPUT);
+    ckpt_manifest_free(&m);
     cr_expect(tu_contains(err2.msg, p) && tu_contains(err2.msg, "not a checkpoint directory"),
               "%s", err2.msg);
 }
@@ -352,6 +355,7 @@ Test(ckpt, rewriting_a_step_replaces_it)
     ckpt_manifest m;
     sp_err err = {0};
     cr_expect_eq(ckpt_verify(p, &m, &err), 0, "%s", err.msg);
+    ckpt_manifest_free(&m);
     free(p);
 }
 
@@ -383,6 +387,7 @@ Test(ckpt, background_writer_commits_each_snapshot)
     snprintf(p, sizeof p, "%s/step-00000003", dir);
     ckpt_manifest m;
     cr_expect_eq(ckpt_verify(p, &m, &err), 0, "%s", err.msg);
+    ckpt_manifest_free(&m);
 }
 
 /* In a process of its own that starts as spotune's main does: a 2 MiB state

@@ -704,3 +704,45 @@ Test(cmd_ckpt, resume_refuses_a_state_with_a_wrong_attribute)
               out);
     free(out);
 }
+
+/* A full fine-tune on 2 ranks writes sharded checkpoints (a shard file per
+ * rank, MANIFEST with the layout), pushed to a file:// store: `ckpt verify`
+ * says sharded; `ckpt pull` brings every shard and the copy verifies; and
+ * `export --merged`, from the local and from the pulled copy, gathers the
+ * weights from the shards into the same file as the run's own final model/. */
+Test(cmd_ckpt, sharded_checkpoint_verifies_pulls_and_exports)
+{
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "%s %s/spotune train %s/run.yaml --set run.dir=%s/sh --set train.mode=full "
+                   "--set train.steps=6 --set checkpoint.remote=file://%s/store",
+                   tu_mpirun(2), tu_binary_dir(), dir, dir, dir);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s", at("sh/checkpoints/step-00000006"));
+    cr_expect(exists(tu_fmt("%s/shard-00000-of-00002.h5", ck)) &&
+              exists(tu_fmt("%s/shard-00001-of-00002.h5", ck)), "%s lacks its shards", ck);
+    rc = tu_spotune(&out, "ckpt verify %s", ck);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "ok (step 6, 4 file(s) verified") && tu_contains(out, "sharded"),
+              "%s", out);
+    free(out);
+    rc = tu_spotune(&out, "ckpt pull file://%s/store/step-00000006 %s", dir, at("pulled"));
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    cr_expect(exists(at("pulled/shard-00001-of-00002.h5")), "the pull lacks a shard");
+    const char *from[2] = {ck, at("pulled")};
+    for (int i = 0; i < 2; i++) {
+        char src[4200], dst[4200];
+        snprintf(src, sizeof src, "%s", from[i]);
+        snprintf(dst, sizeof dst, "%s", at("sh-merged-%d", i));
+        rc = tu_spotune(&out, "export %s --merged %s", src, dst);
+        cr_assert_eq(rc, 0, "%s", out);
+        free(out);
+        cr_expect_eq(tu_sh(&out, "cmp %s/model.safetensors %s", dst,
+                           at("sh/model/model.safetensors")),
+                     0, "export of %s: %s", src, out);
+        free(out);
+    }
+}

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint/ckpt.h"
 #include "resume_util.h"
@@ -23,10 +24,13 @@ TestSuite(rank_change, .init = resume_setup, .fini = resume_teardown, .timeout =
 
 typedef struct leg {
     int ranks, to_step;
+    const char *more; /* this leg's own settings (NULL: none) */
 } leg;
 
-/* What every run of a chain adds (data.packing), "" by default */
+/* What every run of a chain adds (data.packing, train.mode), "" by default */
 static const char *chain_more = "";
+/* The run's final weights, compared with the uninterrupted run's */
+static const char *final_file = "adapter/adapter_model.safetensors";
 
 /* Every run of a chain: the same math (a constant schedule after warmup, so
  * the learning rate does not depend on train.steps, which the legs change). */
@@ -56,13 +60,13 @@ static long long ckpt_global_batch(const char *name, int step)
     return v;
 }
 
-/* Every tensor of two runs' final adapters agrees within tol relative to
- * the tensor's largest value. */
+/* Every tensor of two runs' final weights (final_file) agrees within tol
+ * relative to the tensor's largest value. */
 static void expect_adapters_close(const char *a, const char *b, double tol)
 {
     char pa[4096], pb[4096];
-    snprintf(pa, sizeof pa, "%s/%s/adapter/adapter_model.safetensors", dir, a);
-    snprintf(pb, sizeof pb, "%s/%s/adapter/adapter_model.safetensors", dir, b);
+    snprintf(pa, sizeof pa, "%s/%s/%s", dir, a, final_file);
+    snprintf(pb, sizeof pb, "%s/%s/%s", dir, b, final_file);
     st_file fa, fb;
     sp_err err = {0};
     cr_assert_eq(st_open(&fa, pa, &err), 0, "%s", err.msg);
@@ -84,6 +88,27 @@ static void expect_adapters_close(const char *a, const char *b, double tol)
     st_close(&fb);
 }
 
+/* Checkpoint step of run name: in the sharded layout with one shard file
+ * per rank of the run that wrote it (ranks), MANIFEST listing each with its
+ * layout, or (ranks 0) a gathered one, state.h5 alone. */
+static void expect_layout(const char *name, int step, int ranks)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/checkpoints/step-%08d", dir, name, step);
+    ckpt_manifest m;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_verify(path, &m, &err), 0, "%s", err.msg);
+    cr_expect_eq(m.layout != NULL, ranks > 0, "%s: layout %s", path, m.layout ? m.layout : "none");
+    cr_expect_eq(m.nfiles, 2 + ranks, "%s: %d files", path, m.nfiles); /* + state.h5, metrics */
+    for (int r = 0; r < ranks; r++) {
+        char shard[64];
+        ckpt_shard_name(shard, sizeof shard, r, ranks);
+        cr_expect(access(tu_fmt("%s/%s", path, shard), R_OK) == 0, "%s lacks %s", path, shard);
+        cr_expect(m.layout && tu_contains(m.layout, shard), "the layout lacks %s", shard);
+    }
+    ckpt_manifest_free(&m);
+}
+
 /* Runs the chain; leg 0 starts afresh with grad_accum G / (ranks x mb), the
  * others resume with the same command line on their rank count. Then checks
  * every checkpoint's global batch, the data audit, and the trajectory against
@@ -99,8 +124,10 @@ static void run_chain(const char *name, const leg *legs, int nlegs, int mb, int 
                  0, "%s", out);
     free(out);
     for (int i = 0; i < nlegs; i++) {
-        int rc = run(tu_mpirun(legs[i].ranks), name,
-                     chain_extra(legs[i].to_step, mb, ga0, extra, sizeof extra), &out);
+        chain_extra(legs[i].to_step, mb, ga0, extra, sizeof extra);
+        if (legs[i].more)
+            snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " %s", legs[i].more);
+        int rc = run(tu_mpirun(legs[i].ranks), name, extra, &out);
         cr_assert_eq(rc, 0, "leg %d (%d ranks, to step %d): exit %d\n%s", i, legs[i].ranks,
                      legs[i].to_step, rc, out);
         if (i > 0)
@@ -145,20 +172,20 @@ static void run_chain(const char *name, const leg *legs, int nlegs, int mb, int 
 
 Test(rank_change, two_one_one)
 {
-    const leg legs[] = {{2, 3}, {1, 6}, {1, 9}};
+    const leg legs[] = {{2, 3, NULL}, {1, 6, NULL}, {1, 9, NULL}};
     run_chain("c211", legs, 3, 2, 8);
 }
 
 Test(rank_change, two_one_two)
 {
-    const leg legs[] = {{2, 3}, {1, 6}, {2, 9}};
+    const leg legs[] = {{2, 3, NULL}, {1, 6, NULL}, {2, 9, NULL}};
     run_chain("c212", legs, 3, 2, 8);
 }
 
 /* micro_batch 1 and a global batch of 12, which 4, 2 and 3 ranks all divide */
 Test(rank_change, four_two_three_four)
 {
-    const leg legs[] = {{4, 2}, {2, 4}, {3, 6}, {4, 8}};
+    const leg legs[] = {{4, 2, NULL}, {2, 4, NULL}, {3, 6, NULL}, {4, 8, NULL}};
     run_chain("c4234", legs, 4, 1, 12);
 }
 
@@ -169,6 +196,40 @@ Test(rank_change, two_one_two_packed_documents)
 {
     chain_more = "--set data.packing=documents";
     resume_packing = DATA_PACK_DOCUMENTS;
-    const leg legs[] = {{2, 3}, {1, 6}, {2, 9}};
+    const leg legs[] = {{2, 3, NULL}, {1, 6, NULL}, {2, 9, NULL}};
     run_chain("c212p", legs, 3, 2, 8);
+}
+
+/* Full fine-tuning, the optimizer sharded: checkpoints of 4, 3 and 2 ranks
+ * are sharded (a shard file per rank, checked), of 1 rank gathered; each
+ * resumes on the next rank count (4 -> 3 -> 1 -> 2), every rank reading only
+ * the ranges it keeps, and the chain follows the uninterrupted 4-rank run
+ * within 1e-5 with every sample trained once. */
+Test(rank_change, full_sharded_four_three_one_two)
+{
+    chain_more = "--set train.mode=full";
+    final_file = "model/model.safetensors";
+    const leg legs[] = {{4, 2, NULL}, {3, 4, NULL}, {1, 6, NULL}, {2, 8, NULL}};
+    run_chain("f4312", legs, 4, 1, 12);
+    expect_layout("f4312", 2, 4);
+    expect_layout("f4312", 4, 3);
+    expect_layout("f4312", 6, 0);
+    expect_layout("f4312", 8, 2);
+}
+
+/* A checkpoint in the gathered layout (checkpoint.layout gathered, as every
+ * sharded run wrote before sharded checkpoints) resumes under the default
+ * layout on another rank count, whose next checkpoint is sharded; and a
+ * sharded one resumes on more ranks (2 -> 4). */
+Test(rank_change, full_gathered_then_sharded)
+{
+    chain_more = "--set train.mode=full";
+    final_file = "model/model.safetensors";
+    const leg legs[] = {{2, 2, "--set checkpoint.layout=gathered"}, {3, 4, NULL},
+                        {2, 6, NULL}, {4, 8, NULL}};
+    run_chain("fg", legs, 4, 1, 12);
+    expect_layout("fg", 2, 0);
+    expect_layout("fg", 4, 3);
+    expect_layout("fg", 6, 2);
+    expect_layout("fg", 8, 4);
 }

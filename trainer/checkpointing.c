@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -70,6 +71,9 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->last_time = sp_now();
     c->last_step = -1;
     c->remote_step = -1;
+    c->pending_step = -1;
+    c->sharded = ckpt_shards_wanted(cfg, comm);
+    c->pid0 = (int)getpid();
     pthread_mutex_init(&c->remote_mu, NULL);
     c->global_batch = (int64_t)c->world * cfg->micro_batch * cfg->grad_accum;
     c->root = sp_strf("%s/checkpoints", cfg->run_dir);
@@ -89,6 +93,8 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
              (unsigned long long)config_math_hash(cfg));
     *out = c;
     int rc = 0;
+    if (c->sharded && comm_bcast(comm, &c->pid0, sizeof c->pid0, 0, err))
+        return err->code;
     if (c->rank == 0) {
         if (mkdir(c->root, 0755) != 0 && errno != EEXIST)
             rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", c->root, strerror(errno));
@@ -96,6 +102,8 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
             rc = ckpt_writer_start(&c->writer, c->root, on_written, c, err);
         if (!rc && cfg->ckpt_remote && *cfg->ckpt_remote)
             rc = ckpt_remote_open(c, err);
+    } else if (c->sharded) { /* every rank writes its own shard */
+        rc = ckpt_writer_start(&c->writer, c->root, NULL, NULL, err);
     }
     /* every rank learns whether rank 0 could open its side */
     int32_t code = rc;
@@ -119,6 +127,12 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
     if (c->writer) {
         rc = ckpt_writer_wait(c->writer, err);
         ckpt_writer_stop(c->writer);
+        /* a sharded checkpoint never completed (an error ended the run) stays
+         * a .tmp- directory without MANIFEST, removed at the next start */
+        free(c->pending_dir);
+        ckpt_snapshot_free(&c->pending);
+        if (c->rank != 0)
+            rc = 0; /* rank 0 reports what matters: whether the checkpoint is committed */
         if (rc && wait_uploads)
             sp_err_prefix(err, "training finished, but its last checkpoint was not written: ");
     }
@@ -156,35 +170,44 @@ static int write_now(ckpt_ctl *c, model_t *m, const train_progress *p, const cha
     int sharded = m->shard_count > 1;
     if (c->rank != 0 && !sharded)
         return 0;
-    double t0 = sp_now(), waited = 0;
+    double t0 = sp_now(), waited = 0, stall = 0, bytes = 0;
     ckpt_snapshot s;
-    if (c->rank != 0) /* send this rank's shard of the optimizer state to rank 0 */
-        return ckpt_state_gather(c, m, NULL, 0, err);
-    int32_t code = ckpt_state_snapshot(c, m, p, &s, err);
-    if (sharded && ckpt_state_gather(c, m, code ? NULL : &s, code, err)) {
-        if (!code)
-            ckpt_snapshot_free(&s);
-        return err->code;
+    if (sharded && c->sharded && m->shard_count == c->world) {
+        if (ckpt_shards_write(c, m, p, &stall, &bytes, err))
+            return err->code;
+        if (c->rank != 0)
+            return 0;
+    } else {
+        if (c->rank != 0) /* send this rank's shard of the optimizer state to rank 0 */
+            return ckpt_state_gather(c, m, NULL, 0, err);
+        int32_t code = ckpt_state_snapshot(c, m, p, &s, err);
+        if (sharded && ckpt_state_gather(c, m, code ? NULL : &s, code, err)) {
+            if (!code)
+                ckpt_snapshot_free(&s);
+            return err->code;
+        }
+        if (code)
+            return code;
+        bytes = (double)s.bytes;
+        if (ckpt_writer_submit(c->writer, &s, &waited, err))
+            return err->code;
+        stall = sp_now() - t0;
     }
-    if (code)
-        return code;
-    size_t bytes = s.bytes;
-    if (ckpt_writer_submit(c->writer, &s, &waited, err))
-        return err->code;
-    double stall = sp_now() - t0;
     if (c->metrics && c->metrics->f) {
         /* the stall is what a user tunes cadence by: its own record */
         fprintf(c->metrics->f,
                 "{\"event\":\"checkpoint\",\"step\":%lld,\"reason\":\"%s\",\"stall_s\":%.6f,"
-                "\"waited_for_previous_s\":%.6f,\"bytes\":%zu,\"time\":%.3f}\n",
-                (long long)p->step, reason, stall, waited, bytes, sp_wall_time());
+                "\"waited_for_previous_s\":%.6f,\"bytes\":%.0f,\"sharded\":%s,\"time\":%.3f}\n",
+                (long long)p->step, reason, stall, waited, bytes,
+                sharded && c->sharded ? "true" : "false", sp_wall_time());
         fflush(c->metrics->f);
     }
     if (c->log)
         fprintf(c->log,
-                "checkpoint step %lld (%s): training held %.3f s (snapshot %.1f MiB%s); writing "
-                "in the background\n",
-                (long long)p->step, reason, stall, (double)bytes / 1048576.0,
+                "checkpoint step %lld (%s): training held %.3f s (snapshot %.1f MiB%s%s); "
+                "writing in the background\n",
+                (long long)p->step, reason, stall, bytes / 1048576.0,
+                sharded && c->sharded ? ", every rank its shard" : "",
                 waited > 0.001 ? ", including a wait for the previous write" : "");
     if (c->log)
         fflush(c->log);
@@ -271,6 +294,9 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         flags[2] = lease_lost(c->lease, &lost);
     if (comm_allreduce(c->comm, flags, 3, COMM_I32, COMM_MAX, err))
         return err->code;
+    /* the shards of a sharded checkpoint are all written: rank 0 commits it */
+    if (ckpt_shards_complete(c, 0, err))
+        return err->code;
     if (flags[2]) /* another job took the remote prefix over: this one ends */
         return c->rank == 0 ? sp_fail(err, SP_EXIT_USAGE, "%s; this job stops", lost.msg)
                             : sp_fail(err, SP_EXIT_USAGE, "rank 0 lost the remote prefix");
@@ -285,6 +311,9 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         c->last_step = p->step;
         c->last_time = sp_now();
     }
+    /* at the end and on a stop the checkpoint is committed before anything else */
+    if ((final || flags[0]) && ckpt_shards_complete(c, 1, err))
+        return err->code;
     if (!flags[0])
         return 0;
     /* stop: commit, push up to the deadline, and only then let every rank go */

@@ -37,6 +37,14 @@ struct ckpt_ctl {
     int64_t last_step;
     int64_t global_batch; /* windows per step: this run's, after any resume re-split */
     int fresh_metrics; /* the run directory had no metrics yet (a new machine) */
+    /* sharded checkpoints (checkpoint.layout; ckpt_shards.c): every rank has
+     * a writer for its shard; a checkpoint's shards are pending until every
+     * rank's is written, then rank 0 commits it (state.h5, MANIFEST) */
+    int sharded;
+    int pid0;             /* rank 0's process id: names the .tmp- directory */
+    int64_t pending_step; /* -1: none */
+    char *pending_dir;
+    ckpt_snapshot pending; /* rank 0: the attributes and metrics of the pending one */
 };
 
 /* ckpt_state.c. Rank 0: the snapshot of the run's state (its attributes,
@@ -48,6 +56,23 @@ int ckpt_state_snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_s
                         sp_err *err);
 int ckpt_state_gather(ckpt_ctl *c, model_t *m, ckpt_snapshot *s, int32_t code, sp_err *err);
 int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *err);
+
+/* ckpt_shards.c, every rank. Whether this run writes sharded checkpoints
+ * (its optimizer is sharded and checkpoint.layout allows it). */
+int ckpt_shards_wanted(const config_t *cfg, comm_t *comm);
+/* A sharded checkpoint of step p->step: rank 0 prepares its directory and
+ * state, every rank copies its shard to host memory (*stall_s: the longest
+ * copy of any rank; *bytes: all shards) and hands it to its writer. */
+int ckpt_shards_write(ckpt_ctl *c, model_t *m, const train_progress *p, double *stall_s,
+                      double *bytes, sp_err *err);
+/* Whether every rank's shard of the pending checkpoint is written (wait:
+ * until it is); when so, rank 0 commits it on its writer (or, when a shard
+ * failed, says so and removes it). Nothing pending: 0. */
+int ckpt_shards_complete(ckpt_ctl *c, int wait, sp_err *err);
+/* Every rank: the trainable state from the sharded checkpoint dir, each rank
+ * reading only the ranges it keeps (or, when some rank cannot see dir,
+ * rank 0 reading and broadcasting). */
+int ckpt_shards_restore(ckpt_ctl *c, model_t *m, const char *dir, sp_err *err);
 
 /* ckpt_remote.c, rank 0. quick: the store options for what decides whether
  * and where the job starts. */

@@ -199,11 +199,13 @@ int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char **path, in
     if (store_pull_dir(st, name, local, NULL, err)) {
         rc = err->code ? err->code : SP_EXIT_OTHER;
     } else if (ckpt_verify(local, &mf, err)) {
+        ckpt_manifest_free(&mf);
         ckpt_remove_tree(local);
         if (corrupt)
             *corrupt = 1;
         rc = err->code;
     }
+    ckpt_manifest_free(&mf);
     if (rc)
         free(local);
     else

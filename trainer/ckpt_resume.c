@@ -14,6 +14,8 @@
 
 typedef struct resume_header {
     int32_t code, found;
+    int32_t sharded; /* a sharded checkpoint at path: every rank reads its part */
+    char path[PATH_MAX];
     int64_t step, grad_accum;
     uint64_t cursor;
     double elapsed_s;
@@ -88,8 +90,10 @@ static int choose(ckpt_ctl *c, const char *resume, char **path, sp_err *err)
     if (strcmp(resume, "auto") == 0)
         return choose_auto(c, path, err);
     ckpt_manifest mf;
-    if (ckpt_verify(resume, &mf, err))
-        return err->code;
+    int rc = ckpt_verify(resume, &mf, err);
+    ckpt_manifest_free(&mf);
+    if (rc)
+        return rc;
     if (!(*path = strdup(resume)))
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     return 0;
@@ -233,7 +237,8 @@ static int restore(ckpt_ctl *c, model_t *m, const resume_header *h, const char *
     }
     if (!h->found)
         return 0;
-    int rc = ckpt_state_restore(c, m, c->rank == 0 ? s : NULL, err);
+    int rc = h->sharded ? ckpt_shards_restore(c, m, h->path, err)
+                        : ckpt_state_restore(c, m, c->rank == 0 ? s : NULL, err);
     ckpt_snapshot_free(s);
     if (rc)
         return rc;
@@ -278,6 +283,12 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
             h.cursor = cur ? (uint64_t)cur->i : 0;
             h.elapsed_s = el ? el->d : 0;
             h.grad_accum = ga;
+            h.sharded = s.layout != NULL;
+            if (h.sharded && sp_fitf(h.path, sizeof h.path, "%s", path)) {
+                h.code = sp_fail(&e, SP_EXIT_INPUT, "%s: path too long", path);
+                h.found = 0;
+                sp_cutf(h.msg, sizeof h.msg, "%s", e.msg);
+            }
         }
     }
     int rc = comm_bcast(c->comm, &h, sizeof h, 0, err);

@@ -185,8 +185,53 @@ static void upload_moment(model_t *m, const param_t *p, tensor_t arena, tensor_t
         be_upload(m->be, tensor_view(arena, lo - s, hi - lo), v + (lo - p->offset), DT_F32);
 }
 
-/* Every rank: the trainable state from rank 0's snapshot (s is NULL elsewhere). */
-int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *err)
+/* Where a restore reads: rank 0's snapshot s (a gathered checkpoint), or a
+ * sharded checkpoint's reader r: every rank's own (every_rank), or rank 0's
+ * only, which broadcasts what it reads. */
+typedef struct restore_src {
+    const ckpt_snapshot *s;
+    ckpt_sharded *r;
+    int every_rank;
+} restore_src;
+
+/* Elements [a, b) of p's group g into buf + a. */
+static int src_read(const restore_src *src, int g, const param_t *p, size_t a, size_t b,
+                    float *buf, sp_err *err)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", groups[g], p->name);
+    uint64_t n = 0;
+    const ckpt_array *x = NULL;
+    if (src->s)
+        n = (x = ckpt_find_array(src->s, name)) ? x->n : 0;
+    else
+        n = ckpt_sharded_tensor(src->r, p->name, NULL, NULL);
+    if (n != p->n)
+        return sp_fail(err, SP_EXIT_INPUT, "the checkpoint %s %s",
+                       n ? "has the wrong size of" : "lacks", name);
+    if (x) {
+        memcpy(buf + a, x->data + a, sizeof(float) * (b - a));
+        return 0;
+    }
+    return ckpt_sharded_read(src->r, g, p->name, a, b - a, buf + a, err);
+}
+
+/* The part [a, b) of p's group g that this rank keeps: all of it, but of a
+ * moment in a sharded run only what lies in the rank's shard. */
+static void kept_part(const model_t *m, const param_t *p, int g, size_t *a, size_t *b)
+{
+    *a = 0;
+    *b = p->n;
+    if (g == 0 || m->shard_count == 1)
+        return;
+    size_t s = m->shard_lo, e = m->shard_lo + m->shard_len;
+    size_t lo = p->offset > s ? p->offset : s, hi = p->offset + p->n < e ? p->offset + p->n : e;
+    *a = lo < hi ? lo - p->offset : 0;
+    *b = lo < hi ? hi - p->offset : 0;
+}
+
+/* Every rank: the trainable state from src, a parameter at a time. */
+static int restore_from(ckpt_ctl *c, model_t *m, const restore_src *src, sp_err *err)
 {
     for (int i = 0; i < m->nparams; i++) {
         param_t *p = &m->params[i];
@@ -198,25 +243,27 @@ int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *
             dst[2] = tensor_view(m->adam_v, p->offset, p->n);
         }
         float *buf = malloc(sizeof(float) * p->n);
-        int32_t code = buf ? 0 : SP_EXIT_OTHER;
+        int32_t code = buf ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of host memory");
         for (int g = 0; g < 3; g++) {
-            char name[256];
-            snprintf(name, sizeof name, "%s%s", groups[g], p->name);
-            if (s && !code) {
-                const ckpt_array *a = ckpt_find_array(s, name);
-                if (!a || a->n != p->n)
-                    code = sp_fail(err, SP_EXIT_INPUT, "the checkpoint %s %s", a ? "has the wrong size of" : "lacks", name);
-                else
-                    memcpy(buf, a->data, sizeof(float) * p->n);
-            }
-            if (comm_allreduce(c->comm, &code, 1, COMM_I32, COMM_MAX, err))
+            size_t a = 0, b = p->n;
+            if (src->every_rank)
+                kept_part(m, p, g, &a, &b);
+            if (!code && a < b && (src->every_rank || c->rank == 0))
+                code = src_read(src, g, p, a, b, buf, err);
+            if (comm_allreduce(c->comm, &code, 1, COMM_I32, COMM_MAX, err)) {
+                free(buf);
                 return err->code;
+            }
             if (code) {
                 free(buf);
-                return err->code ? err->code : sp_fail(err, code, "rank 0 could not restore %s", name);
+                return err->code ? err->code
+                                 : sp_fail(err, code, "another rank could not restore %s%s",
+                                           groups[g], p->name);
             }
-            if (comm_bcast(c->comm, buf, sizeof(float) * p->n, 0, err))
+            if (!src->every_rank && comm_bcast(c->comm, buf, sizeof(float) * p->n, 0, err)) {
+                free(buf);
                 return err->code;
+            }
             if (g == 0)
                 model_param_upload(m, p, buf, DT_F32);
             else
@@ -225,4 +272,38 @@ int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *
         free(buf);
     }
     return be_check(m->be, err);
+}
+
+/* Every rank: the trainable state from rank 0's snapshot (s is NULL elsewhere). */
+int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *err)
+{
+    restore_src src = {.s = s};
+    return restore_from(c, m, &src, err);
+}
+
+int ckpt_shards_restore(ckpt_ctl *c, model_t *m, const char *dir, sp_err *err)
+{
+    restore_src src = {0};
+    sp_err mine = {0};
+    int32_t cannot = ckpt_sharded_open(&src.r, dir, &mine) != 0;
+    int32_t flags[2] = {cannot, c->rank == 0 && cannot};
+    if (comm_allreduce(c->comm, flags, 2, COMM_I32, COMM_MAX, err)) {
+        ckpt_sharded_close(src.r);
+        return err->code;
+    }
+    if (flags[1]) /* rank 0 chose it and cannot read it: the checkpoint is bad */
+        return c->rank == 0 ? sp_fail(err, mine.code, "%s", mine.msg)
+                            : sp_fail(err, SP_EXIT_INPUT, "rank 0 cannot read %s", dir);
+    src.every_rank = !flags[0];
+    if (!src.every_rank && c->rank != 0) { /* another machine: rank 0 reads for it */
+        ckpt_sharded_close(src.r);
+        src.r = NULL;
+    }
+    if (c->rank == 0)
+        log_event(c->log, c->metrics, "info", "restoring the sharded checkpoint %s: %s", dir,
+                  src.every_rank ? "every rank reads the ranges it keeps"
+                                 : "some rank cannot see it; rank 0 reads and broadcasts");
+    int rc = restore_from(c, m, &src, err);
+    ckpt_sharded_close(src.r);
+    return rc;
 }

@@ -76,11 +76,11 @@ static int pull(const char *url, const char *dest, const store_opts *o, sp_err *
     if (rc)
         return err->code ? err->code : SP_EXIT_OTHER;
     ckpt_manifest m;
-    if (ckpt_verify(dest, &m, err)) {
+    rc = ckpt_verify(dest, &m, err);
+    ckpt_manifest_free(&m);
+    if (rc)
         ckpt_remove_tree(dest); /* what does not verify is not a checkpoint: leave nothing */
-        return err->code;
-    }
-    return 0;
+    return rc;
 }
 
 static char *temp_dir(void)
@@ -218,6 +218,8 @@ static int list_remote(const char *url, const store_opts *o, sp_err *err)
             if (store_get_bytes(st, key, &data, &n, &e) == 0 &&
                 ckpt_manifest_parse(data, n, &m, &e) == 0)
                 fmt_time(t, sizeof t, m.created);
+            if (data)
+                ckpt_manifest_free(&m);
             free(data);
         }
         printf("%-22s %10lld  %-21s %8.1f MiB  %s\n", name, step, t, (double)bytes / 1048576.0,
@@ -330,17 +332,20 @@ int cmd_ckpt(int argc, char **argv)
     }
     if (!strcmp(sub, "verify") && nargs == 1) {
         char *dir, *tmp;
-        ckpt_manifest m;
+        ckpt_manifest m = {0};
         int rc = local_checkpoint(args[0], &o, &dir, &tmp, &err);
         if (!rc)
             rc = ckpt_verify(dir, &m, &err);
         if (!rc)
             rc = state_check_isolated(dir, &err);
         local_checkpoint_done(dir, tmp);
+        if (!rc)
+            printf("%s: ok (step %lld, %d file(s) verified, state readable, world size %d%s)\n",
+                   args[0], (long long)m.step, m.nfiles, m.world_size,
+                   m.layout ? ", sharded: a shard file per rank" : "");
+        ckpt_manifest_free(&m);
         if (rc)
             return fail(&err);
-        printf("%s: ok (step %lld, %d file(s) verified, state readable, world size %d)\n", args[0],
-               (long long)m.step, m.nfiles, m.world_size);
         return 0;
     }
     if (!strcmp(sub, "check") && nargs == 1) {
@@ -543,6 +548,9 @@ int cmd_export(int argc, char **argv)
     int rc = local_checkpoint(argv[optind], &o, &dir, &tmp, &err);
     if (!rc)
         rc = state_read_checked(dir, &s, &err);
+    /* a sharded checkpoint's weights are in its shard files */
+    if (!rc && s.layout)
+        rc = ckpt_sharded_load(dir, &s, 0, "params/", &err);
     const ckpt_attr *conf = rc ? NULL : ckpt_get(&s, "config");
     if (!rc && (!conf || conf->type != CKPT_ATTR_STR))
         rc = sp_fail(&err, SP_EXIT_INPUT, "%s: the checkpoint lacks its config", dir);

@@ -38,6 +38,7 @@ const char *const config_backend_names[] = {"auto", "cpu", "cpu-ref", "cuda", NU
 static const char *const addressings[] = {"auto", "path", "virtual", NULL};
 static const char *const packings[] = {"stream", "documents", "pad", NULL}; /* DATA_PACK_* */
 static const char *const quantizes[] = {"none", "nf4", NULL};                /* QUANT_* */
+static const char *const layouts[] = {"auto", "sharded", "gathered", NULL}; /* CKPT_LAYOUT_* */
 
 #define MATH_SINCE 2
 #define O(f) offsetof(config_t, f)
@@ -162,6 +163,15 @@ static const key_def keys[] = {
     {"checkpoint.every_minutes", K_FLOAT, O(ckpt_every_minutes), "30", 0, 1e9, NULL, 0,
      "Checkpoint when this many minutes have passed since the last one (0: off); rank 0's "
      "clock decides for all ranks at a step boundary."},
+    {"checkpoint.layout", K_ENUM, O(ckpt_layout), "auto", 0, 0, layouts, 0,
+     "How a full fine-tune with a sharded optimizer (train.shard_optimizer on several ranks) "
+     "stores its state. sharded: every rank writes the masters and AdamW moments it owns to a "
+     "shard file of its own, in parallel (shard-RRRRR-of-NNNNN.h5 beside state.h5), and rank 0 "
+     "writes MANIFEST.json, with the layout, once every rank has written its shard; every rank "
+     "must see run.dir (one machine, or a shared file system). gathered: rank 0 gathers the "
+     "whole state and writes it alone (state.h5). auto: sharded when every rank runs on one "
+     "machine, else gathered. Other runs always write state.h5 alone. Either kind resumes on "
+     "any rank count and under either setting."},
     {"checkpoint.keep", K_INT, O(ckpt_keep), "3", 1, 1000000, NULL, 0,
      "Keep the newest N complete checkpoints (locally and in checkpoint.remote)."},
     {"checkpoint.keep_every", K_INT, O(ckpt_keep_every), "0", 0, BIG, NULL, 0,

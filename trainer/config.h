@@ -70,6 +70,7 @@ typedef struct config {
     int64_t ckpt_keep, ckpt_keep_every;
     char *ckpt_remote, *ckpt_endpoint, *ckpt_region;
     int ckpt_addressing;
+    int ckpt_layout; /* CKPT_LAYOUT_* */
     int64_t ckpt_part_mb;
     double ckpt_upload_deadline_s, ckpt_final_upload_timeout_s;
     double ckpt_lease_s;
@@ -78,6 +79,7 @@ typedef struct config {
 } config_t;
 
 enum { ADDR_AUTO = 0, ADDR_PATH = 1, ADDR_VIRTUAL = 2 };
+enum { CKPT_LAYOUT_AUTO = 0, CKPT_LAYOUT_SHARDED = 1, CKPT_LAYOUT_GATHERED = 2 };
 
 /* Fills cfg with every key's default. */
 void config_defaults(config_t *cfg);

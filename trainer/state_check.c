@@ -110,7 +110,11 @@ int state_read_checked(const char *dir, ckpt_snapshot *s, sp_err *err)
 {
     ckpt_manifest m;
     ckpt_snapshot_init(s);
-    if (ckpt_verify(dir, &m, err) || state_check_isolated(dir, err))
-        return err->code;
-    return ckpt_read_verified(dir, &m, s, err);
+    int rc = ckpt_verify(dir, &m, err);
+    if (!rc)
+        rc = state_check_isolated(dir, err);
+    if (!rc)
+        rc = ckpt_read_verified(dir, &m, s, err);
+    ckpt_manifest_free(&m);
+    return rc;
 }

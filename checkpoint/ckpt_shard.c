@@ -1,0 +1,376 @@
+/* Sharded checkpoint state (ckpt.h, "Sharded state"): a rank's shard file,
+ * and ranged reads of any tensor's elements through MANIFEST's layout. */
+#define _GNU_SOURCE
+#include "ckpt.h"
+#include "ckpt_internal.h"
+
+#include <errno.h>
+#include <hdf5.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const ckpt_shard_groups[CKPT_SHARD_GROUPS] = {"params", "adam_m", "adam_v"};
+
+void ckpt_shard_free(ckpt_shard *sh)
+{
+    for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+        free(sh->data[g]);
+    memset(sh, 0, sizeof *sh);
+}
+
+void ckpt_shard_name(char *buf, size_t n, int rank, int count)
+{
+    snprintf(buf, n, "shard-%05d-of-%05d.h5", rank, count);
+}
+
+char *ckpt_tmp_dir(const char *root, int64_t step, int pid)
+{
+    char name[64];
+    ckpt_dir_name(name, sizeof name, step);
+    return sp_strf("%s/.tmp-%s-%d", root, name, pid);
+}
+
+/* ---- writing ---------------------------------------------------------------------- */
+
+static int write_i64_attr(hid_t f, const char *name, int64_t v)
+{
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t at = H5Acreate2(f, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = at < 0 || H5Awrite(at, H5T_NATIVE_INT64, &v) < 0 ? -1 : 0;
+    if (at >= 0)
+        H5Aclose(at);
+    H5Sclose(sp);
+    return rc;
+}
+
+static int write_group(hid_t f, const char *name, const float *v, uint64_t n)
+{
+    hsize_t dims = (hsize_t)n;
+    hid_t sp = H5Screate_simple(1, &dims, NULL);
+    hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = ds < 0 || (n && H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
+                 ? -1
+                 : 0;
+    if (ds >= 0 && H5Dclose(ds) < 0)
+        rc = -1;
+    H5Sclose(sp);
+    return rc;
+}
+
+int ckpt_shard_write(const char *dir, const ckpt_shard *sh, ckpt_shard_info *info, sp_err *err)
+{
+    memset(info, 0, sizeof *info);
+    ckpt_shard_name(info->name, sizeof info->name, sh->rank, sh->count);
+    char *path = sp_strf("%s/%s", dir, info->name);
+    if (!path)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    int fd, errnum = 0;
+    hid_t f = (hid_t)ckpt_hdf5_create(path, &fd);
+    int bad = f < 0;
+    uint64_t n = sh->hi - sh->lo;
+    errno = 0;
+    if (!bad)
+        bad = write_i64_attr(f, "step", sh->step) || write_i64_attr(f, "rank", sh->rank) ||
+              write_i64_attr(f, "count", sh->count) ||
+              write_i64_attr(f, "lo", (int64_t)sh->lo) || write_i64_attr(f, "hi", (int64_t)sh->hi);
+    for (int g = 0; g < CKPT_SHARD_GROUPS && !bad; g++)
+        bad = write_group(f, ckpt_shard_groups[g], sh->data[g], n);
+    errnum = errno;
+    int rc = 0;
+    if (f < 0 || ckpt_hdf5_close(f, fd, bad) != 0 || ckpt_fsync_path(path, 0) != 0)
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the shard%s%s", path,
+                     errnum ? ": " : "", errnum ? strerror(errnum) : "");
+    else
+        rc = ckpt_file_sha256(path, info->sha256, &info->size, err);
+    free(path);
+    return rc;
+}
+
+/* ---- reading ---------------------------------------------------------------------- */
+
+typedef struct shard_file {
+    char name[128];
+    uint64_t lo, hi;
+    hid_t f, ds[CKPT_SHARD_GROUPS]; /* opened on first use (-1: not yet) */
+} shard_file;
+
+typedef struct shard_tensor {
+    char *name;
+    uint64_t offset, n;
+    int ndim;
+    int64_t shape[2];
+} shard_tensor;
+
+struct ckpt_sharded {
+    char *dir;
+    uint64_t elements;
+    shard_tensor *tensors;
+    int ntensors;
+    shard_file *files;
+    int nfiles;
+};
+
+void ckpt_sharded_close(ckpt_sharded *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < r->nfiles; i++) {
+        for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+            if (r->files[i].ds[g] >= 0)
+                H5Dclose(r->files[i].ds[g]);
+        if (r->files[i].f >= 0)
+            H5Fclose(r->files[i].f);
+    }
+    for (int i = 0; i < r->ntensors; i++)
+        free(r->tensors[i].name);
+    free(r->tensors);
+    free(r->files);
+    free(r->dir);
+    free(r);
+}
+
+static int json_u64(json_t *o, const char *key, uint64_t *v)
+{
+    json_t *x = json_object_get(o, key);
+    if (!json_is_integer(x) || json_integer_value(x) < 0)
+        return -1;
+    *v = (uint64_t)json_integer_value(x);
+    return 0;
+}
+
+static int parse_tensors(ckpt_sharded *r, json_t *ts)
+{
+    r->tensors = calloc(json_array_size(ts) + 1, sizeof *r->tensors);
+    if (!r->tensors)
+        return -1;
+    size_t i;
+    json_t *t;
+    json_array_foreach(ts, i, t)
+    {
+        shard_tensor *x = &r->tensors[r->ntensors];
+        const char *name = json_string_value(json_object_get(t, "name"));
+        json_t *shape = json_object_get(t, "shape");
+        size_t nd = json_array_size(shape);
+        if (!name || json_u64(t, "offset", &x->offset) || !json_is_array(shape) || nd < 1 ||
+            nd > 2 || !(x->name = strdup(name)))
+            return -1;
+        r->ntensors++;
+        x->ndim = (int)nd;
+        x->n = 1;
+        for (size_t d = 0; d < nd; d++) {
+            json_t *v = json_array_get(shape, d);
+            if (!json_is_integer(v) || json_integer_value(v) < 0)
+                return -1;
+            x->shape[d] = json_integer_value(v);
+            x->n *= (uint64_t)x->shape[d];
+        }
+        if (x->offset + x->n > r->elements)
+            return -1;
+    }
+    return 0;
+}
+
+static int parse_files(ckpt_sharded *r, json_t *fs)
+{
+    r->files = calloc(json_array_size(fs) + 1, sizeof *r->files);
+    if (!r->files)
+        return -1;
+    uint64_t next = 0;
+    size_t i;
+    json_t *f;
+    json_array_foreach(fs, i, f)
+    {
+        shard_file *x = &r->files[r->nfiles++];
+        const char *name = json_string_value(json_object_get(f, "file"));
+        x->f = -1;
+        for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+            x->ds[g] = -1;
+        if (!name || strchr(name, '/') || strlen(name) >= sizeof x->name ||
+            json_u64(f, "lo", &x->lo) || json_u64(f, "hi", &x->hi) || x->lo != next ||
+            x->hi < x->lo)
+            return -1;
+        snprintf(x->name, sizeof x->name, "%s", name);
+        next = x->hi;
+    }
+    return next == r->elements ? 0 : -1; /* the shards cover the arena, in order */
+}
+
+int ckpt_sharded_open(ckpt_sharded **out, const char *dir, sp_err *err)
+{
+    *out = NULL;
+    char *path = sp_strf("%s/%s", dir, CKPT_MANIFEST);
+    json_error_t je;
+    json_t *j = path ? json_load_file(path, 0, &je) : NULL;
+    json_t *lay = json_object_get(j, "layout");
+    ckpt_sharded *r = calloc(1, sizeof *r);
+    int rc = 0;
+    if (!path || !r)
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    else if (!j)
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: cannot read: %s", path, je.text);
+    else if (!json_is_object(lay))
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: not a sharded checkpoint (no layout)", path);
+    else if (!(r->dir = strdup(dir)))
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    else if (json_u64(lay, "elements", &r->elements) ||
+             !json_is_array(json_object_get(lay, "tensors")) ||
+             !json_is_array(json_object_get(lay, "shards")) ||
+             parse_tensors(r, json_object_get(lay, "tensors")) ||
+             parse_files(r, json_object_get(lay, "shards")))
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "%s: the layout is damaged (tensors or shards missing, out of range, or "
+                     "not covering its %llu elements in order)",
+                     path, (unsigned long long)r->elements);
+    json_decref(j);
+    free(path);
+    if (rc) {
+        ckpt_sharded_close(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+static const shard_tensor *find_tensor(const ckpt_sharded *r, const char *name)
+{
+    for (int i = 0; i < r->ntensors; i++)
+        if (strcmp(r->tensors[i].name, name) == 0)
+            return &r->tensors[i];
+    return NULL;
+}
+
+uint64_t ckpt_sharded_tensor(const ckpt_sharded *r, const char *name, int *ndim,
+                             int64_t shape[2])
+{
+    const shard_tensor *t = find_tensor(r, name);
+    if (!t)
+        return 0;
+    if (ndim)
+        *ndim = t->ndim;
+    if (shape)
+        memcpy(shape, t->shape, sizeof t->shape);
+    return t->n;
+}
+
+static int64_t read_i64_attr(hid_t f, const char *name)
+{
+    int64_t v = -1;
+    hid_t a = H5Aexists(f, name) > 0 ? H5Aopen(f, name, H5P_DEFAULT) : -1;
+    if (a < 0 || H5Aread(a, H5T_NATIVE_INT64, &v) < 0)
+        v = -1;
+    if (a >= 0)
+        H5Aclose(a);
+    return v;
+}
+
+/* Opens file x and its dataset for group g, checking the file is the shard
+ * the layout says: its range, and one float32 dimension of that length. */
+static int open_group(ckpt_sharded *r, shard_file *x, int g, sp_err *err)
+{
+    char *path = sp_strf("%s/%s", r->dir, x->name);
+    if (!path)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    if (x->f < 0)
+        x->f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    int rc = 0;
+    if (x->f < 0) {
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: cannot open as HDF5", path);
+    } else if (read_i64_attr(x->f, "lo") != (int64_t)x->lo ||
+               read_i64_attr(x->f, "hi") != (int64_t)x->hi) {
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "%s: its range is not [%llu, %llu) as MANIFEST.json says", path,
+                     (unsigned long long)x->lo, (unsigned long long)x->hi);
+    } else {
+        hid_t ds = H5Lexists(x->f, ckpt_shard_groups[g], H5P_DEFAULT) > 0
+                       ? H5Dopen2(x->f, ckpt_shard_groups[g], H5P_DEFAULT)
+                       : -1;
+        hid_t sp = ds >= 0 ? H5Dget_space(ds) : -1, ty = ds >= 0 ? H5Dget_type(ds) : -1;
+        hsize_t dims = 0;
+        int ok = sp >= 0 && H5Sget_simple_extent_ndims(sp) == 1 &&
+                 H5Sget_simple_extent_dims(sp, &dims, NULL) == 1 &&
+                 dims == (hsize_t)(x->hi - x->lo) && ty >= 0 &&
+                 H5Tget_class(ty) == H5T_FLOAT && H5Tget_size(ty) == 4;
+        if (sp >= 0)
+            H5Sclose(sp);
+        if (ty >= 0)
+            H5Tclose(ty);
+        if (!ok) {
+            if (ds >= 0)
+                H5Dclose(ds);
+            rc = sp_fail(err, SP_EXIT_INPUT,
+                         "%s: dataset '%s' is missing or is not %llu float32 values", path,
+                         ckpt_shard_groups[g], (unsigned long long)(x->hi - x->lo));
+        } else {
+            x->ds[g] = ds;
+        }
+    }
+    free(path);
+    return rc;
+}
+
+/* Arena elements [a, b) of group g from file x into dst. */
+static int read_part(ckpt_sharded *r, shard_file *x, int g, uint64_t a, uint64_t b, float *dst,
+                     sp_err *err)
+{
+    if (x->ds[g] < 0 && open_group(r, x, g, err))
+        return err->code;
+    hsize_t off = (hsize_t)(a - x->lo), cnt = (hsize_t)(b - a);
+    hid_t fsp = H5Dget_space(x->ds[g]);
+    hid_t msp = H5Screate_simple(1, &cnt, NULL);
+    int bad = fsp < 0 || msp < 0 ||
+              H5Sselect_hyperslab(fsp, H5S_SELECT_SET, &off, NULL, &cnt, NULL) < 0 ||
+              H5Dread(x->ds[g], H5T_NATIVE_FLOAT, msp, fsp, H5P_DEFAULT, dst) < 0;
+    if (fsp >= 0)
+        H5Sclose(fsp);
+    if (msp >= 0)
+        H5Sclose(msp);
+    if (bad)
+        return sp_fail(err, SP_EXIT_INPUT, "%s/%s: cannot read %s [%llu, %llu)", r->dir, x->name,
+                       ckpt_shard_groups[g], (unsigned long long)a, (unsigned long long)b);
+    return 0;
+}
+
+int ckpt_sharded_read(ckpt_sharded *r, int g, const char *name, uint64_t start, uint64_t count,
+                      float *dst, sp_err *err)
+{
+    const shard_tensor *t = find_tensor(r, name);
+    if (!t)
+        return sp_fail(err, SP_EXIT_INPUT, "%s: the checkpoint lacks the tensor %s", r->dir,
+                       name);
+    if (g < 0 || g >= CKPT_SHARD_GROUPS || start + count > t->n)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: elements [%llu, %llu) of %s are out of range",
+                       r->dir, (unsigned long long)start, (unsigned long long)(start + count),
+                       name);
+    uint64_t a = t->offset + start, b = a + count;
+    for (int i = 0; i < r->nfiles && a < b; i++) {
+        shard_file *x = &r->files[i];
+        uint64_t lo = a > x->lo ? a : x->lo, hi = b < x->hi ? b : x->hi;
+        if (lo >= hi)
+            continue;
+        if (read_part(r, x, g, lo, hi, dst + (lo - t->offset - start), err))
+            return err->code;
+    }
+    return 0;
+}
+
+int ckpt_sharded_load(const char *dir, ckpt_snapshot *s, int g, const char *prefix,
+                      sp_err *err)
+{
+    ckpt_sharded *r;
+    if (ckpt_sharded_open(&r, dir, err))
+        return err->code;
+    int rc = 0;
+    for (int i = 0; i < r->ntensors && !rc; i++) {
+        const shard_tensor *t = &r->tensors[i];
+        char *name = sp_strf("%s%s", prefix, t->name);
+        float *buf = name ? ckpt_add_array(s, name, t->ndim, t->shape) : NULL;
+        rc = buf ? ckpt_sharded_read(r, g, t->name, 0, t->n, buf, err)
+                 : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        free(name);
+    }
+    ckpt_sharded_close(r);
+    return rc;
+}
