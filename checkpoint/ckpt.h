@@ -1,6 +1,7 @@
 /* checkpoint/ckpt.h — the checkpoint directory protocol. A checkpoint is a
  * directory ROOT/step-NNNNNNNN/ holding HDF5 files (state.h5: the replicated
- * state) and MANIFEST.json, written last: format version, step, world size,
+ * state; shard-RRRRR-of-NNNNN.h5: each rank's shard of a sharded state, see
+ * "Sharded state" below) and MANIFEST.json, written last: format version, step, world size,
  * config hash, base-model identity, and every file's size and SHA-256. It is
  * written as ROOT/.tmp-step-NNNNNNNN-PID/, every file and the directory
  * fsynced, then renamed; a checkpoint without a valid MANIFEST, or whose files

@@ -1,6 +1,7 @@
 /* The background writer thread. */
 #define _POSIX_C_SOURCE 200809L
 #include "ckpt_writer.h"
+#include "store.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -20,7 +21,35 @@ struct ckpt_writer {
     int has_job, busy, stop;
     sp_err last; /* the last write's outcome */
     ckpt_shard_info last_shard;
+    int shard_written; /* the shard job in progress has written its file (uploading now) */
+    store_t *store;    /* where a written shard is put (NULL: nowhere) */
 };
+
+/* The written shard into the store, unless a complete checkpoint of its
+ * step is there (never overwrite one). Failures are reported here: the
+ * ranks do not wait for uploads, rank 0's push of MANIFEST.json does. */
+static void upload_shard(ckpt_writer *w, const char *dir, const ckpt_shard *sh,
+                         const ckpt_shard_info *info)
+{
+    char step[64];
+    ckpt_dir_name(step, sizeof step, sh->step);
+    char *key = sp_strf("%s/%s", step, info->name), *mkey = sp_strf("%s/%s", step, CKPT_MANIFEST);
+    char *path = sp_strf("%s/%s", dir, info->name);
+    sp_err e = {0};
+    int there = 0;
+    if (!key || !mkey || !path)
+        sp_fail(&e, SP_EXIT_OTHER, "out of memory");
+    else if (store_exists(w->store, mkey, &there, NULL, &e) == 0 && !there)
+        store_put_file(w->store, key, path, 0, &e);
+    if (e.code)
+        fprintf(stderr,
+                "warning: checkpoint shard %s was not put in %s: %s; that checkpoint will not "
+                "be complete there (the remote store is behind)\n",
+                key ? key : info->name, store_url(w->store), e.msg);
+    free(key);
+    free(mkey);
+    free(path);
+}
 
 /* A shard job: the rank's shard file written into dir. */
 static void write_shard(ckpt_writer *w, char *dir, ckpt_shard *sh)
@@ -28,11 +57,17 @@ static void write_shard(ckpt_writer *w, char *dir, ckpt_shard *sh)
     sp_err err = {0};
     ckpt_shard_info info;
     ckpt_shard_write(dir, sh, &info, &err);
-    ckpt_shard_free(sh);
-    free(dir);
     pthread_mutex_lock(&w->mu);
     w->last = err;
     w->last_shard = info;
+    w->shard_written = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    if (!err.code && w->store)
+        upload_shard(w, dir, sh, &info);
+    ckpt_shard_free(sh);
+    free(dir);
+    pthread_mutex_lock(&w->mu);
     w->busy = 0;
     pthread_cond_broadcast(&w->cv);
 }
@@ -54,6 +89,7 @@ static void *writer_main(void *arg)
         w->shard_dir = NULL;
         w->has_job = 0;
         w->busy = 1;
+        w->shard_written = 0;
         pthread_mutex_unlock(&w->mu);
         if (shard_dir) {
             write_shard(w, shard_dir, &sh);
@@ -145,10 +181,27 @@ int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, do
     return 0;
 }
 
+void ckpt_writer_set_store(ckpt_writer *w, store_t *st)
+{
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    w->store = st;
+    pthread_mutex_unlock(&w->mu);
+}
+
+int ckpt_writer_wait_written(ckpt_writer *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->has_job || (w->busy && !w->shard_written))
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
 int ckpt_writer_shard_result(ckpt_writer *w, int *busy, ckpt_shard_info *info, sp_err *err)
 {
     pthread_mutex_lock(&w->mu);
-    *busy = w->has_job || w->busy;
+    *busy = w->has_job || (w->busy && !w->shard_written);
     sp_err last = w->last;
     *info = w->last_shard;
     pthread_mutex_unlock(&w->mu);
@@ -180,6 +233,8 @@ void ckpt_writer_stop(ckpt_writer *w)
     pthread_join(w->thread, NULL);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
+    if (w->store)
+        store_close(w->store);
     free(w->root);
     free(w);
 }

@@ -7,6 +7,7 @@
 #define SPOTUNE_CKPT_WRITER_H
 
 #include "checkpoint/ckpt.h"
+#include "checkpoint/store.h"
 
 typedef struct ckpt_writer ckpt_writer;
 
@@ -25,7 +26,16 @@ int ckpt_writer_submit(ckpt_writer *w, ckpt_snapshot *s, double *waited_s, sp_er
  * (ckpt_shard_write); no callback. Waits first while a previous write runs. */
 int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, double *waited_s,
                              sp_err *err);
-/* Without waiting: *busy while a write runs; else the last write's result
+/* With a remote store: after writing its shard the writer puts it at
+ * step-NNNNNNNN/<shard file> in st, which it owns from here (closed with the
+ * writer), unless that step's MANIFEST.json is there already (a complete
+ * checkpoint is never overwritten); a failure is printed on stderr. */
+void ckpt_writer_set_store(ckpt_writer *w, store_t *st);
+/* Waits until no shard write is queued or being written (its upload may
+ * still run). */
+int ckpt_writer_wait_written(ckpt_writer *w);
+/* Without waiting: *busy while a write runs (a shard being uploaded counts
+ * as written); else the last write's result
  * (its error, or 0 and, for a shard, *info). */
 int ckpt_writer_shard_result(ckpt_writer *w, int *busy, ckpt_shard_info *info, sp_err *err);
 /* Waits until idle; returns the error of the last write (0 if it succeeded). */

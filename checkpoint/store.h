@@ -45,7 +45,8 @@ enum {
     STORE_ELOCAL = -5,    /* local file or directory error */
     STORE_EUSAGE = -6,    /* bad URL, key or option */
     STORE_ECANCELED = -7, /* a cancel flag was raised */
-    STORE_ENOBUCKET = -8  /* s3://: the bucket does not exist (404 NoSuchBucket) */
+    STORE_ENOBUCKET = -8, /* s3://: the bucket does not exist (404 NoSuchBucket) */
+    STORE_EPEER = -9      /* push: a rank did not put its shard in time (shards_put_by_ranks) */
 };
 
 enum { STORE_ADDR_AUTO = 0, STORE_ADDR_PATH = 1, STORE_ADDR_VHOST = 2 };
@@ -130,6 +131,12 @@ typedef struct store_xfer_opts {
     const atomic_int *cancel; /* nonzero: stop at once (transfers in flight, backoff sleeps) */
     void (*on_key)(void *arg, const char *key); /* after each object put, got or deleted */
     void *arg;
+    /* push of a sharded checkpoint whose ranks put their shard files
+     * (shard-*.h5, ckpt.h) themselves: those are not sent, and MANIFEST.json
+     * goes up only once each is in the store with its local size, polled for
+     * up to shards_wait_s (then STORE_EPEER naming the missing shard) */
+    int shards_put_by_ranks;
+    double shards_wait_s;
 } store_xfer_opts;
 
 /* Pushes checkpoint directory local_dir to prefix/ ("step-00001200"): every
@@ -137,7 +144,7 @@ typedef struct store_xfer_opts {
  * MANIFEST.json last with if_none_match. local_dir must hold MANIFEST.json.
  * A remote MANIFEST.json identical to the local one means the checkpoint is
  * already pushed (success, nothing sent); a different one is STORE_EEXIST and
- * nothing is overwritten. */
+ * nothing is overwritten. (x->shards_put_by_ranks: see store_xfer_opts.) */
 int store_push_dir(store_t *s, const char *local_dir, const char *prefix,
                    const store_xfer_opts *x, sp_err *err);
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MANIFEST "MANIFEST.json"
@@ -120,12 +121,64 @@ static int remote_manifest(store_t *s, const char *mkey, const void *data, size_
     return 1;
 }
 
+/* A sharded checkpoint's shard file, which its rank puts itself. */
+static int rank_shard(const char *name, const store_xfer_opts *x)
+{
+    size_t n = strlen(name);
+    return x && x->shards_put_by_ranks && !strchr(name, '/') && !strncmp(name, "shard-", 6) &&
+           n > 3 && !strcmp(name + n - 3, ".h5");
+}
+
+/* Waits until every shard file the ranks put is in the store with its
+ * local size (x->shards_wait_s at most). */
+static int await_rank_shards(store_t *s, const char *local_dir, const char *pfx,
+                             const name_list *files, const store_xfer_opts *x, sp_err *err)
+{
+    double until = sp_now() + x->shards_wait_s;
+    for (size_t i = 0; i < files->n; i++) {
+        if (!rank_shard(files->v[i], x))
+            continue;
+        char *key = sp_strf("%s/%s", pfx, files->v[i]);
+        char *path = sp_strf("%s/%s", local_dir, files->v[i]);
+        struct stat st;
+        int rc = !key || !path ? store_fail(s, err, STORE_EFAIL, pfx, "out of memory")
+                 : stat(path, &st) != 0
+                     ? store_fail(s, err, STORE_ELOCAL, pfx, "push: %s: %s", path, strerror(errno))
+                     : 0;
+        for (;;) {
+            int there = 0;
+            uint64_t size = 0;
+            sp_err e1 = {0};
+            if (rc || (s->ops->exists(s, key, &there, &size, xcancel(x), &e1) == 0 && there &&
+                       size == (uint64_t)st.st_size))
+                break;
+            if (x->cancel && atomic_load(x->cancel)) {
+                rc = store_fail(s, err, STORE_ECANCELED, key, "canceled");
+                break;
+            }
+            if (sp_now() >= until) {
+                rc = store_fail(s, err, STORE_EPEER, key,
+                                "its rank has not put it in %.0f s; MANIFEST.json not pushed",
+                                x->shards_wait_s);
+                break;
+            }
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        free(key);
+        free(path);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 static int push_files(store_t *s, const char *local_dir, const char *pfx, const name_list *files,
                       const store_xfer_opts *x, sp_err *err)
 {
     int rc = 0;
     for (size_t i = 0; i < files->n && !rc; i++) {
-        if (!strcmp(files->v[i], MANIFEST))
+        if (!strcmp(files->v[i], MANIFEST) || rank_shard(files->v[i], x))
             continue;
         char *key = sp_strf("%s/%s", pfx, files->v[i]);
         char *path = sp_strf("%s/%s", local_dir, files->v[i]);
@@ -182,6 +235,8 @@ int store_push_dir(store_t *s, const char *local_dir, const char *prefix,
             qsort(files.v, files.n, sizeof *files.v, cmp_str);
         if (!rc)
             rc = push_files(s, local_dir, pfx, &files, x, err);
+        if (!rc && x && x->shards_put_by_ranks)
+            rc = await_rank_shards(s, local_dir, pfx, &files, x, err);
         if (!rc)
             rc = push_manifest(s, mkey, man, mn, x, err);
     }

@@ -18,6 +18,7 @@ typedef struct job {
     char *dir, *prefix;
     int attempt;       /* tries made so far */
     double not_before; /* sp_now() deadline of the next try */
+    double shards_wait_s; /* > 0: the ranks put the shard files (uploader_submit_sharded) */
 } job;
 
 struct uploader {
@@ -93,7 +94,7 @@ static void run_retention(uploader_t *u)
         return;
     sp_err e = {0};
     job_ctx c = {u, NULL};
-    store_xfer_opts x = {&u->cancel, on_key, &c};
+    store_xfer_opts x = {&u->cancel, on_key, &c, 0, 0};
     if (store_prune_steps(u->store, keep, every, &x, NULL, &e) && !atomic_load(&u->cancel))
         emit(u, (uploader_event){.kind = UPLOADER_PRUNE_FAILED, .err = &e});
 }
@@ -112,6 +113,10 @@ static uploader_event_kind requeue(uploader_t *u, job *j, int rc, double *retry_
 {
     if (permanent(rc))
         return UPLOADER_JOB_FAILED;
+    /* a rank's shard is missing: a newer checkpoint waiting is worth more
+     * than waiting longer for it */
+    if (rc == STORE_EPEER && u->qn > 0)
+        return UPLOADER_JOB_DROPPED;
     if (u->qn >= u->o.max_queue)
         return UPLOADER_JOB_DROPPED; /* it is the oldest waiting job */
     store_opts bo = {.retry_base_s = u->o.retry_base_s, .retry_max_s = u->o.retry_max_s};
@@ -158,7 +163,7 @@ static void finish_job(uploader_t *u, job *j, int rc, const sp_err *e, double se
 static void run_job(uploader_t *u, job *j)
 {
     job_ctx c = {u, j};
-    store_xfer_opts x = {&u->cancel, on_key, &c};
+    store_xfer_opts x = {&u->cancel, on_key, &c, j->shards_wait_s > 0, j->shards_wait_s};
     sp_err e = {0};
     j->attempt++;
     double t0 = sp_now();
@@ -256,9 +261,11 @@ int uploader_start(uploader_t **out, store_t *store, const uploader_opts *opts, 
     return 0;
 }
 
-int uploader_submit(uploader_t *u, const char *local_dir, const char *prefix, sp_err *err)
+static int submit(uploader_t *u, const char *local_dir, const char *prefix, double shards_wait_s,
+                  sp_err *err)
 {
-    job j = {strdup(local_dir ? local_dir : ""), strdup(prefix ? prefix : ""), 0, 0};
+    job j = {strdup(local_dir ? local_dir : ""), strdup(prefix ? prefix : ""), 0, 0,
+             shards_wait_s};
     if (!j.dir || !j.prefix || !local_dir || !*local_dir) {
         job_free(&j);
         return store_fail(u->store, err, STORE_EUSAGE, prefix, "uploader: bad job");
@@ -275,6 +282,17 @@ int uploader_submit(uploader_t *u, const char *local_dir, const char *prefix, sp
     pthread_cond_signal(&u->work_cv);
     pthread_mutex_unlock(&u->mu);
     return dropped;
+}
+
+int uploader_submit(uploader_t *u, const char *local_dir, const char *prefix, sp_err *err)
+{
+    return submit(u, local_dir, prefix, 0, err);
+}
+
+int uploader_submit_sharded(uploader_t *u, const char *local_dir, const char *prefix,
+                            double wait_s, sp_err *err)
+{
+    return submit(u, local_dir, prefix, wait_s > 0 ? wait_s : 1, err);
 }
 
 int uploader_pending(uploader_t *u)

@@ -11,7 +11,9 @@
  * good (and is dropped, with an event) on a local error (its directory is
  * gone or unreadable), a bad prefix, a different checkpoint already at its
  * prefix, credentials the store refuses (401/403) or a bucket that does not
- * exist; any other store error (the store down, slow or failing) is retried.
+ * exist; any other store error (the store down, slow or failing) is retried,
+ * except that a sharded checkpoint whose ranks did not all put their shard
+ * (STORE_EPEER) is dropped when a newer checkpoint is waiting.
  *
  * Every function may be called from any thread; on_event runs on the
  * uploader thread and may call the store (not the uploader). */
@@ -63,6 +65,12 @@ int uploader_start(uploader_t **out, store_t *store, const uploader_opts *opts, 
  * dropped to make room (0 or more), or a negative STORE_E* on a bad argument.
  * local_dir must stay until the job is done. */
 int uploader_submit(uploader_t *u, const char *local_dir, const char *prefix, sp_err *err);
+
+/* uploader_submit of a sharded checkpoint whose ranks put their own shard
+ * files: they are not sent, and MANIFEST.json waits for them, up to wait_s
+ * each try (store_xfer_opts.shards_put_by_ranks). */
+int uploader_submit_sharded(uploader_t *u, const char *local_dir, const char *prefix,
+                            double wait_s, sp_err *err);
 
 /* Submitted checkpoints not yet complete remotely (the "remote is behind by
  * N" figure): waiting jobs plus the one in progress. */

@@ -389,3 +389,38 @@ Test(ckpt_policy, one_job_per_run_directory)
     cr_expect(text && text[0] == 0, "the lock file still names a holder after the end: %s", text);
     free(text);
 }
+
+/* Sharded checkpoints pushed by every rank: rank 1 cannot put its shard of
+ * step 4 (a directory stands at that key of the file:// store), so step 4
+ * never gets a MANIFEST.json there, while steps 2 and 6 do, each with both
+ * shards; the run goes on, says which shard was not put and that the store
+ * is behind, and ends 0 with its final checkpoint complete in the store. */
+Test(ckpt_policy, sharded_upload_failure_of_one_rank_leaves_no_remote_manifest)
+{
+    char store[4096];
+    snprintf(store, sizeof store, "%s/shstore", dir);
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s/step-00000004/shard-00001-of-00002.h5/blocker", store),
+                 0);
+    char extra[6000], *out = NULL;
+    snprintf(extra, sizeof extra,
+             "--set train.mode=full --set train.steps=6 --set checkpoint.every_steps=2 "
+             "--set checkpoint.remote=file://%s --set checkpoint.upload_deadline_s=2 "
+             "--set checkpoint.keep=5",
+             store);
+    int rc = run(tu_mpirun(2), "shup", extra, &out);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, out);
+    cr_expect(tu_contains(out, "step-00000004/shard-00001-of-00002.h5 was not put"), "%s", out);
+    cr_expect(tu_contains(out, "step-00000004 will not be complete in the store") &&
+                  tu_contains(out, "has not put it"),
+              "rank 0 does not say it waited and gave step 4 up:\n%s", out);
+    for (int step = 2; step <= 6; step += 2) {
+        const char *m = tu_fmt("%s/step-%08d/MANIFEST.json", store, step);
+        cr_expect_eq(access(m, R_OK) == 0, step != 4, "%s %s", m,
+                     step == 4 ? "exists without its shard" : "is missing");
+        for (int r = 0; r < 2 && step != 4; r++)
+            cr_expect_eq(access(tu_fmt("%s/step-%08d/shard-%05d-of-00002.h5", store, step, r),
+                                R_OK),
+                         0, "step %d lacks rank %d's shard in the store", step, r);
+    }
+    free(out);
+}

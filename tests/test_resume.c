@@ -8,6 +8,7 @@
  * changed step count is allowed. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -505,5 +506,69 @@ Test(resume, preemption_budget_and_upload_rate)
         p++;
     }
     cr_expect_eq(overruns, 1, "the overrun is said once, said %d times:\n%s", overruns, out);
+    free(out);
+}
+
+/* The newest .tmp-step-N-PID directory in run name's checkpoints (its step
+ * N, or -1 when there is none). */
+static long pending_tmp_step(const char *name)
+{
+    DIR *d = opendir(tu_fmt("%s/%s/checkpoints", dir, name));
+    long best = -1;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strncmp(e->d_name, ".tmp-step-", 10) == 0) {
+            long s = strtol(e->d_name + 10, NULL, 10);
+            best = s > best ? s : best;
+        }
+    if (d)
+        closedir(d);
+    return best;
+}
+
+/* Sharded checkpoints (full fine-tuning on 2 ranks, a shard file per rank):
+ * SIGKILL of rank 1 while a checkpoint is pending (its .tmp- directory is
+ * there, written or being written, MANIFEST not yet) ends the job with that
+ * step never complete; the next start skips the leftover, naming it,
+ * resumes from the newest complete checkpoint, before it, and finishes. */
+Test(resume, sigkill_of_one_rank_during_sharded_writes_resumes_from_the_previous_checkpoint)
+{
+    const char *extra = "--set train.mode=full --set checkpoint.every_steps=3 --set train.steps=40";
+    char prefix[2048], log[4096], first[4096];
+    snprintf(prefix, sizeof prefix, "%s", tu_mpirun(2));
+    snprintf(log, sizeof log, "%s/shk.log", dir);
+    snprintf(first, sizeof first, "%s/shk/checkpoints/step-00000003/MANIFEST.json", dir);
+    int pid = tu_spawn(log, "%s", train_cmd(prefix, "shk", extra));
+    long pending = -1;
+    for (int i = 0; i < 200000 && proc_running(pid); i++) { /* 100 s at most */
+        if (access(first, R_OK) == 0 && (pending = pending_tmp_step("shk")) > 3)
+            break;
+        tu_sleep(0.0005);
+    }
+    int victim = rank_pid(pid, 1);
+    if (pending <= 3 || victim <= 0) {
+        kill(-pid, SIGKILL);
+        tu_wait(pid, 60);
+        cr_assert_fail("no pending checkpoint after step 3 (%ld) or no rank 1 (%d)", pending,
+                       victim);
+    }
+    kill(victim, SIGKILL);
+    int rc = tu_wait(pid, 120);
+    cr_assert_neq(rc, 0, "the job survived the loss of a rank");
+    const char *m = tu_fmt("%s/shk/checkpoints/step-%08ld/MANIFEST.json", dir, pending);
+    cr_expect_neq(access(m, R_OK), 0, "%s exists: a checkpoint completed without rank 1", m);
+    char *out = NULL;
+    rc = run(prefix, "shk", extra, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    char want[128];
+    snprintf(want, sizeof want, "skipping checkpoint .tmp-step-%08ld-", pending);
+    cr_expect(tu_contains(out, want), "no '%s' in\n%s", want, out);
+    long resumed = -1;
+    const char *at = strstr(out, "resumed from ");
+    if (at && (at = strstr(at, "step-")))
+        resumed = strtol(at + 5, NULL, 10);
+    cr_expect(resumed >= 3 && resumed < pending && resumed % 3 == 0,
+              "resumed from step %ld, the pending one was %ld:\n%s", resumed, pending, out);
+    cr_expect_eq(last_step("shk"), 40);
     free(out);
 }

@@ -282,7 +282,7 @@ Test(store_file, push_manifest_last_pull_identical)
     mkdir(local, 0777);
     char *ck = make_ckpt(local, "step-00000100", 7, 3 * MIB);
     key_log log = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
-    store_xfer_opts x = {NULL, log_key, &log};
+    store_xfer_opts x = {.on_key = log_key, .arg = &log};
     sp_err err = {0};
     cr_assert_eq(store_push_dir(f.s, ck, "step-00000100/", &x, &err), 0, "%s", err.msg);
     cr_assert_eq(log.n, 5);
@@ -394,7 +394,7 @@ Test(store_file, prune_keeps_newest_and_multiples_manifest_first)
     sp_err err = {0};
     cr_assert_eq(store_put_bytes(f.s, "unrelated/file", "x", 1, 0, &err), 0);
     key_log log = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
-    store_xfer_opts x = {NULL, log_key, &log};
+    store_xfer_opts x = {.on_key = log_key, .arg = &log};
     int pruned = -1;
     cr_assert_eq(store_prune_steps(f.s, 2, 300, &x, &pruned, &err), 0, "%s", err.msg);
     cr_assert_eq(pruned, 4, "50, 100, 200, 400 go");

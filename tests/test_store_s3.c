@@ -414,7 +414,7 @@ Test(store_s3, prune_deletes_manifest_first)
         free(ck);
     }
     del_log log = {{0}, 0};
-    store_xfer_opts x = {NULL, log_del, &log};
+    store_xfer_opts x = {.on_key = log_del, .arg = &log};
     int pruned = 0;
     cr_assert_eq(store_prune_steps(s, 2, 0, &x, &pruned, &err), 0, "%s", err.msg);
     cr_assert_eq(pruned, 2);

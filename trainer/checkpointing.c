@@ -42,7 +42,10 @@ static void on_written(void *ctx, const char *dir, const ckpt_snapshot *s, doubl
     if (c->up && !refused && !lease_lost(c->lease, NULL)) {
         sp_err uerr = {0};
         const char *name = strrchr(dir, '/') + 1;
-        int dropped = uploader_submit(c->up, dir, name, &uerr);
+        /* sharded: each rank puts its own shard; MANIFEST.json waits for them */
+        double wait = c->cfg->ckpt_upload_deadline_s > 1 ? c->cfg->ckpt_upload_deadline_s : 1;
+        int dropped = s->nshards ? uploader_submit_sharded(c->up, dir, name, wait, &uerr)
+                                 : uploader_submit(c->up, dir, name, &uerr);
         if (dropped < 0)
             log_event(c->log, c->metrics, "warning", "upload of %s not queued: %s", name,
                       uerr.msg);
@@ -105,6 +108,16 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     } else if (c->sharded) { /* every rank writes its own shard */
         rc = ckpt_writer_start(&c->writer, c->root, NULL, NULL, err);
     }
+    /* ... and puts it in the remote store itself, in parallel with the others */
+    if (!rc && c->sharded && cfg->ckpt_remote && *cfg->ckpt_remote) {
+        store_opts so;
+        store_t *st = NULL;
+        ckpt_remote_opts(cfg, 0, &so);
+        if (store_open(&st, cfg->ckpt_remote, &so, err) == 0)
+            ckpt_writer_set_store(c->writer, st);
+        else
+            rc = err->code ? err->code : SP_EXIT_USAGE;
+    }
     /* every rank learns whether rank 0 could open its side */
     int32_t code = rc;
     if (comm_allreduce(comm, &code, 1, COMM_I32, COMM_MAX, err))
@@ -150,6 +163,16 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
         if (!rc && wait_uploads)
             rc = ckpt_remote_final_pushed(c, err);
         uploader_stop(c->up);
+    }
+    /* the other ranks wait while rank 0 pushes the last checkpoint (minutes
+     * for a large state): their collectives' timeout must not end the job */
+    if (wait_uploads && c->world > 1) {
+        double saved = comm_timeout(c->comm);
+        sp_err berr = {0};
+        comm_set_timeout(c->comm, saved + c->cfg->ckpt_final_upload_timeout_s + 600.0);
+        if (comm_barrier(c->comm, &berr) && !rc)
+            rc = sp_fail(err, berr.code, "%s", berr.msg);
+        comm_set_timeout(c->comm, saved);
     }
     lease_release(c->lease);
     if (c->store)
@@ -228,11 +251,19 @@ static int log_stop_budget(ckpt_ctl *c, const train_progress *p, const stop_budg
 {
     char name[32];
     ckpt_dir_name(name, sizeof name, p->step);
-    int64_t mine = 0;
+    int64_t mine = 0, tree = 0;
     if (c->rank == 0) {
         char *dir = sp_strf("%s/%s", c->root, name);
-        mine = dir ? (int64_t)ckpt_tree_bytes(dir) : 0;
+        tree = dir ? (int64_t)ckpt_tree_bytes(dir) : 0;
         free(dir);
+    }
+    if (c->sharded) { /* each rank wrote (and put) its shard */
+        int busy;
+        ckpt_shard_info info;
+        ckpt_writer_shard_result(c->writer, &busy, &info, &(sp_err){0});
+        mine = (int64_t)info.size;
+    } else {
+        mine = tree;
     }
     int64_t *all = calloc((size_t)c->world, sizeof *all);
     if (!all)
@@ -240,6 +271,12 @@ static int log_stop_budget(ckpt_ctl *c, const train_progress *p, const stop_budg
     if (comm_allgather(c->comm, &mine, all, 1, COMM_I64, err)) {
         free(all);
         return err->code;
+    }
+    if (c->sharded && c->rank == 0) { /* rank 0 also wrote state.h5 and the metrics */
+        int64_t others = 0;
+        for (int r = 1; r < c->world; r++)
+            others += all[r];
+        all[0] = tree - others > all[0] ? tree - others : all[0];
     }
     if (c->rank == 0) {
         json_t *per = json_array();

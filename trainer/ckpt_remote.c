@@ -63,6 +63,11 @@ static void on_upload(void *arg, const uploader_event *ev)
                   first ? "; this run pushes nothing more to the store" : "");
         break;
     }
+    case UPLOADER_JOB_DROPPED:
+        log_event(c->log, c->metrics, "warning",
+                  "%s will not be complete in the store (superseded by a newer checkpoint): %s",
+                  ev->prefix ? ev->prefix : "?", ev->err ? ev->err->msg : "");
+        break;
     case UPLOADER_PRUNE_FAILED:
         log_event(c->log, c->metrics, "warning", "remote retention failed: %s",
                   ev->err ? ev->err->msg : "");

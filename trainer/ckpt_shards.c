@@ -217,8 +217,8 @@ int ckpt_shards_complete(ckpt_ctl *c, int wait, sp_err *err)
     sp_err mine = {0};
     ckpt_shard_info info;
     int busy = 0;
-    if (wait)
-        ckpt_writer_wait(c->writer, &(sp_err){0});
+    if (wait) /* written; its upload goes on */
+        ckpt_writer_wait_written(c->writer);
     int failed = ckpt_writer_shard_result(c->writer, &busy, &info, &mine) != 0;
     int32_t running = busy;
     if (comm_allreduce(c->comm, &running, 1, COMM_I32, COMM_MAX, err))
