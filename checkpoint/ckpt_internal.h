@@ -1,5 +1,6 @@
-/* checkpoint/ckpt_internal.h — shared by ckpt.c (writing, verifying and
- * reading a checkpoint directory) and ckpt_list.c (listing and retention). */
+/* checkpoint/ckpt_internal.h — shared by the files of the checkpoint
+ * directory protocol: ckpt.c (writing), ckpt_read.c (verifying, reading),
+ * ckpt_list.c (listing, retention) and ckpt_shard.c (sharded state). */
 #ifndef SPOTUNE_CKPT_INTERNAL_H
 #define SPOTUNE_CKPT_INTERNAL_H
 
