@@ -586,9 +586,21 @@ Test(plan, command_inputs)
     cr_expect_eq(json_integer_value(json_object_get(y, "micro_batch")), 4);
     cr_expect_str_eq(json_string_value(json_object_get(y, "recompute")), "layer");
     cr_expect(json_is_true(json_object_get(y, "optimizer_sharded")));
+    cr_expect(json_is_true(json_object_get(y, "gradients_sharded")));
+    double sharded = json_real_value(json_object_get(json_object_get(y, "memory_gib"), "gradients"));
     /* 50 steps x (2 GPUs x 4 x 2) windows x 64 tokens */
     cr_expect_float_eq(json_real_value(json_object_get(json_object_get(y, "job"), "tokens")),
                        50.0 * 16 * 64, 1e-9);
+    json_decref(y);
+    /* train.shard_gradients false: the whole gradient again, more memory */
+    tu_run_yaml(d, "run:\n  dir: %s/run\ntrain:\n  mode: full\n  steps: 50\n  seq_len: 64\n"
+                   "  micro_batch: 4\n  grad_accum: 2\n  shard_gradients: false\nruntime:\n"
+                   "  recompute: layer\n", d);
+    y = plan_json(tu_fmt("%s/run.yaml --gpu H100 --gpus 2", d));
+    cr_expect(json_is_true(json_object_get(y, "optimizer_sharded")));
+    cr_expect(json_is_false(json_object_get(y, "gradients_sharded")));
+    double whole = json_real_value(json_object_get(json_object_get(y, "memory_gib"), "gradients"));
+    cr_expect_gt(whole, sharded, "gradients %.3f GiB whole, %.3f sharded", whole, sharded);
     json_decref(y);
     /* model.quantize nf4: the plan of QLoRA */
     tu_write_file(tu_fmt("%s/qlora.yaml", d),

@@ -253,6 +253,10 @@ int grad_sync_finish(grad_sync_t *g, sp_err *err)
 int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err)
 {
     grad_sync_t g;
+    if (m->shard_grads)
+        return sp_fail(err, SP_EXIT_OTHER,
+                       "sharded gradients are reduced during the backward: use "
+                       "grad_sync_begin before it and grad_sync_finish after");
     grad_sync_begin(&g, m, comm, bucket_mb);
     return grad_sync_finish(&g, err);
 }

@@ -54,7 +54,8 @@ typedef struct grad_sync {
 void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb);
 /* Reduces what is left and waits until every bucket is summed. */
 int grad_sync_finish(grad_sync_t *g, sp_err *err);
-/* Both at once, after the backward (no overlap). */
+/* Both at once, after the backward (no overlap); refused with sharded
+ * gradients, which must be reduced during the backward. */
 int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err);
 /* Sharded optimizer: every rank's updated shard of the compute copy to every
  * rank (nothing to do when unsharded). */
