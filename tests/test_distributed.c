@@ -480,3 +480,63 @@ Test(distributed, full_fine_tuning_with_sharded_gradients_and_accumulation)
                       "own (%.3g)",
                       pairs[k][0], pairs[k][1], worst[k], base);
 }
+
+/* A tied embedding (tie_word_embeddings: the tiny model's config.json
+ * changed, its lm_head no longer read) is written by the head first and by
+ * the embedding's backward last, so with sharded gradients its segment has a
+ * bucket of its own: 2 ranks x 2 micro-batches with the gradients sharded
+ * follow the unsharded 2-rank run and the 1-rank run (4 micro-batches)
+ * within 1e-5 relative per step, and their final weights within 1e-5 (norm
+ * of the difference over the weights' norm). */
+Test(distributed, sharded_gradients_with_tied_embeddings)
+{
+    char *cfg = tu_read_file(tu_fmt("%s/model/config.json", dir), NULL);
+    cr_assert(cfg);
+    char *at = strstr(cfg, "\"tie_word_embeddings\": false");
+    cr_assert(at, "%s", cfg);
+    cr_assert_eq(tu_sh(NULL, "cp -r %s/model %s/tied", dir, dir), 0);
+    *at = 0;
+    cr_assert_eq(tu_write_file(tu_fmt("%s/tied/config.json", dir),
+                               tu_fmt("%s\"tie_word_embeddings\": true%s", cfg,
+                                      at + SP_LEN("\"tie_word_embeddings\": false"))),
+                 0);
+    free(cfg);
+    const struct {
+        int ranks, mb, ga, shard;
+        const char *name;
+    } runs[] = {{0, 1, 4, 0, "tied-1"}, {2, 1, 2, 1, "tied-2"}, {2, 1, 2, 0, "tied-2-off"}};
+    double ref[16];
+    for (int r = 0; r < 3; r++) {
+        char extra[1024], *out = NULL;
+        snprintf(extra, sizeof extra,
+                 "--set model.path=%s/tied --set train.mode=full --set train.micro_batch=%d "
+                 "--set train.grad_accum=%d --set train.shard_gradients=%s",
+                 dir, runs[r].mb, runs[r].ga, runs[r].shard ? "true" : "false");
+        cr_assert_eq(train(runs[r].ranks, runs[r].name, extra, &out), 0, "%s", out);
+        if (runs[r].shard)
+            cr_expect(tu_contains(out, "optimizer state and gradients sharded"), "%s", out);
+        free(out);
+        double v[16];
+        cr_assert_eq(losses(runs[r].name, v, 16), 6, "%s", runs[r].name);
+        for (int i = 0; i < 6; i++) {
+            if (r == 0)
+                ref[i] = v[i];
+            else
+                cr_expect_lt(fabs(v[i] - ref[i]), 1e-5 * fabs(ref[i]),
+                             "%s step %d: %.9f vs %.9f (1 rank)", runs[r].name, i + 1, v[i],
+                             ref[i]);
+        }
+    }
+    const char *pairs[][2] = {{"tied-2", "tied-2-off"}, {"tied-2", "tied-1"}};
+    for (int k = 0; k < 2; k++) {
+        double worst, l2;
+        size_t count;
+        rel_diffs(tu_fmt("%s/%s/model/model.safetensors", dir, pairs[k][0]),
+                  tu_fmt("%s/%s/model/model.safetensors", dir, pairs[k][1]), &worst, &count,
+                  &l2);
+        cr_log_info("%s vs %s: final weights within %.3g (norm), %.3g (largest)", pairs[k][0],
+                    pairs[k][1], l2, worst);
+        cr_expect_lt(l2, 1e-5, "%s vs %s: final weights differ by %.3g", pairs[k][0],
+                     pairs[k][1], l2);
+    }
+}
