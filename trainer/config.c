@@ -164,7 +164,7 @@ static const key_def keys[] = {
      "backward) or layer (keep only each layer's input; recompute the layer)."},
     {"comm.bucket_mb", K_FLOAT, O(comm_bucket_mb), "25", 0.0625, 4096, NULL, 0,
      "Gradients are all-reduced in buckets of this many MiB (on GPUs, overlapping the backward "
-     "pass)."},
+     "pass). Sharded gradients (train.shard_gradients) go a layer at a time instead."},
     {"comm.timeout_s", K_FLOAT, O(comm_timeout_s), "60", 1, 86400, NULL, 0,
      "A collective that does not finish in this many seconds ends the whole job (a rank died "
      "or hangs). While the ranks load the model and the checkpoint it is at least an hour."},
