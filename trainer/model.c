@@ -459,10 +459,10 @@ static void alloc_grad_buckets(model_t *m)
 
 static void point_grads_at_buckets(model_t *m)
 {
-    for (int k = 0, i; k < m->nsegs; k++) {
+    for (int k = 0; k < m->nsegs; k++) {
         size_t lo;
         tensor_t seg = model_grad_segment(m, k, &lo);
-        for (i = 0; i < m->nparams; i++) {
+        for (int i = 0; i < m->nparams; i++) {
             param_t *p = &m->params[i];
             if (p->trainable && p->offset >= lo && p->offset < lo + seg.n)
                 p->grad = tensor_view(seg, p->offset - lo, p->n);
