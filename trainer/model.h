@@ -116,8 +116,9 @@ typedef struct model {
     size_t n_trainable;
     tensor_t master, grad, adam_m, adam_v, copy;
     /* sharded optimizer: this rank's shard is [shard_lo, shard_lo + shard_len)
-     * of the arena; grad and copy hold shard_count * shard_len elements (the
-     * tail past n_trainable is zero padding); master, adam_m, adam_v and
+     * of the arena; grad (empty with sharded gradients, below) and copy hold
+     * shard_count * shard_len elements (the tail past n_trainable is zero
+     * padding); master, adam_m, adam_v and
      * grad_shard hold shard_len. Unsharded: shard_lo 0, shard_len
      * n_trainable, shard_count 1. */
     int shard_count, shard_rank;
