@@ -86,6 +86,12 @@ int comm_gather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt
 /* send holds size * n elements; rank r receives the reduced block r (n elements) */
 int comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt,
                         comm_op op, sp_err *err);
+/* buf holds n elements on every rank; root receives their reduction in place
+ * (folded in rank order as above), the other ranks' buf is left as it was.
+ * Sharded gradients (ZeRO stage 2) send each part of a bucket to the rank
+ * that owns it this way. */
+int comm_reduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op, int root,
+                sp_err *err);
 /* *any = 1 on every rank if flag is non-zero on at least one rank */
 int comm_any(comm_t *c, int flag, int *any, sp_err *err);
 int comm_barrier(comm_t *c, sp_err *err);
@@ -117,6 +123,9 @@ int comm_device_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n
                                comm_op op, void *stream, sp_err *err);
 int comm_device_allgather(comm_t *c, const void *send, void *recv, size_t n, comm_dtype dt,
                           void *stream, sp_err *err);
+/* comm_reduce on device buffers: root's buf receives the reduction in place */
+int comm_device_reduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op, int root,
+                       void *stream, sp_err *err);
 int comm_device_bcast(comm_t *c, void *buf, size_t n, comm_dtype dt, int root, void *stream,
                       sp_err *err);
 int comm_device_wait(comm_t *c, void *stream, sp_err *err);

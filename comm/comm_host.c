@@ -370,3 +370,36 @@ int comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t n, comm_
     chunk_call k = {"reduce_scatter", send, recv, n, dt, op, 0, reduce_scatter_chunk};
     return run_chunks(c, &k, err);
 }
+
+/* ---- reduce to one rank -------------------------------------------------- */
+
+/* The root gathers every rank's chunk and folds them, in rank order, into
+ * its own buffer. */
+static int reduce_chunk(comm_t *c, const chunk_call *k, const void *send, void *recv, int m,
+                        sp_err *err)
+{
+    int root = c->rank == k->root;
+    size_t es = comm_dtype_size(k->dt);
+    if (root && scratch_reserve(c, (size_t)m * es * (size_t)c->size, err))
+        return err->code;
+    COMM_MPI(c, err, MPI_Gather, (send, m, mpi_type(k->dt), root ? c->scratch : NULL, m,
+                                  mpi_type(k->dt), k->root, c->world));
+    if (root)
+        comm_reduce_blocks(recv, blocks_at(c, c->scratch, (size_t)m, k->dt), (size_t)m, c->size,
+                           k->dt, k->op);
+    return 0;
+}
+
+int comm_reduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op, int root,
+                sp_err *err)
+{
+    if (check_args(c, "comm_reduce", buf, n, dt, op, err))
+        return err->code;
+    if (root < 0 || root >= c->size)
+        return sp_fail(err, SP_EXIT_OTHER, "comm_reduce: root %d is not a rank (world of %d)",
+                       root, c->size);
+    if (c->size == 1)
+        return 0;
+    chunk_call k = {"reduce", buf, c->rank == root ? buf : NULL, n, dt, op, root, reduce_chunk};
+    return run_chunks(c, &k, err);
+}

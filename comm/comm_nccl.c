@@ -71,6 +71,13 @@ int comm_device_bcast(comm_t *c, void *buf, size_t n, comm_dtype dt, int root, v
     return no_cuda(err, "comm_device_bcast");
 }
 
+int comm_device_reduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op, int root,
+                       void *stream, sp_err *err)
+{
+    (void)c, (void)buf, (void)n, (void)dt, (void)op, (void)root, (void)stream;
+    return no_cuda(err, "comm_device_reduce");
+}
+
 int comm_device_wait(comm_t *c, void *stream, sp_err *err)
 {
     (void)c, (void)stream;
@@ -432,6 +439,20 @@ int comm_device_bcast(comm_t *c, void *buf, size_t n, comm_dtype dt, int root, v
         return 0;
     return NCCL_ENQUEUE(c, err, ncclBroadcast, (buf, buf, n, nccl_type(dt), root, c->dev->nccl,
                                                 (cudaStream_t)stream));
+}
+
+int comm_device_reduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op, int root,
+                       void *stream, sp_err *err)
+{
+    if (device_ready(c, "comm_device_reduce", dt, op, err))
+        return err->code;
+    if (root < 0 || root >= c->size)
+        return sp_fail(err, SP_EXIT_OTHER, "comm_device_reduce: root %d outside world of %d",
+                       root, c->size);
+    if (!c->dev->nccl)
+        return 0;
+    return NCCL_ENQUEUE(c, err, ncclReduce, (buf, buf, n, nccl_type(dt), nccl_op(op), root,
+                                             c->dev->nccl, (cudaStream_t)stream));
 }
 
 /* One look at the communicator's asynchronous error; aborts it on error. */

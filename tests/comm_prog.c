@@ -358,6 +358,39 @@ static void case_reduce_scatter(comm_t *c)
                 reduce_scatter_one(c, all_dtypes[d], all_ops[o], sizes[s], (int)(o % 2));
 }
 
+/* comm_reduce: the root's buffer receives the reduction (bit-identical to
+ * the reference fold in rank order), every other rank's is left as it was. */
+static void reduce_one(comm_t *c, comm_dtype dt, comm_op op, size_t n, int root)
+{
+    sp_err err = {0};
+    size_t es = comm_dtype_size(dt);
+    uint64_t seed = 500 + (uint64_t)dt * 10 + (uint64_t)op;
+    char *buf = xmalloc(c, n * es + 1), *want = xmalloc(c, n * es + 1);
+    gen_input(dt, seed, comm_rank(c), 0, n, buf);
+    if (comm_rank(c) == root)
+        reference(dt, op, comm_size(c), seed, 0, n, want);
+    else
+        memcpy(want, buf, n * es);
+    check(c, comm_reduce(c, buf, n, dt, op, root, &err), &err);
+    expect_same(c, comm_rank(c) == root ? "reduce at the root" : "reduce leaves others alone",
+                buf, want, n, dt);
+    free(buf);
+    free(want);
+}
+
+static void case_reduce(comm_t *c)
+{
+    for (size_t s = 0; s < NELEM(sizes); s++)
+        for (size_t d = 0; d < NELEM(all_dtypes); d++)
+            for (size_t o = 0; o < NELEM(all_ops); o++)
+                reduce_one(c, all_dtypes[d], all_ops[o], sizes[s],
+                           (int)((s + o) % (size_t)comm_size(c)));
+    sp_err err = {0};
+    float x = 1.0f;
+    if (comm_reduce(c, &x, 1, COMM_F32, COMM_SUM, comm_size(c), &err) == 0)
+        fail(c, "reduce to root %d (not a rank) succeeded", comm_size(c));
+}
+
 static void case_any(comm_t *c)
 {
     sp_err err = {0};
@@ -572,6 +605,7 @@ static const struct prog_case cases[] = {
     {"bcast", case_bcast},         {"allgather", case_allgather},
     {"gather", case_gather},       {"local", case_local},
     {"reduce_scatter", case_reduce_scatter}, {"any", case_any},
+    {"reduce", case_reduce},
     {"kill", case_kill},           {"abort", case_abort},
     {"hang", case_hang},           {"device", case_device},
 };

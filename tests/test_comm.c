@@ -268,6 +268,7 @@ Test(comm_single, prog_runs_without_a_launcher)
 {
     expect_ok(0, "allreduce", NULL);
     expect_ok(0, "reduce_scatter", NULL);
+    expect_ok(0, "reduce", NULL);
 }
 
 Test(comm_single, abort_in_world_of_one_exits_with_code)
@@ -330,6 +331,9 @@ Test(comm_mpi, gather) { expect_ok(3, "gather", small_chunks_large_path); }
 Test(comm_mpi, gather_2_ranks) { expect_ok(2, "gather", NULL); }
 Test(comm_mpi, reduce_scatter) { expect_ok(3, "reduce_scatter", small_chunks_large_path); }
 Test(comm_mpi, reduce_scatter_2_ranks) { expect_ok(2, "reduce_scatter", NULL); }
+/* to one rank (sharded gradients): every root, uneven chunks, bit-identical */
+Test(comm_mpi, reduce) { expect_ok(3, "reduce", small_chunks_large_path); }
+Test(comm_mpi, reduce_4_ranks) { expect_ok(4, "reduce", NULL); }
 Test(comm_mpi, any) { expect_ok(3, "any", NULL); }
 
 /* ---- device collectives (NCCL): only where there are GPUs ---------------- */

@@ -315,9 +315,11 @@ Test(distributed, each_rank_checks_its_own_slice_of_the_tokens)
 }
 
 /* The largest relative difference between two F32 safetensors files of the
- * same tensors, and how many values were compared. */
-static void max_rel_diff(const char *a, const char *b, double *worst, size_t *count)
+ * same tensors, how many values were compared, and (l2 not NULL) the norm of
+ * the difference over the norm of b's values. */
+static void rel_diffs(const char *a, const char *b, double *worst, size_t *count, double *l2)
 {
+    double dd = 0.0, bb = 0.0;
     st_file fa, fb;
     sp_err err = {0};
     cr_assert_eq(st_open(&fa, a, &err), 0, "%s", err.msg);
@@ -335,17 +337,28 @@ static void max_rel_diff(const char *a, const char *b, double *worst, size_t *co
             double d = fabs((double)u - (double)v) / (fabs((double)u) + 1e-3);
             if (d > *worst)
                 *worst = d;
+            dd += ((double)u - (double)v) * ((double)u - (double)v);
+            bb += (double)v * (double)v;
         }
         *count += x->numel;
     }
     st_close(&fa);
     st_close(&fb);
+    if (l2)
+        *l2 = bb > 0 ? sqrt(dd / bb) : sqrt(dd);
 }
 
-/* Full fine-tuning with the optimizer sharded over the ranks (ZeRO stage 1):
- * the same run as with every rank holding all the state (losses and final
- * weights within 1e-6 relative: only the grouping of the gradient norm's sum
- * differs), and its checkpoints are ordinary ones: resumed on 2 ranks the run
+static void max_rel_diff(const char *a, const char *b, double *worst, size_t *count)
+{
+    rel_diffs(a, b, worst, count, NULL);
+}
+
+/* Full fine-tuning with the optimizer sharded over the ranks (ZeRO stage 1,
+ * here with the gradients sharded too, train.shard_gradients' default: with
+ * one micro-batch a step the owners sum the ranks' gradients in the same
+ * rank order as the all-reduce): the same run as with every rank holding all
+ * the state (losses and final weights within 1e-6 relative: only the
+ * grouping of the gradient norm's sum differs), and its checkpoints are ordinary ones: resumed on 2 ranks the run
  * ends bit-identical to the uninterrupted one, and on 1 rank (unsharded) or 4
  * ranks (sharded 4 ways) it follows the same losses within 1e-5. */
 Test(distributed, full_fine_tuning_with_a_sharded_optimizer)
@@ -354,7 +367,8 @@ Test(distributed, full_fine_tuning_with_a_sharded_optimizer)
                        "checkpoint.every_steps=3";
     char extra[1024], *out = NULL;
     cr_assert_eq(train(2, "zero", full, &out), 0, "%s", out);
-    cr_expect(tu_contains(out, "optimizer state sharded over the ranks"), "%s", out);
+    cr_expect(tu_contains(out, "optimizer state and gradients sharded over the ranks"), "%s",
+              out);
     free(out);
     snprintf(extra, sizeof extra, "%s --set train.shard_optimizer=false", full);
     cr_assert_eq(train(2, "nozero", extra, &out), 0, "%s", out);
@@ -393,4 +407,136 @@ Test(distributed, full_fine_tuning_with_a_sharded_optimizer)
     }
     cr_expect_eq(tu_sh(NULL, "cmp %s %s/zero-r2/model/model.safetensors", pa, dir), 0,
                  "a sharded run resumed on the same ranks is not bit-identical");
+}
+
+/* Gradient sharding (ZeRO stage 2) with micro-batch accumulation: each
+ * micro-batch's gradient is reduced into the owners' shards as the backward
+ * finishes each layer. Global batch 8 windows on 1 rank (2 x 4 micro-batches,
+ * nothing sharded), 2 ranks (2 x 2) and 4 ranks (1 x 2), gradients sharded
+ * and not: every run's losses within 1e-5 relative of the 1-rank run's, and
+ * the final weights of the sharded runs within 1e-5 of the others' (the norm
+ * of the difference over the weights' norm: only the order of the sums
+ * differs, and that already moves single weights that AdamW pushes from a
+ * near-zero gradient by up to ~1e-3 between the unsharded runs on 1, 2 and
+ * 4 ranks, so the largest single difference is bounded by 1e-2 relative to
+ * |w| + 1e-3 and checked to be no worse than the unsharded runs' own). */
+Test(distributed, full_fine_tuning_with_sharded_gradients_and_accumulation)
+{
+    const struct {
+        int ranks, mb, ga, shard;
+        const char *name;
+    } runs[] = {{0, 2, 4, 0, "z2-1"},     {2, 2, 2, 1, "z2-2"}, {2, 2, 2, 0, "z2-2-off"},
+                {4, 1, 2, 1, "z2-4"},     {4, 1, 2, 0, "z2-4-off"}};
+    double ref[16];
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        char extra[1024], *out = NULL;
+        snprintf(extra, sizeof extra,
+                 "--set train.mode=full --set train.micro_batch=%d --set train.grad_accum=%d "
+                 "--set train.shard_gradients=%s",
+                 runs[r].mb, runs[r].ga, runs[r].shard ? "true" : "false");
+        cr_assert_eq(train(runs[r].ranks, runs[r].name, extra, &out), 0, "%s", out);
+        if (runs[r].ranks > 1)
+            cr_expect(tu_contains(out, runs[r].shard ? "optimizer state and gradients sharded"
+                                                     : "(optimizer state sharded"),
+                      "%s: %s", runs[r].name, out);
+        free(out);
+        double v[16];
+        cr_assert_eq(losses(runs[r].name, v, 16), 6, "%s", runs[r].name);
+        for (int i = 0; i < 6; i++) {
+            if (r == 0)
+                ref[i] = v[i];
+            else
+                cr_expect_lt(fabs(v[i] - ref[i]), 1e-5 * fabs(ref[i]),
+                             "%s step %d: %.9f vs %.9f (1 rank)", runs[r].name, i + 1, v[i],
+                             ref[i]);
+        }
+    }
+    /* sharded vs unsharded on the same ranks, and vs 1 rank; then the
+     * unsharded runs against each other, whose largest difference bounds
+     * what summation order alone does */
+    const char *pairs[][2] = {{"z2-2", "z2-2-off"}, {"z2-4", "z2-4-off"}, {"z2-2", "z2-1"},
+                              {"z2-4", "z2-1"},     {"z2-2-off", "z2-1"}, {"z2-4-off", "z2-1"}};
+    double worst[6];
+    for (int k = 0; k < 6; k++) {
+        char pa[4096], pb[4096];
+        snprintf(pa, sizeof pa, "%s/%s/model/model.safetensors", dir, pairs[k][0]);
+        snprintf(pb, sizeof pb, "%s/%s/model/model.safetensors", dir, pairs[k][1]);
+        double l2;
+        size_t count;
+        rel_diffs(pa, pb, &worst[k], &count, &l2);
+        cr_log_info("%s vs %s: final weights within %.3g (norm), %.3g (largest)", pairs[k][0],
+                    pairs[k][1], l2, worst[k]);
+        cr_expect_gt(count, 900000, "the tiny model has about 0.95M weights (%zu)", count);
+        cr_expect_lt(l2, 1e-5, "%s vs %s: final weights differ by %.3g (norm of the difference "
+                               "over the weights' norm)",
+                     pairs[k][0], pairs[k][1], l2);
+        cr_expect_lt(worst[k], 1e-2, "%s vs %s: a final weight differs by %.3g relative",
+                     pairs[k][0], pairs[k][1], worst[k]);
+    }
+    double base = fmax(worst[4], worst[5]);
+    for (int k = 0; k < 4; k++)
+        cr_expect_leq(worst[k], 2 * base,
+                      "%s vs %s: largest difference %.3g, more than twice the unsharded runs' "
+                      "own (%.3g)",
+                      pairs[k][0], pairs[k][1], worst[k], base);
+}
+
+/* A tied embedding (tie_word_embeddings: the tiny model's config.json
+ * changed, its lm_head no longer read) is written by the head first and by
+ * the embedding's backward last, so with sharded gradients its segment has a
+ * bucket of its own: 2 ranks x 2 micro-batches with the gradients sharded
+ * follow the unsharded 2-rank run and the 1-rank run (4 micro-batches)
+ * within 1e-5 relative per step, and their final weights within 1e-5 (norm
+ * of the difference over the weights' norm). */
+Test(distributed, sharded_gradients_with_tied_embeddings)
+{
+    char *cfg = tu_read_file(tu_fmt("%s/model/config.json", dir), NULL);
+    cr_assert(cfg);
+    char *at = strstr(cfg, "\"tie_word_embeddings\": false");
+    cr_assert(at, "%s", cfg);
+    cr_assert_eq(tu_sh(NULL, "cp -r %s/model %s/tied", dir, dir), 0);
+    *at = 0;
+    cr_assert_eq(tu_write_file(tu_fmt("%s/tied/config.json", dir),
+                               tu_fmt("%s\"tie_word_embeddings\": true%s", cfg,
+                                      at + SP_LEN("\"tie_word_embeddings\": false"))),
+                 0);
+    free(cfg);
+    const struct {
+        int ranks, mb, ga, shard;
+        const char *name;
+    } runs[] = {{0, 1, 4, 0, "tied-1"}, {2, 1, 2, 1, "tied-2"}, {2, 1, 2, 0, "tied-2-off"}};
+    double ref[16];
+    for (int r = 0; r < 3; r++) {
+        char extra[1024], *out = NULL;
+        snprintf(extra, sizeof extra,
+                 "--set model.path=%s/tied --set train.mode=full --set train.micro_batch=%d "
+                 "--set train.grad_accum=%d --set train.shard_gradients=%s",
+                 dir, runs[r].mb, runs[r].ga, runs[r].shard ? "true" : "false");
+        cr_assert_eq(train(runs[r].ranks, runs[r].name, extra, &out), 0, "%s", out);
+        if (runs[r].shard)
+            cr_expect(tu_contains(out, "optimizer state and gradients sharded"), "%s", out);
+        free(out);
+        double v[16];
+        cr_assert_eq(losses(runs[r].name, v, 16), 6, "%s", runs[r].name);
+        for (int i = 0; i < 6; i++) {
+            if (r == 0)
+                ref[i] = v[i];
+            else
+                cr_expect_lt(fabs(v[i] - ref[i]), 1e-5 * fabs(ref[i]),
+                             "%s step %d: %.9f vs %.9f (1 rank)", runs[r].name, i + 1, v[i],
+                             ref[i]);
+        }
+    }
+    const char *pairs[][2] = {{"tied-2", "tied-2-off"}, {"tied-2", "tied-1"}};
+    for (int k = 0; k < 2; k++) {
+        double worst, l2;
+        size_t count;
+        rel_diffs(tu_fmt("%s/%s/model/model.safetensors", dir, pairs[k][0]),
+                  tu_fmt("%s/%s/model/model.safetensors", dir, pairs[k][1]), &worst, &count,
+                  &l2);
+        cr_log_info("%s vs %s: final weights within %.3g (norm), %.3g (largest)", pairs[k][0],
+                    pairs[k][1], l2, worst);
+        cr_expect_lt(l2, 1e-5, "%s vs %s: final weights differ by %.3g", pairs[k][0],
+                     pairs[k][1], l2);
+    }
 }

@@ -153,10 +153,11 @@ Test(plan, qlora_weights_by_hand)
     cr_expect_float_eq(r.mfu, 0.30, 1e-12);
 }
 
-/* Full fine-tuning of 7B on eight 80 GB cards: with the optimizer sharded,
- * 6 bytes per weight stay whole (fp32 gradient, bf16 copy) and 16 are
- * divided (master, m, v, the reduced gradient shard): 8 bytes per weight;
- * alone on one card it does not fit, and the fix is more GPUs. */
+/* Full fine-tuning of 7B on eight 80 GB cards: with the optimizer sharded
+ * (train.shard_gradients off), 6 bytes per weight stay whole (fp32 gradient,
+ * bf16 copy) and 16 are divided (master, m, v, the reduced gradient shard):
+ * 8 bytes per weight; alone on one card it does not fit, and the fix is more
+ * GPUs. */
 Test(plan, full_7b_sharded_over_8_gpus)
 {
     plan_input in;
@@ -165,8 +166,10 @@ Test(plan, full_7b_sharded_over_8_gpus)
     input_for(&in, "llama-7b", PLAN_FULL, "H100");
     in.recompute = RECOMPUTE_LAYER;
     in.gpus_per_node = 8;
+    in.shard_gradients = 0;
     cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
     cr_expect(r.sharded);
+    cr_expect_not(r.grads_sharded);
     double N = 6738415616.0, per = (r.mem.trainable + r.mem.gradients + r.mem.optimizer) / N;
     cr_expect_float_eq(per, 8.0, 1e-6, "%.6f B/weight", per);
     cr_expect_eq(r.mem.weights, 0.0);
@@ -183,21 +186,75 @@ Test(plan, full_7b_sharded_over_8_gpus)
     cr_expect_eq(r.fixes[0].mode, PLAN_FULL);
 }
 
-/* 13B full does not fit 80 GB however many GPUs (the whole fp32 gradient is
- * 48.5 GiB and the bf16 copy 24): LoRA is what fits. */
-Test(plan, full_13b_on_80_gb_only_lora_fits)
+/* The same with the gradients sharded too (train.shard_gradients, the
+ * default): the fp32 gradient is the reduced shard (4 bytes per weight / 8)
+ * and two bucket buffers of the largest unit the backward finishes at once.
+ * Llama-2-7B's layer, 2 x 4096 (norms) + 4 x 4096^2 + 3 x 4096 x 11008 =
+ * 202,383,360 weights, is larger than its head (lm_head 32000 x 4096 + the
+ * final norm 4096 = 131,076,096) and its embedding (131,072,000), and N / 8
+ * = 842,301,952 exactly, so per GPU:
+ *   bf16 copy 2N + master, m, v, reduced gradient 16 N / 8 + buckets 2 x 4 x 202,383,360
+ *   = 4N + 1,619,066,880 bytes (26.61 GiB): the whole gradient (N x 4 bytes,
+ *   25.1 GiB) less two layers. */
+Test(plan, full_7b_with_sharded_gradients)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-7b", PLAN_FULL, "H100");
+    in.recompute = RECOMPUTE_LAYER;
+    in.gpus_per_node = 8;
+    cr_assert(in.shard_gradients, "on by default");
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect(r.sharded);
+    cr_expect(r.grads_sharded);
+    double N = 6738415616.0, layer = 2 * 4096.0 + 4 * 4096.0 * 4096 + 3 * 4096.0 * 11008;
+    cr_expect_eq(layer, 202383360.0);
+    double state = r.mem.trainable + r.mem.gradients + r.mem.optimizer;
+    cr_expect_float_eq(state, 4 * N + 8 * layer, 1e-9 * N, "%.0f bytes", state);
+    cr_expect_float_eq(r.mem.gradients, 4 * N / 8 + 8 * layer, 1, "%.0f", r.mem.gradients);
+    cr_expect(r.fits, "%.2f GiB", r.mem.total / GIB);
+    /* ZeRO-1 kept the whole arena and the shard: 4 N + 4 N / 8 */
+    in.shard_gradients = 0;
+    plan_result r1;
+    cr_assert_eq(plan_compute(&in, &r1, &err), 0, "%s", err.msg);
+    cr_expect_float_eq(r1.mem.gradients - r.mem.gradients, 4 * N - 8 * layer, 1, "%.0f",
+                       r1.mem.gradients - r.mem.gradients);
+    /* 4 GPUs: N / 4 = 1,684,603,904, the buckets the same */
+    in.shard_gradients = 1;
+    in.gpus_per_node = 4;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_float_eq(r.mem.gradients, 4 * N / 4 + 8 * layer, 1, "%.0f", r.mem.gradients);
+    cr_expect(r.fits, "7B full on 4 x 80 GB: %.2f GiB", r.mem.total / GIB);
+}
+
+/* 13B full on 80 GB cards: with the optimizer alone sharded it does not fit
+ * however many GPUs (the whole fp32 gradient is 48.5 GiB and the bf16 copy
+ * 24): LoRA is what fits. With the gradients sharded too it fits on 8. */
+Test(plan, full_13b_on_80_gb)
 {
     plan_input in;
     plan_result r;
     sp_err err = {0};
     input_for(&in, "llama-13b", PLAN_FULL, "A100-80GB");
     in.gpus_per_node = 8;
+    in.shard_gradients = 0;
     cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
     cr_expect_not(r.fits);
     for (int i = 0; i < r.nfixes; i++)
         cr_expect_neq(r.fixes[i].mode, PLAN_FULL, "%s", r.fixes[i].what);
     cr_assert_gt(r.nfixes, 0);
     cr_expect_eq(r.fixes[0].mode, PLAN_LORA);
+
+    in.shard_gradients = 1;
+    in.recompute = RECOMPUTE_LAYER;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect(r.grads_sharded);
+    cr_expect(r.fits, "13B full on 8 x 80 GB: %.2f GiB", r.mem.total / GIB);
+    /* 13B: N = 13,015,864,320; a layer 2 x 5120 + 4 x 5120^2 + 3 x 5120 x 13824 */
+    double N = 13015864320.0, layer = 2 * 5120.0 + 4 * 5120.0 * 5120 + 3 * 5120.0 * 13824;
+    cr_expect_eq(r.params, (int64_t)N);
+    cr_expect_float_eq(r.mem.gradients, 4 * N / 8 + 8 * layer, 1, "%.0f", r.mem.gradients);
 }
 
 /* Wall time, cost and upload: 1e9 tokens at the job's tokens/s; a 480 MB
@@ -312,6 +369,9 @@ static void check_peak(const char *preset, int mode, int recompute, int64_t mb, 
     in.seq_len = T;
     in.lora_dropout = dropout;
     in.gpus_per_node = shards;
+    /* the steps below run without collectives, which sharded gradients need:
+     * ZeRO-1 here; sharded_gradients_shrink_the_model checks ZeRO-2's bytes */
+    in.shard_gradients = 0;
     in.cpu = 1;
     in.gpu_mem_bytes = 1e12;
     cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
@@ -384,6 +444,68 @@ Test(plan, within_5_percent_of_the_allocator_peak_small, .timeout = 300)
 {
     check_peak("small", MODE_LORA, RECOMPUTE_NONE, 1, 128, 0.05, 1);
     check_peak("small", MODE_FULL, RECOMPUTE_LAYER, 2, 64, 0.0, 1);
+}
+
+/* The model itself with the gradients sharded over 2 ranks (rank 1's view,
+ * no collective needed to build it): no whole gradient arena; its trainable
+ * bytes are ZeRO-1's less the whole fp32 gradient plus two bucket buffers of
+ * the largest unit (layer, head) taken from its own parameter table; every
+ * trainable gradient is a view of a bucket, at its offset in its segment;
+ * and the plan's figure is the model's. */
+Test(plan, sharded_gradients_shrink_the_model)
+{
+    plan_input in;
+    sp_err err = {0};
+    plan_input_defaults(&in);
+    cr_assert_eq(plan_load_model(&in, "tiny", &err), 0, "%s", err.msg);
+    backend_t *be;
+    cr_assert_eq(backend_create(&be, "cpu", 0, 1, &err), 0, "%s", err.msg);
+    model_opts o = {.mode = MODE_FULL, .max_batch = 1, .seq_len = 16, .seed = 1,
+                    .shard_count = 2, .shard_rank = 1};
+    model_t *z1, *z2;
+    cr_assert_eq(model_create(&z1, be, &in.mc, &o, &err), 0, "%s", err.msg);
+    o.shard_grads = 1;
+    cr_assert_eq(model_create(&z2, be, &in.mc, &o, &err), 0, "%s", err.msg);
+    cr_expect_not(z1->shard_grads);
+    cr_assert(z2->shard_grads);
+    cr_expect_null(z2->grad.p, "no whole gradient arena");
+    size_t layer = 0, head = z2->final_norm->n + (in.mc.tie_embeddings ? 0 : z2->lm_head->n);
+    for (int i = 0; i < z2->nparams; i++)
+        if (z2->params[i].layer == 0)
+            layer += z2->params[i].n;
+    size_t unit = layer > head ? layer : head;
+    if (!in.mc.tie_embeddings && z2->embed->n > unit)
+        unit = z2->embed->n;
+    size_t buckets = 2 * unit + (in.mc.tie_embeddings ? z2->embed->n : 0);
+    size_t padded = z2->shard_len * 2;
+    cr_expect_eq(z2->grad_buckets_len, buckets);
+    cr_expect_eq(z1->bytes_trainable - z2->bytes_trainable, 4 * (padded - buckets),
+                 "ZeRO-1 %zu bytes, ZeRO-2 %zu", z1->bytes_trainable, z2->bytes_trainable);
+    cr_expect_lt(z2->bytes_trainable, z1->bytes_trainable);
+    for (int i = 0; i < z2->nparams; i++) {
+        const param_t *p = &z2->params[i];
+        int k = 0;
+        while (z2->seg_end[k] <= p->offset)
+            k++;
+        size_t lo;
+        tensor_t seg = model_grad_segment(z2, k, &lo);
+        cr_expect(p->offset + p->n <= z2->seg_end[k], "%s crosses a segment", p->name);
+        cr_expect_eq((char *)p->grad.p, (char *)seg.p + 4 * (p->offset - lo), "%s", p->name);
+    }
+    model_plan mp;
+    model_plan_bytes(&in.mc, &o, DT_F32, &mp);
+    cr_expect_eq(mp.trainable, z2->bytes_trainable);
+    /* the backward refuses to run with nothing to reduce its buckets */
+    int32_t tok[16] = {0};
+    uint64_t ids[1] = {0};
+    model_batch b = {.inputs = tok, .targets = tok, .sample_ids = ids, .B = 1, .T = 16,
+                     .grad_scale = 1.0f, .last = 1};
+    double loss = 0;
+    cr_expect_neq(model_forward_backward(z2, &b, &loss, &err), 0);
+    cr_expect(strstr(err.msg, "grad_sync_begin"), "%s", err.msg);
+    model_destroy(z1);
+    model_destroy(z2);
+    backend_destroy(be);
 }
 
 /* ---- the command ------------------------------------------------------------- */
@@ -464,9 +586,21 @@ Test(plan, command_inputs)
     cr_expect_eq(json_integer_value(json_object_get(y, "micro_batch")), 4);
     cr_expect_str_eq(json_string_value(json_object_get(y, "recompute")), "layer");
     cr_expect(json_is_true(json_object_get(y, "optimizer_sharded")));
+    cr_expect(json_is_true(json_object_get(y, "gradients_sharded")));
+    double sharded = json_real_value(json_object_get(json_object_get(y, "memory_gib"), "gradients"));
     /* 50 steps x (2 GPUs x 4 x 2) windows x 64 tokens */
     cr_expect_float_eq(json_real_value(json_object_get(json_object_get(y, "job"), "tokens")),
                        50.0 * 16 * 64, 1e-9);
+    json_decref(y);
+    /* train.shard_gradients false: the whole gradient again, more memory */
+    tu_run_yaml(d, "run:\n  dir: %s/run\ntrain:\n  mode: full\n  steps: 50\n  seq_len: 64\n"
+                   "  micro_batch: 4\n  grad_accum: 2\n  shard_gradients: false\nruntime:\n"
+                   "  recompute: layer\n", d);
+    y = plan_json(tu_fmt("%s/run.yaml --gpu H100 --gpus 2", d));
+    cr_expect(json_is_true(json_object_get(y, "optimizer_sharded")));
+    cr_expect(json_is_false(json_object_get(y, "gradients_sharded")));
+    double whole = json_real_value(json_object_get(json_object_get(y, "memory_gib"), "gradients"));
+    cr_expect_gt(whole, sharded, "gradients %.3f GiB whole, %.3f sharded", whole, sharded);
     json_decref(y);
     /* model.quantize nf4: the plan of QLoRA */
     tu_write_file(tu_fmt("%s/qlora.yaml", d),

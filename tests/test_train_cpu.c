@@ -447,22 +447,35 @@ Test(train, config_errors_exit_2)
 
 /* `spotune bench --plan` prints each rank's memory without allocating it:
  * full fine-tuning of 7B on 8 ranks fits an 80 GB card only because the
- * optimizer is sharded (about 51 GiB per rank against 114 on one). */
+ * optimizer is sharded (about 51 GiB per rank against 114 on one), and with
+ * the gradients sharded too (the default) about 28: the whole fp32 gradient
+ * (4 bytes x 6.74B = 25.1 GiB) gives way to two layers' buckets (2 x 4 x
+ * 202.4M = 1.5 GiB; the reduced eighth is kept either way), 23.6 GiB less
+ * (within 0.05). */
 Test(train, bench_plan_shows_the_sharded_optimizer)
 {
-    char *one = NULL, *eight = NULL;
+    char *one = NULL, *eight = NULL, *z1 = NULL;
     cr_assert_eq(tu_spotune(&one, "bench --preset llama-7b --mode full --recompute layer --plan 1"),
                  0, "%s", one);
     cr_assert_eq(
         tu_spotune(&eight, "bench --preset llama-7b --mode full --recompute layer --plan 8"), 0,
         "%s", eight);
-    const char *a = strstr(one, "total"), *b = strstr(eight, "total");
-    cr_assert(a && b, "%s\n%s", one, eight);
+    cr_assert_eq(tu_spotune(&z1, "bench --preset llama-7b --mode full --recompute layer --plan 8 "
+                                 "--shard-gradients off"),
+                 0, "%s", z1);
+    const char *a = strstr(one, "total"), *b = strstr(eight, "total"), *c = strstr(z1, "total");
+    cr_assert(a && b && c, "%s\n%s\n%s", one, eight, z1);
     double t1 = strtod(a + SP_LEN("total"), NULL), t8 = strtod(b + SP_LEN("total"), NULL);
-    cr_expect(t1 > 80.0 && t8 < 0.9 * 80.0e9 / (1 << 30), "1 rank %.2f GiB, 8 ranks %.2f GiB", t1,
-              t8);
-    cr_expect(tu_contains(eight, "(optimizer sharded)") && !tu_contains(one, "sharded"), "%s",
-              eight);
+    double t8z1 = strtod(c + SP_LEN("total"), NULL);
+    cr_expect(t1 > 80.0 && t8z1 < 0.9 * 80.0e9 / (1 << 30), "1 rank %.2f GiB, 8 ranks %.2f GiB",
+              t1, t8z1);
+    double N = 6738415616.0, layer = 202383360.0, G = 1024.0 * 1024.0 * 1024.0;
+    double saved = (4 * N - 8 * layer) / G;
+    cr_expect_float_eq(t8z1 - t8, saved, 0.05, "ZeRO-1 %.2f GiB, ZeRO-2 %.2f GiB: %.2f less, "
+                                               "want %.2f", t8z1, t8, t8z1 - t8, saved);
+    cr_expect(tu_contains(z1, "(optimizer sharded)") && !tu_contains(one, "sharded"), "%s", z1);
+    cr_expect(tu_contains(eight, "(optimizer and gradients sharded)"), "%s", eight);
+    free(z1);
     free(one);
     free(eight);
     char *bad = NULL;

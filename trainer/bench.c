@@ -24,6 +24,7 @@ typedef struct bench_opts {
     int plan_ranks; /* > 0: print the memory plan for this many ranks, run nothing */
     double loss_tol, gnorm_tol; /* the step-1 check against the CPU backend */
     int cpu_check;              /* -1 auto (tiny and small), 0 off, 1 on */
+    int shard_grads;            /* full mode on several ranks: gradients sharded too */
 } bench_opts;
 
 /* Dense bf16 tensor-core peaks (TFLOP/s) by device name: the cards of
@@ -131,6 +132,7 @@ static int build(const bench_opts *bo, int mode, backend_t *be, comm_t *comm,
     if (mode == MODE_FULL && comm && comm_size(comm) > 1) { /* as train.shard_optimizer does */
         o.shard_count = comm_size(comm);
         o.shard_rank = comm_rank(comm);
+        o.shard_grads = bo->shard_grads; /* train.shard_gradients */
     }
     if (model_create(out, be, mc, &o, err))
         return err->code;
@@ -345,8 +347,10 @@ static int print_plan(const bench_opts *bo, int mode, sp_err *err)
     model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
                     .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
                     .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};
-    if (mode == MODE_FULL && bo->plan_ranks > 1)
+    if (mode == MODE_FULL && bo->plan_ranks > 1) {
         o.shard_count = bo->plan_ranks;
+        o.shard_grads = bo->shard_grads;
+    }
     model_plan p;
     model_plan_bytes(&mc, &o, act, &p);
     const double G = 1024.0 * 1024.0 * 1024.0;
@@ -357,7 +361,9 @@ static int print_plan(const bench_opts *bo, int mode, sp_err *err)
            bo->micro_batch, bo->seq_len, recs[bo->recompute], (double)p.weights / G,
            (double)p.trainable / G, (double)p.activations / G, (double)p.scratch / G,
            (double)(p.weights + p.trainable + p.activations + p.scratch) / G,
-           o.shard_count > 1 ? " (optimizer sharded)" : "");
+           model_shards_grads(&o)  ? " (optimizer and gradients sharded)"
+           : o.shard_count > 1 ? " (optimizer sharded)"
+                               : "");
     return 0;
 }
 
@@ -380,6 +386,8 @@ static void bench_usage(FILE *f)
             "  --json               one JSON object per mode\n"
             "  --plan RANKS         print each rank's memory plan for a run on RANKS ranks\n"
             "                       (full mode: optimizer sharded) and run nothing\n"
+            "  --shard-gradients ON full mode on several ranks: shard the gradients as well\n"
+            "                       (on or off, default on, as train.shard_gradients)\n"
             "  --cpu-check WHEN     auto, on or off (default auto: presets tiny and small on a\n"
             "                       backend other than cpu, one rank): run step 1 again on\n"
             "                       the cpu backend and fail when its loss or gradient norm\n"
@@ -398,7 +406,7 @@ static void bench_usage(FILE *f)
 int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
 {
     bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0, 0,
-                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1};
+                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1, 1};
     int probe = 0;
     static const struct option longopts[] = {
         {"preset", 1, 0, 'p'},      {"mode", 1, 0, 'm'},     {"micro-batch", 1, 0, 'b'},
@@ -406,7 +414,8 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
         {"lora-r", 1, 0, 'r'},      {"recompute", 1, 0, 'c'}, {"backend", 1, 0, 'k'},
         {"threads", 1, 0, 't'},     {"json", 0, 0, 'j'},     {"peak-tflops", 1, 0, 'f'},
         {"plan", 1, 0, 'P'},        {"help", 0, 0, 'h'},     {"cpu-check", 1, 0, 'C'},
-        {"check-tol", 1, 0, 'T'},   {"probe-cuda", 0, 0, 'U'}, {0, 0, 0, 0}};
+        {"check-tol", 1, 0, 'T'},   {"probe-cuda", 0, 0, 'U'}, {"shard-gradients", 1, 0, 'G'},
+        {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -459,6 +468,11 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
             break;
         }
         case 'U': probe = 1; break;
+        case 'G':
+            bo.shard_grads = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -1;
+            if (bo.shard_grads < 0)
+                return sp_fail(err, SP_EXIT_USAGE, "bench: --shard-gradients must be on or off");
+            break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return sp_fail(err, SP_EXIT_USAGE, "bench: bad option");
         }

@@ -116,7 +116,10 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
            (double)r->params / 1e9);
     if (in->mode == PLAN_FULL)
         printf("  mode full: every weight trains (%.2fB)%s\n", (double)r->trainable_params / 1e9,
-               r->sharded ? ", optimizer sharded over the GPUs (train.shard_optimizer)" : "");
+               r->grads_sharded ? ", optimizer and gradients sharded over the GPUs "
+                                  "(train.shard_optimizer, train.shard_gradients)"
+               : r->sharded     ? ", optimizer sharded over the GPUs (train.shard_optimizer)"
+                                : "");
     else
         printf("  mode %s: r %lld on %s (%.1fM trainable parameters)\n", mode_name(in->mode),
                (long long)in->lora_r, tg, (double)r->trainable_params / 1e6);
@@ -138,7 +141,10 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
            r->sharded ? "bf16 copy whole, fp32 masters of the shard" : "fp32 masters + bf16 copy",
            m->trainable / GIB);
     printf("  gradients        %-44s %8.2f\n",
-           r->sharded ? "fp32, whole + the reduced shard" : "fp32", m->gradients / GIB);
+           r->grads_sharded ? "fp32, the shard + 2 layer-sized buckets"
+           : r->sharded     ? "fp32, whole + the reduced shard"
+                            : "fp32",
+           m->gradients / GIB);
     printf("  optimizer        %-44s %8.2f\n",
            r->sharded ? "AdamW m, v fp32, this GPU's shard" : "AdamW m, v fp32", m->optimizer / GIB);
     char act[64];
@@ -246,6 +252,7 @@ static void print_json(const plan_input *in, const plan_result *r, const char *t
     json_object_set_new(j, "grad_accum", json_integer(in->grad_accum));
     json_object_set_new(j, "recompute", json_string(recompute_name(in->recompute)));
     json_object_set_new(j, "optimizer_sharded", json_boolean(r->sharded));
+    json_object_set_new(j, "gradients_sharded", json_boolean(r->grads_sharded));
     json_object_set_new(j, "gpu", json_pack("{s:s, s:f, s:f, s:i, s:i, s:i}", "name", in->gpu_label,
                                             "mem_gib", in->gpu_mem_bytes / GIB, "bf16_tflops",
                                             in->gpu_tflops, "gpus_per_node", in->gpus_per_node,

@@ -95,6 +95,18 @@ static const key_def keys[] = {
      "moments of 1/ranks of the parameters (ZeRO stage 1; gradients reduce-scattered, weights "
      "all-gathered), which is what lets a 7B model train fully on 80 GB GPUs. Same math as "
      "false; checkpoints are the same either way. LoRA state is small and never sharded."},
+    /* not in the math hash (math 0), as shard_optimizer: on or off the step
+     * sums the same gradients (per micro-batch over the ranks, then over the
+     * micro-batches, instead of the other way round), so results differ by
+     * summation order only, and a run may resume with the other value */
+    {"train.shard_gradients", K_BOOL, O(shard_gradients), "true", 0, 0, NULL, 0,
+     "With train.shard_optimizer in full fine-tuning on several ranks, also shard the fp32 "
+     "gradient (ZeRO stage 2): no rank holds the whole gradient; the backward writes each "
+     "layer's gradient into one of two reused buffers and, as soon as the layer is done, each "
+     "part of it is reduced to the rank whose shard holds it (every micro-batch), so the "
+     "gradient costs a shard plus two layers' worth per rank instead of the whole model plus "
+     "a shard. Same math as false up to summation order; checkpoints are the same either "
+     "way. Ignored when the optimizer is not sharded."},
     {"lora.r", K_INT, O(lora_r), "16", 1, 65536, NULL, 1, "LoRA rank."},
     {"lora.alpha", K_FLOAT, O(lora_alpha), "32", 1e-9, 1e9, NULL, 1,
      "LoRA alpha: the update is scaled by alpha/r (alpha/sqrt(r) with rslora)."},
@@ -153,7 +165,7 @@ static const key_def keys[] = {
      "backward) or layer (keep only each layer's input; recompute the layer)."},
     {"comm.bucket_mb", K_FLOAT, O(comm_bucket_mb), "25", 0.0625, 4096, NULL, 0,
      "Gradients are all-reduced in buckets of this many MiB (on GPUs, overlapping the backward "
-     "pass)."},
+     "pass). Sharded gradients (train.shard_gradients) go a layer at a time instead."},
     {"comm.timeout_s", K_FLOAT, O(comm_timeout_s), "60", 1, 86400, NULL, 0,
      "A collective that does not finish in this many seconds ends the whole job (a rank died "
      "or hangs). While the ranks load the model and the checkpoint it is at least an hour."},

@@ -42,6 +42,7 @@ typedef struct config {
     int64_t seq_len, micro_batch, grad_accum;
     double lr, min_lr, weight_decay, clip_grad_norm, beta1, beta2, adam_eps;
     int shard_optimizer; /* full mode on several ranks: ZeRO stage 1 */
+    int shard_gradients; /* with shard_optimizer: ZeRO stage 2 */
     int schedule;
     int64_t warmup_steps;
     /* lora */

@@ -1,4 +1,6 @@
-/* Bucketed gradient all-reduce, overlapped with the backward on CUDA. */
+/* Bucketed gradient all-reduce, overlapped with the backward on CUDA; the
+ * sharded optimizer's reduce-scatter and all-gather; and sharded gradients,
+ * reduced segment by segment into the owners' shards during the backward. */
 #include "grad_sync.h"
 
 #include <string.h>
@@ -81,11 +83,110 @@ static int reduce_scatter(model_t *m, comm_t *comm, sp_err *err)
     return grad_sync_reduce_scatter(m->be, comm, m->grad, m->grad_shard, m->shard_len, err);
 }
 
+/* ---- sharded gradients (ZeRO stage 2) ---------------------------------------------- */
+
+/* [*a, *b): the part of [lo, lo + n) inside the shard [s, s + len); empty: *a >= *b. */
+static void overlap(size_t lo, size_t n, size_t s, size_t len, size_t *a, size_t *b)
+{
+    *a = lo > s ? lo : s;
+    *b = lo + n < s + len ? lo + n : s + len;
+}
+
+/* Segment k's reduction: each part of it that lies in rank r's shard is
+ * summed into rank r's bucket, owners in rank order (on the device enqueued
+ * on g->stream). */
+static int reduce_segment(grad_sync_t *g, int k, sp_err *err)
+{
+    model_t *m = g->m;
+    size_t lo, a, b;
+    tensor_t seg = model_grad_segment(m, k, &lo);
+    if (!g->peers)
+        return 0; /* the sum over one rank is its own gradient */
+    for (int r = 0; r < m->shard_count; r++) {
+        overlap(lo, seg.n, (size_t)r * m->shard_len, m->shard_len, &a, &b);
+        if (a >= b)
+            continue;
+        void *part = tensor_view(seg, a - lo, b - a).p;
+        int rc = g->device ? comm_device_reduce(g->comm, part, b - a, COMM_F32, COMM_SUM, r,
+                                                g->stream, err)
+                           : comm_reduce(g->comm, part, b - a, COMM_F32, COMM_SUM, r, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* After segment k's reduction (the compute stream waits for it): this
+ * rank's part of the sum is added into grad_shard and the bucket zeroed for
+ * the segment after next. */
+static void settle_segment(grad_sync_t *g, int k)
+{
+    model_t *m = g->m;
+    size_t lo, a, b;
+    tensor_t seg = model_grad_segment(m, k, &lo);
+    if (g->stream != m->be->stream)
+        be_stream_fence(m->be, m->be->stream, g->stream);
+    overlap(lo, seg.n, m->shard_lo, m->shard_len, &a, &b);
+    if (a < b)
+        be_add(m->be, tensor_view(m->grad_shard, a - m->shard_lo, b - a),
+               tensor_view(seg, a - lo, b - a), 1.0f, b - a);
+    be_zero(m->be, seg);
+}
+
+/* The hook with sharded gradients: every segment the backward has finished
+ * is reduced; the one before it, whose reduction has had a segment's
+ * backward to overlap with, settled first (on the CPU the reduction is done
+ * by then). After the micro-batch's last segment everything is settled. */
+static int shard_launch(grad_sync_t *g, size_t upto, sp_err *err)
+{
+    model_t *m = g->m;
+    if (g->peers && m->shard_count != comm_size(g->comm))
+        return sp_fail(err, SP_EXIT_OTHER, "the gradients are sharded %d ways over %d ranks",
+                       m->shard_count, comm_size(g->comm));
+    while (g->seg < m->nsegs && m->seg_end[g->seg] <= upto) {
+        size_t lo;
+        int k = g->seg++;
+        if (g->pending >= 0)
+            settle_segment(g, g->pending);
+        g->pending = -1;
+        if (model_grad_segment(m, k, &lo).n == 0)
+            continue;
+        if (g->stream != m->be->stream)
+            be_stream_fence(m->be, g->stream, m->be->stream);
+        if (reduce_segment(g, k, err))
+            return err->code;
+        g->pending = k;
+    }
+    if (g->seg == m->nsegs) {
+        if (g->pending >= 0)
+            settle_segment(g, g->pending);
+        g->pending = -1;
+        g->seg = 0;
+    }
+    return 0;
+}
+
 static void on_ready(void *ctx, size_t upto)
 {
     grad_sync_t *g = ctx;
-    if (!g->err.code)
+    if (g->err.code)
+        return;
+    if (g->m->shard_grads)
+        shard_launch(g, upto, &g->err);
+    else
         launch(g, upto, &g->err);
+}
+
+/* Sharded gradients: every micro-batch's segments were reduced by the hook. */
+static int shard_finish(grad_sync_t *g, sp_err *err)
+{
+    if (g->seg != 0 || g->pending >= 0)
+        return sp_fail(err, SP_EXIT_OTHER,
+                       "sharded gradients: a backward stopped after segment %d of %d", g->seg,
+                       g->m->nsegs);
+    if (!g->device || !g->peers)
+        return 0;
+    return comm_device_wait(g->comm, g->stream, err);
 }
 
 void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb)
@@ -96,8 +197,16 @@ void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb)
     g->bucket = (size_t)(bucket_mb * 1024.0 * 1024.0 / 4.0);
     if (g->bucket < 1)
         g->bucket = 1;
-    g->overlap = on_device(m->be) && has_peers(m, comm) && m->shard_count == 1 &&
-                 be_has_streams(m->be);
+    g->device = on_device(m->be);
+    g->peers = has_peers(m, comm);
+    g->pending = -1;
+    if (m->shard_grads) { /* the hook is required: the buckets are reused */
+        g->stream = g->device && be_has_streams(m->be) ? be_aux_stream(m->be) : m->be->stream;
+        m->grads_ready = on_ready;
+        m->grads_ready_ctx = g;
+        return;
+    }
+    g->overlap = g->device && g->peers && m->shard_count == 1 && be_has_streams(m->be);
     if (g->overlap) {
         g->stream = be_aux_stream(m->be);
         m->grads_ready = on_ready;
@@ -113,6 +222,8 @@ int grad_sync_finish(grad_sync_t *g, sp_err *err)
     m->grads_ready = NULL;
     if (g->err.code)
         return sp_fail(err, g->err.code, "%s", g->err.msg);
+    if (m->shard_grads)
+        return shard_finish(g, err);
     if (!has_peers(m, g->comm) || m->n_trainable == 0)
         return 0;
     int device = on_device(m->be);
@@ -142,6 +253,10 @@ int grad_sync_finish(grad_sync_t *g, sp_err *err)
 int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err)
 {
     grad_sync_t g;
+    if (m->shard_grads)
+        return sp_fail(err, SP_EXIT_OTHER,
+                       "sharded gradients are reduced during the backward: use "
+                       "grad_sync_begin before it and grad_sync_finish after");
     grad_sync_begin(&g, m, comm, bucket_mb);
     return grad_sync_finish(&g, err);
 }

@@ -12,6 +12,19 @@
  * grad_sync_gather_weights all-gathers the updated compute copy so that every
  * rank has every weight again.
  *
+ * With sharded gradients as well (ZeRO stage 2, model.shard_grads) no rank
+ * holds the whole gradient: the backward writes each segment (the head, a
+ * layer, the embedding) into a reused bucket buffer, and as soon as it has
+ * finished one (the grads_ready hook, during every micro-batch) the part of
+ * the segment in rank r's shard is reduced to rank r (comm_reduce, rank
+ * order; comm_device_reduce on the aux stream on CUDA), which adds it into
+ * its grad_shard. The reduction of a segment overlaps the backward of the
+ * next; the compute stream waits for it only then, before the bucket is
+ * zeroed for the segment after next. The same code runs on the CPU, where
+ * the reduction is done when comm_reduce returns. The sum over the ranks of
+ * each micro-batch is accumulated, instead of each rank's micro-batches
+ * summed and then reduced: the same gradient up to summation order.
+ *
  * On CUDA "more than one rank" is comm_device_collectives(): a world of one
  * with a one-rank NCCL communicator made on request takes the same device
  * path (a check of it on one GPU). */
@@ -28,14 +41,21 @@ typedef struct grad_sync {
     int overlap;     /* device buffers reduced on the aux stream during the backward */
     void *stream;    /* the aux stream (CUDA) */
     size_t launched; /* arena prefix already handed to the collective */
+    int device;      /* device buffers (CUDA) */
+    int peers;       /* a collective is needed (has_peers) */
+    int seg;         /* sharded gradients: the next segment of this micro-batch */
+    int pending;     /* its segment reduced, not yet added into grad_shard; -1: none */
     sp_err err;      /* first failure inside the hook */
 } grad_sync_t;
 
-/* Prepares for one step (installs the hook on m when overlapping). */
+/* Prepares for one step (installs the hook on m when overlapping, and
+ * always with sharded gradients: call it before the step's first
+ * micro-batch, after model_zero_grads). */
 void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb);
 /* Reduces what is left and waits until every bucket is summed. */
 int grad_sync_finish(grad_sync_t *g, sp_err *err);
-/* Both at once, after the backward (no overlap). */
+/* Both at once, after the backward (no overlap); refused with sharded
+ * gradients, which must be reduced during the backward. */
 int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err);
 /* Sharded optimizer: every rank's updated shard of the compute copy to every
  * rank (nothing to do when unsharded). */

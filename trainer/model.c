@@ -238,10 +238,12 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
             nf4_work = n > nf4_work ? n : nf4_work;
         }
     if (o->shard_count > 1) {
-        /* grad and compute copy whole (padded); masters, moments, reduced grad per shard */
+        /* compute copy whole (padded); masters, moments, reduced grad per
+         * shard; the gradient whole, or with sharded gradients the buckets */
         size_t shard = model_shard_len(trainable, o->shard_count);
         size_t padded = shard * (size_t)o->shard_count;
-        plan->trainable = padded * (4 + a) + shard * 16;
+        size_t grads = model_shards_grads(o) ? model_grad_buckets_len(mc, o) : padded;
+        plan->trainable = padded * a + shard * 16 + grads * 4;
     } else {
         plan->trainable = trainable * (16 + (act_dt == DT_F32 ? 0 : a));
     }
@@ -383,8 +385,94 @@ size_t model_shard_len(size_t n, int count)
     return len ? len : 1;
 }
 
-/* Sharded optimizer: the whole gradient arena and compute copy, and this
- * rank's shard of everything the optimizer keeps. */
+/* Sharded gradients: the arena's segments, one per unit the backward
+ * finishes at once (the head, each layer from the last, the embedding):
+ * segment k is [seg_end[k - 1], seg_end[k]) (seg_end[-1] = 0). */
+static int layout_segments(model_t *m, sp_err *err)
+{
+    int L = (int)m->mc.layers;
+    m->nsegs = L + 2;
+    m->seg_end = calloc((size_t)m->nsegs, sizeof *m->seg_end);
+    m->seg_buf = calloc((size_t)m->nsegs, sizeof *m->seg_buf);
+    if (!m->seg_end || !m->seg_buf)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    m->seg_end[0] = m->ready_upto[0];
+    for (int j = 0; j < L; j++) /* layer L - 1 - j */
+        m->seg_end[1 + j] = m->ready_upto[L - j];
+    m->seg_end[L + 1] = m->n_trainable;
+    /* two buffers in turn; a tied embedding's gradient is written by the
+     * head first and the embedding last, so its segment has a third */
+    for (int k = 0; k < m->nsegs; k++)
+        m->seg_buf[k] = k == L + 1 && m->mc.tie_embeddings ? 2 : k % 2;
+    return 0;
+}
+
+static size_t seg_len(const model_t *m, int k)
+{
+    return m->seg_end[k] - (k ? m->seg_end[k - 1] : 0);
+}
+
+tensor_t model_grad_segment(model_t *m, int k, size_t *lo)
+{
+    *lo = k ? m->seg_end[k - 1] : 0;
+    return tensor_view(m->grad_bufs[m->seg_buf[k]], 0, seg_len(m, k));
+}
+
+size_t model_grad_buckets_len(const model_config_t *mc, const model_opts *o)
+{
+    if (!model_shards_grads(o))
+        return 0;
+    size_t H = (size_t)mc->hidden, emb = (size_t)(mc->vocab * mc->hidden);
+    size_t layer = (size_t)(model_config_params(mc) - mc->hidden) -
+                   emb * (mc->tie_embeddings ? 1 : 2);
+    layer /= (size_t)mc->layers;
+    size_t head = (mc->tie_embeddings ? 0 : emb) + H, len = layer > head ? layer : head;
+    if (mc->tie_embeddings)
+        return 2 * len + emb;
+    return 2 * (len > emb ? len : emb);
+}
+
+int model_shards_grads(const model_opts *o)
+{
+    return o->shard_grads && o->shard_count > 1 && o->mode == MODE_FULL;
+}
+
+/* Sharded gradients: the bucket buffers the backward writes into (each
+ * parameter's grad a view of its segment's buffer). */
+static void alloc_grad_buckets(model_t *m)
+{
+    size_t len[3] = {0, 0, 0};
+    for (int k = 0; k < m->nsegs; k++) {
+        size_t n = seg_len(m, k);
+        int b = m->seg_buf[k];
+        len[b] = n > len[b] ? n : len[b];
+    }
+    /* buffers 0 and 1 alike, the largest segment either takes */
+    len[0] = len[1] = len[0] > len[1] ? len[0] : len[1];
+    m->grad_buckets_len = 0;
+    for (int b = 0; b < 3; b++)
+        if (len[b]) {
+            m->grad_bufs[b] = be_alloc(m->be, DT_F32, len[b]);
+            m->grad_buckets_len += len[b];
+        }
+}
+
+static void point_grads_at_buckets(model_t *m)
+{
+    for (int k = 0; k < m->nsegs; k++) {
+        size_t lo;
+        tensor_t seg = model_grad_segment(m, k, &lo);
+        for (int i = 0; i < m->nparams; i++) {
+            param_t *p = &m->params[i];
+            if (p->trainable && p->offset >= lo && p->offset < lo + seg.n)
+                p->grad = tensor_view(seg, p->offset - lo, p->n);
+        }
+    }
+}
+
+/* Sharded optimizer: the compute copy whole, this rank's shard of
+ * everything the optimizer keeps, and the gradient either whole (padded) or,
+ * with sharded gradients, as bucket buffers. */
 static void alloc_sharded(model_t *m)
 {
     backend_t *be = m->be;
@@ -393,24 +481,30 @@ static void alloc_sharded(model_t *m)
     m->adam_m = be_alloc(be, DT_F32, S);
     m->adam_v = be_alloc(be, DT_F32, S);
     m->grad_shard = be_alloc(be, DT_F32, S);
-    m->grad = be_alloc(be, DT_F32, padded);
+    if (m->shard_grads)
+        alloc_grad_buckets(m);
+    else
+        m->grad = be_alloc(be, DT_F32, padded);
     m->copy = be_alloc(be, be->act_dt, padded);
-    m->bytes_trainable = padded * (4 + dtype_size(be->act_dt)) + S * 16;
+    m->bytes_trainable = padded * dtype_size(be->act_dt) + S * 16 +
+                         (m->shard_grads ? m->grad_buckets_len : padded) * 4;
     if (be->err.code)
         return;
-    be_zero(be, m->grad);
+    model_zero_grads(m);
     be_zero(be, m->copy);
     for (int i = 0; i < m->nparams && !be->err.code; i++) {
         param_t *p = &m->params[i];
         if (p->trainable) {
             p->master = (tensor_t){0};
-            p->grad = tensor_view(m->grad, p->offset, p->n);
+            p->grad = m->shard_grads ? (tensor_t){0} : tensor_view(m->grad, p->offset, p->n);
             p->w = tensor_view(m->copy, p->offset, p->n);
         } else {
             p->w = be_alloc(be, be->act_dt, p->n);
             m->bytes_weights += p->n * dtype_size(be->act_dt);
         }
     }
+    if (m->shard_grads)
+        point_grads_at_buckets(m);
 }
 
 static void alloc_params(model_t *m)
@@ -530,6 +624,13 @@ int model_create(model_t **out, backend_t *be, const model_config_t *mc, const m
     }
     m->shard_len = model_shard_len(m->n_trainable, m->shard_count);
     m->shard_lo = (size_t)m->shard_rank * m->shard_len;
+    model_opts eff = *o;
+    eff.shard_count = m->shard_count;
+    m->shard_grads = model_shards_grads(&eff);
+    if (m->shard_grads && layout_segments(m, err)) {
+        model_destroy(m);
+        return err->code;
+    }
     alloc_params(m);
     if (!be->err.code)
         alloc_activations(m);
@@ -561,8 +662,10 @@ void model_destroy(model_t *m)
         }
     free_if_owned(be, &m->nf4_maps, NULL);
     free_if_owned(be, &m->nf4_work, NULL);
-    tensor_t *arenas[] = {&m->master, &m->grad, &m->adam_m, &m->adam_v, &m->copy, &m->grad_shard};
-    for (size_t i = 0; i < 6; i++)
+    tensor_t *arenas[] = {&m->master, &m->grad,       &m->adam_m,       &m->adam_v,
+                          &m->copy,   &m->grad_shard, &m->grad_bufs[0], &m->grad_bufs[1],
+                          &m->grad_bufs[2]};
+    for (size_t i = 0; i < sizeof arenas / sizeof arenas[0]; i++)
         free_if_owned(be, arenas[i], NULL);
     /* shared activation sets are freed once, through the last layer's handles */
     int L = m->acts ? (int)m->mc.layers : 0;
@@ -601,6 +704,8 @@ void model_destroy(model_t *m)
     free(m->params);
     free(m->runs);
     free(m->ready_upto);
+    free(m->seg_end);
+    free(m->seg_buf);
     free(m);
 }
 
@@ -757,8 +862,16 @@ param_t *model_find_param(model_t *m, const char *name)
 
 void model_zero_grads(model_t *m)
 {
-    if (m->n_trainable)
+    if (!m->n_trainable)
+        return;
+    if (!m->shard_grads) {
         be_zero(m->be, m->grad);
+        return;
+    }
+    be_zero(m->be, m->grad_shard);
+    for (int b = 0; b < 3; b++)
+        if (m->grad_bufs[b].p)
+            be_zero(m->be, m->grad_bufs[b]);
 }
 
 double model_grad_sumsq(model_t *m)

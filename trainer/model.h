@@ -65,6 +65,11 @@ typedef struct model_opts {
      * shard and the updated compute copy all-gathered (grad_sync.h). 0 or 1:
      * every rank holds the whole state. */
     int shard_rank, shard_count;
+    /* Gradient sharding (ZeRO stage 2, full mode with shard_count > 1): no
+     * whole gradient arena; the backward writes into bucket buffers that
+     * grad_sync reduces, as the backward finishes each, into the owners'
+     * grad_shard (model.shard_grads). */
+    int shard_grads;
 } model_opts;
 
 /* A micro-batch: host arrays of B*T token ids. targets < 0 are not trained. */
@@ -84,7 +89,11 @@ typedef struct model_batch {
 /* Called during the backward of the step's last micro-batch each time the
  * prefix [0, upto) of the gradient arena holds its final values (the arena
  * is laid out in the order the backward finishes gradients), so their
- * reduction across ranks can start while the backward goes on. */
+ * reduction across ranks can start while the backward goes on. With sharded
+ * gradients it is called during every micro-batch's backward (the prefix
+ * holds that micro-batch's gradient) and is required: the bucket buffers
+ * are reused, so each segment must be reduced before the backward goes on
+ * two segments further. */
 typedef void (*model_grads_ready_fn)(void *ctx, size_t upto);
 
 typedef struct layer_acts layer_acts;
@@ -107,13 +116,30 @@ typedef struct model {
     size_t n_trainable;
     tensor_t master, grad, adam_m, adam_v, copy;
     /* sharded optimizer: this rank's shard is [shard_lo, shard_lo + shard_len)
-     * of the arena; grad and copy hold shard_count * shard_len elements (the
-     * tail past n_trainable is zero padding); master, adam_m, adam_v and
+     * of the arena; grad (empty with sharded gradients, below) and copy hold
+     * shard_count * shard_len elements (the tail past n_trainable is zero
+     * padding); master, adam_m, adam_v and
      * grad_shard hold shard_len. Unsharded: shard_lo 0, shard_len
      * n_trainable, shard_count 1. */
     int shard_count, shard_rank;
     size_t shard_lo, shard_len;
     tensor_t grad_shard;
+    /* sharded gradients (ZeRO stage 2): grad is empty. The arena is cut
+     * into nsegs segments, one per unit the backward finishes at once (the
+     * head, each layer from the last, the embedding); segment k is
+     * [seg_end[k - 1], seg_end[k]) and its gradient is written into bucket
+     * buffer grad_bufs[seg_buf[k]] (from its start; param_t.grad are views of
+     * it). Two buffers serve the segments in turn (a tied embedding, written
+     * by the head and the embedding, has a third): grad_sync reduces each
+     * segment into the owners' grad_shard and zeroes its buffer before the
+     * backward reaches the segment after next. grad_buckets_len: their
+     * elements in all. */
+    int shard_grads;
+    int nsegs;
+    size_t *seg_end;
+    int *seg_buf;
+    tensor_t grad_bufs[3];
+    size_t grad_buckets_len;
     adamw_run *runs;
     int nruns;
     /* arena prefix final after the head (index 0) and after layer l's
@@ -158,6 +184,7 @@ void model_param_set_nf4(model_t *m, param_t *p, const uint8_t *codes, const uin
 void model_param_download(model_t *m, const param_t *p, float *dst);
 param_t *model_find_param(model_t *m, const char *name);
 
+/* Zeroes the gradient (sharded gradients: grad_shard and the buckets). */
 void model_zero_grads(model_t *m);
 /* Forward and backward of one micro-batch; adds the micro-batch's summed
  * token loss to *loss_sum and its gradients (scaled by grad_scale) into the
@@ -186,6 +213,15 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
 /* Elements of this rank's optimizer shard when n trainable elements are split
  * over count ranks (the last shards are padded). */
 size_t model_shard_len(size_t n, int count);
+/* Whether o shards the gradients: shard_grads, shard_count > 1, full mode. */
+int model_shards_grads(const model_opts *o);
+/* Elements of the gradient bucket buffers a model of o allocates (0 unless
+ * it shards the gradients): two of the largest of the head's, a layer's
+ * and an untied embedding's gradients, plus a tied embedding's. */
+size_t model_grad_buckets_len(const model_config_t *mc, const model_opts *o);
+/* Sharded gradients: segment k's bucket (its length: the segment's) and, in
+ * *lo, where the segment starts in the arena. */
+tensor_t model_grad_segment(model_t *m, int k, size_t *lo);
 
 /* Hugging Face / PEFT names. */
 void model_base_name(char *buf, size_t n, int layer, int proj, int bias);

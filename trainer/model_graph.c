@@ -364,13 +364,17 @@ static int forward(const step_ctx *c, sp_err *err)
 
 static void grads_ready(model_t *m, const model_batch *b, size_t upto)
 {
-    if (b->last && m->grads_ready && upto > 0)
+    if ((b->last || m->shard_grads) && m->grads_ready && upto > 0)
         m->grads_ready(m->grads_ready_ctx, upto);
 }
 
 int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
 {
     step_ctx c = {m, b, b->B * b->T, 1};
+    if (m->shard_grads && !m->grads_ready)
+        return sp_fail(err, SP_EXIT_OTHER,
+                       "the gradients are sharded but nothing reduces them: call "
+                       "grad_sync_begin before the backward");
     if (forward(&c, err) || head(&c, 1, loss_sum, err))
         return err->code;
     grads_ready(m, b, m->ready_upto[0]);

@@ -158,6 +158,7 @@ void plan_input_defaults(plan_input *in)
     in->grad_accum = 1;
     in->recompute = RECOMPUTE_NONE;
     in->shard_optimizer = 1;
+    in->shard_gradients = 1;
     in->gpus_per_node = 1;
     in->nodes = 1;
     in->headroom_bytes = -1;
@@ -179,6 +180,7 @@ void plan_input_from_config(plan_input *in, const config_t *c)
     in->packing = c->data_packing;
     in->recompute = c->recompute;
     in->shard_optimizer = c->shard_optimizer;
+    in->shard_gradients = c->shard_gradients;
 }
 
 void plan_input_set_gpu(plan_input *in, const plan_gpu *g)
@@ -321,8 +323,11 @@ static void plan_one(const plan_input *in, plan_result *r)
                             : lora_params(mc, in->lora_r, in->lora_targets, in->lora_dora);
     r->trainable_params = (int64_t)trainable;
     r->sharded = full && in->shard_optimizer && world > 1 && trainable > 0;
-    if (r->sharded)
+    if (r->sharded) {
         o.shard_count = world;
+        o.shard_grads = in->shard_gradients;
+    }
+    r->grads_sharded = model_shards_grads(&o);
     model_plan p;
     model_plan_bytes(mc, &o, act, &p);
 
@@ -339,7 +344,9 @@ static void plan_one(const plan_input *in, plan_result *r)
         size_t shard = model_shard_len((size_t)trainable, world);
         size_t padded = shard * (size_t)world;
         r->shard_params = (int64_t)shard;
-        m->gradients = 4.0 * (double)padded + 4.0 * (double)shard; /* whole + reduced shard */
+        /* whole + reduced shard, or with sharded gradients shard + buckets */
+        m->gradients = 4.0 * (double)(r->grads_sharded ? model_grad_buckets_len(mc, &o) : padded) +
+                       4.0 * (double)shard;
         m->optimizer = 8.0 * (double)shard;
     } else {
         r->shard_params = (int64_t)trainable;
@@ -477,8 +484,9 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
         PUT("%strain.micro_batch: %lld, train.grad_accum: %lld (the same global batch)",
             k ? ", " : "", (long long)v->micro_batch, (long long)v->grad_accum);
     if (v->gpus_per_node != base->gpus_per_node || v->nodes != base->nodes)
-        PUT("%s%d GPUs (%d node%s x %d), optimizer sharded", k ? ", " : "",
-            v->gpus_per_node * v->nodes, v->nodes, v->nodes == 1 ? "" : "s", v->gpus_per_node);
+        PUT("%s%d GPUs (%d node%s x %d), optimizer%s sharded", k ? ", " : "",
+            v->gpus_per_node * v->nodes, v->nodes, v->nodes == 1 ? "" : "s", v->gpus_per_node,
+            v->shard_gradients ? " and gradients" : "");
 #undef PUT
 }
 
@@ -524,8 +532,9 @@ static void find_fixes(const plan_input *in, plan_result *r)
             add_fix(r, &v, &vr, what);
         }
     }
-    /* 3. full fine-tuning: more GPUs, the optimizer sharded over them (the
-     * fp32 gradient and the bf16 copy stay whole on every GPU) */
+    /* 3. full fine-tuning: more GPUs, the optimizer (and with
+     * train.shard_gradients the fp32 gradient) sharded over them; the bf16
+     * copy stays whole on every GPU */
     if (in->mode == PLAN_FULL && in->shard_optimizer) {
         int found = 0;
         for (int rec = in->recompute; rec <= RECOMPUTE_LAYER && !found; rec++) {

@@ -56,6 +56,7 @@ typedef struct plan_input {
     int packing;            /* data.packing (DATA_PACK_*): how a dataset makes windows */
     int recompute;          /* RECOMPUTE_* (config.h) */
     int shard_optimizer;    /* full mode on several GPUs: ZeRO stage 1 (train.shard_optimizer) */
+    int shard_gradients;    /* with it, ZeRO stage 2 (train.shard_gradients) */
     int gpus_per_node, nodes;
     char gpu_label[64];     /* for output */
     double gpu_mem_bytes;   /* per GPU */
@@ -86,7 +87,9 @@ typedef struct plan_input {
 typedef struct plan_mem {
     double weights;     /* frozen weights (LoRA: bf16; QLoRA: NF4 projections; full: 0) */
     double trainable;   /* fp32 masters and the bf16 compute copy of the trainable weights */
-    double gradients;   /* fp32 gradients (sharded: the whole arena and this rank's reduced shard) */
+    double gradients;   /* fp32 gradients (optimizer sharded: the whole arena and this rank's
+                           reduced shard; gradients sharded too: the shard and the bucket
+                           buffers the backward writes into, model_grad_buckets_len) */
     double optimizer;   /* AdamW m and v, fp32 (sharded: this rank's shard) */
     double activations; /* kept for the backward, at the recompute setting */
     double workspace;   /* the model's scratch and the backend's workspace */
@@ -111,6 +114,7 @@ typedef struct plan_result {
     int fits;
     int64_t params, trainable_params, shard_params; /* shard: this rank's optimizer share */
     int sharded;
+    int grads_sharded; /* the gradients too (ZeRO stage 2) */
     /* speed: FLOPs per trained token in the honest convention of bench and
      * docs/perf.md (matmuls: 6N for trainable weights, 4N for frozen ones,
      * lm_head included, the embedding gather not; attention 12 L heads

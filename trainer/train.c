@@ -138,7 +138,9 @@ static int check_memory(trainer_t *t, const model_opts *o, sp_err *err)
                 "MiB, workspace %.1f MiB; total %.1f MiB of %.1f MiB available%s\n",
                 t->be->device_name, mib(p.weights), mib(p.trainable), mib(p.activations),
                 mib(p.scratch), mib(total), mib(avail),
-                o->shard_count > 1 ? " (optimizer state sharded over the ranks)" : "");
+                model_shards_grads(o)  ? " (optimizer state and gradients sharded over the ranks)"
+                : o->shard_count > 1 ? " (optimizer state sharded over the ranks)"
+                                     : "");
     if (avail && total > avail)
         return sp_fail(err, SP_EXIT_USAGE,
                        "the run needs %.1f MiB but %s has %.1f MiB available: reduce "
@@ -231,6 +233,7 @@ static int setup_model(trainer_t *t, sp_err *err)
     if (c->mode == MODE_FULL && c->shard_optimizer && t->world > 1) {
         o.shard_count = t->world;
         o.shard_rank = t->rank;
+        o.shard_grads = c->shard_gradients;
     }
     if (check_memory(t, &o, err) || model_create(&t->m, t->be, &t->mc, &o, err) ||
         stop_before_training(t, "before loading the model", err) ||
