@@ -708,8 +708,9 @@ Test(cmd_ckpt, resume_refuses_a_state_with_a_wrong_attribute)
 /* A full fine-tune on 2 ranks writes sharded checkpoints (a shard file per
  * rank, MANIFEST with the layout), pushed to a file:// store: `ckpt verify`
  * says sharded; `ckpt pull` brings every shard and the copy verifies; and
- * `export --merged`, from the local and from the pulled copy, gathers the
- * weights from the shards into the same file as the run's own final model/. */
+ * `export --merged`, from the local checkpoint, the pulled copy and the
+ * store's URL, gathers the weights from the shards into the same file as the
+ * run's own final model/. */
 Test(cmd_ckpt, sharded_checkpoint_verifies_pulls_and_exports)
 {
     char *out = NULL;
@@ -732,8 +733,10 @@ Test(cmd_ckpt, sharded_checkpoint_verifies_pulls_and_exports)
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
     cr_expect(exists(at("pulled/shard-00001-of-00002.h5")), "the pull lacks a shard");
-    const char *from[2] = {ck, at("pulled")};
-    for (int i = 0; i < 2; i++) {
+    char url[4200];
+    snprintf(url, sizeof url, "file://%s/store/step-00000006", dir);
+    const char *from[3] = {ck, at("pulled"), url};
+    for (int i = 0; i < 3; i++) {
         char src[4200], dst[4200];
         snprintf(src, sizeof src, "%s", from[i]);
         snprintf(dst, sizeof dst, "%s", at("sh-merged-%d", i));

@@ -175,6 +175,20 @@ Test(plan, full_7b_sharded_over_8_gpus)
     cr_expect_eq(r.mem.weights, 0.0);
     cr_expect(r.fits, "%.2f GiB", r.mem.total / GIB);
     cr_expect_eq(r.ckpt_bytes, 12.0 * N);
+    /* one machine: a sharded checkpoint, each rank copying its 1/8 to host
+     * memory (the goal: at most 1 s of stall for 7B full on 8 GPUs) */
+    cr_expect(r.ckpt_sharded);
+    cr_expect_eq(r.ckpt_rank_bytes, 12.0 * (double)r.shard_params);
+    cr_expect_geq(r.ckpt_rank_bytes * 8, 12.0 * N);
+    cr_expect_float_eq(r.ckpt_stall_s, r.ckpt_rank_bytes / PLAN_D2H_BYTES_S, 1e-12);
+    cr_expect_leq(r.ckpt_stall_s, 1.0, "%.2f s", r.ckpt_stall_s);
+    /* two machines of 4: gathered to rank 0, which holds the whole state */
+    in.gpus_per_node = 4;
+    in.nodes = 2;
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect(r.sharded && !r.ckpt_sharded);
+    cr_expect_eq(r.ckpt_rank_bytes, 12.0 * N);
+    in.nodes = 1;
 
     in.gpus_per_node = 1;
     cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);

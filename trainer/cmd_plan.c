@@ -206,7 +206,15 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
     printf("  size             %.*f %s (params, adam_m, adam_v: 12 bytes per trainable weight,%s)\n",
            r->ckpt_bytes >= 1e9 ? 2 : 1, r->ckpt_bytes / (r->ckpt_bytes >= 1e9 ? 1e9 : 1e6),
            r->ckpt_bytes >= 1e9 ? "GB" : "MB",
-           in->mode == PLAN_FULL ? " gathered whole" : " the adapter only, never the base");
+           in->mode != PLAN_FULL ? " the adapter only, never the base"
+           : r->ckpt_sharded     ? " sharded: every rank writes and uploads its own file"
+           : r->sharded          ? " gathered to rank 0 (several machines: checkpoint.layout auto)"
+                                 : " written by rank 0");
+    printf("  stall            %s%.2f s (%s %.2f GB to host memory at %.0f GB/s; writing and "
+           "uploading run in the background)\n",
+           r->sharded && !r->ckpt_sharded ? "at least " : "", r->ckpt_stall_s,
+           r->ckpt_sharded ? "each rank copies its" : r->sharded ? "rank 0 gathers" : "rank 0 copies",
+           r->ckpt_rank_bytes / 1e9, (in->cpu ? PLAN_HOST_COPY_BYTES_S : PLAN_D2H_BYTES_S) / 1e9);
     if (in->upload_mbps > 0) {
         printf("  upload           %.1f s at %.0f Mbit/s; against the preemption notice:",
                r->upload_s, in->upload_mbps);
@@ -297,6 +305,9 @@ static void print_json(const plan_input *in, const plan_result *r, const char *t
     json_object_set_new(j, "job", job);
     json_t *ck = json_object();
     json_object_set_new(ck, "bytes", json_real(r->ckpt_bytes));
+    json_object_set_new(ck, "layout", json_string(r->ckpt_sharded ? "sharded" : "gathered"));
+    json_object_set_new(ck, "bytes_per_rank", json_real(r->ckpt_rank_bytes));
+    json_object_set_new(ck, "stall_s", json_real(r->ckpt_stall_s));
     json_object_set_new(ck, "upload_mbps",
                         in->upload_mbps > 0 ? json_real(in->upload_mbps) : json_null());
     json_object_set_new(ck, "upload_s", in->upload_mbps > 0 ? json_real(r->upload_s) : json_null());

@@ -410,6 +410,9 @@ static void plan_one(const plan_input *in, plan_result *r)
      * trainable weight (gathered whole when sharded); the attributes and
      * metrics.jsonl are small beside them */
     r->ckpt_bytes = 12.0 * trainable;
+    r->ckpt_sharded = r->sharded && in->nodes <= 1;
+    r->ckpt_rank_bytes = r->ckpt_sharded ? 12.0 * (double)r->shard_params : r->ckpt_bytes;
+    r->ckpt_stall_s = r->ckpt_rank_bytes / (in->cpu ? PLAN_HOST_COPY_BYTES_S : PLAN_D2H_BYTES_S);
     r->upload_s = in->upload_mbps > 0 ? r->ckpt_bytes * 8.0 / (in->upload_mbps * 1e6) : 0;
 }
 

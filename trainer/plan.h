@@ -108,6 +108,12 @@ typedef struct plan_fix {
     int available;       /* 0: spotune cannot train it yet (QLoRA on GPUs) */
 } plan_fix;
 
+/* Copy speeds the checkpoint stall is planned with: device to pageable host
+ * memory over PCIe 4/5 (conservative; pinned memory is faster), and host
+ * memory to host memory. */
+#define PLAN_D2H_BYTES_S 12e9
+#define PLAN_HOST_COPY_BYTES_S 5e9
+
 typedef struct plan_result {
     plan_mem mem;
     double headroom_bytes, usable_bytes; /* usable = card - headroom */
@@ -126,6 +132,14 @@ typedef struct plan_result {
     double tokens_per_s_gpu, tokens_per_s;
     double job_tokens, wall_s, cost;
     double ckpt_bytes, upload_s;
+    /* checkpoint.layout auto: sharded when the optimizer is and the job is on
+     * one machine; then each rank writes ckpt_rank_bytes itself, else rank 0
+     * holds the whole state (ckpt_rank_bytes = ckpt_bytes). The stall is
+     * that copy to host memory, at
+     * PLAN_D2H_BYTES_S on a GPU (host memory at PLAN_HOST_COPY_BYTES_S on
+     * the CPU) */
+    int ckpt_sharded;
+    double ckpt_rank_bytes, ckpt_stall_s;
     int nfixes;
     plan_fix fixes[PLAN_MAX_FIXES];
 } plan_result;
