@@ -8,7 +8,9 @@
 #
 #   nvidia-smi (start)        GPU, driver, clocks, memory
 #   CUDA op tests             test_cuda_ops: every op against the CPU backend,
-#                             attention at the shapes of 7B, 8B (GQA), T 4096
+#                             attention at the shapes of 7B, 8B (GQA), T 4096,
+#                             the fused attention kernels on odd shapes
+#                             (cuda_ops/flash_*)
 #   layer test                test_cuda_layer: a decoder layer at the 7B shape,
 #                             LoRA r 16 on all 7 projections, recompute none,
 #                             attention and layer, against the CPU

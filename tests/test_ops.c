@@ -782,6 +782,201 @@ Test(ops, attention_reference_path)
     check_packed_attention();
 }
 
+/* ---- the blocked (flash) attention against the plain loops ------------------
+ * The fast backend's attention (kind "cpu": tiles of 64 query rows x 64 keys,
+ * online softmax, kernels/cpu/cpu_attention_flash.c) against the reference
+ * backend's plain loops (kind "cpu-ref", checked above against the double
+ * reference and finite differences), forward (out, lse) and backward (dq,
+ * dk, dv) from the same inputs, each tensor within 1e-5 of its largest
+ * value (both fp32; only the order of the sums differs). T 1, 7, 37, 130
+ * leave partial edge tiles (130: three query tiles, the last of two rows). */
+#define FLASH_TOL 1e-5
+
+/* max |a - b| / max |b| (float) */
+static double rel_err_f(const float *a, const float *b, size_t n)
+{
+    double m = 0, e = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs((double)b[i]) > m)
+            m = fabs((double)b[i]);
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > e || d != d)
+            e = d != d ? INFINITY : d;
+    }
+    return m > 0 ? e / m : e;
+}
+
+/* Packed documents of 1..max_len tokens (a fixed draw): seg[b*T + t] is the
+ * first position of t's document. */
+static void flash_packed_rows(int B, int T, int max_len, int32_t *seg)
+{
+    uint64_t draw = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T;) {
+            int len = 1 + (int)(sp_rng_u64(0xf1a5, draw++) % (uint64_t)max_len);
+            for (int i = t; i < t + len && i < T; i++)
+                seg[b * T + i] = t;
+            t += len;
+        }
+}
+
+/* The five outputs of forward + backward on backend x (inputs uploaded). */
+typedef struct attn_run {
+    float *out, *lse, *dq, *dk, *dv;
+} attn_run;
+
+static attn_run run_attention(backend_t *x, const float *q, const float *k, const float *v,
+                              const float *dout, const int32_t *seg, int B, int T, int nh,
+                              int nkv, int hd)
+{
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    tensor_t t[10] = {0};
+    size_t ns[9] = {nq, nk, nk, nq, nq, nl, nq, nk, nk};
+    for (int i = 0; i < 9; i++) {
+        t[i] = be_alloc(x, DT_F32, ns[i]);
+        cr_assert(t[i].p);
+    }
+    be_upload(x, t[0], q, DT_F32), be_upload(x, t[1], k, DT_F32), be_upload(x, t[2], v, DT_F32);
+    be_upload(x, t[3], dout, DT_F32);
+    if (seg) {
+        t[9] = be_alloc(x, DT_I32, (size_t)B * T);
+        cr_assert(t[9].p);
+        be_upload(x, t[9], seg, DT_I32);
+    }
+    be_attention_forward(x, t[4], t[5], t[0], t[1], t[2], t[9], B, T, nh, nkv, hd);
+    be_attention_backward(x, t[6], t[7], t[8], t[3], t[4], t[5], t[0], t[1], t[2], t[9], B, T,
+                          nh, nkv, hd);
+    sp_err err = {0};
+    cr_assert_eq(be_check(x, &err), 0, "%s", err.msg);
+    attn_run r;
+    float **dst[5] = {&r.out, &r.lse, &r.dq, &r.dk, &r.dv};
+    for (int i = 0; i < 5; i++) {
+        tensor_t src = t[4 + i];
+        *dst[i] = malloc(sizeof(float) * src.n);
+        be_download(x, *dst[i], DT_F32, src);
+    }
+    for (int i = 0; i < 10; i++)
+        be_free(x, &t[i]);
+    return r;
+}
+
+static void free_run(attn_run *r)
+{
+    free(r->out), free(r->lse), free(r->dq), free(r->dk), free(r->dv);
+}
+
+/* Blocked (be) against plain loops (ref) on one shape, with or without
+ * packed documents of up to 50 tokens (they cross the 64-row tiles). */
+static void check_flash(backend_t *ref, int B, int T, int nh, int nkv, int hd, int packed)
+{
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
+    int32_t *seg = NULL;
+    if (packed) {
+        seg = malloc(sizeof(int32_t) * (size_t)B * T);
+        flash_packed_rows(B, T, 50, seg);
+    }
+    attn_run a = run_attention(be, q, k, v, dout, seg, B, T, nh, nkv, hd);
+    attn_run w = run_attention(ref, q, k, v, dout, seg, B, T, nh, nkv, hd);
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    float *got[5] = {a.out, a.lse, a.dq, a.dk, a.dv}, *want[5] = {w.out, w.lse, w.dq, w.dk, w.dv};
+    size_t ns[5] = {nq, nl, nq, nk, nk};
+    for (int i = 0; i < 5; i++) {
+        double e = rel_err_f(got[i], want[i], ns[i]);
+        cr_expect(e <= FLASH_TOL, "flash B%d T%d nh%d nkv%d hd%d%s %s: rel err %.3g > %.0e", B, T,
+                  nh, nkv, hd, packed ? " packed" : "", names[i], e, FLASH_TOL);
+    }
+    free_run(&a), free_run(&w);
+    free(q), free(k), free(v), free(dout), free(seg);
+}
+
+static backend_t *make_ref(void)
+{
+    backend_t *ref = NULL;
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&ref, "cpu-ref", 0, 2, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(be->name, "cpu");
+    return ref;
+}
+
+static void check_flash_shapes(int hd, int packed)
+{
+    static const int Ts[] = {1, 7, 37, 130};
+    static const int heads[][2] = {{2, 2}, {4, 1}, {8, 1}}; /* groups 1, 4, 8 */
+    backend_t *ref = make_ref();
+    for (int i = 0; i < 4; i++)
+        for (int g = 0; g < 3; g++)
+            check_flash(ref, 2, Ts[i], heads[g][0], heads[g][1], hd, packed);
+    backend_destroy(ref);
+}
+
+Test(ops, flash_attention_matches_plain_hd64)
+{
+    check_flash_shapes(64, 0);
+}
+
+Test(ops, flash_attention_matches_plain_hd128)
+{
+    check_flash_shapes(128, 0);
+}
+
+Test(ops, flash_attention_matches_plain_packed_documents)
+{
+    check_flash_shapes(64, 1);
+    check_flash_shapes(128, 1);
+}
+
+/* The head dims and shapes of the tests above (hd 2..6, two kv heads of
+ * eight query heads), and a packed row whose documents skip whole key tiles
+ * (one of 150 tokens after 100: tile 3's queries never see key tile 0). */
+Test(ops, flash_attention_matches_plain_small_heads_and_long_documents)
+{
+    backend_t *ref = make_ref();
+    check_flash(ref, 2, 5, 4, 2, 4, 0);
+    check_flash(ref, 1, 9, 3, 3, 6, 0);
+    check_flash(ref, 1, 3, 4, 1, 2, 0);
+    check_flash(ref, 2, 67, 8, 2, 16, 1);
+    int T = 250, nh = 2, nkv = 1, hd = 64;
+    int32_t seg[250];
+    for (int t = 0; t < T; t++)
+        seg[t] = t < 100 ? 0 : 100;
+    size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd;
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
+    attn_run a = run_attention(be, q, k, v, dout, seg, 1, T, nh, nkv, hd);
+    attn_run w = run_attention(ref, q, k, v, dout, seg, 1, T, nh, nkv, hd);
+    cr_expect(rel_err_f(a.out, w.out, nq) <= FLASH_TOL, "out %g", rel_err_f(a.out, w.out, nq));
+    cr_expect(rel_err_f(a.dq, w.dq, nq) <= FLASH_TOL, "dq %g", rel_err_f(a.dq, w.dq, nq));
+    cr_expect(rel_err_f(a.dk, w.dk, nk) <= FLASH_TOL, "dk %g", rel_err_f(a.dk, w.dk, nk));
+    cr_expect(rel_err_f(a.dv, w.dv, nk) <= FLASH_TOL, "dv %g", rel_err_f(a.dv, w.dv, nk));
+    free_run(&a), free_run(&w);
+    free(q), free(k), free(v), free(dout);
+    backend_destroy(ref);
+}
+
+/* Each output has one writer in a fixed order: one thread and two give the
+ * same bits. */
+Test(ops, flash_attention_does_not_depend_on_the_thread_count)
+{
+    backend_t *one = NULL;
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&one, "cpu", 0, 1, &err), 0, "%s", err.msg);
+    int B = 2, T = 130, nh = 8, nkv = 2, hd = 64;
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
+    attn_run a = run_attention(one, q, k, v, dout, NULL, B, T, nh, nkv, hd);
+    backend_destroy(one);
+    cr_assert_eq(backend_create(&one, "cpu", 0, 2, &err), 0, "%s", err.msg);
+    attn_run b = run_attention(one, q, k, v, dout, NULL, B, T, nh, nkv, hd);
+    backend_destroy(one);
+    cr_expect(memcmp(a.out, b.out, sizeof(float) * nq) == 0, "out differs");
+    cr_expect(memcmp(a.lse, b.lse, sizeof(float) * nl) == 0, "lse differs");
+    cr_expect(memcmp(a.dq, b.dq, sizeof(float) * nq) == 0, "dq differs");
+    cr_expect(memcmp(a.dk, b.dk, sizeof(float) * nk) == 0, "dk differs");
+    cr_expect(memcmp(a.dv, b.dv, sizeof(float) * nk) == 0, "dv differs");
+    free_run(&a), free_run(&b);
+    free(q), free(k), free(v), free(dout);
+}
+
 /* ---- argument checks -------------------------------------------------------- */
 
 /* The same malformed calls on the fast and the reference backend: each is

@@ -9,8 +9,11 @@
 #include <string.h>
 #include <unistd.h>
 
+typedef enum { ATTN_FLASH = 0, ATTN_BLAS = 1, ATTN_PLAIN = 2 } cpu_attn_kind;
+
 typedef struct cpu_impl {
     int reference;
+    cpu_attn_kind attn; /* the attention this backend runs */
 } cpu_impl;
 
 static int cpu_reference(backend_t *be)
@@ -112,25 +115,36 @@ static void cpu_destroy(backend_t *be)
     free(be);
 }
 
-/* Attention: sgemm per head on the fast path, plain loops for the reference. */
+/* Attention: blocked (flash) on the fast path, or sgemm per head over T x T
+ * scores (SPOTUNE_CPU_ATTENTION=blas); plain loops for the reference. */
+static cpu_attn_kind cpu_attn(backend_t *be)
+{
+    return ((cpu_impl *)be->impl)->attn;
+}
+
 static void cpu_attention_fwd(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
                               tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
-    if (cpu_reference(be))
+    if (cpu_attn(be) == ATTN_PLAIN)
         cpu_attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
-    else
+    else if (cpu_attn(be) == ATTN_BLAS)
         cpu_attention_forward_blas(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+    else
+        cpu_attention_forward_flash(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
 }
 
 static void cpu_attention_bwd(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                               tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
                               tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
-    if (cpu_reference(be))
+    if (cpu_attn(be) == ATTN_PLAIN)
         cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
-    else
+    else if (cpu_attn(be) == ATTN_BLAS)
         cpu_attention_backward_blas(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv,
                                     hd);
+    else
+        cpu_attention_backward_flash(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv,
+                                     hd);
 }
 
 static const backend_ops cpu_ops = {
@@ -181,6 +195,8 @@ int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
         threads = n > 0 ? (int)n : 1;
     }
     impl->reference = reference;
+    const char *attn = getenv("SPOTUNE_CPU_ATTENTION");
+    impl->attn = reference ? ATTN_PLAIN : attn && strcmp(attn, "blas") == 0 ? ATTN_BLAS : ATTN_FLASH;
     be->ops = &cpu_ops;
     be->name = reference ? "cpu-ref" : "cpu";
     be->act_dt = DT_F32;

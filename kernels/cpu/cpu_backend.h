@@ -1,6 +1,9 @@
 /* kernels/cpu/cpu_backend.h — the CPU backend: float32 throughout, OpenBLAS
  * sgemm and OpenMP loops (the fast path), or plain loops for every op (the
- * reference, kind "cpu-ref"). Owns its thread settings and nothing else. */
+ * reference, kind "cpu-ref"). Attention: the fast path's is blocked
+ * (cpu_attention_flash.c), or the T x T sgemm one (cpu_attention_blas.c)
+ * when SPOTUNE_CPU_ATTENTION=blas at creation; the reference's the plain
+ * loops of cpu_ops.c. Owns its thread settings and nothing else. */
 #ifndef SPOTUNE_CPU_BACKEND_H
 #define SPOTUNE_CPU_BACKEND_H
 
@@ -20,13 +23,26 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                             tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
                             tensor_t seg, int B, int T, int nh, int nkv, int hd);
-/* The fast path's attention (sgemm per head, cpu_attention_blas.c). */
+/* The previous fast-path attention (sgemm per head over T x T scores,
+ * cpu_attention_blas.c), selected with SPOTUNE_CPU_ATTENTION=blas. */
 void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
                                 tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
 void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                  tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                  tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
                                  int nkv, int hd);
+/* The default attention of the fast path: blocked, online softmax, O(T)
+ * memory (FlashAttention-2 on the CPU, cpu_attention_flash.c), over tiles of
+ * FLASH_BR query rows and FLASH_BC keys. */
+#define FLASH_BR 64
+#define FLASH_BC 64
+void cpu_attention_forward_flash(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
+                                 tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
+                                 int nkv, int hd);
+void cpu_attention_backward_flash(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
+                                  tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
+                                  tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
+                                  int nkv, int hd);
 /* The first key query t of row b attends to: seg[b*T + t] clamped to
  * [0, t], or 0 without segments (backend.h, attention). */
 static inline int cpu_seg_lo(const int32_t *seg, size_t bt, int t)

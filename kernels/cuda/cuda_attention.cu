@@ -1,6 +1,13 @@
 /* kernels/cuda/cuda_attention.cu — causal grouped-query attention, forward
  * and backward, with the math of cpu_attention_forward/backward.
  *
+ * Dispatch: the fused kernels of cuda_flash.cu run every call they handle
+ * (BF16, hd 64 or 128, sm_80 or later; cuda_flash_handles); this file's
+ * unfused path runs the rest, and every call when SPOTUNE_CUDA_ATTENTION=
+ * unfused (for comparison). Both save the same lse, so a forward of one
+ * and a backward of the other agree.
+ *
+ * The unfused path.
  * Algorithm: batched cuBLASLt products with a fused masked-softmax kernel,
  * tiled over query rows (not a single flash-style kernel). For each batch b,
  * query head offset g within a kv group, a chunk of kv heads and a block of
@@ -198,6 +205,13 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
      * for q, k, v, out) have been checked (kernels/backend_ops.c) */
     if (be->err.code)
         return;
+    const void *ptrs[] = {q.p, k.p, v.p, out.p};
+    if (cuda_flash_handles(be, q.dt, B, T, nh, nkv, hd, ptrs, 4)) {
+        cuda_flash_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+        return;
+    }
+    if (be->err.code)
+        return;
     dtype_t dt = q.dt;
     size_t esz = dtype_size(dt);
     attn_plan pl = attn_plan_for(T, nkv, 4 + esz);
@@ -238,6 +252,13 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
                                         int nh, int nkv, int hd)
 {
     if (be->err.code) /* arguments checked as for the forward */
+        return;
+    const void *ptrs[] = {q.p, k.p, v.p, out.p, dout.p, dq.p, dk.p, dv.p};
+    if (cuda_flash_handles(be, q.dt, B, T, nh, nkv, hd, ptrs, 8)) {
+        cuda_flash_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+        return;
+    }
+    if (be->err.code)
         return;
     dtype_t dt = q.dt;
     size_t esz = dtype_size(dt);
