@@ -4,6 +4,7 @@
  * Tolerances: forward 1e-5 relative to the largest output (f32 storage
  * with double accumulation); backward 1e-4 relative to the largest gradient
  * (the difference quotient in double has error ~1e-9). */
+#define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -865,7 +866,19 @@ static void free_run(attn_run *r)
     free(r->out), free(r->lse), free(r->dq), free(r->dk), free(r->dv);
 }
 
-/* Blocked (be) against plain loops (ref) on one shape, with or without
+/* The fast backend with the blocked attention at every length (by default
+ * only from 2048 tokens). */
+static backend_t *make_flash(void)
+{
+    backend_t *fl = NULL;
+    sp_err err = {0};
+    setenv("SPOTUNE_CPU_ATTENTION", "flash", 1);
+    cr_assert_eq(backend_create(&fl, "cpu", 0, 2, &err), 0, "%s", err.msg);
+    unsetenv("SPOTUNE_CPU_ATTENTION");
+    return fl;
+}
+
+/* Blocked (the fast backend forced to it) against plain loops (ref) on one shape, with or without
  * packed documents of up to 50 tokens (they cross the 64-row tiles). */
 static void check_flash(backend_t *ref, int B, int T, int nh, int nkv, int hd, int packed)
 {
@@ -876,8 +889,10 @@ static void check_flash(backend_t *ref, int B, int T, int nh, int nkv, int hd, i
         seg = malloc(sizeof(int32_t) * (size_t)B * T);
         flash_packed_rows(B, T, 50, seg);
     }
-    attn_run a = run_attention(be, q, k, v, dout, seg, B, T, nh, nkv, hd);
+    backend_t *fl = make_flash();
+    attn_run a = run_attention(fl, q, k, v, dout, seg, B, T, nh, nkv, hd);
     attn_run w = run_attention(ref, q, k, v, dout, seg, B, T, nh, nkv, hd);
+    backend_destroy(fl);
     const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
     float *got[5] = {a.out, a.lse, a.dq, a.dk, a.dv}, *want[5] = {w.out, w.lse, w.dq, w.dk, w.dv};
     size_t ns[5] = {nq, nl, nq, nk, nk};
@@ -942,8 +957,10 @@ Test(ops, flash_attention_matches_plain_small_heads_and_long_documents)
         seg[t] = t < 100 ? 0 : 100;
     size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd;
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
-    attn_run a = run_attention(be, q, k, v, dout, seg, 1, T, nh, nkv, hd);
+    backend_t *fl = make_flash();
+    attn_run a = run_attention(fl, q, k, v, dout, seg, 1, T, nh, nkv, hd);
     attn_run w = run_attention(ref, q, k, v, dout, seg, 1, T, nh, nkv, hd);
+    backend_destroy(fl);
     cr_expect(rel_err_f(a.out, w.out, nq) <= FLASH_TOL, "out %g", rel_err_f(a.out, w.out, nq));
     cr_expect(rel_err_f(a.dq, w.dq, nq) <= FLASH_TOL, "dq %g", rel_err_f(a.dq, w.dq, nq));
     cr_expect(rel_err_f(a.dk, w.dk, nk) <= FLASH_TOL, "dk %g", rel_err_f(a.dk, w.dk, nk));
@@ -959,6 +976,7 @@ Test(ops, flash_attention_does_not_depend_on_the_thread_count)
 {
     backend_t *one = NULL;
     sp_err err = {0};
+    setenv("SPOTUNE_CPU_ATTENTION", "flash", 1);
     cr_assert_eq(backend_create(&one, "cpu", 0, 1, &err), 0, "%s", err.msg);
     int B = 2, T = 130, nh = 8, nkv = 2, hd = 64;
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
@@ -1080,4 +1098,43 @@ Test(ops, dequant_nf4_matches_the_host_dequantization)
     free(q);
     free(want);
     free(got);
+}
+
+/* Which attention the fast backend runs by default: the sgemm one under
+ * 2048 tokens a window, the blocked one from 2048 (the same bits as the
+ * backend forced to each, SPOTUNE_CPU_ATTENTION). */
+static attn_run attention_with(const char *kind, int T)
+{
+    backend_t *b = NULL;
+    sp_err err = {0};
+    if (kind)
+        setenv("SPOTUNE_CPU_ATTENTION", kind, 1);
+    cr_assert_eq(backend_create(&b, "cpu", 0, 2, &err), 0, "%s", err.msg);
+    unsetenv("SPOTUNE_CPU_ATTENTION");
+    int nh = 2, nkv = 1, hd = 8;
+    size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd;
+    g_seed = 77;
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
+    attn_run r = run_attention(b, q, k, v, dout, NULL, 1, T, nh, nkv, hd);
+    backend_destroy(b);
+    free(q), free(k), free(v), free(dout);
+    return r;
+}
+
+Test(ops, default_attention_is_blocked_from_2048_tokens)
+{
+    const int Ts[2] = {2047, 2048};
+    const char *same[2] = {"blas", "flash"}, *other[2] = {"flash", "blas"};
+    for (int i = 0; i < 2; i++) {
+        size_t nq = (size_t)Ts[i] * 2 * 8;
+        attn_run d = attention_with(NULL, Ts[i]), s = attention_with(same[i], Ts[i]),
+                 o = attention_with(other[i], Ts[i]);
+        cr_expect(memcmp(d.out, s.out, sizeof(float) * nq) == 0 &&
+                      memcmp(d.dq, s.dq, sizeof(float) * nq) == 0,
+                  "T %d: the default is not the %s attention", Ts[i], same[i]);
+        cr_expect(memcmp(d.dq, o.dq, sizeof(float) * nq) != 0,
+                  "T %d: %s and %s give the same bits: the check cannot tell them apart", Ts[i],
+                  same[i], other[i]);
+        free_run(&d), free_run(&s), free_run(&o);
+    }
 }

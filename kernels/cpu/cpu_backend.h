@@ -1,8 +1,9 @@
 /* kernels/cpu/cpu_backend.h — the CPU backend: float32 throughout, OpenBLAS
  * sgemm and OpenMP loops (the fast path), or plain loops for every op (the
  * reference, kind "cpu-ref"). Attention: the fast path's is blocked
- * (cpu_attention_flash.c), or the T x T sgemm one (cpu_attention_blas.c)
- * when SPOTUNE_CPU_ATTENTION=blas at creation; the reference's the plain
+ * (cpu_attention_flash.c) for windows of 2048 tokens and more, the T x T
+ * sgemm one (cpu_attention_blas.c) for shorter ones (SPOTUNE_CPU_ATTENTION=
+ * flash or blas at creation: always that one); the reference's the plain
  * loops of cpu_ops.c. Owns its thread settings and nothing else. */
 #ifndef SPOTUNE_CPU_BACKEND_H
 #define SPOTUNE_CPU_BACKEND_H
@@ -24,7 +25,7 @@ void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv
                             tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
                             tensor_t seg, int B, int T, int nh, int nkv, int hd);
 /* The previous fast-path attention (sgemm per head over T x T scores,
- * cpu_attention_blas.c), selected with SPOTUNE_CPU_ATTENTION=blas. */
+ * cpu_attention_blas.c): windows under 2048 tokens, or SPOTUNE_CPU_ATTENTION=blas. */
 void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
                                 tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
 void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
