@@ -424,3 +424,66 @@ Test(ckpt_policy, sharded_upload_failure_of_one_rank_leaves_no_remote_manifest)
     }
     free(out);
 }
+
+/* Sharded checkpoints (full fine-tuning on 2 ranks, 11 MB a checkpoint,
+ * three at once while retention keeps two) on a full tmpfs: the
+ * ranks' shard writes fail (no space), each such checkpoint is reported not
+ * complete and never gets a MANIFEST, while training goes on; once space
+ * returns the next one is committed and the run ends 0 with every
+ * checkpoint verifying. Still full at the end, the run ends 1 saying that
+ * its last checkpoint is not complete. */
+Test(ckpt_policy, a_full_disk_skips_sharded_checkpoints_while_training_goes_on)
+{
+    char tfs[4096], log[4096], prefix[2048];
+    snprintf(prefix, sizeof prefix, "%s", tu_mpirun(2));
+    snprintf(tfs, sizeof tfs, "%s/tfs", dir);
+    cr_assert_eq(tu_mount_tmpfs(tfs, 49152), 0, "cannot mount a tmpfs at %s (needs root)", tfs);
+    long avail = tu_free_kib(tfs);
+    cr_assert_gt(avail, 1000);
+    cr_assert_eq(tu_sh(NULL, "fallocate -l %ldk %s/filler", avail - 400, tfs), 0);
+    const char *extra = "--set train.mode=full --set train.steps=120 "
+                        "--set checkpoint.every_steps=5 --set log.every=1";
+    snprintf(log, sizeof log, "%s/tfs-sfull.log", dir);
+    int pid = tu_spawn(log, "%s", train_cmd(prefix, "tfs/sfull", extra));
+    char *text = NULL;
+    for (int i = 0; i < 30000 && proc_running(pid); i++) {
+        free(text);
+        text = tu_read_file(log, NULL);
+        if (tu_contains(text, "checkpoint step 10 is not complete"))
+            break;
+        tu_sleep(0.01);
+    }
+    cr_assert(tu_contains(text, "checkpoint step 10 is not complete"), "%s", text);
+    free(text);
+    cr_assert_eq(tu_sh(NULL, "rm %s/filler", tfs), 0);
+    int rc = tu_wait(pid, 600);
+    text = tu_read_file(log, NULL);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, text);
+    cr_expect(tu_contains(text, "cannot write the shard") &&
+                  tu_contains(text, "No space left on device"),
+              "no rank says why its shard failed: %s", text);
+    cr_expect(tu_contains(text, "step    120/120"), "%s", text);
+    const char *last_fail = text, *p;
+    while ((p = strstr(last_fail + 1, " is not complete")))
+        last_fail = p;
+    cr_expect(strstr(last_fail, "checkpoint_committed: step "),
+              "no checkpoint was committed after the last failed one: %s", text);
+    free(text);
+    cr_expect_geq(expect_checkpoints_verify("tfs/sfull"), 1);
+    cr_expect_eq(tu_sh(NULL, "test -f %s/sfull/checkpoints/step-00000120/MANIFEST.json", tfs), 0);
+    cr_expect_neq(tu_sh(NULL, "test -f %s/sfull/checkpoints/step-00000010/MANIFEST.json", tfs), 0,
+                  "step 10 was committed without its shards");
+
+    /* full to the end: 6.5 MB free hold the final model (4 MB) once the failed
+     * checkpoint's files are gone, not the checkpoint (11 MB) */
+    avail = tu_free_kib(tfs);
+    cr_assert_eq(tu_sh(NULL, "fallocate -l %ldk %s/filler", avail - 6500, tfs), 0);
+    char *out = NULL;
+    rc = run(prefix, "tfs/sfull2",
+             "--set train.mode=full --set train.steps=12 --set checkpoint.every_steps=5", &out);
+    cr_expect_eq(rc, 1, "exit %d: %s", rc, out);
+    cr_expect(tu_contains(out, "training finished, but its last checkpoint was not written") &&
+                  tu_contains(out, "checkpoint step 12 is not complete"),
+              "%s", out);
+    free(out);
+}

@@ -132,6 +132,24 @@ int ckpt_ctl_remote_behind(ckpt_ctl *c)
     return c && c->up ? uploader_pending(c->up) : -1;
 }
 
+/* Sharded: the last checkpoint exists only if every rank wrote its shard
+ * (rank 0's writer alone does not know). */
+static int last_committed(ckpt_ctl *c, sp_err *err)
+{
+    char name[32];
+    ckpt_dir_name(name, sizeof name, c->last_step);
+    char *m = sp_strf("%s/%s/%s", c->root, name, CKPT_MANIFEST);
+    struct stat sb;
+    int ok = m && stat(m, &sb) == 0;
+    free(m);
+    if (ok)
+        return 0;
+    return sp_fail(err, SP_EXIT_OTHER,
+                   "checkpoint step %lld is not complete (a rank could not write its shard; the "
+                   "log says why)",
+                   (long long)c->last_step);
+}
+
 int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
 {
     if (!c)
@@ -140,6 +158,8 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
     if (c->writer) {
         rc = ckpt_writer_wait(c->writer, err);
         ckpt_writer_stop(c->writer);
+        if (!rc && wait_uploads && c->sharded && c->rank == 0 && c->last_step >= 0)
+            rc = last_committed(c, err);
         /* a sharded checkpoint never completed (an error ended the run) stays
          * a .tmp- directory without MANIFEST, removed at the next start */
         free(c->pending_dir);
@@ -198,7 +218,7 @@ static int write_now(ckpt_ctl *c, model_t *m, const train_progress *p, const cha
     if (sharded && c->sharded && m->shard_count == c->world) {
         if (ckpt_shards_write(c, m, p, &stall, &bytes, err))
             return err->code;
-        if (c->rank != 0)
+        if (c->rank != 0 || bytes < 0) /* bytes < 0: skipped (rank 0 said why) */
             return 0;
     } else {
         if (c->rank != 0) /* send this rank's shard of the optimizer state to rank 0 */
@@ -366,6 +386,8 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
             fflush(c->log);
         }
         code = ckpt_writer_wait(c->writer, err);
+        if (!code && c->sharded)
+            code = last_committed(c, err);
         b.t_commit = sp_now();
         if (!code && c->up) {
             int pushed = uploader_wait(c->up, cfg->ckpt_upload_deadline_s);

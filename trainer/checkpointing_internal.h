@@ -62,7 +62,9 @@ int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *
 int ckpt_shards_wanted(const config_t *cfg, comm_t *comm);
 /* A sharded checkpoint of step p->step: rank 0 prepares its directory and
  * state, every rank copies its shard to host memory (*stall_s: the longest
- * copy of any rank; *bytes: all shards) and hands it to its writer. */
+ * copy of any rank; *bytes: all shards) and hands it to its writer. When
+ * rank 0 cannot prepare it (a full disk) it says so and *bytes is -1: the
+ * checkpoint is skipped and training goes on. */
 int ckpt_shards_write(ckpt_ctl *c, model_t *m, const train_progress *p, double *stall_s,
                       double *bytes, sp_err *err);
 /* Whether every rank's shard of the pending checkpoint is written (wait:

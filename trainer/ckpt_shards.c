@@ -113,16 +113,35 @@ int ckpt_shards_write(ckpt_ctl *c, model_t *m, const train_progress *p, double *
     double t0 = sp_now();
     if (ckpt_shards_complete(c, 1, err)) /* the previous one first */
         return err->code;
+    *stall_s = 0;
+    *bytes = -1; /* not written */
     char *tmp = ckpt_tmp_dir(c->root, p->step, c->pid0);
-    int32_t code = tmp ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of memory");
-    if (c->rank == 0 && !code)
-        code = prepare(c, m, p, tmp, err);
-    if (comm_allreduce(c->comm, &code, 1, COMM_I32, COMM_MAX, err))
+    /* st[0]: a failure that ends the run; st[1]: rank 0 could not make the
+     * directory or the state (a full disk): this checkpoint is skipped, as a
+     * failed write of a gathered one is, and training goes on */
+    int32_t st[2] = {tmp ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of memory"), 0};
+    sp_err perr = {0};
+    if (c->rank == 0 && !st[0] && prepare(c, m, p, tmp, &perr)) {
+        log_event(c->log, c->metrics, "warning",
+                  "checkpoint step %lld was not written: %s; training goes on and the next "
+                  "checkpoint tries again",
+                  (long long)p->step, perr.msg);
+        st[1] = 1;
+    }
+    if (comm_allreduce(c->comm, st, 2, COMM_I32, COMM_MAX, err))
         goto fail;
-    if (code) {
-        sp_fail(err, code, "rank 0 could not prepare checkpoint step %lld", (long long)p->step);
+    if (st[0]) {
+        if (!err->code)
+            sp_fail(err, st[0], "rank 0 could not prepare checkpoint step %lld",
+                    (long long)p->step);
         goto fail;
     }
+    if (st[1]) {
+        if (c->rank == 0)
+            ckpt_remove_tree(tmp);
+        goto fail; /* err is clear: skipped */
+    }
+    int32_t code = 0;
     struct stat sb;
     if (stat(tmp, &sb) != 0 || !S_ISDIR(sb.st_mode))
         code = sp_fail(err, SP_EXIT_USAGE,
