@@ -1,6 +1,8 @@
 /* The computation of the model: a micro-batch's forward, loss and backward,
  * written once against the backend ops. Shapes: rows = B*T token positions,
- * H hidden, qd = heads*head_dim, kvd = kv_heads*head_dim, I intermediate. */
+ * H hidden, qd = heads*head_dim, kvd = kv_heads*head_dim, I intermediate.
+ * q, k, v and gate, up are one product each where their weights are fused
+ * (layer_params.fused_w, trainer/model.h), one per projection elsewhere. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 

@@ -81,6 +81,7 @@ static void cpu_copy2d(backend_t *be, tensor_t dst, tensor_t src, int rows, int 
 {
     size_t es = dtype_size(src.dt);
     (void)be;
+#pragma omp parallel for schedule(static) if ((size_t)rows * (size_t)cols > 65536)
     for (int r = 0; r < rows; r++)
         memcpy((char *)dst.p + (size_t)r * (size_t)dst_ld * es,
                (const char *)src.p + (size_t)r * (size_t)src_ld * es, (size_t)cols * es);
