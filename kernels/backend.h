@@ -62,6 +62,11 @@ typedef struct backend_ops {
     /* dst = src, converting between F32 and BF16 if their dtypes differ */
     void (*copy)(backend_t *be, tensor_t dst, tensor_t src);
     void (*sync)(backend_t *be);
+    /* A block of columns between row-major matrices of one dtype:
+     * dst[r * dst_ld + c] = src[r * src_ld + c], r < rows, c < cols (splits
+     * a fused product's output into its parts, and joins them back) */
+    void (*copy2d)(backend_t *be, tensor_t dst, tensor_t src, int rows, int cols, int dst_ld,
+                   int src_ld);
 
     /* C[M,N] = alpha * op(A) op(B) + beta * C; op(A) is M x K (A stored K x M
      * when transA), op(B) is K x N (B stored N x K when transB). A and B are
@@ -249,6 +254,8 @@ void be_d2h_at(const char *file, int line, backend_t *be, void *dst, const void 
 void be_zero_at(const char *file, int line, backend_t *be, tensor_t t);
 void be_copy_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_t src);
 void be_sync_at(const char *file, int line, backend_t *be);
+void be_copy2d_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_t src, int rows,
+                  int cols, int dst_ld, int src_ld);
 void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A, tensor_t B,
                   int M, int N, int K, int transA, int transB, float alpha, float beta);
 void be_rmsnorm_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t rstd,
@@ -313,6 +320,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_zero(...) be_zero_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_copy(...) be_copy_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_sync(be) be_sync_at(__FILE__, __LINE__, (be))
+#define be_copy2d(...) be_copy2d_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_matmul(...) be_matmul_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_forward(...) be_rmsnorm_forward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_backward(...) be_rmsnorm_backward_at(__FILE__, __LINE__, __VA_ARGS__)

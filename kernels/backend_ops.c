@@ -201,6 +201,34 @@ void be_copy_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_
         be->ops->copy(be, dst, src);
 }
 
+/* elements a [rows, ld] matrix's first cols columns span */
+static size_t span2d(int rows, int cols, int ld)
+{
+    return rows && cols ? mul((size_t)(rows - 1), (size_t)ld) + (size_t)cols : 0;
+}
+
+void be_copy2d_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_t src, int rows,
+                  int cols, int dst_ld, int src_ld)
+{
+    call c = begin(be, "copy2d", file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "cols", cols);
+    if (!c.bad && (dst_ld < cols || src_ld < cols))
+        refuse(&c, "dst_ld = %d and src_ld = %d must be at least cols = %d", dst_ld, src_ld,
+               cols);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "dst", dst, span2d(rows, cols, dst_ld), "(rows-1) x dst_ld + cols",
+               TAKES_FLOAT);
+    tensor_arg(&c, "src", src, span2d(rows, cols, src_ld), "(rows-1) x src_ld + cols",
+               TAKES_FLOAT);
+    const char *names[] = {"dst", "src"};
+    tensor_t ts[] = {dst, src};
+    same_dtype(&c, names, ts, 2, "the matrices");
+    if (!c.bad && rows && cols)
+        be->ops->copy2d(be, dst, src, rows, cols, dst_ld, src_ld);
+}
+
 void be_sync_at(const char *file, int line, backend_t *be)
 {
     (void)file, (void)line;

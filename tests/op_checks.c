@@ -533,6 +533,14 @@ static int check_rules(backend_t *be)
         be_copy(be, f, i);
         expect_refused(be, "copy: from I32 to F32: only F32, BF16 and F16 convert",
                        "copy from I32 to F32");
+        be_copy2d(be, f, f, 2, 5, 4, 5);
+        expect_refused(be, "copy2d: dst_ld = 4 and src_ld = 5 must be at least cols = 5",
+                       "copy2d with a row stride below the width");
+        be_copy2d(be, tensor_view(f, 0, 8), f, 2, 3, 6, 5);
+        expect_refused(be, "copy2d: dst has 8 elements, (rows-1) x dst_ld + cols = 9",
+                       "copy2d past dst's end");
+        be_copy2d(be, f, i, 2, 3, 5, 5);
+        expect_refused(be, "copy2d: src has dtype I32, not a float dtype", "copy2d from I32");
         be_zero(be, none);
         expect_refused(be, "zero: t is not allocated", "zero of nothing");
         float host[N_ELEM];
@@ -545,7 +553,7 @@ static int check_rules(backend_t *be)
         cr_expect_null(bad.p);
         be_free(be, &f);
         be_free(be, &i);
-        cases += 8;
+        cases += 11;
     }
     return cases;
 }

@@ -561,6 +561,31 @@ Test(ops, bias_add_and_backward)
     free(y), free(b), free(got), free(db);
 }
 
+/* copy2d: a block of columns out of a wider matrix and back, exactly; the
+ * columns outside the block and the padding of each row untouched. */
+Test(ops, copy2d_splits_and_joins_column_blocks)
+{
+    int rows = 5, wide = 7, col = 2, cols = 3;
+    float *w = rnd((size_t)rows * wide, 1), *z = rnd((size_t)rows * wide, 1);
+    tensor_t tw = dev(w, (size_t)rows * wide), part = dev(NULL, (size_t)rows * cols);
+    tensor_t back = dev(z, (size_t)rows * wide);
+    be_copy2d(be, part, tensor_view(tw, (size_t)col, tw.n - (size_t)col), rows, cols, cols, wide);
+    be_copy2d(be, tensor_view(back, (size_t)col, back.n - (size_t)col), part, rows, cols, wide,
+              cols);
+    sp_err err = {0};
+    cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
+    float *got = host(part), *joined = host(back);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < wide; c++) {
+            int in = c >= col && c < col + cols;
+            if (in)
+                cr_expect_eq(got[r * cols + c - col], w[r * wide + c], "(%d, %d)", r, c);
+            cr_expect_eq(joined[r * wide + c], in ? w[r * wide + c] : z[r * wide + c],
+                         "(%d, %d)", r, c);
+        }
+    free(w), free(z), free(got), free(joined);
+}
+
 /* DoRA's ops against plain double loops: the row norms of W + s B A (and of
  * W alone with r = 0), y * num / den per column, and the column dot
  * products over den accumulated into out. FWD_TOL on both CPU paths. */

@@ -295,11 +295,13 @@ static void alloc_layer_set(model_t *m, layer_acts *a, int part)
     a->h1 = act_alloc(m, BT * H, d);
     a->h2 = act_alloc(m, BT * H, d);
     a->x_mid = act_alloc(m, BT * H, d);
-    a->q = act_alloc(m, BT * qd, d);
-    a->k = act_alloc(m, BT * kvd, d);
-    a->v = act_alloc(m, BT * kvd, d);
-    a->g = act_alloc(m, BT * I, d);
-    a->u = act_alloc(m, BT * I, d);
+    a->qkv = act_alloc(m, BT * (qd + 2 * kvd), d);
+    a->q = tensor_view(a->qkv, 0, BT * qd);
+    a->k = tensor_view(a->qkv, BT * qd, BT * kvd);
+    a->v = tensor_view(a->qkv, BT * (qd + kvd), BT * kvd);
+    a->gu = act_alloc(m, 2 * BT * I, d);
+    a->g = tensor_view(a->gu, 0, BT * I);
+    a->u = tensor_view(a->gu, BT * I, BT * I);
     a->a = act_alloc(m, BT * I, d);
     for (int p = 0; p < PROJ_COUNT; p++)
         if (lora_on(m, p)) {
@@ -437,6 +439,55 @@ int model_shards_grads(const model_opts *o)
     return o->shard_grads && o->shard_count > 1 && o->mode == MODE_FULL;
 }
 
+void model_fuse_group(int g, int *first, int *count)
+{
+    *first = g == FUSE_QKV ? PROJ_Q : PROJ_GATE;
+    *count = g == FUSE_QKV ? 3 : 2;
+}
+
+/* Products are fused when the projection weights are frozen and dense:
+ * LoRA, without NF4 (dequantized one at a time) or DoRA (a norm per
+ * projection). */
+static int fuse_on(const model_t *m)
+{
+    const char *env = getenv("SPOTUNE_FUSED");
+    if (m->o.no_fuse || (env && strcmp(env, "0") == 0))
+        return 0;
+    return m->o.mode == MODE_LORA && !m->o.nf4 && !m->o.dora;
+}
+
+/* The fused groups' concatenated weights, each projection's w a view. */
+static void alloc_fused(model_t *m)
+{
+    if (!fuse_on(m))
+        return;
+    for (int l = 0; l < m->mc.layers && !m->be->err.code; l++)
+        for (int g = 0; g < FUSE_COUNT; g++) {
+            layer_params *L = &m->layers[l];
+            int first, count;
+            size_t n = 0;
+            model_fuse_group(g, &first, &count);
+            for (int p = first; p < first + count; p++)
+                n += L->w[p]->n;
+            L->fused_w[g] = be_alloc(m->be, m->be->act_dt, n);
+            if (m->be->err.code)
+                return;
+            m->bytes_weights += n * dtype_size(m->be->act_dt);
+            for (size_t off = 0, p = (size_t)first; p < (size_t)(first + count); p++) {
+                L->w[p]->w = tensor_view(L->fused_w[g], off, L->w[p]->n);
+                off += L->w[p]->n;
+            }
+        }
+}
+
+/* p's weight is a view into a fused group's (freed with the group). */
+static int fused_view(const model_t *m, const param_t *p)
+{
+    if (p->kind != PK_WEIGHT || p->layer < 0 || p->proj == PROJ_O || p->proj == PROJ_DOWN)
+        return 0;
+    return m->layers[p->layer].fused_w[p->proj < PROJ_O ? FUSE_QKV : FUSE_GATE_UP].p != NULL;
+}
+
 /* Sharded gradients: the bucket buffers the backward writes into (each
  * parameter's grad a view of its segment's buffer). */
 static void alloc_grad_buckets(model_t *m)
@@ -498,7 +549,7 @@ static void alloc_sharded(model_t *m)
             p->master = (tensor_t){0};
             p->grad = m->shard_grads ? (tensor_t){0} : tensor_view(m->grad, p->offset, p->n);
             p->w = tensor_view(m->copy, p->offset, p->n);
-        } else {
+        } else if (!p->w.p) {
             p->w = be_alloc(be, be->act_dt, p->n);
             m->bytes_weights += p->n * dtype_size(be->act_dt);
         }
@@ -510,6 +561,7 @@ static void alloc_sharded(model_t *m)
 static void alloc_params(model_t *m)
 {
     backend_t *be = m->be;
+    alloc_fused(m);
     if (m->shard_count > 1) {
         alloc_sharded(m);
         return;
@@ -534,7 +586,7 @@ static void alloc_params(model_t *m)
             p->q_nested = be_alloc(be, DT_F32, nf4_nested_blocks(p->n));
             m->bytes_weights += nf4_bytes(p->n);
             work = p->n > work ? p->n : work;
-        } else {
+        } else if (!p->w.p) {
             p->w = be_alloc(be, be->act_dt, p->n);
             m->bytes_weights += p->n * dtype_size(be->act_dt);
         }
@@ -655,11 +707,15 @@ void model_destroy(model_t *m)
     backend_t *be = m->be;
     for (int i = 0; i < m->nparams; i++)
         if (!m->params[i].trainable) {
-            free_if_owned(be, &m->params[i].w, NULL);
+            if (!fused_view(m, &m->params[i]))
+                free_if_owned(be, &m->params[i].w, NULL);
             free_if_owned(be, &m->params[i].q_codes, NULL);
             free_if_owned(be, &m->params[i].q_absmax, NULL);
             free_if_owned(be, &m->params[i].q_nested, NULL);
         }
+    for (int l = 0; m->layers && l < m->mc.layers; l++)
+        for (int g = 0; g < FUSE_COUNT; g++)
+            free_if_owned(be, &m->layers[l].fused_w[g], NULL);
     free_if_owned(be, &m->nf4_maps, NULL);
     free_if_owned(be, &m->nf4_work, NULL);
     tensor_t *arenas[] = {&m->master, &m->grad,       &m->adam_m,       &m->adam_v,
@@ -672,15 +728,13 @@ void model_destroy(model_t *m)
     for (int l = 0; l < L; l++) {
         layer_acts *a = &m->acts[l];
         layer_acts *next = l + 1 < L ? &m->acts[l + 1] : NULL;
-        tensor_t *fields[] = {&a->rstd1, &a->h1, &a->q, &a->k, &a->v, &a->att, &a->lse,
-                              &a->x_mid, &a->rstd2, &a->h2, &a->g, &a->u, &a->a};
+        tensor_t *fields[] = {&a->rstd1, &a->h1, &a->qkv, &a->att, &a->lse,
+                              &a->x_mid, &a->rstd2, &a->h2, &a->gu, &a->a};
         tensor_t *nfields[] = {next ? &next->rstd1 : NULL, next ? &next->h1 : NULL,
-                               next ? &next->q : NULL, next ? &next->k : NULL,
-                               next ? &next->v : NULL, next ? &next->att : NULL,
+                               next ? &next->qkv : NULL, next ? &next->att : NULL,
                                next ? &next->lse : NULL, next ? &next->x_mid : NULL,
                                next ? &next->rstd2 : NULL, next ? &next->h2 : NULL,
-                               next ? &next->g : NULL, next ? &next->u : NULL,
-                               next ? &next->a : NULL};
+                               next ? &next->gu : NULL, next ? &next->a : NULL};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             free_if_owned(be, fields[f], nfields[f]);
         for (int p = 0; p < PROJ_COUNT; p++) {

@@ -38,11 +38,24 @@ typedef struct param {
     float q_offset;
 } param_t;
 
+/* Fused products: the projections that read one input, q, k, v (of the
+ * normalised residual) and gate, up (of the second norm's output), are one
+ * product each when their weights are frozen and dense (LoRA without NF4 or
+ * DoRA): their weights are stored concatenated by output rows, each
+ * projection's w a view into it, so names, shapes, loading and saving are
+ * those of the separate projections. */
+enum { FUSE_QKV, FUSE_GATE_UP, FUSE_COUNT };
+/* The projections of group g: first, first + 1, ..., first + count - 1. */
+void model_fuse_group(int g, int *first, int *count);
+
 typedef struct layer_params {
     param_t *attn_norm, *mlp_norm;
     param_t *w[PROJ_COUNT], *b[PROJ_COUNT];
     param_t *lora_a[PROJ_COUNT], *lora_b[PROJ_COUNT]; /* NULL: not a target */
     param_t *lora_m[PROJ_COUNT];                      /* NULL: not a target or no DoRA */
+    /* the concatenated weight [sum of the outs, in] of each fused group
+     * (act_dt); p == NULL: that group's products are made one by one */
+    tensor_t fused_w[FUSE_COUNT];
 } layer_params;
 
 typedef struct model_opts {
@@ -70,6 +83,9 @@ typedef struct model_opts {
      * grad_sync reduces, as the backward finishes each, into the owners'
      * grad_shard (model.shard_grads). */
     int shard_grads;
+    /* 1: never fuse products (the per-projection path everywhere; for
+     * comparisons); the environment's SPOTUNE_FUSED=0 sets it too */
+    int no_fuse;
 } model_opts;
 
 /* A micro-batch: host arrays of B*T token ids. targets < 0 are not trained. */

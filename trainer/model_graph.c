@@ -1,6 +1,8 @@
 /* The computation of the model: a micro-batch's forward, loss and backward,
  * written once against the backend ops. Shapes: rows = B*T token positions,
- * H hidden, qd = heads*head_dim, kvd = kv_heads*head_dim, I intermediate. */
+ * H hidden, qd = heads*head_dim, kvd = kv_heads*head_dim, I intermediate.
+ * q, k, v and gate, up are one product each where their weights are fused
+ * (layer_params.fused_w, trainer/model.h), one per projection elsewhere. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 
@@ -100,6 +102,21 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
         be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
 }
 
+/* y += b + scale * (drop(x) A^T) B^T: what a projection adds to its base
+ * product (its bias, its LoRA branch). */
+static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, tensor_t x)
+{
+    model_t *m = c->m;
+    proj j = proj_of(m, l, p);
+    if (j.L->b[p])
+        be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
+    if (j.L->lora_a[p]) {
+        tensor_t xr = lora_down(c, l, p, x, j.in);
+        be_matmul(m->be, y, xr, j.L->lora_b[p]->w, c->rows, j.out, (int)m->o.lora_r, 0, 1,
+                  m->lora_scale, 1.0f);
+    }
+}
+
 /* y (+)= x W^T + b + scale * (drop(x) A^T) B^T */
 static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, int accumulate)
 {
@@ -111,12 +128,30 @@ static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t
     }
     be_matmul(m->be, y, x, model_weight(m, j.L->w[p]), c->rows, j.out, j.in, 0, 1, 1.0f,
               accumulate ? 1.0f : 0.0f);
-    if (j.L->b[p])
-        be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
-    if (j.L->lora_a[p]) {
-        tensor_t xr = lora_down(c, l, p, x, j.in);
-        be_matmul(m->be, y, xr, j.L->lora_b[p]->w, c->rows, j.out, (int)m->o.lora_r, 0, 1,
-                  m->lora_scale, 1.0f);
+    linear_extras(c, l, p, y, x);
+}
+
+/* The LoRA path's gradients given dy: those of A and B, and dx += the
+ * gradient through drop(x) A^T B^T. */
+static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x, tensor_t dx)
+{
+    model_t *m = c->m;
+    proj j = proj_of(m, l, p);
+    model_scratch *s = MODEL_SCRATCH(m);
+    param_t *A = j.L->lora_a[p], *B = j.L->lora_b[p];
+    int r = (int)m->o.lora_r;
+    tensor_t xr = m->acts[l].xr[p];
+    be_matmul(m->be, B->grad, dy, xr, j.out, r, c->rows, 1, 0, m->lora_scale, 1.0f);
+    be_matmul(m->be, s->dxr, dy, B->w, c->rows, r, j.out, 0, 0, m->lora_scale, 0.0f);
+    tensor_t xin = lora_input(c, l, p, x, j.in);
+    be_matmul(m->be, A->grad, s->dxr, xin, r, j.in, c->rows, 1, 0, 1.0f, 1.0f);
+    if (m->o.lora_dropout > 0) {
+        tensor_t d = rows_of(s->drop, c->rows, j.in);
+        be_matmul(m->be, d, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 0.0f);
+        lora_input(c, l, p, d, j.in); /* the same mask applied to the gradient */
+        be_add(m->be, dx, d, 1.0f, d.n);
+    } else {
+        be_matmul(m->be, dx, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 1.0f);
     }
 }
 
@@ -143,23 +178,65 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
               accumulate ? 1.0f : 0.0f);
     if (W->trainable)
         be_matmul(m->be, W->grad, dy, x, j.out, j.in, c->rows, 1, 0, 1.0f, 1.0f);
-    if (!j.L->lora_a[p])
-        return;
-    model_scratch *s = MODEL_SCRATCH(m);
-    param_t *A = j.L->lora_a[p], *B = j.L->lora_b[p];
-    int r = (int)m->o.lora_r;
-    tensor_t xr = m->acts[l].xr[p];
-    be_matmul(m->be, B->grad, dy, xr, j.out, r, c->rows, 1, 0, m->lora_scale, 1.0f);
-    be_matmul(m->be, s->dxr, dy, B->w, c->rows, r, j.out, 0, 0, m->lora_scale, 0.0f);
-    tensor_t xin = lora_input(c, l, p, x, j.in);
-    be_matmul(m->be, A->grad, s->dxr, xin, r, j.in, c->rows, 1, 0, 1.0f, 1.0f);
-    if (m->o.lora_dropout > 0) {
-        tensor_t d = rows_of(s->drop, c->rows, j.in);
-        be_matmul(m->be, d, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 0.0f);
-        lora_input(c, l, p, d, j.in); /* the same mask applied to the gradient */
-        be_add(m->be, dx, d, 1.0f, d.n);
-    } else {
-        be_matmul(m->be, dx, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 1.0f);
+    if (j.L->lora_a[p])
+        lora_backward(c, l, p, dy, x, dx);
+}
+
+/* Output columns of fused group g (the sum of its projections' outs). */
+static int fused_width(const model_t *m, int g)
+{
+    int first, count, n = 0;
+    model_fuse_group(g, &first, &count);
+    for (int p = first; p < first + count; p++)
+        n += proj_of(m, 0, p).out;
+    return n;
+}
+
+/* Fused group g of layer l from the input x the group shares: one product
+ * x W_cat^T [rows, sum of outs] (in s->bwd, unused in the forward), split
+ * into the outputs ys (projection first + i's in ys[i]), then each
+ * projection's bias and LoRA branch. */
+static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, tensor_t x)
+{
+    model_t *m = c->m;
+    int first, count, N = fused_width(m, g), in = (int)m->mc.hidden;
+    model_fuse_group(g, &first, &count);
+    tensor_t cat = rows_of(MODEL_SCRATCH(m)->bwd, c->rows, N);
+    be_matmul(m->be, cat, x, m->layers[l].fused_w[g], c->rows, N, in, 0, 1, 1.0f, 0.0f);
+    for (int i = 0, col = 0; i < count; i++) {
+        int out = proj_of(m, l, first + i).out;
+        be_copy2d(m->be, ys[i], tensor_view(cat, (size_t)col, cat.n - (size_t)col), c->rows, out,
+                  out, N);
+        col += out;
+        linear_extras(c, l, first + i, ys[i], x);
+    }
+}
+
+/* The backward of fused_forward given the outputs' gradients dys: they are
+ * joined into `join` (the group's activations, dead by now) as one
+ * [rows, sum of outs] matrix, dx = join W_cat (one product; the frozen
+ * W_cat has no gradient), then each projection's bias and LoRA gradients
+ * and dx += its LoRA path. */
+static void fused_backward(const step_ctx *c, int l, int g, const tensor_t *dys, tensor_t x,
+                           tensor_t dx, tensor_t join)
+{
+    model_t *m = c->m;
+    int first, count, N = fused_width(m, g), in = (int)m->mc.hidden;
+    model_fuse_group(g, &first, &count);
+    for (int i = 0, col = 0; i < count; i++) {
+        int out = proj_of(m, l, first + i).out;
+        be_copy2d(m->be, tensor_view(join, (size_t)col, join.n - (size_t)col), dys[i], c->rows,
+                  out, N, out);
+        col += out;
+    }
+    be_matmul(m->be, dx, join, m->layers[l].fused_w[g], c->rows, in, N, 0, 0, 1.0f, 0.0f);
+    for (int i = 0; i < count; i++) {
+        layer_params *L = &m->layers[l];
+        int p = first + i;
+        if (L->b[p] && L->b[p]->trainable)
+            be_bias_backward(m->be, L->b[p]->grad, dys[i], c->rows, proj_of(m, l, p).out);
+        if (L->lora_a[p])
+            lora_backward(c, l, p, dys[i], x, dx);
     }
 }
 
@@ -206,17 +283,27 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
     int H = (int)mc->hidden;
     be_rmsnorm_forward(m->be, a->h1, a->rstd1, a->x, L->attn_norm->w, c->rows, H,
                        (float)mc->rms_eps);
-    linear_forward(c, l, PROJ_Q, a->q, a->h1, 0);
-    linear_forward(c, l, PROJ_K, a->k, a->h1, 0);
-    linear_forward(c, l, PROJ_V, a->v, a->h1, 0);
+    if (L->fused_w[FUSE_QKV].p) {
+        tensor_t ys[3] = {a->q, a->k, a->v};
+        fused_forward(c, l, FUSE_QKV, ys, a->h1);
+    } else {
+        linear_forward(c, l, PROJ_Q, a->q, a->h1, 0);
+        linear_forward(c, l, PROJ_K, a->k, a->h1, 0);
+        linear_forward(c, l, PROJ_V, a->v, a->h1, 0);
+    }
     rope_qk(c, a->q, a->k, 0);
     attention(c, a);
     be_copy(m->be, rows_of(a->x_mid, c->rows, H), rows_of(a->x, c->rows, H));
     linear_forward(c, l, PROJ_O, a->x_mid, a->att, 1);
     be_rmsnorm_forward(m->be, a->h2, a->rstd2, a->x_mid, L->mlp_norm->w, c->rows, H,
                        (float)mc->rms_eps);
-    linear_forward(c, l, PROJ_GATE, a->g, a->h2, 0);
-    linear_forward(c, l, PROJ_UP, a->u, a->h2, 0);
+    if (L->fused_w[FUSE_GATE_UP].p) {
+        tensor_t ys[2] = {a->g, a->u};
+        fused_forward(c, l, FUSE_GATE_UP, ys, a->h2);
+    } else {
+        linear_forward(c, l, PROJ_GATE, a->g, a->h2, 0);
+        linear_forward(c, l, PROJ_UP, a->u, a->h2, 0);
+    }
     be_swiglu_forward(m->be, a->a, a->g, a->u, (size_t)c->rows * (size_t)mc->intermediate);
     if (!out.p) {
         if (L->lora_a[PROJ_DOWN])
@@ -248,8 +335,13 @@ static void layer_backward(const step_ctx *c, int l)
     tensor_t da = tensor_view(s->bwd, 2 * rows * I, rows * I);
     linear_backward(c, l, PROJ_DOWN, s->dres, a->a, da, 0);
     be_swiglu_backward(m->be, dg, du, da, a->g, a->u, rows * I);
-    linear_backward(c, l, PROJ_GATE, dg, a->h2, s->dh, 0);
-    linear_backward(c, l, PROJ_UP, du, a->h2, s->dh, 1);
+    if (L->fused_w[FUSE_GATE_UP].p) {
+        tensor_t dys[2] = {dg, du};
+        fused_backward(c, l, FUSE_GATE_UP, dys, a->h2, s->dh, a->gu);
+    } else {
+        linear_backward(c, l, PROJ_GATE, dg, a->h2, s->dh, 0);
+        linear_backward(c, l, PROJ_UP, du, a->h2, s->dh, 1);
+    }
     be_rmsnorm_backward(m->be, s->dres, L->mlp_norm->trainable ? L->mlp_norm->grad : no_tensor(),
                         s->dh, a->x_mid, L->mlp_norm->w, a->rstd2, c->rows, H);
     /* attention: x_mid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x) */
@@ -262,9 +354,14 @@ static void layer_backward(const step_ctx *c, int l)
     be_attention_backward(m->be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, batch_seg(c),
                           B, T, (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
     rope_qk(c, dq, dk, 1);
-    linear_backward(c, l, PROJ_Q, dq, a->h1, s->dh, 0);
-    linear_backward(c, l, PROJ_K, dk, a->h1, s->dh, 1);
-    linear_backward(c, l, PROJ_V, dv, a->h1, s->dh, 1);
+    if (L->fused_w[FUSE_QKV].p) {
+        tensor_t dys[3] = {dq, dk, dv};
+        fused_backward(c, l, FUSE_QKV, dys, a->h1, s->dh, a->qkv);
+    } else {
+        linear_backward(c, l, PROJ_Q, dq, a->h1, s->dh, 0);
+        linear_backward(c, l, PROJ_K, dk, a->h1, s->dh, 1);
+        linear_backward(c, l, PROJ_V, dv, a->h1, s->dh, 1);
+    }
     be_rmsnorm_backward(m->be, s->dres,
                         L->attn_norm->trainable ? L->attn_norm->grad : no_tensor(), s->dh, a->x,
                         L->attn_norm->w, a->rstd1, c->rows, H);

@@ -11,6 +11,10 @@
 struct layer_acts {
     tensor_t x; /* layer input (the residual stream) [BT,H] */
     tensor_t rstd1, h1, q, k, v, att, lse, x_mid, rstd2, h2, g, u, a;
+    /* the memory of q, k, v (one block, in that order) and of g, u: after
+     * the attention's (the SwiGLU's) backward they are dead, and the
+     * backward of a fused product joins its output gradients there */
+    tensor_t qkv, gu;
     tensor_t xr[PROJ_COUNT]; /* LoRA x.A^T [BT,r] */
     tensor_t wnorm[PROJ_COUNT]; /* DoRA: ||W + s B A||_row [out] (F32), detached */
 };
@@ -18,7 +22,8 @@ struct layer_acts {
 typedef struct model_scratch {
     tensor_t x_final, rstd_f, hf; /* final norm input/output */
     tensor_t dres, dh;            /* residual gradient, norm-output gradient */
-    tensor_t bwd;                 /* union: MLP (dg, du, da) or attention (dq, dk, dv, datt) */
+    tensor_t bwd;                 /* union: MLP (dg, du, da) or attention (dq, dk, dv, datt);
+                                     in the forward, a fused product's output */
     tensor_t dxr, drop;           /* LoRA: d(x.A^T), dropped input */
     tensor_t dora;                /* DoRA: a projection's unscaled output, then its
                                      gradient times m / n [BT, widest projection] */

@@ -76,6 +76,17 @@ static void cpu_copy(backend_t *be, tensor_t dst, tensor_t src)
                 dtype_name(dst.dt));
 }
 
+static void cpu_copy2d(backend_t *be, tensor_t dst, tensor_t src, int rows, int cols,
+                       int dst_ld, int src_ld)
+{
+    size_t es = dtype_size(src.dt);
+    (void)be;
+#pragma omp parallel for schedule(static) if ((size_t)rows * (size_t)cols > 65536)
+    for (int r = 0; r < rows; r++)
+        memcpy((char *)dst.p + (size_t)r * (size_t)dst_ld * es,
+               (const char *)src.p + (size_t)r * (size_t)src_ld * es, (size_t)cols * es);
+}
+
 static void cpu_sync(backend_t *be)
 {
     (void)be;
@@ -164,6 +175,7 @@ static const backend_ops cpu_ops = {
     .zero = cpu_zero,
     .copy = cpu_copy,
     .sync = cpu_sync,
+    .copy2d = cpu_copy2d,
     .matmul = cpu_matmul,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,

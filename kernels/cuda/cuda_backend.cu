@@ -173,6 +173,17 @@ static void cuda_copy(backend_t *be, tensor_t dst, tensor_t src)
     cuda_convert(be, dst.p, dst.dt, src.p, src.dt, src.n);
 }
 
+static void cuda_copy2d(backend_t *be, tensor_t dst, tensor_t src, int rows, int cols,
+                        int dst_ld, int src_ld)
+{
+    if (be->err.code)
+        return;
+    size_t es = dtype_size(src.dt);
+    CUDA_OK(be, cudaMemcpy2DAsync(dst.p, (size_t)dst_ld * es, src.p, (size_t)src_ld * es,
+                                  (size_t)cols * es, (size_t)rows, cudaMemcpyDeviceToDevice,
+                                  CUDA_IMPL(be)->stream));
+}
+
 static void cuda_sync(backend_t *be)
 {
     CUDA_OK(be, cudaStreamSynchronize(CUDA_IMPL(be)->stream));
@@ -242,6 +253,7 @@ static const backend_ops cuda_ops_table = {
     .zero = cuda_zero,
     .copy = cuda_copy,
     .sync = cuda_sync,
+    .copy2d = cuda_copy2d,
     .matmul = cuda_matmul,
     .rmsnorm_forward = cuda_rmsnorm_forward,
     .rmsnorm_backward = cuda_rmsnorm_backward,
