@@ -8,7 +8,7 @@
 # "preemption" record: seconds from the signal to the checkpoint committed
 # locally and to it being complete in the store (MANIFEST.json up, after
 # every file), the bytes each rank wrote; and the largest resident memory of
-# rank 0 over the run (/usr/bin/time). One rank has nothing to shard: its row
+# rank 0 over the run (its VmHWM, read until it exits). One rank has nothing to shard: its row
 # is the same checkpoint under both names. A benchmark, not a test: the
 # figures depend on the machine's disks, cores and network.
 # usage: scripts/bench_ckpt_sharded.sh [--ranks "1 2 4"] [--preset small]
@@ -23,10 +23,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 scripts/install-deps.sh >/dev/null
-if [ ! -x /usr/bin/time ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get install -y -q --no-install-recommends time >/dev/null
-fi
 scripts/install-s3-test-deps.sh >/dev/null
 cmake -S . -B build-cpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPOTUNE_CUDA=OFF >/dev/null
 ninja -C build-cpu spotune spotune-store-tool >/dev/null
@@ -57,13 +53,22 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 tool=(build-cpu/checkpoint/spotune-store-tool --endpoint http://127.0.0.1:28080 --path-style)
 "${tool[@]}" mb s3://sharded-bench >/dev/null
 
+# the process id of rank 0 of the run writing into dir
+rank0_pid() {
+  local p
+  for p in $(pgrep -f "run.dir=$1 "); do
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=0'; then
+      echo "$p"; return
+    fi
+  done
+}
+
 # one run: trains until its first step is logged, then SIGUSR1; prints a row
 one() {
   local ranks=$1 layout=$2 name="r$1-$2"
   local dir=$work/$name
   mkdir -p "$dir"
-  mpirun --oversubscribe -np "$ranks" bash -c \
-    'exec /usr/bin/time -o "$0/rss.${OMPI_COMM_WORLD_RANK}" -f %M "$@"' "$dir" \
+  mpirun --oversubscribe -np "$ranks" \
     "$spotune" train "$work/run.yaml" --set run.dir="$dir" --set checkpoint.layout="$layout" \
     --set checkpoint.remote="s3://sharded-bench/$name" \
     --set checkpoint.endpoint=http://127.0.0.1:28080 --set checkpoint.addressing=path \
@@ -73,27 +78,36 @@ one() {
     if ! kill -0 "$pid" 2>/dev/null; then echo "$name: training ended early, see $dir.log" >&2; return 1; fi
     sleep 0.2
   done
+  local r0 rss0=0 hwm
+  r0=$(rank0_pid "$dir")
   kill -USR1 "$pid"
+  while kill -0 "$r0" 2>/dev/null; do  # VmHWM: the peak so far; the last read is the run's
+    hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$r0/status" 2>/dev/null || true)
+    [ -n "$hwm" ] && rss0=$hwm
+    sleep 0.05
+  done
   local rc=0
   wait "$pid" || rc=$?
   if [ "$rc" != 75 ]; then echo "$name: exit $rc (expected 75), see $dir.log" >&2; return 1; fi
-  local rss0
-  rss0=$(cat "$dir/rss.0")
   awk -v name="$name" -v ranks="$ranks" -v layout="$layout" -v rss="$rss0" '
+    /"event":"train"/ { if (match($0, /"step_s":[0-9.eE+-]+/)) step = substr($0, RSTART + 9, RLENGTH - 9) }
+    /"event":"checkpoint",/ { if (match($0, /"stall_s":[0-9.eE+-]+/)) stall = substr($0, RSTART + 10, RLENGTH - 10) }
     /"event":"preemption"/ {
       match($0, /"to_commit_s":[0-9.eE+-]+/); c = substr($0, RSTART + 14, RLENGTH - 14)
       r = "null"; if (match($0, /"to_remote_s":[0-9.eE+-]+/)) r = substr($0, RSTART + 14, RLENGTH - 14)
       match($0, /"bytes":[0-9]+/); b = substr($0, RSTART + 8, RLENGTH - 8)
-      match($0, /"bytes_per_rank":\[[0-9,]+\]/); per = substr($0, RSTART + 17, RLENGTH - 17)
+      match($0, /"bytes_per_rank":\[[0-9,]+\]/); per = substr($0, RSTART + 18, RLENGTH - 19)
       split(per, a, ","); mx = 0; for (i in a) { v = a[i] + 0; if (v > mx) mx = v }
-      printf "%5d  %-9s %12.2f %12.2f %10.1f %14.1f %16.1f\n", ranks, layout, c, r, b / 1048576, mx / 1048576, rss / 1024
+      printf "%5d  %-9s %8.2f %8.3f %10.2f %12.2f %10.1f %14.1f %16.1f\n", ranks, layout, step, stall, c, r, b / 1048576, mx / 1048576, rss / 1024
     }' "$dir/metrics.jsonl"
 }
 
-printf "%5s  %-9s %12s %12s %10s %14s %16s\n" ranks layout "commit s" "in store s" "MiB" "max MiB/rank" "rank 0 peak MiB"
+printf "%5s  %-9s %8s %8s %10s %12s %10s %14s %16s\n" ranks layout "step s" "stall s" "commit s" "in store s" "MiB" "max MiB/rank" "rank 0 peak MiB"
 for n in $ranks_list; do
   for layout in gathered sharded; do
     one "$n" "$layout"
   done
 done
-echo "(seconds from SIGUSR1 to the checkpoint committed locally and to it complete in the store)"
+echo "(commit s, in store s: from SIGUSR1 to the checkpoint committed locally and to it complete"
+echo " in the store, the step in progress when the signal came included; stall s: the longest"
+echo " time one rank held training for it; rank 0 peak: its largest resident memory)"
