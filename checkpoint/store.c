@@ -368,6 +368,17 @@ int store_get_bytes(store_t *s, const char *key, void **data, size_t *n, sp_err 
     return rc ? rc : s->ops->get_bytes(s, key, data, n, NULL, err);
 }
 
+int store_get_range(store_t *s, const char *key, uint64_t off, size_t n, void *dst, sp_err *err)
+{
+    int rc = store_check_key(s, key, 0, err);
+    if (rc || n == 0)
+        return rc;
+    if (off > UINT64_MAX - n)
+        return store_fail(s, err, STORE_EUSAGE, key, "GET failed: the range at %llu overflows",
+                          (unsigned long long)off);
+    return s->ops->get_range(s, key, off, n, dst, NULL, err);
+}
+
 static int cmp_entry(const void *a, const void *b)
 {
     return strcmp(((const store_entry *)a)->key, ((const store_entry *)b)->key);

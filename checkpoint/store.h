@@ -108,6 +108,11 @@ int store_put_bytes(store_t *s, const char *key, const void *data, size_t n, int
 int store_get_file(store_t *s, const char *key, const char *local_path, sp_err *err);
 /* *data is malloc'ed (one extra NUL byte after n, not counted); free() it. */
 int store_get_bytes(store_t *s, const char *key, void **data, size_t *n, sp_err *err);
+/* Reads exactly n bytes of object key starting at byte off into dst (one
+ * ranged GET on s3://, pread on file://). STORE_ENOENT when the object is
+ * missing; STORE_EFAIL (message naming the key and the range) when the object
+ * ends before off + n. n == 0 succeeds without a request. */
+int store_get_range(store_t *s, const char *key, uint64_t off, size_t n, void *dst, sp_err *err);
 
 /* Every object whose key starts with key_prefix ("" for all), keys relative
  * to the store prefix, sorted by byte value. */

@@ -364,6 +364,53 @@ static int f_get_bytes(store_t *s, const char *key, void **data, size_t *n, stor
     return e ? io_fail(s, err, STORE_EFAIL, key, "get", e) : 0;
 }
 
+static int f_get_range(store_t *s, const char *key, uint64_t off, size_t n, void *dst,
+                       store_cancel c, sp_err *err)
+{
+    char *p = fpath(s, key);
+    int fd = p ? open(p, O_RDONLY | O_CLOEXEC) : -1;
+    int e = p ? errno : ENOMEM;
+    free(p);
+    if (fd < 0 && (e == ENOENT || e == ENOTDIR))
+        return store_fail(s, err, STORE_ENOENT, key, "get failed: no such object");
+    if (fd < 0)
+        return io_fail(s, err, STORE_EFAIL, key, "get", e);
+    char *w = dst;
+    size_t got = 0;
+    e = 0;
+    while (got < n && !e) {
+        if (store_canceled(c)) {
+            e = ECANCELED;
+            break;
+        }
+        size_t want = n - got < COPY_CHUNK ? n - got : COPY_CHUNK;
+        ssize_t k = pread(fd, w + got, want, (off_t)(off + got));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            e = errno;
+        else if (k == 0)
+            break; /* end of file */
+        else
+            got += (size_t)k;
+    }
+    struct stat st;
+    int have_size = !e && got < n && fstat(fd, &st) == 0;
+    close(fd);
+    if (e)
+        return io_fail(s, err, STORE_EFAIL, key, "get", e);
+    if (got < n) {
+        char size[48] = "";
+        if (have_size)
+            snprintf(size, sizeof size, "the object has %llu bytes, ",
+                     (unsigned long long)st.st_size);
+        return store_fail(s, err, STORE_EFAIL, key,
+                          "get failed: %sthe range [%llu, %llu) is past its end", size,
+                          (unsigned long long)off, (unsigned long long)(off + n));
+    }
+    return 0;
+}
+
 int store_local_walk(const char *dir, const char *rel, const store_walk *w)
 {
     DIR *d = opendir(dir);
@@ -495,6 +542,7 @@ static const store_ops file_ops = {
     .put_bytes = f_put_bytes,
     .get_file = f_get_file,
     .get_bytes = f_get_bytes,
+    .get_range = f_get_range,
     .list = f_list,
     .del = f_del,
     .exists = f_exists,

@@ -20,6 +20,8 @@ typedef struct store_ops {
     int (*get_file)(store_t *s, const char *key, const char *path, store_cancel c, sp_err *err);
     int (*get_bytes)(store_t *s, const char *key, void **data, size_t *n, store_cancel c,
                      sp_err *err);
+    int (*get_range)(store_t *s, const char *key, uint64_t off, size_t n, void *dst,
+                     store_cancel c, sp_err *err); /* n > 0 */
     int (*list)(store_t *s, const char *prefix, store_listing *out, store_cancel c, sp_err *err);
     int (*del)(store_t *s, const char *key, store_cancel c, sp_err *err);
     int (*exists)(store_t *s, const char *key, int *exists, uint64_t *size, store_cancel c,

@@ -162,6 +162,30 @@ static int s3_get_bytes(store_t *s, const char *key, void **data, size_t *n, sto
     return 0;
 }
 
+/* One ranged GET into dst, resumed on retry from the bytes already received. */
+static int s3_get_range(store_t *s, const char *key, uint64_t off, size_t n, void *dst,
+                        store_cancel c, sp_err *err)
+{
+    s3_req r = {.method = "GET", .key = key, .fd = -1, .mem = dst, .off = off,
+                .end = off + n - 1};
+    sp_err e1 = {0};
+    int rc = s3_call(s, &r, c, &e1);
+    if (rc == STORE_EFAIL && r.status == 416)
+        rc = store_fail(s, err, STORE_EFAIL, key,
+                        "GET failed: the range [%llu, %llu) is past the object's end (416)",
+                        (unsigned long long)off, (unsigned long long)(off + n));
+    else if (rc && err && !err->code)
+        *err = e1;
+    else if (!rc && r.got != n)
+        rc = store_fail(s, err, STORE_EFAIL, key,
+                        "GET failed: short read: %llu of the %zu bytes at %llu (the object "
+                        "ends before %llu)",
+                        (unsigned long long)r.got, n, (unsigned long long)off,
+                        (unsigned long long)(off + n));
+    s3_req_free(&r);
+    return rc;
+}
+
 static int s3_get_file(store_t *s, const char *key, const char *path, store_cancel c,
                        sp_err *err)
 {
@@ -361,6 +385,7 @@ static const store_ops s3_ops = {
     .put_bytes = s3_put_bytes,
     .get_file = s3_get_file,
     .get_bytes = s3_get_bytes,
+    .get_range = s3_get_range,
     .list = s3_list,
     .del = s3_del,
     .exists = s3_exists,

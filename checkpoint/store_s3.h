@@ -42,6 +42,7 @@ typedef struct s3_req {
     const char *hdr[4];        /* extra headers, NULL-terminated */
     membuf *out;               /* GET body into memory (reset on each attempt) */
     int fd;                    /* GET body into fd at [off, end] (ranged, resumed on retry) */
+    char *mem;                 /* or (fd < 0) into mem[0 .. end - off], ranged the same way */
     uint64_t off, end;
     int body_may_be_error;     /* 200 whose body is <Error> is an error (CompleteMultipartUpload) */
     int tries;                 /* attempts; 0: 1 + opts.max_retries */
@@ -51,7 +52,7 @@ typedef struct s3_req {
     /* response, valid after s3_call */
     long status;
     int attempts;
-    uint64_t got;              /* body bytes delivered to fd (kept across retries) */
+    uint64_t got;              /* body bytes delivered to fd or mem (kept across retries) */
     uint64_t content_length;
     char etag[160];
     char code[96];             /* the store's <Code>, or "" */

@@ -2,10 +2,10 @@
  * curl handles (connections are reused), the request options (libcurl's
  * built-in SigV4 with the key and secret set apart, since a key may hold ':';
  * x-amz-content-sha256 set by us, since curl 7.88 does not send it), the
- * response sinks (memory, or pwrite into a file at a resumable offset), the
- * classification of an outcome (done, retry, fail) and the backoff loop. Also
- * the small codecs the backend needs: SigV4 URI encoding, SHA-256 (OpenSSL),
- * XML (libxml2). */
+ * response sinks (memory, or a range written into a file or a buffer at a
+ * resumable offset), the classification of an outcome (done, retry, fail) and
+ * the backoff loop. Also the small codecs the backend needs: SigV4 URI
+ * encoding, SHA-256 (OpenSSL), XML (libxml2). */
 #define _GNU_SOURCE
 #include "checkpoint/store_s3.h"
 
@@ -163,11 +163,22 @@ typedef struct attempt_ctx {
     store_cancel cancel;
 } attempt_ctx;
 
-static size_t sink_fd(s3_req *r, long st, const char *data, size_t n)
+/* A ranged GET: the body goes to r->fd or r->mem. */
+static int ranged(const s3_req *r)
+{
+    return r->fd >= 0 || r->mem;
+}
+
+static size_t sink_range(s3_req *r, long st, const char *data, size_t n)
 {
     if ((st == 200 && r->req_start != 0) || r->off + r->got + n > r->end + 1) {
         r->sink_bad_range = 1; /* Range ignored, or more bytes than asked for */
         return 0;
+    }
+    if (r->fd < 0) {
+        memcpy(r->mem + r->got, data, n);
+        r->got += n;
+        return n;
     }
     for (size_t w = 0; w < n;) {
         ssize_t k = pwrite(r->fd, data + w, n - w, (off_t)(r->off + r->got));
@@ -197,8 +208,8 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *arg)
     }
     if (r->out)
         return membuf_append(r->out, data, n) ? 0 : n;
-    if (r->fd >= 0)
-        return sink_fd(r, st, data, n);
+    if (ranged(r))
+        return sink_range(r, st, data, n);
     return n;
 }
 
@@ -362,7 +373,7 @@ static struct curl_slist *build_headers(const s3_backend *b, const s3_req *r, in
     l = add_header(l, bad, "x-amz-content-sha256: %s", r->body_sha ? r->body_sha : S3_EMPTY_SHA256);
     if (b->token_hdr && !(l = curl_slist_append(l, b->token_hdr)))
         *bad = 1;
-    if (r->fd >= 0)
+    if (ranged(r))
         l = add_header(l, bad, "Range: bytes=%llu-%llu", (unsigned long long)(r->off + r->got),
                        (unsigned long long)r->end);
     for (int i = 0; i < 4 && r->hdr[i]; i++)
@@ -505,7 +516,7 @@ static int attempt(store_t *s, s3_req *r, const char *url, store_cancel c, char 
                    size_t dn)
 {
     s3_backend *b = s->impl;
-    if (r->fd >= 0 && r->off + r->got > r->end)
+    if (ranged(r) && r->off + r->got > r->end)
         return 0; /* a previous attempt received everything */
     reset_response(r);
     attempt_ctx a = {r, pool_get(b), c};

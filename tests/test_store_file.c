@@ -1,7 +1,7 @@
 /* tests/test_store_file.c — the store API on file:// (in-process, no server):
- * round trips, no-replace puts, listing, deletes, key and URL checks, checkpoint
- * push/pull/prune ordering, and the uploader (retry while the store is
- * unreachable, bounded queue, prompt stop). */
+ * round trips, ranged reads, no-replace puts, listing, deletes, key and URL
+ * checks, checkpoint push/pull/prune ordering, and the uploader (retry while
+ * the store is unreachable, bounded queue, prompt stop). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -79,6 +79,20 @@ Test(store_file, roundtrip_sizes)
     roundtrip_file(&f, 37 * MIB, 3);
     roundtrip_file(&f, 0, 4);
     cr_assert_str_eq(store_url(f.s), f.url);
+    close_fixture(&f);
+}
+
+Test(store_file, get_range)
+{
+    store_fx f = open_fixture("range");
+    tu_check_get_range(f.s, "ckpt/shard-0.h5");
+    sp_err err = {0};
+    char b[4];
+    cr_expect_eq(store_get_range(f.s, "ckpt/shard-0.h5/x", 0, 1, b, &err), STORE_ENOENT,
+                 "below an object: %s", err.msg);
+    sp_err e2 = {0};
+    cr_expect_eq(store_get_range(f.s, "ckpt", 0, 1, b, &e2), STORE_EFAIL, "a directory: %s",
+                 e2.msg);
     close_fixture(&f);
 }
 

@@ -193,3 +193,59 @@ void tu_expect_mpu_aborted(store_t *s, const char *key, const char *full_key, si
     cr_assert_eq(store_exists(s, key, &exists, NULL, &err), 0, "%s", err.msg);
     cr_assert_eq(exists, 0, "a failed upload left an object");
 }
+
+/* store_get_range(s, key, off, n) into a buffer of its own: its return value;
+ * on success the bytes equal src[off .. off + n). */
+static int range_matches(store_t *s, const char *key, const uint8_t *src, uint64_t off, size_t n,
+                         sp_err *err)
+{
+    uint8_t *got = malloc(n ? n : 1);
+    cr_assert_not_null(got);
+    int rc = store_get_range(s, key, off, n, got, err);
+    if (!rc)
+        cr_expect(n == 0 || memcmp(got, src + off, n) == 0,
+                  "%s: bytes [%llu, %llu) differ", key, (unsigned long long)off,
+                  (unsigned long long)(off + n));
+    free(got);
+    return rc;
+}
+
+void tu_check_get_range(store_t *s, const char *key)
+{
+    const size_t size = 3 * ((size_t)1 << 20) + 4099;
+    uint8_t *src = tu_random_bytes(size, 97);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, key, src, size, 0, &err), 0, "%s", err.msg);
+
+    cr_expect_eq(range_matches(s, key, src, ((uint64_t)1 << 20) + 7, ((size_t)1 << 20) + 13, &err),
+                 0, "%s", err.msg);
+    cr_expect_eq(range_matches(s, key, src, 0, size, &err), 0, "%s", err.msg);
+    cr_expect_eq(range_matches(s, key, src, size - 100001, 100001, &err), 0, "%s", err.msg);
+    cr_expect_eq(range_matches(s, key, src, size - 1, 1, &err), 0, "%s", err.msg);
+
+    /* past the end: starting inside the object, and after it */
+    const uint64_t past[][2] = {{size - 10, 20}, {size, 1}, {size + 5, 100}};
+    for (size_t i = 0; i < sizeof past / sizeof past[0]; i++) {
+        sp_err e = {0};
+        int rc = range_matches(s, key, src, past[i][0], (size_t)past[i][1], &e);
+        cr_expect_eq(rc, STORE_EFAIL, "[%llu, +%llu): %d %s", (unsigned long long)past[i][0],
+                     (unsigned long long)past[i][1], rc, e.msg);
+        cr_expect(strstr(e.msg, key), "the key is not named: %s", e.msg);
+    }
+
+    char *missing = NULL;
+    cr_assert(asprintf(&missing, "%s.missing", key) > 0);
+    sp_err e = {0};
+    int rc = range_matches(s, missing, src, 0, 10, &e);
+    cr_expect_eq(rc, STORE_ENOENT, "%d %s", rc, e.msg);
+    cr_expect(strstr(e.msg, missing), "%s", e.msg);
+    cr_expect_eq(e.code, SP_EXIT_INPUT);
+
+    /* n == 0 sends nothing: success even for a missing object */
+    sp_err z = {0};
+    cr_expect_eq(store_get_range(s, key, 5, 0, NULL, &z), 0, "%s", z.msg);
+    cr_expect_eq(store_get_range(s, missing, 0, 0, NULL, &z), 0, "%s", z.msg);
+    cr_expect_eq(store_get_range(s, "/bad", 0, 0, NULL, &z), STORE_EUSAGE);
+    free(missing);
+    free(src);
+}

@@ -47,6 +47,12 @@ const char *tu_mpu_created(const char *full_key);
 void tu_expect_mpu_aborted(store_t *s, const char *key, const char *full_key, size_t from,
                            double wait_s);
 
+/* store_get_range on s, against an object of a few MiB and some odd bytes
+ * put under key: a middle range, the whole object, a range ending at its end
+ * (the bytes compared with what was put), ranges past its end (STORE_EFAIL
+ * naming the key), a missing key (STORE_ENOENT) and n == 0 (0). */
+void tu_check_get_range(store_t *s, const char *key);
+
 #define TU_BUCKET "spotune-test"
 
 #endif
