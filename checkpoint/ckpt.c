@@ -366,6 +366,36 @@ static int check_space(const char *root, const ckpt_snapshot *s, sp_err *err)
                    root, (long long)s->step, need / 1048576.0, avail / 1048576.0);
 }
 
+/* The shards' data offsets and block checksums into the layout's entries of
+ * the same files, for readers that fetch byte ranges from a store. */
+static void add_block_sums(json_t *lay, const ckpt_snapshot *s)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(lay, "shards"), i, e)
+    {
+        const char *file = json_string_value(json_object_get(e, "file"));
+        const ckpt_shard_info *in = NULL;
+        for (int r = 0; file && r < s->nshards && !in; r++)
+            if (strcmp(s->shards[r].name, file) == 0 && s->shards[r].nblocks)
+                in = &s->shards[r];
+        if (!in)
+            continue;
+        json_t *offs = json_array(), *sums = json_array();
+        for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+            json_array_append_new(offs, json_integer((json_int_t)in->data_offset[g]));
+        for (uint32_t k = 0; k < in->nblocks; k++) {
+            char hex[65];
+            for (int b = 0; b < 32; b++)
+                snprintf(hex + 2 * b, 3, "%02x", in->block_sha256[k][b]);
+            json_array_append_new(sums, json_string(hex));
+        }
+        json_object_set_new(e, "data_offsets", offs);
+        json_object_set_new(e, "block_bytes", json_integer((json_int_t)in->block_bytes));
+        json_object_set_new(e, "block_sha256", sums);
+    }
+}
+
 /* MANIFEST.json of dir: the files written here (hashed now) and, sharded,
  * the shards as their ranks reported them and the layout. */
 static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *const *files,
@@ -398,10 +428,12 @@ static int write_manifest(const char *dir, const ckpt_snapshot *s, const char *c
     if (!rc && s->layout) {
         json_error_t je;
         json_t *lay = json_loads(s->layout, 0, &je);
-        if (!lay)
+        if (!lay) {
             rc = sp_fail(err, SP_EXIT_OTHER, "checkpoint layout is not JSON: %s", je.text);
-        else
+        } else {
+            add_block_sums(lay, s);
             json_object_set_new(m, "layout", lay);
+        }
     }
     char *path = rc ? NULL : sp_strf("%s/%s", dir, CKPT_MANIFEST);
     if (!rc && !path)

@@ -43,10 +43,20 @@ typedef struct ckpt_array {
 
 /* A shard file of a sharded checkpoint, written by its rank: its name in
  * the checkpoint directory, size and SHA-256 (what MANIFEST lists). */
+/* A shard file as its rank wrote it: name, size, SHA-256 of the whole file,
+ * where each group's values start in it (byte offsets of the contiguous
+ * datasets), and the SHA-256 of each block_bytes-long block, so that a
+ * reader fetching byte ranges from an object store checks what it got. */
+#define CKPT_SHARD_MAX_BLOCKS 1024
+#define CKPT_SHARD_MIN_BLOCK ((uint64_t)16 << 20)
 typedef struct ckpt_shard_info {
     char name[64];
     uint64_t size;
     char sha256[65];
+    uint64_t data_offset[3]; /* params, adam_m, adam_v */
+    uint64_t block_bytes;
+    uint32_t nblocks;
+    unsigned char block_sha256[CKPT_SHARD_MAX_BLOCKS][32];
 } ckpt_shard_info;
 
 /* A file stored beside state.h5 as it is (e.g. the run's metrics so far). */
@@ -124,6 +134,10 @@ void ckpt_manifest_free(ckpt_manifest *m);
  * missing file, truncated file, checksum mismatch). m is filled as far as
  * MANIFEST.json could be read. */
 int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err);
+/* The same, but with shards_in_store the shard files of a sharded
+ * checkpoint are not looked for (ckpt_pull_unsharded left them in the store,
+ * where every read of them is checked block by block). */
+int ckpt_verify_ex(const char *dir, ckpt_manifest *m, int shards_in_store, sp_err *err);
 int ckpt_manifest_parse(const char *json_text, size_t len, ckpt_manifest *m, sp_err *err);
 /* SHA-256 of a file as 64 hex digits (and its size). */
 int ckpt_file_sha256(const char *path, char hex[65], uint64_t *size, sp_err *err);
@@ -207,8 +221,13 @@ int ckpt_hdf5_close(int64_t file, int fd, int failed);
  * elements of which tensor are in which file:
  *   {"kind": "flat-shards", "elements": N,
  *    "tensors": [{"name", "offset", "shape"}, ...],   (offsets in the arena)
- *    "shards": [{"file", "lo", "hi"}, ...]}            (covering [0, N) in order)
- * A reader on any rank count reads only the ranges it needs. */
+ *    "shards": [{"file", "lo", "hi",                   (covering [0, N) in order)
+ *                "data_offsets": [3 byte offsets], "block_bytes": B,
+ *                "block_sha256": [hex, ...]}, ...]}
+ * A reader on any rank count reads only the ranges it needs: through HDF5
+ * from a directory, or as byte ranges of whole blocks from an object store,
+ * each block checked against its SHA-256 (the datasets are contiguous
+ * little-endian float32, so element i of group g is at data_offsets[g] + 4i). */
 #define CKPT_SHARD_GROUPS 3
 extern const char *const ckpt_shard_groups[CKPT_SHARD_GROUPS]; /* params, adam_m, adam_v */
 
@@ -225,13 +244,34 @@ void ckpt_shard_name(char *buf, size_t n, int rank, int count);
  * (heap string; NULL when out of memory). */
 char *ckpt_tmp_dir(const char *root, int64_t step, int pid);
 /* Writes sh into dir (which exists) as its shard file, fsynced; info receives
- * the name, size and SHA-256. */
+ * the name, size, SHA-256, data offsets and block checksums. */
 int ckpt_shard_write(const char *dir, const ckpt_shard *sh, ckpt_shard_info *info, sp_err *err);
 
 typedef struct ckpt_sharded ckpt_sharded;
 /* Opens the sharded checkpoint dir for ranged reads (its MANIFEST's layout;
  * the caller verified the files). Not a sharded checkpoint: SP_EXIT_INPUT. */
 int ckpt_sharded_open(ckpt_sharded **out, const char *dir, sp_err *err);
+/* The same over the objects PREFIX/<shard file> of store st (ranged reads,
+ * every block checked), from the text of the checkpoint's MANIFEST.json; its
+ * layout must carry the block checksums (else SP_EXIT_INPUT). st stays the
+ * caller's and must outlive r. */
+struct store;
+int ckpt_sharded_open_store(ckpt_sharded **out, const char *manifest, struct store *st,
+                            const char *prefix, sp_err *err);
+/* Whether MANIFEST text describes a sharded checkpoint whose every shard has
+ * block checksums (so that ckpt_sharded_open_store can read it). */
+int ckpt_sharded_ranged(const char *manifest);
+/* Whether a read from the store found a block that does not match its
+ * checksum (the stored checkpoint is damaged, not merely unreachable). */
+int ckpt_sharded_damaged(const ckpt_sharded *r);
+/* Pulls the checkpoint PREFIX of st, whose MANIFEST.json text is manifest
+ * (ckpt_sharded_ranged), into local_dir without its shard files, which stay
+ * in the store for ranged reads: every other file it lists, each checked
+ * against its size and SHA-256, then MANIFEST.json; each shard is checked to
+ * be in the store with its size. A file missing or not matching:
+ * SP_EXIT_INPUT naming it, and *corrupt (may be NULL) set. */
+int ckpt_pull_unsharded(struct store *st, const char *prefix, const char *manifest,
+                        const char *local_dir, int *corrupt, sp_err *err);
 /* The tensor's elements (0: not in the checkpoint), and its shape. */
 uint64_t ckpt_sharded_tensor(const ckpt_sharded *r, const char *name, int *ndim,
                              int64_t shape[2]);

@@ -7,9 +7,16 @@
 #include <errno.h>
 #include <hdf5.h>
 #include <jansson.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include "store.h"
+
+/* A ranged reader copies the stored bytes of float32 LE datasets as they are. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "a little-endian host");
 
 const char *const ckpt_shard_groups[CKPT_SHARD_GROUPS] = {"params", "adam_m", "adam_v"};
 
@@ -45,18 +52,101 @@ static int write_i64_attr(hid_t f, const char *name, int64_t v)
     return rc;
 }
 
-static int write_group(hid_t f, const char *name, const float *v, uint64_t n)
+/* A contiguous dataset of n float32 LE values; *offset: where they start in
+ * the file (0 when n is 0: nothing is stored). */
+static int write_group(hid_t f, const char *name, const float *v, uint64_t n, uint64_t *offset)
 {
     hsize_t dims = (hsize_t)n;
     hid_t sp = H5Screate_simple(1, &dims, NULL);
-    hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t ds = dcpl < 0 || H5Pset_layout(dcpl, H5D_CONTIGUOUS) < 0
+                   ? -1
+                   : H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     int rc = ds < 0 || (n && H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
                  ? -1
                  : 0;
+    haddr_t at = rc || !n ? HADDR_UNDEF : H5Dget_offset(ds);
+    if (!rc && n && at == HADDR_UNDEF)
+        rc = -1;
+    *offset = at == HADDR_UNDEF ? 0 : (uint64_t)at;
+    if (dcpl >= 0)
+        H5Pclose(dcpl);
     if (ds >= 0 && H5Dclose(ds) < 0)
         rc = -1;
     H5Sclose(sp);
     return rc;
+}
+
+static void hex32(const unsigned char md[32], char hex[65])
+{
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+/* The block size for a file of size bytes: at least CKPT_SHARD_MIN_BLOCK, a
+ * whole number of MiB, at most CKPT_SHARD_MAX_BLOCKS blocks. */
+static uint64_t block_bytes_for(uint64_t size)
+{
+    uint64_t mib = (uint64_t)1 << 20, per = (size + CKPT_SHARD_MAX_BLOCKS - 1) / CKPT_SHARD_MAX_BLOCKS;
+    per = (per + mib - 1) / mib * mib;
+    return per > CKPT_SHARD_MIN_BLOCK ? per : CKPT_SHARD_MIN_BLOCK;
+}
+
+/* The file's size, SHA-256 and per-block SHA-256 into info, in one pass. */
+static int hash_blocks(const char *path, ckpt_shard_info *info, sp_err *err)
+{
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    if (!f || fstat(fileno(f), &st) != 0) {
+        int e = errno;
+        if (f)
+            fclose(f);
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot open for its checksum: %s", path,
+                       strerror(e));
+    }
+    info->block_bytes = block_bytes_for((uint64_t)st.st_size);
+    EVP_MD_CTX *all = EVP_MD_CTX_new(), *blk = EVP_MD_CTX_new();
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+    uint64_t total = 0, in_block = 0;
+    size_t got;
+    int ok = all && blk && EVP_DigestInit_ex(all, EVP_sha256(), NULL) == 1 &&
+             EVP_DigestInit_ex(blk, EVP_sha256(), NULL) == 1;
+    info->nblocks = 0;
+    unsigned char *b = malloc(1 << 16);
+    ok = ok && b;
+    while (ok && (got = fread(b, 1, 1 << 16, f)) > 0) {
+        ok = EVP_DigestUpdate(all, b, got) == 1;
+        for (size_t k = 0; ok && k < got;) {
+            size_t take = got - k;
+            if (take > info->block_bytes - in_block)
+                take = (size_t)(info->block_bytes - in_block);
+            ok = EVP_DigestUpdate(blk, b + k, take) == 1;
+            k += take;
+            in_block += take;
+            if (ok && in_block == info->block_bytes) {
+                ok = info->nblocks < CKPT_SHARD_MAX_BLOCKS &&
+                     EVP_DigestFinal_ex(blk, info->block_sha256[info->nblocks++], &len) == 1 &&
+                     EVP_DigestInit_ex(blk, EVP_sha256(), NULL) == 1;
+                in_block = 0;
+            }
+        }
+        total += got;
+    }
+    if (ok && in_block)
+        ok = info->nblocks < CKPT_SHARD_MAX_BLOCKS &&
+             EVP_DigestFinal_ex(blk, info->block_sha256[info->nblocks++], &len) == 1;
+    ok = ok && !ferror(f) && total == (uint64_t)st.st_size &&
+         EVP_DigestFinal_ex(all, md, &len) == 1 && len == 32;
+    fclose(f);
+    free(b);
+    EVP_MD_CTX_free(all);
+    EVP_MD_CTX_free(blk);
+    if (!ok)
+        return sp_fail(err, SP_EXIT_OTHER, "%s: cannot read for its checksum", path);
+    hex32(md, info->sha256);
+    info->size = total;
+    return 0;
 }
 
 int ckpt_shard_write(const char *dir, const ckpt_shard *sh, ckpt_shard_info *info, sp_err *err)
@@ -76,14 +166,14 @@ int ckpt_shard_write(const char *dir, const ckpt_shard *sh, ckpt_shard_info *inf
               write_i64_attr(f, "count", sh->count) ||
               write_i64_attr(f, "lo", (int64_t)sh->lo) || write_i64_attr(f, "hi", (int64_t)sh->hi);
     for (int g = 0; g < CKPT_SHARD_GROUPS && !bad; g++)
-        bad = write_group(f, ckpt_shard_groups[g], sh->data[g], n);
+        bad = write_group(f, ckpt_shard_groups[g], sh->data[g], n, &info->data_offset[g]);
     errnum = errno;
     int rc = 0;
     if (f < 0 || ckpt_hdf5_close(f, fd, bad) != 0 || ckpt_fsync_path(path, 0) != 0)
         rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot write the shard%s%s", path,
                      errnum ? ": " : "", errnum ? strerror(errnum) : "");
     else
-        rc = ckpt_file_sha256(path, info->sha256, &info->size, err);
+        rc = hash_blocks(path, info, err);
     free(path);
     return rc;
 }
@@ -94,6 +184,11 @@ typedef struct shard_file {
     char name[128];
     uint64_t lo, hi;
     hid_t f, ds[CKPT_SHARD_GROUPS]; /* opened on first use (-1: not yet) */
+    /* for ranged reads (ranged: all of these were in the MANIFEST) */
+    int ranged;
+    uint64_t size, off[CKPT_SHARD_GROUPS], block_bytes;
+    uint32_t nblocks;
+    unsigned char (*sums)[32];
 } shard_file;
 
 typedef struct shard_tensor {
@@ -104,12 +199,19 @@ typedef struct shard_tensor {
 } shard_tensor;
 
 struct ckpt_sharded {
-    char *dir;
+    char *dir; /* the directory, or the store's URL/PREFIX (messages) */
     uint64_t elements;
     shard_tensor *tensors;
     int ntensors;
     shard_file *files;
     int nfiles;
+    /* reading from a store: one verified block kept (file cache_file's block cache_block) */
+    store_t *st;
+    char *prefix;
+    unsigned char *cache;
+    int cache_file;
+    uint64_t cache_block;
+    int damaged; /* a block did not match its checksum */
 };
 
 void ckpt_sharded_close(ckpt_sharded *r)
@@ -122,12 +224,15 @@ void ckpt_sharded_close(ckpt_sharded *r)
                 H5Dclose(r->files[i].ds[g]);
         if (r->files[i].f >= 0)
             H5Fclose(r->files[i].f);
+        free(r->files[i].sums);
     }
     for (int i = 0; i < r->ntensors; i++)
         free(r->tensors[i].name);
     free(r->tensors);
     free(r->files);
     free(r->dir);
+    free(r->prefix);
+    free(r->cache);
     free(r);
 }
 
@@ -172,7 +277,52 @@ static int parse_tensors(ckpt_sharded *r, json_t *ts)
     return 0;
 }
 
-static int parse_files(ckpt_sharded *r, json_t *fs)
+static int unhex32(const char *hex, unsigned char out[32])
+{
+    if (!hex || strlen(hex) != 64)
+        return -1;
+    for (int i = 0; i < 32; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+            return -1;
+        out[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
+/* The ranged-read fields of shard x from its layout entry f and its entry
+ * in MANIFEST's files (size): all present and consistent, or x stays not
+ * ranged (0 returned either way; -1 only when what is there is damaged). */
+static int parse_ranged(shard_file *x, json_t *f, json_t *file)
+{
+    json_t *offs = json_object_get(f, "data_offsets"), *sums = json_object_get(f, "block_sha256");
+    if (!offs && !sums)
+        return 0; /* written before block checksums: read through a directory only */
+    uint64_t n = x->hi - x->lo;
+    if (json_array_size(offs) != CKPT_SHARD_GROUPS || !json_is_array(sums) ||
+        json_u64(f, "block_bytes", &x->block_bytes) || !x->block_bytes ||
+        json_u64(file, "size", &x->size) ||
+        json_array_size(sums) != (x->size + x->block_bytes - 1) / x->block_bytes)
+        return -1;
+    for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
+        json_t *v = json_array_get(offs, (size_t)g);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return -1;
+        x->off[g] = (uint64_t)json_integer_value(v);
+        if (n && (x->off[g] > x->size || 4 * n > x->size - x->off[g]))
+            return -1;
+    }
+    x->nblocks = (uint32_t)json_array_size(sums);
+    if (!(x->sums = calloc(x->nblocks + 1, 32)))
+        return -1;
+    for (uint32_t k = 0; k < x->nblocks; k++)
+        if (unhex32(json_string_value(json_array_get(sums, k)), x->sums[k]))
+            return -1;
+    x->ranged = 1;
+    return 0;
+}
+
+static int parse_files(ckpt_sharded *r, json_t *fs, json_t *files)
 {
     r->files = calloc(json_array_size(fs) + 1, sizeof *r->files);
     if (!r->files)
@@ -193,8 +343,28 @@ static int parse_files(ckpt_sharded *r, json_t *fs)
             return -1;
         snprintf(x->name, sizeof x->name, "%s", name);
         next = x->hi;
+        if (parse_ranged(x, f, json_object_get(files, name)))
+            return -1;
     }
     return next == r->elements ? 0 : -1; /* the shards cover the arena, in order */
+}
+
+/* r's layout from MANIFEST j (where: its path or URL, for messages). */
+static int parse_manifest(ckpt_sharded *r, json_t *j, const char *where, sp_err *err)
+{
+    json_t *lay = json_object_get(j, "layout");
+    if (!json_is_object(lay))
+        return sp_fail(err, SP_EXIT_INPUT, "%s: not a sharded checkpoint (no layout)", where);
+    if (json_u64(lay, "elements", &r->elements) ||
+        !json_is_array(json_object_get(lay, "tensors")) ||
+        !json_is_array(json_object_get(lay, "shards")) ||
+        parse_tensors(r, json_object_get(lay, "tensors")) ||
+        parse_files(r, json_object_get(lay, "shards"), json_object_get(j, "files")))
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: the layout is damaged (tensors or shards missing, out of range, or "
+                       "not covering its %llu elements in order)",
+                       where, (unsigned long long)r->elements);
+    return 0;
 }
 
 int ckpt_sharded_open(ckpt_sharded **out, const char *dir, sp_err *err)
@@ -203,26 +373,14 @@ int ckpt_sharded_open(ckpt_sharded **out, const char *dir, sp_err *err)
     char *path = sp_strf("%s/%s", dir, CKPT_MANIFEST);
     json_error_t je;
     json_t *j = path ? json_load_file(path, 0, &je) : NULL;
-    json_t *lay = json_object_get(j, "layout");
     ckpt_sharded *r = calloc(1, sizeof *r);
     int rc = 0;
-    if (!path || !r)
+    if (!path || !r || !(r->dir = strdup(dir)))
         rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
     else if (!j)
         rc = sp_fail(err, SP_EXIT_INPUT, "%s: cannot read: %s", path, je.text);
-    else if (!json_is_object(lay))
-        rc = sp_fail(err, SP_EXIT_INPUT, "%s: not a sharded checkpoint (no layout)", path);
-    else if (!(r->dir = strdup(dir)))
-        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
-    else if (json_u64(lay, "elements", &r->elements) ||
-             !json_is_array(json_object_get(lay, "tensors")) ||
-             !json_is_array(json_object_get(lay, "shards")) ||
-             parse_tensors(r, json_object_get(lay, "tensors")) ||
-             parse_files(r, json_object_get(lay, "shards")))
-        rc = sp_fail(err, SP_EXIT_INPUT,
-                     "%s: the layout is damaged (tensors or shards missing, out of range, or "
-                     "not covering its %llu elements in order)",
-                     path, (unsigned long long)r->elements);
+    else
+        rc = parse_manifest(r, j, path, err);
     json_decref(j);
     free(path);
     if (rc) {
@@ -231,6 +389,63 @@ int ckpt_sharded_open(ckpt_sharded **out, const char *dir, sp_err *err)
     }
     *out = r;
     return 0;
+}
+
+int ckpt_sharded_open_store(ckpt_sharded **out, const char *manifest, store_t *st,
+                            const char *prefix, sp_err *err)
+{
+    *out = NULL;
+    json_error_t je;
+    json_t *j = json_loads(manifest, 0, &je);
+    ckpt_sharded *r = calloc(1, sizeof *r);
+    int rc = 0;
+    if (!r || !(r->dir = sp_strf("%s/%s", store_url(st), prefix)) ||
+        !(r->prefix = strdup(prefix)))
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    else if (!j)
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s/%s: not JSON: %s", r->dir, CKPT_MANIFEST, je.text);
+    else
+        rc = parse_manifest(r, j, r->dir, err);
+    uint64_t most = 0;
+    for (int i = 0; !rc && i < r->nfiles; i++) {
+        if (!r->files[i].ranged)
+            rc = sp_fail(err, SP_EXIT_INPUT,
+                         "%s: %s has no block checksums in MANIFEST.json (written by an older "
+                         "version): pull the checkpoint whole",
+                         r->dir, r->files[i].name);
+        if (r->files[i].block_bytes > most)
+            most = r->files[i].block_bytes;
+    }
+    if (!rc && !(r->cache = malloc(most ? most : 1)))
+        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory for a %llu-byte read buffer",
+                     (unsigned long long)most);
+    json_decref(j);
+    if (rc) {
+        ckpt_sharded_close(r);
+        return rc;
+    }
+    r->st = st;
+    r->cache_file = -1;
+    *out = r;
+    return 0;
+}
+
+int ckpt_sharded_ranged(const char *manifest)
+{
+    json_t *j = json_loads(manifest, 0, NULL);
+    ckpt_sharded *r = calloc(1, sizeof *r);
+    sp_err e = {0};
+    int ok = j && r && parse_manifest(r, j, "MANIFEST.json", &e) == 0 && r->nfiles > 0;
+    for (int i = 0; ok && i < r->nfiles; i++)
+        ok = r->files[i].ranged;
+    json_decref(j);
+    ckpt_sharded_close(r);
+    return ok;
+}
+
+int ckpt_sharded_damaged(const ckpt_sharded *r)
+{
+    return r && r->damaged;
 }
 
 static const shard_tensor *find_tensor(const ckpt_sharded *r, const char *name)
@@ -311,10 +526,63 @@ static int open_group(ckpt_sharded *r, shard_file *x, int g, sp_err *err)
     return rc;
 }
 
-/* Arena elements [a, b) of group g from file x into dst. */
-static int read_part(ckpt_sharded *r, shard_file *x, int g, uint64_t a, uint64_t b, float *dst,
+/* Block k of file i of a store-backed reader into r->cache, checked against
+ * its SHA-256 (kept: the next read often starts in the same block). */
+static int fetch_block(ckpt_sharded *r, int i, uint64_t k, sp_err *err)
+{
+    shard_file *x = &r->files[i];
+    if (r->cache_file == i && r->cache_block == k)
+        return 0;
+    r->cache_file = -1;
+    uint64_t at = k * x->block_bytes;
+    size_t len = (size_t)(x->size - at < x->block_bytes ? x->size - at : x->block_bytes);
+    char *key = sp_strf("%s/%s", r->prefix, x->name);
+    if (!key)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    int rc = store_get_range(r->st, key, at, len, r->cache, err);
+    free(key);
+    if (rc)
+        return err->code ? err->code : SP_EXIT_OTHER;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned mdlen = 0;
+    if (EVP_Digest(r->cache, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32)
+        return sp_fail(err, SP_EXIT_OTHER, "SHA-256 failed");
+    if (memcmp(md, x->sums[k], 32) != 0 && (r->damaged = 1))
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s/%s: bytes [%llu, %llu) (block %llu) do not match their SHA-256 in "
+                       "MANIFEST.json: the stored shard is damaged",
+                       r->dir, x->name, (unsigned long long)at,
+                       (unsigned long long)(at + len), (unsigned long long)k);
+    r->cache_file = i;
+    r->cache_block = k;
+    return 0;
+}
+
+/* Arena elements [a, b) of group g from file i of a store-backed reader. */
+static int read_ranged(ckpt_sharded *r, int i, int g, uint64_t a, uint64_t b, float *dst,
+                       sp_err *err)
+{
+    shard_file *x = &r->files[i];
+    uint64_t from = x->off[g] + 4 * (a - x->lo), to = x->off[g] + 4 * (b - x->lo);
+    char *out = (char *)dst;
+    for (uint64_t k = from / x->block_bytes; from < to; k++) {
+        if (fetch_block(r, i, k, err))
+            return err->code;
+        uint64_t end = (k + 1) * x->block_bytes < to ? (k + 1) * x->block_bytes : to;
+        memcpy(out, r->cache + (from - k * x->block_bytes), (size_t)(end - from));
+        out += end - from;
+        from = end;
+    }
+    return 0;
+}
+
+/* Arena elements [a, b) of group g from file i into dst. */
+static int read_part(ckpt_sharded *r, int i, int g, uint64_t a, uint64_t b, float *dst,
                      sp_err *err)
 {
+    shard_file *x = &r->files[i];
+    if (r->st)
+        return read_ranged(r, i, g, a, b, dst, err);
     if (x->ds[g] < 0 && open_group(r, x, g, err))
         return err->code;
     hsize_t off = (hsize_t)(a - x->lo), cnt = (hsize_t)(b - a);
@@ -350,7 +618,7 @@ int ckpt_sharded_read(ckpt_sharded *r, int g, const char *name, uint64_t start, 
         uint64_t lo = a > x->lo ? a : x->lo, hi = b < x->hi ? b : x->hi;
         if (lo >= hi)
             continue;
-        if (read_part(r, x, g, lo, hi, dst + (lo - t->offset - start), err))
+        if (read_part(r, i, g, lo, hi, dst + (lo - t->offset - start), err))
             return err->code;
     }
     return 0;

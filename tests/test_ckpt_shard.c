@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "checkpoint/ckpt.h"
+#include "checkpoint/store.h"
 #include "test_util.h"
 
 static char *dir;
@@ -193,5 +195,218 @@ Test(ckpt_shard, damaged_layout_is_refused)
     cr_expect(tu_contains(err.msg, "layout is damaged") && tu_contains(err.msg, "MANIFEST.json"),
               "%s", err.msg);
     ckpt_sharded_close(r);
+    free(p);
+}
+
+/* ---- ranged reads from a store ------------------------------------------------------ */
+
+static char *read_manifest_text(const char *ckpt)
+{
+    char *text = tu_read_file(tu_fmt("%s/MANIFEST.json", ckpt), NULL);
+    cr_assert(text, "%s has no MANIFEST.json", ckpt);
+    return text;
+}
+
+static store_t *dir_store(void)
+{
+    store_t *st = NULL;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&st, tu_fmt("file://%s", dir), NULL, &err), 0, "%s", err.msg);
+    return st;
+}
+
+/* The byte offset of group g's data in shard file `file`, from MANIFEST text. */
+static long long data_offset(const char *text, const char *file, int g)
+{
+    const char *at = strstr(text, file);
+    const char *o = at ? strstr(at, "\"data_offsets\"") : NULL;
+    long long v[3] = {-1, -1, -1};
+    cr_assert(o && sscanf(strchr(o, '[') + 1, " %lld , %lld , %lld", &v[0], &v[1], &v[2]) == 3,
+              "no data_offsets for %s", file);
+    return v[g];
+}
+
+/* Read from the store in ranges, every block checked, a sharded checkpoint
+ * gives exactly what the directory reader gives; a byte changed in a shard's
+ * data in the store is found by its block's SHA-256, the message naming the
+ * file and the block. */
+Test(ckpt_shard, ranged_reads_from_a_store_match_and_a_damaged_block_is_named)
+{
+    char *p = write_sharded(3);
+    char *text = read_manifest_text(p);
+    cr_expect(ckpt_sharded_ranged(text), "the MANIFEST lacks the block checksums");
+    store_t *st = dir_store();
+    ckpt_sharded *r = NULL;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_sharded_open_store(&r, text, st, "step-00000003", &err), 0, "%s", err.msg);
+    for (int t = 0; t < 3; t++) {
+        uint64_t n = ckpt_sharded_tensor(r, names[t], NULL, NULL);
+        cr_assert_eq(n, t == 0 ? 15u : t == 1 ? 7u : 8u);
+        for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+            for (uint64_t a = 0; a < n; a += 2)
+                for (uint64_t b = a + 1; b <= n; b += 3) {
+                    float got[16];
+                    cr_assert_eq(ckpt_sharded_read(r, g, names[t], a, b - a, got, &err), 0,
+                                 "%s", err.msg);
+                    for (uint64_t e = a; e < b; e++)
+                        cr_assert_eq(got[e - a], value(g, (uint64_t)offsets[t] + e, 3),
+                                     "%s group %d element %llu from the store: %g", names[t], g,
+                                     (unsigned long long)e, (double)got[e - a]);
+                }
+    }
+    cr_expect_eq(ckpt_sharded_damaged(r), 0);
+    ckpt_sharded_close(r);
+
+    /* element 9 (shard 1's second) of adam_m: one float's bytes changed */
+    long long at = data_offset(text, "shard-00001-of-00004.h5", 1) + 4;
+    tu_sh(NULL, "printf '\\177\\177\\177\\177' | dd of=%s/shard-00001-of-00004.h5 bs=1 seek=%lld "
+                "conv=notrunc 2>/dev/null", p, at);
+    cr_assert_eq(ckpt_sharded_open_store(&r, text, st, "step-00000003", &err), 0, "%s", err.msg);
+    float got[15];
+    cr_expect_eq(ckpt_sharded_read(r, 1, names[0], 0, 8, got, &err), 0,
+                 "shard 0 is intact, yet: %s", err.msg);
+    cr_expect_eq(ckpt_sharded_damaged(r), 0);
+    sp_err e2 = {0};
+    cr_expect_eq(ckpt_sharded_read(r, 0, names[0], 0, 15, got, &e2), SP_EXIT_INPUT,
+                 "read a damaged block (one block: the whole small file)");
+    cr_expect(tu_contains(e2.msg, "shard-00001-of-00004.h5") && tu_contains(e2.msg, "block 0") &&
+                  tu_contains(e2.msg, "SHA-256"),
+              "%s", e2.msg);
+    cr_expect_eq(ckpt_sharded_damaged(r), 1);
+    ckpt_sharded_close(r);
+    store_close(st);
+    free(text);
+    free(p);
+}
+
+/* Two shards of 1.5M elements: each file is over 16 MiB, so two blocks. */
+enum { BIG_N = 3000001, BIG_LEN = 1500001 };
+
+static char *write_big(int64_t step)
+{
+    char *tmp = ckpt_tmp_dir(dir, step, 4243);
+    cr_assert(tmp && mkdir(tmp, 0755) == 0);
+    ckpt_snapshot s;
+    ckpt_snapshot_init(&s);
+    s.step = step;
+    s.world_size = 2;
+    strcpy(s.config_hash, "0123456789abcdef");
+    strcpy(s.base_model, "fedcba9876543210");
+    cr_assert_eq(ckpt_set_int(&s, "step", step), 0);
+    s.shards = calloc(2, sizeof *s.shards);
+    s.nshards = 2;
+    s.shard_dir = strdup(tmp);
+    s.layout = strdup(tu_fmt(
+        "{\"kind\":\"flat-shards\",\"elements\":%d,\"tensors\":["
+        "{\"name\":\"a\",\"offset\":0,\"shape\":[1000,1500]},"
+        "{\"name\":\"b\",\"offset\":1500000,\"shape\":[%d]}],\"shards\":["
+        "{\"file\":\"shard-00000-of-00002.h5\",\"lo\":0,\"hi\":%d},"
+        "{\"file\":\"shard-00001-of-00002.h5\",\"lo\":%d,\"hi\":%d}]}",
+        BIG_N, BIG_N - 1500000, BIG_LEN, BIG_LEN, BIG_N));
+    for (int r = 0; r < 2; r++) {
+        ckpt_shard sh = {.step = step, .rank = r, .count = 2, .lo = (uint64_t)r * BIG_LEN};
+        sh.hi = r ? BIG_N : BIG_LEN;
+        for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
+            sh.data[g] = malloc(sizeof(float) * BIG_LEN);
+            for (uint64_t e = sh.lo; e < sh.hi; e++)
+                sh.data[g][e - sh.lo] = value(g, e, step);
+        }
+        sp_err err = {0};
+        cr_assert_eq(ckpt_shard_write(tmp, &sh, &s.shards[r], &err), 0, "%s", err.msg);
+        cr_expect_eq(s.shards[r].nblocks, 2u, "shard %d: %u blocks of %llu bytes in %llu", r,
+                     s.shards[r].nblocks, (unsigned long long)s.shards[r].block_bytes,
+                     (unsigned long long)s.shards[r].size);
+        ckpt_shard_free(&sh);
+    }
+    char *out = NULL;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_write(dir, &s, &out, &err), 0, "%s", err.msg);
+    ckpt_snapshot_free(&s);
+    free(tmp);
+    return out;
+}
+
+/* Ranges within a block, across a block boundary, across the two files and
+ * whole tensors read from the store equal what was written. */
+Test(ckpt_shard, ranged_reads_across_blocks_and_files, .timeout = 120)
+{
+    char *p = write_big(7);
+    char *text = read_manifest_text(p);
+    store_t *st = dir_store();
+    ckpt_sharded *r = NULL;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_sharded_open_store(&r, text, st, "step-00000007", &err), 0, "%s", err.msg);
+    /* adam_v of shard 0 starts at data_offsets[2]; block 1 starts at 16 MiB */
+    long long v0 = data_offset(text, "shard-00000-of-00002.h5", 2);
+    uint64_t cross = (uint64_t)(((16LL << 20) - v0) / 4); /* the element at the boundary */
+    cr_assert(cross > 10 && cross < 1500000 - 10, "boundary element %llu",
+              (unsigned long long)cross);
+    struct {
+        const char *t;
+        uint64_t off, a, n;
+    } cases[] = {{"a", 0, 0, 1500000},         {"a", 0, cross - 3, 7},
+                 {"b", 1500000, 0, 1},          {"b", 1500000, 0, 5},
+                 {"b", 1500000, 0, 1500001},    {"b", 1500000, 1499990, 11}};
+    float *got = malloc(sizeof(float) * 1500001);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int g = 2; g >= 0; g--) {
+            cr_assert_eq(ckpt_sharded_read(r, g, cases[c].t, cases[c].a, cases[c].n, got, &err),
+                         0, "%s", err.msg);
+            for (uint64_t e = 0; e < cases[c].n; e++)
+                cr_assert_eq(got[e], value(g, cases[c].off + cases[c].a + e, 7),
+                             "%s group %d element %llu", cases[c].t, g,
+                             (unsigned long long)(cases[c].a + e));
+        }
+    free(got);
+    ckpt_sharded_close(r);
+    store_close(st);
+    free(text);
+    free(p);
+}
+
+/* A sharded checkpoint pulled without its shards: state.h5 and MANIFEST
+ * come, checked; the shards stay, each checked to be in the store with its
+ * size; the copy verifies once its shards are not looked for. A shard missing
+ * from the store, or of another size, is named and marks the checkpoint
+ * corrupt. */
+Test(ckpt_shard, pull_without_shards_checks_what_stays_in_the_store)
+{
+    char *p = write_sharded(6);
+    char *text = read_manifest_text(p);
+    store_t *st = dir_store();
+    char *local = strdup(tu_fmt("%s/pulled", dir));
+    int corrupt = -1;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_pull_unsharded(st, "step-00000006", text, local, &corrupt, &err), 0, "%s",
+                 err.msg);
+    cr_expect_eq(corrupt, 0);
+    cr_expect(access(tu_fmt("%s/state.h5", local), R_OK) == 0, "no state.h5 pulled");
+    cr_expect(access(tu_fmt("%s/shard-00000-of-00004.h5", local), F_OK) != 0,
+              "a shard was pulled");
+    ckpt_manifest m;
+    cr_expect_eq(ckpt_verify_ex(local, &m, 1, &err), 0, "%s", err.msg);
+    ckpt_manifest_free(&m);
+    sp_err e2 = {0};
+    cr_expect_eq(ckpt_verify(local, &m, &e2), SP_EXIT_INPUT, "verified without its shards");
+    ckpt_manifest_free(&m);
+
+    tu_sh(NULL, "truncate -s 100 %s/shard-00003-of-00004.h5", p);
+    sp_err e3 = {0};
+    cr_expect_eq(ckpt_pull_unsharded(st, "step-00000006", text, local, &corrupt, &e3),
+                 SP_EXIT_INPUT);
+    cr_expect(corrupt == 1 && tu_contains(e3.msg, "shard-00003-of-00004.h5") &&
+                  tu_contains(e3.msg, "100 bytes"),
+              "%d %s", corrupt, e3.msg);
+    cr_expect(access(local, F_OK) != 0, "a failed pull leaves %s", local);
+    tu_sh(NULL, "rm %s/shard-00002-of-00004.h5", p);
+    sp_err e4 = {0};
+    cr_expect_eq(ckpt_pull_unsharded(st, "step-00000006", text, local, &corrupt, &e4),
+                 SP_EXIT_INPUT);
+    cr_expect(corrupt == 1 && tu_contains(e4.msg, "shard-00002-of-00004.h5") &&
+                  tu_contains(e4.msg, "missing"),
+              "%d %s", corrupt, e4.msg);
+    store_close(st);
+    free(local);
+    free(text);
     free(p);
 }

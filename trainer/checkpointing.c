@@ -74,6 +74,7 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->last_time = sp_now();
     c->last_step = -1;
     c->remote_step = -1;
+    c->remote_skip_from = INT64_MAX;
     c->pending_step = -1;
     c->sharded = ckpt_shards_wanted(cfg, comm);
     c->pid0 = (int)getpid();
@@ -200,6 +201,7 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
     if (c->lease_store)
         store_close(c->lease_store);
     pthread_mutex_destroy(&c->remote_mu);
+    free(c->ranged_url);
     free(c->root);
     free(c);
     return rc;

@@ -37,6 +37,11 @@ struct ckpt_ctl {
     int64_t last_step;
     int64_t global_batch; /* windows per step: this run's, after any resume re-split */
     int fresh_metrics; /* the run directory had no metrics yet (a new machine) */
+    /* rank 0, resuming: the store whose shards the checkpoint just pulled
+     * left there for every rank's ranged reads (NULL: pulled whole); remote
+     * checkpoints from remote_skip_from on are not chosen (found damaged) */
+    char *ranged_url;
+    int64_t remote_skip_from;
     /* sharded checkpoints (checkpoint.layout; ckpt_shards.c): every rank has
      * a writer for its shard; a checkpoint's shards are pending until every
      * rank's is written, then rank 0 commits it (state.h5, MANIFEST) */
@@ -75,6 +80,12 @@ int ckpt_shards_complete(ckpt_ctl *c, int wait, sp_err *err);
  * reading only the ranges it keeps (or, when some rank cannot see dir,
  * rank 0 reading and broadcasting). */
 int ckpt_shards_restore(ckpt_ctl *c, model_t *m, const char *dir, sp_err *err);
+/* Every rank: the same from checkpoint `name` of the store at url, read in
+ * ranges (each block checked) by every rank; local_dir is rank 0's copy of
+ * its MANIFEST and state (ckpt_pull_unsharded). *damaged: a block did not
+ * match its checksum on some rank (every rank learns it). */
+int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const char *name,
+                              const char *local_dir, int *damaged, sp_err *err);
 
 /* ckpt_remote.c, rank 0. quick: the store options for what decides whether
  * and where the job starts. */
@@ -89,7 +100,9 @@ int ckpt_remote_final_pushed(ckpt_ctl *c, sp_err *err);
 int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err);
 /* Downloads st's step `name` into the local root and verifies it (*path: a
  * heap string; NULL on failure); *corrupt (may be NULL): it downloaded but
- * does not match its MANIFEST. */
+ * does not match its MANIFEST. A sharded checkpoint with block checksums is
+ * pulled without its shards into ROOT/.remote-step-N, and c->ranged_url
+ * names the store that keeps them. */
 int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char **path, int *corrupt,
                      sp_err *err);
 /* Queues a push of a local checkpoint newer than the store's newest. */

@@ -195,12 +195,38 @@ int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char **path, in
     *path = NULL;
     if (corrupt)
         *corrupt = 0;
-    char *local = sp_strf("%s/%s", c->root, name);
-    if (!local)
+    free(c->ranged_url);
+    c->ranged_url = NULL;
+    /* a sharded checkpoint whose blocks carry checksums stays in the store:
+     * only its MANIFEST, state and metrics come here */
+    char *key = sp_strf("%s/%s", name, CKPT_MANIFEST), *text = NULL;
+    size_t n = 0;
+    sp_err merr = {0};
+    int ranged = key && store_get_bytes(st, key, (void **)&text, &n, &merr) == 0 &&
+                 strlen(text) == n && ckpt_sharded_ranged(text);
+    free(key);
+    char *local = ranged ? sp_strf("%s/.remote-%s", c->root, name)
+                         : sp_strf("%s/%s", c->root, name);
+    if (!local) {
+        free(text);
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
+    int rc = 0;
+    if (ranged) {
+        if (ckpt_pull_unsharded(st, name, text, local, corrupt, err))
+            rc = err->code ? err->code : SP_EXIT_OTHER;
+        else if (!(c->ranged_url = strdup(store_url(st))))
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        free(text);
+        if (rc)
+            free(local);
+        else
+            *path = local;
+        return rc;
+    }
+    free(text);
     ckpt_remove_tree(local); /* a broken local copy of the same step */
     ckpt_manifest mf;
-    int rc = 0;
     if (store_pull_dir(st, name, local, NULL, err)) {
         rc = err->code ? err->code : SP_EXIT_OTHER;
     } else if (ckpt_verify(local, &mf, err)) {
@@ -252,7 +278,7 @@ int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err)
         long long step;
         char name[64];
         if (sscanf(k, "step-%lld/", &step) != 1 || !strstr(k, "/" CKPT_MANIFEST) ||
-            step <= local_step)
+            step <= local_step || step >= c->remote_skip_from)
             continue;
         ckpt_dir_name(name, sizeof name, step);
         log_event(c->log, c->metrics, "info", "downloading %s/%s", store_url(c->store), name);

@@ -16,6 +16,8 @@ typedef struct resume_header {
     int32_t code, found;
     int32_t sharded; /* a sharded checkpoint at path: every rank reads its part */
     char path[PATH_MAX];
+    char remote[PATH_MAX]; /* sharded, its shards read from this store (else "") */
+    char name[64];         /* ... under this prefix (step-N) */
     int64_t step, grad_accum;
     uint64_t cursor;
     double elapsed_s;
@@ -227,7 +229,7 @@ static void trim_metrics(ckpt_ctl *c, const char *ckpt_dir, int64_t step)
  * the progress; why: the error when h->code is set (rank 0 has it whole). */
 static int restore(ckpt_ctl *c, model_t *m, const resume_header *h, const char *why,
                    ckpt_snapshot *s, int64_t micro_batch, int64_t *grad_accum, train_progress *p,
-                   int *resumed, sp_err *err)
+                   int *resumed, int *damaged, sp_err *err)
 {
     /* checkpoint.every_minutes counts from here, not from before a download */
     c->last_time = sp_now();
@@ -237,8 +239,10 @@ static int restore(ckpt_ctl *c, model_t *m, const resume_header *h, const char *
     }
     if (!h->found)
         return 0;
-    int rc = h->sharded ? ckpt_shards_restore(c, m, h->path, err)
-                        : ckpt_state_restore(c, m, c->rank == 0 ? s : NULL, err);
+    int rc = h->remote[0] ? ckpt_shards_restore_store(c, m, h->remote, h->name, h->path, damaged,
+                                                      err)
+             : h->sharded ? ckpt_shards_restore(c, m, h->path, err)
+                          : ckpt_state_restore(c, m, c->rank == 0 ? s : NULL, err);
     ckpt_snapshot_free(s);
     if (rc)
         return rc;
@@ -254,58 +258,112 @@ static int restore(ckpt_ctl *c, model_t *m, const resume_header *h, const char *
     return 0;
 }
 
-int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
-                    int64_t *grad_accum, train_progress *p, int *resumed, sp_err *err)
+/* One attempt: rank 0 chooses, every rank restores. *damaged: the chosen
+ * checkpoint's shards, read from the store, did not match their checksums. */
+static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
+                       int64_t *grad_accum, train_progress *p, int *resumed, int *damaged,
+                       resume_header *h, sp_err *err)
 {
-    resume_header h;
-    memset(&h, 0, sizeof h);
+    memset(h, 0, sizeof *h);
     ckpt_snapshot s;
     ckpt_snapshot_init(&s);
     char *path = NULL;
     sp_err e = {0};
     *resumed = 0;
+    *damaged = 0;
     if (c->rank == 0) {
         int64_t ga = *grad_accum;
+        free(c->ranged_url); /* set again if this choice is read from a store */
+        c->ranged_url = NULL;
         int rc = choose(c, resume, &path, &e);
         if (!rc && path) {
-            rc = state_read_checked(path, &s, &e);
+            rc = state_read_checked(path, c->ranged_url != NULL, &s, &e);
             if (!rc)
                 rc = check_compatible(c, &s, path, micro_batch, &ga, &e);
         }
-        h.code = rc;
-        h.found = !rc && path;
-        sp_cutf(h.msg, sizeof h.msg, "%s", e.msg); /* for the other ranks */
-        if (h.found)
+        h->code = rc;
+        h->found = !rc && path;
+        sp_cutf(h->msg, sizeof h->msg, "%s", e.msg); /* for the other ranks */
+        if (h->found && !c->ranged_url) /* a checkpoint pulled without its shards stays there */
             ckpt_remote_push_if_missing(c, path, s.step);
-        if (h.found) {
+        if (h->found) {
             const ckpt_attr *cur = ckpt_get(&s, "cursor"), *el = ckpt_get(&s, "elapsed_s");
-            h.step = s.step;
-            h.cursor = cur ? (uint64_t)cur->i : 0;
-            h.elapsed_s = el ? el->d : 0;
-            h.grad_accum = ga;
-            h.sharded = s.layout != NULL;
-            if (h.sharded && sp_fitf(h.path, sizeof h.path, "%s", path)) {
-                h.code = sp_fail(&e, SP_EXIT_INPUT, "%s: path too long", path);
-                h.found = 0;
-                sp_cutf(h.msg, sizeof h.msg, "%s", e.msg);
+            h->step = s.step;
+            h->cursor = cur ? (uint64_t)cur->i : 0;
+            h->elapsed_s = el ? el->d : 0;
+            h->grad_accum = ga;
+            h->sharded = s.layout != NULL;
+            if (h->sharded && c->ranged_url)
+                ckpt_dir_name(h->name, sizeof h->name, s.step);
+            if (h->sharded &&
+                (sp_fitf(h->path, sizeof h->path, "%s", path) ||
+                 (c->ranged_url && sp_fitf(h->remote, sizeof h->remote, "%s", c->ranged_url)))) {
+                h->code = sp_fail(&e, SP_EXIT_INPUT, "%s: path too long", path);
+                h->found = 0;
+                sp_cutf(h->msg, sizeof h->msg, "%s", e.msg);
             }
         }
     }
-    int rc = comm_bcast(c->comm, &h, sizeof h, 0, err);
+    int rc = comm_bcast(c->comm, h, sizeof *h, 0, err);
     if (!rc)
-        rc = restore(c, m, &h, c->rank == 0 ? e.msg : h.msg, &s, micro_batch, grad_accum, p,
-                     resumed, err);
+        rc = restore(c, m, h, c->rank == 0 ? e.msg : h->msg, &s, micro_batch, grad_accum, p,
+                     resumed, damaged, err);
     else
         ckpt_snapshot_free(&s);
     if (!rc && !*resumed && c->rank == 0)
         trim_metrics(c, NULL, 0);
     if (!rc && *resumed && c->rank == 0) {
-        trim_metrics(c, path, h.step);
-        log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu", path,
-                  (long long)h.step, (unsigned long long)h.cursor);
+        trim_metrics(c, path, h->step);
+        log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu",
+                  h->remote[0] ? h->remote : path, (long long)h->step,
+                  (unsigned long long)h->cursor);
     }
+    if (c->rank == 0 && h->remote[0] && path) /* MANIFEST and state: read, not kept */
+        ckpt_remove_tree(path);
+    free(path);
+    return rc;
+}
+
+int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
+                    int64_t *grad_accum, train_progress *p, int *resumed, sp_err *err)
+{
+    resume_header h;
+    int damaged = 0, rc;
+    for (int attempt = 0;; attempt++) {
+        rc = resume_once(c, m, resume, micro_batch, grad_accum, p, resumed, &damaged, &h, err);
+        if (!damaged)
+            break;
+        /* A checkpoint whose stored shards do not match their checksums does
+         * not exist by the protocol: its MANIFEST is retired (so no later
+         * start takes it either) and the newest older one is restored, which
+         * overwrites all the trainable state this attempt wrote. Only --resume
+         * auto chooses again, and only while there is one to choose. */
+        if (c->rank == 0) {
+            char key[128];
+            snprintf(key, sizeof key, "%s/%s", h.name, CKPT_MANIFEST);
+            sp_err derr = {0};
+            int gone = c->store && strcmp(store_url(c->store), h.remote) == 0 &&
+                       store_delete(c->store, key, &derr) == 0;
+            log_event(c->log, c->metrics, "warning",
+                      "skipping remote checkpoint %s: %s%s", h.name, err->msg,
+                      gone ? "; its MANIFEST was removed from the store" : "");
+        }
+        int32_t again = strcmp(resume, "auto") == 0 && attempt < 4;
+        if (!again)
+            break;
+        c->remote_skip_from = h.step;
+        pthread_mutex_lock(&c->remote_mu); /* learned again from the next listing */
+        c->remote_step = -1;
+        pthread_mutex_unlock(&c->remote_mu);
+        sp_err_clear(err);
+    }
+    if (!rc && damaged == 0 && *resumed == 0 && h.code == 0 && c->remote_skip_from != INT64_MAX)
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "every remote checkpoint from step %lld on is damaged and no older one "
+                     "exists: the model holds part of a damaged restore, so this run stops "
+                     "rather than train from it; run it again to start from the beginning",
+                     (long long)c->remote_skip_from);
     if (!rc) /* the trainable arrays and their two AdamW moments, fp32 */
         ckpt_remote_budget_check(c, (uint64_t)m->n_trainable * 12u);
-    free(path);
     return rc;
 }

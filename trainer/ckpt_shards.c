@@ -186,15 +186,36 @@ fail:
     return err->code;
 }
 
-/* A shard's result as 10 int64: failed, size, the SHA-256's 64 hex digits. */
-enum { SHARD_REC = 10 };
+/* A shard's result as int64: failed, size, the SHA-256's 64 hex digits (8),
+ * the three data offsets, block_bytes, nblocks, then the block checksums (4
+ * each). */
+enum { REC_HEAD = 15, SHARD_REC = REC_HEAD + 4 * CKPT_SHARD_MAX_BLOCKS };
 
-static void pack_result(int failed, const ckpt_shard_info *info, int64_t rec[SHARD_REC])
+static void pack_result(int failed, const ckpt_shard_info *info, int64_t *rec)
 {
     memset(rec, 0, sizeof(int64_t) * SHARD_REC);
     rec[0] = failed;
+    if (failed)
+        return;
     rec[1] = (int64_t)info->size;
     memcpy(&rec[2], info->sha256, 64);
+    for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+        rec[10 + g] = (int64_t)info->data_offset[g];
+    rec[13] = (int64_t)info->block_bytes;
+    rec[14] = info->nblocks;
+    memcpy(&rec[REC_HEAD], info->block_sha256, 32 * (size_t)info->nblocks);
+}
+
+static void unpack_result(const int64_t *rec, ckpt_shard_info *info)
+{
+    info->size = (uint64_t)rec[1];
+    memcpy(info->sha256, &rec[2], 64);
+    info->sha256[64] = 0;
+    for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+        info->data_offset[g] = (uint64_t)rec[10 + g];
+    info->block_bytes = (uint64_t)rec[13];
+    info->nblocks = rec[14] > 0 && rec[14] <= CKPT_SHARD_MAX_BLOCKS ? (uint32_t)rec[14] : 0;
+    memcpy(info->block_sha256, &rec[REC_HEAD], 32 * (size_t)info->nblocks);
 }
 
 /* Rank 0, every shard reported: commit on the writer, or drop the checkpoint. */
@@ -219,12 +240,9 @@ static int commit(ckpt_ctl *c, const int64_t *recs, sp_err *err)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     s->nshards = c->world;
     for (int r = 0; r < c->world; r++) {
-        const int64_t *rec = recs + (size_t)r * SHARD_REC;
         ckpt_shard_name(s->shards[r].name, sizeof s->shards[r].name, r, c->world);
-        s->shards[r].size = (uint64_t)rec[1];
-        memcpy(s->shards[r].sha256, &rec[2], 64);
-        s->shards[r].sha256[64] = 0;
-        s->bytes += (size_t)rec[1];
+        unpack_result(recs + (size_t)r * SHARD_REC, &s->shards[r]);
+        s->bytes += (size_t)s->shards[r].size;
     }
     return ckpt_writer_submit(c->writer, s, NULL, err);
 }
@@ -247,11 +265,14 @@ int ckpt_shards_complete(ckpt_ctl *c, int wait, sp_err *err)
     if (failed)
         fprintf(stderr, "rank %d: checkpoint step %lld: %s\n", c->rank,
                 (long long)c->pending_step, mine.msg);
-    int64_t rec[SHARD_REC], *recs = NULL;
-    pack_result(failed, &info, rec);
-    if (c->rank == 0 && !(recs = malloc(sizeof(int64_t) * SHARD_REC * (size_t)c->world)))
+    int64_t *rec = malloc(sizeof(int64_t) * SHARD_REC), *recs = NULL;
+    if (!rec || (c->rank == 0 && !(recs = malloc(sizeof(int64_t) * SHARD_REC * (size_t)c->world)))) {
+        free(rec);
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    }
+    pack_result(failed, &info, rec);
     int rc = comm_gather(c->comm, rec, recs, SHARD_REC, COMM_I64, 0, err);
+    free(rec);
     if (!rc && c->rank == 0)
         rc = commit(c, recs, err);
     free(recs);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "checkpointing_internal.h"
+#include "grad_sync.h"
 
 #define VERSION_TAG "spotune " SPOTUNE_VERSION /* from CMake (trainer/CMakeLists.txt) */
 #define RNG_TAG "splitmix64-counter-v1"
@@ -216,13 +217,13 @@ static int src_read(const restore_src *src, int g, const param_t *p, size_t a, s
     return ckpt_sharded_read(src->r, g, p->name, a, b - a, buf + a, err);
 }
 
-/* The part [a, b) of p's group g that this rank keeps: all of it, but of a
- * moment in a sharded run only what lies in the rank's shard. */
-static void kept_part(const model_t *m, const param_t *p, int g, size_t *a, size_t *b)
+/* The part [a, b) of p's group g that this rank keeps: all of it, but in a
+ * sharded run only what lies in the rank's shard. */
+static void kept_part(const model_t *m, const param_t *p, size_t *a, size_t *b)
 {
     *a = 0;
     *b = p->n;
-    if (g == 0 || m->shard_count == 1)
+    if (m->shard_count == 1)
         return;
     size_t s = m->shard_lo, e = m->shard_lo + m->shard_len;
     size_t lo = p->offset > s ? p->offset : s, hi = p->offset + p->n < e ? p->offset + p->n : e;
@@ -230,9 +231,13 @@ static void kept_part(const model_t *m, const param_t *p, int g, size_t *a, size
     *b = lo < hi ? hi - p->offset : 0;
 }
 
-/* Every rank: the trainable state from src, a parameter at a time. */
+/* Every rank: the trainable state from src, a parameter at a time. Where
+ * every rank reads its own and the optimizer is sharded, a rank reads only
+ * its shard's masters and moments; the compute copy is then rebuilt from the
+ * masters and all-gathered, as after an optimizer step. */
 static int restore_from(ckpt_ctl *c, model_t *m, const restore_src *src, sp_err *err)
 {
+    int own = src->every_rank && m->shard_count > 1;
     for (int i = 0; i < m->nparams; i++) {
         param_t *p = &m->params[i];
         if (!p->trainable)
@@ -246,8 +251,8 @@ static int restore_from(ckpt_ctl *c, model_t *m, const restore_src *src, sp_err 
         int32_t code = buf ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of host memory");
         for (int g = 0; g < 3; g++) {
             size_t a = 0, b = p->n;
-            if (src->every_rank)
-                kept_part(m, p, g, &a, &b);
+            if (own)
+                kept_part(m, p, &a, &b);
             if (!code && a < b && (src->every_rank || c->rank == 0))
                 code = src_read(src, g, p, a, b, buf, err);
             if (comm_allreduce(c->comm, &code, 1, COMM_I32, COMM_MAX, err)) {
@@ -264,14 +269,19 @@ static int restore_from(ckpt_ctl *c, model_t *m, const restore_src *src, sp_err 
                 free(buf);
                 return err->code;
             }
-            if (g == 0)
+            if (g == 0 && !own)
                 model_param_upload(m, p, buf, DT_F32);
             else
-                upload_moment(m, p, g == 1 ? m->adam_m : m->adam_v, dst[g], buf);
+                upload_moment(m, p, g == 0 ? m->master : g == 1 ? m->adam_m : m->adam_v, dst[g],
+                              buf);
         }
         free(buf);
     }
-    return be_check(m->be, err);
+    if (own && m->shard_len) /* masters -> this rank's part of the compute copy -> every rank */
+        be_copy(m->be, tensor_view(m->copy, m->shard_lo, m->shard_len), m->master);
+    if (be_check(m->be, err) || (own && grad_sync_gather_weights(m, c->comm, err)))
+        return err->code;
+    return 0;
 }
 
 /* Every rank: the trainable state from rank 0's snapshot (s is NULL elsewhere). */
@@ -306,4 +316,88 @@ int ckpt_shards_restore(ckpt_ctl *c, model_t *m, const char *dir, sp_err *err)
     int rc = restore_from(c, m, &src, err);
     ckpt_sharded_close(src.r);
     return rc;
+}
+
+/* Rank 0's MANIFEST text (from local_dir) on every rank (*text: heap). */
+static int share_manifest(ckpt_ctl *c, const char *local_dir, char **text, sp_err *err)
+{
+    int64_t n = -1;
+    char *buf = NULL;
+    if (c->rank == 0) {
+        char *path = sp_strf("%s/%s", local_dir, CKPT_MANIFEST);
+        FILE *f = path ? fopen(path, "rb") : NULL;
+        if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
+            fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+            fread(buf, 1, (size_t)n, f) != (size_t)n)
+            n = -1;
+        if (f)
+            fclose(f);
+        free(path);
+    }
+    if (comm_bcast(c->comm, &n, sizeof n, 0, err)) {
+        free(buf);
+        return err->code;
+    }
+    if (n < 0) {
+        free(buf);
+        return sp_fail(err, SP_EXIT_INPUT, "%s/%s: rank 0 cannot read it", local_dir,
+                       CKPT_MANIFEST);
+    }
+    if (c->rank != 0 && !(buf = malloc((size_t)n + 1)))
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (comm_bcast(c->comm, buf, (size_t)n, 0, err)) {
+        free(buf);
+        return err->code;
+    }
+    buf[n] = 0;
+    *text = buf;
+    return 0;
+}
+
+int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const char *name,
+                              const char *local_dir, int *damaged, sp_err *err)
+{
+    *damaged = 0;
+    char *text = NULL;
+    if (share_manifest(c, local_dir, &text, err))
+        return err->code;
+    store_opts so;
+    ckpt_remote_opts(c->cfg, 0, &so);
+    store_t *st = NULL;
+    restore_src src = {.every_rank = 1};
+    sp_err mine = {0};
+    int32_t code = store_open(&st, url, &so, &mine) ? (mine.code ? mine.code : SP_EXIT_OTHER)
+                   : ckpt_sharded_open_store(&src.r, text, st, name, &mine);
+    free(text);
+    int32_t all = code;
+    if (comm_allreduce(c->comm, &all, 1, COMM_I32, COMM_MAX, err))
+        goto out;
+    if (all) {
+        if (code)
+            sp_fail(err, code, "%s", mine.msg);
+        else
+            sp_fail(err, all, "another rank cannot read the checkpoint %s/%s", url, name);
+        goto out;
+    }
+    if (c->rank == 0)
+        log_event(c->log, c->metrics, "info",
+                  "restoring the sharded checkpoint %s/%s: every rank reads the ranges it keeps "
+                  "from the store, each block checked against MANIFEST.json",
+                  url, name);
+    if (restore_from(c, m, &src, err)) {
+        /* the first rank that found a damaged block tells every rank what it found */
+        int32_t who = ckpt_sharded_damaged(src.r) ? c->rank : c->world;
+        sp_err e2 = {0};
+        if (comm_allreduce(c->comm, &who, 1, COMM_I32, COMM_MIN, &e2) == 0 && who < c->world) {
+            *damaged = 1;
+            char msg[SP_ERR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            if (comm_bcast(c->comm, msg, sizeof msg, who, &e2) == 0)
+                sp_cutf(err->msg, sizeof err->msg, "%s", msg);
+        }
+    }
+out:
+    ckpt_sharded_close(src.r);
+    store_close(st);
+    return err->code;
 }

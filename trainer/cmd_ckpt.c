@@ -547,7 +547,7 @@ int cmd_export(int argc, char **argv)
     ckpt_snapshot_init(&s);
     int rc = local_checkpoint(argv[optind], &o, &dir, &tmp, &err);
     if (!rc)
-        rc = state_read_checked(dir, &s, &err);
+        rc = state_read_checked(dir, 0, &s, &err);
     /* a sharded checkpoint's weights are in its shard files */
     if (!rc && s.layout)
         rc = ckpt_sharded_load(dir, &s, 0, "params/", &err);

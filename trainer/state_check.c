@@ -106,11 +106,11 @@ int state_check_isolated(const char *dir, sp_err *err)
                    dir, CKPT_STATE_FILE, WEXITSTATUS(st));
 }
 
-int state_read_checked(const char *dir, ckpt_snapshot *s, sp_err *err)
+int state_read_checked(const char *dir, int shards_in_store, ckpt_snapshot *s, sp_err *err)
 {
     ckpt_manifest m;
     ckpt_snapshot_init(s);
-    int rc = ckpt_verify(dir, &m, err);
+    int rc = ckpt_verify_ex(dir, &m, shards_in_store, err);
     if (!rc)
         rc = state_check_isolated(dir, err);
     if (!rc)

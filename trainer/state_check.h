@@ -12,7 +12,8 @@
 
 /* Runs `spotune ckpt check DIR` and reports what it found. */
 int state_check_isolated(const char *dir, sp_err *err);
-/* state_check_isolated, then ckpt_read. */
-int state_read_checked(const char *dir, ckpt_snapshot *s, sp_err *err);
+/* ckpt_verify, state_check_isolated, then ckpt_read (shards_in_store: see
+ * ckpt_verify_ex). */
+int state_read_checked(const char *dir, int shards_in_store, ckpt_snapshot *s, sp_err *err);
 
 #endif
