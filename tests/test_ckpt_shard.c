@@ -93,6 +93,29 @@ static char *write_sharded(int64_t step)
     return out;
 }
 
+/* Ranges of every tensor of checkpoint step `step` read through r, every
+ * start and ranges crossing shards, equal what was written. */
+static void expect_reads(ckpt_sharded *r, int64_t step, const char *from)
+{
+    sp_err err = {0};
+    for (int t = 0; t < 3; t++) {
+        uint64_t n = ckpt_sharded_tensor(r, names[t], NULL, NULL);
+        cr_assert_eq(n, t == 0 ? 15u : t == 1 ? 7u : 8u, "%s has %llu elements in %s", names[t],
+                     (unsigned long long)n, from);
+        for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+            for (uint64_t a = 0; a < n; a++)
+                for (uint64_t b = a + 1; b <= n; b += 3) {
+                    float got[16];
+                    cr_assert_eq(ckpt_sharded_read(r, g, names[t], a, b - a, got, &err), 0,
+                                 "%s", err.msg);
+                    for (uint64_t e = a; e < b; e++)
+                        cr_assert_eq(got[e - a], value(g, (uint64_t)offsets[t] + e, step),
+                                     "%s group %d element %llu from %s: %g", names[t], g,
+                                     (unsigned long long)e, from, (double)got[e - a]);
+                }
+    }
+}
+
 Test(ckpt_shard, commit_lists_every_shard_and_ranged_reads_match)
 {
     char *p = write_sharded(3);
@@ -112,20 +135,7 @@ Test(ckpt_shard, commit_lists_every_shard_and_ranged_reads_match)
     cr_expect(nd == 2 && shape[0] == 3 && shape[1] == 5, "shape %d [%lld, %lld]", nd,
               (long long)shape[0], (long long)shape[1]);
     cr_expect_eq(ckpt_sharded_tensor(r, "no.such.tensor", NULL, NULL), 0);
-    for (int t = 0; t < 3; t++) {
-        uint64_t n = ckpt_sharded_tensor(r, names[t], NULL, NULL);
-        for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
-            for (uint64_t a = 0; a < n; a += 3) /* every start, ranges crossing shards */
-                for (uint64_t b = a + 1; b <= n; b += 4) {
-                    float got[16];
-                    cr_assert_eq(ckpt_sharded_read(r, g, names[t], a, b - a, got, &err), 0,
-                                 "%s", err.msg);
-                    for (uint64_t e = a; e < b; e++)
-                        cr_assert_eq(got[e - a], value(g, (uint64_t)offsets[t] + e, 3),
-                                     "%s group %d element %llu: %g", names[t], g,
-                                     (unsigned long long)e, (double)got[e - a]);
-                }
-    }
+    expect_reads(r, 3, "a directory");
     float x[8];
     cr_expect_neq(ckpt_sharded_read(r, 0, names[1], 5, 3, x, &err), 0, "past the end read");
     sp_err e2 = {0};
@@ -239,21 +249,7 @@ Test(ckpt_shard, ranged_reads_from_a_store_match_and_a_damaged_block_is_named)
     ckpt_sharded *r = NULL;
     sp_err err = {0};
     cr_assert_eq(ckpt_sharded_open_store(&r, text, st, "step-00000003", &err), 0, "%s", err.msg);
-    for (int t = 0; t < 3; t++) {
-        uint64_t n = ckpt_sharded_tensor(r, names[t], NULL, NULL);
-        cr_assert_eq(n, t == 0 ? 15u : t == 1 ? 7u : 8u);
-        for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
-            for (uint64_t a = 0; a < n; a += 2)
-                for (uint64_t b = a + 1; b <= n; b += 3) {
-                    float got[16];
-                    cr_assert_eq(ckpt_sharded_read(r, g, names[t], a, b - a, got, &err), 0,
-                                 "%s", err.msg);
-                    for (uint64_t e = a; e < b; e++)
-                        cr_assert_eq(got[e - a], value(g, (uint64_t)offsets[t] + e, 3),
-                                     "%s group %d element %llu from the store: %g", names[t], g,
-                                     (unsigned long long)e, (double)got[e - a]);
-                }
-    }
+    expect_reads(r, 3, "a store");
     cr_expect_eq(ckpt_sharded_damaged(r), 0);
     ckpt_sharded_close(r);
 
