@@ -1,5 +1,6 @@
-/* trainer/model_internal.h — private to model.c and model_graph.c: the
- * activation and scratch buffers of the model. */
+/* trainer/model_internal.h — private to model.c, model_alloc.c and
+ * model_graph.c: the activation and scratch buffers of the model, and the
+ * steps of model_create that model_alloc.c implements. */
 #ifndef SPOTUNE_MODEL_INTERNAL_H
 #define SPOTUNE_MODEL_INTERNAL_H
 
@@ -34,5 +35,19 @@ typedef struct model_scratch {
 } model_scratch;
 
 #define MODEL_SCRATCH(m) ((model_scratch *)(m)->scratch)
+
+/* model.c: whether projection proj carries LoRA in this model. */
+int model_lora_on(const model_t *m, int proj);
+
+/* model_alloc.c, in the order model_create calls them: each trainable
+ * parameter's offset in the flat arenas (n_trainable); the gradient segments
+ * of sharded gradients; the parameters' memory (arenas, shards, buckets,
+ * fused weights, NF4 tables); the activations and scratch. */
+int model_layout_arenas(model_t *m, sp_err *err);
+int model_layout_segments(model_t *m, sp_err *err);
+void model_alloc_params(model_t *m);
+void model_alloc_activations(model_t *m);
+/* Whether p's compute copy is a view into a fused weight (not freed alone). */
+int model_fused_view(const model_t *m, const param_t *p);
 
 #endif
