@@ -48,7 +48,9 @@ typedef struct ckpt_array {
  * datasets), and the SHA-256 of each block_bytes-long block, so that a
  * reader fetching byte ranges from an object store checks what it got. */
 #define CKPT_SHARD_MAX_BLOCKS 1024
-#define CKPT_SHARD_MIN_BLOCK ((uint64_t)16 << 20)
+/* The smallest block, 16 MiB (a multiple of it, so that a file has at most
+ * CKPT_SHARD_MAX_BLOCKS); tests set smaller ones, the reader takes any. */
+extern uint64_t ckpt_shard_min_block;
 typedef struct ckpt_shard_info {
     char name[64];
     uint64_t size;

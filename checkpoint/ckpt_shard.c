@@ -8,6 +8,7 @@
 #include <hdf5.h>
 #include <jansson.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,13 +84,16 @@ static void hex32(const unsigned char md[32], char hex[65])
         snprintf(hex + 2 * i, 3, "%02x", md[i]);
 }
 
-/* The block size for a file of size bytes: at least CKPT_SHARD_MIN_BLOCK, a
- * whole number of MiB, at most CKPT_SHARD_MAX_BLOCKS blocks. */
+uint64_t ckpt_shard_min_block = (uint64_t)16 << 20;
+
+/* The block size for a file of size bytes: a multiple of
+ * ckpt_shard_min_block, at most CKPT_SHARD_MAX_BLOCKS blocks. */
 static uint64_t block_bytes_for(uint64_t size)
 {
-    uint64_t mib = (uint64_t)1 << 20, per = (size + CKPT_SHARD_MAX_BLOCKS - 1) / CKPT_SHARD_MAX_BLOCKS;
-    per = (per + mib - 1) / mib * mib;
-    return per > CKPT_SHARD_MIN_BLOCK ? per : CKPT_SHARD_MIN_BLOCK;
+    uint64_t min = ckpt_shard_min_block ? ckpt_shard_min_block : 1;
+    uint64_t per = (size + CKPT_SHARD_MAX_BLOCKS - 1) / CKPT_SHARD_MAX_BLOCKS;
+    per = (per + min - 1) / min * min;
+    return per > min ? per : min;
 }
 
 /* The file's size, SHA-256 and per-block SHA-256 into info, in one pass. */
@@ -205,12 +209,14 @@ struct ckpt_sharded {
     int ntensors;
     shard_file *files;
     int nfiles;
-    /* reading from a store: one verified block kept (file cache_file's block cache_block) */
+    /* reading from a store: per group, the last verified block read partly
+     * (file cache_file[g]'s block cache_block[g]): a group's reads are
+     * sequential, and the next one usually starts in that block */
     store_t *st;
     char *prefix;
-    unsigned char *cache;
-    int cache_file;
-    uint64_t cache_block;
+    unsigned char *cache[CKPT_SHARD_GROUPS];
+    int cache_file[CKPT_SHARD_GROUPS];
+    uint64_t cache_block[CKPT_SHARD_GROUPS];
     int damaged; /* a block did not match its checksum */
 };
 
@@ -232,7 +238,8 @@ void ckpt_sharded_close(ckpt_sharded *r)
     free(r->files);
     free(r->dir);
     free(r->prefix);
-    free(r->cache);
+    for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+        free(r->cache[g]);
     free(r);
 }
 
@@ -416,16 +423,18 @@ int ckpt_sharded_open_store(ckpt_sharded **out, const char *manifest, store_t *s
         if (r->files[i].block_bytes > most)
             most = r->files[i].block_bytes;
     }
-    if (!rc && !(r->cache = malloc(most ? most : 1)))
-        rc = sp_fail(err, SP_EXIT_OTHER, "out of memory for a %llu-byte read buffer",
-                     (unsigned long long)most);
+    for (int g = 0; g < CKPT_SHARD_GROUPS && !rc; g++)
+        if (!(r->cache[g] = malloc(most ? most : 1)))
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory for a %llu-byte read buffer",
+                         (unsigned long long)most);
     json_decref(j);
     if (rc) {
         ckpt_sharded_close(r);
         return rc;
     }
     r->st = st;
-    r->cache_file = -1;
+    for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
+        r->cache_file[g] = -1;
     *out = r;
     return 0;
 }
@@ -526,54 +535,138 @@ static int open_group(ckpt_sharded *r, shard_file *x, int g, sp_err *err)
     return rc;
 }
 
-/* Block k of file i of a store-backed reader into r->cache, checked against
- * its SHA-256 (kept: the next read often starts in the same block). */
-static int fetch_block(ckpt_sharded *r, int i, uint64_t k, sp_err *err)
+/* Block k of file x (key) into buf, checked against its SHA-256. */
+static int get_block(ckpt_sharded *r, const shard_file *x, const char *key, uint64_t k,
+                     unsigned char *buf, int *damaged, sp_err *err)
 {
-    shard_file *x = &r->files[i];
-    if (r->cache_file == i && r->cache_block == k)
-        return 0;
-    r->cache_file = -1;
     uint64_t at = k * x->block_bytes;
     size_t len = (size_t)(x->size - at < x->block_bytes ? x->size - at : x->block_bytes);
-    char *key = sp_strf("%s/%s", r->prefix, x->name);
-    if (!key)
-        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
-    int rc = store_get_range(r->st, key, at, len, r->cache, err);
-    free(key);
-    if (rc)
+    if (store_get_range(r->st, key, at, len, buf, err))
         return err->code ? err->code : SP_EXIT_OTHER;
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned mdlen = 0;
-    if (EVP_Digest(r->cache, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32)
+    if (EVP_Digest(buf, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32)
         return sp_fail(err, SP_EXIT_OTHER, "SHA-256 failed");
-    if (memcmp(md, x->sums[k], 32) != 0 && (r->damaged = 1))
+    if (memcmp(md, x->sums[k], 32) != 0) {
+        *damaged = 1;
         return sp_fail(err, SP_EXIT_INPUT,
                        "%s/%s: bytes [%llu, %llu) (block %llu) do not match their SHA-256 in "
                        "MANIFEST.json: the stored shard is damaged",
                        r->dir, x->name, (unsigned long long)at,
                        (unsigned long long)(at + len), (unsigned long long)k);
-    r->cache_file = i;
-    r->cache_block = k;
+    }
     return 0;
 }
 
-/* Arena elements [a, b) of group g from file i of a store-backed reader. */
+/* Whole blocks [k0, k1) of one file fetched straight into their place in
+ * dst (block k0 at dst), by up to FETCH_THREADS connections at once. */
+#define FETCH_THREADS 4
+typedef struct fetch_job {
+    ckpt_sharded *r;
+    const shard_file *x;
+    const char *key;
+    uint64_t k0, k1;
+    unsigned char *dst;
+    pthread_mutex_t mu;
+    uint64_t next;
+    int failed, damaged;
+    sp_err err;
+} fetch_job;
+
+static void *fetch_worker(void *arg)
+{
+    fetch_job *j = arg;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        uint64_t k = j->failed ? j->k1 : j->next++;
+        pthread_mutex_unlock(&j->mu);
+        if (k >= j->k1)
+            return NULL;
+        sp_err e = {0};
+        int damaged = 0;
+        if (get_block(j->r, j->x, j->key, k, j->dst + (k - j->k0) * j->x->block_bytes, &damaged,
+                      &e)) {
+            pthread_mutex_lock(&j->mu);
+            if (!j->failed || (damaged && !j->damaged)) /* a damaged block says most */
+                j->err = e;
+            j->failed = 1;
+            j->damaged |= damaged;
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
+}
+
+static int fetch_blocks(ckpt_sharded *r, const shard_file *x, const char *key, uint64_t k0,
+                        uint64_t k1, unsigned char *dst, sp_err *err)
+{
+    fetch_job j = {.r = r, .x = x, .key = key, .k0 = k0, .k1 = k1, .dst = dst, .next = k0};
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_t th[FETCH_THREADS];
+    int n = 0;
+    for (uint64_t want = k1 - k0 < FETCH_THREADS ? k1 - k0 : FETCH_THREADS; n < (int)want - 1;
+         n++)
+        if (pthread_create(&th[n], NULL, fetch_worker, &j) != 0)
+            break;
+    fetch_worker(&j); /* this thread fetches too */
+    for (int t = 0; t < n; t++)
+        pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&j.mu);
+    if (!j.failed)
+        return 0;
+    r->damaged |= j.damaged;
+    *err = j.err;
+    return err->code ? err->code : SP_EXIT_OTHER;
+}
+
+/* Block k of file i into group g's cache slot (kept for the next read). */
+static int fetch_cached(ckpt_sharded *r, int i, int g, uint64_t k, const char *key, sp_err *err)
+{
+    if (r->cache_file[g] == i && r->cache_block[g] == k)
+        return 0;
+    r->cache_file[g] = -1;
+    if (get_block(r, &r->files[i], key, k, r->cache[g], &r->damaged, err))
+        return err->code;
+    r->cache_file[g] = i;
+    r->cache_block[g] = k;
+    return 0;
+}
+
+/* Arena elements [a, b) of group g from file i of a store-backed reader:
+ * the blocks the range covers whole straight into dst, in parallel; the
+ * first and last, when the range covers them in part, through the cache. */
 static int read_ranged(ckpt_sharded *r, int i, int g, uint64_t a, uint64_t b, float *dst,
                        sp_err *err)
 {
-    shard_file *x = &r->files[i];
+    const shard_file *x = &r->files[i];
+    uint64_t B = x->block_bytes;
     uint64_t from = x->off[g] + 4 * (a - x->lo), to = x->off[g] + 4 * (b - x->lo);
+    char *key = sp_strf("%s/%s", r->prefix, x->name);
+    if (!key)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    /* whole blocks: [w0, w1) (their ends inside [from, to], or the file's end) */
+    uint64_t w0 = (from + B - 1) / B, w1 = to / B;
+    if (to == x->size)
+        w1 = (to + B - 1) / B;
     char *out = (char *)dst;
-    for (uint64_t k = from / x->block_bytes; from < to; k++) {
-        if (fetch_block(r, i, k, err))
-            return err->code;
-        uint64_t end = (k + 1) * x->block_bytes < to ? (k + 1) * x->block_bytes : to;
-        memcpy(out, r->cache + (from - k * x->block_bytes), (size_t)(end - from));
-        out += end - from;
-        from = end;
+    int rc = 0;
+    for (uint64_t at = from; at < to && !rc;) {
+        uint64_t k = at / B;
+        if (k >= w0 && k < w1 && at == k * B) {
+            rc = fetch_blocks(r, x, key, w0, w1, (unsigned char *)out, err);
+            uint64_t end = w1 * B < to ? w1 * B : to;
+            out += end - at;
+            at = end;
+            continue;
+        }
+        uint64_t end = (k + 1) * B < to ? (k + 1) * B : to;
+        rc = fetch_cached(r, i, g, k, key, err);
+        if (!rc)
+            memcpy(out, r->cache[g] + (at - k * B), (size_t)(end - at));
+        out += end - at;
+        at = end;
     }
-    return 0;
+    free(key);
+    return rc;
 }
 
 /* Arena elements [a, b) of group g from file i into dst. */

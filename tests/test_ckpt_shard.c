@@ -242,6 +242,7 @@ static long long data_offset(const char *text, const char *file, int g)
  * file and the block. */
 Test(ckpt_shard, ranged_reads_from_a_store_match_and_a_damaged_block_is_named)
 {
+    ckpt_shard_min_block = 16; /* many blocks in each small file */
     char *p = write_sharded(3);
     char *text = read_manifest_text(p);
     cr_expect(ckpt_sharded_ranged(text), "the MANIFEST lacks the block checksums");
@@ -263,9 +264,10 @@ Test(ckpt_shard, ranged_reads_from_a_store_match_and_a_damaged_block_is_named)
                  "shard 0 is intact, yet: %s", err.msg);
     cr_expect_eq(ckpt_sharded_damaged(r), 0);
     sp_err e2 = {0};
-    cr_expect_eq(ckpt_sharded_read(r, 0, names[0], 0, 15, got, &e2), SP_EXIT_INPUT,
-                 "read a damaged block (one block: the whole small file)");
-    cr_expect(tu_contains(e2.msg, "shard-00001-of-00004.h5") && tu_contains(e2.msg, "block 0") &&
+    cr_expect_eq(ckpt_sharded_read(r, 1, names[0], 0, 15, got, &e2), SP_EXIT_INPUT,
+                 "read a damaged block");
+    cr_expect(tu_contains(e2.msg, "shard-00001-of-00004.h5") &&
+                  tu_contains(e2.msg, tu_fmt("(block %lld)", at / 16)) &&
                   tu_contains(e2.msg, "SHA-256"),
               "%s", e2.msg);
     cr_expect_eq(ckpt_sharded_damaged(r), 1);
@@ -275,11 +277,12 @@ Test(ckpt_shard, ranged_reads_from_a_store_match_and_a_damaged_block_is_named)
     free(p);
 }
 
-/* Two shards of 1.5M elements: each file is over 16 MiB, so two blocks. */
+/* Two shards of 1.5M elements: 18 MB files, in blocks of 1 MiB. */
 enum { BIG_N = 3000001, BIG_LEN = 1500001 };
 
 static char *write_big(int64_t step)
 {
+    ckpt_shard_min_block = (uint64_t)1 << 20; /* 18 blocks a file: most read whole */
     char *tmp = ckpt_tmp_dir(dir, step, 4243);
     cr_assert(tmp && mkdir(tmp, 0755) == 0);
     ckpt_snapshot s;
@@ -309,7 +312,7 @@ static char *write_big(int64_t step)
         }
         sp_err err = {0};
         cr_assert_eq(ckpt_shard_write(tmp, &sh, &s.shards[r], &err), 0, "%s", err.msg);
-        cr_expect_eq(s.shards[r].nblocks, 2u, "shard %d: %u blocks of %llu bytes in %llu", r,
+        cr_expect_eq(s.shards[r].nblocks, 18u, "shard %d: %u blocks of %llu bytes in %llu", r,
                      s.shards[r].nblocks, (unsigned long long)s.shards[r].block_bytes,
                      (unsigned long long)s.shards[r].size);
         ckpt_shard_free(&sh);
@@ -332,7 +335,7 @@ Test(ckpt_shard, ranged_reads_across_blocks_and_files, .timeout = 120)
     ckpt_sharded *r = NULL;
     sp_err err = {0};
     cr_assert_eq(ckpt_sharded_open_store(&r, text, st, "step-00000007", &err), 0, "%s", err.msg);
-    /* adam_v of shard 0 starts at data_offsets[2]; block 1 starts at 16 MiB */
+    /* adam_v of shard 0 starts at data_offsets[2]; a block starts at 16 MiB */
     long long v0 = data_offset(text, "shard-00000-of-00002.h5", 2);
     uint64_t cross = (uint64_t)(((16LL << 20) - v0) / 4); /* the element at the boundary */
     cr_assert(cross > 10 && cross < 1500000 - 10, "boundary element %llu",
