@@ -8,7 +8,9 @@
 # "preemption" record: seconds from the signal to the checkpoint committed
 # locally and to it being complete in the store (MANIFEST.json up, after
 # every file), the bytes each rank wrote; and the largest resident memory of
-# rank 0 over the run (its VmHWM, read until it exits). One rank has nothing to shard: its row
+# rank 0 over the run (its VmHWM, read until it exits); then, on a "new machine"
+# (the run directory removed), the time the same command takes to resume
+# from the store and rank 0's peak memory until then. One rank has nothing to shard: its row
 # is the same checkpoint under both names. A benchmark, not a test: the
 # figures depend on the machine's disks, cores and network.
 # usage: scripts/bench_ckpt_sharded.sh [--ranks "1 2 4"] [--preset small]
@@ -89,7 +91,35 @@ one() {
   local rc=0
   wait "$pid" || rc=$?
   if [ "$rc" != 75 ]; then echo "$name: exit $rc (expected 75), see $dir.log" >&2; return 1; fi
-  awk -v name="$name" -v ranks="$ranks" -v layout="$layout" -v rss="$rss0" '
+  # a new machine: the run directory gone, the same command resumes from the store;
+  # timed from its start to "resumed from" (the model's load included), then stopped again
+  mv "$dir/metrics.jsonl" "$dir.metrics.jsonl"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  local t0 t1 rss1=0
+  r0=""
+  t0=$(date +%s.%N)
+  mpirun --oversubscribe -np "$ranks" \
+    "$spotune" train "$work/run.yaml" --set run.dir="$dir" --set checkpoint.layout="$layout" \
+    --set checkpoint.remote="s3://sharded-bench/$name" \
+    --set checkpoint.endpoint=http://127.0.0.1:28080 --set checkpoint.addressing=path \
+    > "$dir.resume.log" 2>&1 &
+  pid=$!
+  until grep -q "resumed from" "$dir.resume.log" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "$name: the resume ended early, see $dir.resume.log" >&2; return 1; fi
+    if [ -z "$r0" ] || ! kill -0 "$r0" 2>/dev/null; then r0=$(rank0_pid "$dir"); fi
+    if [ -n "$r0" ]; then
+      hwm=$(awk '/^VmHWM/ {print $2}' "/proc/$r0/status" 2>/dev/null || true)
+      if [ -n "$hwm" ]; then rss1=$hwm; fi
+    fi
+    sleep 0.05
+  done
+  t1=$(date +%s.%N)
+  kill -USR1 "$pid"
+  wait "$pid" || true
+  local resume_s
+  resume_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+  awk -v name="$name" -v ranks="$ranks" -v layout="$layout" -v rss="$rss0" -v rs="$resume_s" -v rss1="$rss1" '
     /"event":"train"/ { if (match($0, /"step_s":[0-9.eE+-]+/)) step = substr($0, RSTART + 9, RLENGTH - 9) }
     /"event":"checkpoint",/ { if (match($0, /"stall_s":[0-9.eE+-]+/)) stall = substr($0, RSTART + 10, RLENGTH - 10) }
     /"event":"preemption"/ {
@@ -98,11 +128,11 @@ one() {
       match($0, /"bytes":[0-9]+/); b = substr($0, RSTART + 8, RLENGTH - 8)
       match($0, /"bytes_per_rank":\[[0-9,]+\]/); per = substr($0, RSTART + 18, RLENGTH - 19)
       split(per, a, ","); mx = 0; for (i in a) { v = a[i] + 0; if (v > mx) mx = v }
-      printf "%5d  %-9s %8.2f %8.3f %10.2f %12.2f %10.1f %14.1f %16.1f\n", ranks, layout, step, stall, c, r, b / 1048576, mx / 1048576, rss / 1024
-    }' "$dir/metrics.jsonl"
+      printf "%5d  %-9s %8.2f %8.3f %10.2f %12.2f %10.1f %14.1f %16.1f %9.2f %16.1f\n", ranks, layout, step, stall, c, r, b / 1048576, mx / 1048576, rss / 1024, rs, rss1 / 1024
+    }' "$dir.metrics.jsonl"
 }
 
-printf "%5s  %-9s %8s %8s %10s %12s %10s %14s %16s\n" ranks layout "step s" "stall s" "commit s" "in store s" "MiB" "max MiB/rank" "rank 0 peak MiB"
+printf "%5s  %-9s %8s %8s %10s %12s %10s %14s %16s %9s %16s\n" ranks layout "step s" "stall s" "commit s" "in store s" "MiB" "max MiB/rank" "rank 0 peak MiB" "resume s" "resume peak MiB"
 for n in $ranks_list; do
   for layout in gathered sharded; do
     one "$n" "$layout"
@@ -110,4 +140,7 @@ for n in $ranks_list; do
 done
 echo "(commit s, in store s: from SIGUSR1 to the checkpoint committed locally and to it complete"
 echo " in the store, the step in progress when the signal came included; stall s: the longest"
-echo " time one rank held training for it; rank 0 peak: its largest resident memory)"
+echo " time one rank held training for it; rank 0 peak: its largest resident memory;"
+echo " resume s: a new machine's start to \"resumed from\", loading the model included, the"
+echo " gathered checkpoint pulled whole to rank 0, the sharded one read in ranges by every rank;"
+echo " resume peak: rank 0's largest resident memory until then)"
