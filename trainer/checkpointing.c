@@ -99,6 +99,14 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     int rc = 0;
     if (c->sharded && comm_bcast(comm, &c->pid0, sizeof c->pid0, 0, err))
         return err->code;
+    if (c->rank == 0 && cfg->mode == MODE_FULL && cfg->shard_optimizer && c->world > 1 &&
+        cfg->ckpt_layout == CKPT_LAYOUT_AUTO && comm_local_size(comm) != c->world)
+        log_event(log, metrics, "info", "%s",
+                  c->sharded ? "checkpoints are sharded: every rank, on every machine, sees "
+                               "run.dir (a shared file system)"
+                             : "checkpoints are gathered to rank 0: some machine does not see "
+                               "run.dir (no shared file system), so the ranks cannot write "
+                               "their shards into one checkpoint directory");
     if (c->rank == 0) {
         if (mkdir(c->root, 0755) != 0 && errno != EEXIST)
             rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", c->root, strerror(errno));

@@ -19,14 +19,56 @@
 
 #include "checkpointing_internal.h"
 
+/* Every rank: whether every rank sees rank 0's run.dir (a shared file
+ * system): rank 0 writes a file of its own there, every rank reads it back. */
+static int run_dir_shared(const config_t *cfg, comm_t *comm)
+{
+    char token[64] = "";
+    int rank = comm_rank(comm);
+    int32_t ok = 1;
+    sp_err err = {0};
+    if (rank == 0)
+        snprintf(token, sizeof token, "%d-%.6f", (int)getpid(), sp_wall_time());
+    if (comm_bcast(comm, token, sizeof token, 0, &err))
+        return 0;
+    char *path = sp_strf("%s/.shared-probe-%s", cfg->run_dir, token);
+    if (!path) {
+        ok = 0;
+    } else if (rank == 0) {
+        FILE *f = fopen(path, "w");
+        ok = f && fputs(token, f) >= 0;
+        if (f && fclose(f) != 0)
+            ok = 0;
+    }
+    int32_t wrote = ok;
+    if (comm_bcast(comm, &wrote, sizeof wrote, 0, &err))
+        wrote = 0;
+    if (rank != 0 && wrote) {
+        char got[64] = "";
+        FILE *f = fopen(path, "r");
+        ok = f && fgets(got, sizeof got, f) && strcmp(got, token) == 0;
+        if (f)
+            fclose(f);
+    }
+    ok = ok && wrote;
+    if (comm_allreduce(comm, &ok, 1, COMM_I32, COMM_MIN, &err))
+        ok = 0;
+    if (rank == 0 && path)
+        unlink(path); /* every rank has read it: the all-reduce is after the reads */
+    free(path);
+    return ok;
+}
+
 int ckpt_shards_wanted(const config_t *cfg, comm_t *comm)
 {
     int world = comm_size(comm);
     if (cfg->mode != MODE_FULL || !cfg->shard_optimizer || world < 2 ||
         cfg->ckpt_layout == CKPT_LAYOUT_GATHERED)
         return 0;
-    /* auto: only where every rank surely sees run.dir, one machine */
-    return cfg->ckpt_layout == CKPT_LAYOUT_SHARDED || comm_local_size(comm) == world;
+    /* auto: where every rank sees run.dir: one machine, or several sharing
+     * a file system (NFS, Lustre, ...) */
+    return cfg->ckpt_layout == CKPT_LAYOUT_SHARDED || comm_local_size(comm) == world ||
+           run_dir_shared(cfg, comm);
 }
 
 /* Rank r's part [lo, hi) of the arena of n elements in shards of len. */

@@ -208,7 +208,7 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
            r->ckpt_bytes >= 1e9 ? "GB" : "MB",
            in->mode != PLAN_FULL ? " the adapter only, never the base"
            : r->ckpt_sharded     ? " sharded: every rank writes and uploads its own file"
-           : r->sharded          ? " gathered to rank 0 (several machines: checkpoint.layout auto)"
+           : r->sharded          ? " gathered to rank 0 (several machines; sharded if they share run.dir)"
                                  : " written by rank 0");
     printf("  stall            %s%.2f s (%s %.2f GB to host memory at %.0f GB/s; writing and "
            "uploading run in the background)\n",

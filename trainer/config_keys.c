@@ -151,8 +151,8 @@ const key_def config_keys[] = {
      "shard file of its own, in parallel (shard-RRRRR-of-NNNNN.h5 beside state.h5), and rank 0 "
      "writes MANIFEST.json, with the layout, once every rank has written its shard; every rank "
      "must see run.dir (one machine, or a shared file system). gathered: rank 0 gathers the "
-     "whole state and writes it alone (state.h5). auto: sharded when every rank runs on one "
-     "machine, else gathered. Other runs always write state.h5 alone. Either kind resumes on "
+     "whole state and writes it alone (state.h5). auto: sharded when every rank sees run.dir "
+     "(one machine, or machines that share it: checked at start), else gathered. Other runs always write state.h5 alone. Either kind resumes on "
      "any rank count and under either setting."},
     {"checkpoint.keep", K_INT, O(ckpt_keep), "3", 1, 1000000, NULL, 0,
      "Keep the newest N complete checkpoints (locally and in checkpoint.remote)."},

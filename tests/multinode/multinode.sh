@@ -39,6 +39,11 @@
 #   resume_fewer_ranks  node-b lost; the restart on node-a alone (2 ranks
 #                       instead of 4) resumes from the bucket and trains every
 #                       sample exactly once (log.samples audit)
+#   sharded_shared_dir  full fine-tuning on 2 nodes x 2 ranks whose run.dir is
+#                       one directory both see (a shared file system): the
+#                       start finds it shared and the checkpoints are
+#                       sharded (a file from each of the 4 ranks); the model
+#                       is that of 1 node x 4 ranks, bit for bit
 #   doctor              spotune doctor over 2 nodes x 2 ranks: one report
 #                       from rank 0, each node's host and storage lines once,
 #                       named by its host; a FAIL on rank 0 ends all with 1
@@ -645,6 +650,35 @@ case_resume_fewer_ranks() {
     report "$work/first.log" "$work/second.log"
 }
 
+case_sharded_shared_dir() {
+    topo_up a b
+    inputs
+    local full=(--set train.mode=full --set train.steps=10 --set checkpoint.every_steps=5)
+    local out rc
+    out=$(on_node a mpirun --hostfile "$work/hosts" -np 4 --map-by ppr:2:node --bind-to none \
+        "${pass[@]}" $(train_cmd two-nodes "${full[@]}") 2>&1)
+    rc=$?
+    keep "$out"
+    check "2 nodes x 2 ranks fine-tune in full" $rc "$out"
+    has "$out" "checkpoints are sharded: every rank, on every machine, sees run.dir"
+    check "the start finds run.dir shared by both nodes and shards the checkpoints" $? "$out"
+    local ck=$work/two-nodes/checkpoints/step-00000010
+    [[ -f $ck/shard-00000-of-00004.h5 && -f $ck/shard-00001-of-00004.h5 &&
+        -f $ck/shard-00002-of-00004.h5 && -f $ck/shard-00003-of-00004.h5 ]]
+    check "step 10 holds a shard file from each of the 4 ranks" $? "$(ls "$ck" 2>&1)"
+    out=$("$spotune" ckpt verify "$ck" 2>&1)
+    check "it verifies as a sharded checkpoint" $? "$out"
+    has "$out" "sharded"
+    check "ckpt verify says sharded" $? "$out"
+    out=$(on_node a mpirun --host node-a:4 -np 4 --bind-to none "${pass[@]}" \
+        $(train_cmd one-node "${full[@]}") 2>&1)
+    check "1 node x 4 ranks fine-tunes in full" $? "$out"
+    keep "$out"
+    cmp -s "$work/two-nodes/model/model.safetensors" "$work/one-node/model/model.safetensors"
+    check "2 nodes: the model of 1 node, bit for bit" $? "the models differ"
+    report "$work/two-nodes/metrics.jsonl"
+}
+
 # spotune doctor over 2 nodes x 2 ranks: one report from rank 0 holding each
 # host's own host and storage lines (the first rank of each node runs them),
 # every line named by its host, 4 ranks on 2 hosts, every rank exits 0.
@@ -678,7 +712,8 @@ case_doctor() {
 }
 
 case "$case_name" in
-trajectory | launch_hostfile | node_lost | partition | storage_partition | resume_fewer_ranks | doctor)
+trajectory | launch_hostfile | node_lost | partition | storage_partition | resume_fewer_ranks | \
+    sharded_shared_dir | doctor)
     "case_$case_name" ;;
 *)
     echo "unknown case $case_name" >&2
