@@ -318,7 +318,7 @@ static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micr
                   h->remote[0] ? h->remote : path, (long long)h->step,
                   (unsigned long long)h->cursor);
     }
-    if (c->rank == 0 && h->remote[0] && path) /* MANIFEST and state: read, not kept */
+    if (c->rank == 0 && c->ranged_url && path) /* MANIFEST and state: read, not kept */
         ckpt_remove_tree(path);
     free(path);
     return rc;
