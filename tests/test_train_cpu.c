@@ -484,6 +484,40 @@ Test(train, bench_plan_shows_the_sharded_optimizer)
     free(bad);
 }
 
+/* `spotune bench --quantize nf4 --plan 1` (QLoRA: the seven projections in
+ * NF4, about 0.5 bytes a weight) plans 13B at seq 2048 with recompute under
+ * 24 GB and 7B under 12 GB, where plain LoRA needs more than 24 and 12; NF4
+ * with full fine-tuning, or another quantization, is refused (exit 2). */
+Test(train, bench_plan_of_qlora_fits_24_and_12_gb)
+{
+    const char *presets[2] = {"llama-13b", "llama-7b"};
+    const double limit[2] = {24e9 / (1 << 30), 12e9 / (1 << 30)};
+    for (int i = 0; i < 2; i++) {
+        char *q = NULL, *l = NULL;
+        cr_assert_eq(tu_spotune(&q, "bench --preset %s --mode lora --quantize nf4 --recompute "
+                                    "layer --plan 1",
+                                presets[i]),
+                     0, "%s", q);
+        cr_assert_eq(tu_spotune(&l, "bench --preset %s --mode lora --recompute layer --plan 1",
+                                presets[i]),
+                     0, "%s", l);
+        const char *a = strstr(q, "total"), *b = strstr(l, "total");
+        cr_assert(a && b && tu_contains(q, "qlora"), "%s\n%s", q, l);
+        double tq = strtod(a + SP_LEN("total"), NULL), tl = strtod(b + SP_LEN("total"), NULL);
+        cr_expect(tq < limit[i] && tl > limit[i], "%s: QLoRA %.2f GiB, LoRA %.2f GiB, limit %.2f",
+                  presets[i], tq, tl, limit[i]);
+        free(q);
+        free(l);
+    }
+    char *bad = NULL;
+    cr_expect_eq(tu_spotune(&bad, "bench --quantize nf4 --mode full --plan 1"), 2);
+    cr_expect(tu_contains(bad, "needs --mode lora"), "%s", bad);
+    free(bad);
+    cr_expect_eq(tu_spotune(&bad, "bench --quantize fp4 --plan 1"), 2);
+    cr_expect(tu_contains(bad, "none or nf4"), "%s", bad);
+    free(bad);
+}
+
 /* `spotune --help` lists every command, and each command's --help prints its
  * usage on stdout and exits 0; an unknown command or option is exit 2. */
 Test(train, help_for_every_command)

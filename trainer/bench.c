@@ -25,6 +25,7 @@ typedef struct bench_opts {
     double loss_tol, gnorm_tol; /* the step-1 check against the CPU backend */
     int cpu_check;              /* -1 auto (tiny and small), 0 off, 1 on */
     int shard_grads;            /* full mode on several ranks: gradients sharded too */
+    int nf4;                    /* --quantize nf4: QLoRA, the projections NF4 (model.quantize) */
 } bench_opts;
 
 /* Dense bf16 tensor-core peaks (TFLOP/s) by device name: the cards of
@@ -128,7 +129,8 @@ static int build(const bench_opts *bo, int mode, backend_t *be, comm_t *comm,
 {
     model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
                     .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
-                    .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};
+                    .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1,
+                    .nf4 = bo->nf4};
     if (mode == MODE_FULL && comm && comm_size(comm) > 1) { /* as train.shard_optimizer does */
         o.shard_count = comm_size(comm);
         o.shard_rank = comm_rank(comm);
@@ -346,7 +348,8 @@ static int print_plan(const bench_opts *bo, int mode, sp_err *err)
     dtype_t act = sp_after(bo->backend, "cpu") ? DT_F32 : DT_BF16; /* cpu and cpu-ref */
     model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
                     .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
-                    .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1};
+                    .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1,
+                    .nf4 = bo->nf4};
     if (mode == MODE_FULL && bo->plan_ranks > 1) {
         o.shard_count = bo->plan_ranks;
         o.shard_grads = bo->shard_grads;
@@ -355,9 +358,10 @@ static int print_plan(const bench_opts *bo, int mode, sp_err *err)
     model_plan_bytes(&mc, &o, act, &p);
     const double G = 1024.0 * 1024.0 * 1024.0;
     static const char *recs[] = {"none", "attention", "layer"};
-    printf("%-9s %-4s %-4s ranks %-3d mb %d  seq %-5d recompute %-9s weights %7.2f GiB  trainable "
+    printf("%-9s %-5s %-4s ranks %-3d mb %d  seq %-5d recompute %-9s weights %7.2f GiB  trainable "
            "%7.2f GiB  activations %6.2f GiB  scratch %5.2f GiB  total %7.2f GiB per rank%s\n",
-           bo->preset, mode == MODE_FULL ? "full" : "lora", dtype_name(act), bo->plan_ranks,
+           bo->preset, mode == MODE_FULL ? "full" : bo->nf4 ? "qlora" : "lora", dtype_name(act),
+           bo->plan_ranks,
            bo->micro_batch, bo->seq_len, recs[bo->recompute], (double)p.weights / G,
            (double)p.trainable / G, (double)p.activations / G, (double)p.scratch / G,
            (double)(p.weights + p.trainable + p.activations + p.scratch) / G,
@@ -386,6 +390,8 @@ static void bench_usage(FILE *f)
             "  --json               one JSON object per mode\n"
             "  --plan RANKS         print each rank's memory plan for a run on RANKS ranks\n"
             "                       (full mode: optimizer sharded) and run nothing\n"
+            "  --quantize Q         none or nf4 (QLoRA, as model.quantize: the projections in\n"
+            "                       NF4; LoRA mode only; timed on the cpu and cpu-ref backends)\n"
             "  --shard-gradients ON full mode on several ranks: shard the gradients as well\n"
             "                       (on or off, default on, as train.shard_gradients)\n"
             "  --cpu-check WHEN     auto, on or off (default auto: presets tiny and small on a\n"
@@ -406,7 +412,7 @@ static void bench_usage(FILE *f)
 int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
 {
     bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0, 0,
-                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1, 1};
+                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1, 1, 0};
     int probe = 0;
     static const struct option longopts[] = {
         {"preset", 1, 0, 'p'},      {"mode", 1, 0, 'm'},     {"micro-batch", 1, 0, 'b'},
@@ -415,7 +421,7 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
         {"threads", 1, 0, 't'},     {"json", 0, 0, 'j'},     {"peak-tflops", 1, 0, 'f'},
         {"plan", 1, 0, 'P'},        {"help", 0, 0, 'h'},     {"cpu-check", 1, 0, 'C'},
         {"check-tol", 1, 0, 'T'},   {"probe-cuda", 0, 0, 'U'}, {"shard-gradients", 1, 0, 'G'},
-        {0, 0, 0, 0}};
+        {"quantize", 1, 0, 'Q'},    {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -473,6 +479,11 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
             if (bo.shard_grads < 0)
                 return sp_fail(err, SP_EXIT_USAGE, "bench: --shard-gradients must be on or off");
             break;
+        case 'Q':
+            bo.nf4 = !strcmp(optarg, "nf4") ? 1 : !strcmp(optarg, "none") ? 0 : -1;
+            if (bo.nf4 < 0)
+                return sp_fail(err, SP_EXIT_USAGE, "bench: --quantize must be none or nf4");
+            break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return sp_fail(err, SP_EXIT_USAGE, "bench: bad option");
         }
@@ -488,6 +499,16 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
     if (bo.micro_batch < 1 || bo.micro_batch > 4096 || bo.seq_len < 2 || bo.steps < 1 ||
         bo.warmup < 0 || bo.lora_r < 1)
         return sp_fail(err, SP_EXIT_USAGE, "bench: sizes must be positive");
+    if (bo.nf4 && bo.mode == 1)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "bench: --quantize nf4 needs --mode lora (QLoRA trains LoRA on frozen NF4 "
+                       "weights)");
+    if (bo.nf4 && !bo.plan_ranks && !sp_after(bo.backend, "cpu"))
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "bench: --quantize nf4 is timed on the CPU backends (--backend cpu or "
+                       "cpu-ref) and planned anywhere (--plan)");
+    if (bo.nf4)
+        bo.mode = 0; /* both: LoRA only */
     for (int mode = 0; mode < 2; mode++) {
         if (bo.mode != 2 && bo.mode != mode)
             continue;
