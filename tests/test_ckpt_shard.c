@@ -56,8 +56,11 @@ static const char *layout(void)
            "{\"file\":\"shard-00003-of-00004.h5\",\"lo\":24,\"hi\":30}]}";
 }
 
-/* Every rank's shard, then rank 0's commit: ROOT/step-N */
-static char *write_sharded(int64_t step)
+/* Every rank's shard (ranks of len elements of an arena of n, laid out as
+ * layout_text says), then rank 0's commit: ROOT/step-N. blocks: the block
+ * count each file must have (0: not checked). */
+static char *write_layout(int64_t step, int ranks, uint64_t n, uint64_t len,
+                          const char *layout_text, uint32_t blocks)
 {
     char *tmp = ckpt_tmp_dir(dir, step, 4242);
     cr_assert(tmp);
@@ -65,24 +68,28 @@ static char *write_sharded(int64_t step)
     ckpt_snapshot s;
     ckpt_snapshot_init(&s);
     s.step = step;
-    s.world_size = RANKS;
+    s.world_size = ranks;
     strcpy(s.config_hash, "0123456789abcdef");
     strcpy(s.base_model, "fedcba9876543210");
     cr_assert_eq(ckpt_set_int(&s, "step", step), 0);
-    s.shards = calloc(RANKS, sizeof *s.shards);
-    s.nshards = RANKS;
+    s.shards = calloc((size_t)ranks, sizeof *s.shards);
+    s.nshards = ranks;
     s.shard_dir = strdup(tmp);
-    s.layout = strdup(layout());
-    for (int r = 0; r < RANKS; r++) {
-        ckpt_shard sh = {.step = step, .rank = r, .count = RANKS, .lo = (uint64_t)r * LEN};
-        sh.hi = sh.lo + LEN < N ? sh.lo + LEN : N;
+    s.layout = strdup(layout_text);
+    for (int r = 0; r < ranks; r++) {
+        ckpt_shard sh = {.step = step, .rank = r, .count = ranks, .lo = (uint64_t)r * len};
+        sh.hi = sh.lo + len < n ? sh.lo + len : n;
         for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
-            sh.data[g] = malloc(sizeof(float) * LEN);
+            sh.data[g] = malloc(sizeof(float) * len);
             for (uint64_t e = sh.lo; e < sh.hi; e++)
                 sh.data[g][e - sh.lo] = value(g, e, step);
         }
         sp_err err = {0};
         cr_assert_eq(ckpt_shard_write(tmp, &sh, &s.shards[r], &err), 0, "%s", err.msg);
+        if (blocks)
+            cr_expect_eq(s.shards[r].nblocks, blocks, "shard %d: %u blocks of %llu bytes in %llu",
+                         r, s.shards[r].nblocks, (unsigned long long)s.shards[r].block_bytes,
+                         (unsigned long long)s.shards[r].size);
         ckpt_shard_free(&sh);
     }
     char *out = NULL;
@@ -91,6 +98,11 @@ static char *write_sharded(int64_t step)
     ckpt_snapshot_free(&s);
     free(tmp);
     return out;
+}
+
+static char *write_sharded(int64_t step)
+{
+    return write_layout(step, RANKS, N, LEN, layout(), 0);
 }
 
 /* Ranges of every tensor of checkpoint step `step` read through r, every
@@ -283,46 +295,15 @@ enum { BIG_N = 3000001, BIG_LEN = 1500001 };
 static char *write_big(int64_t step)
 {
     ckpt_shard_min_block = (uint64_t)1 << 20; /* 18 blocks a file: most read whole */
-    char *tmp = ckpt_tmp_dir(dir, step, 4243);
-    cr_assert(tmp && mkdir(tmp, 0755) == 0);
-    ckpt_snapshot s;
-    ckpt_snapshot_init(&s);
-    s.step = step;
-    s.world_size = 2;
-    strcpy(s.config_hash, "0123456789abcdef");
-    strcpy(s.base_model, "fedcba9876543210");
-    cr_assert_eq(ckpt_set_int(&s, "step", step), 0);
-    s.shards = calloc(2, sizeof *s.shards);
-    s.nshards = 2;
-    s.shard_dir = strdup(tmp);
-    s.layout = strdup(tu_fmt(
-        "{\"kind\":\"flat-shards\",\"elements\":%d,\"tensors\":["
-        "{\"name\":\"a\",\"offset\":0,\"shape\":[1000,1500]},"
-        "{\"name\":\"b\",\"offset\":1500000,\"shape\":[%d]}],\"shards\":["
-        "{\"file\":\"shard-00000-of-00002.h5\",\"lo\":0,\"hi\":%d},"
-        "{\"file\":\"shard-00001-of-00002.h5\",\"lo\":%d,\"hi\":%d}]}",
-        BIG_N, BIG_N - 1500000, BIG_LEN, BIG_LEN, BIG_N));
-    for (int r = 0; r < 2; r++) {
-        ckpt_shard sh = {.step = step, .rank = r, .count = 2, .lo = (uint64_t)r * BIG_LEN};
-        sh.hi = r ? BIG_N : BIG_LEN;
-        for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
-            sh.data[g] = malloc(sizeof(float) * BIG_LEN);
-            for (uint64_t e = sh.lo; e < sh.hi; e++)
-                sh.data[g][e - sh.lo] = value(g, e, step);
-        }
-        sp_err err = {0};
-        cr_assert_eq(ckpt_shard_write(tmp, &sh, &s.shards[r], &err), 0, "%s", err.msg);
-        cr_expect_eq(s.shards[r].nblocks, 18u, "shard %d: %u blocks of %llu bytes in %llu", r,
-                     s.shards[r].nblocks, (unsigned long long)s.shards[r].block_bytes,
-                     (unsigned long long)s.shards[r].size);
-        ckpt_shard_free(&sh);
-    }
-    char *out = NULL;
-    sp_err err = {0};
-    cr_assert_eq(ckpt_write(dir, &s, &out, &err), 0, "%s", err.msg);
-    ckpt_snapshot_free(&s);
-    free(tmp);
-    return out;
+    return write_layout(
+        step, 2, BIG_N, BIG_LEN,
+        tu_fmt("{\"kind\":\"flat-shards\",\"elements\":%d,\"tensors\":["
+               "{\"name\":\"a\",\"offset\":0,\"shape\":[1000,1500]},"
+               "{\"name\":\"b\",\"offset\":1500000,\"shape\":[%d]}],\"shards\":["
+               "{\"file\":\"shard-00000-of-00002.h5\",\"lo\":0,\"hi\":%d},"
+               "{\"file\":\"shard-00001-of-00002.h5\",\"lo\":%d,\"hi\":%d}]}",
+               BIG_N, BIG_N - 1500000, BIG_LEN, BIG_LEN, BIG_N),
+        18);
 }
 
 /* Ranges within a block, across a block boundary, across the two files and
