@@ -7,10 +7,11 @@
 # cannot get at least 10 s is not started. Steps, most valuable first:
 #
 #   nvidia-smi (start)        GPU, driver, clocks, memory
-#   CUDA op tests             test_cuda_ops: every op against the CPU backend,
-#                             attention at the shapes of 7B, 8B (GQA), T 4096,
-#                             the fused attention kernels on odd shapes
-#                             (cuda_ops/flash_*)
+#   CUDA op tests             test_cuda_ops: every op but RoPE and attention
+#                             against the CPU backend; test_cuda_attention:
+#                             RoPE and attention, at the shapes of 7B, 8B
+#                             (GQA), T 4096, the fused attention kernels on
+#                             odd shapes (cuda_ops/flash_*)
 #   layer test                test_cuda_layer: a decoder layer at the 7B shape,
 #                             LoRA r 16 on all 7 projections, recompute none,
 #                             attention and layer, against the CPU
@@ -31,7 +32,8 @@
 #                             mpirun, a rank per GPU) NCCL all-reduce bus
 #                             bandwidth; each line a row of its own
 #   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
-#                             test_cuda_ops, reduced shapes; each error a row
+#                             test_cuda_ops and test_cuda_attention, reduced
+#                             shapes; each error a row
 #   nvidia-smi (end)
 #
 # Every bench fails on a step-1 loss that is not finite or is more than 1
@@ -143,7 +145,7 @@ declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 b13 b7mb8 doctor memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
-    ops) n="CUDA op tests (test_cuda_ops, real attention shapes)" ;;
+    ops) n="CUDA op tests (test_cuda_ops, test_cuda_attention: real attention shapes)" ;;
     layer) n="layer test (test_cuda_layer: 7B layer, LoRA r16 x7, recompute none/attention/layer)" ;;
     model) n="model tests (test_cuda_model: HF fixtures, 50 LoRA steps vs CPU)" ;;
     comm) n="NCCL and overlap tests (test_cuda_comm: one-rank NCCL, grad_sync, sharded collectives)" ;;
@@ -197,17 +199,55 @@ why_failed() {
     printf '%s' "$l"
 }
 
-# A Criterion suite: PASS when it exits 0, SKIPPED when it exits 77 (its
-# reason), FAIL or TIMEOUT else, with Criterion's synthesis as the figure.
-suite() { # suite KEY BOX PROGRAM
-    local key=$1 box=$2 prog=$3 i=${IDX[$1]} syn fails
-    if [ ! -x "$prog" ]; then
-        row_set "$i" FAIL 0 "$prog is missing"
-        return
+# bash $EACH CMD... -- PROGRAM...: runs CMD PROGRAM --jobs 1 for each program
+# in turn (CMD may be empty), so that one step runs several Criterion
+# suites; exits with the first status that is neither 0 nor 77, else 77 when
+# one was skipped, else 0.
+EACH="$WORK/each.sh"
+cat > "$EACH" <<'EOF_EACH'
+cmd=()
+while [ "$1" != -- ]; do cmd+=("$1"); shift; done
+shift
+rc=0
+for p; do
+    "${cmd[@]}" "$p" --jobs 1
+    r=$?
+    if [ $r -ne 0 ] && [ $r -ne 77 ]; then
+        case $rc in 0 | 77) rc=$r ;; esac
+    elif [ $r -eq 77 ] && [ $rc -eq 0 ]; then
+        rc=77
     fi
-    step "$key" "$box" "$prog" --jobs 1
+done
+exit $rc
+EOF_EACH
+
+# Criterion's synthesis lines in FILE, summed field by field ("Tested: 30 |
+# Passing: 30 | Failing: 0 | Crashing: 0" for two suites of 21 and 9 tests).
+synthesis() { # synthesis FILE
+    grep -h "Synthesis" "$1" | sed 's/.*Synthesis: //' | awk -F' [|] ' '
+        { for (f = 1; f <= NF; f++) {
+              split($f, kv, ": "); k = kv[1]; gsub(/^ +| +$/, "", k)
+              if (k == "") continue
+              if (!(k in sum)) order[++n] = k
+              sum[k] += kv[2] } }
+        END { for (f = 1; f <= n; f++) printf "%s%s: %d", (f > 1 ? " | " : ""), order[f], sum[order[f]] }'
+}
+
+# Criterion suites as one step: PASS when they all exit 0, SKIPPED when one
+# exits 77 (its reason) and none fails, FAIL or TIMEOUT else, with their
+# synthesis summed as the figure.
+suite() { # suite KEY BOX PROGRAM...
+    local key=$1 box=$2 i=${IDX[$1]} syn fails prog
+    shift 2
+    for prog in "$@"; do
+        if [ ! -x "$prog" ]; then
+            row_set "$i" FAIL 0 "$prog is missing"
+            return
+        fi
+    done
+    step "$key" "$box" bash "$EACH" -- "$@"
     [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
-    syn=$(grep -h "Synthesis" "$PARTS/$key.out" | tail -1 | sed 's/.*Synthesis: //')
+    syn=$(synthesis "$PARTS/$key.out")
     fails=$(grep -hE "^\[(FAIL|CRASH)\]|\[----\].*(Assertion|rel err|differs|> )" "$PARTS/$key.out" |
         head -n 3 | tr '\n' ' ')
     case $RC in
@@ -291,7 +331,9 @@ if ! "$SPOTUNE" bench --probe-cuda > "$PARTS/probe.out" 2>&1; then
 fi
 say "CUDA: $(if [ -n "$NO_GPU" ]; then echo "$NO_GPU"; else cat "$PARTS/probe.out"; fi)"
 
-suite ops 75 "$TESTS/test_cuda_ops"
+# the CUDA op tests: every op, then RoPE and attention
+OP_TESTS=("$TESTS/test_cuda_ops" "$TESTS/test_cuda_attention")
+suite ops 75 "${OP_TESTS[@]}"
 suite layer 90 "$TESTS/test_cuda_layer"
 suite model 90 "$TESTS/test_cuda_model"
 suite comm 45 "$TESTS/test_cuda_comm"
@@ -388,11 +430,11 @@ elif [ -z "$SAN" ]; then
 elif [ "$(left)" -lt 30 ]; then
     row_set "$i" SKIPPED 0 "not started: $(left)s of the budget left, 30 s needed"
 else
-    step memcheck "$(left)" env SPOTUNE_TEST_SHAPES=reduced "$SAN" --tool memcheck \
-        --error-exitcode 3 "$TESTS/test_cuda_ops" --jobs 1
+    step memcheck "$(left)" env SPOTUNE_TEST_SHAPES=reduced bash "$EACH" "$SAN" --tool memcheck \
+        --error-exitcode 3 -- "${OP_TESTS[@]}"
     nerr=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$PARTS/memcheck.out" |
         awk '{ s += $1 } END { print s + 0 }')
-    syn=$(grep -h "Synthesis" "$PARTS/memcheck.out" | tail -1 | sed 's/.*Synthesis: //')
+    syn=$(synthesis "$PARTS/memcheck.out")
     case $RC in
     0) row_set "$i" PASS "$DT" "0 errors; ${syn:-}" ;;
     124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s; $nerr errors so far" ;;

@@ -31,7 +31,7 @@
  *   GRAD_TOL  3e-2 for the gradients: the backward is about twice as long a
  *             chain, and attention's dS is rounded to bf16 while each of its
  *             rows sums to zero (the cancellation makes dQ and dK the
- *             noisiest, 3e-3 in the attention op alone: test_cuda_ops.c);
+ *             noisiest, 3e-3 in the attention op alone: test_cuda_attention.c);
  *             weight gradients are sums over 2048 tokens of bf16 products.
  * A wrong kernel (a head, a block, a transpose, a missing scale, a stale
  * recomputed activation) moves these by 0.3 or more.
