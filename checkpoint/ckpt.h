@@ -189,6 +189,13 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
  * not fit in path[n] is an error naming it. */
 int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
                      void (*report)(void *ctx, const ckpt_info *bad), void *ctx, sp_err *err);
+/* The same, taking a checkpoint that verifies only when accept (may be
+ * NULL) returns 0 for its directory; else accept wrote why into problem
+ * (n bytes) and it is reported and passed over. */
+int ckpt_find_latest_if(const char *root, char *path, size_t n, int *found,
+                        int (*accept)(void *ctx, const char *dir, char *problem, size_t n),
+                        void (*report)(void *ctx, const ckpt_info *bad), void *ctx,
+                        sp_err *err);
 /* Deletes all but the newest keep complete checkpoints (and every one whose
  * step is a multiple of keep_every, when > 0), and .tmp- directories whose
  * writing process is gone.
@@ -260,6 +267,16 @@ int ckpt_sharded_open(ckpt_sharded **out, const char *dir, sp_err *err);
 struct store;
 int ckpt_sharded_open_store(ckpt_sharded **out, const char *manifest, struct store *st,
                             const char *prefix, sp_err *err);
+/* The same, each shard file read from local_dir when that holds it with
+ * the size MANIFEST gives (every block still checked; one that does not
+ * match is read again from st), else from st. local_dir may be missing or
+ * NULL (st only); st may be NULL when local_dir holds every shard (else
+ * SP_EXIT_INPUT naming the first file that is nowhere). */
+int ckpt_sharded_open_mixed(ckpt_sharded **out, const char *manifest, const char *local_dir,
+                            struct store *st, const char *prefix, sp_err *err);
+/* How many of r's shard files were read so far from the local copy and
+ * how many from elsewhere (the store, or dir). */
+void ckpt_sharded_files_read(const ckpt_sharded *r, int *local, int *remote);
 /* Whether MANIFEST text describes a sharded checkpoint whose every shard has
  * block checksums (so that ckpt_sharded_open_store can read it). */
 int ckpt_sharded_ranged(const char *manifest);
@@ -286,6 +303,14 @@ void ckpt_sharded_close(ckpt_sharded *r);
  * tools that want a gathered snapshot, e.g. export). */
 int ckpt_sharded_load(const char *dir, ckpt_snapshot *s, int g, const char *prefix,
                       sp_err *err);
+
+/* The shard files of a layout (JSON text) that were written on machines
+ * other than rank 0's (no shared run.dir: "store_only" in the layout): they
+ * are in the remote store only, never in the local checkpoint directory.
+ * Returns how many; names (may be NULL) receives up to max of them. */
+int ckpt_layout_store_only(const char *layout, char (*names)[64], int max);
+/* Reads and parses dir's MANIFEST.json without checking its files. */
+int ckpt_manifest_load(const char *dir, ckpt_manifest *m, sp_err *err);
 
 /* Deletes a directory and everything under it (no error if missing). */
 int ckpt_remove_tree(const char *dir);

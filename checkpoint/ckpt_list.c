@@ -144,6 +144,14 @@ int ckpt_list(const char *root, int verify, ckpt_info **out, int *n, sp_err *err
 int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
                      void (*report)(void *ctx, const ckpt_info *bad), void *ctx, sp_err *err)
 {
+    return ckpt_find_latest_if(root, path, n, found, NULL, report, ctx, err);
+}
+
+int ckpt_find_latest_if(const char *root, char *path, size_t n, int *found,
+                        int (*accept)(void *ctx, const char *dir, char *problem, size_t n),
+                        void (*report)(void *ctx, const ckpt_info *bad), void *ctx,
+                        sp_err *err)
+{
     ckpt_info *list;
     int count, rc = 0;
     *found = 0;
@@ -176,6 +184,11 @@ int ckpt_find_latest(const char *root, char *path, size_t n, int *found,
             if (sp_fitf(path, n, "%s/%s", root, ci->name) != 0) {
                 rc = sp_fail(err, SP_EXIT_OTHER, "%s/%s: %s", root, ci->name, strerror(errno));
                 break;
+            }
+            if (accept && accept(ctx, path, ci->problem, sizeof ci->problem)) {
+                if (report)
+                    report(ctx, ci);
+                continue;
             }
             *found = 1;
         } else if (report) {

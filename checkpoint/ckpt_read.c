@@ -149,6 +149,58 @@ static int verify_file(const char *dir, const ckpt_manifest *m, int i, sp_err *e
     return rc;
 }
 
+int ckpt_layout_store_only(const char *layout, char (*names)[64], int max)
+{
+    json_t *lay = layout ? json_loads(layout, 0, NULL) : NULL;
+    int n = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(lay, "shards"), i, e)
+    {
+        const char *file = json_string_value(json_object_get(e, "file"));
+        if (!file || !json_is_true(json_object_get(e, "store_only")))
+            continue;
+        if (names && n < max)
+            snprintf(names[n], 64, "%s", file);
+        n++;
+    }
+    json_decref(lay);
+    return n;
+}
+
+int ckpt_manifest_load(const char *dir, ckpt_manifest *m, sp_err *err)
+{
+    size_t len;
+    memset(m, 0, sizeof *m);
+    char *text = read_manifest(dir, &len, err);
+    if (!text)
+        return err->code;
+    int rc = ckpt_manifest_parse(text, len, m, err);
+    free(text);
+    if (rc)
+        sp_err_prefix(err, "%s: ", dir);
+    return rc;
+}
+
+/* Whether file is one of the layout's store-only shards. */
+static int store_only(const char *layout, const char *file)
+{
+    if (!layout || !sp_after(file, "shard-"))
+        return 0;
+    json_t *lay = json_loads(layout, 0, NULL);
+    int yes = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(lay, "shards"), i, e)
+    {
+        const char *f = json_string_value(json_object_get(e, "file"));
+        if (f && strcmp(f, file) == 0)
+            yes = json_is_true(json_object_get(e, "store_only"));
+    }
+    json_decref(lay);
+    return yes;
+}
+
 int ckpt_verify_ex(const char *dir, ckpt_manifest *m, int shards_in_store, sp_err *err)
 {
     struct stat dsb;
@@ -172,7 +224,8 @@ int ckpt_verify_ex(const char *dir, ckpt_manifest *m, int shards_in_store, sp_er
         return rc;
     }
     for (int i = 0; i < m->nfiles && !rc; i++)
-        if (!(shards_in_store && m->layout && sp_after(m->files[i].name, "shard-")))
+        if (!(shards_in_store && m->layout && sp_after(m->files[i].name, "shard-")) &&
+            !store_only(m->layout, m->files[i].name)) /* written on another machine */
             rc = verify_file(dir, m, i, err);
     return rc;
 }

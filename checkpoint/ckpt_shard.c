@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,6 +194,12 @@ typedef struct shard_file {
     uint64_t size, off[CKPT_SHARD_GROUPS], block_bytes;
     uint32_t nblocks;
     unsigned char (*sums)[32];
+    /* a store-backed reader: where this file's bytes come from (the local
+     * copy's directory as a file:// store, or the remote store) and its key */
+    store_t *src;
+    char *key;
+    int used;   /* read from */
+    atomic_int warned; /* a block of the local copy was read again from the store */
 } shard_file;
 
 typedef struct shard_tensor {
@@ -212,12 +219,15 @@ struct ckpt_sharded {
     /* reading from a store: per group, the last verified block read partly
      * (file cache_file[g]'s block cache_block[g]): a group's reads are
      * sequential, and the next one usually starts in that block */
-    store_t *st;
+    store_t *st;    /* the remote store (the caller's; may be NULL with a local copy) */
+    store_t *local; /* file:// over the local copy's directory (owned; may be NULL) */
+    char *local_dir;
     char *prefix;
     unsigned char *cache[CKPT_SHARD_GROUPS];
     int cache_file[CKPT_SHARD_GROUPS];
     uint64_t cache_block[CKPT_SHARD_GROUPS];
     int damaged; /* a block did not match its checksum */
+    int ranged;  /* reads go through the files' stores (else HDF5 on dir) */
 };
 
 void ckpt_sharded_close(ckpt_sharded *r)
@@ -231,13 +241,16 @@ void ckpt_sharded_close(ckpt_sharded *r)
         if (r->files[i].f >= 0)
             H5Fclose(r->files[i].f);
         free(r->files[i].sums);
+        free(r->files[i].key);
     }
+    store_close(r->local);
     for (int i = 0; i < r->ntensors; i++)
         free(r->tensors[i].name);
     free(r->tensors);
     free(r->files);
     free(r->dir);
     free(r->prefix);
+    free(r->local_dir);
     for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
         free(r->cache[g]);
     free(r);
@@ -398,21 +411,55 @@ int ckpt_sharded_open(ckpt_sharded **out, const char *dir, sp_err *err)
     return 0;
 }
 
-int ckpt_sharded_open_store(ckpt_sharded **out, const char *manifest, store_t *st,
-                            const char *prefix, sp_err *err)
+/* Where file x's bytes come from: the local copy when it holds the file
+ * with the size MANIFEST gives, else the remote store. */
+static int choose_source(ckpt_sharded *r, shard_file *x, sp_err *err)
+{
+    int there = 0;
+    uint64_t size = 0;
+    sp_err e = {0};
+    if (r->local && store_exists(r->local, x->name, &there, &size, &e) == 0 && there &&
+        size == x->size) {
+        x->src = r->local;
+        x->key = strdup(x->name);
+    } else if (r->st) {
+        x->src = r->st;
+        x->key = sp_strf("%s/%s", r->prefix, x->name);
+    } else {
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: %s is not in this machine's copy of the checkpoint (it was written "
+                       "on another machine) and no remote store was given to read it from",
+                       r->dir, x->name);
+    }
+    return x->key ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+}
+
+int ckpt_sharded_open_mixed(ckpt_sharded **out, const char *manifest, const char *local_dir,
+                            store_t *st, const char *prefix, sp_err *err)
 {
     *out = NULL;
     json_error_t je;
     json_t *j = json_loads(manifest, 0, &je);
     ckpt_sharded *r = calloc(1, sizeof *r);
     int rc = 0;
-    if (!r || !(r->dir = sp_strf("%s/%s", store_url(st), prefix)) ||
+    if (!r || !(r->dir = st ? sp_strf("%s/%s", store_url(st), prefix) : strdup(local_dir)) ||
         !(r->prefix = strdup(prefix)))
         rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
     else if (!j)
         rc = sp_fail(err, SP_EXIT_INPUT, "%s/%s: not JSON: %s", r->dir, CKPT_MANIFEST, je.text);
     else
         rc = parse_manifest(r, j, r->dir, err);
+    r->st = st;
+    struct stat sb;
+    if (!rc && local_dir && stat(local_dir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        char *url = sp_strf("file://%s", local_dir);
+        sp_err e = {0};
+        if (!url || !(r->local_dir = strdup(local_dir)))
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        else if (store_open(&r->local, url, NULL, &e))
+            r->local = NULL; /* not readable here: the remote store only */
+        free(url);
+    }
     uint64_t most = 0;
     for (int i = 0; !rc && i < r->nfiles; i++) {
         if (!r->files[i].ranged)
@@ -420,6 +467,8 @@ int ckpt_sharded_open_store(ckpt_sharded **out, const char *manifest, store_t *s
                          "%s: %s has no block checksums in MANIFEST.json (written by an older "
                          "version): pull the checkpoint whole",
                          r->dir, r->files[i].name);
+        else
+            rc = choose_source(r, &r->files[i], err);
         if (r->files[i].block_bytes > most)
             most = r->files[i].block_bytes;
     }
@@ -432,11 +481,30 @@ int ckpt_sharded_open_store(ckpt_sharded **out, const char *manifest, store_t *s
         ckpt_sharded_close(r);
         return rc;
     }
-    r->st = st;
+    r->ranged = 1;
     for (int g = 0; g < CKPT_SHARD_GROUPS; g++)
         r->cache_file[g] = -1;
     *out = r;
     return 0;
+}
+
+int ckpt_sharded_open_store(ckpt_sharded **out, const char *manifest, store_t *st,
+                            const char *prefix, sp_err *err)
+{
+    return ckpt_sharded_open_mixed(out, manifest, NULL, st, prefix, err);
+}
+
+void ckpt_sharded_files_read(const ckpt_sharded *r, int *local, int *remote)
+{
+    *local = *remote = 0;
+    for (int i = 0; r && i < r->nfiles; i++) {
+        if (!r->files[i].used)
+            continue;
+        if (r->local && r->files[i].src == r->local)
+            ++*local;
+        else
+            ++*remote;
+    }
 }
 
 int ckpt_sharded_ranged(const char *manifest)
@@ -535,25 +603,53 @@ static int open_group(ckpt_sharded *r, shard_file *x, int g, sp_err *err)
     return rc;
 }
 
-/* Block k of file x (key) into buf, checked against its SHA-256. */
-static int get_block(ckpt_sharded *r, const shard_file *x, const char *key, uint64_t k,
-                     unsigned char *buf, int *damaged, sp_err *err)
+/* Block k of file x from store src (key) into buf; *match: whether it
+ * matches its SHA-256. */
+static int get_checked(const shard_file *x, store_t *src, const char *key, uint64_t k,
+                       unsigned char *buf, size_t len, int *match, sp_err *err)
 {
-    uint64_t at = k * x->block_bytes;
-    size_t len = (size_t)(x->size - at < x->block_bytes ? x->size - at : x->block_bytes);
-    if (store_get_range(r->st, key, at, len, buf, err))
+    if (store_get_range(src, key, k * x->block_bytes, len, buf, err))
         return err->code ? err->code : SP_EXIT_OTHER;
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned mdlen = 0;
     if (EVP_Digest(buf, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32)
         return sp_fail(err, SP_EXIT_OTHER, "SHA-256 failed");
-    if (memcmp(md, x->sums[k], 32) != 0) {
-        *damaged = 1;
+    *match = memcmp(md, x->sums[k], 32) == 0;
+    return 0;
+}
+
+/* Block k of file x into buf, checked against its SHA-256. A block of the
+ * local copy that does not match is read again from the remote store. */
+static int get_block(ckpt_sharded *r, shard_file *x, uint64_t k, unsigned char *buf,
+                     int *damaged, sp_err *err)
+{
+    uint64_t at = k * x->block_bytes;
+    size_t len = (size_t)(x->size - at < x->block_bytes ? x->size - at : x->block_bytes);
+    int match = 0, local = x->src == r->local;
+    if (get_checked(x, x->src, x->key, k, buf, len, &match, err))
+        return err->code;
+    if (!match && local && r->st) {
+        if (!atomic_exchange(&x->warned, 1)) /* once a file (fetch threads share x) */
+            fprintf(stderr,
+                    "warning: %s/%s: block %llu of this machine's copy does not match its "
+                    "SHA-256; reading such blocks from %s/%s\n",
+                    r->local_dir, x->name, (unsigned long long)k, r->dir, x->name);
+        char *key = sp_strf("%s/%s", r->prefix, x->name);
+        int rc = key ? get_checked(x, r->st, key, k, buf, len, &match, err)
+                     : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        free(key);
+        if (rc)
+            return rc;
+        local = 0;
+    }
+    if (!match) {
+        *damaged = !local; /* the stored checkpoint is damaged; a local copy is only ours */
         return sp_fail(err, SP_EXIT_INPUT,
                        "%s/%s: bytes [%llu, %llu) (block %llu) do not match their SHA-256 in "
-                       "MANIFEST.json: the stored shard is damaged",
-                       r->dir, x->name, (unsigned long long)at,
-                       (unsigned long long)(at + len), (unsigned long long)k);
+                       "MANIFEST.json: the %s shard is damaged",
+                       local ? r->local_dir : r->dir, x->name,
+                       (unsigned long long)at, (unsigned long long)(at + len),
+                       (unsigned long long)k, local ? "local copy of the" : "stored");
     }
     return 0;
 }
@@ -563,8 +659,7 @@ static int get_block(ckpt_sharded *r, const shard_file *x, const char *key, uint
 #define FETCH_THREADS 4
 typedef struct fetch_job {
     ckpt_sharded *r;
-    const shard_file *x;
-    const char *key;
+    shard_file *x;
     uint64_t k0, k1;
     unsigned char *dst;
     pthread_mutex_t mu;
@@ -584,8 +679,7 @@ static void *fetch_worker(void *arg)
             return NULL;
         sp_err e = {0};
         int damaged = 0;
-        if (get_block(j->r, j->x, j->key, k, j->dst + (k - j->k0) * j->x->block_bytes, &damaged,
-                      &e)) {
+        if (get_block(j->r, j->x, k, j->dst + (k - j->k0) * j->x->block_bytes, &damaged, &e)) {
             pthread_mutex_lock(&j->mu);
             if (!j->failed || (damaged && !j->damaged)) /* a damaged block says most */
                 j->err = e;
@@ -596,10 +690,10 @@ static void *fetch_worker(void *arg)
     }
 }
 
-static int fetch_blocks(ckpt_sharded *r, const shard_file *x, const char *key, uint64_t k0,
-                        uint64_t k1, unsigned char *dst, sp_err *err)
+static int fetch_blocks(ckpt_sharded *r, shard_file *x, uint64_t k0, uint64_t k1,
+                        unsigned char *dst, sp_err *err)
 {
-    fetch_job j = {.r = r, .x = x, .key = key, .k0 = k0, .k1 = k1, .dst = dst, .next = k0};
+    fetch_job j = {.r = r, .x = x, .k0 = k0, .k1 = k1, .dst = dst, .next = k0};
     pthread_mutex_init(&j.mu, NULL);
     pthread_t th[FETCH_THREADS];
     int n = 0;
@@ -619,12 +713,12 @@ static int fetch_blocks(ckpt_sharded *r, const shard_file *x, const char *key, u
 }
 
 /* Block k of file i into group g's cache slot (kept for the next read). */
-static int fetch_cached(ckpt_sharded *r, int i, int g, uint64_t k, const char *key, sp_err *err)
+static int fetch_cached(ckpt_sharded *r, int i, int g, uint64_t k, sp_err *err)
 {
     if (r->cache_file[g] == i && r->cache_block[g] == k)
         return 0;
     r->cache_file[g] = -1;
-    if (get_block(r, &r->files[i], key, k, r->cache[g], &r->damaged, err))
+    if (get_block(r, &r->files[i], k, r->cache[g], &r->damaged, err))
         return err->code;
     r->cache_file[g] = i;
     r->cache_block[g] = k;
@@ -637,12 +731,9 @@ static int fetch_cached(ckpt_sharded *r, int i, int g, uint64_t k, const char *k
 static int read_ranged(ckpt_sharded *r, int i, int g, uint64_t a, uint64_t b, float *dst,
                        sp_err *err)
 {
-    const shard_file *x = &r->files[i];
+    shard_file *x = &r->files[i];
     uint64_t B = x->block_bytes;
     uint64_t from = x->off[g] + 4 * (a - x->lo), to = x->off[g] + 4 * (b - x->lo);
-    char *key = sp_strf("%s/%s", r->prefix, x->name);
-    if (!key)
-        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     /* whole blocks: [w0, w1) (their ends inside [from, to], or the file's end) */
     uint64_t w0 = (from + B - 1) / B, w1 = to / B;
     if (to == x->size)
@@ -652,20 +743,19 @@ static int read_ranged(ckpt_sharded *r, int i, int g, uint64_t a, uint64_t b, fl
     for (uint64_t at = from; at < to && !rc;) {
         uint64_t k = at / B;
         if (k >= w0 && k < w1 && at == k * B) {
-            rc = fetch_blocks(r, x, key, w0, w1, (unsigned char *)out, err);
+            rc = fetch_blocks(r, x, w0, w1, (unsigned char *)out, err);
             uint64_t end = w1 * B < to ? w1 * B : to;
             out += end - at;
             at = end;
             continue;
         }
         uint64_t end = (k + 1) * B < to ? (k + 1) * B : to;
-        rc = fetch_cached(r, i, g, k, key, err);
+        rc = fetch_cached(r, i, g, k, err);
         if (!rc)
             memcpy(out, r->cache[g] + (at - k * B), (size_t)(end - at));
         out += end - at;
         at = end;
     }
-    free(key);
     return rc;
 }
 
@@ -674,7 +764,8 @@ static int read_part(ckpt_sharded *r, int i, int g, uint64_t a, uint64_t b, floa
                      sp_err *err)
 {
     shard_file *x = &r->files[i];
-    if (r->st)
+    x->used = 1;
+    if (r->ranged)
         return read_ranged(r, i, g, a, b, dst, err);
     if (x->ds[g] < 0 && open_group(r, x, g, err))
         return err->code;

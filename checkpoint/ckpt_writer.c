@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct ckpt_writer {
     char *root;
@@ -23,6 +24,7 @@ struct ckpt_writer {
     ckpt_shard_info last_shard;
     int shard_written; /* the shard job in progress has written its file (uploading now) */
     store_t *store;    /* where a written shard is put (NULL: nowhere) */
+    int drop_shards;   /* remove a shard file after its upload */
 };
 
 /* The written shard into the store, unless a complete checkpoint of its
@@ -65,6 +67,15 @@ static void write_shard(ckpt_writer *w, char *dir, ckpt_shard *sh)
     pthread_mutex_unlock(&w->mu);
     if (!err.code && w->store)
         upload_shard(w, dir, sh, &info);
+    if (w->drop_shards) {
+        char name[64];
+        ckpt_shard_name(name, sizeof name, sh->rank, sh->count);
+        char *path = sp_strf("%s/%s", dir, name);
+        if (path)
+            unlink(path);
+        free(path);
+        rmdir(dir); /* the last of this machine's ranks to finish removes it */
+    }
     ckpt_shard_free(sh);
     free(dir);
     pthread_mutex_lock(&w->mu);
@@ -186,6 +197,13 @@ void ckpt_writer_set_store(ckpt_writer *w, store_t *st)
     pthread_mutex_lock(&w->mu);
     wait_idle(w);
     w->store = st;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void ckpt_writer_drop_shards(ckpt_writer *w, int drop)
+{
+    pthread_mutex_lock(&w->mu);
+    w->drop_shards = drop;
     pthread_mutex_unlock(&w->mu);
 }
 

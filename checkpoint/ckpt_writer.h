@@ -31,6 +31,11 @@ int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, do
  * writer), unless that step's MANIFEST.json is there already (a complete
  * checkpoint is never overwritten); a failure is printed on stderr. */
 void ckpt_writer_set_store(ckpt_writer *w, store_t *st);
+/* drop: once its upload is done (or failed, or the write failed) the shard
+ * file is removed, and the directory with it once empty. For the ranks of a
+ * machine other than rank 0's that does not share run.dir: there the store
+ * is the only copy a resume reads, and the disk keeps nothing. */
+void ckpt_writer_drop_shards(ckpt_writer *w, int drop);
 /* Waits until no shard write is queued or being written (its upload may
  * still run). */
 int ckpt_writer_wait_written(ckpt_writer *w);

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,28 +130,37 @@ static int rank_shard(const char *name, const store_xfer_opts *x)
            n > 3 && !strcmp(name + n - 3, ".h5");
 }
 
-/* Waits until every shard file the ranks put is in the store with its
- * local size (x->shards_wait_s at most). */
-static int await_rank_shards(store_t *s, const char *local_dir, const char *pfx,
-                             const name_list *files, const store_xfer_opts *x, sp_err *err)
+/* Waits until every shard file MANIFEST (man, mn bytes) lists is in the
+ * store with the size MANIFEST gives (x->shards_wait_s at most): the ranks
+ * put them, some from machines whose files this one never sees. */
+static int await_rank_shards(store_t *s, const void *man, size_t mn, const char *pfx,
+                             const store_xfer_opts *x, sp_err *err)
 {
     double until = sp_now() + x->shards_wait_s;
-    for (size_t i = 0; i < files->n; i++) {
-        if (!rank_shard(files->v[i], x))
+    json_t *j = json_loadb(man, mn, 0, NULL), *files = json_object_get(j, "files");
+    if (!json_is_object(files)) {
+        json_decref(j);
+        return store_fail(s, err, STORE_ELOCAL, pfx, "push: MANIFEST.json lists no files");
+    }
+    const char *name;
+    json_t *f;
+    int rc = 0;
+    json_object_foreach(files, name, f)
+    {
+        json_t *sz = json_object_get(f, "size");
+        if (!rank_shard(name, x))
             continue;
-        char *key = sp_strf("%s/%s", pfx, files->v[i]);
-        char *path = sp_strf("%s/%s", local_dir, files->v[i]);
-        struct stat st;
-        int rc = !key || !path ? store_fail(s, err, STORE_EFAIL, pfx, "out of memory")
-                 : stat(path, &st) != 0
-                     ? store_fail(s, err, STORE_ELOCAL, pfx, "push: %s: %s", path, strerror(errno))
-                     : 0;
+        char *key = sp_strf("%s/%s", pfx, name);
+        rc = !key ? store_fail(s, err, STORE_EFAIL, pfx, "out of memory")
+             : !json_is_integer(sz)
+                 ? store_fail(s, err, STORE_ELOCAL, pfx, "push: MANIFEST.json: %s has no size", name)
+                 : 0;
         for (;;) {
             int there = 0;
             uint64_t size = 0;
             sp_err e1 = {0};
             if (rc || (s->ops->exists(s, key, &there, &size, xcancel(x), &e1) == 0 && there &&
-                       size == (uint64_t)st.st_size))
+                       size == (uint64_t)json_integer_value(sz)))
                 break;
             if (x->cancel && atomic_load(x->cancel)) {
                 rc = store_fail(s, err, STORE_ECANCELED, key, "canceled");
@@ -166,11 +176,11 @@ static int await_rank_shards(store_t *s, const char *local_dir, const char *pfx,
             nanosleep(&ts, NULL);
         }
         free(key);
-        free(path);
         if (rc)
-            return rc;
+            break;
     }
-    return 0;
+    json_decref(j);
+    return rc;
 }
 
 static int push_files(store_t *s, const char *local_dir, const char *pfx, const name_list *files,
@@ -236,7 +246,7 @@ int store_push_dir(store_t *s, const char *local_dir, const char *prefix,
         if (!rc)
             rc = push_files(s, local_dir, pfx, &files, x, err);
         if (!rc && x && x->shards_put_by_ranks)
-            rc = await_rank_shards(s, local_dir, pfx, &files, x, err);
+            rc = await_rank_shards(s, man, mn, pfx, x, err);
         if (!rc)
             rc = push_manifest(s, mkey, man, mn, x, err);
     }

@@ -16,12 +16,13 @@ add_executable(spotune-mn-audit multinode/mn_audit.c)
 target_link_libraries(spotune-mn-audit PRIVATE spotune_trainer)
 
 foreach(case trajectory launch_hostfile node_lost partition storage_partition
-             resume_fewer_ranks sharded_shared_dir doctor)
+             resume_fewer_ranks sharded_shared_dir sharded_spread doctor)
   add_test(NAME multinode_${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode/multinode.sh ${CMAKE_BINARY_DIR} ${case})
   set_tests_properties(multinode_${case} PROPERTIES
     LABELS multinode SKIP_RETURN_CODE 77 TIMEOUT 600 RESOURCE_LOCK multinode
     FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
 endforeach()
-set_tests_properties(multinode_storage_partition multinode_resume_fewer_ranks PROPERTIES
+set_tests_properties(multinode_storage_partition multinode_resume_fewer_ranks
+  multinode_sharded_spread PROPERTIES
   LABELS "multinode;s3")

@@ -390,3 +390,90 @@ Test(ckpt_shard, pull_without_shards_checks_what_stays_in_the_store)
     free(text);
     free(p);
 }
+
+/* Machines that do not share run.dir: rank 0's machine keeps some shard
+ * files, the store all of them. A reader over both takes each file from the
+ * local copy when it is there with its size, else from the store; a block
+ * of the local copy that does not match its SHA-256 is read again from the
+ * store (the store's copy is not "damaged"); a file that is nowhere is
+ * named. */
+Test(ckpt_shard, mixed_reads_take_the_local_copy_and_the_store_for_the_rest)
+{
+    ckpt_shard_min_block = 16;
+    char *p = write_sharded(4);
+    char *text = read_manifest_text(p);
+    char *local = tu_tempdir("ckpt-shard-local");
+    /* node-a's copy: MANIFEST, shards 0 and 1 (one byte of shard 1's adam_m changed) */
+    tu_sh(NULL, "cp %s/MANIFEST.json %s/shard-00000-of-00004.h5 %s/shard-00001-of-00004.h5 %s/",
+          p, p, p, local);
+    long long at = data_offset(text, "shard-00001-of-00004.h5", 1) + 4;
+    tu_sh(NULL, "printf '\\177\\177\\177\\177' | dd of=%s/shard-00001-of-00004.h5 bs=1 seek=%lld "
+                "conv=notrunc 2>/dev/null", local, at);
+    store_t *st = dir_store();
+    ckpt_sharded *r = NULL;
+    sp_err err = {0};
+    cr_assert_eq(ckpt_sharded_open_mixed(&r, text, local, st, "step-00000004", &err), 0, "%s",
+                 err.msg);
+    expect_reads(r, 4, "the local copy and the store");
+    cr_expect_eq(ckpt_sharded_damaged(r), 0, "a damaged local copy is not a damaged store");
+    int here = -1, there = -1;
+    ckpt_sharded_files_read(r, &here, &there);
+    cr_expect(here == 2 && there == 2, "read %d files locally and %d from the store", here, there);
+    ckpt_sharded_close(r);
+
+    /* no store: the shards written elsewhere are named */
+    cr_expect_eq(ckpt_sharded_open_mixed(&r, text, local, NULL, "step-00000004", &err),
+                 SP_EXIT_INPUT);
+    cr_expect(tu_contains(err.msg, "shard-00002-of-00004.h5") &&
+                  tu_contains(err.msg, "another machine"),
+              "%s", err.msg);
+    /* no store and a damaged local block: an error naming the local copy, not the store */
+    tu_sh(NULL, "cp %s/shard-00002-of-00004.h5 %s/shard-00003-of-00004.h5 %s/", p, p, local);
+    sp_err_clear(&err);
+    cr_assert_eq(ckpt_sharded_open_mixed(&r, text, local, NULL, "step-00000004", &err), 0, "%s",
+                 err.msg);
+    float got[15];
+    cr_expect_eq(ckpt_sharded_read(r, 1, names[0], 0, 15, got, &err), SP_EXIT_INPUT);
+    cr_expect(tu_contains(err.msg, "local copy") && tu_contains(err.msg, "shard-00001"), "%s",
+              err.msg);
+    cr_expect_eq(ckpt_sharded_damaged(r), 0);
+    ckpt_sharded_close(r);
+    store_close(st);
+    tu_rmtree(local);
+    free(local);
+    free(text);
+    free(p);
+}
+
+/* A layout's store-only shards (written on another machine) are listed by
+ * ckpt_layout_store_only and not looked for by verify; any other missing
+ * shard still makes the checkpoint fail. */
+Test(ckpt_shard, store_only_shards_are_not_looked_for_locally)
+{
+    const char *lay =
+        "{\"kind\":\"flat-shards\",\"elements\":30,\"tensors\":["
+        "{\"name\":\"model.layers.0.self_attn.q_proj.weight\",\"offset\":0,\"shape\":[3,5]},"
+        "{\"name\":\"model.norm.weight\",\"offset\":15,\"shape\":[7]},"
+        "{\"name\":\"lm_head.weight\",\"offset\":22,\"shape\":[4,2]}],\"shards\":["
+        "{\"file\":\"shard-00000-of-00004.h5\",\"lo\":0,\"hi\":8},"
+        "{\"file\":\"shard-00001-of-00004.h5\",\"lo\":8,\"hi\":16},"
+        "{\"file\":\"shard-00002-of-00004.h5\",\"lo\":16,\"hi\":24,\"store_only\":true},"
+        "{\"file\":\"shard-00003-of-00004.h5\",\"lo\":24,\"hi\":30,\"store_only\":true}]}";
+    char *p = write_layout(6, RANKS, N, LEN, lay, 0);
+    ckpt_manifest m;
+    sp_err err = {0};
+    char names2[4][64];
+    cr_expect_eq(ckpt_layout_store_only(lay, names2, 4), 2);
+    cr_expect_str_eq(names2[0], "shard-00002-of-00004.h5");
+    cr_expect_str_eq(names2[1], "shard-00003-of-00004.h5");
+    cr_expect_eq(ckpt_layout_store_only(layout(), NULL, 0), 0);
+    tu_sh(NULL, "rm %s/shard-00002-of-00004.h5 %s/shard-00003-of-00004.h5", p, p);
+    cr_expect_eq(ckpt_verify(p, &m, &err), 0, "%s", err.msg);
+    cr_expect_eq(ckpt_layout_store_only(m.layout, NULL, 0), 2, "the MANIFEST keeps the flags");
+    ckpt_manifest_free(&m);
+    tu_sh(NULL, "rm %s/shard-00001-of-00004.h5", p);
+    cr_expect_eq(ckpt_verify(p, &m, &err), SP_EXIT_INPUT);
+    cr_expect(tu_contains(err.msg, "shard-00001-of-00004.h5"), "%s", err.msg);
+    ckpt_manifest_free(&m);
+    free(p);
+}

@@ -76,7 +76,6 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->remote_step = -1;
     c->remote_skip_from = INT64_MAX;
     c->pending_step = -1;
-    c->sharded = ckpt_shards_wanted(cfg, comm);
     c->pid0 = (int)getpid();
     pthread_mutex_init(&c->remote_mu, NULL);
     c->global_batch = (int64_t)c->world * cfg->micro_batch * cfg->grad_accum;
@@ -97,16 +96,23 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
              (unsigned long long)config_math_hash(cfg));
     *out = c;
     int rc = 0;
+    if (ckpt_shards_setup(c, err))
+        return err->code;
     if (c->sharded && comm_bcast(comm, &c->pid0, sizeof c->pid0, 0, err))
         return err->code;
     if (c->rank == 0 && cfg->mode == MODE_FULL && cfg->shard_optimizer && c->world > 1 &&
-        cfg->ckpt_layout == CKPT_LAYOUT_AUTO && comm_local_size(comm) != c->world)
+        cfg->ckpt_layout != CKPT_LAYOUT_GATHERED && comm_local_size(comm) != c->world)
         log_event(log, metrics, "info", "%s",
-                  c->sharded ? "checkpoints are sharded: every rank, on every machine, sees "
-                               "run.dir (a shared file system)"
-                             : "checkpoints are gathered to rank 0: some machine does not see "
-                               "run.dir (no shared file system), so the ranks cannot write "
-                               "their shards into one checkpoint directory");
+                  c->spread ? "checkpoints are sharded across machines that do not share "
+                              "run.dir: every rank writes its shard on its own machine and "
+                              "puts it in checkpoint.remote, which holds each checkpoint "
+                              "whole; rank 0's machine keeps its own ranks' shards"
+                  : c->sharded ? "checkpoints are sharded: every rank, on every machine, sees "
+                                 "run.dir (a shared file system)"
+                               : "checkpoints are gathered to rank 0: some machine does not see "
+                                 "run.dir (no shared file system) and there is no "
+                                 "checkpoint.remote to hold the shards of the other machines");
+    ckpt_shards_clean_away(c);
     if (c->rank == 0) {
         if (mkdir(c->root, 0755) != 0 && errno != EEXIST)
             rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", c->root, strerror(errno));
@@ -122,8 +128,10 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
         store_opts so;
         store_t *st = NULL;
         ckpt_remote_opts(cfg, 0, &so);
-        if (store_open(&st, cfg->ckpt_remote, &so, err) == 0)
+        if (store_open(&st, cfg->ckpt_remote, &so, err) == 0) {
             ckpt_writer_set_store(c->writer, st);
+            ckpt_writer_drop_shards(c->writer, c->spread && c->fs_first != 0);
+        }
         else
             rc = err->code ? err->code : SP_EXIT_USAGE;
     }
@@ -210,6 +218,7 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
         store_close(c->lease_store);
     pthread_mutex_destroy(&c->remote_mu);
     free(c->ranged_url);
+    free(c->store_only);
     free(c->root);
     free(c);
     return rc;

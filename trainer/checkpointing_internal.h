@@ -42,10 +42,19 @@ struct ckpt_ctl {
      * checkpoints from remote_skip_from on are not chosen (found damaged) */
     char *ranged_url;
     int64_t remote_skip_from;
+    int store_needed; /* a local checkpoint was passed over for want of the store */
     /* sharded checkpoints (checkpoint.layout; ckpt_shards.c): every rank has
      * a writer for its shard; a checkpoint's shards are pending until every
      * rank's is written, then rank 0 commits it (state.h5, MANIFEST) */
     int sharded;
+    /* spread: the machines do not share run.dir (ckpt_shards_setup); each
+     * rank writes its shard on its own machine and puts it in the store,
+     * rank 0's machine keeps its ranks' shards with MANIFEST, the others
+     * keep nothing once their shards are in the store. fs_first: the lowest
+     * rank that shares this rank's run.dir; store_only (rank 0): per rank,
+     * whether its shard is written off rank 0's machine */
+    int spread, fs_first;
+    int32_t *store_only;
     int pid0;             /* rank 0's process id: names the .tmp- directory */
     int64_t pending_step; /* -1: none */
     char *pending_dir;
@@ -63,8 +72,13 @@ int ckpt_state_gather(ckpt_ctl *c, model_t *m, ckpt_snapshot *s, int32_t code, s
 int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *err);
 
 /* ckpt_shards.c, every rank. Whether this run writes sharded checkpoints
- * (its optimizer is sharded and checkpoint.layout allows it). */
-int ckpt_shards_wanted(const config_t *cfg, comm_t *comm);
+ * (its optimizer is sharded and checkpoint.layout allows it: c->sharded),
+ * and where (c->spread: machines that do not share run.dir, with a remote
+ * store; without one, auto means gathered and sharded is refused). */
+int ckpt_shards_setup(ckpt_ctl *c, sp_err *err);
+/* Spread, the first rank of a machine other than rank 0's: removes the
+ * .tmp- directories an earlier run left there (nothing is pending at start). */
+void ckpt_shards_clean_away(ckpt_ctl *c);
 /* A sharded checkpoint of step p->step: rank 0 prepares its directory and
  * state, every rank copies its shard to host memory (*stall_s: the longest
  * copy of any rank; *bytes: all shards) and hands it to its writer. When
@@ -82,10 +96,13 @@ int ckpt_shards_complete(ckpt_ctl *c, int wait, sp_err *err);
 int ckpt_shards_restore(ckpt_ctl *c, model_t *m, const char *dir, sp_err *err);
 /* Every rank: the same from checkpoint `name` of the store at url, read in
  * ranges (each block checked) by every rank; local_dir is rank 0's copy of
- * its MANIFEST and state (ckpt_pull_unsharded). *damaged: a block did not
- * match its checksum on some rank (every rank learns it). */
+ * its MANIFEST and state (ckpt_pull_unsharded). With local_copy, a rank
+ * reads the shard files local_dir holds on its machine from there (a
+ * checkpoint written across machines: rank 0's machine keeps its ranks'
+ * shards). *damaged: a block in the store did not match its checksum on
+ * some rank (every rank learns it). */
 int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const char *name,
-                              const char *local_dir, int *damaged, sp_err *err);
+                              const char *local_dir, int local_copy, int *damaged, sp_err *err);
 
 /* ckpt_remote.c, rank 0. quick: the store options for what decides whether
  * and where the job starts. */

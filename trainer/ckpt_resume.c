@@ -18,6 +18,7 @@ typedef struct resume_header {
     char path[PATH_MAX];
     char remote[PATH_MAX]; /* sharded, its shards read from this store (else "") */
     char name[64];         /* ... under this prefix (step-N) */
+    int32_t local_copy;    /* ... except those that path holds on a rank's machine */
     int64_t step, grad_accum;
     uint64_t cursor;
     double elapsed_s;
@@ -58,12 +59,70 @@ static int choose_url(ckpt_ctl *c, const char *resume, char **path, sp_err *err)
     return rc;
 }
 
+/* A local checkpoint written across machines that do not share run.dir
+ * holds rank 0's machine's shards only; the others are in the store. It is
+ * taken when each of those is there with its size (and the store's copy
+ * was not found damaged). */
+static int accept_local(void *ctx, const char *dir, char *problem, size_t n)
+{
+    ckpt_ctl *c = ctx;
+    ckpt_manifest m;
+    sp_err e = {0};
+    if (ckpt_manifest_load(dir, &m, &e)) { /* verified a moment ago: let the read say */
+        ckpt_manifest_free(&m);
+        return 0;
+    }
+    int k = ckpt_layout_store_only(m.layout, NULL, 0), bad = 0;
+    char(*names)[64] = k ? calloc((size_t)k, sizeof *names) : NULL;
+    if (k && !names) {
+        snprintf(problem, n, "out of memory");
+        bad = 1;
+    } else if (k && !c->store) {
+        ckpt_layout_store_only(m.layout, names, 1);
+        snprintf(problem, n,
+                 "%d of its shard files (%s, ...) were written on other machines and are kept "
+                 "only in a remote store, and checkpoint.remote is not set",
+                 k, names[0]);
+        c->store_needed = 1;
+        bad = 1;
+    } else if (k && m.step >= c->remote_skip_from) {
+        snprintf(problem, n, "its shards in %s are damaged", store_url(c->store));
+        bad = 1;
+    }
+    if (k && !bad)
+        ckpt_layout_store_only(m.layout, names, k);
+    for (int i = 0; i < k && !bad; i++) {
+        uint64_t want = 0, size = 0;
+        int there = 0;
+        for (int f = 0; f < m.nfiles; f++)
+            if (strcmp(m.files[f].name, names[i]) == 0)
+                want = m.files[f].size;
+        char step[32], *key;
+        ckpt_dir_name(step, sizeof step, m.step);
+        key = sp_strf("%s/%s", step, names[i]);
+        if (!key || store_exists(c->store, key, &there, &size, &e) || !there || size != want) {
+            snprintf(problem, n,
+                     "its shard %s, written on another machine, is not in %s with its %llu "
+                     "bytes%s%s",
+                     names[i], store_url(c->store), (unsigned long long)want,
+                     e.code ? ": " : "", e.code ? e.msg : "");
+            bad = 1;
+        }
+        free(key);
+    }
+    free(names);
+    ckpt_manifest_free(&m);
+    return bad;
+}
+
 /* --resume auto: the newest local checkpoint that verifies, or a newer remote one. */
 static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
 {
     char local[PATH_MAX]; /* a path the system can open fits */
     int found = 0;
-    if (ckpt_find_latest(c->root, local, sizeof local, &found, report_bad, c, err))
+    c->store_needed = 0;
+    if (ckpt_find_latest_if(c->root, local, sizeof local, &found, accept_local, report_bad, c,
+                            err))
         return err->code;
     int64_t local_step = -1;
     if (found) {
@@ -78,6 +137,12 @@ static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
         free(*path);
         *path = remote;
     }
+    if (!*path && c->store_needed) /* never start afresh over a checkpoint it cannot read */
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s holds checkpoints written across machines that do not share run.dir, "
+                       "whose other shards are only in the remote store they were pushed to: "
+                       "set checkpoint.remote to it, or start afresh with --resume none",
+                       c->root);
     return 0;
 }
 
@@ -239,8 +304,8 @@ static int restore(ckpt_ctl *c, model_t *m, const resume_header *h, const char *
     }
     if (!h->found)
         return 0;
-    int rc = h->remote[0] ? ckpt_shards_restore_store(c, m, h->remote, h->name, h->path, damaged,
-                                                      err)
+    int rc = h->remote[0] ? ckpt_shards_restore_store(c, m, h->remote, h->name, h->path,
+                                                      h->local_copy, damaged, err)
              : h->sharded ? ckpt_shards_restore(c, m, h->path, err)
                           : ckpt_state_restore(c, m, c->rank == 0 ? s : NULL, err);
     ckpt_snapshot_free(s);
@@ -293,11 +358,25 @@ static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micr
             h->elapsed_s = el ? el->d : 0;
             h->grad_accum = ga;
             h->sharded = s.layout != NULL;
-            if (h->sharded && c->ranged_url)
+            /* written across machines: its other shards are read from the store */
+            h->local_copy = h->sharded && !c->ranged_url &&
+                            ckpt_layout_store_only(s.layout, NULL, 0) > 0;
+            if (h->local_copy && !c->store) {
+                h->code = sp_fail(&e, SP_EXIT_USAGE,
+                                  "%s: some of its shard files were written on other machines "
+                                  "and are kept only in a remote store; set checkpoint.remote "
+                                  "to it",
+                                  path);
+                h->found = 0;
+                sp_cutf(h->msg, sizeof h->msg, "%s", e.msg);
+            }
+            if (h->sharded && (c->ranged_url || h->local_copy))
                 ckpt_dir_name(h->name, sizeof h->name, s.step);
             if (h->sharded &&
                 (sp_fitf(h->path, sizeof h->path, "%s", path) ||
-                 (c->ranged_url && sp_fitf(h->remote, sizeof h->remote, "%s", c->ranged_url)))) {
+                 (c->ranged_url && sp_fitf(h->remote, sizeof h->remote, "%s", c->ranged_url)) ||
+                 (h->local_copy && h->found &&
+                  sp_fitf(h->remote, sizeof h->remote, "%s", store_url(c->store))))) {
                 h->code = sp_fail(&e, SP_EXIT_INPUT, "%s: path too long", path);
                 h->found = 0;
                 sp_cutf(h->msg, sizeof h->msg, "%s", e.msg);
@@ -314,9 +393,18 @@ static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micr
         trim_metrics(c, NULL, 0);
     if (!rc && *resumed && c->rank == 0) {
         trim_metrics(c, path, h->step);
-        log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu",
-                  h->remote[0] ? h->remote : path, (long long)h->step,
-                  (unsigned long long)h->cursor);
+        if (h->local_copy)
+            log_event(c->log, c->metrics, "resume",
+                      "resumed from %s (the shards of other machines from %s/%s): step %lld, "
+                      "sample %llu",
+                      path, h->remote, h->name, (long long)h->step,
+                      (unsigned long long)h->cursor);
+        else if (h->remote[0])
+            log_event(c->log, c->metrics, "resume", "resumed from %s/%s: step %lld, sample %llu",
+                      h->remote, h->name, (long long)h->step, (unsigned long long)h->cursor);
+        else
+            log_event(c->log, c->metrics, "resume", "resumed from %s: step %lld, sample %llu",
+                      path, (long long)h->step, (unsigned long long)h->cursor);
     }
     if (c->rank == 0 && c->ranged_url && path) /* MANIFEST and state: read, not kept */
         ckpt_remove_tree(path);

@@ -8,6 +8,7 @@
  * the checkpoint exists from that moment. A rank that dies while writing
  * leaves a .tmp- directory without MANIFEST, which is never used. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,56 +20,97 @@
 
 #include "checkpointing_internal.h"
 
-/* Every rank: whether every rank sees rank 0's run.dir (a shared file
- * system): rank 0 writes a file of its own there, every rank reads it back. */
-static int run_dir_shared(const config_t *cfg, comm_t *comm)
+/* Every rank: *first, the lowest rank whose run.dir is this rank's (the
+ * same file system): every rank writes a file of its own into run.dir, then
+ * looks for the files of the ranks below it. A rank that cannot write there
+ * is its own. */
+static int probe_run_dir(const config_t *cfg, comm_t *comm, int *first, sp_err *err)
 {
     char token[64] = "";
     int rank = comm_rank(comm);
-    int32_t ok = 1;
-    sp_err err = {0};
+    *first = rank;
     if (rank == 0)
         snprintf(token, sizeof token, "%d-%.6f", (int)getpid(), sp_wall_time());
-    if (comm_bcast(comm, token, sizeof token, 0, &err))
-        return 0;
-    char *path = sp_strf("%s/.shared-probe-%s", cfg->run_dir, token);
-    if (!path) {
-        ok = 0;
-    } else if (rank == 0) {
-        FILE *f = fopen(path, "w");
-        ok = f && fputs(token, f) >= 0;
+    if (comm_bcast(comm, token, sizeof token, 0, err))
+        return err->code;
+    char *mine = sp_strf("%s/.shared-probe-%s-%d", cfg->run_dir, token, rank);
+    int wrote = 0;
+    if (mine && sp_mkdir_p(cfg->run_dir) == 0) {
+        FILE *f = fopen(mine, "w");
+        wrote = f && fprintf(f, "%s %d", token, rank) > 0;
         if (f && fclose(f) != 0)
-            ok = 0;
+            wrote = 0;
     }
-    int32_t wrote = ok;
-    if (comm_bcast(comm, &wrote, sizeof wrote, 0, &err))
-        wrote = 0;
-    if (rank != 0 && wrote) {
-        char got[64] = "";
-        FILE *f = fopen(path, "r");
-        ok = f && fgets(got, sizeof got, f) && strcmp(got, token) == 0;
+    if (comm_barrier(comm, err)) /* every file is written */
+        goto out;
+    for (int q = 0; q < rank && wrote; q++) {
+        char *path = sp_strf("%s/.shared-probe-%s-%d", cfg->run_dir, token, q), want[96], got[96] = "";
+        FILE *f = path ? fopen(path, "r") : NULL;
+        snprintf(want, sizeof want, "%s %d", token, q);
+        int same = f && fgets(got, sizeof got, f) && strcmp(got, want) == 0;
         if (f)
             fclose(f);
+        free(path);
+        if (same) {
+            *first = q;
+            break;
+        }
     }
-    ok = ok && wrote;
-    if (comm_allreduce(comm, &ok, 1, COMM_I32, COMM_MIN, &err))
-        ok = 0;
-    if (rank == 0 && path)
-        unlink(path); /* every rank has read it: the all-reduce is after the reads */
-    free(path);
-    return ok;
+    comm_barrier(comm, err); /* every rank has looked */
+out:
+    if (wrote)
+        unlink(mine);
+    free(mine);
+    return err->code;
 }
 
-int ckpt_shards_wanted(const config_t *cfg, comm_t *comm)
+int ckpt_shards_setup(ckpt_ctl *c, sp_err *err)
 {
-    int world = comm_size(comm);
-    if (cfg->mode != MODE_FULL || !cfg->shard_optimizer || world < 2 ||
+    const config_t *cfg = c->cfg;
+    c->sharded = c->spread = 0;
+    c->fs_first = 0;
+    if (cfg->mode != MODE_FULL || !cfg->shard_optimizer || c->world < 2 ||
         cfg->ckpt_layout == CKPT_LAYOUT_GATHERED)
         return 0;
-    /* auto: where every rank sees run.dir: one machine, or several sharing
-     * a file system (NFS, Lustre, ...) */
-    return cfg->ckpt_layout == CKPT_LAYOUT_SHARDED || comm_local_size(comm) == world ||
-           run_dir_shared(cfg, comm);
+    if (comm_local_size(c->comm) == c->world) { /* one machine */
+        c->sharded = 1;
+        return 0;
+    }
+    int first = 0;
+    if (probe_run_dir(cfg, c->comm, &first, err))
+        return err->code;
+    int32_t apart = first != 0;
+    if (comm_allreduce(c->comm, &apart, 1, COMM_I32, COMM_MAX, err))
+        return err->code;
+    int remote = cfg->ckpt_remote && *cfg->ckpt_remote;
+    if (!apart) { /* machines that share run.dir (NFS, Lustre, ...) */
+        c->sharded = 1;
+        return 0;
+    }
+    if (!remote) {
+        if (cfg->ckpt_layout == CKPT_LAYOUT_SHARDED)
+            return sp_fail(err, SP_EXIT_USAGE,
+                           "checkpoint.layout is sharded, but the machines do not share run.dir "
+                           "(%s: some rank does not see rank 0's files there): each machine would "
+                           "hold only its ranks' shards, so the whole checkpoint would be "
+                           "nowhere. Set checkpoint.remote (every rank puts its shard there), "
+                           "put run.dir on a shared file system, or set checkpoint.layout: "
+                           "gathered",
+                           cfg->run_dir);
+        return 0; /* auto: gathered */
+    }
+    c->sharded = c->spread = 1;
+    c->fs_first = first;
+    /* rank 0: which ranks' shards stay off its machine (store only) */
+    int32_t mine = first != 0, *all = NULL;
+    if (c->rank == 0 && !(all = calloc((size_t)c->world, sizeof *all)))
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (comm_gather(c->comm, &mine, all, 1, COMM_I32, 0, err)) {
+        free(all);
+        return err->code;
+    }
+    c->store_only = all;
+    return 0;
 }
 
 /* Rank r's part [lo, hi) of the arena of n elements in shards of len. */
@@ -81,7 +123,7 @@ static void shard_range(size_t n, size_t len, int r, uint64_t *lo, uint64_t *hi)
 
 /* MANIFEST's layout: every trainable tensor's place in the arena, and which
  * rank's file holds which range. */
-static char *layout_json(const model_t *m)
+static char *layout_json(const model_t *m, const int32_t *store_only)
 {
     json_t *lay = json_object(), *ts = json_array(), *sh = json_array();
     json_object_set_new(lay, "kind", json_string("flat-shards"));
@@ -101,8 +143,11 @@ static char *layout_json(const model_t *m)
         uint64_t lo, hi;
         ckpt_shard_name(name, sizeof name, r, m->shard_count);
         shard_range(m->n_trainable, m->shard_len, r, &lo, &hi);
-        json_array_append_new(sh, json_pack("{s:s, s:I, s:I}", "file", name, "lo",
-                                            (json_int_t)lo, "hi", (json_int_t)hi));
+        json_t *e = json_pack("{s:s, s:I, s:I}", "file", name, "lo", (json_int_t)lo, "hi",
+                              (json_int_t)hi);
+        if (store_only && store_only[r]) /* written on another machine: in the store only */
+            json_object_set_new(e, "store_only", json_true());
+        json_array_append_new(sh, e);
     }
     json_object_set_new(lay, "tensors", ts);
     json_object_set_new(lay, "shards", sh);
@@ -118,7 +163,7 @@ static int prepare(ckpt_ctl *c, model_t *m, const train_progress *p, const char 
 {
     if (ckpt_state_snapshot(c, m, p, &c->pending, err))
         return err->code;
-    if (!(c->pending.layout = layout_json(m)))
+    if (!(c->pending.layout = layout_json(m, c->store_only)))
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     ckpt_remove_tree(tmp);
     if (mkdir(tmp, 0755) != 0)
@@ -149,6 +194,25 @@ static int copy_shard(model_t *m, int64_t step, ckpt_shard *sh, sp_err *err)
     return err->code;
 }
 
+void ckpt_shards_clean_away(ckpt_ctl *c)
+{
+    if (!c->spread || c->rank == 0 || c->fs_first != c->rank)
+        return;
+    sp_mkdir_p(c->root);
+    DIR *d = opendir(c->root);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!sp_after(e->d_name, ".tmp-step-"))
+            continue;
+        char *path = sp_strf("%s/%s", c->root, e->d_name);
+        if (path)
+            ckpt_remove_tree(path);
+        free(path);
+    }
+    if (d)
+        closedir(d);
+}
+
 int ckpt_shards_write(ckpt_ctl *c, model_t *m, const train_progress *p, double *stall_s,
                       double *bytes, sp_err *err)
 {
@@ -169,9 +233,23 @@ int ckpt_shards_write(ckpt_ctl *c, model_t *m, const train_progress *p, double *
                   "checkpoint tries again",
                   (long long)p->step, perr.msg);
         st[1] = 1;
+    } else if (c->spread && c->rank != 0 && c->fs_first == c->rank && !st[0]) {
+        /* the first rank of another machine makes the directory there */
+        ckpt_remove_tree(tmp);
+        if (mkdir(tmp, 0755) != 0) {
+            fprintf(stderr, "rank %d on %s: checkpoint step %lld: %s: cannot create: %s\n",
+                    c->rank, comm_host(c->comm), (long long)p->step, tmp, strerror(errno));
+            st[1] = 2;
+        }
     }
     if (comm_allreduce(c->comm, st, 2, COMM_I32, COMM_MAX, err))
         goto fail;
+    if (st[1] == 2 && c->rank == 0)
+        log_event(c->log, c->metrics, "warning",
+                  "checkpoint step %lld was not written: another machine could not create its "
+                  "directory (its ranks' output says why); training goes on and the next "
+                  "checkpoint tries again",
+                  (long long)p->step);
     if (st[0]) {
         if (!err->code)
             sp_fail(err, st[0], "rank 0 could not prepare checkpoint step %lld",

@@ -355,7 +355,7 @@ static int share_manifest(ckpt_ctl *c, const char *local_dir, char **text, sp_er
 }
 
 int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const char *name,
-                              const char *local_dir, int *damaged, sp_err *err)
+                              const char *local_dir, int local_copy, int *damaged, sp_err *err)
 {
     *damaged = 0;
     char *text = NULL;
@@ -367,7 +367,8 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
     restore_src src = {.every_rank = 1};
     sp_err mine = {0};
     int32_t code = store_open(&st, url, &so, &mine) ? (mine.code ? mine.code : SP_EXIT_OTHER)
-                   : ckpt_sharded_open_store(&src.r, text, st, name, &mine);
+                   : ckpt_sharded_open_mixed(&src.r, text, local_copy ? local_dir : NULL, st,
+                                             name, &mine);
     free(text);
     int32_t all = code;
     if (comm_allreduce(c->comm, &all, 1, COMM_I32, COMM_MAX, err))
@@ -382,8 +383,10 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
     if (c->rank == 0)
         log_event(c->log, c->metrics, "info",
                   "restoring the sharded checkpoint %s/%s: every rank reads the ranges it keeps "
-                  "from the store, each block checked against MANIFEST.json",
-                  url, name);
+                  "from %s, each block checked against MANIFEST.json",
+                  url, name,
+                  local_copy ? "its machine's copy where it holds the shard, else the store"
+                             : "the store");
     if (restore_from(c, m, &src, err)) {
         /* the first rank that found a damaged block tells every rank what it found */
         int32_t who = ckpt_sharded_damaged(src.r) ? c->rank : c->world;
@@ -395,6 +398,18 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
             if (comm_bcast(c->comm, msg, sizeof msg, who, &e2) == 0)
                 sp_cutf(err->msg, sizeof err->msg, "%s", msg);
         }
+    }
+    if (!err->code && local_copy) { /* which of the files each rank read came from where */
+        int a, b;
+        ckpt_sharded_files_read(src.r, &a, &b);
+        int32_t n[2] = {a, b};
+        if (comm_allreduce(c->comm, n, 2, COMM_I32, COMM_SUM, err))
+            goto out;
+        if (c->rank == 0)
+            log_event(c->log, c->metrics, "info",
+                      "the ranks read %d shard file(s) from their own machines' disks and %d "
+                      "from %s",
+                      (int)n[0], (int)n[1], url);
     }
 out:
     ckpt_sharded_close(src.r);

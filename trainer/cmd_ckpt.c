@@ -339,10 +339,16 @@ int cmd_ckpt(int argc, char **argv)
         if (!rc)
             rc = state_check_isolated(dir, &err);
         local_checkpoint_done(dir, tmp);
+        int away = rc ? 0 : ckpt_layout_store_only(m.layout, NULL, 0);
         if (!rc)
             printf("%s: ok (step %lld, %d file(s) verified, state readable, world size %d%s)\n",
-                   args[0], (long long)m.step, m.nfiles, m.world_size,
+                   args[0], (long long)m.step, m.nfiles - away, m.world_size,
                    m.layout ? ", sharded: a shard file per rank" : "");
+        if (!rc && away)
+            printf("%s: %d shard file(s) were written on other machines (no shared run.dir) "
+                   "and are only in the remote store: verify its copy with spotune ckpt "
+                   "verify URL/step-%08lld\n",
+                   args[0], away, (long long)m.step);
         ckpt_manifest_free(&m);
         if (rc)
             return fail(&err);
@@ -549,6 +555,11 @@ int cmd_export(int argc, char **argv)
     if (!rc)
         rc = state_read_checked(dir, 0, &s, &err);
     /* a sharded checkpoint's weights are in its shard files */
+    if (!rc && s.layout && ckpt_layout_store_only(s.layout, NULL, 0))
+        rc = sp_fail(&err, SP_EXIT_INPUT,
+                     "%s: %d of its shard files were written on other machines and are only in "
+                     "the remote store: export from the store's copy (URL/step-%08lld)",
+                     argv[optind], ckpt_layout_store_only(s.layout, NULL, 0), (long long)s.step);
     if (!rc && s.layout)
         rc = ckpt_sharded_load(dir, &s, 0, "params/", &err);
     const ckpt_attr *conf = rc ? NULL : ckpt_get(&s, "config");

@@ -9,6 +9,11 @@
 # beyond that (AWS_*, SPOTUNE_*, LD_LIBRARY_PATH...) must be passed by
 # mpirun (-x), as on real nodes.
 #
+# A host line may carry a third field, SRC:DST: the host then sees directory
+# SRC at DST (a bind mount in a mount namespace of its own), as a machine
+# sees its own disk where another has another: run directories that the
+# nodes do not share.
+#
 # Like the ssh client, the agent itself stays on the launching node (it is
 # not one of HOST's processes, so it outlives them), returns the remote
 # command's exit status, and 255 when the remote side was killed or the host
@@ -18,14 +23,24 @@ host=${1:?usage: agent.sh HOST COMMAND...}
 shift
 map=${SPOTUNE_MN_HOSTS:?agent.sh: SPOTUNE_MN_HOSTS is not set}
 ns=$(awk -v h="$host" '$1 == h { print $2; exit }' "$map" 2>/dev/null)
+disk=$(awk -v h="$host" '$1 == h { print $3; exit }' "$map" 2>/dev/null)
 if [ -z "$ns" ] || [ ! -e "/run/netns/$ns" ]; then
     echo "agent.sh: $host: no such host" >&2
     exit 255
 fi
-ip netns exec "$ns" env -i HOME="${HOME:-/root}" USER="$(id -un)" LOGNAME="$(id -un)" \
-    SHELL=/bin/sh PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    SPOTUNE_MN_HOSTS="$map" \
-    unshare --uts /bin/sh -c 'hostname "$0" && exec /bin/sh -c "$1"' "$host" "$*"
+if [ -n "$disk" ]; then
+    ip netns exec "$ns" env -i HOME="${HOME:-/root}" USER="$(id -un)" LOGNAME="$(id -un)" \
+        SHELL=/bin/sh PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        SPOTUNE_MN_HOSTS="$map" \
+        unshare --uts --mount --propagation private /bin/sh -c \
+        'hostname "$0" && mount --bind "${2%%:*}" "${2#*:}" && exec /bin/sh -c "$1"' \
+        "$host" "$*" "$disk"
+else
+    ip netns exec "$ns" env -i HOME="${HOME:-/root}" USER="$(id -un)" LOGNAME="$(id -un)" \
+        SHELL=/bin/sh PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        SPOTUNE_MN_HOSTS="$map" \
+        unshare --uts /bin/sh -c 'hostname "$0" && exec /bin/sh -c "$1"' "$host" "$*"
+fi
 rc=$?
 [ "$rc" -gt 128 ] && exit 255
 exit "$rc"

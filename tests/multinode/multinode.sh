@@ -44,6 +44,13 @@
 #                       start finds it shared and the checkpoints are
 #                       sharded (a file from each of the 4 ranks); the model
 #                       is that of 1 node x 4 ranks, bit for bit
+#   sharded_spread      the same with run.dir not shared (node-b sees its own
+#                       disk there: a bind mount, agent.sh) and a bucket: the
+#                       checkpoints are sharded across the machines, whole in
+#                       the bucket, node-a keeps its ranks' shards and node-b
+#                       none; restarts on both nodes and on node-a alone (2
+#                       ranks) read node-a's shards from its disk and the
+#                       rest from the bucket; losses as 1 node x 4
 #   doctor              spotune doctor over 2 nodes x 2 ranks: one report
 #                       from rank 0, each node's host and storage lines once,
 #                       named by its host; a FAIL on rank 0 ends all with 1
@@ -679,6 +686,106 @@ case_sharded_shared_dir() {
     report "$work/two-nodes/metrics.jsonl"
 }
 
+# Full fine-tuning on 2 nodes x 2 ranks whose run.dir is not shared: node-b
+# sees a disk of its own at the same path. The checkpoints are sharded
+# across the machines, the bucket holds them whole, node-a keeps its ranks'
+# shards and node-b nothing; a restart on both nodes reads node-a's shards
+# from its disk and node-b's from the bucket, a restart on node-a alone with
+# 2 ranks reads the same; the trajectory is that of 1 node x 4 ranks.
+case_sharded_spread() {
+    topo_up a b s
+    inputs
+    storage_up 0
+    mkdir -p "$work/spread" "$work/b-disk"
+    awk -v d="$work/b-disk:$work/spread" '$1 == "node-b" { $0 = $0 " " d } { print }' \
+        "$work/hosts.map" >"$work/hosts.map.new" && mv "$work/hosts.map.new" "$work/hosts.map"
+    local full=(--set train.mode=full --set checkpoint.every_steps=5 --set checkpoint.keep=3)
+    # every rank puts its own shard: the store's credentials reach node-b's too
+    local two=(on_node a mpirun --hostfile "$work/hosts" -np 4 --map-by ppr:2:node --bind-to none
+        "${pass[@]}" -x AWS_ACCESS_KEY_ID -x AWS_SECRET_ACCESS_KEY -x AWS_REGION)
+    local out rc ck=$work/spread/checkpoints
+    out=$("${two[@]}" $(train_cmd spread "${full[@]}" --set train.steps=10) 2>&1)
+    rc=$?
+    keep "$out"
+    echo "$out" >"$work/first.log"
+    check "2 nodes x 2 ranks without a shared run.dir fine-tune in full" $rc "$out"
+    has "$out" "checkpoints are sharded across machines that do not share run.dir"
+    check "the start finds run.dir not shared and shards the checkpoints across the machines" $? "$out"
+    [[ -f $ck/step-00000010/MANIFEST.json && -f $ck/step-00000010/shard-00000-of-00004.h5 &&
+        -f $ck/step-00000010/shard-00001-of-00004.h5 && ! -e $ck/step-00000010/shard-00002-of-00004.h5 &&
+        ! -e $ck/step-00000010/shard-00003-of-00004.h5 ]]
+    check "node-a's step 10 holds MANIFEST and the shards of ranks 0 and 1 only" $? "$(ls -R "$ck" 2>&1)"
+    [[ -d $work/b-disk/checkpoints && -z $(find "$work/b-disk" -name 'shard-*' -o -name '.tmp-*') ]]
+    check "node-b's own disk keeps no shard once it is in the bucket" $? "$(ls -laR "$work/b-disk" 2>&1)"
+    out=$("$spotune" ckpt verify "$ck/step-00000010" 2>&1)
+    check "node-a's copy verifies" $? "$out"
+    has "$out" "2 shard file\(s\) were written on other machines"
+    check "ckpt verify says 2 shards are only in the store" $? "$out"
+    keep "$out"
+    out=$(on_node a "$spotune" ckpt verify "$url/step-00000010" --endpoint "$endpoint" --path-style 2>&1)
+    check "the bucket's step 10 verifies whole" $? "$out"
+    keep "$out"
+    out=$("$spotune" export "$ck/step-00000010" --merged "$work/merged" 2>&1)
+    ((rc = $?, rc == 3)) && has "$out" "only in the remote store"
+    check "export refuses node-a's partial copy, naming the store (exit $rc)" $? "$out"
+    # the same machines again: node-a's shards from its disk, node-b's from the bucket
+    out=$("${two[@]}" $(train_cmd spread "${full[@]}" --set train.steps=15) 2>&1)
+    rc=$?
+    keep "$out"
+    echo "$out" >"$work/second.log"
+    check "the restart on both nodes trains on to step 15" $rc "$out"
+    has "$out" "resumed from .*/step-00000010 \\(the shards of other machines from $url/step-00000010\\): step 10" &&
+        has "$out" "read 2 shard file\(s\) from their own machines. disks and 2 from $url"
+    check "it resumes from step 10: ranks 0 and 1 read their shards on node-a, ranks 2 and 3 from the bucket" $? "$out"
+    # the reference: 1 node x 4 ranks, its own prefix
+    local one=(on_node a mpirun --host node-a:4 -np 4 --bind-to none "${pass[@]}")
+    out=$("${one[@]}" $(train_cmd one-node "${full[@]}" --set train.steps=10 \
+        --set checkpoint.remote="$url-ref") 2>&1) &&
+        out=$("${one[@]}" $(train_cmd one-node "${full[@]}" --set train.steps=15 \
+            --set checkpoint.remote="$url-ref") 2>&1) &&
+        out=$("${one[@]}" $(train_cmd one-node "${full[@]}" --set train.steps=20 \
+            --set checkpoint.remote="$url-ref") 2>&1)
+    check "1 node x 4 ranks fine-tunes to steps 10, 15 and 20" $? "$out"
+    keep "$out"
+    cmp -s <(losses spread) <(losses one-node | head -15)
+    check "2 nodes, restarted: the losses of 1 node, bit for bit" $? \
+        "$(paste <(losses spread) <(losses one-node))"
+    # without the store, node-a's copy cannot be restored: said, never a fresh start
+    out=$(on_node a mpirun --host node-a:2 -np 2 --bind-to none "${pass[@]}" \
+        $(train_cmd spread "${full[@]}" --set train.steps=20 --set checkpoint.remote=) 2>&1)
+    rc=$?
+    keep "$out"
+    ((rc == 2)) && has "$out" "only in the remote store" && has "$out" "checkpoint.remote" &&
+        [[ $(steps_logged spread) -eq 15 ]]
+    check "without checkpoint.remote the restart stops (exit $rc), naming it, and trains nothing" $? "$out"
+    # sharded without a store across machines that do not share run.dir: refused
+    out=$("${two[@]}" $(train_cmd spread "${full[@]}" --set train.steps=20 \
+        --set checkpoint.remote= --set checkpoint.layout=sharded) 2>&1)
+    rc=$?
+    keep "$out"
+    ((rc == 2)) && has "$out" "checkpoint.layout is sharded, but the machines do not share run.dir" &&
+        [[ $(steps_logged spread) -eq 15 ]]
+    check "layout sharded without a store across machines is refused (exit $rc)" $? "$out"
+    # node-a alone, 2 ranks: rank 0 keeps what shards 0 and 1 hold (on node-a),
+    # rank 1 what shards 2 and 3 hold (only in the bucket)
+    out=$(on_node a mpirun --host node-a:2 -np 2 --bind-to none "${pass[@]}" \
+        $(train_cmd spread "${full[@]}" --set train.steps=20) 2>&1)
+    rc=$?
+    keep "$out"
+    echo "$out" >"$work/third.log"
+    check "node-a alone (2 ranks) trains on to step 20" $rc "$out"
+    has "$out" "resumed from .*/step-00000015 \\(the shards of other machines from $url/step-00000015\\): step 15" &&
+        has "$out" "read 2 shard file\(s\) from their own machines. disks and 2 from $url" &&
+        has "$out" "train.grad_accum is now 2"
+    check "it resumes from node-a's step 15: shards 0 and 1 from its disk, 2 and 3 from the bucket" $? "$out"
+    out=$(paste <(losses spread | tail -5) <(losses one-node | tail -5) |
+        awk 'NF != 2 { bad = 1 } { d = $1 - $2; if (d < 0) d = -d; r = $2 < 0 ? -$2 : $2
+               if (d > 1e-5 * r) { printf "step %d: %.9g vs %.9g\n", NR + 15, $1, $2; bad = 1 } }
+             END { exit bad || NR != 5 }')
+    check "steps 16-20 on 2 ranks: the losses of 1 node x 4 within 1e-5 relative" $? "$out"
+    report "$work/first.log" "$work/second.log" "$work/third.log"
+}
+
 # spotune doctor over 2 nodes x 2 ranks: one report from rank 0 holding each
 # host's own host and storage lines (the first rank of each node runs them),
 # every line named by its host, 4 ranks on 2 hosts, every rank exits 0.
@@ -713,7 +820,7 @@ case_doctor() {
 
 case "$case_name" in
 trajectory | launch_hostfile | node_lost | partition | storage_partition | resume_fewer_ranks | \
-    sharded_shared_dir | doctor)
+    sharded_shared_dir | sharded_spread | doctor)
     "case_$case_name" ;;
 *)
     echo "unknown case $case_name" >&2
