@@ -169,7 +169,7 @@ Test(config, missing_required_keys_and_cross_checks)
 
 /* lora.dora: a math key (a resume that changes it is refused by name), off
  * leaves the hash of the configs that predate it; refused with full
- * fine-tuning and with LoRA dropout. */
+ * fine-tuning and on the CUDA backend. */
 Test(config, dora_is_a_math_key_and_its_refusals_name_it)
 {
     config_t c, d;
@@ -192,8 +192,6 @@ Test(config, dora_is_a_math_key_and_its_refusals_name_it)
     char text[512];
     snprintf(text, sizeof text, "%strain:\n  mode: full\nlora:\n  dora: true\n", base);
     expect_error(text, "lora.dora", "needs train.mode lora");
-    snprintf(text, sizeof text, "%slora:\n  dora: true\n  dropout: 0.1\n", base);
-    expect_error(text, "lora.dora", "lora.dropout 0.1");
     expect_error("lora:\n  dora: sometimes\n", "bad.yaml:2", "lora.dora");
     snprintf(text, sizeof text, "%slora:\n  dora: true\nruntime:\n  backend: cuda\n", base);
     expect_error(text, "lora.dora", "not runtime.backend cuda");

@@ -295,3 +295,108 @@ Test(model_hf, adapter_written_as_peft_writes_it)
     peft_round_trip("llama_gqa_dora");
     peft_round_trip("qwen2_bias_dora");
 }
+
+/* DoRA with LoRA dropout (training), PEFT's form: the base product on x,
+ * the DoRA term on the dropped input x_d, y = x W^T + b + m / n * z_d -
+ * x_d W^T. The mask is a function of the seed, the window, the layer and the
+ * projection only, so the loss is a deterministic function of the trainable
+ * values.
+ * - The magnitudes' gradient agrees with central differences of the loss
+ *   along a random direction (2e-2 relative: float32 losses, step 1e-3),
+ *   the magnitudes scaled so that m / n is far from 1; it reaches the
+ *   earlier layers' magnitudes through the later layers' input gradients,
+ *   masks included.
+ *   A and B cannot be checked so: their gradient treats the norm n as a
+ *   constant, as PEFT's does, which the loss does not.
+ * - With a dropout so small that the mask keeps every value (p = 1e-9: the
+ *   scale 1 / (1 - p) rounds to 1 in float32), the dropout path computes
+ *   the loss and every gradient of the path without dropout, which matches
+ *   PEFT (model_hf::qwen2_biases_dora_rslora), within 1e-6 relative: every
+ *   term of the new forward and backward, the mask aside.
+ * - Dropout 0.3 changes the loss and the gradients (the masks are in force). */
+static double loss_at(hf_case *hc, const float *theta, const float *v, double h)
+{
+    size_t n = hc->m->n_trainable;
+    float *t = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        t[i] = theta[i] + (float)(h * v[i]);
+    be_upload(hc->be, hc->m->master, t, DT_F32);
+    free(t);
+    model_batch b = batch_of(hc, 0, hc->B);
+    double loss = 0;
+    sp_err err = {0};
+    model_zero_grads(hc->m);
+    cr_assert_eq(model_forward_backward(hc->m, &b, &loss, &err), 0, "%s", err.msg);
+    return loss / hc->count; /* the mean over the counted tokens, as grad_scale */
+}
+
+/* Opens qwen2_bias_dora with LoRA dropout p; its loss and gradient at the
+ * fixture's values into *loss and g (n_trainable floats, heap). */
+static float *dora_dropout_case(hf_case *hc, double p, double *loss)
+{
+    sp_err err = {0};
+    char *dir = sp_strf("%s%s", fixture("hf/"), "qwen2_bias_dora");
+    cr_assert_eq(tu_hf_open(hc, dir, 1, p, "cpu", RECOMPUTE_NONE, 0, &err), 0, "%s", err.msg);
+    free(dir);
+    size_t n = hc->m->n_trainable;
+    float *theta = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n),
+          *zero = calloc(n, sizeof(float));
+    be_download(hc->be, theta, DT_F32, hc->m->master);
+    *loss = loss_at(hc, theta, zero, 0);
+    be_download(hc->be, g, DT_F32, hc->m->grad);
+    free(theta), free(zero);
+    return g;
+}
+
+Test(model_hf, dora_with_dropout_matches_its_limits_and_central_differences, .timeout = 120)
+{
+    hf_case hc, none, tiny;
+    double loss, loss0, loss_tiny;
+    float *g = dora_dropout_case(&hc, 0.3, &loss), *g0 = dora_dropout_case(&none, 0.0, &loss0),
+          *gt = dora_dropout_case(&tiny, 1e-9, &loss_tiny);
+    size_t n = hc.m->n_trainable;
+    cr_expect_lt(fabs(loss_tiny - loss0), 1e-6 * fabs(loss0), "p 1e-9: loss %.9g, without %.9g",
+                 loss_tiny, loss0);
+    double e = tu_rel_err(gt, g0, n);
+    cr_expect_lt(e, 1e-6, "p 1e-9: the gradients differ from those without dropout by %g", e);
+    cr_expect_gt(fabs(loss - loss0), 1e-4 * fabs(loss0), "dropout 0.3 left the loss at %.9g",
+                 loss);
+    cr_expect_gt(tu_rel_err(g, g0, n), 1e-3, "dropout 0.3 left the gradients unchanged");
+
+    float *theta = malloc(sizeof(float) * n), *v = calloc(n, sizeof(float));
+    be_download(hc.be, theta, DT_F32, hc.m->master);
+    uint64_t s = 12345;
+    int mags = 0;
+    for (int l = 0; l < hc.m->mc.layers; l++)
+        for (int p = 0; p < PROJ_COUNT; p++) {
+            param_t *mp = hc.m->layers[l].lora_m[p];
+            if (!mp)
+                continue;
+            mags++;
+            for (size_t i = 0; i < mp->n; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                v[mp->offset + i] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+            }
+        }
+    cr_assert_gt(mags, 0, "the fixture has no DoRA magnitudes");
+    /* m / n far from 1 (the magnitudes scaled by 1.7): the terms in m / n - 1,
+     * dx's masked one among them, then weigh as much as the rest */
+    float *zero = calloc(n, sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        if (v[i] != 0)
+            theta[i] *= 1.7f;
+    loss_at(&hc, theta, zero, 0);
+    be_download(hc.be, g, DT_F32, hc.m->grad);
+    free(zero);
+    double h = 1e-3, gv = 0;
+    for (size_t i = 0; i < n; i++)
+        gv += (double)g[i] * v[i];
+    double fd = (loss_at(&hc, theta, v, h) - loss_at(&hc, theta, v, -h)) / (2 * h);
+    cr_expect_lt(fabs(fd - gv), 2e-2 * fabs(gv), "magnitudes: backward %.9g, central differences %.9g",
+                 gv, fd);
+    cr_expect_gt(fabs(gv), 1e-4, "a direction with no slope (%g) tests nothing", gv);
+    free(theta), free(v), free(g), free(g0), free(gt);
+    tu_hf_close(&tiny);
+    tu_hf_close(&none);
+    close_case(&hc);
+}

@@ -406,12 +406,6 @@ int config_validate(const config_t *c, sp_err *err)
         return sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", src);
     if (c->lora_dora && c->mode != MODE_LORA)
         return sp_fail(err, SP_EXIT_USAGE, "%s: lora.dora needs train.mode lora, not full", src);
-    if (c->lora_dora && c->lora_dropout > 0)
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "%s: lora.dora with lora.dropout %g is not supported (PEFT's DoRA "
-                       "recomputes the base projection on the dropped input); set lora.dropout "
-                       "to 0",
-                       src, c->lora_dropout);
     if (c->lora_dora && strcmp(config_backend_names[c->backend], "cuda") == 0)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "

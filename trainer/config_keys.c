@@ -91,8 +91,9 @@ const key_def config_keys[] = {
      "DoRA (weight-decomposed LoRA, PEFT's use_dora): each target projection also trains a "
      "magnitude vector m (one value per output feature, initialised to the row norms of the "
      "base weight) and computes y = m / ||W + s B A||_row * (x W^T + s (x A^T) B^T) + b, the "
-     "norm taken per output row and treated as a constant in the backward, as PEFT does. Needs "
-     "train.mode lora and lora.dropout 0, and runs on the CPU backends (cpu, cpu-ref) only."},
+     "norm taken per output row and treated as a constant in the backward, as PEFT does. With "
+     "lora.dropout, as PEFT: the base product sees x and the DoRA term the dropped input. Needs "
+     "train.mode lora, and runs on the CPU backends (cpu, cpu-ref) only."},
     {"lora.init_from", K_STRING, O(lora_init_from), "", 0, 0, NULL, 0,
      "PEFT adapter directory (adapter_config.json + adapter_model.safetensors, as spotune "
      "export --peft or PEFT's save_pretrained writes it) whose A and B replace the initial "
@@ -149,11 +150,13 @@ const key_def config_keys[] = {
      "How a full fine-tune with a sharded optimizer (train.shard_optimizer on several ranks) "
      "stores its state. sharded: every rank writes the masters and AdamW moments it owns to a "
      "shard file of its own, in parallel (shard-RRRRR-of-NNNNN.h5 beside state.h5), and rank 0 "
-     "writes MANIFEST.json, with the layout, once every rank has written its shard; every rank "
-     "must see run.dir (one machine, or a shared file system). gathered: rank 0 gathers the "
-     "whole state and writes it alone (state.h5). auto: sharded when every rank sees run.dir "
-     "(one machine, or machines that share it: checked at start), else gathered. Other runs always write state.h5 alone. Either kind resumes on "
-     "any rank count and under either setting."},
+     "writes MANIFEST.json, with the layout, once every rank has written its shard. On machines "
+     "that do not share run.dir (checked at start) this needs checkpoint.remote: every rank puts "
+     "its shard there, rank 0's machine keeps its ranks' shards and the others none, and the "
+     "store holds each checkpoint whole. gathered: rank 0 gathers the whole state and writes it "
+     "alone (state.h5). auto: sharded on one machine, on machines that share run.dir, and on "
+     "machines that do not when checkpoint.remote is set; else gathered. Other runs always "
+     "write state.h5 alone. Either kind resumes on any rank count and under either setting."},
     {"checkpoint.keep", K_INT, O(ckpt_keep), "3", 1, 1000000, NULL, 0,
      "Keep the newest N complete checkpoints (locally and in checkpoint.remote)."},
     {"checkpoint.keep_every", K_INT, O(ckpt_keep_every), "0", 0, BIG, NULL, 0,

@@ -83,9 +83,16 @@ static void dora_unscaled(const step_ctx *c, int l, int p, tensor_t z, tensor_t 
               1, m->lora_scale, 1.0f);
 }
 
-/* DoRA (PEFT's use_dora, without dropout): y (+)= m / n * (x W^T + scale *
- * (x A^T) B^T) + b, n = ||W + scale B A||_row computed here from the current
- * A and B and kept for the backward, which treats it as a constant. */
+static int dropping(const step_ctx *c)
+{
+    return c->m->o.lora_dropout > 0 && c->training;
+}
+
+/* DoRA (PEFT's use_dora): y (+)= m / n * (x W^T + scale * (x A^T) B^T) + b,
+ * n = ||W + scale B A||_row computed here from the current A and B and kept
+ * for the backward, which treats it as a constant. With dropout (training),
+ * as PEFT: the base product sees x, the DoRA term the dropped x_d:
+ * y (+)= x W^T + b + m / n * z_d - x_d W^T, z_d = x_d W^T + scale * (x_d A^T) B^T. */
 static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, int accumulate)
 {
     model_t *m = c->m;
@@ -93,11 +100,22 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
     tensor_t n = m->acts[l].wnorm[p];
     model_dora_norm(m, l, p, n);
     lora_down(c, l, p, x, j.in);
-    tensor_t z = accumulate ? rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out) : y;
-    dora_unscaled(c, l, p, z, x);
-    be_col_scale(m->be, z, j.L->lora_m[p]->w, n, c->rows, j.out);
-    if (accumulate)
+    if (dropping(c)) {
+        tensor_t z = rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out);
+        tensor_t xd = lora_input(c, l, p, x, j.in);
+        dora_unscaled(c, l, p, z, xd);
+        be_col_scale(m->be, z, j.L->lora_m[p]->w, n, c->rows, j.out);
+        be_matmul(m->be, z, xd, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, -1.0f, 1.0f);
+        be_matmul(m->be, y, x, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, 1.0f,
+                  accumulate ? 1.0f : 0.0f);
         be_add(m->be, y, z, 1.0f, z.n);
+    } else {
+        tensor_t z = accumulate ? rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out) : y;
+        dora_unscaled(c, l, p, z, x);
+        be_col_scale(m->be, z, j.L->lora_m[p]->w, n, c->rows, j.out);
+        if (accumulate)
+            be_add(m->be, y, z, 1.0f, z.n);
+    }
     if (j.L->b[p])
         be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
 }
@@ -155,6 +173,30 @@ static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t
     }
 }
 
+/* The backward of dora_forward with dropout given dy: dm += sum_rows dy *
+ * z_d / n; with g = dy * m / n, dx (+)= dy W + drop((g - dy) W) and the LoRA
+ * path sees g (W is frozen: DoRA is LoRA mode only). */
+static void dora_dropout_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x,
+                                  tensor_t dx, int accumulate)
+{
+    model_t *m = c->m;
+    proj j = proj_of(m, l, p);
+    model_scratch *s = MODEL_SCRATCH(m);
+    tensor_t g = rows_of(s->dora, c->rows, j.out), n = m->acts[l].wnorm[p];
+    dora_unscaled(c, l, p, g, lora_input(c, l, p, x, j.in));
+    be_col_dot(m->be, j.L->lora_m[p]->grad, dy, g, n, c->rows, j.out);
+    be_copy(m->be, g, rows_of(dy, c->rows, j.out));
+    be_col_scale(m->be, g, j.L->lora_m[p]->w, n, c->rows, j.out);
+    be_matmul(m->be, dx, dy, j.L->w[p]->w, c->rows, j.in, j.out, 0, 0, 1.0f,
+              accumulate ? 1.0f : 0.0f);
+    tensor_t d = rows_of(s->drop, c->rows, j.in); /* x_d is not needed any more */
+    be_matmul(m->be, d, g, j.L->w[p]->w, c->rows, j.in, j.out, 0, 0, 1.0f, 0.0f);
+    be_matmul(m->be, d, dy, j.L->w[p]->w, c->rows, j.in, j.out, 0, 0, -1.0f, 1.0f);
+    lora_input(c, l, p, d, j.in); /* the forward's mask */
+    be_add(m->be, dx, d, 1.0f, d.n);
+    lora_backward(c, l, p, g, x, dx);
+}
+
 /* Given dy: dx (+)= dy W (+ the LoRA path), and the gradients of whatever
  * is trainable (W, b, A, B, DoRA's magnitude). */
 static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x, tensor_t dx,
@@ -165,6 +207,10 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
     param_t *W = j.L->w[p], *bias = j.L->b[p];
     if (bias && bias->trainable)
         be_bias_backward(m->be, bias->grad, dy, c->rows, j.out);
+    if (j.L->lora_m[p] && dropping(c)) {
+        dora_dropout_backward(c, l, p, dy, x, dx, accumulate);
+        return;
+    }
     if (j.L->lora_m[p]) {
         /* DoRA: dm += sum_rows dy * z / n; the rest sees dy * m / n */
         tensor_t g = rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out), n = m->acts[l].wnorm[p];
