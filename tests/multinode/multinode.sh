@@ -50,7 +50,8 @@
 #                       the bucket, node-a keeps its ranks' shards and node-b
 #                       none; restarts on both nodes and on node-a alone (2
 #                       ranks) read node-a's shards from its disk and the
-#                       rest from the bucket; losses as 1 node x 4
+#                       rest from the bucket (a checkpoint whose shard the
+#                       bucket lost is passed over); losses as 1 node x 4
 #   doctor              spotune doctor over 2 nodes x 2 ranks: one report
 #                       from rank 0, each node's host and storage lines once,
 #                       named by its host; a FAIL on rank 0 ends all with 1
@@ -737,17 +738,18 @@ case_sharded_spread() {
     has "$out" "resumed from .*/step-00000010 \\(the shards of other machines from $url/step-00000010\\): step 10" &&
         has "$out" "read 2 shard file\(s\) from their own machines. disks and 2 from $url"
     check "it resumes from step 10: ranks 0 and 1 read their shards on node-a, ranks 2 and 3 from the bucket" $? "$out"
-    # the reference: 1 node x 4 ranks, its own prefix
+    # the references: 1 node x 4 ranks (their own prefixes) to step 10, then
+    # on to 15 (one-node) and, from a copy of it at step 10, to 20 (one-node20)
     local one=(on_node a mpirun --host node-a:4 -np 4 --bind-to none "${pass[@]}")
     out=$("${one[@]}" $(train_cmd one-node "${full[@]}" --set train.steps=10 \
-        --set checkpoint.remote="$url-ref") 2>&1) &&
+        --set checkpoint.remote="$url-ref") 2>&1) && cp -a "$work/one-node" "$work/one-node20" &&
         out=$("${one[@]}" $(train_cmd one-node "${full[@]}" --set train.steps=15 \
             --set checkpoint.remote="$url-ref") 2>&1) &&
-        out=$("${one[@]}" $(train_cmd one-node "${full[@]}" --set train.steps=20 \
-            --set checkpoint.remote="$url-ref") 2>&1)
-    check "1 node x 4 ranks fine-tunes to steps 10, 15 and 20" $? "$out"
+        out=$("${one[@]}" $(train_cmd one-node20 "${full[@]}" --set train.steps=20 \
+            --set checkpoint.remote="$url-ref20") 2>&1)
+    check "1 node x 4 ranks fine-tunes to step 10, then to 15 and (a copy) to 20" $? "$out"
     keep "$out"
-    cmp -s <(losses spread) <(losses one-node | head -15)
+    cmp -s <(losses spread) <(losses one-node)
     check "2 nodes, restarted: the losses of 1 node, bit for bit" $? \
         "$(paste <(losses spread) <(losses one-node))"
     # without the store, node-a's copy cannot be restored: said, never a fresh start
@@ -766,6 +768,11 @@ case_sharded_spread() {
     ((rc == 2)) && has "$out" "checkpoint.layout is sharded, but the machines do not share run.dir" &&
         [[ $(steps_logged spread) -eq 15 ]]
     check "layout sharded without a store across machines is refused (exit $rc)" $? "$out"
+    # step 15 loses a shard of node-b's in the bucket: node-a's copy of it is
+    # incomplete, so step 10 is restored
+    out=$(on_node a "$store_tool" --endpoint "$endpoint" --path-style rm "$url" \
+        step-00000015/shard-00002-of-00004.h5 2>&1)
+    check "shard 2 of step 15 deleted from the bucket" $? "$out"
     # node-a alone, 2 ranks: rank 0 keeps what shards 0 and 1 hold (on node-a),
     # rank 1 what shards 2 and 3 hold (only in the bucket)
     out=$(on_node a mpirun --host node-a:2 -np 2 --bind-to none "${pass[@]}" \
@@ -774,15 +781,17 @@ case_sharded_spread() {
     keep "$out"
     echo "$out" >"$work/third.log"
     check "node-a alone (2 ranks) trains on to step 20" $rc "$out"
-    has "$out" "resumed from .*/step-00000015 \\(the shards of other machines from $url/step-00000015\\): step 15" &&
+    has "$out" "skipping checkpoint step-00000015: its shard shard-00002-of-00004.h5, written on another machine, is not in $url"
+    check "node-a's step 15 is passed over, naming the shard the bucket lacks" $? "$out"
+    has "$out" "resumed from .*/step-00000010 \\(the shards of other machines from $url/step-00000010\\): step 10" &&
         has "$out" "read 2 shard file\(s\) from their own machines. disks and 2 from $url" &&
-        has "$out" "train.grad_accum is now 2"
-    check "it resumes from node-a's step 15: shards 0 and 1 from its disk, 2 and 3 from the bucket" $? "$out"
-    out=$(paste <(losses spread | tail -5) <(losses one-node | tail -5) |
+        has "$out" "train.grad_accum is now 2" && [[ $(steps_logged spread) -eq 20 ]]
+    check "it resumes from node-a's step 10: shards 0 and 1 from its disk, 2 and 3 from the bucket" $? "$out"
+    out=$(paste <(losses spread | tail -10) <(losses one-node20 | tail -10) |
         awk 'NF != 2 { bad = 1 } { d = $1 - $2; if (d < 0) d = -d; r = $2 < 0 ? -$2 : $2
-               if (d > 1e-5 * r) { printf "step %d: %.9g vs %.9g\n", NR + 15, $1, $2; bad = 1 } }
-             END { exit bad || NR != 5 }')
-    check "steps 16-20 on 2 ranks: the losses of 1 node x 4 within 1e-5 relative" $? "$out"
+               if (d > 1e-5 * r) { printf "step %d: %.9g vs %.9g\n", NR + 10, $1, $2; bad = 1 } }
+             END { exit bad || NR != 10 }')
+    check "steps 11-20 on 2 ranks: the losses of 1 node x 4 within 1e-5 relative" $? "$out"
     report "$work/first.log" "$work/second.log" "$work/third.log"
 }
 
