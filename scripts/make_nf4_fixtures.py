@@ -54,8 +54,13 @@ uint8), NAME.absmax, NAME.quant_map, NAME.nested_absmax,
 NAME.nested_quant_map, NAME.quant_state.bitsandbytes__nf4 (the packed JSON
 of QuantState.as_dict(packed=True)), the other tensors as in model/, and
 config.json with the quantization_config BitsAndBytesConfig.to_dict()
-writes. (Not saved by transformers itself: loading a 4-bit model there needs
-a GPU.)
+writes.
+
+llama_gqa_bnb_saved/: the same float32 model loaded by transformers itself
+with that BitsAndBytesConfig (bnb_4bit_compute_dtype float32, on the CPU:
+bitsandbytes 0.50 quantizes there) and written by its save_pretrained: what a
+user's own `*-bnb-4bit` directory holds (config.json as transformers writes
+it, generation_config.json, model.safetensors). Also needs accelerate.
 The keys are QuantState.as_dict()'s names (absmax, quant_map, nested_absmax,
 nested_quant_map, nested_offset) prefixed by the matrix name.
 """
@@ -204,6 +209,18 @@ def write_bnb_dir(dst, model_dir, saved, quantized):
               os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
 
 
+def write_transformers_saved(dst, model_dir):
+    """The model loaded by transformers itself with BitsAndBytesConfig (4-bit
+    NF4, double quantization) on the CPU, and written by its save_pretrained."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                           bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)
+    m = AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=q, dtype=torch.float32,
+                                             device_map="cpu", local_files_only=True)
+    m.save_pretrained(dst)
+
+
 def make_qlora_case(out_dir):
     """The llama_gqa fixture's LoRA loss and gradients on an NF4 base."""
     import warnings
@@ -263,6 +280,7 @@ def make_qlora_case(out_dir):
               os.path.join(out_dir, "llama_gqa_qlora.safetensors"),
               metadata={"generator": "scripts/make_nf4_fixtures.py"})
     write_bnb_dir(os.path.join(out_dir, "llama_gqa_bnb"), model_dir, saved, bnb_dir)
+    write_transformers_saved(os.path.join(out_dir, "llama_gqa_bnb_saved"), model_dir)
     log.append(f"llama_gqa qlora: loss {loss.item():.6f}, {len(trainable)} adapter tensors, "
                f"max |W - dequant| {worst:.3g}")
     return log

@@ -384,12 +384,14 @@ static char *bnb_case(const char *dir_model)
     return d;
 }
 
-Test(qlora, prequantized_bitsandbytes_directory_is_loaded_as_stored)
+/* The case directory d (bnb_case) loaded with model.quantize nf4: every
+ * projection weight bnb's dequantization bit for bit, the loss and LoRA
+ * gradients PEFT's on it (QLORA_TOL). */
+static void expect_loaded_as_stored(const char *d, const char *what)
 {
-    char *d = bnb_case(NULL);
     tu_hf_case hc;
     sp_err err = {0};
-    cr_assert_eq(tu_hf_open_nf4(&hc, d, "cpu", &err), 0, "%s", err.msg);
+    cr_assert_eq(tu_hf_open_nf4(&hc, d, "cpu", &err), 0, "%s: %s", what, err.msg);
     cr_expect(hc.mc.bnb_nf4);
     int weights = 0;
     for (int i = 0; i < hc.m->nparams; i++) {
@@ -401,7 +403,8 @@ Test(qlora, prequantized_bitsandbytes_directory_is_loaded_as_stored)
         float *got = malloc(sizeof(float) * n);
         cr_assert(want && n == p->n);
         model_param_download(hc.m, p, got);
-        cr_expect(memcmp(got, want, sizeof(float) * n) == 0, "%s: not bnb's values", p->name);
+        cr_expect(memcmp(got, want, sizeof(float) * n) == 0, "%s: %s: not bnb's values", what,
+                  p->name);
         free(want);
         free(got);
         weights++;
@@ -431,16 +434,44 @@ Test(qlora, prequantized_bitsandbytes_directory_is_loaded_as_stored)
         free(g);
         free(wg);
     }
-    cr_log_info("bnb directory: loss %.8f vs %.8f, worst LoRA gradient rel err %.3g", loss, wl[0],
+    cr_log_info("%s: loss %.8f vs %.8f, worst LoRA gradient rel err %.3g", what, loss, wl[0],
                 worst);
     free(wl);
     tu_hf_close(&hc);
+}
+
+Test(qlora, prequantized_bitsandbytes_directory_is_loaded_as_stored)
+{
+    char *d = bnb_case(NULL);
+    tu_hf_case hc;
+    sp_err err = {0};
+    expect_loaded_as_stored(d, "bnb directory");
     /* without model.quantize nf4: refused, naming the key */
     cr_assert_neq(tu_hf_open(&hc, d, 1, 0.0, "cpu", RECOMPUTE_NONE, 0, &err), 0);
     cr_expect_eq(err.code, SP_EXIT_USAGE);
     cr_expect(strstr(err.msg, "model.quantize nf4") && strstr(err.msg, "quantization_config"),
               "%s", err.msg);
     tu_hf_close(&hc);
+    tu_rmtree(d);
+    free(d);
+}
+
+/* tests/fixtures/nf4/llama_gqa_bnb_saved: the same float32 model loaded by
+ * transformers itself with BitsAndBytesConfig(load_in_4bit, nf4, double
+ * quantization) and written by its save_pretrained (the directory a user
+ * downloads or saves), with transformers' own config.json: it loads, its
+ * projections are bnb's quantization bit for bit, and it trains as PEFT
+ * does on it. */
+Test(qlora, transformers_save_pretrained_4bit_directory_loads)
+{
+    const char *saved = tu_fmt("%s/tests/fixtures/nf4/llama_gqa_bnb_saved", tu_source_dir());
+    char *cfg = tu_read_file(tu_fmt("%s/config.json", saved), NULL);
+    cr_assert(cfg && strstr(cfg, "\"quant_method\": \"bitsandbytes\"") &&
+                  strstr(cfg, "\"transformers_version\""),
+              "not a config.json transformers wrote for a 4-bit model");
+    free(cfg);
+    char *d = bnb_case(saved);
+    expect_loaded_as_stored(d, "transformers' save_pretrained");
     tu_rmtree(d);
     free(d);
 }
