@@ -309,6 +309,9 @@ int backend_create(backend_t **out, const char *kind, int device, int threads, s
 
 void backend_destroy(backend_t *be)
 {
-    if (be)
-        be->ops->destroy(be);
+    if (!be)
+        return;
+    free(be->prof); /* a profile never stopped */
+    be->prof = NULL;
+    be->ops->destroy(be);
 }

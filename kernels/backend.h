@@ -174,6 +174,14 @@ typedef struct backend_ops {
     void *(*aux_stream)(backend_t *be);
     void (*stream_fence)(backend_t *be, void *waiter, void *waitee);
 
+    /* Step profile (be_prof_*, backend_prof.c): prof_mark records a
+     * timestamp in slot i in stream order (CUDA: an event on the compute
+     * stream); prof_read waits for slots 0..n-1 and gives each as ms after
+     * slot 0, then releases them. NULL on the CPU, whose ops return when
+     * done: the host clock serves. */
+    void (*prof_mark)(backend_t *be, int i);
+    int (*prof_read)(backend_t *be, double *ms, int n);
+
     void (*destroy)(backend_t *be);
 } backend_ops;
 
@@ -192,6 +200,7 @@ struct backend {
     size_t workspace_bytes; /* the backend's own scratch at most (matmul workspace,
                                attention blocks), for memory plans */
     void *impl;
+    struct be_prof *prof; /* a step profile being recorded (backend_prof.c), or NULL */
 };
 
 /* Creates "cpu" or "cuda" ("auto": cuda when a device is visible, else cpu).
@@ -225,6 +234,37 @@ void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t);
 /* Host-side conversion of n values between F32, BF16 and F16; I32/U8 only to
  * themselves. Returns 0, or -1 when the pair is unsupported. */
 int dtype_convert(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, size_t n);
+
+/* ---- step profile (backend_prof.c) --------------------------------------------
+ * Where a span of work (spotune bench: one training step) spends its time,
+ * by group of ops: the matrix products (GEMM), the LoRA branches (every op
+ * between be_prof_lora(be, 1) and be_prof_lora(be, 0), which nest), the
+ * attention ops, the optimizer (adamw, and sumsq: the gradient norm),
+ * communication (every op between be_prof_comm(be, 1) and (be, 0), and the
+ * host's waits there), and elementwise (every other op). The group changes
+ * at the first op of another group; each span between two changes is timed
+ * in stream order (CUDA events) or by the host clock (CPU), so the groups
+ * add up to the span. Without be_prof_start the calls cost a test of a
+ * pointer. */
+enum {
+    BE_PROF_GEMM,
+    BE_PROF_LORA,
+    BE_PROF_ATTENTION,
+    BE_PROF_ELEMENTWISE,
+    BE_PROF_OPTIMIZER,
+    BE_PROF_COMM,
+    BE_PROF_GROUPS
+};
+extern const char *const be_prof_names[BE_PROF_GROUPS]; /* "gemm", "lora", ... */
+/* Starts recording (0; -1: out of memory, nothing recorded). */
+int be_prof_start(backend_t *be);
+void be_prof_lora(backend_t *be, int on);
+void be_prof_comm(backend_t *be, int on);
+/* The checked op `op` is about to run (backend_ops.c calls it for every op). */
+void be_prof_op(backend_t *be, const char *op);
+/* Stops recording: ms[g] the time of each group (0 and ms zeroed when
+ * nothing was recorded or the device failed; the sticky error says why). */
+int be_prof_stop(backend_t *be, double ms[BE_PROF_GROUPS]);
 
 /* ---- the ops, checked (backend_ops.c) --------------------------------------
  * Every caller runs the ops through these: each checks its arguments, then

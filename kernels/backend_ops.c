@@ -20,6 +20,8 @@ typedef struct call {
 static call begin(backend_t *be, const char *op, const char *file, int line)
 {
     call c = {be, op, file, line, 0};
+    if (be->prof)
+        be_prof_op(be, op);
     return c;
 }
 

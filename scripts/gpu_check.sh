@@ -269,11 +269,16 @@ bench_figure() { # bench_figure JSON
         -v p="$(jget peak_mem_bytes "$j")" -v m="$(jget mfu "$j")" -v m6="$(jget mfu_6n "$j")" \
         -v l="$(jget step1_loss "$j")" -v g="$(jget step1_grad_norm "$j")" \
         -v e="$(jget expected_loss "$j")" -v cl="$(jget cpu_step1_loss "$j")" \
-        -v cg="$(jget cpu_step1_grad_norm "$j")" 'BEGIN {
+        -v cg="$(jget cpu_step1_grad_norm "$j")" -v pt="$(jget profiled_step_ms "$j")" \
+        -v sg="$(jget gemm "$j")" -v sl="$(jget lora "$j")" -v sa="$(jget attention "$j")" \
+        -v se="$(jget elementwise "$j")" -v so="$(jget optimizer "$j")" \
+        -v sc="$(jget communication "$j")" 'BEGIN {
         printf "%.0f tok/s, step %.3f s, peak %.1f GiB, MFU honest %s / 6N %s; step 1 loss %.4f (random weights: %.3f +- 1), grad norm %.4g",
             t, s, p / 2^30, (m >= 0 ? sprintf("%.1f%%", 100 * m) : "-"),
             (m6 >= 0 ? sprintf("%.1f%%", 100 * m6) : "-"), l, e, g
-        if (cl != "") printf "; CPU step 1: loss %.4f, grad norm %.4g", cl, cg }'
+        if (cl != "") printf "; CPU step 1: loss %.4f, grad norm %.4g", cl, cg
+        if (pt > 0) printf "; one step %.1f ms: GEMM %.0f%%, LoRA %.0f%%, attention %.0f%%, elementwise %.0f%%, optimizer %.0f%%, comm %.0f%%",
+            pt, 100 * sg / pt, 100 * sl / pt, 100 * sa / pt, 100 * se / pt, 100 * so / pt, 100 * sc / pt }'
 }
 
 NO_GPU="" # why no CUDA device is usable, when none is

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "kernels/backend.h"
 #include "trainer/bench.h"
 
 static model_config_t preset(const char *name)
@@ -217,5 +218,58 @@ Test(bench, a_cuda_module_that_cannot_load_is_named)
                SPOTUNE_BINARY_DIR);
     cr_expect_eq(rc, 2, "%s", out);
     cr_expect(tu_contains(out, "runtime.backend: cuda: the CUDA backend"), "%s", out);
+    free(out);
+}
+
+/* One more step than the timed ones, split by group of ops (backend.h, "step
+ * profile"): the groups add up to the profiled step; LoRA's share is there
+ * in LoRA mode and absent in full fine-tuning; products, attention, the
+ * elementwise ops and the optimizer each take time; one rank has no
+ * communication, two ranks (full, sharded optimizer and gradients) do. */
+static json_t *split_of(json_t *j, const char *what)
+{
+    json_t *sp = json_object_get(j, "split_ms");
+    cr_assert(json_is_object(sp), "%s: no split_ms", what);
+    double sum = 0;
+    for (int g = 0; g < BE_PROF_GROUPS; g++) {
+        json_t *v = json_object_get(sp, be_prof_names[g]);
+        cr_assert(json_is_number(v), "%s: no split_ms.%s", what, be_prof_names[g]);
+        cr_expect_geq(json_number_value(v), 0.0, "%s: %s", what, be_prof_names[g]);
+        sum += json_number_value(v);
+    }
+    cr_expect_float_eq(sum, num(j, "profiled_step_ms"), 1e-6 * sum, "%s: %g vs %g", what, sum,
+                       num(j, "profiled_step_ms"));
+    return sp;
+}
+
+static double ms_of(json_t *sp, const char *group)
+{
+    return json_number_value(json_object_get(sp, group));
+}
+
+Test(bench, one_step_is_split_by_group_of_ops, .timeout = 300)
+{
+    char *out = NULL;
+    int rc = tu_spotune(&out, "bench --backend cpu --threads 1 --preset tiny --mode lora "
+                              "--seq-len 64 --micro-batch 2 --steps 1 --warmup 0 --json 2>&1");
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = last_json(out), *sp = split_of(j, "lora");
+    for (int g = 0; g < BE_PROF_GROUPS; g++)
+        if (g != BE_PROF_COMM)
+            cr_expect_gt(ms_of(sp, be_prof_names[g]), 0.0, "lora: no time in %s",
+                         be_prof_names[g]);
+    cr_expect_eq(ms_of(sp, "communication"), 0.0, "one rank communicates");
+    json_decref(j);
+    free(out);
+    rc = tu_sh(&out, "%s %s/spotune bench --backend cpu --threads 1 --preset tiny --mode full "
+                     "--seq-len 64 --micro-batch 2 --steps 1 --warmup 0 --json 2>&1",
+               tu_mpirun(2), tu_binary_dir());
+    cr_assert_eq(rc, 0, "%s", out);
+    j = last_json(out);
+    sp = split_of(j, "full, 2 ranks");
+    cr_expect_eq(ms_of(sp, "lora"), 0.0, "full fine-tuning has no LoRA");
+    cr_expect_gt(ms_of(sp, "gemm"), 0.0);
+    cr_expect_gt(ms_of(sp, "communication"), 0.0, "2 ranks: no communication");
+    json_decref(j);
     free(out);
 }

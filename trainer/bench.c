@@ -180,6 +180,24 @@ static int wants_cpu_check(const bench_opts *bo, const backend_t *be, const comm
     return bo->cpu_check == 1 || !strcmp(bo->preset, "tiny") || !strcmp(bo->preset, "small");
 }
 
+
+/* One training step of the bench: forward and backward, the gradients
+ * synchronised, their norm, AdamW (step s + 1), the weights gathered. */
+static int bench_step(model_t *m, comm_t *comm, const model_batch *batch, adamw_args *a, int s,
+                      double *loss, double *sumsq, sp_err *err)
+{
+    grad_sync_t gs;
+    model_zero_grads(m);
+    grad_sync_begin(&gs, m, comm, 25.0);
+    if (model_forward_backward(m, batch, loss, err) || grad_sync_finish(&gs, err) ||
+        grad_sync_sumsq(m, comm, sumsq, err))
+        return err->code;
+    a->step = s + 1;
+    a->grad_scale = (float)optim_clip_scale(sqrt(*sumsq), 1.0);
+    model_adamw(m, a);
+    return be_check(m->be, err) || grad_sync_gather_weights(m, comm, err) ? err->code : 0;
+}
+
 static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
 {
     model_config_t mc;
@@ -229,27 +247,28 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             rc = comm_barrier(comm, err);
             t0 = sp_now();
         }
-        grad_sync_t gs;
-        double loss = 0;
-        model_zero_grads(m);
-        grad_sync_begin(&gs, m, comm, 25.0);
-        rc = rc || model_forward_backward(m, &batch, &loss, err) || grad_sync_finish(&gs, err);
-        double sumsq = 0;
-        rc = rc || grad_sync_sumsq(m, comm, &sumsq, err);
+        double loss = 0, sumsq = 0;
+        rc = rc || bench_step(m, comm, &batch, &a, s, &loss, &sumsq, err);
         if (!rc && s == 0) { /* before any update: what the checks compare */
             step1_loss = loss / (double)n;
             step1_gnorm = sqrt(sumsq) / comm_size(comm); /* every rank ran the same batch */
-        }
-        if (!rc) {
-            a.step = s + 1;
-            a.grad_scale = (float)optim_clip_scale(sqrt(sumsq), 1.0);
-            model_adamw(m, &a);
-            rc = be_check(be, err) || grad_sync_gather_weights(m, comm, err);
         }
     }
     be_sync(be);
     rc = rc || be_check(be, err) || comm_barrier(comm, err);
     double dt = (sp_now() - t0) / (bo->steps > 0 ? bo->steps : 1);
+    /* one more step, not timed above, split by group of ops */
+    double split[BE_PROF_GROUPS] = {0}, split_total = 0;
+    if (!rc && bo->steps > 0) {
+        double loss = 0, sumsq = 0;
+        if (be_prof_start(be) == 0) {
+            rc = bench_step(m, comm, &batch, &a, bo->warmup + bo->steps, &loss, &sumsq, err);
+            if (be_prof_stop(be, split) != 0 && !rc)
+                rc = be_check(be, err);
+        }
+        for (int g = 0; g < BE_PROF_GROUPS; g++)
+            split_total += split[g];
+    }
     /* timing done: free the device before the checks */
     int world = comm_size(comm);
     double fpt = flops_per_token(m, bo->seq_len), fpt6 = bench_flops_6n(&mc);
@@ -303,6 +322,13 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                 (json_int_t)model_config_params(&mc), "step1_loss", step1_loss,
                 "step1_grad_norm", step1_gnorm, "expected_loss", bench_expected_loss(&mc),
                 "check", check, "loss_check", loss_why);
+            if (split_total > 0) { /* the profiled step, ms by group */
+                json_t *sp = json_object();
+                for (int g = 0; g < BE_PROF_GROUPS; g++)
+                    json_object_set_new(sp, be_prof_names[g], json_real(split[g]));
+                json_object_set_new(j, "split_ms", sp);
+                json_object_set_new(j, "profiled_step_ms", json_real(split_total));
+            }
             if (cpu_check) {
                 json_object_set_new(j, "cpu_step1_loss", json_real(cpu_loss));
                 json_object_set_new(j, "cpu_step1_grad_norm", json_real(cpu_gnorm));
@@ -321,6 +347,12 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                 printf("  MFU %.1f%% (6N: %.1f%%)", 100.0 * mfu, 100.0 * mfu6);
             printf("\n  step 1: loss %.6f, gradient norm %.6g; %s\n", step1_loss, step1_gnorm,
                    loss_why);
+            if (split_total > 0) {
+                printf("  one profiled step, %.1f ms:", split_total);
+                for (int g = 0; g < BE_PROF_GROUPS; g++)
+                    printf(" %s %.1f%%%s", be_prof_names[g], 100.0 * split[g] / split_total,
+                           g + 1 < BE_PROF_GROUPS ? "," : "\n");
+            }
             if (cpu_check)
                 printf("  %s\n", cpu_why);
         }

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-static int launch(grad_sync_t *g, size_t upto, sp_err *err)
+static int launch_buckets(grad_sync_t *g, size_t upto, sp_err *err)
 {
     model_t *m = g->m;
     while (g->launched < upto) {
@@ -26,6 +26,17 @@ static int launch(grad_sync_t *g, size_t upto, sp_err *err)
         g->launched += len;
     }
     return 0;
+}
+
+static int launch(grad_sync_t *g, size_t upto, sp_err *err)
+{
+    int on = g->peers; /* the step profile's communication: only where there is some */
+    if (on)
+        be_prof_comm(g->m->be, 1);
+    int rc = launch_buckets(g, upto, err);
+    if (on)
+        be_prof_comm(g->m->be, 0);
+    return rc;
 }
 
 static int on_device(const backend_t *be)
@@ -95,7 +106,7 @@ static void overlap(size_t lo, size_t n, size_t s, size_t len, size_t *a, size_t
 /* Segment k's reduction: each part of it that lies in rank r's shard is
  * summed into rank r's bucket, owners in rank order (on the device enqueued
  * on g->stream). */
-static int reduce_segment(grad_sync_t *g, int k, sp_err *err)
+static int reduce_segment_parts(grad_sync_t *g, int k, sp_err *err)
 {
     model_t *m = g->m;
     size_t lo, a, b;
@@ -114,6 +125,17 @@ static int reduce_segment(grad_sync_t *g, int k, sp_err *err)
             return rc;
     }
     return 0;
+}
+
+static int reduce_segment(grad_sync_t *g, int k, sp_err *err)
+{
+    int on = g->peers; /* the step profile's communication: only where there is some */
+    if (on)
+        be_prof_comm(g->m->be, 1);
+    int rc = reduce_segment_parts(g, k, err);
+    if (on)
+        be_prof_comm(g->m->be, 0);
+    return rc;
 }
 
 /* After segment k's reduction (the compute stream waits for it): this
@@ -216,7 +238,7 @@ void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb)
     }
 }
 
-int grad_sync_finish(grad_sync_t *g, sp_err *err)
+static int finish(grad_sync_t *g, sp_err *err)
 {
     model_t *m = g->m;
     m->grads_ready = NULL;
@@ -250,6 +272,17 @@ int grad_sync_finish(grad_sync_t *g, sp_err *err)
     return 0;
 }
 
+int grad_sync_finish(grad_sync_t *g, sp_err *err)
+{
+    int on = has_peers(g->m, g->comm); /* the step profile's communication: only where there is some */
+    if (on)
+        be_prof_comm(g->m->be, 1);
+    int rc = finish(g, err);
+    if (on)
+        be_prof_comm(g->m->be, 0);
+    return rc;
+}
+
 int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err)
 {
     grad_sync_t g;
@@ -261,11 +294,22 @@ int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err)
     return grad_sync_finish(&g, err);
 }
 
-int grad_sync_gather_weights(model_t *m, comm_t *comm, sp_err *err)
+static int gather_weights(model_t *m, comm_t *comm, sp_err *err)
 {
     if (m->shard_count == 1)
         return 0;
     return grad_sync_allgather(m->be, comm, m->copy, m->shard_lo, m->shard_len, err);
+}
+
+int grad_sync_gather_weights(model_t *m, comm_t *comm, sp_err *err)
+{
+    int on = m->shard_count > 1; /* the step profile's communication: only where there is some */
+    if (on)
+        be_prof_comm(m->be, 1);
+    int rc = gather_weights(m, comm, err);
+    if (on)
+        be_prof_comm(m->be, 0);
+    return rc;
 }
 
 int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err)
@@ -273,5 +317,8 @@ int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err)
     *sumsq = model_grad_sumsq(m);
     if (m->shard_count == 1)
         return 0;
-    return comm_allreduce(comm, sumsq, 1, COMM_F64, COMM_SUM, err);
+    be_prof_comm(m->be, 1);
+    int rc = comm_allreduce(comm, sumsq, 1, COMM_F64, COMM_SUM, err);
+    be_prof_comm(m->be, 0);
+    return rc;
 }

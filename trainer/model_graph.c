@@ -51,9 +51,11 @@ static tensor_t lora_input(const step_ctx *c, int l, int p, tensor_t x, int64_t 
 static tensor_t lora_down(const step_ctx *c, int l, int p, tensor_t x, int64_t in)
 {
     model_t *m = c->m;
+    be_prof_lora(m->be, 1);
     tensor_t xin = lora_input(c, l, p, x, in), xr = m->acts[l].xr[p];
     be_matmul(m->be, xr, xin, m->layers[l].lora_a[p]->w, c->rows, (int)m->o.lora_r, (int)in, 0,
               1, 1.0f, 0.0f);
+    be_prof_lora(m->be, 0);
     return xr;
 }
 
@@ -97,6 +99,7 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
 {
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
+    be_prof_lora(m->be, 1); /* a DoRA projection counts whole as LoRA's */
     tensor_t n = m->acts[l].wnorm[p];
     model_dora_norm(m, l, p, n);
     lora_down(c, l, p, x, j.in);
@@ -118,6 +121,7 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
     }
     if (j.L->b[p])
         be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
+    be_prof_lora(m->be, 0);
 }
 
 /* y += b + scale * (drop(x) A^T) B^T: what a projection adds to its base
@@ -129,9 +133,11 @@ static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, tensor_t 
     if (j.L->b[p])
         be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
     if (j.L->lora_a[p]) {
+        be_prof_lora(m->be, 1);
         tensor_t xr = lora_down(c, l, p, x, j.in);
         be_matmul(m->be, y, xr, j.L->lora_b[p]->w, c->rows, j.out, (int)m->o.lora_r, 0, 1,
                   m->lora_scale, 1.0f);
+        be_prof_lora(m->be, 0);
     }
 }
 
@@ -154,6 +160,7 @@ static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t
 static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x, tensor_t dx)
 {
     model_t *m = c->m;
+    be_prof_lora(m->be, 1);
     proj j = proj_of(m, l, p);
     model_scratch *s = MODEL_SCRATCH(m);
     param_t *A = j.L->lora_a[p], *B = j.L->lora_b[p];
@@ -171,6 +178,7 @@ static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t
     } else {
         be_matmul(m->be, dx, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 1.0f);
     }
+    be_prof_lora(m->be, 0);
 }
 
 /* The backward of dora_forward with dropout given dy: dm += sum_rows dy *
@@ -183,6 +191,7 @@ static void dora_dropout_backward(const step_ctx *c, int l, int p, tensor_t dy, 
     proj j = proj_of(m, l, p);
     model_scratch *s = MODEL_SCRATCH(m);
     tensor_t g = rows_of(s->dora, c->rows, j.out), n = m->acts[l].wnorm[p];
+    be_prof_lora(m->be, 1);
     dora_unscaled(c, l, p, g, lora_input(c, l, p, x, j.in));
     be_col_dot(m->be, j.L->lora_m[p]->grad, dy, g, n, c->rows, j.out);
     be_copy(m->be, g, rows_of(dy, c->rows, j.out));
@@ -195,6 +204,7 @@ static void dora_dropout_backward(const step_ctx *c, int l, int p, tensor_t dy, 
     lora_input(c, l, p, d, j.in); /* the forward's mask */
     be_add(m->be, dx, d, 1.0f, d.n);
     lora_backward(c, l, p, g, x, dx);
+    be_prof_lora(m->be, 0);
 }
 
 /* Given dy: dx (+)= dy W (+ the LoRA path), and the gradients of whatever
@@ -214,10 +224,12 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
     if (j.L->lora_m[p]) {
         /* DoRA: dm += sum_rows dy * z / n; the rest sees dy * m / n */
         tensor_t g = rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out), n = m->acts[l].wnorm[p];
+        be_prof_lora(m->be, 1);
         dora_unscaled(c, l, p, g, x);
         be_col_dot(m->be, j.L->lora_m[p]->grad, dy, g, n, c->rows, j.out);
         be_copy(m->be, g, rows_of(dy, c->rows, j.out));
         be_col_scale(m->be, g, j.L->lora_m[p]->w, n, c->rows, j.out);
+        be_prof_lora(m->be, 0);
         dy = g;
     }
     be_matmul(m->be, dx, dy, model_weight(m, W), c->rows, j.in, j.out, 0, 0, 1.0f,

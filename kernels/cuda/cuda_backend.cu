@@ -214,6 +214,48 @@ static void cuda_stream_fence(backend_t *be, void *waiter, void *waitee)
         CUDA_OK(be, cudaStreamWaitEvent((cudaStream_t)waiter, im->fence, 0));
 }
 
+/* ---- step profile (backend_prof.c) ------------------------------------------ */
+
+/* Mark i: an event recorded on the compute stream (events created once and
+ * kept for the next profile). */
+static void cuda_prof_mark(backend_t *be, int i)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (be->err.code || i < 0)
+        return;
+    if (i >= im->prof_cap) {
+        int cap = im->prof_cap ? 2 * im->prof_cap : 1024;
+        while (cap <= i)
+            cap *= 2;
+        cudaEvent_t *ev = (cudaEvent_t *)realloc(im->prof_ev, sizeof *ev * (size_t)cap);
+        if (!ev) {
+            cuda_fail(be, __FILE__, __LINE__, "out of host memory for %d profile events", cap);
+            return;
+        }
+        memset(ev + im->prof_cap, 0, sizeof *ev * (size_t)(cap - im->prof_cap));
+        im->prof_ev = ev;
+        im->prof_cap = cap;
+    }
+    if (!im->prof_ev[i] && CUDA_OK(be, cudaEventCreate(&im->prof_ev[i])))
+        return;
+    CUDA_OK(be, cudaEventRecord(im->prof_ev[i], im->stream));
+}
+
+/* Marks 0..n-1 as ms after mark 0, once the last has happened. */
+static int cuda_prof_read(backend_t *be, double *ms, int n)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (be->err.code || n < 1 || n > im->prof_cap || CUDA_OK(be, cudaEventSynchronize(im->prof_ev[n - 1])))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        float f = 0;
+        if (CUDA_OK(be, cudaEventElapsedTime(&f, im->prof_ev[0], im->prof_ev[i])))
+            return -1;
+        ms[i] = f;
+    }
+    return 0;
+}
+
 /* ---- lifetime --------------------------------------------------------------- */
 
 static void cuda_destroy(backend_t *be)
@@ -235,6 +277,10 @@ static void cuda_destroy(backend_t *be)
             cublasLtDestroy(im->lt);
         if (im->fence)
             cudaEventDestroy(im->fence);
+        for (int i = 0; i < im->prof_cap; i++)
+            if (im->prof_ev[i])
+                cudaEventDestroy(im->prof_ev[i]);
+        free(im->prof_ev);
         if (im->aux)
             cudaStreamDestroy(im->aux);
         if (im->stream)
@@ -279,6 +325,8 @@ static const backend_ops cuda_ops_table = {
     .fill_normal = cuda_fill_normal,
     .aux_stream = cuda_aux_stream,
     .stream_fence = cuda_stream_fence,
+    .prof_mark = cuda_prof_mark,
+    .prof_read = cuda_prof_read,
     .destroy = cuda_destroy,
 };
 

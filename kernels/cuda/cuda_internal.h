@@ -36,6 +36,8 @@ typedef struct cuda_impl {
     void *scratch;            /* grow-only workspace of reductions and attention; */
     size_t scratch_bytes;     /* nothing in it survives an op */
     double *host_sum;         /* pinned: sumsq's result */
+    cudaEvent_t *prof_ev;     /* the step profile's marks (created on first use, reused) */
+    int prof_cap;
 } cuda_impl;
 
 #define CUDA_IMPL(be) ((cuda_impl *)(be)->impl)
