@@ -209,6 +209,13 @@ int backend_create(backend_t **out, const char *kind, int device, int threads, s
 void backend_destroy(backend_t *be);
 /* 1 when this binary was built with the CUDA backend and a device is visible. */
 int backend_cuda_available(void);
+/* The CPU backend's BLAS: OpenBLAS's name for the kernels it chose
+ * (openblas_get_corename), and, when that is one of its generic fallbacks
+ * on a CPU it did not recognise although the CPU has AVX-512 or AVX2 + FMA,
+ * the OPENBLAS_CORETYPE value that would use them ("SkylakeX", "Haswell";
+ * NULL when its choice is fine). */
+const char *backend_cpu_blas_core(void);
+const char *backend_cpu_blas_better(void);
 /* Number of usable CUDA devices; when 0, why (n bytes) says why: the CUDA
  * error of cudaGetDeviceCount (no device, insufficient driver, ...), or that
  * this build has no CUDA backend. Creates no CUDA context (safe before fork). */

@@ -612,3 +612,37 @@ Test(doctor, nccl_interfaces_and_open_file_limit)
               "%s", out);
     free(out);
 }
+
+/* OpenBLAS's generic kernels (what its dispatch falls back to for a CPU
+ * model it does not know) on a CPU with AVX2 and FMA or AVX-512: a WARN
+ * naming OPENBLAS_CORETYPE and the value to set; kernels for the CPU's
+ * vector units: PASS naming them. OPENBLAS_CORETYPE forces either here. */
+Test(doctor, openblas_generic_kernels_warn_naming_the_core_type)
+{
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("avx512cd");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    char *out = NULL;
+    int rc = tu_sh(&out, "OPENBLAS_CORETYPE=Prescott %s/spotune doctor --cloud none --io-mib 1",
+                   tu_binary_dir());
+    cr_expect(rc == 0 || rc == 1, "exit %d\n%s", rc, out);
+    if (avx2) {
+        EXPECT_STATUS(out, "host.blas", "WARN");
+        const char *want = avx512 ? "OPENBLAS_CORETYPE=SkylakeX" : "OPENBLAS_CORETYPE=Haswell";
+        cr_expect(tu_contains(line_of(out, "host.blas"), "generic Prescott kernels") &&
+                      tu_contains(line_of(out, "host.blas"), want),
+                  "%s", out);
+    } else { /* nothing better to use */
+        EXPECT_STATUS(out, "host.blas", "PASS");
+    }
+    free(out);
+    if (!avx2)
+        return;
+    rc = tu_sh(&out, "OPENBLAS_CORETYPE=Haswell %s/spotune doctor --cloud none --io-mib 1",
+               tu_binary_dir());
+    EXPECT_STATUS(out, "host.blas", "PASS");
+    cr_expect(tu_contains(line_of(out, "host.blas"), "OpenBLAS Haswell kernels"), "%s", out);
+    free(out);
+}

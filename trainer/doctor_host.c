@@ -162,6 +162,19 @@ void dr_check_host(doctor_t *d)
                ">= 4 cores (data, the checkpoint writer and uploads beside the ranks)",
                "%ld online cores", cores);
 
+    /* OpenBLAS falls back to generic kernels on a CPU model it does not know:
+     * the CPU backend's products then run several times slower */
+    const char *core = backend_cpu_blas_core(), *better = backend_cpu_blas_better();
+    if (better)
+        doctor_add(d, "host.blas", DR_WARN, "OpenBLAS uses kernels for this CPU's vector units",
+                   "OpenBLAS chose its generic %s kernels on a CPU with %s: the CPU backend's "
+                   "matrix products run several times slower; run with OPENBLAS_CORETYPE=%s",
+                   core ? core : "(unknown)",
+                   strcmp(better, "SkylakeX") == 0 ? "AVX-512" : "AVX2 and FMA", better);
+    else
+        doctor_add(d, "host.blas", DR_PASS, "OpenBLAS uses kernels for this CPU's vector units",
+                   "OpenBLAS %s kernels", core ? core : "(unknown)");
+
     long long tot = dr_meminfo_kib("MemTotal"), avail = dr_meminfo_kib("MemAvailable");
     if (tot < 0 || avail < 0)
         doctor_add(d, "host.memory", DR_WARN, "MemAvailable >= 8 GiB",

@@ -4,6 +4,7 @@
 #include "cpu_backend.h"
 
 #include <cblas.h>
+#include <strings.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,4 +233,32 @@ int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
     openblas_set_num_threads(threads);
     *out = be;
     return 0;
+}
+
+const char *backend_cpu_blas_core(void)
+{
+    return openblas_get_corename();
+}
+
+const char *backend_cpu_blas_better(void)
+{
+    /* what OpenBLAS's runtime dispatch falls back to for a CPU it does not
+     * know (Prescott), and the older cores below Haswell */
+    static const char *const generic[] = {"prescott", "katmai",  "coppermine", "northwood",
+                                          "banias",   "core2",   "penryn",     "dunnington",
+                                          "nehalem",  "atom",    "unknown",    NULL};
+    const char *core = openblas_get_corename();
+    int weak = !core || !*core;
+    for (int i = 0; !weak && generic[i]; i++)
+        weak = strcasecmp(core, generic[i]) == 0;
+    if (!weak)
+        return NULL;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+    return NULL;
 }
