@@ -213,9 +213,14 @@ int backend_cuda_available(void);
  * (openblas_get_corename), and, when that is one of its generic fallbacks
  * on a CPU it did not recognise although the CPU has AVX-512 or AVX2 + FMA,
  * the OPENBLAS_CORETYPE value that would use them ("SkylakeX", "Haswell";
- * NULL when its choice is fine). */
+ * NULL when its choice is fine). spotune's main sets OPENBLAS_CORETYPE to
+ * that value and runs itself again when the user has not set it
+ * (trainer/main.c); backend_cpu_blas_describe writes the kernels in use, and
+ * when spotune chose them, what OpenBLAS had chosen ("OpenBLAS SkylakeX
+ * kernels (OPENBLAS_CORETYPE set by spotune: ... generic Prescott ...)"). */
 const char *backend_cpu_blas_core(void);
 const char *backend_cpu_blas_better(void);
+void backend_cpu_blas_describe(char *buf, size_t n);
 /* Number of usable CUDA devices; when 0, why (n bytes) says why: the CUDA
  * error of cudaGetDeviceCount (no device, insufficient driver, ...), or that
  * this build has no CUDA backend. Creates no CUDA context (safe before fork). */

@@ -646,3 +646,34 @@ Test(doctor, openblas_generic_kernels_warn_naming_the_core_type)
     cr_expect(tu_contains(line_of(out, "host.blas"), "OpenBLAS Haswell kernels"), "%s", out);
     free(out);
 }
+
+/* Without OPENBLAS_CORETYPE spotune never runs on OpenBLAS's generic
+ * kernels when the CPU has better ones: where OpenBLAS falls back (a CPU
+ * model it does not know, as on some new Xeons) spotune sets the variable
+ * and runs itself again, and the line says so, naming OpenBLAS's choice. */
+Test(doctor, spotune_chooses_the_kernels_openblas_did_not_know)
+{
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("avx512cd");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "env -u OPENBLAS_CORETYPE -u SPOTUNE_BLAS_FALLBACK %s/spotune doctor --cloud none "
+                   "--io-mib 1",
+                   tu_binary_dir());
+    cr_expect(rc == 0 || rc == 1, "exit %d\n%s", rc, out);
+    EXPECT_STATUS(out, "host.blas", "PASS");
+    const char *line = line_of(out, "host.blas");
+    if (avx2)
+        cr_expect(!tu_contains(line, "OpenBLAS Prescott kernels") &&
+                      !tu_contains(line, "OpenBLAS Core2 kernels") &&
+                      !tu_contains(line, "OpenBLAS Nehalem kernels"),
+                  "generic kernels on a CPU with AVX2 and FMA:\n%s", out);
+    if (tu_contains(line, "set by spotune"))
+        cr_expect(tu_contains(line, avx512 ? "OpenBLAS SkylakeX kernels" : "OpenBLAS Haswell kernels") &&
+                      tu_contains(line, "chose its generic"),
+                  "%s", out);
+    free(out);
+}

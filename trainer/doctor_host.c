@@ -165,15 +165,22 @@ void dr_check_host(doctor_t *d)
     /* OpenBLAS falls back to generic kernels on a CPU model it does not know:
      * the CPU backend's products then run several times slower */
     const char *core = backend_cpu_blas_core(), *better = backend_cpu_blas_better();
+    const char *set = getenv("OPENBLAS_CORETYPE");
     if (better)
         doctor_add(d, "host.blas", DR_WARN, "OpenBLAS uses kernels for this CPU's vector units",
-                   "OpenBLAS chose its generic %s kernels on a CPU with %s: the CPU backend's "
-                   "matrix products run several times slower; run with OPENBLAS_CORETYPE=%s",
+                   "OpenBLAS chose its generic %s kernels on a CPU with %s%s%s%s: the CPU "
+                   "backend's matrix products run several times slower; run with "
+                   "OPENBLAS_CORETYPE=%s%s",
                    core ? core : "(unknown)",
-                   strcmp(better, "SkylakeX") == 0 ? "AVX-512" : "AVX2 and FMA", better);
-    else
+                   strcmp(better, "SkylakeX") == 0 ? "AVX-512" : "AVX2 and FMA",
+                   set ? " (OPENBLAS_CORETYPE=" : "", set ? set : "", set ? " is set)" : "",
+                   better, set ? ", or unset it and spotune chooses" : "");
+    else {
+        char what[256];
+        backend_cpu_blas_describe(what, sizeof what);
         doctor_add(d, "host.blas", DR_PASS, "OpenBLAS uses kernels for this CPU's vector units",
-                   "OpenBLAS %s kernels", core ? core : "(unknown)");
+                   "%s", what);
+    }
 
     long long tot = dr_meminfo_kib("MemTotal"), avail = dr_meminfo_kib("MemAvailable");
     if (tot < 0 || avail < 0)

@@ -1,9 +1,40 @@
 /* spotune: the command-line entry point. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "../checkpoint/ckpt.h"
+#include "../kernels/backend.h"
 #include "cli.h"
+
+/* OpenBLAS picks its kernels when it loads, before main, and on a CPU model
+ * it does not know it falls back to generic ones that run several times
+ * slower (backend.h, backend_cpu_blas_better). The choice can only be
+ * changed through OPENBLAS_CORETYPE before it loads: so when the CPU has the
+ * vector units of a better kernel set and nobody set the variable, spotune
+ * sets it and runs itself again (same process, same pid, before MPI or any
+ * thread of its own starts). SPOTUNE_BLAS_FALLBACK keeps OpenBLAS's own
+ * choice for the log. A variable set by the user is always left as it is. */
+static void blas_kernels(char **argv)
+{
+    if (getenv("OPENBLAS_CORETYPE"))
+        return;
+    const char *better = backend_cpu_blas_better();
+    if (!better)
+        return;
+    const char *core = backend_cpu_blas_core();
+    if (setenv("SPOTUNE_BLAS_FALLBACK", core && *core ? core : "unknown", 1) ||
+        setenv("OPENBLAS_CORETYPE", better, 1))
+        return;
+    execv("/proc/self/exe", argv);
+    /* not re-executed: run on with OpenBLAS's choice, which doctor reports */
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("SPOTUNE_BLAS_FALLBACK");
+}
 
 int main(int argc, char **argv)
 {
+    blas_kernels(argv);
     ckpt_hdf5_setup(); /* before any other HDF5 call: see checkpoint/ckpt.h */
     int rc = cli_main(argc, argv);
     ckpt_hdf5_shutdown();

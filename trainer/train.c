@@ -553,9 +553,15 @@ static int setup(trainer_t *t, sp_err *err)
     if (strcmp(t->be->name, "cuda") == 0 && t->world > 1 &&
         comm_device_init(t->comm, t->be->device, err))
         return err->code;
-    if (t->out)
-        fprintf(t->out, "spotune: %d rank%s, backend %s (%s, %d threads per rank)\n", t->world,
-                t->world > 1 ? "s" : "", t->be->name, t->be->device_name, t->be->threads);
+    if (t->out) {
+        char blas[256] = "";
+        if (strcmp(t->be->name, "cuda") != 0) {
+            memcpy(blas, ", ", 3);
+            backend_cpu_blas_describe(blas + 2, sizeof blas - 2);
+        }
+        fprintf(t->out, "spotune: %d rank%s, backend %s (%s, %d threads per rank%s)\n", t->world,
+                t->world > 1 ? "s" : "", t->be->name, t->be->device_name, t->be->threads, blas);
+    }
     return setup_model(t, err) || setup_data(t, err) ? err->code : 0;
 }
 

@@ -240,6 +240,17 @@ const char *backend_cpu_blas_core(void)
     return openblas_get_corename();
 }
 
+void backend_cpu_blas_describe(char *buf, size_t n)
+{
+    const char *core = openblas_get_corename(), *was = getenv("SPOTUNE_BLAS_FALLBACK");
+    if (was && *was)
+        snprintf(buf, n, "OpenBLAS %s kernels (OPENBLAS_CORETYPE set by spotune: OpenBLAS chose "
+                 "its generic %s kernels for this CPU)",
+                 core && *core ? core : "(unknown)", was);
+    else
+        snprintf(buf, n, "OpenBLAS %s kernels", core && *core ? core : "(unknown)");
+}
+
 const char *backend_cpu_blas_better(void)
 {
     /* what OpenBLAS's runtime dispatch falls back to for a CPU it does not
