@@ -70,9 +70,12 @@ typedef struct backend_ops {
 
     /* C[M,N] = alpha * op(A) op(B) + beta * C; op(A) is M x K (A stored K x M
      * when transA), op(B) is K x N (B stored N x K when transB). A and B are
-     * act_dt (or F32 on the CPU backend); C is act_dt or F32. */
+     * act_dt (or F32 on the CPU backend); C is act_dt or F32. lda, ldb, ldc:
+     * the row strides of A, B and C as stored (row-major; at least the
+     * stored widths, checked by be_matmul_ld), so a product can read or
+     * write a block of columns of a wider matrix. */
     void (*matmul)(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
-                   int transA, int transB, float alpha, float beta);
+                   int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc);
 
     /* out = w * (x * rstd), rstd[r] = 1/sqrt(mean(x[r]^2) + eps) (F32) */
     void (*rmsnorm_forward)(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
@@ -310,6 +313,12 @@ void be_copy2d_at(const char *file, int line, backend_t *be, tensor_t dst, tenso
                   int cols, int dst_ld, int src_ld);
 void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A, tensor_t B,
                   int M, int N, int K, int transA, int transB, float alpha, float beta);
+/* be_matmul on matrices stored with row strides lda, ldb, ldc (each at least
+ * its stored width: A is M x K, or K x M when transA; B is K x N, or N x K
+ * when transB; C is M x N): a block of columns of wider matrices. */
+void be_matmul_ld_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A,
+                     tensor_t B, int M, int N, int K, int transA, int transB, float alpha,
+                     float beta, int lda, int ldb, int ldc);
 void be_rmsnorm_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t rstd,
                            tensor_t x, tensor_t w, int rows, int cols, float eps);
 void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t dx, tensor_t dw,
@@ -374,6 +383,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_sync(be) be_sync_at(__FILE__, __LINE__, (be))
 #define be_copy2d(...) be_copy2d_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_matmul(...) be_matmul_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_matmul_ld(...) be_matmul_ld_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_forward(...) be_rmsnorm_forward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_backward(...) be_rmsnorm_backward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rope(...) be_rope_at(__FILE__, __LINE__, __VA_ARGS__)

@@ -257,7 +257,37 @@ void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_
         same_dtype(&c, names, ts, 2, "the operands");
     }
     if (!c.bad)
-        be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta);
+        be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, transA ? M : K,
+                        transB ? K : N, N);
+}
+
+void be_matmul_ld_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A,
+                     tensor_t B, int M, int N, int K, int transA, int transB, float alpha,
+                     float beta, int lda, int ldb, int ldc)
+{
+    call c = begin(be, "matmul", file, line);
+    size_arg(&c, "M", M);
+    size_arg(&c, "N", N);
+    size_arg(&c, "K", K);
+    if (c.bad)
+        return;
+    /* stored shapes: A is ar x ac, B is br x bc, C is M x N */
+    int ar = transA ? K : M, ac = transA ? M : K, br = transB ? N : K, bc = transB ? K : N;
+    if (ldc < N || (K > 0 && (lda < ac || ldb < bc))) {
+        refuse(&c, "lda = %d, ldb = %d, ldc = %d must be at least the stored widths %d, %d, %d",
+               lda, ldb, ldc, ac, bc, N);
+        return;
+    }
+    tensor_arg(&c, "C", C, span2d(M, N, ldc), "(M-1) x ldc + N", TAKES_FLOAT);
+    if (K > 0) {
+        tensor_arg(&c, "A", A, span2d(ar, ac, lda), "(rows-1) x lda + cols", TAKES_FLOAT);
+        tensor_arg(&c, "B", B, span2d(br, bc, ldb), "(rows-1) x ldb + cols", TAKES_FLOAT);
+        const char *names[] = {"A", "B"};
+        tensor_t ts[] = {A, B};
+        same_dtype(&c, names, ts, 2, "the operands");
+    }
+    if (!c.bad)
+        be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc);
 }
 
 void be_rmsnorm_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t rstd,

@@ -541,6 +541,22 @@ static int check_rules(backend_t *be)
                        "copy2d past dst's end");
         be_copy2d(be, f, i, 2, 3, 5, 5);
         expect_refused(be, "copy2d: src has dtype I32, not a float dtype", "copy2d from I32");
+        be_matmul_ld(be, f, f, f, 2, 2, 2, 0, 0, 1.0f, 0.0f, 1, 2, 2);
+        expect_refused(be,
+                       "matmul: lda = 1, ldb = 2, ldc = 2 must be at least the stored widths 2, "
+                       "2, 2",
+                       "matmul with a row stride below A's width");
+        be_matmul_ld(be, f, f, f, 2, 2, 3, 1, 1, 1.0f, 0.0f, 2, 3, 1);
+        expect_refused(be,
+                       "matmul: lda = 2, ldb = 3, ldc = 1 must be at least the stored widths 2, "
+                       "3, 2",
+                       "matmul with a row stride below C's width");
+        be_matmul_ld(be, tensor_view(f, 0, 8), f, f, 2, 3, 2, 0, 0, 1.0f, 0.0f, 2, 3, 6);
+        expect_refused(be, "matmul: C has 8 elements, (M-1) x ldc + N = 9",
+                       "matmul past C's end");
+        be_matmul_ld(be, f, tensor_view(f, 0, 6), f, 2, 2, 3, 1, 0, 1.0f, 0.0f, 4, 2, 2);
+        expect_refused(be, "matmul: A has 6 elements, (rows-1) x lda + cols = 10",
+                       "matmul past A's end (transposed)");
         be_zero(be, none);
         expect_refused(be, "zero: t is not allocated", "zero of nothing");
         float host[N_ELEM];

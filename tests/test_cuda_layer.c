@@ -115,9 +115,9 @@ static float *loss_side_gradient(backend_t *be, model_t *m, int T)
     tensor_t dh = op->alloc(be, be->act_dt, rows * H), dx = op->alloc(be, be->act_dt, rows * H);
     tensor_t none = {0};
     op->rmsnorm_forward(be, hf, rstd, xf, m->final_norm->w, T, H, (float)m->mc.rms_eps);
-    op->matmul(be, logits, hf, m->lm_head->w, T, V, H, 0, 1, 1.0f, 0.0f);
+    op->matmul(be, logits, hf, m->lm_head->w, T, V, H, 0, 1, 1.0f, 0.0f, H, H, V);
     op->cross_entropy(be, logits, loss, tensor_view(s->targets, 0, rows), T, V, 1.0f / T);
-    op->matmul(be, dh, logits, m->lm_head->w, T, H, V, 0, 0, 1.0f, 0.0f);
+    op->matmul(be, dh, logits, m->lm_head->w, T, H, V, 0, 0, 1.0f, 0.0f, V, H, H);
     op->rmsnorm_backward(be, dx, none, dh, xf, m->final_norm->w, rstd, T, H);
     float *h = tu_download(be, dx);
     tensor_t all[] = {hf, rstd, logits, loss, dh, dx};

@@ -13,6 +13,7 @@
 #include "test_util.h"
 #include "trainer/adapter.h"
 #include "trainer/model.h"
+#include "trainer/model_internal.h"
 #include "trainer/model_io.h"
 
 #define TOL 1e-4
@@ -214,6 +215,60 @@ Test(model_hf, fused_products_match_per_projection)
     double l1, l2;
     size_t n1, n2;
     float *a = lora_grads(1, &l1, &n1), *b = lora_grads(0, &l2, &n2);
+    cr_assert_eq(n1, n2);
+    cr_expect_lt(fabs(l1 - l2), 1e-5 * fabs(l2), "loss %.9g vs %.9g", l1, l2);
+    double e = tu_rel_err(a, b, n1);
+    cr_expect_lt(e, 1e-5, "gradients: rel err %g", e);
+    free(a), free(b);
+}
+
+/* Batched LoRA (trainer/model_graph.c, lora_batched): on llama_gqa (LoRA
+ * on all seven projections, GQA so k and v are narrower than q) the down
+ * products of q, k, v and of gate, up are one product per group, and so are
+ * the A gradients and the input gradient's LoRA part. Against the branches
+ * one by one (SPOTUNE_LORA_BATCHED=0): the same loss and gradients up to
+ * summation order (1e-5 relative). That the batched path ran is seen in its
+ * scratch: after the backward it holds layer 0's stacked [A_q; A_k; A_v]
+ * (the last group the backward reaches), which the one-by-one path never
+ * writes. */
+static float *batched_grads(int batched, double *loss, size_t *n)
+{
+    hf_case hc;
+    sp_err err = {0};
+    setenv("SPOTUNE_LORA_BATCHED", batched ? "1" : "0", 1);
+    char *dir = sp_strf("%s%s", fixture("hf/"), "llama_gqa");
+    cr_assert_eq(tu_hf_open(&hc, dir, 1, 0.0, "cpu", RECOMPUTE_NONE, 0, &err), 0, "%s", err.msg);
+    free(dir);
+    cr_assert(hc.m->layers[0].fused_w[FUSE_QKV].p && hc.m->layers[0].fused_w[FUSE_GATE_UP].p);
+    model_scratch *s = MODEL_SCRATCH(hc.m);
+    be_zero(hc.be, s->lora_acat);
+    model_batch b = batch_of(&hc, 0, hc.B);
+    *loss = 0;
+    model_zero_grads(hc.m);
+    cr_assert_eq(model_forward_backward(hc.m, &b, loss, &err), 0, "%s", err.msg);
+    *n = hc.m->n_trainable;
+    float *g = malloc(sizeof(float) * *n);
+    be_download(hc.be, g, DT_F32, hc.m->grad);
+    size_t an = (size_t)hc.m->o.lora_r * (size_t)hc.mc.hidden, same = 0;
+    float *cat = malloc(sizeof(float) * 3 * an), *a = malloc(sizeof(float) * an);
+    be_download(hc.be, cat, DT_F32, tensor_view(s->lora_acat, 0, 3 * an));
+    for (int p = PROJ_Q; p <= PROJ_V; p++) {
+        be_download(hc.be, a, DT_F32, hc.m->layers[0].lora_a[p]->w);
+        same += memcmp(a, cat + (size_t)(p - PROJ_Q) * an, sizeof(float) * an) == 0;
+    }
+    cr_expect_eq(same, batched ? 3u : 0u, "%zu of layer 0's A_q, A_k, A_v stacked in the scratch",
+                 same);
+    free(cat), free(a);
+    close_case(&hc);
+    unsetenv("SPOTUNE_LORA_BATCHED");
+    return g;
+}
+
+Test(model_hf, batched_lora_matches_one_by_one)
+{
+    double l1, l2;
+    size_t n1, n2;
+    float *a = batched_grads(1, &l1, &n1), *b = batched_grads(0, &l2, &n2);
     cr_assert_eq(n1, n2);
     cr_expect_lt(fabs(l1 - l2), 1e-5 * fabs(l2), "loss %.9g vs %.9g", l1, l2);
     double e = tu_rel_err(a, b, n1);

@@ -65,6 +65,64 @@ Test(ops, matmul_all_transposes_odd_sizes)
             }
 }
 
+/* Products on column blocks of wider matrices (be_matmul_ld, the batched
+ * LoRA's): A, B and C stored with row strides 3 to 9 beyond their widths,
+ * every transpose, on both backends against double loops (1e-5); the
+ * columns of C outside the block are left as they were (exact). */
+static tensor_t dev_on(backend_t *b, const float *h, size_t n)
+{
+    tensor_t t = be_alloc(b, DT_F32, n);
+    be_upload(b, t, h, DT_F32);
+    return t;
+}
+
+static void check_matmul_ld(const char *kind, int M, int N, int K, int ta, int tb, int pad)
+{
+    backend_t *b2;
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&b2, kind, 0, 2, &err), 0);
+    int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int lda = ac + pad, ldb = bc + pad + 2, ldc = N + pad + 4;
+    size_t na = (size_t)ar * lda, nb = (size_t)br * ldb, nc = (size_t)M * ldc;
+    float *A = rnd(na, 1), *B = rnd(nb, 1), *C = rnd(nc, 1), *got = malloc(sizeof(float) * nc);
+    double *want = to_d(C, nc);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++)
+                acc += (double)(ta ? A[k * lda + i] : A[i * lda + k]) *
+                       (tb ? B[j * ldb + k] : B[k * ldb + j]);
+            want[i * ldc + j] = 0.5 * acc + C[i * ldc + j];
+        }
+    tensor_t tA = dev_on(b2, A, na), tB = dev_on(b2, B, nb), tC = dev_on(b2, C, nc);
+    be_matmul_ld(b2, tC, tA, tB, M, N, K, ta, tb, 0.5f, 1.0f, lda, ldb, ldc);
+    cr_assert_eq(b2->err.code, 0, "%s", b2->err.msg);
+    be_download(b2, got, DT_F32, tC);
+    double e = rel_err(got, want, nc);
+    cr_expect_lt(e, FWD_TOL, "%s matmul_ld %dx%dx%d ta=%d tb=%d: rel err %g", kind, M, N, K, ta, tb,
+                 e);
+    size_t kept = 0, outside = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = N; j < ldc; j++)
+            outside++, kept += got[i * ldc + j] == C[i * ldc + j];
+    cr_expect_eq(kept, outside, "%s: %zu of %zu elements outside C's block changed", kind,
+                 outside - kept, outside);
+    be_free(b2, &tA), be_free(b2, &tB), be_free(b2, &tC);
+    backend_destroy(b2);
+    free(A), free(B), free(C), free(got), free(want);
+}
+
+Test(ops, matmul_on_column_blocks_of_wider_matrices)
+{
+    const char *kinds[] = {"cpu", "cpu-ref"};
+    for (int k = 0; k < 2; k++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                check_matmul_ld(kinds[k], 7, 13, 5, ta, tb, 3);
+                check_matmul_ld(kinds[k], 33, 16, 48, ta, tb, 5);
+            }
+}
+
 /* ---- RMSNorm ----------------------------------------------------------------- */
 
 static void rmsnorm_ref(double *out, const double *x, const double *w, int rows, int cols,

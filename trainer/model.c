@@ -194,6 +194,17 @@ int model_create(model_t **out, backend_t *be, const model_config_t *mc, const m
     return 0;
 }
 
+/* whether a->xr[p] is a view of its fused group's block */
+static int xr_in_block(const layer_acts *a, int p)
+{
+    for (int g = 0; g < FUSE_COUNT; g++) {
+        const char *lo = a->xr_cat[g].p, *x = a->xr[p].p;
+        if (lo && x >= lo && x < lo + a->xr_cat[g].n * dtype_size(a->xr_cat[g].dt))
+            return 1;
+    }
+    return 0;
+}
+
 static void free_if_owned(backend_t *be, tensor_t *t, tensor_t *shared_with)
 {
     if (t->p && (!shared_with || shared_with->p != t->p))
@@ -238,15 +249,19 @@ void model_destroy(model_t *m)
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             free_if_owned(be, fields[f], nfields[f]);
         for (int p = 0; p < PROJ_COUNT; p++) {
-            free_if_owned(be, &a->xr[p], next ? &next->xr[p] : NULL);
+            if (!xr_in_block(a, p))
+                free_if_owned(be, &a->xr[p], next ? &next->xr[p] : NULL);
             free_if_owned(be, &a->wnorm[p], next ? &next->wnorm[p] : NULL);
         }
+        for (int g = 0; g < FUSE_COUNT; g++) /* after its views, xr[p] */
+            free_if_owned(be, &a->xr_cat[g], next ? &next->xr_cat[g] : NULL);
         free_if_owned(be, &a->x, NULL);
     }
     model_scratch *s = m->scratch;
     if (s) {
         tensor_t *fields[] = {&s->x_final, &s->rstd_f, &s->hf, &s->dres, &s->dh,
-                              &s->bwd, &s->dxr, &s->drop, &s->dora, &s->logits, &s->loss,
+                              &s->bwd, &s->dxr, &s->drop, &s->dora, &s->lora_acat,
+                              &s->lora_dacat, &s->logits, &s->loss,
                               &s->tokens, &s->targets, &s->pos, &s->seg,
                               &s->rope_cos, &s->rope_sin};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)

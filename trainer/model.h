@@ -86,6 +86,10 @@ typedef struct model_opts {
     /* 1: never fuse products (the per-projection path everywhere; for
      * comparisons); the environment's SPOTUNE_FUSED=0 sets it too */
     int no_fuse;
+    /* 1: the LoRA branches of a fused group one by one, never batched
+     * (trainer/model_graph.c, lora_batched; for comparisons); the
+     * environment's SPOTUNE_LORA_BATCHED=0 sets it too */
+    int no_lora_batch;
 } model_opts;
 
 /* A micro-batch: host arrays of B*T token ids. targets < 0 are not trained. */

@@ -172,8 +172,10 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
     if (o->mode == MODE_LORA && o->dora)
         drop += BT * max_in_features(mc);
     size_t chunk = (size_t)logits_chunk_rows(mc, o, act_dt);
-    plan->scratch = (BT + 3 * BT * H + bwd + BT * (size_t)o->lora_r + drop +
-                     chunk * (size_t)mc->vocab + nf4_work) * a +
+    /* batched LoRA: the stacked A matrices and their gradients */
+    size_t acat = o->mode == MODE_LORA && !o->dora ? 3 * (size_t)o->lora_r * H : 0;
+    plan->scratch = (BT + 3 * BT * H + bwd + 3 * BT * (size_t)o->lora_r + drop +
+                     chunk * (size_t)mc->vocab + nf4_work + acat) * a + acat * 4 +
                     BT * 4 * 3 + (size_t)o->seq_len * (size_t)mc->head_dim * 4 +
                     (nf4_work ? (16 + 256) * 4 : 0);
 }
@@ -214,9 +216,22 @@ static void alloc_layer_set(model_t *m, layer_acts *a, int part)
     a->g = tensor_view(a->gu, 0, BT * I);
     a->u = tensor_view(a->gu, BT * I, BT * I);
     a->a = act_alloc(m, BT * I, d);
+    size_t xr_n = BT * (size_t)m->o.lora_r;
+    for (int g = 0; g < FUSE_COUNT; g++) { /* a group's xr in one block */
+        int first, count, all = 1;
+        model_fuse_group(g, &first, &count);
+        for (int p = first; p < first + count; p++)
+            all &= model_lora_on(m, p);
+        if (!all)
+            continue;
+        a->xr_cat[g] = act_alloc(m, (size_t)count * xr_n, d);
+        for (int i = 0; i < count; i++)
+            a->xr[first + i] = tensor_view(a->xr_cat[g], (size_t)i * xr_n, xr_n);
+    }
     for (int p = 0; p < PROJ_COUNT; p++)
         if (model_lora_on(m, p)) {
-            a->xr[p] = act_alloc(m, BT * (size_t)m->o.lora_r, d);
+            if (!a->xr[p].p)
+                a->xr[p] = act_alloc(m, xr_n, d);
             if (m->o.dora) {
                 int64_t in, out;
                 model_config_proj_dims(mc, p, &in, &out);
@@ -262,7 +277,14 @@ void model_alloc_activations(model_t *m)
     s->dh = act_alloc(m, BT * H, d);
     s->bwd = act_alloc(m, bwd, d);
     if (m->o.mode == MODE_LORA) {
-        s->dxr = act_alloc(m, BT * (size_t)m->o.lora_r, d);
+        s->dxr = act_alloc(m, 3 * BT * (size_t)m->o.lora_r, d);
+        const char *env = getenv("SPOTUNE_LORA_BATCHED");
+        if (env && strcmp(env, "0") == 0)
+            m->o.no_lora_batch = 1;
+        if (!m->o.dora) {
+            s->lora_acat = act_alloc(m, 3 * (size_t)m->o.lora_r * H, d);
+            s->lora_dacat = act_alloc(m, 3 * (size_t)m->o.lora_r * H, DT_F32);
+        }
         if (m->o.lora_dropout > 0)
             s->drop = act_alloc(m, BT * max_in_features(mc), d);
         if (m->o.dora)

@@ -125,20 +125,96 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
 }
 
 /* y += b + scale * (drop(x) A^T) B^T: what a projection adds to its base
- * product (its bias, its LoRA branch). */
-static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, tensor_t x)
+ * product (its bias, its LoRA branch). xr.p: the branch's xr is already
+ * made, stored with row stride ld (a block of a batched group's). */
+static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, tensor_t xr,
+                          int ld)
 {
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
+    int r = (int)m->o.lora_r;
     if (j.L->b[p])
         be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
     if (j.L->lora_a[p]) {
         be_prof_lora(m->be, 1);
-        tensor_t xr = lora_down(c, l, p, x, j.in);
-        be_matmul(m->be, y, xr, j.L->lora_b[p]->w, c->rows, j.out, (int)m->o.lora_r, 0, 1,
-                  m->lora_scale, 1.0f);
+        if (!xr.p)
+            xr = lora_down(c, l, p, x, j.in), ld = r;
+        be_matmul_ld(m->be, y, xr, j.L->lora_b[p]->w, c->rows, j.out, r, 0, 1, m->lora_scale,
+                     1.0f, ld, r, j.out);
         be_prof_lora(m->be, 0);
     }
+}
+
+/* Batched LoRA: the down products of a fused group's projections, which
+ * read one input, are one product x [A_1; ...; A_count]^T into the
+ * group's xr block [rows, count r] (projection i's xr its columns i r ..);
+ * the backward makes the A gradients and dx one product each. Taken when
+ * every projection of the group carries LoRA (not DoRA) and no dropout
+ * draws a mask per projection (each would see another input); else, and
+ * with SPOTUNE_LORA_BATCHED=0 (model_opts.no_lora_batch), one by one. */
+static int lora_batched(const step_ctx *c, int l, int g)
+{
+    const model_t *m = c->m;
+    if (!m->layers[l].fused_w[g].p || m->o.no_lora_batch || dropping(c) ||
+        !MODEL_SCRATCH(m)->lora_acat.p || !m->acts[l].xr_cat[g].p)
+        return 0;
+    int first, count;
+    model_fuse_group(g, &first, &count);
+    for (int p = first; p < first + count; p++)
+        if (!m->layers[l].lora_a[p] || m->layers[l].lora_m[p])
+            return 0;
+    return 1;
+}
+
+/* The group's A matrices stacked [count r, in] (in the scratch). */
+static tensor_t lora_a_stacked(const step_ctx *c, int l, int first, int count, int in)
+{
+    model_t *m = c->m;
+    tensor_t cat = MODEL_SCRATCH(m)->lora_acat;
+    size_t n = (size_t)m->o.lora_r * (size_t)in;
+    for (int i = 0; i < count; i++)
+        be_copy(m->be, tensor_view(cat, (size_t)i * n, n), m->layers[l].lora_a[first + i]->w);
+    return tensor_view(cat, 0, (size_t)count * n);
+}
+
+/* columns from col on of a row-major matrix t (a view to its end) */
+static tensor_t from_col(tensor_t t, int col)
+{
+    return tensor_view(t, (size_t)col, t.n - (size_t)col);
+}
+
+/* The batched backward of group g's LoRA branches given the outputs'
+ * gradients dys: each B gradient and d(xr) (into the columns of one
+ * [rows, count r] matrix), then one product for the stacked A gradients
+ * and one for dx += d(xr) [A_1; ...]. */
+static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, tensor_t x,
+                                tensor_t dx)
+{
+    model_t *m = c->m;
+    model_scratch *s = MODEL_SCRATCH(m);
+    int first, count, r = (int)m->o.lora_r, in = (int)m->mc.hidden;
+    model_fuse_group(g, &first, &count);
+    int R = count * r;
+    be_prof_lora(m->be, 1);
+    tensor_t xr = rows_of(m->acts[l].xr_cat[g], c->rows, R), dxr = rows_of(s->dxr, c->rows, R);
+    for (int i = 0; i < count; i++) {
+        int out = proj_of(m, l, first + i).out;
+        param_t *B = m->layers[l].lora_b[first + i];
+        be_matmul_ld(m->be, B->grad, dys[i], from_col(xr, i * r), out, r, c->rows, 1, 0,
+                     m->lora_scale, 1.0f, out, R, r);
+        be_matmul_ld(m->be, from_col(dxr, i * r), dys[i], B->w, c->rows, r, out, 0, 0,
+                     m->lora_scale, 0.0f, out, r, R);
+    }
+    size_t n = (size_t)r * (size_t)in;
+    tensor_t dA = tensor_view(s->lora_dacat, 0, (size_t)count * n);
+    be_matmul(m->be, dA, dxr, x, R, in, c->rows, 1, 0, 1.0f, 0.0f);
+    for (int i = 0; i < count; i++) {
+        param_t *A = m->layers[l].lora_a[first + i];
+        be_add(m->be, A->grad, tensor_view(dA, (size_t)i * n, n), 1.0f, n);
+    }
+    be_matmul(m->be, dx, dxr, lora_a_stacked(c, l, first, count, in), c->rows, in, R, 0, 0, 1.0f,
+              1.0f);
+    be_prof_lora(m->be, 0);
 }
 
 /* y (+)= x W^T + b + scale * (drop(x) A^T) B^T */
@@ -152,7 +228,7 @@ static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t
     }
     be_matmul(m->be, y, x, model_weight(m, j.L->w[p]), c->rows, j.out, j.in, 0, 1, 1.0f,
               accumulate ? 1.0f : 0.0f);
-    linear_extras(c, l, p, y, x);
+    linear_extras(c, l, p, y, x, no_tensor(), 0);
 }
 
 /* The LoRA path's gradients given dy: those of A and B, and dx += the
@@ -259,14 +335,22 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
     model_t *m = c->m;
     int first, count, N = fused_width(m, g), in = (int)m->mc.hidden;
     model_fuse_group(g, &first, &count);
-    tensor_t cat = rows_of(MODEL_SCRATCH(m)->bwd, c->rows, N);
+    tensor_t cat = rows_of(MODEL_SCRATCH(m)->bwd, c->rows, N), xr = no_tensor();
+    int r = (int)m->o.lora_r, batched = lora_batched(c, l, g);
     be_matmul(m->be, cat, x, m->layers[l].fused_w[g], c->rows, N, in, 0, 1, 1.0f, 0.0f);
+    if (batched) {
+        be_prof_lora(m->be, 1);
+        xr = rows_of(m->acts[l].xr_cat[g], c->rows, count * r);
+        be_matmul(m->be, xr, x, lora_a_stacked(c, l, first, count, in), c->rows, count * r, in,
+                  0, 1, 1.0f, 0.0f);
+        be_prof_lora(m->be, 0);
+    }
     for (int i = 0, col = 0; i < count; i++) {
         int out = proj_of(m, l, first + i).out;
-        be_copy2d(m->be, ys[i], tensor_view(cat, (size_t)col, cat.n - (size_t)col), c->rows, out,
-                  out, N);
+        be_copy2d(m->be, ys[i], from_col(cat, col), c->rows, out, out, N);
         col += out;
-        linear_extras(c, l, first + i, ys[i], x);
+        linear_extras(c, l, first + i, ys[i], x, batched ? from_col(xr, i * r) : no_tensor(),
+                      count * r);
     }
 }
 
@@ -288,14 +372,17 @@ static void fused_backward(const step_ctx *c, int l, int g, const tensor_t *dys,
         col += out;
     }
     be_matmul(m->be, dx, join, m->layers[l].fused_w[g], c->rows, in, N, 0, 0, 1.0f, 0.0f);
+    int batched = lora_batched(c, l, g);
     for (int i = 0; i < count; i++) {
         layer_params *L = &m->layers[l];
         int p = first + i;
         if (L->b[p] && L->b[p]->trainable)
             be_bias_backward(m->be, L->b[p]->grad, dys[i], c->rows, proj_of(m, l, p).out);
-        if (L->lora_a[p])
+        if (L->lora_a[p] && !batched)
             lora_backward(c, l, p, dys[i], x, dx);
     }
+    if (batched)
+        lora_group_backward(c, l, g, dys, x, dx);
 }
 
 /* The batch's packed-document positions and segment starts on the device

@@ -17,6 +17,9 @@ struct layer_acts {
      * backward of a fused product joins its output gradients there */
     tensor_t qkv, gu;
     tensor_t xr[PROJ_COUNT]; /* LoRA x.A^T [BT,r] */
+    /* the memory of a fused group's xr (one block; xr[p] its consecutive
+     * [BT,r] parts), or [BT, count r] when the group's LoRA is batched */
+    tensor_t xr_cat[FUSE_COUNT];
     tensor_t wnorm[PROJ_COUNT]; /* DoRA: ||W + s B A||_row [out] (F32), detached */
 };
 
@@ -25,7 +28,10 @@ typedef struct model_scratch {
     tensor_t dres, dh;            /* residual gradient, norm-output gradient */
     tensor_t bwd;                 /* union: MLP (dg, du, da) or attention (dq, dk, dv, datt);
                                      in the forward, a fused product's output */
-    tensor_t dxr, drop;           /* LoRA: d(x.A^T), dropped input */
+    tensor_t dxr, drop;           /* LoRA: d(x.A^T) [BT, 3r], dropped input */
+    /* batched LoRA of a fused group: its A matrices stacked [count r, H]
+     * (act_dt) and their gradients (F32) */
+    tensor_t lora_acat, lora_dacat;
     tensor_t dora;                /* DoRA: a projection's unscaled output, then its
                                      gradient times m / n [BT, widest projection] */
     tensor_t logits, loss, tokens, targets;

@@ -95,35 +95,36 @@ static void cpu_sync(backend_t *be)
 
 /* The reference: C = alpha*op(A)op(B) + beta*C with a double accumulator. */
 static void matmul_plain(float *C, const float *A, const float *B, int M, int N, int K,
-                         int transA, int transB, float alpha, float beta)
+                         int transA, int transB, float alpha, float beta, int lda, int ldb,
+                         int ldc)
 {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < M; i++) {
         for (int j = 0; j < N; j++) {
             double acc = 0.0;
             for (int k = 0; k < K; k++) {
-                float a = transA ? A[(size_t)k * M + i] : A[(size_t)i * K + k];
-                float b = transB ? B[(size_t)j * K + k] : B[(size_t)k * N + j];
+                float a = transA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+                float b = transB ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
                 acc += (double)a * (double)b;
             }
-            float *c = &C[(size_t)i * N + j];
+            float *c = &C[(size_t)i * ldc + j];
             *c = (float)(alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * *c));
         }
     }
 }
 
 static void cpu_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
-                       int transA, int transB, float alpha, float beta)
+                       int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc)
 {
     if (M == 0 || N == 0)
         return;
     if (cpu_reference(be) || K == 0) {
-        matmul_plain(C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta);
+        matmul_plain(C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc);
         return;
     }
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A.p, transA ? M : K, B.p,
-                transB ? K : N, beta, C.p, N);
+                transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A.p, lda, B.p, ldb, beta,
+                C.p, ldc);
 }
 
 static void cpu_destroy(backend_t *be)

@@ -265,7 +265,7 @@ void cuda_mm_destroy(backend_t *be);
 void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B, void *C,
                float alpha, float beta);
 void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
-                 int transA, int transB, float alpha, float beta);
+                 int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc);
 
 /* cuda_ops.cu */
 void cuda_convert(backend_t *be, void *dst, dtype_t ddt, const void *src, dtype_t sdt, size_t n);

@@ -287,14 +287,15 @@ extern "C" void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, cons
 }
 
 extern "C" void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
-                            int transA, int transB, float alpha, float beta)
+                            int transA, int transB, float alpha, float beta, int lda, int ldb,
+                            int ldc)
 {
     /* the shapes and dtypes have been checked (kernels/backend_ops.c);
      * cuda_gemm checks the dtype triple cuBLASLt multiplies */
     if (be->err.code || M == 0 || N == 0)
         return;
     dtype_t adt = K > 0 ? A.dt : C.dt == DT_F32 ? DT_F32 : DT_BF16;
-    gemm_desc d = gemm_desc_of(M, N, K, transA, transB, adt, K > 0 ? B.dt : adt, C.dt,
-                               transA ? M : K, transB ? K : N, N, 1, 0, 0, 0);
+    gemm_desc d = gemm_desc_of(M, N, K, transA, transB, adt, K > 0 ? B.dt : adt, C.dt, lda, ldb,
+                               ldc, 1, 0, 0, 0);
     cuda_gemm(be, &d, A.p, B.p, C.p, alpha, beta);
 }
