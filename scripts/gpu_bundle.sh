@@ -9,8 +9,9 @@
 #                           most 6 minutes (--dry-run: every GPU step skipped)
 #     run                   ./run CMD ARGS: CMD with the bundle's environment
 #     env.sh                the same environment for `source`
-#     bin/                  spotune, test_cuda_ops, test_cuda_attention,
-#                           test_cuda_layer, test_cuda_model, test_cuda_comm
+#     bin/                  spotune, test_cuda_ops, test_cuda_elementwise,
+#                           test_cuda_attention, test_cuda_layer,
+#                           test_cuda_model, test_cuda_comm
 #                           (stripped) and libspotune_cuda.so, the CUDA
 #                           backend they load
 #     lib.tar.xz            every other shared library they load (Open MPI,
@@ -74,7 +75,8 @@ echo "== configure $BUILD (Release, CUDA architectures $ARCH)"
 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
 grep -q "^SPOTUNE_CUDA:STRING=ON" "$BUILD/CMakeCache.txt" || die "the build has the CUDA backend off"
-TARGETS=(spotune test_cuda_ops test_cuda_attention test_cuda_layer test_cuda_model test_cuda_comm)
+TARGETS=(spotune test_cuda_ops test_cuda_elementwise test_cuda_attention test_cuda_layer
+    test_cuda_model test_cuda_comm)
 echo "== build ${TARGETS[*]}"
 cmake --build "$BUILD" ${JOBS:+-j "$JOBS"} --target "${TARGETS[@]}"
 
@@ -182,7 +184,7 @@ chmod +x "$OUT/run"
     echo "libraries packed: $NLIBS"
     echo
     echo "On the GPU machine, from this folder:  OUT=dir ./gpu_check.sh   (at most 6 minutes)"
-    echo "or ./run spotune --help, ./run test_cuda_ops (test_cuda_attention, test_cuda_layer, test_cuda_model, test_cuda_comm)"
+    echo "or ./run spotune --help, ./run test_cuda_ops (test_cuda_elementwise, test_cuda_attention, test_cuda_layer, test_cuda_model, test_cuda_comm)"
 } > "$OUT/BUILD.txt"
 
 # ---- check ------------------------------------------------------------------------------

@@ -8,10 +8,12 @@
 #
 #   nvidia-smi (start)        GPU, driver, clocks, memory
 #   CUDA op tests             test_cuda_ops: every op but RoPE and attention
-#                             against the CPU backend; test_cuda_attention:
-#                             RoPE and attention, at the shapes of 7B, 8B
-#                             (GQA), T 4096, the fused attention kernels on
-#                             odd shapes (cuda_ops/flash_*)
+#                             against the CPU backend; test_cuda_elementwise:
+#                             the elementwise ops' vector paths bit for bit
+#                             against their scalar kernels;
+#                             test_cuda_attention: RoPE and attention, at the
+#                             shapes of 7B, 8B (GQA), T 4096, the fused
+#                             attention kernels on odd shapes (cuda_ops/flash_*)
 #   layer test                test_cuda_layer: a decoder layer at the 7B shape,
 #                             LoRA r 16 on all 7 projections, recompute none,
 #                             attention and layer, against the CPU
@@ -32,8 +34,9 @@
 #                             mpirun, a rank per GPU) NCCL all-reduce bus
 #                             bandwidth; each line a row of its own
 #   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
-#                             test_cuda_ops and test_cuda_attention, reduced
-#                             shapes; each error a row
+#                             test_cuda_ops, test_cuda_elementwise and
+#                             test_cuda_attention, reduced shapes; each error
+#                             a row
 #   nvidia-smi (end)
 #
 # Every bench fails on a step-1 loss that is not finite or is more than 1
@@ -145,7 +148,7 @@ declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 b13 b7mb8 doctor memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
-    ops) n="CUDA op tests (test_cuda_ops, test_cuda_attention: real attention shapes)" ;;
+    ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
     layer) n="layer test (test_cuda_layer: 7B layer, LoRA r16 x7, recompute none/attention/layer)" ;;
     model) n="model tests (test_cuda_model: HF fixtures, 50 LoRA steps vs CPU)" ;;
     comm) n="NCCL and overlap tests (test_cuda_comm: one-rank NCCL, grad_sync, sharded collectives)" ;;
@@ -336,8 +339,8 @@ if ! "$SPOTUNE" bench --probe-cuda > "$PARTS/probe.out" 2>&1; then
 fi
 say "CUDA: $(if [ -n "$NO_GPU" ]; then echo "$NO_GPU"; else cat "$PARTS/probe.out"; fi)"
 
-# the CUDA op tests: every op, then RoPE and attention
-OP_TESTS=("$TESTS/test_cuda_ops" "$TESTS/test_cuda_attention")
+# the CUDA op tests: every op, the elementwise vector paths, then RoPE and attention
+OP_TESTS=("$TESTS/test_cuda_ops" "$TESTS/test_cuda_elementwise" "$TESTS/test_cuda_attention")
 suite ops 75 "${OP_TESTS[@]}"
 suite layer 90 "$TESTS/test_cuda_layer"
 suite model 90 "$TESTS/test_cuda_model"

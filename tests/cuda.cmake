@@ -1,5 +1,7 @@
 # Suites of the CUDA backend: every op against the CPU backend (RoPE and
-# attention, real attention shapes included, in test_cuda_attention), one
+# attention, real attention shapes included, in test_cuda_attention; the
+# elementwise ops' vector paths against their scalar kernels, bit for bit,
+# in test_cuda_elementwise), one
 # decoder layer at the 7B shape against the CPU, the whole model (one step,
 # and a 50-step LoRA run through the spotune binary) on CUDA against the CPU,
 # and the NCCL paths of training through a one-rank communicator. Registered
@@ -7,6 +9,8 @@
 # each prints "skipped: no usable CUDA device: " and the CUDA error, and
 # exits 77, which ctest counts as skipped.
 spotune_test(test_cuda_ops SOURCES test_cuda_ops.c cuda_ops_util.c op_checks.c
+  LIBS spotune_kernels LABELS cuda)
+spotune_test(test_cuda_elementwise SOURCES test_cuda_elementwise.c cuda_ops_util.c
   LIBS spotune_kernels LABELS cuda)
 spotune_test(test_cuda_attention SOURCES test_cuda_attention.c cuda_ops_util.c
   LIBS spotune_kernels LABELS cuda)

@@ -97,7 +97,7 @@ else
     # the CUDA suites too (they report skipped without a device)
     ctest --test-dir "$tmp/build" -N >"$tmp/tests" 2>&1 || fail "ctest -N failed"
     for t in test_ops test_ops_attention test_config test_comm launch_sh test_store_file test_remote \
-        test_bench test_cuda_ops test_cuda_attention gpu_check_sh multinode_trajectory prepare_data_py \
+        test_bench test_cuda_ops test_cuda_elementwise test_cuda_attention gpu_check_sh multinode_trajectory prepare_data_py \
         build_fails_loudly; do
         grep -q "Test *#[0-9]*: $t\$" "$tmp/tests" || fail "test $t is not registered"
     done

@@ -120,6 +120,10 @@ cat > "$bundle/bin/test_cuda_ops" <<'EOF'
 [ "${FAKE_MODE:-}" = hang ] && exec sleep 1000
 echo "[====] Synthesis: Tested: 21 | Passing: 21 | Failing: 0 | Crashing: 0 " >&2
 EOF
+cat > "$bundle/bin/test_cuda_elementwise" <<'EOF'
+#!/usr/bin/env bash
+echo "[====] Synthesis: Tested: 9 | Passing: 9 | Failing: 0 | Crashing: 0 " >&2
+EOF
 cat > "$bundle/bin/test_cuda_attention" <<'EOF'
 #!/usr/bin/env bash
 echo "[====] Synthesis: Tested: 9 | Passing: 9 | Failing: 0 | Crashing: 0 " >&2
@@ -145,7 +149,7 @@ cat > "$tmp/path/compute-sanitizer" <<'EOF'
 #!/usr/bin/env bash
 echo "========= COMPUTE-SANITIZER"
 echo "SPOTUNE_TEST_SHAPES=$SPOTUNE_TEST_SHAPES args: $*"
-case "$*" in *test_cuda_attention*) echo "========= ERROR SUMMARY: 0 errors"; exit 0 ;; esac
+case "$*" in *test_cuda_attention* | *test_cuda_elementwise*) echo "========= ERROR SUMMARY: 0 errors"; exit 0 ;; esac
 for i in 1 2; do
     echo "========= Invalid __global__ read of size 2 bytes"
     echo "=========     at attention_softmax_rows+0x1b0 in cuda_attention.cu:210"
@@ -179,7 +183,7 @@ expect_row() { # expect_row N RESULT TEXT
     check "stand-ins: row $1 $2 ($3)" $? "$r"
 }
 expect_row 1 PASS "NVIDIA H200, 570.86.15, P0, 1980 MHz, 3201 MHz, 1980 MHz, 1 MiB, 143771 MiB"
-expect_row 2 PASS "Tested: 30 / Passing: 30 / Failing: 0 / Crashing: 0"
+expect_row 2 PASS "Tested: 39 / Passing: 39 / Failing: 0 / Crashing: 0"
 expect_row 3 FAIL "relative RMS error 0.412 > 0.03"
 expect_row 4 SKIPPED "cudaErrorNoDevice"
 expect_row 5 PASS "Tested: 3"
@@ -207,8 +211,10 @@ check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tm
 memcheck_out=$(tar -xzOf "$tmp/mixed/gpu_check_outputs.tar.gz" out/memcheck.out 2>&1)
 has "$memcheck_out" "SPOTUNE_TEST_SHAPES=reduced args: --tool memcheck"
 check "memcheck runs the op tests with reduced shapes" $? "$memcheck_out"
-has "$memcheck_out" "test_cuda_ops --jobs 1" && has "$memcheck_out" "test_cuda_attention --jobs 1"
-check "memcheck runs both CUDA op suites (test_cuda_ops, test_cuda_attention)" $? "$memcheck_out"
+has "$memcheck_out" "test_cuda_ops --jobs 1" && has "$memcheck_out" "test_cuda_attention --jobs 1" &&
+    has "$memcheck_out" "test_cuda_elementwise --jobs 1"
+check "memcheck runs the three CUDA op suites (test_cuda_ops, test_cuda_elementwise, test_cuda_attention)" \
+    $? "$memcheck_out"
 list=$(tar -tzf "$tmp/mixed/gpu_check_outputs.tar.gz" 2>&1)
 has "$list" "smi_start-q.out" && has "$list" "smi_end-q.out"
 check "nvidia-smi -q kept at start and end" $? "$list"

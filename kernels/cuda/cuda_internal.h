@@ -305,6 +305,30 @@ void cuda_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi, 
 void cuda_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std, uint64_t seed,
                       uint64_t offset);
 
+/* cuda_vec.cu: the 16-byte vector paths of cuda_ops.cu's hot elementwise
+ * ops, bit for bit the scalar kernels' results. Each returns 1 when it took
+ * the call (launched, or failed with the sticky error set) and 0 when the
+ * scalar kernel must run: SPOTUNE_CUDA_ELEMENTWISE=scalar, a pointer not
+ * 16-byte aligned, a dtype other than F32/BF16, a size (n, cols, hd/2) not
+ * a multiple of 8, or RMSNorm rows over 46 KiB of shared memory. */
+int cuda_elementwise_vector(void);
+int cuda_vec_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
+int cuda_vec_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
+int cuda_vec_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
+int cuda_vec_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
+                             tensor_t u, size_t n);
+int cuda_vec_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p,
+                     float keep_scale, uint64_t seed, uint64_t offset);
+int cuda_vec_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B,
+                  int T, int nh, int hd, float sgn);
+int cuda_vec_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
+                             int rows, int cols, float eps);
+int cuda_vec_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dout, tensor_t x, tensor_t w,
+                              tensor_t rstd, int rows, int cols);
+int cuda_vec_adamw(backend_t *be, tensor_t param, void *copy, dtype_t cdt, tensor_t grad,
+                   tensor_t m, tensor_t v, size_t n, float beta1, float beta2, float eps,
+                   float grad_scale, float step_size, float bc2_sqrt, float decay);
+
 /* cuda_attention.cu */
 void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
                             tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);

@@ -11,7 +11,12 @@
  * blocks, then summed in a fixed order), so they do not change between runs.
  * embedding_backward adds with atomics: its F32 sums may differ in the last
  * bits from run to run when a token repeats within a micro-batch.
- * The RNG ops draw exactly the CPU backend's numbers (cuda_internal.h). */
+ * The RNG ops draw exactly the CPU backend's numbers (cuda_internal.h).
+ *
+ * add, add_bias, SwiGLU, dropout, RMSNorm, RoPE and AdamW first offer the
+ * call to their 16-byte vector path (cuda_vec.cu: same results bit for bit,
+ * 8 elements a step); the kernels here run what it declines (unaligned
+ * views, sizes not a multiple of 8, SPOTUNE_CUDA_ELEMENTWISE=scalar). */
 #include <math.h>
 #include <string.h>
 
@@ -164,7 +169,7 @@ __global__ void rmsnorm_backward_kernel(void *dx, int dxdt, const void *dout, in
 extern "C" void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x,
                                      tensor_t w, int rows, int cols, float eps)
 {
-    if (be->err.code || rows <= 0)
+    if (be->err.code || rows <= 0 || cuda_vec_rmsnorm_forward(be, out, rstd, x, w, rows, cols, eps))
         return;
     rmsnorm_forward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, (float *)rstd.p, x.p,
                                                                x.dt, w.p, w.dt, cols, eps);
@@ -176,9 +181,12 @@ extern "C" void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, t
 {
     if (be->err.code || rows <= 0)
         return;
-    rmsnorm_backward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(
-        dx.p, dx.dt, dout.p, dout.dt, x.p, x.dt, w.p, w.dt, (const float *)rstd.p, cols);
-    if (LAUNCHED(be, "rmsnorm_backward_kernel") || !dw.p)
+    if (!cuda_vec_rmsnorm_backward(be, dx, dout, x, w, rstd, rows, cols)) {
+        rmsnorm_backward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(
+            dx.p, dx.dt, dout.p, dout.dt, x.p, x.dt, w.p, w.dt, (const float *)rstd.p, cols);
+        LAUNCHED(be, "rmsnorm_backward_kernel");
+    }
+    if (be->err.code || !dw.p)
         return;
     colsum(be, dw, dout.p, dout.dt, x.p, x.dt, (const float *)rstd.p, rows, cols);
 }
@@ -211,11 +219,12 @@ extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
 {
     int hh = hd / 2;
     size_t n = (size_t)B * T * nh * hh;
-    if (be->err.code || !n)
+    float sgn = inverse ? -1.0f : 1.0f;
+    if (be->err.code || !n || cuda_vec_rope(be, x, cos, sin, pos, B, T, nh, hd, sgn))
         return;
     rope_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
         x.p, x.dt, (const float *)cos.p, (const float *)sin.p, (const int *)pos.p, T, nh, hd, n,
-        inverse ? -1.0f : 1.0f);
+        sgn);
     LAUNCHED(be, "rope_kernel");
 }
 
@@ -248,7 +257,7 @@ __global__ void swiglu_backward_kernel(void *dg, int dgdt, void *du, int dudt, c
 
 extern "C" void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n)
 {
-    if (be->err.code || !n)
+    if (be->err.code || !n || cuda_vec_swiglu_forward(be, out, g, u, n))
         return;
     swiglu_forward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, g.p, g.dt,
                                                                         u.p, u.dt, n);
@@ -258,7 +267,7 @@ extern "C" void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, ten
 extern "C" void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout,
                                      tensor_t g, tensor_t u, size_t n)
 {
-    if (be->err.code || !n)
+    if (be->err.code || !n || cuda_vec_swiglu_backward(be, dg, du, dout, g, u, n))
         return;
     swiglu_backward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
         dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n);
@@ -374,7 +383,7 @@ __global__ void add_kernel(void *y, int ydt, const void *x, int xdt, float alpha
 
 extern "C" void cuda_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n)
 {
-    if (be->err.code || !n)
+    if (be->err.code || !n || cuda_vec_add(be, y, x, alpha, n))
         return;
     add_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, x.p, x.dt, alpha, n);
     LAUNCHED(be, "add_kernel");
@@ -389,7 +398,7 @@ __global__ void add_bias_kernel(void *y, int ydt, const void *b, int bdt, int co
 extern "C" void cuda_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols)
 {
     size_t n = (size_t)rows * cols;
-    if (be->err.code || !n)
+    if (be->err.code || !n || cuda_vec_add_bias(be, y, b, rows, cols))
         return;
     add_bias_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, b.p, b.dt, cols, n);
     LAUNCHED(be, "add_bias_kernel");
@@ -555,6 +564,8 @@ extern "C" void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n,
         return;
     }
     float keep_scale = 1.0f / (1.0f - p);
+    if (cuda_vec_dropout(be, out, in, n, p, keep_scale, seed, offset))
+        return;
     dropout_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, in.p, in.dt, n, p,
                                                                  keep_scale, seed, offset);
     LAUNCHED(be, "dropout_kernel");
@@ -649,6 +660,9 @@ extern "C" void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, t
     float bc2_sqrt = (float)sqrt(bc2);
     float decay = 1.0f - a->lr * a->weight_decay;
     void *copy = param_copy.p && param_copy.p != param.p ? param_copy.p : NULL;
+    if (cuda_vec_adamw(be, param, copy, param_copy.dt, grad, m, v, n, a->beta1, a->beta2, a->eps,
+                       a->grad_scale, step_size, bc2_sqrt, decay))
+        return;
     adamw_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
         (float *)param.p, copy, param_copy.dt, (const float *)grad.p, (float *)m.p, (float *)v.p,
         n, a->beta1, a->beta2, a->eps, a->grad_scale, step_size, bc2_sqrt, decay);

@@ -1,0 +1,289 @@
+/* The 16-byte vector paths of the CUDA backend's elementwise ops
+ * (kernels/cuda/cuda_vec.cu: add, add_bias, SwiGLU forward and backward,
+ * dropout, RMSNorm forward and backward, RoPE, AdamW with its compute copy)
+ * against the scalar kernels they stand for and against the CPU twin.
+ *
+ * Each op runs on the same inputs three times: on the GPU with
+ * SPOTUNE_CUDA_ELEMENTWISE=scalar (the scalar kernels of cuda_ops.cu), on
+ * the GPU with =vector (the default), and on the CPU backend. The two GPU
+ * runs must agree bit for bit in every output (the vector path changes
+ * memory access only, RMSNorm's reduction order included); the vector run
+ * must agree with the CPU within TOL_BF16 / TOL_F32 (cuda_ops_util.h; AdamW
+ * 1e-6, as tests/test_cuda_ops.c). Cases: the activation dtype and F32, on
+ * shapes the vector path takes (cols 4096 and 11008: 7B hidden and FFN
+ * widths, RoPE hd 128) and on shapes it declines, which run the scalar
+ * kernels: cols 4103 (not a multiple of 8; RoPE hd 10) and a view one
+ * element into its buffer (no tensor 16-byte aligned).
+ *
+ * Without a usable CUDA device main prints "skipped: no usable CUDA device: "
+ * and the CUDA error (cuda_test_main.h), and exits 77. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_ops_util.h"
+#include "cuda_test_main.h"
+#include "kernels/backend.h"
+
+TestSuite(cuda_elementwise, .init = cuda_ops_setup, .fini = cuda_ops_teardown, .timeout = 300);
+
+enum { ADD, ADD_BIAS, SWIGLU_FWD, SWIGLU_BWD, DROPOUT, RMSNORM_FWD, RMSNORM_BWD, ROPE, ADAMW };
+
+#define MAX_OUT 4
+#define TOL_ADAMW 1e-6
+#define NO_CPU -1.0 /* an output the CPU run does not have (AdamW's copy) */
+
+/* The buffers of one run: views at an offset into fresh zeroed allocations. */
+typedef struct bufs {
+    backend_t *be;
+    tensor_t base[12];
+    int nb;
+} bufs;
+
+static tensor_t put(bufs *b, dtype_t dt, const float *h, size_t n, size_t off)
+{
+    cr_assert_lt(b->nb, 12);
+    tensor_t t = up(b->be, dt, NULL, n + off);
+    b->base[b->nb++] = t;
+    tensor_t v = tensor_view(t, off, n);
+    if (h)
+        be_upload(b->be, v, h, DT_F32);
+    return v;
+}
+
+/* RoPE's head dim on a row of cols: 128 where it divides cols, else 10
+ * (half of it odd: the scalar kernel) */
+static int rope_hd(int cols)
+{
+    return cols % 128 == 0 ? 128 : 10;
+}
+
+/* The host inputs of one case: four of rows x cols, one of cols. */
+typedef struct inputs {
+    float *a, *b, *c, *d, *w;
+} inputs;
+
+/* Runs op on be (tensors of dtype dt at element offset off; AdamW's master,
+ * gradient and moments F32, its copy dt, none on the CPU) and downloads
+ * its outputs into out[] (lengths in len[]); returns how many, their
+ * tolerances against the CPU in tol[]. */
+static int run_op(backend_t *be, int op, int rows, int cols, dtype_t dt, size_t off,
+                  const inputs *in, float **out, size_t *len, double *tol)
+{
+    bufs b = {.be = be};
+    size_t n = (size_t)rows * cols;
+    double ta = dt == DT_BF16 ? TOL_BF16 : TOL_F32;
+    tensor_t o[MAX_OUT] = {{0}};
+    int no = 0;
+    switch (op) {
+    case ADD: {
+        tensor_t y = put(&b, dt, in->a, n, off), x = put(&b, dt, in->b, n, off);
+        be_add(be, y, x, -0.7f, n);
+        o[no] = y, tol[no++] = ta;
+        break;
+    }
+    case ADD_BIAS: {
+        tensor_t y = put(&b, dt, in->a, n, off), bias = put(&b, dt, in->w, cols, off);
+        be_add_bias(be, y, bias, rows, cols);
+        o[no] = y, tol[no++] = ta;
+        break;
+    }
+    case SWIGLU_FWD: {
+        tensor_t g = put(&b, dt, in->a, n, off), u = put(&b, dt, in->b, n, off);
+        tensor_t r = put(&b, dt, NULL, n, off);
+        be_swiglu_forward(be, r, g, u, n);
+        o[no] = r, tol[no++] = ta;
+        break;
+    }
+    case SWIGLU_BWD: {
+        tensor_t g = put(&b, dt, in->a, n, off), u = put(&b, dt, in->b, n, off);
+        tensor_t d = put(&b, dt, in->c, n, off);
+        tensor_t dg = put(&b, dt, NULL, n, off), du = put(&b, dt, NULL, n, off);
+        be_swiglu_backward(be, dg, du, d, g, u, n);
+        o[no] = dg, tol[no++] = ta;
+        o[no] = du, tol[no++] = ta;
+        break;
+    }
+    case DROPOUT: {
+        tensor_t x = put(&b, dt, in->a, n, off), r = put(&b, dt, NULL, n, off);
+        be_dropout(be, r, x, n, 0.3f, 99, 12345);
+        o[no] = r, tol[no++] = ta;
+        break;
+    }
+    case RMSNORM_FWD:
+    case RMSNORM_BWD: {
+        tensor_t x = put(&b, dt, in->a, n, off), w = put(&b, dt, in->w, cols, off);
+        tensor_t r = put(&b, dt, NULL, n, off), rstd = put(&b, DT_F32, NULL, rows, off);
+        be_rmsnorm_forward(be, r, rstd, x, w, rows, cols, 1e-5f);
+        if (op == RMSNORM_FWD) {
+            o[no] = r, tol[no++] = ta;
+            o[no] = rstd, tol[no++] = TOL_F32;
+            break;
+        }
+        tensor_t d = put(&b, dt, in->c, n, off), dx = put(&b, dt, in->d, n, off);
+        tensor_t dw = put(&b, DT_F32, NULL, cols, off);
+        be_rmsnorm_backward(be, dx, dw, d, x, w, rstd, rows, cols);
+        o[no] = dx, tol[no++] = ta;
+        o[no] = dw, tol[no++] = TOL_F32;
+        break;
+    }
+    case ROPE: {
+        int hd = rope_hd(cols), nh = cols / hd, hh = hd / 2;
+        size_t nx = (size_t)rows * nh * hd;
+        tensor_t x = put(&b, dt, in->a, nx, off), xi = put(&b, dt, in->d, nx, off);
+        tensor_t c = put(&b, DT_F32, in->b, (size_t)rows * hh, off);
+        tensor_t s = put(&b, DT_F32, in->c, (size_t)rows * hh, off);
+        tensor_t none = {0};
+        be_rope(be, x, c, s, none, 1, rows, nh, hd, 0);
+        be_rope(be, xi, c, s, none, 1, rows, nh, hd, 1); /* the inverse */
+        o[no] = x, tol[no++] = ta;
+        o[no] = xi, tol[no++] = ta;
+        break;
+    }
+    case ADAMW: {
+        float *v = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++)
+            v[i] = fabsf(in->d[i]) * 1e-3f;
+        tensor_t p = put(&b, DT_F32, in->a, n, off), g = put(&b, DT_F32, in->b, n, off);
+        tensor_t m = put(&b, DT_F32, in->c, n, off), vv = put(&b, DT_F32, v, n, off);
+        free(v);
+        int with_copy = be == gpu && be != cpu;
+        tensor_t copy = with_copy ? put(&b, dt, NULL, n, off) : (tensor_t){0};
+        adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                        .weight_decay = 0.1f, .grad_scale = 0.5f, .step = 10};
+        be_adamw(be, p, copy, g, m, vv, n, &a);
+        o[no] = p, tol[no++] = TOL_ADAMW;
+        o[no] = m, tol[no++] = TOL_ADAMW;
+        o[no] = vv, tol[no++] = TOL_ADAMW;
+        if (with_copy)
+            o[no] = copy, tol[no++] = NO_CPU;
+        break;
+    }
+    default:
+        cr_assert_fail("op %d", op);
+    }
+    be_sync(be);
+    for (int k = 0; k < no; k++) {
+        out[k] = down(be, o[k]);
+        len[k] = o[k].n;
+    }
+    for (int i = 0; i < b.nb; i++)
+        drop(be, &b.base[i]);
+    return no;
+}
+
+static const char *op_names[] = {"add",          "add_bias",     "swiglu_forward",
+                                 "swiglu_backward", "dropout",   "rmsnorm_forward",
+                                 "rmsnorm_backward", "rope",     "adamw"};
+
+/* One case: scalar and vector GPU runs bit for bit, the vector run against
+ * the CPU within tolerance. */
+static void check_case(int op, int rows, int cols, dtype_t dt, size_t off)
+{
+    size_t n = (size_t)rows * cols;
+    inputs in = {rnd(n, 4.0f), rnd(n, 2.0f), rnd(n, 1.0f), rnd(n, 0.5f), rnd(cols, 1.5f)};
+    float *sc[MAX_OUT] = {0}, *ve[MAX_OUT] = {0}, *cp[MAX_OUT] = {0};
+    size_t ls[MAX_OUT], lv[MAX_OUT], lc[MAX_OUT];
+    double tol[MAX_OUT], tc[MAX_OUT];
+    cr_assert_eq(setenv("SPOTUNE_CUDA_ELEMENTWISE", "scalar", 1), 0);
+    int ns = run_op(gpu, op, rows, cols, dt, off, &in, sc, ls, tol);
+    cr_assert_eq(setenv("SPOTUNE_CUDA_ELEMENTWISE", "vector", 1), 0);
+    int nv = run_op(gpu, op, rows, cols, dt, off, &in, ve, lv, tol);
+    unsetenv("SPOTUNE_CUDA_ELEMENTWISE");
+    int nc = run_op(cpu, op, rows, cols, DT_F32, 0, &in, cp, lc, tc);
+    gpu_ok();
+    cr_assert_eq(ns, nv);
+    for (int k = 0; k < nv; k++) {
+        cr_assert_eq(ls[k], lv[k]);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < lv[k]; i++)
+            if (memcmp(&sc[k][i], &ve[k][i], sizeof(float)) != 0 && !bad++)
+                first = i;
+        cr_expect_eq(bad, 0,
+                     "%s %dx%d %s off %zu, output %d: %zu values of the vector path differ "
+                     "from the scalar kernel's (first at %zu: %.9g vs %.9g)",
+                     op_names[op], rows, cols, dtype_name(dt), off, k, bad, first,
+                     ve[k][first], sc[k][first]);
+        if (tol[k] == NO_CPU)
+            continue;
+        cr_assert_lt(k, nc);
+        cr_assert_eq(lc[k], lv[k]);
+        double e = rel_err(ve[k], cp[k], lv[k]);
+        cr_expect(e <= tol[k], "%s %dx%d %s off %zu, output %d: rel err %.3g > %.3g vs the CPU",
+                  op_names[op], rows, cols, dtype_name(dt), off, k, e, tol[k]);
+    }
+    for (int k = 0; k < MAX_OUT; k++)
+        free(sc[k]), free(ve[k]), free(cp[k]);
+    free(in.a), free(in.b), free(in.c), free(in.d), free(in.w);
+}
+
+/* The cases of one op: aligned 7B widths (vector path), then cols not a
+ * multiple of 8 and a misaligned view (scalar kernels), in the activation
+ * dtype and in F32. */
+static void check_op(int op)
+{
+    dtype_t dts[] = {gpu->act_dt, DT_F32};
+    for (int d = 0; d < 2; d++) {
+        if (d == 1 && dts[0] == DT_F32)
+            break;
+        check_case(op, 33, 4096, dts[d], 0);
+        check_case(op, 5, 11008, dts[d], 0);
+        check_case(op, 7, 4103, dts[d], 0);
+        check_case(op, 9, 1024, dts[d], 1);
+    }
+}
+
+Test(cuda_elementwise, add_vector_is_scalar_bit_for_bit)
+{
+    check_op(ADD);
+}
+
+Test(cuda_elementwise, add_bias_vector_is_scalar_bit_for_bit)
+{
+    check_op(ADD_BIAS);
+}
+
+Test(cuda_elementwise, swiglu_forward_vector_is_scalar_bit_for_bit)
+{
+    check_op(SWIGLU_FWD);
+}
+
+Test(cuda_elementwise, swiglu_backward_vector_is_scalar_bit_for_bit)
+{
+    check_op(SWIGLU_BWD);
+}
+
+Test(cuda_elementwise, dropout_vector_keeps_the_mask_bit_for_bit)
+{
+    check_op(DROPOUT);
+}
+
+Test(cuda_elementwise, rmsnorm_forward_vector_is_scalar_bit_for_bit)
+{
+    check_op(RMSNORM_FWD);
+}
+
+Test(cuda_elementwise, rmsnorm_backward_vector_is_scalar_bit_for_bit)
+{
+    check_op(RMSNORM_BWD);
+}
+
+Test(cuda_elementwise, rope_vector_is_scalar_bit_for_bit)
+{
+    check_op(ROPE);
+}
+
+Test(cuda_elementwise, adamw_vector_is_scalar_bit_for_bit)
+{
+    check_op(ADAMW);
+}
+
+/* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */
+
+int main(int argc, char *argv[])
+{
+    return cuda_test_main(argc, argv);
+}
