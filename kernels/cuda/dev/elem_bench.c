@@ -5,8 +5,8 @@
  *
  * Ops: add, add_bias, swiglu_fwd, swiglu_bwd, dropout, rmsnorm_fwd,
  * rmsnorm_bwd (dx; no dw, as for a frozen norm), rope (hd 128 where it
- * divides the columns, else 10) and adamw (F32 master and moments, a bf16
- * compute copy). Versions: "scalar" (cuda_ops.cu, one element a thread
+ * divides the columns, else 10) and adamw (F32 master and moments, a
+ * compute copy in the activation dtype). Versions: "scalar" (cuda_ops.cu, one element a thread
  * step) and "vector" (cuda_vec.cu, 16-byte loads and stores), chosen
  * through SPOTUNE_CUDA_ELEMENTWISE as the backend reads it on every call.
  * On a shape the vector path declines (columns not a multiple of 8, an
@@ -123,7 +123,7 @@ static void free_set(op_set *r)
 }
 
 /* The tensors of r->op on r->be from the inputs (activations in dt; AdamW
- * with a bf16 compute copy when with_copy). The t[] order is what run_op
+ * with a compute copy in dt when with_copy). The t[] order is what run_op
  * uses. */
 static int make_set(op_set *r, dtype_t dt, const inputs *in, int with_copy)
 {
@@ -186,7 +186,7 @@ static int make_set(op_set *r, dtype_t dt, const inputs *in, int with_copy)
         output(r, put(r, DT_F32, v, n), TOL_ADAMW);
         free(v);
         if (with_copy)
-            output(r, put(r, DT_BF16, NULL, n), NO_CPU);
+            output(r, put(r, dt, NULL, n), NO_CPU);
         else
             r->t[r->nt++] = none;
         break;
@@ -259,7 +259,7 @@ static double op_bytes(int op, const shape *s, dtype_t dt)
         return 2 * (double)s->rows * (s->cols / hd) * hd * e;
     }
     case ADAMW:
-        return 7 * n * 4 + n * 2;
+        return 7 * n * 4 + n * e;
     }
     return 0;
 }
