@@ -13,7 +13,8 @@
  * shapes the vector path takes (cols 4096 and 11008: 7B hidden and FFN
  * widths, RoPE hd 128) and on shapes it declines, which run the scalar
  * kernels: cols 4103 (not a multiple of 8; RoPE hd 10) and a view one
- * element into its buffer (no tensor 16-byte aligned).
+ * element into its buffer (no tensor 16-byte aligned). And which calls the
+ * vector path takes, through its entry points (cuda_vec.cu) directly.
  *
  * Without a usable CUDA device main prints "skipped: no usable CUDA device: "
  * and the CUDA error (cuda_test_main.h), and exits 77. */
@@ -279,6 +280,59 @@ Test(cuda_elementwise, rope_vector_is_scalar_bit_for_bit)
 Test(cuda_elementwise, adamw_vector_is_scalar_bit_for_bit)
 {
     check_op(ADAMW);
+}
+
+/* ---- which calls the vector path takes --------------------------------------------------- */
+
+typedef int (*vec_add_fn)(backend_t *, tensor_t, tensor_t, float, size_t);
+typedef int (*vec_rms_fn)(backend_t *, tensor_t, tensor_t, tensor_t, tensor_t, int, int, float);
+
+static void *cuda_symbol(const char *name)
+{
+    char why[256];
+    void *sym = backend_cuda_symbol(name, why, sizeof why);
+    cr_assert(sym, "%s: %s", name, why);
+    return sym;
+}
+
+/* The entry points of cuda_vec.cu directly: 1 (taken, and run) on aligned
+ * tensors of a multiple of 8 elements, 0 (the scalar kernel's turn) on a
+ * misaligned view, an odd size, an RMSNorm row over its shared memory, and
+ * under SPOTUNE_CUDA_ELEMENTWISE=scalar: else the bit-for-bit tests above
+ * could pass with the vector path never running. */
+Test(cuda_elementwise, the_vector_path_takes_aligned_multiples_of_8_only)
+{
+    if (cuda_test_standin())
+        cr_skip_test("the stand-in backend has no vector path");
+    vec_add_fn add;
+    vec_rms_fn rms;
+    void *a = cuda_symbol("cuda_vec_add"), *r = cuda_symbol("cuda_vec_rmsnorm_forward");
+    memcpy(&add, &a, sizeof add);
+    memcpy(&rms, &r, sizeof rms);
+    dtype_t dt = gpu->act_dt;
+    tensor_t y = up(gpu, dt, NULL, 4104), x = up(gpu, dt, NULL, 4104);
+    tensor_t y32 = up(gpu, DT_F32, NULL, 4104), rstd = up(gpu, DT_F32, NULL, 4);
+    unsetenv("SPOTUNE_CUDA_ELEMENTWISE");
+    cr_expect_eq(add(gpu, y, x, 1.0f, 4096), 1, "aligned, n 4096");
+    cr_expect_eq(add(gpu, y, y32, 1.0f, 4096), 1, "mixed dtypes, aligned");
+    cr_expect_eq(add(gpu, y, x, 1.0f, 4100), 0, "n 4100: not a multiple of 8");
+    cr_expect_eq(add(gpu, tensor_view(y, 1, 4096), tensor_view(x, 1, 4096), 1.0f, 4096), 0,
+                 "views one element in: misaligned");
+    cr_expect_eq(add(gpu, tensor_view(y, 8, 4096), tensor_view(x, 8, 4096), 1.0f, 4096), 1,
+                 "views 8 elements in: aligned");
+    tensor_t w = tensor_view(x, 0, 1024), o = tensor_view(y, 0, 4096);
+    cr_expect_eq(rms(gpu, o, rstd, tensor_view(x, 0, 4096), w, 4, 1024, 1e-5f), 1, "4 x 1024");
+    cr_expect_eq(rms(gpu, tensor_view(y, 0, 4100), rstd, tensor_view(x, 0, 4100),
+                     tensor_view(x, 0, 1025), 4, 1025, 1e-5f),
+                 0, "4 x 1025");
+    tensor_t big = up(gpu, DT_F32, NULL, 24576);
+    cr_expect_eq(rms(gpu, big, rstd, big, tensor_view(big, 0, 24576), 1, 24576, 1e-5f), 0,
+                 "a row of 96 KiB: over the shared memory");
+    cr_assert_eq(setenv("SPOTUNE_CUDA_ELEMENTWISE", "scalar", 1), 0);
+    cr_expect_eq(add(gpu, y, x, 1.0f, 4096), 0, "SPOTUNE_CUDA_ELEMENTWISE=scalar");
+    unsetenv("SPOTUNE_CUDA_ELEMENTWISE");
+    gpu_ok();
+    drop(gpu, &y), drop(gpu, &x), drop(gpu, &y32), drop(gpu, &rstd), drop(gpu, &big);
 }
 
 /* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */
