@@ -17,12 +17,12 @@
  * Without --shape: a default set (the 7B and 8B shapes at T 2048, hd 64 at
  * T 4096, an odd T). See README.md. */
 #define _POSIX_C_SOURCE 200809L
-#include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "kernels/backend.h"
 
 #define TOL_BF16 1e-2
@@ -55,21 +55,7 @@ static const char *out_names[5] = {"out", "lse", "dq", "dk", "dv"};
 
 static int fail_be(backend_t *be, const char *what)
 {
-    sp_err err = {0};
-    if (be_check(be, &err) == 0)
-        return 0;
-    fprintf(stderr, "attn_bench: %s: %s\n", what, err.msg);
-    return -1;
-}
-
-static float *random_bf16(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc(sizeof(float) * (n ? n : 1));
-    if (!x)
-        return NULL;
-    for (size_t i = 0; i < n; i++)
-        x[i] = sp_bf16_to_f32(sp_f32_to_bf16(scale * (2.0f * sp_rng_uniform(seed, i) - 1.0f)));
-    return x;
+    return bench_fail_be("attn_bench", be, what);
 }
 
 /* Packed documents of 1..maxlen tokens: seg[b*T + t] = start of t's document. */
@@ -154,8 +140,8 @@ static int make_inputs(const shape *s, const opts *o, inputs *in)
 {
     size_t nq = (size_t)s->B * s->T * s->nh * s->hd, nk = (size_t)s->B * s->T * s->nkv * s->hd;
     memset(in, 0, sizeof *in);
-    in->q = random_bf16(nq, 1.5f, 1), in->k = random_bf16(nk, 1.5f, 2);
-    in->v = random_bf16(nk, 1.0f, 3), in->dout = random_bf16(nq, 1.0f, 4);
+    in->q = bench_random_bf16(nq, 1.5f, 1), in->k = bench_random_bf16(nk, 1.5f, 2);
+    in->v = bench_random_bf16(nk, 1.0f, 3), in->dout = bench_random_bf16(nq, 1.0f, 4);
     in->seg = o->packed ? packed_seg(s->B, s->T, o->packed) : NULL;
     in->n[0] = in->n[2] = nq, in->n[3] = in->n[4] = nk, in->n[1] = (size_t)s->B * s->nh * s->T;
     return in->q && in->k && in->v && in->dout && (!o->packed || in->seg) ? 0 : -1;
@@ -176,44 +162,26 @@ static int reference(backend_t *cpu, const shape *s, inputs *in)
     return rc;
 }
 
-/* max |got - want| / max |want| */
-static double rel_err(const float *got, const float *want, size_t n)
+/* One call of fn on (be, s, d): bench_time_ms's callback. */
+typedef struct timed_call {
+    backend_t *be;
+    const shape *s;
+    dev_set *d;
+    void (*fn)(backend_t *, const shape *, dev_set *);
+} timed_call;
+
+static void call_once(void *p)
 {
-    double m = 0, e = 0;
-    for (size_t i = 0; i < n; i++) {
-        double w = fabs((double)want[i]), d = fabs((double)got[i] - (double)want[i]);
-        m = w > m ? w : m;
-        if (d > e || d != d)
-            e = d != d ? INFINITY : d;
-    }
-    return m > 0 ? e / m : e;
+    timed_call *c = p;
+    c->fn(c->be, c->s, c->d);
 }
 
-/* Milliseconds per call of fn, over iters calls, by CUDA events on the
- * backend's stream; -1 on a failure. */
+/* Milliseconds per call of fn, over iters calls (bench_time_ms). */
 static double time_op(backend_t *be, const shape *s, dev_set *d,
                       void (*fn)(backend_t *, const shape *, dev_set *), int iters)
 {
-    cudaStream_t st = (cudaStream_t)be->stream;
-    cudaEvent_t e0, e1;
-    float ms = 0.0f;
-    if (cudaEventCreate(&e0) != cudaSuccess)
-        return -1;
-    if (cudaEventCreate(&e1) != cudaSuccess) {
-        cudaEventDestroy(e0);
-        return -1;
-    }
-    fn(be, s, d); /* warm-up */
-    int ok = cudaEventRecord(e0, st) == cudaSuccess;
-    for (int i = 0; i < iters && ok; i++)
-        fn(be, s, d);
-    ok = ok && cudaEventRecord(e1, st) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
-         cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    if (!ok || fail_be(be, "timed run"))
-        return -1;
-    return (double)ms / iters;
+    timed_call c = {be, s, d, fn};
+    return bench_time_ms("attn_bench", be, call_once, &c, iters);
 }
 
 /* Whether the fused kernels take this call (cuda_flash_handles in the module). */
@@ -250,7 +218,7 @@ static int run_version(backend_t *gpu, const shape *s, const inputs *in, const o
     const char *worst_name = "-";
     if (o->check && download_outputs(gpu, &d, got) == 0)
         for (int i = 0; i < 5; i++) {
-            double e = rel_err(got[i], in->want[i], in->n[i]);
+            double e = bench_rel_err(got[i], in->want[i], in->n[i]);
             bad |= e > (i == 1 ? TOL_F32 : TOL_BF16);
             if (e > worst || e != e)
                 worst = e, worst_name = out_names[i];

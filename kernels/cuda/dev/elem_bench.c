@@ -22,12 +22,12 @@
  * Without --shape: 2048 x 4096 and 2048 x 11008 (the 7B hidden and FFN
  * widths at 2048 tokens) and the odd 1031 x 4103. See README.md. */
 #define _POSIX_C_SOURCE 200809L
-#include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "kernels/backend.h"
 
 #define TOL_BF16 1e-2
@@ -75,21 +75,7 @@ typedef struct op_set {
 
 static int fail_be(backend_t *be, const char *what)
 {
-    sp_err err = {0};
-    if (be_check(be, &err) == 0)
-        return 0;
-    fprintf(stderr, "elem_bench: %s: %s\n", what, err.msg);
-    return -1;
-}
-
-static float *random_bf16(size_t n, float scale, uint64_t seed)
-{
-    float *x = malloc(sizeof(float) * (n ? n : 1));
-    if (!x)
-        return NULL;
-    for (size_t i = 0; i < n; i++)
-        x[i] = sp_bf16_to_f32(sp_f32_to_bf16(scale * (2.0f * sp_rng_uniform(seed, i) - 1.0f)));
-    return x;
+    return bench_fail_be("elem_bench", be, what);
 }
 
 static int rope_hd(int cols)
@@ -292,43 +278,10 @@ static int download_outputs(op_set *r, float *got[MAX_OUT])
     return fail_be(r->be, "download");
 }
 
-/* max |got - want| / max |want| */
-static double rel_err(const float *got, const float *want, size_t n)
+/* One call of the op in r: bench_time_ms's callback. */
+static void call_once(void *r)
 {
-    double m = 0, e = 0;
-    for (size_t i = 0; i < n; i++) {
-        double w = fabs((double)want[i]), d = fabs((double)got[i] - (double)want[i]);
-        m = w > m ? w : m;
-        if (d > e || d != d)
-            e = d != d ? INFINITY : d;
-    }
-    return m > 0 ? e / m : e;
-}
-
-/* Milliseconds per call of r's op over iters calls, by CUDA events on the
- * backend's stream; -1 on a failure. */
-static double time_op(op_set *r, int iters)
-{
-    cudaStream_t st = (cudaStream_t)r->be->stream;
-    cudaEvent_t e0, e1;
-    float ms = 0.0f;
-    if (cudaEventCreate(&e0) != cudaSuccess)
-        return -1;
-    if (cudaEventCreate(&e1) != cudaSuccess) {
-        cudaEventDestroy(e0);
-        return -1;
-    }
-    run_op(r); /* warm-up */
-    int ok = cudaEventRecord(e0, st) == cudaSuccess;
-    for (int i = 0; i < iters && ok; i++)
-        run_op(r);
-    ok = ok && cudaEventRecord(e1, st) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
-         cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    if (!ok || fail_be(r->be, "timed run"))
-        return -1;
-    return (double)ms / iters;
+    run_op(r);
 }
 
 /* The CPU backend's outputs of op: the reference (want[], nwant). */
@@ -375,7 +328,7 @@ static int run_version(backend_t *gpu, int op, const shape *s, const inputs *in,
         bad = 1;
     for (int i = 0; !bad && i < r.nout; i++) {
         if (o->check && r.tol[i] != NO_CPU) {
-            double e = rel_err(got[i], want[i], r.out[i].n);
+            double e = bench_rel_err(got[i], want[i], r.out[i].n);
             bad |= !(e <= r.tol[i]);
             if (e > worst || e != e)
                 worst = e;
@@ -387,7 +340,7 @@ static int run_version(backend_t *gpu, int op, const shape *s, const inputs *in,
             bad |= differs;
         }
     }
-    double ms = time_op(&r, o->iters);
+    double ms = bench_time_ms("elem_bench", gpu, call_once, &r, o->iters);
     double gbs = ms > 0 ? op_bytes(op, s, gpu->act_dt) / (ms * 1e6) : 0.0;
     const char *note = vec && !vector_takes(op, s, gpu->act_dt) ? " fallback" : "";
     printf("| %d x %d | %-11s | %s%s | %8.3f | %7.1f | %.2e | %-3s | %s |\n", s->rows, s->cols,
@@ -456,8 +409,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < o.nshapes; i++) {
         const shape *s = &o.shapes[i];
         size_t n = (size_t)s->rows * s->cols;
-        inputs in = {random_bf16(n, 4.0f, 1), random_bf16(n, 2.0f, 2), random_bf16(n, 1.0f, 3),
-                     random_bf16(n, 0.5f, 4), random_bf16((size_t)s->cols, 1.5f, 5)};
+        inputs in = {bench_random_bf16(n, 4.0f, 1), bench_random_bf16(n, 2.0f, 2),
+                     bench_random_bf16(n, 1.0f, 3), bench_random_bf16(n, 0.5f, 4),
+                     bench_random_bf16((size_t)s->cols, 1.5f, 5)};
         if (!in.a || !in.b || !in.c || !in.d || !in.w) {
             fprintf(stderr, "elem_bench: out of host memory for shape %d\n", i);
             free_inputs(&in);
