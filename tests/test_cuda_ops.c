@@ -143,24 +143,43 @@ Test(cuda_ops, failures_are_sticky_and_name_the_device_and_line)
 
 /* ---- matmul -------------------------------------------------------------------------- */
 
-static void check_matmul(int M, int N, int K, int ta, int tb, float alpha, float beta,
-                         dtype_t cdt, dtype_t abdt)
+/* pad > 0: A, B and C stored with row strides beyond their widths
+ * (be_matmul_ld, the batched LoRA's column blocks), compared whole, the
+ * columns outside C's block included */
+static void check_matmul_pad(int M, int N, int K, int ta, int tb, float alpha, float beta,
+                             dtype_t cdt, dtype_t abdt, int pad)
 {
-    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)K * N, 1.0f), *C = rnd((size_t)M * N, 1.0f);
-    tensor_t gA = up(gpu, abdt, A, (size_t)M * K), gB = up(gpu, abdt, B, (size_t)K * N);
-    tensor_t gC = up(gpu, cdt, C, (size_t)M * N);
-    tensor_t cA = up(cpu, DT_F32, A, (size_t)M * K), cB = up(cpu, DT_F32, B, (size_t)K * N);
-    tensor_t cC = up(cpu, DT_F32, C, (size_t)M * N);
-    be_matmul(gpu, gC, gA, gB, M, N, K, ta, tb, alpha, beta);
-    be_matmul(cpu, cC, cA, cB, M, N, K, ta, tb, alpha, beta);
+    int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + 2 * pad, ldc = N + 3 * pad;
+    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = rnd(na, 1.0f), *B = rnd(nb, 1.0f), *C = rnd(nc, 1.0f);
+    tensor_t gA = up(gpu, abdt, A, na), gB = up(gpu, abdt, B, nb), gC = up(gpu, cdt, C, nc);
+    tensor_t cA = up(cpu, DT_F32, A, na), cB = up(cpu, DT_F32, B, nb), cC = up(cpu, DT_F32, C, nc);
+    be_matmul_ld(gpu, gC, gA, gB, M, N, K, ta, tb, alpha, beta, lda, ldb, ldc);
+    be_matmul_ld(cpu, cC, cA, cB, M, N, K, ta, tb, alpha, beta, lda, ldb, ldc);
     gpu_ok();
     char what[160];
-    snprintf(what, sizeof what, "matmul %dx%dx%d ta%d tb%d alpha %g beta %g %s x %s -> %s", M, N,
-             K, ta, tb, alpha, beta, dtype_name(abdt), dtype_name(abdt), dtype_name(cdt));
-    expect_close(what, gC, cC, (size_t)M * N, tol_for(cdt));
+    snprintf(what, sizeof what, "matmul %dx%dx%d ta%d tb%d alpha %g beta %g %s x %s -> %s pad %d",
+             M, N, K, ta, tb, alpha, beta, dtype_name(abdt), dtype_name(abdt), dtype_name(cdt),
+             pad);
+    expect_close(what, gC, cC, nc, tol_for(cdt));
     drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &gC);
     drop(cpu, &cA), drop(cpu, &cB), drop(cpu, &cC);
     free(A), free(B), free(C);
+}
+
+static void check_matmul(int M, int N, int K, int ta, int tb, float alpha, float beta,
+                         dtype_t cdt, dtype_t abdt)
+{
+    check_matmul_pad(M, N, K, ta, tb, alpha, beta, cdt, abdt, 0);
+}
+
+/* the batched LoRA's products: column blocks of r 16 in [rows, 48] */
+Test(cuda_ops, matmul_on_column_blocks_of_wider_matrices)
+{
+    for (int t = 0; t < 4; t++) {
+        check_matmul_pad(257, 16, 96, t & 1, t >> 1, 1.0f, 1.0f, DT_BF16, DT_BF16, 32);
+        check_matmul_pad(96, 16, 257, t & 1, t >> 1, 0.5f, 1.0f, DT_F32, DT_BF16, 5);
+    }
 }
 
 Test(cuda_ops, matmul_bf16_into_bf16_every_transpose)
