@@ -26,7 +26,14 @@ static void blas_kernels(char **argv)
     if (setenv("SPOTUNE_BLAS_FALLBACK", core && *core ? core : "unknown", 1) ||
         setenv("OPENBLAS_CORETYPE", better, 1))
         return;
-    execv("/proc/self/exe", argv);
+    /* by its path, not /proc/self/exe: the process name (ps, pkill, the
+     * tests that find ranks among mpirun's children) comes from it */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = 0;
+        execv(self, argv);
+    }
     /* not re-executed: run on with OpenBLAS's choice, which doctor reports */
     unsetenv("OPENBLAS_CORETYPE");
     unsetenv("SPOTUNE_BLAS_FALLBACK");
