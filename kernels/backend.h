@@ -76,6 +76,11 @@ typedef struct backend_ops {
      * write a block of columns of a wider matrix. */
     void (*matmul)(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
                    int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc);
+    /* D[M,N] = alpha * op(A) op(B) + beta * C with C and D distinct (the
+     * residual stream's add without a copy: cuBLASLt reads C and writes D);
+     * optional: without it be_matmul_into copies C into D and runs matmul */
+    void (*matmul_cd)(backend_t *be, tensor_t D, tensor_t C, tensor_t A, tensor_t B, int M, int N,
+                      int K, int transA, int transB, float alpha, float beta);
 
     /* out = w * (x * rstd), rstd[r] = 1/sqrt(mean(x[r]^2) + eps) (F32) */
     void (*rmsnorm_forward)(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
@@ -313,6 +318,11 @@ void be_copy2d_at(const char *file, int line, backend_t *be, tensor_t dst, tenso
                   int cols, int dst_ld, int src_ld);
 void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A, tensor_t B,
                   int M, int N, int K, int transA, int transB, float alpha, float beta);
+/* D = alpha op(A) op(B) + beta C: be_matmul reading C and writing D (both
+ * [M, N], one dtype; D == C is be_matmul). */
+void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, tensor_t A,
+                       tensor_t B, tensor_t C, int M, int N, int K, int transA, int transB,
+                       float alpha, float beta);
 /* be_matmul on matrices stored with row strides lda, ldb, ldc (each at least
  * its stored width: A is M x K, or K x M when transA; B is K x N, or N x K
  * when transB; C is M x N): a block of columns of wider matrices. */
@@ -384,6 +394,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_copy2d(...) be_copy2d_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_matmul(...) be_matmul_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_matmul_ld(...) be_matmul_ld_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_matmul_into(...) be_matmul_into_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_forward(...) be_rmsnorm_forward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_backward(...) be_rmsnorm_backward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rope(...) be_rope_at(__FILE__, __LINE__, __VA_ARGS__)

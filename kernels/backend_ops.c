@@ -261,6 +261,45 @@ void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_
                         transB ? K : N, N);
 }
 
+void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, tensor_t A,
+                       tensor_t B, tensor_t C, int M, int N, int K, int transA, int transB,
+                       float alpha, float beta)
+{
+    if (D.p == C.p && D.dt == C.dt) {
+        be_matmul_at(file, line, be, D, A, B, M, N, K, transA, transB, alpha, beta);
+        return;
+    }
+    call c = begin(be, "matmul", file, line);
+    size_arg(&c, "M", M);
+    size_arg(&c, "N", N);
+    size_arg(&c, "K", K);
+    if (c.bad)
+        return;
+    size_t mn = mul((size_t)M, (size_t)N);
+    tensor_arg(&c, "D", D, mn, "M x N", TAKES_FLOAT);
+    tensor_arg(&c, "C", C, mn, "M x N", TAKES_FLOAT);
+    const char *dnames[] = {"D", "C"};
+    tensor_t dts[] = {D, C};
+    same_dtype(&c, dnames, dts, 2, "D and C");
+    if (K > 0) {
+        tensor_arg(&c, "A", A, mul((size_t)M, (size_t)K), "M x K", TAKES_FLOAT);
+        tensor_arg(&c, "B", B, mul((size_t)K, (size_t)N), "K x N", TAKES_FLOAT);
+        const char *names[] = {"A", "B"};
+        tensor_t ts[] = {A, B};
+        same_dtype(&c, names, ts, 2, "the operands");
+    }
+    if (c.bad || !mn)
+        return;
+    if (be->ops->matmul_cd) {
+        be->ops->matmul_cd(be, D, C, A, B, M, N, K, transA, transB, alpha, beta);
+        return;
+    }
+    if (beta != 0.0f)
+        be->ops->copy(be, tensor_view(D, 0, mn), tensor_view(C, 0, mn));
+    be->ops->matmul(be, D, A, B, M, N, K, transA, transB, alpha, beta, transA ? M : K,
+                    transB ? K : N, N);
+}
+
 void be_matmul_ld_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A,
                      tensor_t B, int M, int N, int K, int transA, int transB, float alpha,
                      float beta, int lda, int ldb, int ldc)

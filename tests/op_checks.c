@@ -541,6 +541,13 @@ static int check_rules(backend_t *be)
                        "copy2d past dst's end");
         be_copy2d(be, f, i, 2, 3, 5, 5);
         expect_refused(be, "copy2d: src has dtype I32, not a float dtype", "copy2d from I32");
+        tensor_t g = be_alloc(be, DT_F32, N_ELEM);
+        be_matmul_into(be, f, f, f, tensor_view(g, 0, 3), 2, 2, 2, 0, 0, 1.0f, 1.0f);
+        expect_refused(be, "matmul: C has 3 elements, M x N = 4", "matmul into D from a short C");
+        be_matmul_into(be, f, f, f, i, 2, 2, 2, 0, 0, 1.0f, 1.0f);
+        expect_refused(be, "matmul: C has dtype I32, not a float dtype",
+                       "matmul into D from an I32 C");
+        be_free(be, &g);
         be_matmul_ld(be, f, f, f, 2, 2, 2, 0, 0, 1.0f, 0.0f, 1, 2, 2);
         expect_refused(be,
                        "matmul: lda = 1, ldb = 2, ldc = 2 must be at least the stored widths 2, "

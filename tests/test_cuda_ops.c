@@ -207,6 +207,29 @@ Test(cuda_ops, matmul_f32_operands_and_empty_k)
     check_matmul(5, 6, 0, 0, 1, 1.0f, 0.5f, DT_BF16, DT_BF16);
 }
 
+/* D = A B^T + C with C and D distinct (be_matmul_into, the residual add:
+ * cuBLASLt reads C and writes D) against the CPU; C unchanged (exact) */
+Test(cuda_ops, matmul_into_reads_c_and_writes_d)
+{
+    int M = 130, N = 96, K = 64;
+    size_t mn = (size_t)M * N;
+    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)N * K, 1.0f), *C = rnd(mn, 1.0f);
+    tensor_t gA = up(gpu, DT_BF16, A, (size_t)M * K), gB = up(gpu, DT_BF16, B, (size_t)N * K);
+    tensor_t gC = up(gpu, DT_BF16, C, mn), gD = up(gpu, DT_BF16, NULL, mn);
+    tensor_t cA = up(cpu, DT_F32, A, (size_t)M * K), cB = up(cpu, DT_F32, B, (size_t)N * K);
+    tensor_t cC = up(cpu, DT_F32, C, mn), cD = up(cpu, DT_F32, NULL, mn);
+    float *before = down(gpu, gC);
+    be_matmul_into(gpu, gD, gA, gB, gC, M, N, K, 0, 1, 1.0f, 1.0f);
+    be_matmul_into(cpu, cD, cA, cB, cC, M, N, K, 0, 1, 1.0f, 1.0f);
+    gpu_ok();
+    expect_close("matmul into D from C", gD, cD, mn, tol_for(DT_BF16));
+    float *after = down(gpu, gC);
+    cr_expect(memcmp(before, after, sizeof(float) * mn) == 0, "C changed");
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &gC), drop(gpu, &gD);
+    drop(cpu, &cA), drop(cpu, &cB), drop(cpu, &cC), drop(cpu, &cD);
+    free(A), free(B), free(C), free(before), free(after);
+}
+
 /* The model's repeated shapes reuse one cached plan: the same call twice
  * gives the same bits. */
 Test(cuda_ops, matmul_repeats_bit_for_bit)

@@ -112,6 +112,46 @@ static void check_matmul_ld(const char *kind, int M, int N, int K, int ta, int t
     free(A), free(B), free(C), free(got), free(want);
 }
 
+/* D = alpha A B + beta C with C and D distinct (the residual stream's add,
+ * be_matmul_into): D against double loops (1e-5), C left as it was (exact),
+ * on both backends, beta 1 and 0 */
+Test(ops, matmul_into_reads_c_and_writes_d)
+{
+    const char *kinds[] = {"cpu", "cpu-ref"};
+    int M = 17, N = 23, K = 9;
+    for (int k = 0; k < 2; k++)
+        for (int bi = 0; bi < 2; bi++) {
+            backend_t *b2;
+            sp_err err = {0};
+            cr_assert_eq(backend_create(&b2, kinds[k], 0, 2, &err), 0);
+            float beta = bi ? 1.0f : 0.0f;
+            float *A = rnd((size_t)M * K, 1), *B = rnd((size_t)N * K, 1), *C = rnd((size_t)M * N, 1);
+            float *got = malloc(sizeof(float) * M * N), *c_after = malloc(sizeof(float) * M * N);
+            double *want = malloc(sizeof(double) * M * N);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double acc = 0;
+                    for (int q = 0; q < K; q++)
+                        acc += (double)A[i * K + q] * B[j * K + q];
+                    want[i * N + j] = acc + beta * C[i * N + j];
+                }
+            tensor_t tA = dev_on(b2, A, (size_t)M * K), tB = dev_on(b2, B, (size_t)N * K);
+            float *old = rnd((size_t)M * N, 7); /* D's old values must not matter */
+            tensor_t tC = dev_on(b2, C, (size_t)M * N), tD = dev_on(b2, old, (size_t)M * N);
+            free(old);
+            be_matmul_into(b2, tD, tA, tB, tC, M, N, K, 0, 1, 1.0f, beta);
+            cr_assert_eq(b2->err.code, 0, "%s", b2->err.msg);
+            be_download(b2, got, DT_F32, tD);
+            be_download(b2, c_after, DT_F32, tC);
+            double e = rel_err(got, want, (size_t)M * N);
+            cr_expect_lt(e, FWD_TOL, "%s beta %g: rel err %g", kinds[k], beta, e);
+            cr_expect(memcmp(C, c_after, sizeof(float) * M * N) == 0, "%s: C changed", kinds[k]);
+            be_free(b2, &tA), be_free(b2, &tB), be_free(b2, &tC), be_free(b2, &tD);
+            backend_destroy(b2);
+            free(A), free(B), free(C), free(got), free(c_after), free(want);
+        }
+}
+
 Test(ops, matmul_on_column_blocks_of_wider_matrices)
 {
     const char *kinds[] = {"cpu", "cpu-ref"};

@@ -217,17 +217,21 @@ static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t 
     be_prof_lora(m->be, 0);
 }
 
-/* y (+)= x W^T + b + scale * (drop(x) A^T) B^T */
-static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, int accumulate)
+/* y = res + x W^T + b + scale * (drop(x) A^T) B^T (res.p NULL: no res);
+ * the base product reads res and writes y (be_matmul_into: on CUDA no copy
+ * of the residual stream) */
+static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, tensor_t res)
 {
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
     if (j.L->lora_m[p]) {
-        dora_forward(c, l, p, y, x, accumulate);
+        if (res.p)
+            be_copy(m->be, rows_of(y, c->rows, j.out), rows_of(res, c->rows, j.out));
+        dora_forward(c, l, p, y, x, res.p != NULL);
         return;
     }
-    be_matmul(m->be, y, x, model_weight(m, j.L->w[p]), c->rows, j.out, j.in, 0, 1, 1.0f,
-              accumulate ? 1.0f : 0.0f);
+    be_matmul_into(m->be, y, x, model_weight(m, j.L->w[p]), res.p ? res : y, c->rows, j.out, j.in,
+                   0, 1, 1.0f, res.p ? 1.0f : 0.0f);
     linear_extras(c, l, p, y, x, no_tensor(), 0);
 }
 
@@ -432,22 +436,21 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
         tensor_t ys[3] = {a->q, a->k, a->v};
         fused_forward(c, l, FUSE_QKV, ys, a->h1);
     } else {
-        linear_forward(c, l, PROJ_Q, a->q, a->h1, 0);
-        linear_forward(c, l, PROJ_K, a->k, a->h1, 0);
-        linear_forward(c, l, PROJ_V, a->v, a->h1, 0);
+        linear_forward(c, l, PROJ_Q, a->q, a->h1, no_tensor());
+        linear_forward(c, l, PROJ_K, a->k, a->h1, no_tensor());
+        linear_forward(c, l, PROJ_V, a->v, a->h1, no_tensor());
     }
     rope_qk(c, a->q, a->k, 0);
     attention(c, a);
-    be_copy(m->be, rows_of(a->x_mid, c->rows, H), rows_of(a->x, c->rows, H));
-    linear_forward(c, l, PROJ_O, a->x_mid, a->att, 1);
+    linear_forward(c, l, PROJ_O, a->x_mid, a->att, a->x); /* x_mid = x + o(att) */
     be_rmsnorm_forward(m->be, a->h2, a->rstd2, a->x_mid, L->mlp_norm->w, c->rows, H,
                        (float)mc->rms_eps);
     if (L->fused_w[FUSE_GATE_UP].p) {
         tensor_t ys[2] = {a->g, a->u};
         fused_forward(c, l, FUSE_GATE_UP, ys, a->h2);
     } else {
-        linear_forward(c, l, PROJ_GATE, a->g, a->h2, 0);
-        linear_forward(c, l, PROJ_UP, a->u, a->h2, 0);
+        linear_forward(c, l, PROJ_GATE, a->g, a->h2, no_tensor());
+        linear_forward(c, l, PROJ_UP, a->u, a->h2, no_tensor());
     }
     be_swiglu_forward(m->be, a->a, a->g, a->u, (size_t)c->rows * (size_t)mc->intermediate);
     if (!out.p) {
@@ -457,8 +460,7 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
             model_dora_norm(m, l, PROJ_DOWN, a->wnorm[PROJ_DOWN]);
         return;
     }
-    be_copy(m->be, rows_of(out, c->rows, H), rows_of(a->x_mid, c->rows, H));
-    linear_forward(c, l, PROJ_DOWN, out, a->a, 1);
+    linear_forward(c, l, PROJ_DOWN, out, a->a, a->x_mid); /* out = x_mid + down(a) */
 }
 
 /* s->dres holds d(layer output) on entry and d(layer input) on return. */

@@ -301,6 +301,7 @@ static const backend_ops cuda_ops_table = {
     .sync = cuda_sync,
     .copy2d = cuda_copy2d,
     .matmul = cuda_matmul,
+    .matmul_cd = cuda_matmul_cd,
     .rmsnorm_forward = cuda_rmsnorm_forward,
     .rmsnorm_backward = cuda_rmsnorm_backward,
     .rope = cuda_rope,

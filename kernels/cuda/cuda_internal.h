@@ -264,6 +264,11 @@ int cuda_mm_init(backend_t *be);
 void cuda_mm_destroy(backend_t *be);
 void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B, void *C,
                float alpha, float beta);
+/* cuda_gemm reading Cin and writing C (cuBLASLt's C and D) */
+void cuda_gemm_cd(backend_t *be, const gemm_desc *d, const void *A, const void *B,
+                  const void *Cin, void *C, float alpha, float beta);
+void cuda_matmul_cd(backend_t *be, tensor_t D, tensor_t C, tensor_t A, tensor_t B, int M, int N,
+                    int K, int transA, int transB, float alpha, float beta);
 void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
                  int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc);
 

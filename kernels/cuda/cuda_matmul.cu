@@ -222,8 +222,26 @@ static int run_fallback(backend_t *be, const mm_key *k, const void *A, const voi
                 CUBLAS_GEMM_DEFAULT));
 }
 
+/* C := Cin, [M, N] of each batch with C's strides (the paths that compute
+ * in place) */
+static void copy_into(backend_t *be, const gemm_desc *d, const void *Cin, void *C)
+{
+    size_t es = dtype_size(d->cdt);
+    for (int b = 0; b < d->batch && !be->err.code; b++)
+        CUDA_OK(be, cudaMemcpy2DAsync((char *)C + (size_t)b * d->sc * es, (size_t)d->ldc * es,
+                                      (const char *)Cin + (size_t)b * d->sc * es,
+                                      (size_t)d->ldc * es, (size_t)d->N * es, (size_t)d->M,
+                                      cudaMemcpyDeviceToDevice, CUDA_IMPL(be)->stream));
+}
+
 extern "C" void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B,
                           void *C, float alpha, float beta)
+{
+    cuda_gemm_cd(be, d, A, B, C, C, alpha, beta);
+}
+
+extern "C" void cuda_gemm_cd(backend_t *be, const gemm_desc *d, const void *A, const void *B,
+                             const void *Cin, void *C, float alpha, float beta)
 {
     if (be->err.code)
         return;
@@ -259,7 +277,14 @@ extern "C" void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, cons
     key.align_a = alignment(A, d->lda, d->batch, d->sa, dtype_size(d->adt));
     key.align_b = alignment(B, d->ldb, d->batch, d->sb, dtype_size(d->bdt));
     key.align_c = alignment(C, d->ldc, d->batch, d->sc, dtype_size(d->cdt));
+    if (Cin != C) { /* cuBLASLt reads Cin and writes C: both aligned so */
+        int a = alignment(Cin, d->ldc, d->batch, d->sc, dtype_size(d->cdt));
+        key.align_c = a < key.align_c ? a : key.align_c;
+    }
+    int in_place_from = Cin != C && beta != 0.0f; /* paths that need C := Cin first */
     if (d->K == 0) { /* no products: C = beta C */
+        if (in_place_from)
+            copy_into(be, d, Cin, C);
         for (int b = 0; b < d->batch && !be->err.code; b++)
             for (int r = 0; r < d->M; r++)
                 cuda_scale(be, (char *)C + ((size_t)b * d->sc + (size_t)r * d->ldc) *
@@ -272,9 +297,9 @@ extern "C" void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, cons
         return;
     cuda_impl *im = CUDA_IMPL(be);
     if (p->use_lt) {
-        cublasStatus_t s = cublasLtMatmul(im->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C,
-                                          p->lc, C, p->lc, &p->algo, im->mm_ws, im->mm_ws_bytes,
-                                          im->stream);
+        cublasStatus_t s = cublasLtMatmul(im->lt, p->op, &alpha, B, p->la, A, p->lb, &beta,
+                                          beta != 0.0f ? Cin : C, p->lc, C, p->lc, &p->algo,
+                                          im->mm_ws, im->mm_ws_bytes, im->stream);
         if (s == CUBLAS_STATUS_SUCCESS)
             return;
         if (s != CUBLAS_STATUS_NOT_SUPPORTED) {
@@ -283,7 +308,21 @@ extern "C" void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, cons
         }
         p->use_lt = 0; /* refused at run time: the fallback serves this plan from now on */
     }
+    if (in_place_from)
+        copy_into(be, d, Cin, C);
     run_fallback(be, &key, A, B, C, alpha, beta);
+}
+
+extern "C" void cuda_matmul_cd(backend_t *be, tensor_t D, tensor_t C, tensor_t A, tensor_t B,
+                               int M, int N, int K, int transA, int transB, float alpha,
+                               float beta)
+{
+    if (be->err.code || M == 0 || N == 0)
+        return;
+    dtype_t adt = K > 0 ? A.dt : D.dt == DT_F32 ? DT_F32 : DT_BF16;
+    gemm_desc d = gemm_desc_of(M, N, K, transA, transB, adt, K > 0 ? B.dt : adt, D.dt,
+                               transA ? M : K, transB ? K : N, N, 1, 0, 0, 0);
+    cuda_gemm_cd(be, &d, A.p, B.p, C.p, D.p, alpha, beta);
 }
 
 extern "C" void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
