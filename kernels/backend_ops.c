@@ -239,26 +239,61 @@ void be_sync_at(const char *file, int line, backend_t *be)
 
 /* ---- math ---------------------------------------------------------------------- */
 
-void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A, tensor_t B,
-                  int M, int N, int K, int transA, int transB, float alpha, float beta)
+/* The checks every product makes: sizes, C (the output, and the input C of
+ * be_matmul_into when distinct), A and B as stored with their row strides
+ * (the natural ones but for be_matmul_ld), one float dtype for A and B. */
+static call matmul_checks(backend_t *be, const char *file, int line, tensor_t C, tensor_t Cin,
+                          tensor_t A, tensor_t B, int M, int N, int K, int transA, int transB,
+                          int lda, int ldb, int ldc)
 {
     call c = begin(be, "matmul", file, line);
     size_arg(&c, "M", M);
     size_arg(&c, "N", N);
     size_arg(&c, "K", K);
     if (c.bad)
-        return;
-    tensor_arg(&c, "C", C, mul((size_t)M, (size_t)N), "M x N", TAKES_FLOAT);
+        return c;
+    /* stored shapes: A is ar x ac, B is br x bc, C is M x N */
+    int ar = transA ? K : M, ac = transA ? M : K, br = transB ? N : K, bc = transB ? K : N;
+    if (ldc < N || (K > 0 && (lda < ac || ldb < bc))) {
+        refuse(&c, "lda = %d, ldb = %d, ldc = %d must be at least the stored widths %d, %d, %d",
+               lda, ldb, ldc, ac, bc, N);
+        return c;
+    }
+    int natural = lda == ac && ldb == bc && ldc == N;
+    const char *name = Cin.p ? "D" : "C";
+    if (natural)
+        tensor_arg(&c, name, C, mul((size_t)M, (size_t)N), "M x N", TAKES_FLOAT);
+    else
+        tensor_arg(&c, name, C, span2d(M, N, ldc), "(M-1) x ldc + N", TAKES_FLOAT);
+    if (Cin.p || Cin.n) {
+        tensor_arg(&c, "C", Cin, mul((size_t)M, (size_t)N), "M x N", TAKES_FLOAT);
+        const char *names[] = {"D", "C"};
+        tensor_t ts[] = {C, Cin};
+        same_dtype(&c, names, ts, 2, "D and C");
+    }
     if (K > 0) { /* K == 0: C = beta C, A and B are not read */
-        tensor_arg(&c, "A", A, mul((size_t)M, (size_t)K), "M x K", TAKES_FLOAT);
-        tensor_arg(&c, "B", B, mul((size_t)K, (size_t)N), "K x N", TAKES_FLOAT);
+        if (natural) {
+            tensor_arg(&c, "A", A, mul((size_t)M, (size_t)K), "M x K", TAKES_FLOAT);
+            tensor_arg(&c, "B", B, mul((size_t)K, (size_t)N), "K x N", TAKES_FLOAT);
+        } else {
+            tensor_arg(&c, "A", A, span2d(ar, ac, lda), "(rows-1) x lda + cols", TAKES_FLOAT);
+            tensor_arg(&c, "B", B, span2d(br, bc, ldb), "(rows-1) x ldb + cols", TAKES_FLOAT);
+        }
         const char *names[] = {"A", "B"};
         tensor_t ts[] = {A, B};
         same_dtype(&c, names, ts, 2, "the operands");
     }
+    return c;
+}
+
+void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A, tensor_t B,
+                  int M, int N, int K, int transA, int transB, float alpha, float beta)
+{
+    int lda = transA ? M : K, ldb = transB ? K : N;
+    tensor_t none = {0};
+    call c = matmul_checks(be, file, line, C, none, A, B, M, N, K, transA, transB, lda, ldb, N);
     if (!c.bad)
-        be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, transA ? M : K,
-                        transB ? K : N, N);
+        be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, N);
 }
 
 void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, tensor_t A,
@@ -269,25 +304,11 @@ void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, te
         be_matmul_at(file, line, be, D, A, B, M, N, K, transA, transB, alpha, beta);
         return;
     }
-    call c = begin(be, "matmul", file, line);
-    size_arg(&c, "M", M);
-    size_arg(&c, "N", N);
-    size_arg(&c, "K", K);
-    if (c.bad)
-        return;
-    size_t mn = mul((size_t)M, (size_t)N);
-    tensor_arg(&c, "D", D, mn, "M x N", TAKES_FLOAT);
-    tensor_arg(&c, "C", C, mn, "M x N", TAKES_FLOAT);
-    const char *dnames[] = {"D", "C"};
-    tensor_t dts[] = {D, C};
-    same_dtype(&c, dnames, dts, 2, "D and C");
-    if (K > 0) {
-        tensor_arg(&c, "A", A, mul((size_t)M, (size_t)K), "M x K", TAKES_FLOAT);
-        tensor_arg(&c, "B", B, mul((size_t)K, (size_t)N), "K x N", TAKES_FLOAT);
-        const char *names[] = {"A", "B"};
-        tensor_t ts[] = {A, B};
-        same_dtype(&c, names, ts, 2, "the operands");
-    }
+    int lda = transA ? M : K, ldb = transB ? K : N;
+    if (!C.p && !C.n)
+        C.n = 1; /* absent: refused as "not allocated", not taken for no C */
+    call c = matmul_checks(be, file, line, D, C, A, B, M, N, K, transA, transB, lda, ldb, N);
+    size_t mn = (size_t)M * (size_t)N;
     if (c.bad || !mn)
         return;
     if (be->ops->matmul_cd) {
@@ -296,35 +317,15 @@ void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, te
     }
     if (beta != 0.0f)
         be->ops->copy(be, tensor_view(D, 0, mn), tensor_view(C, 0, mn));
-    be->ops->matmul(be, D, A, B, M, N, K, transA, transB, alpha, beta, transA ? M : K,
-                    transB ? K : N, N);
+    be->ops->matmul(be, D, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, N);
 }
 
 void be_matmul_ld_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A,
                      tensor_t B, int M, int N, int K, int transA, int transB, float alpha,
                      float beta, int lda, int ldb, int ldc)
 {
-    call c = begin(be, "matmul", file, line);
-    size_arg(&c, "M", M);
-    size_arg(&c, "N", N);
-    size_arg(&c, "K", K);
-    if (c.bad)
-        return;
-    /* stored shapes: A is ar x ac, B is br x bc, C is M x N */
-    int ar = transA ? K : M, ac = transA ? M : K, br = transB ? N : K, bc = transB ? K : N;
-    if (ldc < N || (K > 0 && (lda < ac || ldb < bc))) {
-        refuse(&c, "lda = %d, ldb = %d, ldc = %d must be at least the stored widths %d, %d, %d",
-               lda, ldb, ldc, ac, bc, N);
-        return;
-    }
-    tensor_arg(&c, "C", C, span2d(M, N, ldc), "(M-1) x ldc + N", TAKES_FLOAT);
-    if (K > 0) {
-        tensor_arg(&c, "A", A, span2d(ar, ac, lda), "(rows-1) x lda + cols", TAKES_FLOAT);
-        tensor_arg(&c, "B", B, span2d(br, bc, ldb), "(rows-1) x ldb + cols", TAKES_FLOAT);
-        const char *names[] = {"A", "B"};
-        tensor_t ts[] = {A, B};
-        same_dtype(&c, names, ts, 2, "the operands");
-    }
+    tensor_t none = {0};
+    call c = matmul_checks(be, file, line, C, none, A, B, M, N, K, transA, transB, lda, ldb, ldc);
     if (!c.bad)
         be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc);
 }
