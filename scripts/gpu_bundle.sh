@@ -11,9 +11,10 @@
 #     env.sh                the same environment for `source`
 #     bin/                  spotune, test_cuda_ops, test_cuda_elementwise,
 #                           test_cuda_attention, test_cuda_layer,
-#                           test_cuda_model, test_cuda_comm
-#                           (stripped) and libspotune_cuda.so, the CUDA
-#                           backend they load
+#                           test_cuda_model, test_cuda_comm, the kernel
+#                           workbenches attn_bench and elem_bench
+#                           (kernels/cuda/dev; stripped) and
+#                           libspotune_cuda.so, the CUDA backend they load
 #     lib.tar.xz            every other shared library they load (Open MPI,
 #                           HDF5, OpenBLAS, libyaml, jansson, Criterion, curl
 #                           and their dependencies), unpacked into lib/ on
@@ -73,15 +74,20 @@ if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=Ninja"
 fi
 echo "== configure $BUILD (Release, CUDA architectures $ARCH)"
 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
+    -DSPOTUNE_KERNEL_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
 grep -q "^SPOTUNE_CUDA:STRING=ON" "$BUILD/CMakeCache.txt" || die "the build has the CUDA backend off"
-TARGETS=(spotune test_cuda_ops test_cuda_elementwise test_cuda_attention test_cuda_layer
-    test_cuda_model test_cuda_comm)
+TESTS=(test_cuda_ops test_cuda_elementwise test_cuda_attention test_cuda_layer test_cuda_model
+    test_cuda_comm)
+WORKBENCH=(attn_bench elem_bench) # kernels/cuda/dev, built into $BUILD/dev
+TARGETS=(spotune "${TESTS[@]}" "${WORKBENCH[@]}")
 echo "== build ${TARGETS[*]}"
 cmake --build "$BUILD" ${JOBS:+-j "$JOBS"} --target "${TARGETS[@]}"
 
 BINS=("$BUILD/spotune")
-for t in "${TARGETS[@]:1}"; do BINS+=("$BUILD/tests/$t"); done
+for t in "${TESTS[@]}"; do BINS+=("$BUILD/tests/$t"); done
+# the workbenches load the CUDA backend from beside them too, and link the
+# same libraries as the tests: packed and checked with them below
+for t in "${WORKBENCH[@]}"; do BINS+=("$BUILD/dev/$t"); done
 # the CUDA backend, loaded by the programs from beside them (kernels/backend.c)
 BINS+=("$BUILD/libspotune_cuda.so")
 for b in "${BINS[@]}"; do [ -f "$b" ] || die "$b was not built"; done
@@ -185,6 +191,7 @@ chmod +x "$OUT/run"
     echo
     echo "On the GPU machine, from this folder:  OUT=dir ./gpu_check.sh   (at most 6 minutes)"
     echo "or ./run spotune --help, ./run test_cuda_ops (test_cuda_elementwise, test_cuda_attention, test_cuda_layer, test_cuda_model, test_cuda_comm)"
+    echo "or ./run attn_bench, ./run elem_bench (the kernel workbenches: kernels/cuda/dev/README.md)"
 } > "$OUT/BUILD.txt"
 
 # ---- check ------------------------------------------------------------------------------

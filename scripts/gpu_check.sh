@@ -25,6 +25,16 @@
 #   bench small full vs CPU   (both fail on a difference beyond tolerance)
 #   bench 7B LoRA mb1         spotune bench llama-7b, seq 2048, r 16 all 7
 #   HF PEFT 7B LoRA mb1       scripts/bench_hf_peft.py, same settings
+#   attention workbench       attn_bench --iters 3 at its default shapes:
+#                             fused against unfused attention, forward and
+#                             backward, each checked against the CPU; the
+#                             figure: the fused/unfused speedup at the 7B
+#                             T 2048 shape (and the others), the worst error
+#   elementwise workbench     elem_bench --iters 3: vector against scalar
+#                             elementwise kernels; the figure: the
+#                             geometric-mean vector/scalar speedup and
+#                             whether the vector outputs are bit-identical
+#                             (both tables follow the main one)
 #   bench 13B LoRA mb1
 #   bench 7B LoRA mb8         retried with --recompute layer if it fails
 #   spotune doctor            its GPU lines: devices, driver and runtime,
@@ -53,13 +63,15 @@
 #
 # Output: ONE table, a row for every step whatever happened (PASS, FAIL,
 # TIMEOUT, SKIPPED, the time and the figure), printed at the end and written
-# to $OUT/gpu_check_table.md, with $OUT/gpu_check.log (progress) and
+# to $OUT/gpu_check_table.md (followed by the workbenches' own tables, when
+# they ran), with $OUT/gpu_check.log (progress) and
 # $OUT/gpu_check_outputs.tar.gz (every step's full output, nvidia-smi -q).
 # Without OUT they stay in a temporary folder, named at the end.
 #
 # usage: gpu_check.sh [--build DIR] [--budget SECONDS] [--dry-run]
-#   --build DIR       take spotune and the test programs from the build tree
-#                     DIR (scripts and fixtures from this source tree)
+#   --build DIR       take spotune, the test programs and the workbenches
+#                     (DIR/dev) from the build tree DIR (scripts and
+#                     fixtures from this source tree)
 #   --budget SECONDS  the wall-time budget (default $GPU_CHECK_BUDGET_S or 360)
 #   --dry-run         hide every GPU (CUDA_VISIBLE_DEVICES=""): the whole
 #                     script runs, every GPU step a SKIPPED row with its reason
@@ -117,6 +129,7 @@ if [ -n "$BUILD" ]; then
     SRC=$(cd "$HERE/.." && pwd)
     SPOTUNE="$BUILD/spotune"
     TESTS="$BUILD/tests"
+    DEV="$BUILD/dev"
     HF_SCRIPT="$SRC/scripts/bench_hf_peft.py"
     BUILD_INFO="build tree $BUILD, source $(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 else
@@ -127,6 +140,7 @@ else
     fi
     SPOTUNE="$HERE/bin/spotune"
     TESTS="$HERE/bin"
+    DEV="$HERE/bin"
     HF_SCRIPT="$HERE/scripts/bench_hf_peft.py"
     BUILD_INFO=$(sed -n '2,5p' "$HERE/BUILD.txt" 2>/dev/null | tr '\n' ';' | sed 's/;$//')
 fi
@@ -145,7 +159,8 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 }
 
 declare -A IDX
-for s in smi_start ops layer model comm small_lora small_full b7 hf7 b13 b7mb8 doctor memcheck smi_end; do
+for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb8 doctor \
+    memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -156,6 +171,8 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 b13 b7mb8 d
     small_full) n="bench small full mb1 seq 2048, step 1 vs CPU" ;;
     b7) n="bench llama-7b LoRA r16 mb1 seq 2048" ;;
     hf7) n="HF PEFT llama-7b LoRA r16 mb1 seq 2048 (bench_hf_peft.py)" ;;
+    attn_bench) n="attention workbench (attn_bench: fused vs unfused, fwd+bwd, vs CPU)" ;;
+    elem_bench) n="elementwise workbench (elem_bench: vector vs scalar kernels, vs CPU)" ;;
     b13) n="bench llama-13b LoRA r16 mb1 seq 2048" ;;
     b7mb8) n="bench llama-7b LoRA r16 mb8 seq 2048" ;;
     doctor) n="spotune doctor: GPU lines (devices, ECC, clocks, bf16 GEMM, memory copy, P2P)" ;;
@@ -327,6 +344,144 @@ smi() { # smi KEY
     esac
 }
 
+# ---- the kernel workbenches ---------------------------------------------------------------
+# Their Markdown tables (kernels/cuda/dev/README.md): a row per shape and
+# version (attn_bench) or shape, op and version (elem_bench), the last
+# column ok, FAIL or "not checked".
+wb_trim='function trim(x) { gsub(/^ +| +$/, "", x); return x }'
+
+# attn_bench's figure: fused/unfused forward+backward at the 7B T 2048 shape
+# (then the other shapes), the worst error, the rows' checks.
+# shellcheck disable=SC2317 # called through workbench
+attn_figure() { # attn_figure FILE
+    awk -F'|' "$wb_trim"'
+    $0 ~ /^\| *[0-9]+(,[0-9]+)+ *\|/ {
+        sh = trim($2); v = trim($3); ver = v; sub(/ .*/, "", ver); st = trim($(NF - 1))
+        n++; if (st == "ok") ok++; else if (st == "FAIL") bad++
+        if (v ~ /fallback/) fb++
+        if (!(sh in seen)) { seen[sh] = 1; order[++ns] = sh }
+        f[sh, ver] = trim($4) + 0; b[sh, ver] = trim($5) + 0; tf[sh, ver] = trim($6) "/" trim($7)
+        note[sh, ver] = v
+        split(trim($8), e, / +/)
+        if (e[2] !~ /^[0-9.]+e[-+][0-9]+$/) { nan = nan (nan == "" ? "" : ", ") sh " " v }
+        else if (wn == "" || e[2] + 0 > worst) { worst = e[2] + 0; wn = e[1] " at " sh " " v }
+    }
+    function speedup(sh) {
+        if (f[sh, "fused"] + b[sh, "fused"] <= 0 || f[sh, "unfused"] + b[sh, "unfused"] <= 0) return "-"
+        return sprintf("%.2fx", (f[sh, "unfused"] + b[sh, "unfused"]) / (f[sh, "fused"] + b[sh, "fused"]))
+    }
+    END {
+        if (n == 0) { printf "no table rows"; exit }
+        k = "1,2048,32,32,128"; sep = ""
+        if (k in seen) {
+            printf "fused/unfused fwd+bwd at 7B T 2048 (%s): %s (", k, speedup(k)
+            if ((k, "fused") in f)
+                printf "fused %.3f+%.3f ms, %s TFLOP/s%s%s", f[k, "fused"], b[k, "fused"], tf[k, "fused"],
+                    (note[k, "fused"] ~ /fallback/ ? ", fell back" : ""), ((k, "unfused") in f ? "; " : "")
+            if ((k, "unfused") in f) printf "unfused %.3f+%.3f ms", f[k, "unfused"], b[k, "unfused"]
+            printf ")"
+            sep = "; other shapes: "
+        } else sep = "fused/unfused fwd+bwd: "
+        for (i = 1; i <= ns; i++) if (order[i] != k) { printf "%s%s %s", sep, order[i], speedup(order[i]); sep = ", " }
+        if (wn != "") printf "; worst rel err %.2e (%s)", worst, wn
+        if (nan != "") printf "; error not a number: %s", nan
+        printf "; %d rows: %d ok, %d FAIL", n, ok, bad
+        if (n - ok - bad) printf ", %d not checked", n - ok - bad
+        if (fb) printf ", %d fallback", fb
+    }' "$1"
+}
+
+# elem_bench's figure: the geometric-mean vector/scalar speedup over the
+# op-shapes the vector path takes, whether the vector outputs are bit for
+# bit the scalar ones, the worst error, the rows' checks.
+# shellcheck disable=SC2317 # called through workbench
+elem_figure() { # elem_figure FILE
+    awk -F'|' "$wb_trim"'
+    $0 ~ /^\| *[0-9]+ x [0-9]+ *\|/ {
+        sh = trim($2); op = trim($3); v = trim($4); ms = trim($5) + 0; st = trim($(NF - 1))
+        n++; if (st == "ok") ok++; else if (st == "FAIL") bad++
+        e = trim($7)
+        if (e !~ /^[0-9.]+e[-+][0-9]+$/) nan++
+        else if (e + 0 > worst) worst = e + 0
+        if (v == "scalar") { sms[sh, op] = ms; next }
+        same = trim($8)
+        if (same == "yes") yes++
+        else { no++; if (no <= 3) nolist = nolist (no > 1 ? ", " : "") op " " sh }
+        if (v ~ /fallback/) { fb++; next }
+        if (sms[sh, op] > 0 && ms > 0) {
+            r = sms[sh, op] / ms; lsum += log(r); nr++
+            if (nr == 1 || r < rmin) { rmin = r; wmin = op " " sh }
+            if (nr == 1 || r > rmax) { rmax = r; wmax = op " " sh }
+        }
+    }
+    END {
+        if (n == 0) { printf "no table rows"; exit }
+        if (nr) printf "vector/scalar geometric-mean speedup %.2fx over %d op-shapes (from %.2fx, %s, to %.2fx, %s)",
+            exp(lsum / nr), nr, rmin, wmin, rmax, wmax
+        else printf "no vector/scalar speedup (no timed vector row)"
+        if (fb) printf "; %d vector rows fell back (not counted)", fb
+        if (no == 0 && yes > 0) printf "; bit-identical to scalar (%d vector rows)", yes
+        else printf "; NOT bit-identical: %d of %d vector rows differ (%s%s)", no, yes + no, nolist, (no > 3 ? ", ..." : "")
+        printf "; worst rel err %.2e", worst
+        if (nan) printf " (%d not a number)", nan
+        printf "; %d rows: %d ok, %d FAIL", n, ok, bad
+        if (n - ok - bad) printf ", %d not checked", n - ok - bad
+    }' "$1"
+}
+
+# The FAIL rows of a workbench table, named by their columns but the timings.
+wb_fails() { # wb_fails FILE
+    awk -F'|' "$wb_trim"'
+    /^\|/ && !hdr { for (c = 2; c < NF; c++) h[c] = trim($c); hdr = 1; next }
+    /^\|/ && trim($(NF - 1)) == "FAIL" {
+        d = ""
+        for (c = 2; c < NF - 1; c++) {
+            if (h[c] ~ /ms|TFLOP|GB/) continue
+            x = trim($c); gsub(/  +/, " ", x)
+            d = d (d == "" ? "" : " ") (h[c] ~ /err|scalar/ ? h[c] " " : "") x
+        }
+        if (++n <= 3) s = s (n > 1 ? "; " : "") d
+    }
+    END { if (n) printf "%d FAIL row%s: %s%s", n, (n > 1 ? "s" : ""), s, (n > 3 ? "; ..." : "") }' "$1"
+}
+
+# A workbench as one step: PASS when it exits 0 (its table's figure), FAIL
+# with its FAIL rows and messages on any other exit, SKIPPED when it exits
+# 77 (its reason) or without a GPU, TIMEOUT. Its table goes after the main
+# one in gpu_check_table.md; its whole output is KEY.out in the outputs.
+WB_RAN=() # the keys whose table is appended
+declare -A WB_CMD
+workbench() { # workbench KEY BOX FIGURE_FUNCTION PROGRAM ARGS...
+    local key=$1 box=$2 figfn=$3 prog=$4 i=${IDX[$1]} name fig fails msgs
+    shift 3
+    name=$(basename "$prog")
+    if [ -n "$NO_GPU" ]; then
+        row_set "$i" SKIPPED 0 "$NO_GPU"
+        return
+    fi
+    if [ ! -x "$prog" ]; then
+        row_set "$i" FAIL 0 "$prog is missing (a build with SPOTUNE_KERNEL_BENCH=OFF?)"
+        return
+    fi
+    step "$key" "$box" "$@"
+    [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
+    shift
+    WB_CMD[$key]="$name $*"
+    grep -q '^|' "$PARTS/$key.out" && WB_RAN+=("$key")
+    fig=$("$figfn" "$PARTS/$key.out")
+    fails=$(wb_fails "$PARTS/$key.out")
+    msgs=$(grep -h "^$name: " "$PARTS/$key.out" | tail -n 2 | tr '\n' ' ')
+    case $RC in
+    0) row_set "$i" PASS "$DT" "$fig" ;;
+    77) row_set "$i" SKIPPED "$DT" "${msgs:-exit 77: $(tail -n 1 "$PARTS/$key.out")}" ;;
+    124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s; so far: $fig" ;;
+    *)
+        [ -n "$fails$msgs" ] || msgs=$(why_failed "$PARTS/$key.out")
+        row_set "$i" FAIL "$DT" "exit $RC: ${fails}${fails:+${msgs:+; }}${msgs}; $fig"
+        ;;
+    esac
+}
+
 # ---- the run ----------------------------------------------------------------------------
 say "spotune GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), budget ${BUDGET}s$([ "$DRY" = 1 ] && echo ", dry run: CUDA_VISIBLE_DEVICES=\"\"")"
 say "programs: $BUILD_INFO"
@@ -378,6 +533,10 @@ else
     *) row_set "$i" FAIL "$DT" "exit $RC: $(why_failed "$PARTS/hf7.out")" ;;
     esac
 fi
+
+# the kernel workbenches: attention versions, then elementwise versions
+workbench attn_bench 45 attn_figure "$DEV/attn_bench" --iters 3
+workbench elem_bench 30 elem_figure "$DEV/elem_bench" --iters 3
 
 bench b13 75 llama-13b lora 1 5
 bench b7mb8 90 llama-7b lora 8 5
@@ -480,6 +639,15 @@ TOTAL=$(elapsed)
         echo "| $((k + 1)) | ${R_NAME[$k]} | ${R_RES[$k]} | ${R_SECS[$k]} | ${R_FIG[$k]} |"
     done
 } > "$TABLE"
+# the workbenches' own tables after it
+for key in ${WB_RAN[@]+"${WB_RAN[@]}"}; do
+    {
+        echo
+        echo "${R_NAME[${IDX[$key]}]%% (*}: \`${WB_CMD[$key]}\` (${R_RES[${IDX[$key]}]}; full output: out/$key.out in the outputs)"
+        echo
+        awk '/^device:/ { print; print ""; next } /^\|/' "$PARTS/$key.out"
+    } >> "$TABLE"
+done
 say ""
 tee -a "$LOG" < "$TABLE"
 say ""

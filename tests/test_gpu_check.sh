@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 14 rows, every GPU step is
-#     SKIPPED with its reason (the CUDA error, or the build without CUDA), the
-#     test programs report their own skip, exit 77, and it takes under a
-#     minute;
+#     run on a GPU machine too): the table has all 16 rows, every GPU step is
+#     SKIPPED with its reason (the CUDA error, or the build without CUDA),
+#     the two kernel workbenches' rows too, the test programs report their
+#     own skip, exit 77, and it takes under a minute;
 #  2. with stand-in programs in a bundle-shaped folder (env.sh that sets the
 #     bundle's LD_LIBRARY_PATH, bin/, a fake nvidia-smi and compute-sanitizer
 #     on PATH, a python whose torch import fails): PASS, FAIL, TIMEOUT and
@@ -14,8 +14,12 @@
 #     bundle's) and its import error as a FAIL row with the message,
 #     nvidia-smi at start and end, spotune doctor's GPU lines as rows (a
 #     WARN among them; its SKIPPED lines named in its row), memcheck errors
-#     as rows, the table in
-#     $OUT/gpu_check_table.md, exit 1;
+#     as rows, the kernel workbenches (attn_bench, elem_bench: stand-ins
+#     printing tables like theirs) as PASS rows with the figures derived
+#     from their tables, and their tables after the main one, the table in
+#     $OUT/gpu_check_table.md, exit 1; the workbenches again as FAIL rows
+#     (exit 1, a FAIL row each), then as TIMEOUT (a hung one) and SKIPPED
+#     (one that exits 77);
 #  3. the budget enforced: a step that hangs is cut at what is left of a
 #     30 s budget, every later step is a "not started" row, and the whole
 #     run stays within the budget.
@@ -46,7 +50,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 14 rows" $((n != 14)) "$table"
+check "dry run: the table has the 16 rows" $((n != 16)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -55,12 +59,17 @@ for k in 2 3 4 5; do
         { has "$r" "cudaGetDeviceCount: " || has "$r" "built without the CUDA backend"; }
     check "dry run: test row $k skipped by the program itself, naming why" $? "$r"
 done
-for k in 6 7 8 9 10 11 12 13; do
+for k in 6 7 8 9 10 11 12 13 14 15; do
     r=$(row "$table" $k)
     has "$r" "no usable CUDA device: "
     check "dry run: GPU row $k skipped with the reason" $? "$r"
 done
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 14)" "dry run: the GPUs are hidden"
+has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
+    has "$(row "$table" 11)" "| elementwise workbench (elem_bench"
+check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
+! has "$table" "full output: out/"
+check "dry run: no workbench table after the main one" $? "$table"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 16)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -145,6 +154,54 @@ cat > "$bundle/bin/test_cuda_comm" <<'EOF'
 #!/usr/bin/env bash
 echo "[====] Synthesis: Tested: 3 | Passing: 3 | Failing: 0 | Crashing: 0 " >&2
 EOF
+# the kernel workbenches: tables as theirs (kernels/cuda/dev); FAKE_WB=fail:
+# a FAIL row and exit 1; FAKE_WB=other: attn_bench hangs after one row,
+# elem_bench exits 77 as without a device
+cat > "$bundle/bin/attn_bench" <<'EOF'
+#!/usr/bin/env bash
+[ "$*" = "--iters 3" ] || { echo "usage: attn_bench [--shape B,T,nh,nkv,hd]... [--iters N]" >&2; exit 2; }
+echo "device: NVIDIA H200; 3 iterations; no packing"
+echo
+echo "| B,T,nh,nkv,hd | version | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | worst rel err | check |"
+echo "|---|---|---|---|---|---|---|---|"
+echo "| 1,2048,32,32,128 | fused    |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.10e-03 | ok |"
+[ "${FAKE_WB:-}" = other ] && exec sleep 1000
+echo "| 1,2048,32,32,128 | unfused  |     1.000 |     3.000 |   137.4 |   114.5 | out 2.00e-03 | ok |"
+echo "| 1,2048,32,8,128 | fused    |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.20e-03 | ok |"
+if [ "${FAKE_WB:-}" = fail ]; then
+    echo "| 1,2048,32,8,128 | unfused  |     1.500 |     3.500 |    91.6 |    98.2 | dq  2.50e-02 | FAIL |"
+else
+    echo "| 1,2048,32,8,128 | unfused  |     1.500 |     3.500 |    91.6 |    98.2 | dq  2.50e-03 | ok |"
+fi
+echo "| 1,4096,32,8,64 | fused    |     1.000 |     3.000 |   275.0 |   229.1 | dk  4.00e-03 | ok |"
+echo "| 1,4096,32,8,64 | unfused  |     3.000 |     9.000 |    91.6 |    76.4 | dk  4.50e-03 | ok |"
+echo "| 2,1031,8,2,64 | fused    fallback |     0.200 |     0.600 |    22.2 |    18.5 | dv  1.00e-03 | ok |"
+echo "| 2,1031,8,2,64 | unfused  |     0.200 |     0.600 |    22.2 |    18.5 | dv  1.00e-03 | ok |"
+[ "${FAKE_WB:-}" = fail ] && exit 1
+exit 0
+EOF
+cat > "$bundle/bin/elem_bench" <<'EOF'
+#!/usr/bin/env bash
+[ "$*" = "--iters 3" ] || { echo "usage: elem_bench [--shape ROWS,COLS]... [--iters N]" >&2; exit 2; }
+if [ "${FAKE_WB:-}" = other ]; then
+    echo "elem_bench: runtime.backend: cuda requested but no CUDA device is usable: cudaGetDeviceCount: no CUDA-capable device is detected (cudaErrorNoDevice)" >&2
+    exit 77
+fi
+same=yes check=ok
+[ "${FAKE_WB:-}" = fail ] && same=NO check=FAIL
+echo "device: NVIDIA H200; activations bf16; 3 iterations"
+echo
+echo "| rows x cols | op | version | ms | GB/s | worst rel err | = scalar | check |"
+echo "|---|---|---|---|---|---|---|---|"
+echo "| 2048 x 4096 | add         | scalar |    0.040 |  1258.3 | 1.95e-03 | -   | ok |"
+echo "| 2048 x 4096 | add         | vector |    0.020 |  2516.6 | 1.95e-03 | $same | $check |"
+echo "| 2048 x 4096 | rmsnorm_fwd | scalar |    0.080 |   419.4 | 3.00e-03 | -   | ok |"
+echo "| 2048 x 4096 | rmsnorm_fwd | vector |    0.010 |  3355.4 | 3.00e-03 | yes | ok |"
+echo "| 1031 x 4103 | add         | scalar |    0.030 |   846.0 | 1.90e-03 | -   | ok |"
+echo "| 1031 x 4103 | add         | vector fallback |    0.030 |   846.0 | 1.90e-03 | yes | ok |"
+[ "${FAKE_WB:-}" = fail ] && { echo "elem_bench: 1 row failed" >&2; exit 1; }
+exit 0
+EOF
 cat > "$tmp/path/compute-sanitizer" <<'EOF'
 #!/usr/bin/env bash
 echo "========= COMPUTE-SANITIZER"
@@ -194,18 +251,34 @@ expect_row 7 FAIL "step 1 vs the cpu backend: loss 10.52 vs 10.91"
 expect_row 8 PASS "MFU honest 44.2% / 6N 45.2%; step 1 loss 11.2000"
 expect_row 8 PASS "one step 200.0 ms: GEMM 40%, LoRA 10%, attention 20%, elementwise 20%, optimizer 5%, comm 5%"
 expect_row 9 FAIL "error: import torch: OSError: libcudnn.so.9"
-expect_row 10 TIMEOUT "killed after 8s"
-expect_row 11 PASS "recompute layer; 3000 tok/s"
-expect_row 11 PASS "recompute none had failed: exit 1: spotune: error: cuda backend"
-expect_row 12 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
-expect_row 13 FAIL "exit 3, 3 errors"
-expect_row 14 PASS "NVIDIA H200"
-expect_row 15 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 16 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 17 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 18 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 10 PASS "attention workbench (attn_bench"
+expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms)"
+expect_row 10 PASS "other shapes: 1,2048,32,8,128 2.50x, 1,4096,32,8,64 3.00x, 2,1031,8,2,64 1.00x"
+expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 8 rows: 8 ok, 0 FAIL, 1 fallback"
+expect_row 11 PASS "elementwise workbench (elem_bench"
+expect_row 11 PASS "vector/scalar geometric-mean speedup 4.00x over 2 op-shapes (from 2.00x, add 2048 x 4096, to 8.00x, rmsnorm_fwd 2048 x 4096)"
+expect_row 11 PASS "1 vector rows fell back (not counted); bit-identical to scalar (3 vector rows); worst rel err 3.00e-03; 6 rows: 6 ok, 0 FAIL"
+expect_row 12 TIMEOUT "killed after 8s"
+expect_row 13 PASS "recompute layer; 3000 tok/s"
+expect_row 13 PASS "recompute none had failed: exit 1: spotune: error: cuda backend"
+expect_row 14 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
+expect_row 15 FAIL "exit 3, 3 errors"
+expect_row 16 PASS "NVIDIA H200"
+expect_row 17 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 18 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 19 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 20 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 14 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 18)) "$table"
+check "stand-ins: 16 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 20)) "$table"
+# the workbenches' own tables after the main one, whole
+after=$(sed -n '/^| 20 |/,$p' <<<"$table")
+has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
+    has "$after" "device: NVIDIA H200; 3 iterations" &&
+    has "$after" "| 2,1031,8,2,64 | unfused  |" &&
+    has "$after" "elementwise workbench: \`elem_bench --iters 3\` (PASS; full output: out/elem_bench.out" &&
+    has "$after" "| 1031 x 4103 | add         | vector fallback |" &&
+    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 10 + 8)) ]
+check "stand-ins: both workbench tables follow the main table" $? "$after"
 has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
 check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"
 memcheck_out=$(tar -xzOf "$tmp/mixed/gpu_check_outputs.tar.gz" out/memcheck.out 2>&1)
@@ -218,19 +291,41 @@ check "memcheck runs the three CUDA op suites (test_cuda_ops, test_cuda_elementw
 list=$(tar -tzf "$tmp/mixed/gpu_check_outputs.tar.gz" 2>&1)
 has "$list" "smi_start-q.out" && has "$list" "smi_end-q.out"
 check "nvidia-smi -q kept at start and end" $? "$list"
+has "$list" "out/attn_bench.out" && has "$list" "out/elem_bench.out"
+check "the workbenches' whole outputs kept" $? "$list"
+has "$(cat "$tmp/mixed/gpu_check.log" 2>/dev/null)" "| 1,4096,32,8,64 | unfused  |"
+check "the workbench tables in the log" $? "$(cat "$tmp/mixed/gpu_check.log" 2>/dev/null)"
 has "$(head -n 3 <<<"$table")" "MFU honest: 4N/token for frozen weights" &&
     has "$(head -n 1 <<<"$table")" "GPU: NVIDIA H200, 570.86.15"
 check "the table names the GPU, driver and both MFU conventions" $? "$(head -n 3 <<<"$table")"
 check "stand-ins: run under a minute" $((dt >= 60)) "${dt}s"
 
 # with the machine's own LD_LIBRARY_PATH set, Python gets exactly that
+# (and the workbenches fail: a FAIL row each)
 env LD_LIBRARY_PATH=/opt/machine/lib OUT="$tmp/mixed2" PATH="$tmp/path:/usr/bin:/bin" \
     GPU_CHECK_BOX_SCALE=0.05 GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv2" \
-    bash "$bundle/gpu_check.sh" > /dev/null 2>&1
+    FAKE_WB=fail bash "$bundle/gpu_check.sh" > /dev/null 2>&1
 has "$(cat "$tmp/pyenv2" 2>/dev/null)" "LD_LIBRARY_PATH=/opt/machine/lib" &&
     ! has "$(cat "$tmp/pyenv2" 2>/dev/null)" "$bundle/lib"
 check "the Python peer gets the machine's LD_LIBRARY_PATH, not the bundle's" $? \
     "$(cat "$tmp/pyenv2" 2>/dev/null)"
+table=$(cat "$tmp/mixed2/gpu_check_table.md" 2>/dev/null)
+expect_row 10 FAIL "exit 1: 1 FAIL row: 1,2048,32,8,128 unfused worst rel err dq 2.50e-02; fused/unfused"
+expect_row 10 FAIL "8 rows: 7 ok, 1 FAIL"
+expect_row 11 FAIL "exit 1: 1 FAIL row: 2048 x 4096 add vector worst rel err 1.95e-03 = scalar NO; elem_bench: 1 row failed"
+expect_row 11 FAIL "NOT bit-identical: 1 of 3 vector rows differ (add 2048 x 4096)"
+has "$table" "attention workbench: \`attn_bench --iters 3\` (FAIL;" && has "$table" "| dq  2.50e-02 | FAIL |"
+check "stand-ins: a failing workbench's table follows the main table" $? "$table"
+
+# a workbench that hangs (TIMEOUT, its rows so far) and one that finds no
+# device (exit 77: SKIPPED with its reason)
+env -u LD_LIBRARY_PATH OUT="$tmp/mixed3" PATH="$tmp/path:/usr/bin:/bin" GPU_CHECK_BOX_SCALE=0.05 \
+    GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv3" FAKE_WB=other \
+    bash "$bundle/gpu_check.sh" > /dev/null 2>&1
+table=$(cat "$tmp/mixed3/gpu_check_table.md" 2>/dev/null)
+expect_row 10 TIMEOUT "killed after 2s; so far: fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): - "
+expect_row 10 TIMEOUT "1 rows: 1 ok, 0 FAIL"
+expect_row 11 SKIPPED "elem_bench: runtime.backend: cuda requested but no CUDA device is usable: cudaGetDeviceCount: no CUDA-capable device"
 
 # ---- 3. the budget ----------------------------------------------------------------------------
 t0=$(date +%s)
@@ -248,10 +343,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 14)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-3]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 11)) "$table"
-expect_row 14 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 16)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-5]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 13)) "$table"
+expect_row 16 PASS "NVIDIA H200"
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]
