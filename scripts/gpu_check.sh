@@ -37,6 +37,8 @@
 #                             (both tables follow the main one)
 #   bench 13B LoRA mb1
 #   bench 7B LoRA mb8         retried with --recompute layer if it fails
+#   bench 7B LoRA seq 8192    micro-batch 1: the fused attention keeps no
+#                             T x T buffer, so the long sequence fits
 #   spotune doctor            its GPU lines: devices, driver and runtime,
 #                             ECC, clocks, bf16 GEMM TFLOP/s against the
 #                             card's peak, device-memory copy GB/s, P2P
@@ -159,7 +161,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 }
 
 declare -A IDX
-for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb8 doctor \
+for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb8 b7s8k doctor \
     memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
@@ -175,6 +177,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     elem_bench) n="elementwise workbench (elem_bench: vector vs scalar kernels, vs CPU)" ;;
     b13) n="bench llama-13b LoRA r16 mb1 seq 2048" ;;
     b7mb8) n="bench llama-7b LoRA r16 mb8 seq 2048" ;;
+    b7s8k) n="bench llama-7b LoRA r16 mb1 seq 8192" ;;
     doctor) n="spotune doctor: GPU lines (devices, ECC, clocks, bf16 GEMM, memory copy, P2P)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -302,14 +305,14 @@ bench_figure() { # bench_figure JSON
 }
 
 NO_GPU="" # why no CUDA device is usable, when none is
-bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE]
-    local key=$1 box=$2 preset=$3 mode=$4 mb=$5 steps=$6 rcm=${7:-none} i=${IDX[$1]} json
+bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ]]
+    local key=$1 box=$2 preset=$3 mode=$4 mb=$5 steps=$6 rcm=${7:-none} seq=${8:-2048} i=${IDX[$1]} json
     if [ -n "$NO_GPU" ]; then
         row_set "$i" SKIPPED 0 "$NO_GPU"
         return
     fi
     step "$key" "$box" "$SPOTUNE" bench --backend cuda --preset "$preset" --mode "$mode" \
-        --micro-batch "$mb" --seq-len 2048 --steps "$steps" --warmup 1 --lora-r 16 \
+        --micro-batch "$mb" --seq-len "$seq" --steps "$steps" --warmup 1 --lora-r 16 \
         --recompute "$rcm" --json
     [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
     json=$(grep '^{' "$PARTS/$key.out" | tail -1)
@@ -547,6 +550,7 @@ if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
     bench b7mb8 90 llama-7b lora 8 5 layer
     R_FIG[${IDX[b7mb8]}]="${R_FIG[${IDX[b7mb8]}]}; recompute none had failed: ${first:0:150}"
 fi
+bench b7s8k 60 llama-7b lora 1 3 none 8192
 
 # spotune doctor: its GPU lines, each a row of its own (a SKIPPED one is named
 # in the doctor's row, not a row: one GPU has no pairs, one rank no NCCL test)
