@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct ckpt_writer {
@@ -24,33 +25,54 @@ struct ckpt_writer {
     ckpt_shard_info last_shard;
     int shard_written; /* the shard job in progress has written its file (uploading now) */
     store_t *store;    /* where a written shard is put (NULL: nowhere) */
+    double put_deadline_s; /* a shard's put is tried again for this long */
     int drop_shards;   /* remove a shard file after its upload */
 };
 
 /* The written shard into the store, unless a complete checkpoint of its
- * step is there (never overwrite one). Failures are reported here: the
- * ranks do not wait for uploads, rank 0's push of MANIFEST.json does. */
-static void upload_shard(ckpt_writer *w, const char *dir, const ckpt_shard *sh,
-                         const ckpt_shard_info *info)
+ * step is there (never overwrite one). The ranks do not wait for uploads;
+ * rank 0's push of MANIFEST.json waits for every shard, up to
+ * checkpoint.upload_deadline_s. So a failure (the store's own retries used
+ * up, or the check before the put) is tried again, after a pause that
+ * doubles up to 4 s, until put_deadline_s after the first try: a passing
+ * fault must not leave the checkpoint incomplete in the store while rank 0
+ * waits for it. The last failure is printed. Returns 0 when the shard is
+ * in the store (or need not be). */
+static int upload_shard(ckpt_writer *w, const char *dir, const ckpt_shard *sh,
+                        const ckpt_shard_info *info)
 {
     char step[64];
     ckpt_dir_name(step, sizeof step, sh->step);
     char *key = sp_strf("%s/%s", step, info->name), *mkey = sp_strf("%s/%s", step, CKPT_MANIFEST);
     char *path = sp_strf("%s/%s", dir, info->name);
     sp_err e = {0};
-    int there = 0;
-    if (!key || !mkey || !path)
-        sp_fail(&e, SP_EXIT_OTHER, "out of memory");
-    else if (store_exists(w->store, mkey, &there, NULL, &e) == 0 && !there)
-        store_put_file(w->store, key, path, 0, &e);
+    double until = sp_now() + w->put_deadline_s, pause = 0.25;
+    int tries = 0;
+    for (;;) {
+        memset(&e, 0, sizeof e);
+        int there = 0;
+        tries++;
+        if (!key || !mkey || !path)
+            sp_fail(&e, SP_EXIT_OTHER, "out of memory");
+        else if (store_exists(w->store, mkey, &there, NULL, &e) == 0 && !there)
+            store_put_file(w->store, key, path, 0, &e);
+        if (!e.code || !key || !mkey || !path || sp_now() + pause > until)
+            break;
+        struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
+        nanosleep(&ts, NULL);
+        pause = pause * 2 < 4 ? pause * 2 : 4;
+    }
     if (e.code)
         fprintf(stderr,
-                "warning: checkpoint shard %s was not put in %s: %s; that checkpoint will not "
-                "be complete there (the remote store is behind)\n",
-                key ? key : info->name, store_url(w->store), e.msg);
+                "warning: checkpoint shard %s was not put in %s (%d tries in %g s): %s; that "
+                "checkpoint will not be complete there (the remote store is behind)%s%s\n",
+                key ? key : info->name, store_url(w->store), tries, w->put_deadline_s, e.msg,
+                w->drop_shards && path ? "; the shard stays at " : "",
+                w->drop_shards && path ? path : "");
     free(key);
     free(mkey);
     free(path);
+    return e.code ? -1 : 0;
 }
 
 /* A shard job: the rank's shard file written into dir. */
@@ -65,9 +87,10 @@ static void write_shard(ckpt_writer *w, char *dir, ckpt_shard *sh)
     w->shard_written = 1;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    int kept = 0; /* a written shard the store does not hold: never deleted */
     if (!err.code && w->store)
-        upload_shard(w, dir, sh, &info);
-    if (w->drop_shards) {
+        kept = upload_shard(w, dir, sh, &info) != 0;
+    if (w->drop_shards && !kept) {
         char name[64];
         ckpt_shard_name(name, sizeof name, sh->rank, sh->count);
         char *path = sp_strf("%s/%s", dir, name);
@@ -192,11 +215,12 @@ int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, do
     return 0;
 }
 
-void ckpt_writer_set_store(ckpt_writer *w, store_t *st)
+void ckpt_writer_set_store(ckpt_writer *w, store_t *st, double put_deadline_s)
 {
     pthread_mutex_lock(&w->mu);
     wait_idle(w);
     w->store = st;
+    w->put_deadline_s = put_deadline_s;
     pthread_mutex_unlock(&w->mu);
 }
 

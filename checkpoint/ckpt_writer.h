@@ -29,10 +29,13 @@ int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, do
 /* With a remote store: after writing its shard the writer puts it at
  * step-NNNNNNNN/<shard file> in st, which it owns from here (closed with the
  * writer), unless that step's MANIFEST.json is there already (a complete
- * checkpoint is never overwritten); a failure is printed on stderr. */
-void ckpt_writer_set_store(ckpt_writer *w, store_t *st);
-/* drop: once its upload is done (or failed, or the write failed) the shard
- * file is removed, and the directory with it once empty. For the ranks of a
+ * checkpoint is never overwritten). A failed put is tried again, with
+ * pauses, for put_deadline_s (rank 0 waits that long for the shard before
+ * pushing MANIFEST.json); the last failure is printed on stderr. */
+void ckpt_writer_set_store(ckpt_writer *w, store_t *st, double put_deadline_s);
+/* drop: once its upload is done (or the write failed) the shard file is
+ * removed, and the directory with it once empty; a shard whose upload
+ * failed for good stays (the store does not hold it). For the ranks of a
  * machine other than rank 0's that does not share run.dir: there the store
  * is the only copy a resume reads, and the disk keeps nothing. */
 void ckpt_writer_drop_shards(ckpt_writer *w, int drop);

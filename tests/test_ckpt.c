@@ -11,10 +11,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint/ckpt.h"
 #include "checkpoint/ckpt_writer.h"
+#include "checkpoint/store.h"
 #include <hdf5.h>
 #include "test_util.h"
 
@@ -388,6 +390,62 @@ Test(ckpt, background_writer_commits_each_snapshot)
     ckpt_manifest m;
     cr_expect_eq(ckpt_verify(p, &m, &err), 0, "%s", err.msg);
     ckpt_manifest_free(&m);
+}
+
+/* A rank's shard put that fails at first (the store's step path is a file
+ * for the first 1.5 s: the check and the put both fail) is tried again until
+ * it lands, within the deadline: the shard is in the store, whole, and with
+ * drop_shards the local file is removed only then. With a deadline already
+ * spent the failure is final and the local shard stays. */
+static void shard_put(double deadline_s, double unblock_after_s, int expect_in_store)
+{
+    char *store_dir = sp_strf("%s/store-%g", dir, deadline_s);
+    char *tmp = sp_strf("%s/.tmp-shard", dir), *blocker = sp_strf("%s/step-00000005", store_dir);
+    cr_assert_eq(mkdir(store_dir, 0755), 0);
+    cr_assert_eq(mkdir(tmp, 0755), 0);
+    FILE *f = fopen(blocker, "w"); /* a file where the step's directory goes */
+    cr_assert(f);
+    fclose(f);
+    store_t *st;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&st, tu_fmt("file://%s", store_dir), NULL, &err), 0, "%s", err.msg);
+    ckpt_writer *w;
+    cr_assert_eq(ckpt_writer_start(&w, dir, NULL, NULL, &err), 0, "%s", err.msg);
+    ckpt_writer_set_store(w, st, deadline_s);
+    ckpt_writer_drop_shards(w, 1);
+    ckpt_shard sh = {.step = 5, .rank = 0, .count = 1, .lo = 0, .hi = 64};
+    for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
+        sh.data[g] = malloc(sizeof(float) * 64);
+        for (int e = 0; e < 64; e++)
+            sh.data[g][e] = (float)(g * 100 + e);
+    }
+    double waited;
+    double t0 = sp_now();
+    cr_assert_eq(ckpt_writer_submit_shard(w, tmp, &sh, &waited, &err), 0, "%s", err.msg);
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    while (sp_now() - t0 < unblock_after_s)
+        nanosleep(&ts, NULL);
+    cr_assert_eq(unlink(blocker), 0);
+    ckpt_writer_stop(w); /* after the shard's upload */
+    char name[64];
+    ckpt_shard_name(name, sizeof name, 0, 1);
+    struct stat sb;
+    int in_store = stat(tu_fmt("%s/step-00000005/%s", store_dir, name), &sb) == 0;
+    int local = stat(tu_fmt("%s/%s", tmp, name), &sb) == 0;
+    cr_expect_eq(in_store, expect_in_store, "the shard %s in the store (deadline %g s)",
+                 in_store ? "is" : "is not", deadline_s);
+    cr_expect_eq(local, !expect_in_store, "the local shard %s", local ? "stayed" : "was removed");
+    free(store_dir), free(tmp), free(blocker);
+}
+
+Test(ckpt, a_failed_shard_put_is_tried_again_until_its_deadline)
+{
+    shard_put(30.0, 1.5, 1);
+}
+
+Test(ckpt, a_shard_put_failing_past_its_deadline_keeps_the_local_shard)
+{
+    shard_put(0.5, 1.5, 0);
 }
 
 /* In a process of its own that starts as spotune's main does: a 2 MiB state

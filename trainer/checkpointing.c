@@ -129,7 +129,9 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
         store_t *st = NULL;
         ckpt_remote_opts(cfg, 0, &so);
         if (store_open(&st, cfg->ckpt_remote, &so, err) == 0) {
-            ckpt_writer_set_store(c->writer, st);
+            ckpt_writer_set_store(c->writer, st,
+                                  cfg->ckpt_upload_deadline_s > 1 ? cfg->ckpt_upload_deadline_s
+                                                                  : 1);
             ckpt_writer_drop_shards(c->writer, c->spread && c->fs_first != 0);
         }
         else
