@@ -132,9 +132,11 @@ static int rank_shard(const char *name, const store_xfer_opts *x)
 
 /* Waits until every shard file MANIFEST (man, mn bytes) lists is in the
  * store with the size MANIFEST gives (x->shards_wait_s at most): the ranks
- * put them, some from machines whose files this one never sees. */
-static int await_rank_shards(store_t *s, const void *man, size_t mn, const char *pfx,
-                             const store_xfer_opts *x, sp_err *err)
+ * put them, some from machines whose files this one never sees. A shard
+ * still missing then that local_dir holds with its size (run.dir shared by
+ * the ranks: the rank's own put failed for good) is put from here. */
+static int await_rank_shards(store_t *s, const char *local_dir, const void *man, size_t mn,
+                             const char *pfx, const store_xfer_opts *x, sp_err *err)
 {
     double until = sp_now() + x->shards_wait_s;
     json_t *j = json_loadb(man, mn, 0, NULL), *files = json_object_get(j, "files");
@@ -167,6 +169,18 @@ static int await_rank_shards(store_t *s, const void *man, size_t mn, const char 
                 break;
             }
             if (sp_now() >= until) {
+                char *path = sp_strf("%s/%s", local_dir, name);
+                struct stat sb;
+                int local = path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) &&
+                            (uint64_t)sb.st_size == (uint64_t)json_integer_value(sz);
+                if (local)
+                    rc = s->ops->put_file(s, key, path, 0, xcancel(x), err);
+                free(path);
+                if (local) {
+                    if (!rc)
+                        notify(x, key);
+                    break;
+                }
                 rc = store_fail(s, err, STORE_EPEER, key,
                                 "its rank has not put it in %.0f s; MANIFEST.json not pushed",
                                 x->shards_wait_s);
@@ -246,7 +260,7 @@ int store_push_dir(store_t *s, const char *local_dir, const char *prefix,
         if (!rc)
             rc = push_files(s, local_dir, pfx, &files, x, err);
         if (!rc && x && x->shards_put_by_ranks)
-            rc = await_rank_shards(s, man, mn, pfx, x, err);
+            rc = await_rank_shards(s, local_dir, man, mn, pfx, x, err);
         if (!rc)
             rc = push_manifest(s, mkey, man, mn, x, err);
     }

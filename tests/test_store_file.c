@@ -327,6 +327,62 @@ Test(store_file, push_manifest_last_pull_identical)
     close_fixture(&f);
 }
 
+/* A sharded checkpoint whose ranks put their shard files themselves
+ * (shards_put_by_ranks): MANIFEST.json waits for them (0.3 s here). A shard
+ * still missing then that the local directory holds with its MANIFEST size
+ * (run.dir shared: its rank's put failed) is put by the push itself, and the
+ * push completes; one the local directory lacks (another machine's) fails
+ * the push with STORE_EPEER, naming it, and MANIFEST.json is not pushed. */
+Test(store_file, push_puts_a_missing_rank_shard_it_holds_and_names_one_it_lacks)
+{
+    store_fx f = open_fixture("shards");
+    char *ck = path_in(f.dir, "step-00000010");
+    cr_assert_eq(mkdir(ck, 0777), 0);
+    const char *names[2] = {"shard-00000-of-00002.h5", "shard-00001-of-00002.h5"};
+    char *paths[2];
+    for (int i = 0; i < 2; i++) {
+        paths[i] = path_in(ck, names[i]);
+        tu_random_file(paths[i], 1000 + (size_t)i, 40 + (uint64_t)i);
+    }
+    char *mpath = path_in(ck, "MANIFEST.json");
+    FILE *m = fopen(mpath, "w");
+    cr_assert(m);
+    fprintf(m, "{\"format\": 1, \"files\": {\"%s\": {\"size\": 1000}, \"%s\": {\"size\": 1001}}}\n",
+            names[0], names[1]);
+    fclose(m);
+    sp_err err = {0};
+    cr_assert_eq(store_put_file(f.s, "step-00000010/shard-00000-of-00002.h5", paths[0], 0, &err), 0,
+                 "%s", err.msg); /* rank 0 put its own; rank 1's put failed */
+    store_xfer_opts x = {.shards_put_by_ranks = 1, .shards_wait_s = 0.3};
+    cr_assert_eq(store_push_dir(f.s, ck, "step-00000010", &x, &err), 0, "%s", err.msg);
+    char *got = path_in(f.dir, "got.h5");
+    cr_assert_eq(store_get_file(f.s, "step-00000010/shard-00000-of-00002.h5", got, &err), 0);
+    int there = 0;
+    cr_assert_eq(store_exists(f.s, "step-00000010/MANIFEST.json", &there, NULL, &err), 0);
+    cr_expect(there, "MANIFEST.json pushed");
+    cr_assert_eq(store_get_file(f.s, "step-00000010/shard-00001-of-00002.h5", got, &err), 0,
+                 "%s", err.msg);
+    cr_expect(tu_files_equal(got, paths[1]), "rank 1's shard, put by the push, differs");
+    /* step 20: rank 1's shard is on another machine (not here) and not in the store */
+    char *ck2 = path_in(f.dir, "step-00000020");
+    cr_assert_eq(mkdir(ck2, 0777), 0);
+    char *m2 = path_in(ck2, "MANIFEST.json"), *p2 = path_in(ck2, names[0]);
+    tu_random_file(p2, 1000, 50);
+    cr_assert_eq(rename(mpath, m2), 0);
+    cr_assert_eq(store_put_file(f.s, "step-00000020/shard-00000-of-00002.h5", p2, 0, &err), 0);
+    sp_err_clear(&err);
+    cr_expect_eq(store_push_dir(f.s, ck2, "step-00000020", &x, &err), STORE_EPEER);
+    cr_expect(strstr(err.msg, "shard-00001-of-00002.h5") != NULL, "%s", err.msg);
+    there = 1;
+    sp_err_clear(&err);
+    cr_assert_eq(store_exists(f.s, "step-00000020/MANIFEST.json", &there, NULL, &err), 0);
+    cr_expect(!there, "MANIFEST.json of an incomplete checkpoint pushed");
+    for (int i = 0; i < 2; i++)
+        free(paths[i]);
+    free(mpath), free(m2), free(p2), free(ck), free(ck2), free(got);
+    close_fixture(&f);
+}
+
 Test(store_file, push_refuses_incomplete_and_conflicting)
 {
     store_fx f = open_fixture("conflict");
