@@ -160,7 +160,14 @@ struct lease {
     pthread_cond_t cv;
     int stop, written, lost, done;
     sp_err lost_err;
+    struct lease *next_left; /* on the list of leases left to their thread */
 };
+
+/* Leases whose release outlived RELEASE_WAIT_S: their threads finish on
+ * their own and the process may exit first; kept here, they stay reachable
+ * (memory the process still holds on purpose, not a leak). */
+static pthread_mutex_t left_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct lease *left_leases;
 
 static const char *str_field(json_t *j, const char *k)
 {
@@ -441,6 +448,10 @@ void lease_release(lease_t *l)
     pthread_mutex_unlock(&l->mu);
     if (!done) {
         pthread_detach(l->thread);
+        pthread_mutex_lock(&left_mu);
+        l->next_left = left_leases;
+        left_leases = l;
+        pthread_mutex_unlock(&left_mu);
         return;
     }
     pthread_join(l->thread, NULL);
