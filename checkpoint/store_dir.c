@@ -171,14 +171,22 @@ static int await_rank_shards(store_t *s, const char *local_dir, const void *man,
             if (sp_now() >= until) {
                 char *path = sp_strf("%s/%s", local_dir, name);
                 struct stat sb;
+                sp_err pe = {0};
                 int local = path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) &&
                             (uint64_t)sb.st_size == (uint64_t)json_integer_value(sz);
-                if (local)
-                    rc = s->ops->put_file(s, key, path, 0, xcancel(x), err);
+                int prc = local ? s->ops->put_file(s, key, path, 0, xcancel(x), &pe) : -1;
                 free(path);
+                if (prc == 0) {
+                    notify(x, key);
+                    break;
+                }
+                /* still the peer's shard missing: a newer checkpoint waiting
+                 * is worth more than trying this one again (uploader.c) */
                 if (local) {
-                    if (!rc)
-                        notify(x, key);
+                    rc = store_fail(s, err, STORE_EPEER, key,
+                                    "its rank has not put it in %.0f s, and putting it from "
+                                    "here failed too (%s); MANIFEST.json not pushed",
+                                    x->shards_wait_s, pe.msg);
                     break;
                 }
                 rc = store_fail(s, err, STORE_EPEER, key,
