@@ -273,16 +273,11 @@ static int parse(int argc, char **argv, opts *o)
 int main(int argc, char **argv)
 {
     opts o;
-    sp_err err = {0};
     backend_t *gpu = NULL, *cpu = NULL;
     if (parse(argc, argv, &o) != 0)
         return 2;
-    if (backend_create(&gpu, "cuda", 0, 1, &err) != 0 ||
-        backend_create(&cpu, "cpu", 0, 0, &err) != 0) {
-        fprintf(stderr, "attn_bench: %s\n", err.msg);
-        backend_destroy(gpu);
+    if (bench_backends("attn_bench", &gpu, &cpu) != 0)
         return 77;
-    }
     printf("device: %s; %d iterations; %s\n\n", gpu->device_name, o.iters,
            o.packed ? "packed documents" : "no packing");
     printf("| B,T,nh,nkv,hd | version | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | worst "

@@ -13,6 +13,20 @@
 
 /* 0 when be holds no sticky error; else prints "PROG: WHAT: message" and
  * returns -1. */
+/* The CUDA backend (device 0) and the CPU backend the programs check it
+ * against; 0, or 77 (nothing created) with the reason printed. */
+static inline int bench_backends(const char *prog, backend_t **gpu, backend_t **cpu)
+{
+    sp_err err = {0};
+    *gpu = *cpu = NULL;
+    if (backend_create(gpu, "cuda", 0, 1, &err) == 0 && backend_create(cpu, "cpu", 0, 0, &err) == 0)
+        return 0;
+    fprintf(stderr, "%s: %s\n", prog, err.msg);
+    backend_destroy(*gpu);
+    *gpu = NULL;
+    return 77;
+}
+
 static inline int bench_fail_be(const char *prog, backend_t *be, const char *what)
 {
     sp_err err = {0};

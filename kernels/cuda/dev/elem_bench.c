@@ -391,16 +391,11 @@ static void free_inputs(inputs *in)
 int main(int argc, char **argv)
 {
     opts o;
-    sp_err err = {0};
     backend_t *gpu = NULL, *cpu = NULL;
     if (parse(argc, argv, &o) != 0)
         return 2;
-    if (backend_create(&gpu, "cuda", 0, 1, &err) != 0 ||
-        backend_create(&cpu, "cpu", 0, 0, &err) != 0) {
-        fprintf(stderr, "elem_bench: %s\n", err.msg);
-        backend_destroy(gpu);
+    if (bench_backends("elem_bench", &gpu, &cpu) != 0)
         return 77;
-    }
     printf("device: %s; activations %s; %d iterations\n\n", gpu->device_name,
            dtype_name(gpu->act_dt), o.iters);
     printf("| rows x cols | op | version | ms | GB/s | worst rel err | = scalar | check |\n"
