@@ -111,10 +111,16 @@ typedef struct backend_ops {
                                tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
                                int nkv, int hd);
 
-    /* out = silu(g) * u; backward overwrites dg, du */
-    void (*swiglu_forward)(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
+    /* out = silu(g) * u over [rows, cols]: g and u are read with row
+     * stride ld (cols: contiguous; 2 cols: the two column halves of one
+     * [rows, 2 cols] matrix, the fused gate/up product), out is contiguous.
+     * The backward overwrites dg and du (stride ld, as g and u) from dout
+     * (contiguous); dg and du may be g and u themselves (in place: each
+     * element of g and u is read before it is written). */
+    void (*swiglu_forward)(backend_t *be, tensor_t out, tensor_t g, tensor_t u, int rows,
+                           int cols, int ld);
     void (*swiglu_backward)(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
-                            tensor_t u, size_t n);
+                            tensor_t u, int rows, int cols, int ld);
 
     /* out[i,:] = table[tokens[i],:]; tokens I32 [n]; backward: dtable += (F32) */
     void (*embedding_forward)(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
@@ -344,9 +350,9 @@ void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_
                               tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B, int T,
                               int nh, int nkv, int hd);
 void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t g,
-                          tensor_t u, size_t n);
+                          tensor_t u, int rows, int cols, int ld);
 void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t dg, tensor_t du,
-                           tensor_t dout, tensor_t g, tensor_t u, size_t n);
+                           tensor_t dout, tensor_t g, tensor_t u, int rows, int cols, int ld);
 void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t out,
                              tensor_t table, tensor_t tokens, int n, int H);
 void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_t dtable,

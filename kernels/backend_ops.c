@@ -455,28 +455,50 @@ void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_
                                     hd);
 }
 
-void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t g,
-                          tensor_t u, size_t n)
+/* The shape checks of the SwiGLU pair: rows, cols, ld at least cols; the
+ * strided operands (names[0..nld-1]) span (rows-1) ld + cols elements, the
+ * contiguous ones rows x cols (dtypes may differ: each converts as read). */
+static call swiglu_checks(backend_t *be, const char *op, const char *file, int line, int rows,
+                          int cols, int ld, const char *const *names, const tensor_t *ts, int nld,
+                          int count)
 {
-    call c = begin(be, "swiglu_forward", file, line);
-    tensor_arg(&c, "out", out, n, "n", TAKES_FLOAT);
-    tensor_arg(&c, "g", g, n, "n", TAKES_FLOAT);
-    tensor_arg(&c, "u", u, n, "n", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->swiglu_forward(be, out, g, u, n);
+    call c = begin(be, op, file, line);
+    size_arg(&c, "rows", rows);
+    size_arg(&c, "cols", cols);
+    size_arg(&c, "ld", ld);
+    if (!c.bad && ld < cols)
+        refuse(&c, "ld = %d must be at least cols = %d", ld, cols);
+    if (c.bad)
+        return c;
+    for (int i = 0; i < count; i++) {
+        if (i < nld)
+            tensor_arg(&c, names[i], ts[i], span2d(rows, cols, ld), "(rows-1) x ld + cols",
+                       TAKES_FLOAT);
+        else
+            tensor_arg(&c, names[i], ts[i], mul((size_t)rows, (size_t)cols), "rows x cols",
+                       TAKES_FLOAT);
+    }
+    return c;
+}
+
+void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t g,
+                          tensor_t u, int rows, int cols, int ld)
+{
+    const char *names[] = {"g", "u", "out"};
+    tensor_t ts[] = {g, u, out};
+    call c = swiglu_checks(be, "swiglu_forward", file, line, rows, cols, ld, names, ts, 2, 3);
+    if (!c.bad && rows && cols)
+        be->ops->swiglu_forward(be, out, g, u, rows, cols, ld);
 }
 
 void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t dg, tensor_t du,
-                           tensor_t dout, tensor_t g, tensor_t u, size_t n)
+                           tensor_t dout, tensor_t g, tensor_t u, int rows, int cols, int ld)
 {
-    call c = begin(be, "swiglu_backward", file, line);
-    tensor_arg(&c, "dg", dg, n, "n", TAKES_FLOAT);
-    tensor_arg(&c, "du", du, n, "n", TAKES_FLOAT);
-    tensor_arg(&c, "dout", dout, n, "n", TAKES_FLOAT);
-    tensor_arg(&c, "g", g, n, "n", TAKES_FLOAT);
-    tensor_arg(&c, "u", u, n, "n", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->swiglu_backward(be, dg, du, dout, g, u, n);
+    const char *names[] = {"dg", "du", "g", "u", "dout"};
+    tensor_t ts[] = {dg, du, g, u, dout};
+    call c = swiglu_checks(be, "swiglu_backward", file, line, rows, cols, ld, names, ts, 4, 5);
+    if (!c.bad && rows && cols)
+        be->ops->swiglu_backward(be, dg, du, dout, g, u, rows, cols, ld);
 }
 
 void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t out,

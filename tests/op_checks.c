@@ -69,13 +69,11 @@ static void c_attention_backward(backend_t *be, const tensor_t *t, const int *d)
 }
 static void c_swiglu_forward(backend_t *be, const tensor_t *t, const int *d)
 {
-    (void)d;
-    be_swiglu_forward(be, t[0], t[1], t[2], N_ELEM);
+    be_swiglu_forward(be, t[0], t[1], t[2], d[0], d[1], d[2]);
 }
 static void c_swiglu_backward(backend_t *be, const tensor_t *t, const int *d)
 {
-    (void)d;
-    be_swiglu_backward(be, t[0], t[1], t[2], t[3], t[4], N_ELEM);
+    be_swiglu_backward(be, t[0], t[1], t[2], t[3], t[4], d[0], d[1], d[2]);
 }
 static void c_embedding_forward(backend_t *be, const tensor_t *t, const int *d)
 {
@@ -150,6 +148,7 @@ static void c_fill_normal(backend_t *be, const tensor_t *t, const int *d)
 
 #define T_(name, n, shape, takes) {name, n, n, shape, takes, 0}
 #define E_ N_ELEM
+#define SW_LD "(rows-1) x ld + cols"
 
 static const op_spec specs[] = {
     {"matmul", c_matmul, 3,
@@ -182,15 +181,16 @@ static const op_spec specs[] = {
       T_("q", 24, "B x T x nh x hd", TAKES_FLOAT), T_("k", 12, "B x T x nkv x hd", TAKES_FLOAT),
       T_("v", 12, "B x T x nkv x hd", TAKES_FLOAT), {"seg", 3, 3, "B x T", TAKES_I32, 1}},
      5, {"B", "T", "nh", "nkv", "hd"}, {1, 3, 2, 1, 4}},
+    /* g, u (dg, du) [2, 5] with row stride 7: 12 elements; out, dout 10 */
     {"swiglu_forward", c_swiglu_forward, 3,
-     {T_("out", E_, "n", TAKES_FLOAT), T_("g", E_, "n", TAKES_FLOAT),
-      T_("u", E_, "n", TAKES_FLOAT)},
-     0, {NULL}, {0}},
+     {T_("out", 10, "rows x cols", TAKES_FLOAT), T_("g", 12, SW_LD, TAKES_FLOAT),
+      T_("u", 12, SW_LD, TAKES_FLOAT)},
+     3, {"rows", "cols", "ld"}, {2, 5, 7}},
     {"swiglu_backward", c_swiglu_backward, 5,
-     {T_("dg", E_, "n", TAKES_FLOAT), T_("du", E_, "n", TAKES_FLOAT),
-      T_("dout", E_, "n", TAKES_FLOAT), T_("g", E_, "n", TAKES_FLOAT),
-      T_("u", E_, "n", TAKES_FLOAT)},
-     0, {NULL}, {0}},
+     {T_("dg", 12, SW_LD, TAKES_FLOAT), T_("du", 12, SW_LD, TAKES_FLOAT),
+      T_("dout", 10, "rows x cols", TAKES_FLOAT), T_("g", 12, SW_LD, TAKES_FLOAT),
+      T_("u", 12, SW_LD, TAKES_FLOAT)},
+     3, {"rows", "cols", "ld"}, {2, 5, 7}},
     /* the table: 5 rows of H, of which the op needs one at least */
     {"embedding_forward", c_embedding_forward, 3,
      {T_("out", 12, "n x H", TAKES_FLOAT), {"table", 20, 4, "H", TAKES_FLOAT, 0},
@@ -495,6 +495,15 @@ static int check_rules(backend_t *be)
         snprintf(want, sizeof want, "%s: B = 0, must be positive", op);
         refused_sizes(be, op, d3, want);
         cases += 3;
+    }
+    /* SwiGLU: the row stride of g and u is their width at least */
+    for (int bwd = 0; bwd < 2; bwd++) {
+        const char *op = bwd ? "swiglu_backward" : "swiglu_forward";
+        char want[200];
+        int d[3] = {2, 5, 4};
+        snprintf(want, sizeof want, "%s: ld = 4 must be at least cols = 5", op);
+        refused_sizes(be, op, d, want);
+        cases++;
     }
     /* rope: rotate-half needs an even head dimension */
     {

@@ -1,6 +1,7 @@
 /* The 16-byte vector paths of the CUDA backend's elementwise ops
- * (kernels/cuda/cuda_vec.cu: add, add_bias, SwiGLU forward and backward,
- * dropout, RMSNorm forward and backward, RoPE, AdamW with its compute copy)
+ * (kernels/cuda/cuda_vec.cu: add, add_bias, SwiGLU forward and backward
+ * (also on the two column halves of one [rows, 2 cols] matrix, the
+ * backward in place, as the fused gate/up product runs), dropout, RMSNorm forward and backward, RoPE, AdamW with its compute copy)
  * against the scalar kernels they stand for and against the CPU twin.
  *
  * Each op runs on the same inputs three times: on the GPU with
@@ -31,7 +32,19 @@
 
 TestSuite(cuda_elementwise, .init = cuda_ops_setup, .fini = cuda_ops_teardown, .timeout = 300);
 
-enum { ADD, ADD_BIAS, SWIGLU_FWD, SWIGLU_BWD, DROPOUT, RMSNORM_FWD, RMSNORM_BWD, ROPE, ADAMW };
+enum {
+    ADD,
+    ADD_BIAS,
+    SWIGLU_FWD,
+    SWIGLU_BWD,
+    DROPOUT,
+    RMSNORM_FWD,
+    RMSNORM_BWD,
+    ROPE,
+    ADAMW,
+    SWIGLU_GU_FWD, /* gate and up the column halves of one [rows, 2 cols] matrix */
+    SWIGLU_GU_BWD  /* the same, the gradients written over them in place */
+};
 
 #define MAX_OUT 4
 #define TOL_ADAMW 1e-6
@@ -95,7 +108,7 @@ static int run_op(backend_t *be, int op, int rows, int cols, dtype_t dt, size_t 
     case SWIGLU_FWD: {
         tensor_t g = put(&b, dt, in->a, n, off), u = put(&b, dt, in->b, n, off);
         tensor_t r = put(&b, dt, NULL, n, off);
-        be_swiglu_forward(be, r, g, u, n);
+        be_swiglu_forward(be, r, g, u, rows, cols, cols);
         o[no] = r, tol[no++] = ta;
         break;
     }
@@ -103,9 +116,29 @@ static int run_op(backend_t *be, int op, int rows, int cols, dtype_t dt, size_t 
         tensor_t g = put(&b, dt, in->a, n, off), u = put(&b, dt, in->b, n, off);
         tensor_t d = put(&b, dt, in->c, n, off);
         tensor_t dg = put(&b, dt, NULL, n, off), du = put(&b, dt, NULL, n, off);
-        be_swiglu_backward(be, dg, du, d, g, u, n);
+        be_swiglu_backward(be, dg, du, d, g, u, rows, cols, cols);
         o[no] = dg, tol[no++] = ta;
         o[no] = du, tol[no++] = ta;
+        break;
+    }
+    case SWIGLU_GU_FWD:
+    case SWIGLU_GU_BWD: {
+        float *h = malloc(sizeof(float) * 2 * n);
+        for (int r = 0; r < rows; r++) {
+            memcpy(h + (size_t)r * 2 * cols, in->a + (size_t)r * cols, sizeof(float) * cols);
+            memcpy(h + (size_t)r * 2 * cols + cols, in->b + (size_t)r * cols, sizeof(float) * cols);
+        }
+        tensor_t gu = put(&b, dt, h, 2 * n, off), u = tensor_view(gu, (size_t)cols, 2 * n - cols);
+        free(h);
+        if (op == SWIGLU_GU_FWD) {
+            tensor_t r = put(&b, dt, NULL, n, off);
+            be_swiglu_forward(be, r, gu, u, rows, cols, 2 * cols);
+            o[no] = r, tol[no++] = ta;
+        } else {
+            tensor_t d = put(&b, dt, in->c, n, off);
+            be_swiglu_backward(be, gu, u, d, gu, u, rows, cols, 2 * cols);
+            o[no] = gu, tol[no++] = ta;
+        }
         break;
     }
     case DROPOUT: {
@@ -178,7 +211,8 @@ static int run_op(backend_t *be, int op, int rows, int cols, dtype_t dt, size_t 
 
 static const char *op_names[] = {"add",          "add_bias",     "swiglu_forward",
                                  "swiglu_backward", "dropout",   "rmsnorm_forward",
-                                 "rmsnorm_backward", "rope",     "adamw"};
+                                 "rmsnorm_backward", "rope",     "adamw",
+                                 "swiglu_gate_up_forward", "swiglu_gate_up_backward_in_place"};
 
 /* One case: scalar and vector GPU runs bit for bit, the vector run against
  * the CPU within tolerance. */
@@ -255,6 +289,16 @@ Test(cuda_elementwise, swiglu_forward_vector_is_scalar_bit_for_bit)
 Test(cuda_elementwise, swiglu_backward_vector_is_scalar_bit_for_bit)
 {
     check_op(SWIGLU_BWD);
+}
+
+Test(cuda_elementwise, swiglu_on_the_gate_up_halves_vector_is_scalar_bit_for_bit)
+{
+    check_op(SWIGLU_GU_FWD);
+}
+
+Test(cuda_elementwise, swiglu_backward_in_place_on_the_gate_up_halves_vector_is_scalar)
+{
+    check_op(SWIGLU_GU_BWD);
 }
 
 Test(cuda_elementwise, dropout_vector_keeps_the_mask_bit_for_bit)

@@ -305,10 +305,10 @@ Test(cuda_ops, swiglu_forward_and_backward)
         tensor_t cg = up(cpu, DT_F32, g, n), cu = up(cpu, DT_F32, u, n), cd = up(cpu, DT_F32, d, n);
         tensor_t co = up(cpu, DT_F32, NULL, n), cdg = up(cpu, DT_F32, NULL, n);
         tensor_t cdu = up(cpu, DT_F32, NULL, n);
-        be_swiglu_forward(gpu, go, gg, gu, n);
-        be_swiglu_forward(cpu, co, cg, cu, n);
-        be_swiglu_backward(gpu, gdg, gdu, gd, gg, gu, n);
-        be_swiglu_backward(cpu, cdg, cdu, cd, cg, cu, n);
+        be_swiglu_forward(gpu, go, gg, gu, 1, (int)n, (int)n);
+        be_swiglu_forward(cpu, co, cg, cu, 1, (int)n, (int)n);
+        be_swiglu_backward(gpu, gdg, gdu, gd, gg, gu, 1, (int)n, (int)n);
+        be_swiglu_backward(cpu, cdg, cdu, cd, cg, cu, 1, (int)n, (int)n);
         gpu_ok();
         expect_close("swiglu out", go, co, n, TOL_BF16);
         expect_close("swiglu dg", gdg, cdg, n, TOL_BF16);

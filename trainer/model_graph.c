@@ -125,10 +125,12 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
 }
 
 /* y += b + scale * (drop(x) A^T) B^T: what a projection adds to its base
- * product (its bias, its LoRA branch). xr.p: the branch's xr is already
- * made, stored with row stride ld (a block of a batched group's). */
-static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, tensor_t xr,
-                          int ld)
+ * product (its bias, its LoRA branch); y has row stride y_ld (a column
+ * block of an in-place fused product's, which has no bias). xr.p: the
+ * branch's xr is already made, stored with row stride ld (a block of a
+ * batched group's). */
+static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, int y_ld, tensor_t x,
+                          tensor_t xr, int ld)
 {
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
@@ -140,7 +142,7 @@ static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, tensor_t 
         if (!xr.p)
             xr = lora_down(c, l, p, x, j.in), ld = r;
         be_matmul_ld(m->be, y, xr, j.L->lora_b[p]->w, c->rows, j.out, r, 0, 1, m->lora_scale,
-                     1.0f, ld, r, j.out);
+                     1.0f, ld, r, y_ld);
         be_prof_lora(m->be, 0);
     }
 }
@@ -184,11 +186,11 @@ static tensor_t from_col(tensor_t t, int col)
 }
 
 /* The batched backward of group g's LoRA branches given the outputs'
- * gradients dys: each B gradient and d(xr) (into the columns of one
+ * gradients dys (row stride dy_ld, 0: each its projection's width): each B gradient and d(xr) (into the columns of one
  * [rows, count r] matrix), then one product for the stacked A gradients
  * and one for dx += d(xr) [A_1; ...]. */
-static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, tensor_t x,
-                                tensor_t dx)
+static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, int dy_ld,
+                                tensor_t x, tensor_t dx)
 {
     model_t *m = c->m;
     model_scratch *s = MODEL_SCRATCH(m);
@@ -200,10 +202,11 @@ static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t 
     for (int i = 0; i < count; i++) {
         int out = proj_of(m, l, first + i).out;
         param_t *B = m->layers[l].lora_b[first + i];
+        int ld = dy_ld ? dy_ld : out;
         be_matmul_ld(m->be, B->grad, dys[i], from_col(xr, i * r), out, r, c->rows, 1, 0,
-                     m->lora_scale, 1.0f, out, R, r);
+                     m->lora_scale, 1.0f, ld, R, r);
         be_matmul_ld(m->be, from_col(dxr, i * r), dys[i], B->w, c->rows, r, out, 0, 0,
-                     m->lora_scale, 0.0f, out, r, R);
+                     m->lora_scale, 0.0f, ld, r, R);
     }
     size_t n = (size_t)r * (size_t)in;
     tensor_t dA = tensor_view(s->lora_dacat, 0, (size_t)count * n);
@@ -232,12 +235,13 @@ static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t
     }
     be_matmul_into(m->be, y, x, model_weight(m, j.L->w[p]), res.p ? res : y, c->rows, j.out, j.in,
                    0, 1, 1.0f, res.p ? 1.0f : 0.0f);
-    linear_extras(c, l, p, y, x, no_tensor(), 0);
+    linear_extras(c, l, p, y, j.out, x, no_tensor(), 0);
 }
 
-/* The LoRA path's gradients given dy: those of A and B, and dx += the
- * gradient through drop(x) A^T B^T. */
-static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x, tensor_t dx)
+/* The LoRA path's gradients given dy (row stride dy_ld): those of A and B,
+ * and dx += the gradient through drop(x) A^T B^T. */
+static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, int dy_ld, tensor_t x,
+                          tensor_t dx)
 {
     model_t *m = c->m;
     be_prof_lora(m->be, 1);
@@ -246,8 +250,10 @@ static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t
     param_t *A = j.L->lora_a[p], *B = j.L->lora_b[p];
     int r = (int)m->o.lora_r;
     tensor_t xr = m->acts[l].xr[p];
-    be_matmul(m->be, B->grad, dy, xr, j.out, r, c->rows, 1, 0, m->lora_scale, 1.0f);
-    be_matmul(m->be, s->dxr, dy, B->w, c->rows, r, j.out, 0, 0, m->lora_scale, 0.0f);
+    be_matmul_ld(m->be, B->grad, dy, xr, j.out, r, c->rows, 1, 0, m->lora_scale, 1.0f, dy_ld, r,
+                 r);
+    be_matmul_ld(m->be, s->dxr, dy, B->w, c->rows, r, j.out, 0, 0, m->lora_scale, 0.0f, dy_ld, r,
+                 r);
     tensor_t xin = lora_input(c, l, p, x, j.in);
     be_matmul(m->be, A->grad, s->dxr, xin, r, j.in, c->rows, 1, 0, 1.0f, 1.0f);
     if (m->o.lora_dropout > 0) {
@@ -283,7 +289,7 @@ static void dora_dropout_backward(const step_ctx *c, int l, int p, tensor_t dy, 
     be_matmul(m->be, d, dy, j.L->w[p]->w, c->rows, j.in, j.out, 0, 0, -1.0f, 1.0f);
     lora_input(c, l, p, d, j.in); /* the forward's mask */
     be_add(m->be, dx, d, 1.0f, d.n);
-    lora_backward(c, l, p, g, x, dx);
+    lora_backward(c, l, p, g, j.out, x, dx);
     be_prof_lora(m->be, 0);
 }
 
@@ -317,7 +323,7 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
     if (W->trainable)
         be_matmul(m->be, W->grad, dy, x, j.out, j.in, c->rows, 1, 0, 1.0f, 1.0f);
     if (j.L->lora_a[p])
-        lora_backward(c, l, p, dy, x, dx);
+        lora_backward(c, l, p, dy, j.out, x, dx);
 }
 
 /* Output columns of fused group g (the sum of its projections' outs). */
@@ -330,16 +336,49 @@ static int fused_width(const model_t *m, int g)
     return n;
 }
 
+/* Whether fused group g of layer l runs in place: only gate/up, whose
+ * product x W_cat^T is written straight into the layer's gu [rows, 2I]
+ * (gate and up its column halves, row stride 2I); each projection's LoRA
+ * branch adds into its half, SwiGLU reads the halves, and its backward
+ * writes d(gate) and d(up) over them, where the fused backward reads them
+ * as one matrix: no split or join copy of [rows, 2I] either way. Not with a
+ * bias or DoRA on gate or up (their ops take no row stride): then gate and
+ * up are gu's two contiguous halves, split from the product by copies. */
+static int fused_in_place(const model_t *m, int l, int g)
+{
+    const layer_params *L = &m->layers[l];
+    if (g != FUSE_GATE_UP || !L->fused_w[g].p)
+        return 0;
+    return !L->b[PROJ_GATE] && !L->b[PROJ_UP] && !L->lora_m[PROJ_GATE] && !L->lora_m[PROJ_UP];
+}
+
+/* Layer l's gate and up activations and their row stride (see
+ * fused_in_place) */
+static int gate_up(const step_ctx *c, int l, tensor_t *g, tensor_t *u)
+{
+    layer_acts *a = &c->m->acts[l];
+    int I = (int)c->m->mc.intermediate;
+    if (!fused_in_place(c->m, l, FUSE_GATE_UP)) {
+        *g = a->g, *u = a->u;
+        return I;
+    }
+    *g = rows_of(a->gu, c->rows, 2 * (int64_t)I);
+    *u = from_col(*g, I);
+    return 2 * I;
+}
+
 /* Fused group g of layer l from the input x the group shares: one product
- * x W_cat^T [rows, sum of outs] (in s->bwd, unused in the forward), split
- * into the outputs ys (projection first + i's in ys[i]), then each
- * projection's bias and LoRA branch. */
+ * x W_cat^T [rows, sum of outs] (in place, fused_in_place; else in s->bwd,
+ * unused in the forward, and split into the outputs ys: projection first +
+ * i's in ys[i]), then each projection's bias and LoRA branch. */
 static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, tensor_t x)
 {
     model_t *m = c->m;
     int first, count, N = fused_width(m, g), in = (int)m->mc.hidden;
     model_fuse_group(g, &first, &count);
-    tensor_t cat = rows_of(MODEL_SCRATCH(m)->bwd, c->rows, N), xr = no_tensor();
+    int in_place = fused_in_place(m, l, g);
+    tensor_t cat = rows_of(in_place ? m->acts[l].gu : MODEL_SCRATCH(m)->bwd, c->rows, N);
+    tensor_t xr = no_tensor();
     int r = (int)m->o.lora_r, batched = lora_batched(c, l, g);
     be_matmul(m->be, cat, x, m->layers[l].fused_w[g], c->rows, N, in, 0, 1, 1.0f, 0.0f);
     if (batched) {
@@ -351,42 +390,45 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
     }
     for (int i = 0, col = 0; i < count; i++) {
         int out = proj_of(m, l, first + i).out;
-        be_copy2d(m->be, ys[i], from_col(cat, col), c->rows, out, out, N);
+        tensor_t y = in_place ? from_col(cat, col) : ys[i];
+        if (!in_place)
+            be_copy2d(m->be, ys[i], from_col(cat, col), c->rows, out, out, N);
+        linear_extras(c, l, first + i, y, in_place ? N : out, x,
+                      batched ? from_col(xr, i * r) : no_tensor(), count * r);
         col += out;
-        linear_extras(c, l, first + i, ys[i], x, batched ? from_col(xr, i * r) : no_tensor(),
-                      count * r);
     }
 }
 
 /* The backward of fused_forward given the outputs' gradients dys: they are
  * joined into `join` (the group's activations, dead by now) as one
- * [rows, sum of outs] matrix, dx = join W_cat (one product; the frozen
- * W_cat has no gradient), then each projection's bias and LoRA gradients
- * and dx += its LoRA path. */
+ * [rows, sum of outs] matrix (in place: they are join's column blocks
+ * already), dx = join W_cat (one product; the frozen W_cat has no
+ * gradient), then each projection's bias and LoRA gradients and dx += its
+ * LoRA path. */
 static void fused_backward(const step_ctx *c, int l, int g, const tensor_t *dys, tensor_t x,
                            tensor_t dx, tensor_t join)
 {
     model_t *m = c->m;
     int first, count, N = fused_width(m, g), in = (int)m->mc.hidden;
     model_fuse_group(g, &first, &count);
-    for (int i = 0, col = 0; i < count; i++) {
+    int in_place = fused_in_place(m, l, g);
+    for (int i = 0, col = 0; i < count && !in_place; i++) {
         int out = proj_of(m, l, first + i).out;
-        be_copy2d(m->be, tensor_view(join, (size_t)col, join.n - (size_t)col), dys[i], c->rows,
-                  out, N, out);
+        be_copy2d(m->be, from_col(join, col), dys[i], c->rows, out, N, out);
         col += out;
     }
     be_matmul(m->be, dx, join, m->layers[l].fused_w[g], c->rows, in, N, 0, 0, 1.0f, 0.0f);
     int batched = lora_batched(c, l, g);
     for (int i = 0; i < count; i++) {
         layer_params *L = &m->layers[l];
-        int p = first + i;
+        int p = first + i, out = proj_of(m, l, p).out;
         if (L->b[p] && L->b[p]->trainable)
-            be_bias_backward(m->be, L->b[p]->grad, dys[i], c->rows, proj_of(m, l, p).out);
+            be_bias_backward(m->be, L->b[p]->grad, dys[i], c->rows, out);
         if (L->lora_a[p] && !batched)
-            lora_backward(c, l, p, dys[i], x, dx);
+            lora_backward(c, l, p, dys[i], in_place ? N : out, x, dx);
     }
     if (batched)
-        lora_group_backward(c, l, g, dys, x, dx);
+        lora_group_backward(c, l, g, dys, in_place ? N : 0, x, dx);
 }
 
 /* The batch's packed-document positions and segment starts on the device
@@ -445,14 +487,16 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
     linear_forward(c, l, PROJ_O, a->x_mid, a->att, a->x); /* x_mid = x + o(att) */
     be_rmsnorm_forward(m->be, a->h2, a->rstd2, a->x_mid, L->mlp_norm->w, c->rows, H,
                        (float)mc->rms_eps);
+    tensor_t g, u;
+    int ld = gate_up(c, l, &g, &u);
     if (L->fused_w[FUSE_GATE_UP].p) {
-        tensor_t ys[2] = {a->g, a->u};
+        tensor_t ys[2] = {g, u};
         fused_forward(c, l, FUSE_GATE_UP, ys, a->h2);
     } else {
-        linear_forward(c, l, PROJ_GATE, a->g, a->h2, no_tensor());
-        linear_forward(c, l, PROJ_UP, a->u, a->h2, no_tensor());
+        linear_forward(c, l, PROJ_GATE, g, a->h2, no_tensor());
+        linear_forward(c, l, PROJ_UP, u, a->h2, no_tensor());
     }
-    be_swiglu_forward(m->be, a->a, a->g, a->u, (size_t)c->rows * (size_t)mc->intermediate);
+    be_swiglu_forward(m->be, a->a, g, u, c->rows, (int)mc->intermediate, ld);
     if (!out.p) {
         if (L->lora_a[PROJ_DOWN])
             lora_down(c, l, PROJ_DOWN, a->a, mc->intermediate);
@@ -478,10 +522,13 @@ static void layer_backward(const step_ctx *c, int l)
     if (m->o.recompute == RECOMPUTE_LAYER)
         layer_forward(c, l, no_tensor());
     /* MLP: out = x_mid + down(silu(gate(h2)) * up(h2)), h2 = norm(x_mid) */
-    tensor_t dg = tensor_view(s->bwd, 0, rows * I), du = tensor_view(s->bwd, rows * I, rows * I);
+    tensor_t g, u, dg = tensor_view(s->bwd, 0, rows * I), du = tensor_view(s->bwd, rows * I, rows * I);
     tensor_t da = tensor_view(s->bwd, 2 * rows * I, rows * I);
+    int ld = gate_up(c, l, &g, &u);
+    if (fused_in_place(m, l, FUSE_GATE_UP))
+        dg = g, du = u; /* over the activations, as the fused backward reads them */
     linear_backward(c, l, PROJ_DOWN, s->dres, a->a, da, 0);
-    be_swiglu_backward(m->be, dg, du, da, a->g, a->u, rows * I);
+    be_swiglu_backward(m->be, dg, du, da, g, u, c->rows, (int)I, ld);
     if (L->fused_w[FUSE_GATE_UP].p) {
         tensor_t dys[2] = {dg, du};
         fused_backward(c, l, FUSE_GATE_UP, dys, a->h2, s->dh, a->gu);

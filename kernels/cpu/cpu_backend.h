@@ -53,9 +53,10 @@ static inline int cpu_seg_lo(const int32_t *seg, size_t bt, int t)
     int v = seg[bt];
     return v < 0 ? 0 : v > t ? t : v;
 }
-void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
+void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, int rows, int cols,
+                        int ld);
 void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
-                         tensor_t u, size_t n);
+                         tensor_t u, int rows, int cols, int ld);
 void cpu_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
                            int H);
 void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens, int n,

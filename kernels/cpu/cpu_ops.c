@@ -218,32 +218,38 @@ void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv
 
 /* ---- SwiGLU ------------------------------------------------------------- */
 
-void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n)
+void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, int rows, int cols,
+                        int ld)
 {
     (void)be;
     const float *G = F(g), *U = F(u);
     float *O = F(out);
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-G[i]));
-        O[i] = G[i] * s * U[i];
-    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * (size_t)ld + (size_t)c;
+            float gv = G[i], s = 1.0f / (1.0f + expf(-gv));
+            O[(size_t)r * (size_t)cols + (size_t)c] = gv * s * U[i];
+        }
 }
 
 void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
-                         tensor_t u, size_t n)
+                         tensor_t u, int rows, int cols, int ld)
 {
     (void)be;
     const float *G = F(g), *U = F(u), *DO = F(dout);
     float *DG = F(dg), *DU = F(du);
-    /* silu'(g) = s (1 + g (1 - s)) */
+    /* silu'(g) = s (1 + g (1 - s)); g and u read before dg and du are
+     * written: they may be the same memory */
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + expf(-G[i]));
-        float d = DO[i];
-        DG[i] = d * U[i] * s * (1.0f + G[i] * (1.0f - s));
-        DU[i] = d * G[i] * s;
-    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * (size_t)ld + (size_t)c;
+            float gv = G[i], uv = U[i], d = DO[(size_t)r * (size_t)cols + (size_t)c];
+            float s = 1.0f / (1.0f + expf(-gv));
+            DG[i] = d * uv * s * (1.0f + gv * (1.0f - s));
+            DU[i] = d * gv * s;
+        }
 }
 
 /* ---- embedding ---------------------------------------------------------- */

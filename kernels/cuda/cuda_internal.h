@@ -81,6 +81,18 @@ static inline unsigned cuda_blocks(size_t n)
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
          i += (size_t)gridDim.x * blockDim.x)
 
+/* Where the i-th element of a row-major walk over [rows, cols] lies in a
+ * matrix of row stride ld (i itself when ld == cols; 32-bit division where
+ * i fits). The same for 8-element vectors with cols and ld counted in them. */
+static __device__ __forceinline__ size_t strided_index(size_t i, size_t cols, size_t ld)
+{
+    if (ld == cols)
+        return i;
+    if (i <= 0xffffffffu)
+        return (size_t)((unsigned)i / (unsigned)cols) * ld + (unsigned)i % (unsigned)cols;
+    return i / cols * ld + i % cols;
+}
+
 /* ---- bf16 and dtype-generic loads/stores (fp32 in registers) ---------------- */
 
 /* Twins of sp_bf16_to_f32 / sp_f32_to_bf16 (round to nearest even, NaN
@@ -281,9 +293,10 @@ void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dou
                            tensor_t w, tensor_t rstd, int rows, int cols);
 void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B, int T,
                int nh, int hd, int inverse);
-void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
+void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, int rows, int cols,
+                         int ld);
 void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
-                          tensor_t u, size_t n);
+                          tensor_t u, int rows, int cols, int ld);
 void cuda_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
                             int H);
 void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens,
@@ -319,9 +332,10 @@ void cuda_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std
 int cuda_elementwise_vector(void);
 int cuda_vec_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
 int cuda_vec_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
-int cuda_vec_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n);
+int cuda_vec_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, int rows,
+                            int cols, int ld);
 int cuda_vec_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
-                             tensor_t u, size_t n);
+                             tensor_t u, int rows, int cols, int ld);
 int cuda_vec_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p,
                      float keep_scale, uint64_t seed, uint64_t offset);
 int cuda_vec_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B,

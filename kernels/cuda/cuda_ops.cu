@@ -230,47 +230,56 @@ extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
 
 /* ---- SwiGLU --------------------------------------------------------------------- */
 
+/* g, u (dg, du) with row stride ld, out (dout) contiguous [rows, cols]:
+ * element i of the walk is out[i] and g[strided_index(i, cols, ld)] */
 __global__ void swiglu_forward_kernel(void *out, int odt, const void *g, int gdt, const void *u,
-                                      int udt, size_t n)
+                                      int udt, size_t n, size_t cols, size_t ld)
 {
     GRID_STRIDE(i, n)
     {
-        float gv = ld_f(g, gdt, i);
+        size_t j = strided_index(i, cols, ld);
+        float gv = ld_f(g, gdt, j);
         float s = 1.0f / (1.0f + expf(-gv));
-        st_f(out, odt, i, gv * s * ld_f(u, udt, i));
+        st_f(out, odt, i, gv * s * ld_f(u, udt, j));
     }
 }
 
-/* silu'(g) = s (1 + g (1 - s)) */
+/* silu'(g) = s (1 + g (1 - s)); g and u are read before dg and du are
+ * written (they may be the same memory) */
 __global__ void swiglu_backward_kernel(void *dg, int dgdt, void *du, int dudt, const void *dout,
                                        int ddt, const void *g, int gdt, const void *u, int udt,
-                                       size_t n)
+                                       size_t n, size_t cols, size_t ld)
 {
     GRID_STRIDE(i, n)
     {
-        float gv = ld_f(g, gdt, i), uv = ld_f(u, udt, i), d = ld_f(dout, ddt, i);
+        size_t j = strided_index(i, cols, ld);
+        float gv = ld_f(g, gdt, j), uv = ld_f(u, udt, j), d = ld_f(dout, ddt, i);
         float s = 1.0f / (1.0f + expf(-gv));
-        st_f(dg, dgdt, i, d * uv * s * (1.0f + gv * (1.0f - s)));
-        st_f(du, dudt, i, d * gv * s);
+        st_f(dg, dgdt, j, d * uv * s * (1.0f + gv * (1.0f - s)));
+        st_f(du, dudt, j, d * gv * s);
     }
 }
 
-extern "C" void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, size_t n)
+extern "C" void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, int rows,
+                                    int cols, int ld)
 {
-    if (be->err.code || !n || cuda_vec_swiglu_forward(be, out, g, u, n))
+    size_t n = (size_t)rows * (size_t)cols;
+    if (be->err.code || !n || cuda_vec_swiglu_forward(be, out, g, u, rows, cols, ld))
         return;
-    swiglu_forward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, g.p, g.dt,
-                                                                        u.p, u.dt, n);
+    swiglu_forward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
+        out.p, out.dt, g.p, g.dt, u.p, u.dt, n, (size_t)cols, (size_t)ld);
     LAUNCHED(be, "swiglu_forward_kernel");
 }
 
 extern "C" void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout,
-                                     tensor_t g, tensor_t u, size_t n)
+                                     tensor_t g, tensor_t u, int rows, int cols, int ld)
 {
-    if (be->err.code || !n || cuda_vec_swiglu_backward(be, dg, du, dout, g, u, n))
+    size_t n = (size_t)rows * (size_t)cols;
+    if (be->err.code || !n || cuda_vec_swiglu_backward(be, dg, du, dout, g, u, rows, cols, ld))
         return;
     swiglu_backward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
-        dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n);
+        dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n, (size_t)cols,
+        (size_t)ld);
     LAUNCHED(be, "swiglu_backward_kernel");
 }
 

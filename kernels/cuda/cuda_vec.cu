@@ -101,14 +101,18 @@ __global__ void add_bias_vec_kernel(void *y, int ydt, const void *b, int bdt, in
     }
 }
 
+/* nv vectors of out (dout) contiguous; g, u (dg, du) with row stride ldv
+ * vectors, cv vectors a row */
 __global__ void swiglu_forward_vec_kernel(void *out, int odt, const void *g, int gdt,
-                                          const void *u, int udt, size_t nv)
+                                          const void *u, int udt, size_t nv, size_t cv,
+                                          size_t ldv)
 {
     GRID_STRIDE(v, nv)
     {
+        size_t w = strided_index(v, cv, ldv);
         float gg[8], uu[8], o[8];
-        ld8(g, gdt, v, gg);
-        ld8(u, udt, v, uu);
+        ld8(g, gdt, w, gg);
+        ld8(u, udt, w, uu);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             float gv = gg[j];
@@ -121,13 +125,15 @@ __global__ void swiglu_forward_vec_kernel(void *out, int odt, const void *g, int
 
 __global__ void swiglu_backward_vec_kernel(void *dg, int dgdt, void *du, int dudt,
                                            const void *dout, int ddt, const void *g, int gdt,
-                                           const void *u, int udt, size_t nv)
+                                           const void *u, int udt, size_t nv, size_t cv,
+                                           size_t ldv)
 {
     GRID_STRIDE(v, nv)
     {
+        size_t w = strided_index(v, cv, ldv);
         float gg[8], uu[8], dd[8], og[8], ou[8];
-        ld8(g, gdt, v, gg);
-        ld8(u, udt, v, uu);
+        ld8(g, gdt, w, gg);
+        ld8(u, udt, w, uu);
         ld8(dout, ddt, v, dd);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -136,12 +142,11 @@ __global__ void swiglu_backward_vec_kernel(void *dg, int dgdt, void *du, int dud
             og[j] = d * uv * s * (1.0f + gv * (1.0f - s));
             ou[j] = d * gv * s;
         }
-        st8(dg, dgdt, v, og);
-        st8(du, dudt, v, ou);
+        st8(dg, dgdt, w, og);
+        st8(du, dudt, w, ou);
     }
 }
 
-/* element i = 8v + j draws uniform(seed, offset + i), as the scalar kernel */
 __global__ void dropout_vec_kernel(void *out, int odt, const void *in, int idt, size_t nv, float p,
                                    float keep_scale, uint64_t seed, uint64_t offset)
 {
@@ -353,25 +358,28 @@ extern "C" int cuda_vec_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows
 }
 
 extern "C" int cuda_vec_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u,
-                                       size_t n)
+                                       int rows, int cols, int ld)
 {
     tensor_t t[] = {out, g, u};
-    if (!vec_takes(n, 3, t))
+    size_t n = (size_t)rows * (size_t)cols;
+    if (cols % 8 || ld % 8 || !vec_takes(n, 3, t))
         return 0;
     swiglu_forward_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
-        out.p, out.dt, g.p, g.dt, u.p, u.dt, n / 8);
+        out.p, out.dt, g.p, g.dt, u.p, u.dt, n / 8, (size_t)cols / 8, (size_t)ld / 8);
     LAUNCHED(be, "swiglu_forward_vec_kernel");
     return 1;
 }
 
 extern "C" int cuda_vec_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout,
-                                        tensor_t g, tensor_t u, size_t n)
+                                        tensor_t g, tensor_t u, int rows, int cols, int ld)
 {
     tensor_t t[] = {dg, du, dout, g, u};
-    if (!vec_takes(n, 5, t))
+    size_t n = (size_t)rows * (size_t)cols;
+    if (cols % 8 || ld % 8 || !vec_takes(n, 5, t))
         return 0;
     swiglu_backward_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
-        dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n / 8);
+        dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n / 8, (size_t)cols / 8,
+        (size_t)ld / 8);
     LAUNCHED(be, "swiglu_backward_vec_kernel");
     return 1;
 }

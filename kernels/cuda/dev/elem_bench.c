@@ -195,10 +195,10 @@ static void run_op(op_set *r)
         be_add_bias(be, t[0], t[1], rows, cols);
         break;
     case SWIGLU_FWD:
-        be_swiglu_forward(be, t[2], t[0], t[1], n);
+        be_swiglu_forward(be, t[2], t[0], t[1], rows, cols, cols);
         break;
     case SWIGLU_BWD:
-        be_swiglu_backward(be, t[3], t[4], t[2], t[0], t[1], n);
+        be_swiglu_backward(be, t[3], t[4], t[2], t[0], t[1], rows, cols, cols);
         break;
     case DROPOUT:
         be_dropout(be, t[1], t[0], n, 0.1f, 42, 0);
