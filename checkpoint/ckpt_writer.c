@@ -27,6 +27,10 @@ struct ckpt_writer {
     store_t *store;    /* where a written shard is put (NULL: nowhere) */
     double put_deadline_s; /* a shard's put is tried again for this long */
     int drop_shards;   /* remove a shard file after its upload */
+    /* the last shard whose put failed for good, kept in kept_dir (NULL: none) */
+    char *kept_dir;
+    ckpt_shard_info kept_info;
+    int64_t kept_step;
 };
 
 /* The written shard into the store, unless a complete checkpoint of its
@@ -38,15 +42,15 @@ struct ckpt_writer {
  * fault must not leave the checkpoint incomplete in the store while rank 0
  * waits for it. The last failure is printed. Returns 0 when the shard is
  * in the store (or need not be). */
-static int upload_shard(ckpt_writer *w, const char *dir, const ckpt_shard *sh,
-                        const ckpt_shard_info *info)
+static int upload_shard(ckpt_writer *w, const char *dir, int64_t step_no,
+                        const ckpt_shard_info *info, double deadline_s, sp_err *out)
 {
     char step[64];
-    ckpt_dir_name(step, sizeof step, sh->step);
+    ckpt_dir_name(step, sizeof step, step_no);
     char *key = sp_strf("%s/%s", step, info->name), *mkey = sp_strf("%s/%s", step, CKPT_MANIFEST);
     char *path = sp_strf("%s/%s", dir, info->name);
     sp_err e = {0};
-    double until = sp_now() + w->put_deadline_s, pause = 0.25;
+    double until = sp_now() + deadline_s, pause = 0.25;
     int tries = 0;
     for (;;) {
         memset(&e, 0, sizeof e);
@@ -66,13 +70,27 @@ static int upload_shard(ckpt_writer *w, const char *dir, const ckpt_shard *sh,
         fprintf(stderr,
                 "warning: checkpoint shard %s was not put in %s (%d tries in %g s): %s; that "
                 "checkpoint will not be complete there (the remote store is behind)%s%s\n",
-                key ? key : info->name, store_url(w->store), tries, w->put_deadline_s, e.msg,
+                key ? key : info->name, store_url(w->store), tries, deadline_s, e.msg,
                 w->drop_shards && path ? "; the shard stays at " : "",
                 w->drop_shards && path ? path : "");
+    if (e.code && out)
+        sp_fail(out, e.code, "checkpoint shard %s was not put in %s (%d tries in %g s): %s",
+                key ? key : info->name, store_url(w->store), tries, deadline_s, e.msg);
     free(key);
     free(mkey);
     free(path);
     return e.code ? -1 : 0;
+}
+
+/* The shard file name in dir removed, and dir with it once empty (the last
+ * of this machine's ranks to finish removes it). */
+static void drop_shard(const char *dir, const char *name)
+{
+    char *path = sp_strf("%s/%s", dir, name);
+    if (path)
+        unlink(path);
+    free(path);
+    rmdir(dir);
 }
 
 /* A shard job: the rank's shard file written into dir. */
@@ -89,19 +107,18 @@ static void write_shard(ckpt_writer *w, char *dir, ckpt_shard *sh)
     pthread_mutex_unlock(&w->mu);
     int kept = 0; /* a written shard the store does not hold: never deleted */
     if (!err.code && w->store)
-        kept = upload_shard(w, dir, sh, &info) != 0;
-    if (w->drop_shards && !kept) {
-        char name[64];
-        ckpt_shard_name(name, sizeof name, sh->rank, sh->count);
-        char *path = sp_strf("%s/%s", dir, name);
-        if (path)
-            unlink(path);
-        free(path);
-        rmdir(dir); /* the last of this machine's ranks to finish removes it */
-    }
+        kept = upload_shard(w, dir, sh->step, &info, w->put_deadline_s, NULL) != 0;
+    if (w->drop_shards && !kept)
+        drop_shard(dir, info.name);
+    int64_t step = sh->step;
     ckpt_shard_free(sh);
-    free(dir);
     pthread_mutex_lock(&w->mu);
+    if (kept) { /* ckpt_writer_put_kept may try it again */
+        free(w->kept_dir);
+        w->kept_dir = dir, w->kept_info = info, w->kept_step = step;
+    } else {
+        free(dir);
+    }
     w->busy = 0;
     pthread_cond_broadcast(&w->cv);
 }
@@ -224,6 +241,34 @@ void ckpt_writer_set_store(ckpt_writer *w, store_t *st, double put_deadline_s)
     pthread_mutex_unlock(&w->mu);
 }
 
+int ckpt_writer_put_kept(ckpt_writer *w, int64_t step, double deadline_s, sp_err *err)
+{
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    char *dir = w->kept_step == step ? w->kept_dir : NULL;
+    ckpt_shard_info info = w->kept_info;
+    if (dir)
+        w->kept_dir = NULL;
+    pthread_mutex_unlock(&w->mu);
+    if (!dir || !w->store) {
+        free(dir);
+        return 0;
+    }
+    fprintf(stderr,
+            "checkpoint shard %s of step %lld: its put is tried again for up to %g s (the run's "
+            "last checkpoint waits for it)\n",
+            info.name, (long long)step, deadline_s);
+    int rc = upload_shard(w, dir, step, &info, deadline_s, err);
+    if (!rc && w->drop_shards)
+        drop_shard(dir, info.name);
+    pthread_mutex_lock(&w->mu);
+    if (rc && !w->kept_dir) /* still kept: a later call may try again */
+        w->kept_dir = dir, dir = NULL;
+    pthread_mutex_unlock(&w->mu);
+    free(dir);
+    return rc;
+}
+
 void ckpt_writer_drop_shards(ckpt_writer *w, int drop)
 {
     pthread_mutex_lock(&w->mu);
@@ -278,5 +323,6 @@ void ckpt_writer_stop(ckpt_writer *w)
     if (w->store)
         store_close(w->store);
     free(w->root);
+    free(w->kept_dir);
     free(w);
 }

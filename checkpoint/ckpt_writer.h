@@ -39,6 +39,12 @@ void ckpt_writer_set_store(ckpt_writer *w, store_t *st, double put_deadline_s);
  * machine other than rank 0's that does not share run.dir: there the store
  * is the only copy a resume reads, and the disk keeps nothing. */
 void ckpt_writer_drop_shards(ckpt_writer *w, int drop);
+/* The run's end: when this rank's shard of step is the last whose put failed
+ * for good (kept on disk), its put is tried again, with pauses, for up to
+ * deadline_s (rank 0 waits for it as long: checkpoint.final_upload_timeout_s),
+ * and with drop set the file is removed once the store holds it. 0 when the
+ * store holds it now or nothing of step was kept; else err names the shard. */
+int ckpt_writer_put_kept(ckpt_writer *w, int64_t step, double deadline_s, sp_err *err);
 /* Waits until no shard write is queued or being written (its upload may
  * still run). */
 int ckpt_writer_wait_written(ckpt_writer *w);

@@ -396,8 +396,10 @@ Test(ckpt, background_writer_commits_each_snapshot)
  * for the first 1.5 s: the check and the put both fail) is tried again until
  * it lands, within the deadline: the shard is in the store, whole, and with
  * drop_shards the local file is removed only then. With a deadline already
- * spent the failure is final and the local shard stays. */
-static void shard_put(double deadline_s, double unblock_after_s, int expect_in_store)
+ * spent the failure is final and the local shard stays; put_kept: then the
+ * run's end tries it again. */
+static void shard_put(double deadline_s, double unblock_after_s, int expect_in_store,
+                      int put_kept)
 {
     char *store_dir = sp_strf("%s/store-%g", dir, deadline_s);
     char *tmp = sp_strf("%s/.tmp-shard", dir), *blocker = sp_strf("%s/step-00000005", store_dir);
@@ -425,10 +427,32 @@ static void shard_put(double deadline_s, double unblock_after_s, int expect_in_s
     struct timespec ts = {0, 50 * 1000 * 1000};
     while (sp_now() - t0 < unblock_after_s)
         nanosleep(&ts, NULL);
-    cr_assert_eq(unlink(blocker), 0);
-    ckpt_writer_stop(w); /* after the shard's upload */
     char name[64];
     ckpt_shard_name(name, sizeof name, 0, 1);
+    if (put_kept) { /* the run's end: tried again for the final deadline */
+        cr_assert_eq(ckpt_writer_wait_written(w), 0);
+        cr_expect_eq(ckpt_writer_put_kept(w, 5, 0.3, &err), -1,
+                     "the put of the kept shard passed while the store is still blocked");
+        cr_expect(tu_contains(err.msg, name) && tu_contains(err.msg, "step-00000005"),
+                  "the failure does not name the shard: %s", err.msg);
+        cr_expect_eq(ckpt_writer_put_kept(w, 4, 30.0, &err), 0, "step 4 had no kept shard");
+        memset(&err, 0, sizeof err);
+        t0 = sp_now();
+        pid_t pid = fork(); /* the blocker removed 1 s into the put's retries */
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            sleep(1);
+            _exit(unlink(blocker) ? 1 : 0);
+        }
+        cr_expect_eq(ckpt_writer_put_kept(w, 5, 30.0, &err), 0, "%s", err.msg);
+        int status;
+        cr_assert_eq(waitpid(pid, &status, 0), pid);
+        cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the blocker was not removed");
+        cr_expect_gt(sp_now() - t0, 0.9, "the put passed before the store was unblocked");
+    } else {
+        cr_assert_eq(unlink(blocker), 0);
+    }
+    ckpt_writer_stop(w); /* after the shard's upload */
     struct stat sb;
     int in_store = stat(tu_fmt("%s/step-00000005/%s", store_dir, name), &sb) == 0;
     int local = stat(tu_fmt("%s/%s", tmp, name), &sb) == 0;
@@ -440,12 +464,21 @@ static void shard_put(double deadline_s, double unblock_after_s, int expect_in_s
 
 Test(ckpt, a_failed_shard_put_is_tried_again_until_its_deadline)
 {
-    shard_put(30.0, 1.5, 1);
+    shard_put(30.0, 1.5, 1, 0);
 }
 
 Test(ckpt, a_shard_put_failing_past_its_deadline_keeps_the_local_shard)
 {
-    shard_put(0.5, 1.5, 0);
+    shard_put(0.5, 1.5, 0, 0);
+}
+
+/* The run's end (ckpt_writer_put_kept): a shard kept after its put failed
+ * for good is tried again for the final deadline; while the store stays
+ * blocked that fails naming the shard, another step's has nothing to put,
+ * and once the store is back the shard lands and its local file goes. */
+Test(ckpt, a_kept_shard_is_put_at_the_runs_end_once_the_store_is_back)
+{
+    shard_put(0.5, 1.0, 1, 1);
 }
 
 /* In a process of its own that starts as spotune's main does: a 2 MiB state

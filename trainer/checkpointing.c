@@ -176,6 +176,14 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
     int rc = 0;
     if (c->writer) {
         rc = ckpt_writer_wait(c->writer, err);
+        /* a rank's last shard whose put failed: tried again while rank 0's
+         * push waits for it (a machine that drops its shards holds the only
+         * copy, and rank 0 cannot put it) */
+        if (!rc && wait_uploads && c->sharded && c->rank != 0 && c->last_step >= 0) {
+            sp_err perr = {0};
+            ckpt_writer_put_kept(c->writer, c->last_step, c->cfg->ckpt_final_upload_timeout_s,
+                                 &perr);
+        }
         ckpt_writer_stop(c->writer);
         if (!rc && wait_uploads && c->sharded && c->rank == 0 && c->last_step >= 0)
             rc = last_committed(c, err);

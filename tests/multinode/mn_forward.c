@@ -8,7 +8,13 @@
  *   1796070405.502 conn 3 > PUT /bucket/prefix/step-00000010/state.h5 HTTP/1.1
  *   1796070406.871 conn 3 < HTTP/1.1 200 OK
  *
+ * With --refuse FILE, while FILE exists, a request whose first line contains
+ * one of FILE's lines is answered "503 Service Unavailable" by the forwarder
+ * itself (logged "conn N ! refused ...") and its connection closed: the
+ * store is away for those keys only, for as long as the test keeps FILE.
+ *
  * usage: spotune-mn-forward LISTEN_IP:PORT TARGET_IP:PORT [--rate BYTES_PER_S] [--log FILE]
+ *        [--refuse FILE]
  * Writes "listening" to the log once it accepts connections. One process per
  * connection; it runs until killed. */
 #define _POSIX_C_SOURCE 200809L
@@ -29,6 +35,7 @@
 
 static int log_fd = -1;
 static double rate; /* bytes per second client -> server, 0: unlimited */
+static const char *refuse_file; /* --refuse */
 
 static double wall(void)
 {
@@ -77,8 +84,8 @@ static int parse_addr(const char *s, struct sockaddr_in *a)
 }
 
 /* The first line of a chunk that starts a request ("PUT /...") or a
- * response ("HTTP/1.1 200 OK"), else nothing. */
-static void log_start(int conn, char dir, const char *buf, size_t n)
+ * response ("HTTP/1.1 200 OK"), else nothing. Returns 1 for a request. */
+static int log_start(int conn, char dir, const char *buf, size_t n)
 {
     size_t i = 0;
     while (i < n && i < 16 && buf[i] >= 'A' && buf[i] <= 'Z')
@@ -86,11 +93,34 @@ static void log_start(int conn, char dir, const char *buf, size_t n)
     int request = i > 0 && i < n && buf[i] == ' ' && i + 1 < n && buf[i + 1] == '/';
     int response = n > 5 && !memcmp(buf, "HTTP/", 5);
     if (!request && !response)
-        return;
+        return 0;
     size_t len = 0;
     while (len < n && len < 300 && buf[len] != '\r' && buf[len] != '\n')
         len++;
     logf_line("conn %d %c %.*s", conn, dir, (int)len, buf);
+    return request;
+}
+
+/* Whether the request that buf starts (its first line, up to n bytes)
+ * contains a line of the --refuse file. */
+static int refused(const char *buf, size_t n)
+{
+    FILE *f = refuse_file ? fopen(refuse_file, "r") : NULL;
+    if (!f)
+        return 0;
+    char first[1024], pat[512];
+    size_t len = 0;
+    while (len < n && len < sizeof first - 1 && buf[len] != '\r' && buf[len] != '\n')
+        len++;
+    memcpy(first, buf, len);
+    first[len] = 0;
+    int hit = 0;
+    while (!hit && fgets(pat, sizeof pat, f)) {
+        pat[strcspn(pat, "\r\n")] = 0;
+        hit = pat[0] && strstr(first, pat) != NULL;
+    }
+    fclose(f);
+    return hit;
 }
 
 static int write_all(int fd, const char *p, size_t n)
@@ -143,7 +173,13 @@ static void relay(int conn, int client, const struct sockaddr_in *target)
             ssize_t n = read(client, buf, cap);
             if (n <= 0)
                 break;
-            log_start(conn, '>', buf, (size_t)n);
+            if (log_start(conn, '>', buf, (size_t)n) && refused(buf, (size_t)n)) {
+                static const char no[] = "HTTP/1.1 503 Service Unavailable\r\n"
+                                         "Content-Length: 0\r\nConnection: close\r\n\r\n";
+                logf_line("conn %d ! refused (503)", conn);
+                write_all(client, no, sizeof no - 1);
+                break;
+            }
             if (write_all(server, buf, (size_t)n))
                 break;
             sent += (double)n;
@@ -165,12 +201,14 @@ int main(int argc, char **argv)
     struct sockaddr_in listen_at, target;
     if (argc < 3 || parse_addr(argv[1], &listen_at) || parse_addr(argv[2], &target)) {
         fprintf(stderr, "usage: spotune-mn-forward LISTEN_IP:PORT TARGET_IP:PORT "
-                        "[--rate BYTES_PER_S] [--log FILE]\n");
+                        "[--rate BYTES_PER_S] [--log FILE] [--refuse FILE]\n");
         return 2;
     }
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--rate"))
             rate = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--refuse"))
+            refuse_file = argv[i + 1];
         else if (!strcmp(argv[i], "--log"))
             log_fd = open(argv[i + 1], O_WRONLY | O_CREAT | O_APPEND, 0644);
     }

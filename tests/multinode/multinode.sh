@@ -51,7 +51,10 @@
 #                       none; restarts on both nodes and on node-a alone (2
 #                       ranks) read node-a's shards from its disk and the
 #                       rest from the bucket (a checkpoint whose shard the
-#                       bucket lost is passed over); losses as 1 node x 4
+#                       bucket lost is passed over); losses as 1 node x 4;
+#                       node-b's shards of a run's last checkpoint, refused
+#                       by the bucket past upload_deadline_s, put at the
+#                       run's end once it takes them again
 #   doctor              spotune doctor over 2 nodes x 2 ranks: one report
 #                       from rank 0, each node's host and storage lines once,
 #                       named by its host; a FAIL on rank 0 ends all with 1
@@ -333,7 +336,7 @@ storage_up() {
     out=$(on_node s env SWIFT_S3_BASE="$work/swift" bash "$src/scripts/swift-s3.sh" start 2>&1) ||
         { echo "FAIL: the S3 test server did not start on the storage node: $out"; exit 1; }
     on_node s "$forward" "$(addr_of s):8080" 127.0.0.1:28080 --rate "$rate" \
-        --log "$work/forward.log" >/dev/null 2>&1 &
+        --log "$work/forward.log" --refuse "$work/refuse" >/dev/null 2>&1 &
     wait_until 10 grep -q listening "$work/forward.log" 2>/dev/null ||
         { echo "FAIL: the forwarder did not start"; exit 1; }
     endpoint=http://storage:8080
@@ -792,7 +795,34 @@ case_sharded_spread() {
                if (d > 1e-5 * r) { printf "step %d: %.9g vs %.9g\n", NR + 10, $1, $2; bad = 1 } }
              END { exit bad || NR != 10 }')
     check "steps 11-20 on 2 ranks: the losses of 1 node x 4 within 1e-5 relative" $? "$out"
-    report "$work/first.log" "$work/second.log" "$work/third.log"
+    # both nodes again to step 25, whose checkpoint is the run's last: the
+    # bucket refuses node-b's puts of its shards of step 25 (503) past
+    # upload_deadline_s, then takes them again; the run's end puts them
+    # (rank 0 cannot: node-a lacks them), the bucket's step 25 is whole and
+    # node-b's disk empty
+    local s25=/spotune-mn/run-$id/step-00000025/shard-0000
+    printf '%s\n' "PUT ${s25}2" "POST ${s25}2" "PUT ${s25}3" "POST ${s25}3" >"$work/refuse"
+    "${two[@]}" $(train_cmd spread "${full[@]}" --set train.steps=25 \
+        --set checkpoint.upload_deadline_s=3 --set checkpoint.final_upload_timeout_s=120) \
+        >"$work/fourth.log" 2>&1 &
+    local job4=$!
+    wait_until 180 grep -qE "step-00000025/shard-0000[23]-of-00004.h5 was not put" "$work/fourth.log"
+    check "node-b's put of its final shard fails past upload_deadline_s while the bucket refuses it" $? \
+        "$(tail -20 "$work/fourth.log")"
+    rm -f "$work/refuse"
+    wait "$job4"
+    rc=$?
+    out=$(cat "$work/fourth.log")
+    keep "$out"
+    check "the run to step 25 ends 0 once the bucket takes puts again" $rc "$out"
+    has "$out" "shard-0000[23]-of-00004.h5 of step 25: its put is tried again"
+    check "node-b tries its kept shard of the last checkpoint again at the run's end" $? "$out"
+    out=$(on_node a "$spotune" ckpt verify "$url/step-00000025" --endpoint "$endpoint" --path-style 2>&1)
+    check "the bucket's step 25 verifies whole" $? "$out"
+    keep "$out"
+    [[ -z $(find "$work/b-disk" -name 'shard-*') ]]
+    check "node-b's disk keeps no shard once the bucket holds it" $? "$(ls -laR "$work/b-disk" 2>&1)"
+    report "$work/first.log" "$work/second.log" "$work/third.log" "$work/fourth.log"
 }
 
 # spotune doctor over 2 nodes x 2 ranks: one report from rank 0 holding each
