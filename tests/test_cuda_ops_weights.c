@@ -1,0 +1,229 @@
+/* The CUDA backend's products and the ops on weights against the CPU twin
+ * (the rest of test_cuda_ops, in the same binary and suite: its fixture and
+ * main are test_cuda_ops.c's): matmul (every transpose, alpha and beta, F32
+ * operands, K = 0, strided column blocks, separate C and D, bit-for-bit
+ * repeats), DoRA's weight norm, column scale and column dot, and
+ * dequant_nf4 (the CPU's values, bit for bit).
+ *
+ * Tolerances: TOL_BF16 and TOL_F32 (cuda_ops_util.h). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_ops_util.h"
+#include "kernels/backend.h"
+#include "kernels/nf4.h"
+
+static double tol_for(dtype_t dt)
+{
+    return dt == DT_BF16 ? TOL_BF16 : TOL_F32;
+}
+
+/* ---- matmul -------------------------------------------------------------------------- */
+
+/* pad > 0: A, B and C stored with row strides beyond their widths
+ * (be_matmul_ld, the batched LoRA's column blocks), compared whole, the
+ * columns outside C's block included */
+static void check_matmul_pad(int M, int N, int K, int ta, int tb, float alpha, float beta,
+                             dtype_t cdt, dtype_t abdt, int pad)
+{
+    int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + 2 * pad, ldc = N + 3 * pad;
+    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = rnd(na, 1.0f), *B = rnd(nb, 1.0f), *C = rnd(nc, 1.0f);
+    tensor_t gA = up(gpu, abdt, A, na), gB = up(gpu, abdt, B, nb), gC = up(gpu, cdt, C, nc);
+    tensor_t cA = up(cpu, DT_F32, A, na), cB = up(cpu, DT_F32, B, nb), cC = up(cpu, DT_F32, C, nc);
+    be_matmul_ld(gpu, gC, gA, gB, M, N, K, ta, tb, alpha, beta, lda, ldb, ldc);
+    be_matmul_ld(cpu, cC, cA, cB, M, N, K, ta, tb, alpha, beta, lda, ldb, ldc);
+    gpu_ok();
+    char what[160];
+    snprintf(what, sizeof what, "matmul %dx%dx%d ta%d tb%d alpha %g beta %g %s x %s -> %s pad %d",
+             M, N, K, ta, tb, alpha, beta, dtype_name(abdt), dtype_name(abdt), dtype_name(cdt),
+             pad);
+    expect_close(what, gC, cC, nc, tol_for(cdt));
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &gC);
+    drop(cpu, &cA), drop(cpu, &cB), drop(cpu, &cC);
+    free(A), free(B), free(C);
+}
+
+static void check_matmul(int M, int N, int K, int ta, int tb, float alpha, float beta,
+                         dtype_t cdt, dtype_t abdt)
+{
+    check_matmul_pad(M, N, K, ta, tb, alpha, beta, cdt, abdt, 0);
+}
+
+/* the batched LoRA's products: column blocks of r 16 in [rows, 48] */
+Test(cuda_ops, matmul_on_column_blocks_of_wider_matrices)
+{
+    for (int t = 0; t < 4; t++) {
+        check_matmul_pad(257, 16, 96, t & 1, t >> 1, 1.0f, 1.0f, DT_BF16, DT_BF16, 32);
+        check_matmul_pad(96, 16, 257, t & 1, t >> 1, 0.5f, 1.0f, DT_F32, DT_BF16, 5);
+    }
+}
+
+Test(cuda_ops, matmul_bf16_into_bf16_every_transpose)
+{
+    static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {128, 96, 64}, {257, 130, 31}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            check_matmul(shapes[s][0], shapes[s][1], shapes[s][2], t & 1, t >> 1, 1.0f, 0.0f,
+                         DT_BF16, DT_BF16);
+}
+
+Test(cuda_ops, matmul_accumulates_with_alpha_and_beta)
+{
+    for (int t = 0; t < 4; t++) {
+        check_matmul(45, 19, 77, t & 1, t >> 1, 0.5f, 1.0f, DT_BF16, DT_BF16);
+        check_matmul(45, 19, 77, t & 1, t >> 1, 2.0f, 1.0f, DT_F32, DT_BF16); /* weight grads */
+        check_matmul(6, 300, 11, t & 1, t >> 1, -1.0f, 0.25f, DT_F32, DT_BF16);
+    }
+}
+
+Test(cuda_ops, matmul_f32_operands_and_empty_k)
+{
+    check_matmul(31, 29, 37, 0, 1, 1.0f, 0.0f, DT_F32, DT_F32);
+    check_matmul(31, 29, 37, 1, 0, 1.0f, 1.0f, DT_F32, DT_F32);
+    check_matmul(5, 6, 0, 0, 1, 1.0f, 0.5f, DT_BF16, DT_BF16);
+}
+
+/* D = A B^T + C with C and D distinct (be_matmul_into, the residual add:
+ * cuBLASLt reads C and writes D) against the CPU; C unchanged (exact) */
+Test(cuda_ops, matmul_into_reads_c_and_writes_d)
+{
+    int M = 130, N = 96, K = 64;
+    size_t mn = (size_t)M * N;
+    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)N * K, 1.0f), *C = rnd(mn, 1.0f);
+    tensor_t gA = up(gpu, DT_BF16, A, (size_t)M * K), gB = up(gpu, DT_BF16, B, (size_t)N * K);
+    tensor_t gC = up(gpu, DT_BF16, C, mn), gD = up(gpu, DT_BF16, NULL, mn);
+    tensor_t cA = up(cpu, DT_F32, A, (size_t)M * K), cB = up(cpu, DT_F32, B, (size_t)N * K);
+    tensor_t cC = up(cpu, DT_F32, C, mn), cD = up(cpu, DT_F32, NULL, mn);
+    float *before = down(gpu, gC);
+    be_matmul_into(gpu, gD, gA, gB, gC, M, N, K, 0, 1, 1.0f, 1.0f);
+    be_matmul_into(cpu, cD, cA, cB, cC, M, N, K, 0, 1, 1.0f, 1.0f);
+    gpu_ok();
+    expect_close("matmul into D from C", gD, cD, mn, tol_for(DT_BF16));
+    float *after = down(gpu, gC);
+    cr_expect(memcmp(before, after, sizeof(float) * mn) == 0, "C changed");
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &gC), drop(gpu, &gD);
+    drop(cpu, &cA), drop(cpu, &cB), drop(cpu, &cC), drop(cpu, &cD);
+    free(A), free(B), free(C), free(before), free(after);
+}
+
+/* The model's repeated shapes reuse one cached plan: the same call twice
+ * gives the same bits. */
+Test(cuda_ops, matmul_repeats_bit_for_bit)
+{
+    int M = 96, N = 160, K = 200;
+    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)N * K, 1.0f);
+    tensor_t gA = up(gpu, DT_BF16, A, (size_t)M * K), gB = up(gpu, DT_BF16, B, (size_t)N * K);
+    tensor_t c1 = up(gpu, DT_F32, NULL, (size_t)M * N), c2 = up(gpu, DT_F32, NULL, (size_t)M * N);
+    for (int i = 0; i < 3; i++)
+        be_matmul(gpu, c1, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
+    be_matmul(gpu, c2, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
+    float *h1 = down(gpu, c1), *h2 = down(gpu, c2);
+    cr_expect_eq(memcmp(h1, h2, sizeof(float) * M * N), 0);
+    free(h1), free(h2), free(A), free(B);
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &c1), drop(gpu, &c2);
+}
+
+/* ---- DoRA: weight_norm, col_scale, col_dot ----------------------------------------------- */
+
+/* The inputs are bf16 values (rnd), so both sides see the same numbers: the
+ * F32 outputs (norms, the column dots) within TOL_F32, col_scale's output
+ * stored in act_dt within TOL_BF16. */
+Test(cuda_ops, dora_weight_norm_col_scale_and_col_dot)
+{
+    static const int shapes[][4] = {{7, 9, 3, 5}, {300, 45, 8, 129}, {1, 1, 1, 1}, {64, 1000, 16, 33}};
+    for (int s = 0; s < 4; s++) {
+        int out = shapes[s][0], in = shapes[s][1], r = shapes[s][2], rows = shapes[s][3];
+        size_t nw = (size_t)out * in, na = (size_t)r * in, nb = (size_t)out * r;
+        size_t ny = (size_t)rows * out;
+        float *W = rnd(nw, 1.0f), *A = rnd(na, 1.0f), *B = rnd(nb, 1.0f), *Y = rnd(ny, 1.0f);
+        float *X = rnd(ny, 1.0f), *num = rnd((size_t)out, 1.0f), *den = rnd((size_t)out, 1.0f);
+        float *acc = rnd((size_t)out, 1.0f);
+        for (int o = 0; o < out; o++)
+            den[o] = 0.5f + fabsf(den[o]);
+        tensor_t gW = up(gpu, gpu->act_dt, W, nw), gA = up(gpu, gpu->act_dt, A, na);
+        tensor_t gB = up(gpu, gpu->act_dt, B, nb), gn = up(gpu, DT_F32, den, (size_t)out);
+        tensor_t cW = up(cpu, DT_F32, W, nw), cA = up(cpu, DT_F32, A, na);
+        tensor_t cB = up(cpu, DT_F32, B, nb), cn = up(cpu, DT_F32, den, (size_t)out);
+        be_weight_norm(gpu, gn, gW, gA, gB, 0.5f, out, in, r);
+        be_weight_norm(cpu, cn, cW, cA, cB, 0.5f, out, in, r);
+        gpu_ok();
+        char what[96];
+        snprintf(what, sizeof what, "weight_norm %dx%d r %d", out, in, r);
+        expect_close(what, gn, cn, (size_t)out, TOL_F32);
+        be_weight_norm(gpu, gn, gW, (tensor_t){0}, (tensor_t){0}, 0.5f, out, in, 0);
+        be_weight_norm(cpu, cn, cW, (tensor_t){0}, (tensor_t){0}, 0.5f, out, in, 0);
+        gpu_ok();
+        snprintf(what, sizeof what, "weight_norm %dx%d r 0", out, in);
+        expect_close(what, gn, cn, (size_t)out, TOL_F32);
+
+        tensor_t gY = up(gpu, gpu->act_dt, Y, ny), gX = up(gpu, gpu->act_dt, X, ny);
+        tensor_t gnum = up(gpu, gpu->act_dt, num, (size_t)out), gden = up(gpu, DT_F32, den, (size_t)out);
+        tensor_t gacc = up(gpu, DT_F32, acc, (size_t)out);
+        tensor_t cY = up(cpu, DT_F32, Y, ny), cX = up(cpu, DT_F32, X, ny);
+        tensor_t cnum = up(cpu, DT_F32, num, (size_t)out), cden = up(cpu, DT_F32, den, (size_t)out);
+        tensor_t cacc = up(cpu, DT_F32, acc, (size_t)out);
+        be_col_dot(gpu, gacc, gX, gY, gden, rows, out);
+        be_col_dot(cpu, cacc, cX, cY, cden, rows, out);
+        be_col_scale(gpu, gY, gnum, gden, rows, out);
+        be_col_scale(cpu, cY, cnum, cden, rows, out);
+        gpu_ok();
+        snprintf(what, sizeof what, "col_dot %dx%d (+=)", rows, out);
+        expect_close(what, gacc, cacc, (size_t)out, TOL_F32);
+        snprintf(what, sizeof what, "col_scale %dx%d", rows, out);
+        expect_close(what, gY, cY, ny, TOL_BF16);
+        tensor_t *g[] = {&gW, &gA, &gB, &gn, &gY, &gX, &gnum, &gden, &gacc};
+        tensor_t *c[] = {&cW, &cA, &cB, &cn, &cY, &cX, &cnum, &cden, &cacc};
+        for (int i = 0; i < 9; i++)
+            drop(gpu, g[i]), drop(cpu, c[i]);
+        free(W), free(A), free(B), free(Y), free(X), free(num), free(den), free(acc);
+    }
+}
+
+/* ---- dequant_nf4: the CPU's values, bit for bit ------------------------------------------ */
+
+/* The F32 output bit-identical to the CPU backend's (every product and the
+ * sum rounded once, no fused multiply-add); the BF16 output the F32 value
+ * rounded to BF16 (to_bf16). Sizes: one partial block and an odd count, two
+ * nested blocks. */
+Test(cuda_ops, dequant_nf4_bit_identical_to_the_cpu)
+{
+    static const size_t sizes[] = {37, 16384 + 3 * 64 + 37};
+    for (int s = 0; s < 2; s++) {
+        size_t n = sizes[s], nb = nf4_blocks(n), nn = nf4_nested_blocks(n);
+        float *x = rnd(n, 0.1f), *absmax = malloc(sizeof(float) * nb);
+        float *nested = malloc(sizeof(float) * nn), maps[272];
+        uint8_t *codes = malloc(nf4_code_bytes(n)), *q = malloc(nb);
+        cr_assert(absmax && nested && codes && q);
+        nf4_quantize_codes(x, n, codes, absmax);
+        float offset = nf4_absmax_offset(absmax, nb);
+        nf4_quantize_absmax(absmax, nb, offset, nf4_dynamic_map, q, nested);
+        memcpy(maps, nf4_quant_map, sizeof nf4_quant_map);
+        memcpy(maps + 16, nf4_dynamic_map, sizeof nf4_dynamic_map);
+        backend_t *bes[2] = {gpu, cpu};
+        tensor_t out[3];
+        for (int k = 0; k < 2; k++) {
+            tensor_t tc = be_alloc(bes[k], DT_U8, nf4_code_bytes(n)), tq = be_alloc(bes[k], DT_U8, nb);
+            tensor_t tn = up(bes[k], DT_F32, nested, nn), tm = up(bes[k], DT_F32, maps, 272);
+            be_upload(bes[k], tc, codes, DT_U8);
+            be_upload(bes[k], tq, q, DT_U8);
+            out[k] = up(bes[k], DT_F32, NULL, n);
+            be_dequant_nf4(bes[k], out[k], tc, tq, tn, tm, offset, n);
+            if (k == 0) {
+                out[2] = up(gpu, gpu->act_dt, NULL, n);
+                be_dequant_nf4(gpu, out[2], tc, tq, tn, tm, offset, n);
+            }
+            gpu_ok();
+            drop(bes[k], &tc), drop(bes[k], &tq), drop(bes[k], &tn), drop(bes[k], &tm);
+        }
+        float *g = down(gpu, out[0]), *c = down(cpu, out[1]), *gb = down(gpu, out[2]);
+        cr_expect(memcmp(g, c, sizeof(float) * n) == 0, "n %zu: F32 not bit-identical", n);
+        for (size_t i = 0; i < n; i++)
+            cr_expect(gb[i] == to_bf16(c[i]), "n %zu [%zu]: bf16 %g, cpu %g", n, i, gb[i], c[i]);
+        drop(gpu, &out[0]), drop(cpu, &out[1]), drop(gpu, &out[2]);
+        free(x), free(absmax), free(nested), free(codes), free(q), free(g), free(c), free(gb);
+    }
+}
