@@ -36,6 +36,7 @@
 #                             whether the vector outputs are bit-identical
 #                             (both tables follow the main one)
 #   bench 13B LoRA mb1
+#   bench 7B LoRA mb4
 #   bench 7B LoRA mb8         retried with --recompute layer if it fails
 #   bench 7B LoRA seq 8192    micro-batch 1: the fused attention keeps no
 #                             T x T buffer, so the long sequence fits
@@ -161,7 +162,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 }
 
 declare -A IDX
-for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb8 b7s8k doctor \
+for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k doctor \
     memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
@@ -176,6 +177,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     attn_bench) n="attention workbench (attn_bench: fused vs unfused, fwd+bwd, vs CPU)" ;;
     elem_bench) n="elementwise workbench (elem_bench: vector vs scalar kernels, vs CPU)" ;;
     b13) n="bench llama-13b LoRA r16 mb1 seq 2048" ;;
+    b7mb4) n="bench llama-7b LoRA r16 mb4 seq 2048" ;;
     b7mb8) n="bench llama-7b LoRA r16 mb8 seq 2048" ;;
     b7s8k) n="bench llama-7b LoRA r16 mb1 seq 8192" ;;
     doctor) n="spotune doctor: GPU lines (devices, ECC, clocks, bf16 GEMM, memory copy, P2P)" ;;
@@ -542,6 +544,7 @@ workbench attn_bench 45 attn_figure "$DEV/attn_bench" --iters 3
 workbench elem_bench 30 elem_figure "$DEV/elem_bench" --iters 3
 
 bench b13 75 llama-13b lora 1 5
+bench b7mb4 45 llama-7b lora 4 5
 bench b7mb8 90 llama-7b lora 8 5
 if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
     say "   llama-7b micro-batch 8 failed: again with --recompute layer"

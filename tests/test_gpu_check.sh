@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 17 rows, every GPU step is
+#     run on a GPU machine too): the table has all 18 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA),
 #     the two kernel workbenches' rows too, the test programs report their
 #     own skip, exit 77, and it takes under a minute;
@@ -50,7 +50,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 17 rows" $((n != 17)) "$table"
+check "dry run: the table has the 18 rows" $((n != 18)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -59,7 +59,7 @@ for k in 2 3 4 5; do
         { has "$r" "cudaGetDeviceCount: " || has "$r" "built without the CUDA backend"; }
     check "dry run: test row $k skipped by the program itself, naming why" $? "$r"
 done
-for k in 6 7 8 9 10 11 12 13 14 15 16; do
+for k in 6 7 8 9 10 11 12 13 14 15 16 17; do
     r=$(row "$table" $k)
     has "$r" "no usable CUDA device: "
     check "dry run: GPU row $k skipped with the reason" $? "$r"
@@ -69,7 +69,7 @@ has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
 check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
 ! has "$table" "full output: out/"
 check "dry run: no workbench table after the main one" $? "$table"
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 17)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 18)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -108,6 +108,7 @@ case "$args" in
     json 3300 0.4417 0.4523 11.20 ok |
         sed 's/}$/,"split_ms":{"gemm":80.0,"lora":20.0,"attention":40.0,"elementwise":40.0,"optimizer":10.0,"communication":10.0},"profiled_step_ms":200.0}/' ;;
 *"--preset llama-13b"*) sleep 1000 ;;
+*"--preset llama-7b --mode lora --micro-batch 4 "*) json 3600 0.48 0.49 11.20 ok ;;
 *"--micro-batch 8"*"--recompute none"*)
     echo "spotune: error: cuda backend: device 0 (NVIDIA H200): cudaMalloc of 268435456 bytes: out of memory" >&2
     exit 1 ;;
@@ -259,21 +260,23 @@ expect_row 11 PASS "elementwise workbench (elem_bench"
 expect_row 11 PASS "vector/scalar geometric-mean speedup 4.00x over 2 op-shapes (from 2.00x, add 2048 x 4096, to 8.00x, rmsnorm_fwd 2048 x 4096)"
 expect_row 11 PASS "1 vector rows fell back (not counted); bit-identical to scalar (3 vector rows); worst rel err 3.00e-03; 6 rows: 6 ok, 0 FAIL"
 expect_row 12 TIMEOUT "killed after 8s"
-expect_row 13 PASS "recompute layer; 3000 tok/s"
-expect_row 13 PASS "recompute none had failed: exit 1: spotune: error: cuda backend"
-expect_row 14 PASS "bench llama-7b LoRA r16 mb1 seq 8192"
-expect_row 14 PASS "3300 tok/s"
-expect_row 15 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
-expect_row 16 FAIL "exit 3, 3 errors"
-expect_row 17 PASS "NVIDIA H200"
-expect_row 18 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 19 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 20 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 21 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 13 PASS "bench llama-7b LoRA r16 mb4 seq 2048"
+expect_row 13 PASS "3600 tok/s"
+expect_row 14 PASS "recompute layer; 3000 tok/s"
+expect_row 14 PASS "recompute none had failed: exit 1: spotune: error: cuda backend"
+expect_row 15 PASS "bench llama-7b LoRA r16 mb1 seq 8192"
+expect_row 15 PASS "3300 tok/s"
+expect_row 16 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
+expect_row 17 FAIL "exit 3, 3 errors"
+expect_row 18 PASS "NVIDIA H200"
+expect_row 19 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 20 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 21 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 22 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 17 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 21)) "$table"
+check "stand-ins: 18 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 22)) "$table"
 # the workbenches' own tables after the main one, whole
-after=$(sed -n '/^| 21 |/,$p' <<<"$table")
+after=$(sed -n '/^| 22 |/,$p' <<<"$table")
 has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
     has "$after" "device: NVIDIA H200; 3 iterations" &&
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
@@ -345,10 +348,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 17)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-6]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 14)) "$table"
-expect_row 17 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 18)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-7]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 15)) "$table"
+expect_row 18 PASS "NVIDIA H200"
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]
