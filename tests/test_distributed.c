@@ -159,24 +159,33 @@ Test(distributed, buckets_change_nothing_and_rank_0_alone_reports)
 }
 
 /* The union of the windows all ranks trained in an epoch is the epoch's
- * permutation, with no window twice. */
+ * permutation, with no window twice. On a dataset of the text's first 2000
+ * lines (about 1800 windows, not a multiple of the 4 a step trains, so an
+ * epoch ends inside a step): two epochs are some 900 steps. */
 static void exactly_once(int ranks)
 {
     dataset_t d;
     sp_err err = {0};
     char path[4096];
-    snprintf(path, sizeof path, "%s/data.train.h5", dir);
+    cr_assert_eq(tu_sh(NULL,
+                       "head -n 2000 %s/text.txt > %s/part.txt && %s/spotune prepare-text "
+                       "%s/part.txt %s/part --val-fraction 0",
+                       dir, dir, SPOTUNE_BINARY_DIR, dir, dir),
+                 0);
+    snprintf(path, sizeof path, "%s/part.train.h5", dir);
     cr_assert_eq(dataset_open(&d, path, 32, 260, 5, &err), 0, "%s", err.msg);
     uint64_t W = d.n_windows;
     dataset_close(&d);
-    /* two epochs in steps of 4 windows (W need not be a multiple of 4) */
+    cr_assert(W > 1000 && W % 4 != 0, "%llu windows", (unsigned long long)W);
+    /* two epochs in steps of 4 windows */
     long steps = (long)((2 * W + 3) / 4);
-    char name[64], extra[256], *out = NULL;
+    char name[64], extra[4600], *out = NULL;
     snprintf(name, sizeof name, "once-%d", ranks);
     snprintf(extra, sizeof extra,
-             "--set log.samples=true --set train.steps=%ld --set train.micro_batch=%d "
-             "--set train.mode=lora --set lora.targets=[q_proj] --set log.every=1000",
-             steps, 4 / ranks);
+             "--set data.train=%s --set log.samples=true --set train.steps=%ld "
+             "--set train.micro_batch=%d --set train.mode=lora --set lora.targets=[q_proj] "
+             "--set log.every=1000",
+             path, steps, 4 / ranks);
     cr_assert_eq(train(ranks, name, extra, &out), 0, "%s", out);
     free(out);
     int *seen = calloc(2 * W, sizeof *seen);
