@@ -351,6 +351,7 @@ Test(qlora, memory_is_what_the_plan_counts)
     cr_expect_eq(plan.weights, hc.m->bytes_weights);
     model_opts o = hc.m->o;
     o.nf4 = 0;
+    o.no_fuse = 1; /* the same scratch layout: unfused, as NF4 is */
     model_plan_bytes(&hc.mc, &o, hc.be->act_dt, &dense);
     size_t proj = 0, packed = 0, widest = 0;
     for (int i = 0; i < hc.m->nparams; i++)

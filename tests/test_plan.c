@@ -87,7 +87,8 @@ Test(plan, llama_7b_lora_by_hand)
                  r.mem.total);
 }
 
-/* The same run on a 24 GB card: 21.87 GiB do not fit the 21.8 usable;
+/* The same run on a 24 GB card: 21.804 GiB do not fit the 21.8 usable (the
+ * text says by how many MiB, not "0.00 GiB");
  * recomputing attention (its output and softmax statistics no longer kept per
  * layer: 32 x (2048 x 4096 + 65536) x 2 bytes less) is the cheapest change,
  * re-planned to fit. */
@@ -110,6 +111,10 @@ Test(plan, llama_7b_lora_on_24_gb_fits_with_recompute)
     cr_expect_eq(q->mode, PLAN_QLORA);
     cr_expect_eq(q->available, 0);
     cr_expect(strstr(q->what, "not available"), "%s", q->what);
+    char *out = NULL;
+    cr_assert_eq(tu_spotune(&out, "plan llama-7b --gpu RTX3090"), 0, "%s", out);
+    cr_expect(strstr(out, "fits: NO, 4.1 MiB more than usable"), "%s", out);
+    free(out);
 }
 
 /* Micro-batch 8 on a 48 GB card (64 GiB of activations): a smaller micro-batch with a larger

@@ -159,10 +159,13 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
     printf("  usable: %.2f GiB of %.2f (headroom %.2f GiB: CUDA context, cuBLAS, NCCL, and what\n"
            "          the driver, ECC and allocation rounding keep)\n",
            r->usable_bytes / GIB, in->gpu_mem_bytes / GIB, r->headroom_bytes / GIB);
+    double over = m->total - r->usable_bytes; /* below 0.01 GiB: in MiB, never "0.00" */
     if (r->fits)
         printf("  fits: yes (%.0f%% of usable)\n", 100.0 * m->total / r->usable_bytes);
+    else if (over >= 0.01 * GIB)
+        printf("  fits: NO, %.2f GiB more than usable\n", over / GIB);
     else
-        printf("  fits: NO, %.2f GiB more than usable\n", (m->total - r->usable_bytes) / GIB);
+        printf("  fits: NO, %.1f MiB more than usable\n", over / (1024.0 * 1024.0));
     if (!r->fits && r->nfixes) {
         printf("\nchanges that make it fit, cheapest first (each re-planned):\n");
         for (int i = 0; i < r->nfixes; i++)

@@ -120,12 +120,42 @@ static int64_t logits_chunk_rows(const model_config_t *mc, const model_opts *o, 
     return rows < BT ? rows : BT;
 }
 
+/* Products are fused when the projection weights are frozen and dense:
+ * LoRA, without NF4 (dequantized one at a time) or DoRA (a norm per
+ * projection). */
+static int fuse_on_opts(const model_opts *o)
+{
+    const char *env = getenv("SPOTUNE_FUSED");
+    if (o->no_fuse || (env && strcmp(env, "0") == 0))
+        return 0;
+    return o->mode == MODE_LORA && !o->nf4 && !o->dora;
+}
+
+/* Whether the fused gate/up product runs in place (model_graph.c
+ * fused_in_place): fused, and neither gate nor up has a bias. */
+static int gate_up_in_place(const model_config_t *mc, const model_opts *o)
+{
+    return fuse_on_opts(o) && !mc->bias[PROJ_GATE] && !mc->bias[PROJ_UP];
+}
+
+/* Elements of the scratch s->bwd for BT rows: the MLP's backward (dg, du
+ * and da; da alone where gate/up runs in place, its gradients written over
+ * the activations) or the attention's (dq, datt, dk, dv), the larger; in
+ * the forward it holds a fused product's output (q/k/v; gate/up when not in
+ * place), which fits either. */
+static size_t bwd_elems(const model_config_t *mc, const model_opts *o, size_t BT)
+{
+    size_t I = (size_t)mc->intermediate;
+    size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
+    size_t mlp = (gate_up_in_place(mc, o) ? 1 : 3) * BT * I, att = 2 * BT * (qd + kvd);
+    return mlp > att ? mlp : att;
+}
+
 void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act_dt,
                       model_plan *plan)
 {
     size_t a = dtype_size(act_dt), BT = (size_t)(o->max_batch * o->seq_len);
-    size_t H = (size_t)mc->hidden, I = (size_t)mc->intermediate;
-    size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
+    size_t H = (size_t)mc->hidden;
     size_t total = (size_t)model_config_params(mc), lora = 0, dora_norms = 0;
     if (o->mode == MODE_LORA)
         for (int p = 0; p < PROJ_COUNT; p++)
@@ -167,7 +197,7 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
     else
         acts += L * per;
     plan->activations = acts * a + (o->recompute == RECOMPUTE_LAYER ? 1 : L) * dora_norms * 4;
-    size_t bwd = 3 * BT * I > 2 * BT * (qd + kvd) ? 3 * BT * I : 2 * BT * (qd + kvd);
+    size_t bwd = bwd_elems(mc, o, BT);
     size_t drop = o->mode == MODE_LORA && o->lora_dropout > 0 ? BT * max_in_features(mc) : 0;
     if (o->mode == MODE_LORA && o->dora)
         drop += BT * max_in_features(mc);
@@ -267,15 +297,13 @@ void model_alloc_activations(model_t *m)
         a->x = act_alloc(m, BT * H, d);
     }
     model_scratch *s = MODEL_SCRATCH(m);
-    size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
-    size_t I = (size_t)mc->intermediate;
-    size_t bwd = 3 * BT * I > 2 * BT * (qd + kvd) ? 3 * BT * I : 2 * BT * (qd + kvd);
+    s->gate_up_in_place = gate_up_in_place(mc, &m->o);
     s->x_final = act_alloc(m, BT * H, d);
     s->rstd_f = act_alloc(m, BT, DT_F32);
     s->hf = act_alloc(m, BT * H, d);
     s->dres = act_alloc(m, BT * H, d);
     s->dh = act_alloc(m, BT * H, d);
-    s->bwd = act_alloc(m, bwd, d);
+    s->bwd = act_alloc(m, bwd_elems(mc, &m->o, BT), d);
     if (m->o.mode == MODE_LORA) {
         s->dxr = act_alloc(m, 3 * BT * (size_t)m->o.lora_r, d);
         const char *env = getenv("SPOTUNE_LORA_BATCHED");
@@ -378,15 +406,9 @@ void model_fuse_group(int g, int *first, int *count)
     *count = g == FUSE_QKV ? 3 : 2;
 }
 
-/* Products are fused when the projection weights are frozen and dense:
- * LoRA, without NF4 (dequantized one at a time) or DoRA (a norm per
- * projection). */
 static int fuse_on(const model_t *m)
 {
-    const char *env = getenv("SPOTUNE_FUSED");
-    if (m->o.no_fuse || (env && strcmp(env, "0") == 0))
-        return 0;
-    return m->o.mode == MODE_LORA && !m->o.nf4 && !m->o.dora;
+    return fuse_on_opts(&m->o);
 }
 
 /* The fused groups' concatenated weights, each projection's w a view. */

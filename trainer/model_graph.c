@@ -346,10 +346,8 @@ static int fused_width(const model_t *m, int g)
  * up are gu's two contiguous halves, split from the product by copies. */
 static int fused_in_place(const model_t *m, int l, int g)
 {
-    const layer_params *L = &m->layers[l];
-    if (g != FUSE_GATE_UP || !L->fused_w[g].p)
-        return 0;
-    return !L->b[PROJ_GATE] && !L->b[PROJ_UP] && !L->lora_m[PROJ_GATE] && !L->lora_m[PROJ_UP];
+    /* decided with the scratch's size (model_alloc.c gate_up_in_place) */
+    return g == FUSE_GATE_UP && m->layers[l].fused_w[g].p && MODEL_SCRATCH(m)->gate_up_in_place;
 }
 
 /* Layer l's gate and up activations and their row stride (see
@@ -522,11 +520,15 @@ static void layer_backward(const step_ctx *c, int l)
     if (m->o.recompute == RECOMPUTE_LAYER)
         layer_forward(c, l, no_tensor());
     /* MLP: out = x_mid + down(silu(gate(h2)) * up(h2)), h2 = norm(x_mid) */
-    tensor_t g, u, dg = tensor_view(s->bwd, 0, rows * I), du = tensor_view(s->bwd, rows * I, rows * I);
-    tensor_t da = tensor_view(s->bwd, 2 * rows * I, rows * I);
+    tensor_t g, u, dg, du, da;
     int ld = gate_up(c, l, &g, &u);
-    if (fused_in_place(m, l, FUSE_GATE_UP))
+    if (fused_in_place(m, l, FUSE_GATE_UP)) { /* s->bwd holds da alone */
         dg = g, du = u; /* over the activations, as the fused backward reads them */
+        da = tensor_view(s->bwd, 0, rows * I);
+    } else {
+        dg = tensor_view(s->bwd, 0, rows * I), du = tensor_view(s->bwd, rows * I, rows * I);
+        da = tensor_view(s->bwd, 2 * rows * I, rows * I);
+    }
     linear_backward(c, l, PROJ_DOWN, s->dres, a->a, da, 0);
     be_swiglu_backward(m->be, dg, du, da, g, u, c->rows, (int)I, ld);
     if (L->fused_w[FUSE_GATE_UP].p) {

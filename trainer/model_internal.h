@@ -38,6 +38,7 @@ typedef struct model_scratch {
     tensor_t pos, seg; /* packed documents: positions and first positions [BT] (model_batch) */
     tensor_t rope_cos, rope_sin;
     int64_t chunk_rows; /* rows of logits materialised at once */
+    int gate_up_in_place; /* the fused gate/up product in place (s->bwd sized for it) */
 } model_scratch;
 
 #define MODEL_SCRATCH(m) ((model_scratch *)(m)->scratch)
