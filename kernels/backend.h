@@ -89,13 +89,18 @@ typedef struct backend_ops {
     void (*rmsnorm_backward)(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
                              tensor_t w, tensor_t rstd, int rows, int cols);
 
-    /* In place on x[B,T,nh,hd], rotate-half convention; cos, sin are F32
-     * [T, hd/2], row p the angles of position p. pos: I32 [B,T], the
-     * position of each token (packed documents restart at 0), values taken
-     * in [0, T) (clamped); absent (p == NULL): position t. inverse applies
-     * the transposed rotation (the backward). */
-    void (*rope)(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B,
-                 int T, int nh, int hd, int inverse);
+    /* x = the rotation of src, [B,T,nh,hd] each, rotate-half convention;
+     * the token rows of x and src start x_ld and src_ld elements apart (nh
+     * hd when contiguous; more for the column block of a fused q/k/v
+     * product). src is x itself for the rotation in place (the same
+     * stride; each pair i, i + hd/2 is read before it is written), else
+     * they do not overlap. cos, sin are F32 [T, hd/2], row p the angles of
+     * position p. pos: I32 [B,T], the position of each token (packed
+     * documents restart at 0), values taken in [0, T) (clamped); absent
+     * (p == NULL): position t. inverse applies the transposed rotation (the
+     * backward). */
+    void (*rope)(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin,
+                 tensor_t pos, int B, int T, int nh, int hd, int inverse, int x_ld, int src_ld);
 
     /* Causal grouped-query attention, scale 1/sqrt(hd).
      * q, out [B,T,nh,hd]; k, v [B,T,nkv,hd]; lse F32 [B,nh,T] (log-sum-exp
@@ -342,6 +347,11 @@ void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t 
                             int cols);
 void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
                 tensor_t pos, int B, int T, int nh, int hd, int inverse);
+/* The rotation of src into x with row strides (the op's general form;
+ * be_rope: in place, contiguous) */
+void be_rope_ld_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t src,
+                   tensor_t cos, tensor_t sin, tensor_t pos, int B, int T, int nh, int hd,
+                   int inverse, int x_ld, int src_ld);
 void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t out,
                              tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B,
                              int T, int nh, int nkv, int hd);
@@ -404,6 +414,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_rmsnorm_forward(...) be_rmsnorm_forward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_backward(...) be_rmsnorm_backward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rope(...) be_rope_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_rope_ld(...) be_rope_ld_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_attention_forward(...) be_attention_forward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_attention_backward(...) be_attention_backward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_swiglu_forward(...) be_swiglu_forward_at(__FILE__, __LINE__, __VA_ARGS__)

@@ -2,6 +2,7 @@
  * backend (the rules are in backend.h), then the backend's op. A refused
  * call is recorded with be_fail as "OP: WHAT" at the caller's file:line and
  * goes no further. */
+#include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -367,8 +368,9 @@ void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t 
         be->ops->rmsnorm_backward(be, dx, dw, dout, x, w, rstd, rows, cols);
 }
 
-void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
-                tensor_t pos, int B, int T, int nh, int hd, int inverse)
+void be_rope_ld_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t src,
+                   tensor_t cos, tensor_t sin, tensor_t pos, int B, int T, int nh, int hd,
+                   int inverse, int x_ld, int src_ld)
 {
     call c = begin(be, "rope", file, line);
     size_arg(&c, "B", B);
@@ -377,16 +379,36 @@ void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t 
     size_arg(&c, "hd", hd);
     if (!c.bad && hd % 2)
         refuse(&c, "hd = %d is odd (rotate-half pairs element i with i + hd/2)", hd);
+    size_t w = mul((size_t)nh, (size_t)hd), rows = mul((size_t)B, (size_t)T);
+    if (!c.bad && ((size_t)x_ld < w || (size_t)src_ld < w))
+        refuse(&c, "x_ld = %d and src_ld = %d must be at least nh x hd = %zu", x_ld, src_ld, w);
     if (c.bad)
         return;
-    tensor_arg(&c, "x", x, mul4((size_t)B, (size_t)T, (size_t)nh, (size_t)hd), "B x T x nh x hd",
-               TAKES_FLOAT);
+    int natural = (size_t)x_ld == w && (size_t)src_ld == w;
+    size_t nx = natural ? mul(rows, w) : rows ? mul(rows - 1, (size_t)x_ld) + w : 0;
+    size_t ns = natural ? mul(rows, w) : rows ? mul(rows - 1, (size_t)src_ld) + w : 0;
+    const char *shape = natural ? "B x T x nh x hd" : "(B x T - 1) x ld + nh x hd";
+    tensor_arg(&c, "x", x, nx, shape, TAKES_FLOAT);
+    if (src.p != x.p || src.dt != x.dt || src_ld != x_ld) {
+        tensor_arg(&c, "src", src, ns, shape, TAKES_FLOAT);
+        size_t es = dtype_size(x.dt), ss = dtype_size(src.dt);
+        const char *xb = x.p, *sb = src.p;
+        if (!c.bad && xb < sb + ns * ss && sb < xb + nx * es)
+            refuse(&c, "x and src overlap without being the same tensor at the same stride");
+    }
     size_t nc = mul((size_t)T, (size_t)(hd / 2));
     tensor_arg(&c, "cos", cos, nc, "T x hd/2", TAKES_F32);
     tensor_arg(&c, "sin", sin, nc, "T x hd/2", TAKES_F32);
-    optional_arg(&c, "pos", pos, mul((size_t)B, (size_t)T), "B x T", TAKES_I32);
-    if (!c.bad)
-        be->ops->rope(be, x, cos, sin, pos, B, T, nh, hd, inverse);
+    optional_arg(&c, "pos", pos, rows, "B x T", TAKES_I32);
+    if (!c.bad && rows && w)
+        be->ops->rope(be, x, src, cos, sin, pos, B, T, nh, hd, inverse, x_ld, src_ld);
+}
+
+void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
+                tensor_t pos, int B, int T, int nh, int hd, int inverse)
+{
+    int w = nh > 0 && hd > 0 && (size_t)nh * (size_t)hd <= INT_MAX ? nh * hd : 0;
+    be_rope_ld_at(file, line, be, x, x, cos, sin, pos, B, T, nh, hd, inverse, w, w);
 }
 
 /* The shape of an attention call: positive, nh a multiple of nkv. */

@@ -512,6 +512,27 @@ static int check_rules(backend_t *be)
                       "rope: hd = 3 is odd (rotate-half pairs element i with i + hd/2)");
         cases++;
     }
+    /* rope between strided matrices: strides of a row at least, x and src
+     * apart or the same; past x's end */
+    {
+        /* B 1, T 3, nh 2, hd 4: rows of 8; x [3, 10], src a block of [3, 12] */
+        tensor_t x = be_alloc(be, DT_F32, 28), src = be_alloc(be, DT_F32, 36);
+        tensor_t cs = be_alloc(be, DT_F32, 6), sn = be_alloc(be, DT_F32, 6), none = {0};
+        be_rope_ld(be, x, src, cs, sn, none, 1, 3, 2, 4, 0, 7, 12);
+        expect_refused(be, "rope: x_ld = 7 and src_ld = 12 must be at least nh x hd = 8",
+                       "rope with a row stride below the width");
+        be_rope_ld(be, x, tensor_view(x, 2, 26), cs, sn, none, 1, 3, 2, 4, 0, 10, 9);
+        expect_refused(be, "rope: x and src overlap without being the same tensor at the same "
+                           "stride",
+                       "rope from an overlapping view");
+        be_rope_ld(be, tensor_view(x, 0, 27), src, cs, sn, none, 1, 3, 2, 4, 0, 10, 12);
+        expect_refused(be, "rope: x has 27 elements, (B x T - 1) x ld + nh x hd = 28",
+                       "rope past x's end");
+        be_rope_ld(be, x, src, cs, sn, none, 1, 3, 2, 4, 0, 10, 12);
+        expect_accepted(be, "rope between strided matrices");
+        be_free(be, &x), be_free(be, &src), be_free(be, &cs), be_free(be, &sn);
+        cases += 4;
+    }
     /* dropout: p below 1 */
     {
         tensor_t x = be_alloc(be, DT_F32, N_ELEM), y = be_alloc(be, DT_F32, N_ELEM);

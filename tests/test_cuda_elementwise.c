@@ -1,7 +1,10 @@
 /* The 16-byte vector paths of the CUDA backend's elementwise ops
  * (kernels/cuda/cuda_vec.cu: add, add_bias, SwiGLU forward and backward
  * (also on the two column halves of one [rows, 2 cols] matrix, the
- * backward in place, as the fused gate/up product runs), dropout, RMSNorm forward and backward, RoPE, AdamW with its compute copy)
+ * backward in place, as the fused gate/up product runs), dropout, RMSNorm
+ * forward and backward, RoPE (also out of and into a column block of a
+ * wider matrix, as the fused q/k/v product runs), AdamW with its compute
+ * copy)
  * against the scalar kernels they stand for and against the CPU twin.
  *
  * Each op runs on the same inputs three times: on the GPU with
@@ -43,7 +46,8 @@ enum {
     ROPE,
     ADAMW,
     SWIGLU_GU_FWD, /* gate and up the column halves of one [rows, 2 cols] matrix */
-    SWIGLU_GU_BWD  /* the same, the gradients written over them in place */
+    SWIGLU_GU_BWD, /* the same, the gradients written over them in place */
+    ROPE_LD        /* RoPE out of a column block of [rows, 2 cols] and, inverse, into one */
 };
 
 #define MAX_OUT 4
@@ -177,6 +181,27 @@ static int run_op(backend_t *be, int op, int rows, int cols, dtype_t dt, size_t 
         o[no] = xi, tol[no++] = ta;
         break;
     }
+    case ROPE_LD: {
+        int hd = rope_hd(cols), nh = cols / hd, hh = hd / 2, w = nh * hd, ld = 2 * cols;
+        float *h = malloc(sizeof(float) * 2 * n);
+        for (int r = 0; r < rows; r++) { /* [a-row | d-row] */
+            memcpy(h + (size_t)r * ld, in->a + (size_t)r * cols, sizeof(float) * cols);
+            memcpy(h + (size_t)r * ld + cols, in->d + (size_t)r * cols, sizeof(float) * cols);
+        }
+        tensor_t wide = put(&b, dt, h, 2 * n, off), back = put(&b, dt, NULL, 2 * n, off);
+        free(h);
+        tensor_t x = put(&b, dt, NULL, (size_t)rows * w, off);
+        tensor_t xi = put(&b, dt, in->d, (size_t)rows * w, off);
+        tensor_t c = put(&b, DT_F32, in->b, (size_t)rows * hh, off);
+        tensor_t s = put(&b, DT_F32, in->c, (size_t)rows * hh, off);
+        tensor_t none = {0};
+        be_rope_ld(be, x, wide, c, s, none, 1, rows, nh, hd, 0, w, ld);
+        be_rope_ld(be, tensor_view(back, (size_t)cols, 2 * n - cols), xi, c, s, none, 1, rows, nh,
+                   hd, 1, ld, w);
+        o[no] = x, tol[no++] = ta;
+        o[no] = back, tol[no++] = ta;
+        break;
+    }
     case ADAMW: {
         float *v = malloc(sizeof(float) * n);
         for (size_t i = 0; i < n; i++)
@@ -212,7 +237,8 @@ static int run_op(backend_t *be, int op, int rows, int cols, dtype_t dt, size_t 
 static const char *op_names[] = {"add",          "add_bias",     "swiglu_forward",
                                  "swiglu_backward", "dropout",   "rmsnorm_forward",
                                  "rmsnorm_backward", "rope",     "adamw",
-                                 "swiglu_gate_up_forward", "swiglu_gate_up_backward_in_place"};
+                                 "swiglu_gate_up_forward", "swiglu_gate_up_backward_in_place",
+                                 "rope_between_column_blocks"};
 
 /* One case: scalar and vector GPU runs bit for bit, the vector run against
  * the CPU within tolerance. */
@@ -299,6 +325,11 @@ Test(cuda_elementwise, swiglu_on_the_gate_up_halves_vector_is_scalar_bit_for_bit
 Test(cuda_elementwise, swiglu_backward_in_place_on_the_gate_up_halves_vector_is_scalar)
 {
     check_op(SWIGLU_GU_BWD);
+}
+
+Test(cuda_elementwise, rope_between_column_blocks_vector_is_scalar_bit_for_bit)
+{
+    check_op(ROPE_LD);
 }
 
 Test(cuda_elementwise, dropout_vector_keeps_the_mask_bit_for_bit)

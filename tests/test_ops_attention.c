@@ -265,6 +265,51 @@ Test(ops, rope_positions_of_packed_documents)
     free(x), free(cs), free(sn), free(xd), free(want), free(got), free(ga), free(back);
 }
 
+/* RoPE out of and into column blocks of wider matrices (a fused q/k/v
+ * product's, row stride N), with packed positions, forward and inverse:
+ * the same bits as in place on contiguous heads, and the columns outside
+ * the destination block untouched. */
+Test(ops, rope_between_column_blocks_matches_in_place)
+{
+    int B = 2, T = 9, nh = 2, hd = 6, half = hd / 2, w = nh * hd, N = 3 * w + 5, col = w + 3;
+    size_t n = (size_t)B * T * w, nw = (size_t)B * T * N;
+    int32_t pos[18];
+    for (int i = 0; i < B * T; i++)
+        pos[i] = i % T - packed_seg[i];
+    float *x = rnd(n, 1), *wide = rnd(nw, 1), *cs = malloc(sizeof(float) * T * half),
+          *sn = malloc(sizeof(float) * T * half);
+    for (int r = 0; r < B * T; r++) /* x is the block at column col of wide */
+        memcpy(wide + (size_t)r * N + col, x + (size_t)r * w, sizeof(float) * w);
+    rope_tables(cs, sn, T, hd);
+    tensor_t tc = dev(cs, (size_t)T * half), ts = dev(sn, (size_t)T * half);
+    tensor_t tp = talloc(DT_I32, (size_t)B * T);
+    be_upload(be, tp, pos, DT_I32);
+    for (int inverse = 0; inverse < 2; inverse++) {
+        tensor_t tx = dev(x, n), tw = dev(wide, nw), tout = dev(NULL, n), tback = dev(wide, nw);
+        be_rope(be, tx, tc, ts, tp, B, T, nh, hd, inverse);
+        /* out of the block into contiguous heads, then back into the block */
+        be_rope_ld(be, tout, tensor_view(tw, (size_t)col, nw - col), tc, ts, tp, B, T, nh, hd,
+                   inverse, w, N);
+        be_rope_ld(be, tensor_view(tback, (size_t)col, nw - col), tx, tc, ts, tp, B, T, nh, hd,
+                   1 - inverse, N, w);
+        float *want = host(tx), *got = host(tout), *back = host(tback);
+        cr_expect_eq(memcmp(got, want, sizeof(float) * n), 0, "inverse %d: out of the block",
+                     inverse);
+        size_t bad = 0;
+        for (int r = 0; r < B * T; r++)
+            for (int c = 0; c < N; c++) {
+                float v = back[(size_t)r * N + c], o = wide[(size_t)r * N + c];
+                if (c < col || c >= col + w)
+                    bad += memcmp(&v, &o, sizeof v) != 0; /* untouched */
+                else
+                    bad += fabsf(v - x[(size_t)r * w + c - col]) > 1e-5f * (fabsf(o) + 1);
+            }
+        cr_expect_eq(bad, 0, "inverse %d: into the block: %zu values wrong", inverse, bad);
+        free(want), free(got), free(back);
+    }
+    free(x), free(wide), free(cs), free(sn);
+}
+
 /* The reference backend's attention (plain loops) against the same double
  * reference and finite differences. */
 Test(ops, attention_reference_path)

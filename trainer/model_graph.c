@@ -336,27 +336,38 @@ static int fused_width(const model_t *m, int g)
     return n;
 }
 
-/* Whether fused group g of layer l runs in place: only gate/up, whose
- * product x W_cat^T is written straight into the layer's gu [rows, 2I]
- * (gate and up its column halves, row stride 2I); each projection's LoRA
- * branch adds into its half, SwiGLU reads the halves, and its backward
- * writes d(gate) and d(up) over them, where the fused backward reads them
- * as one matrix: no split or join copy of [rows, 2I] either way. Not with a
- * bias or DoRA on gate or up (their ops take no row stride): then gate and
- * up are gu's two contiguous halves, split from the product by copies. */
-static int fused_in_place(const model_t *m, int l, int g)
+/* Whether fused group g of layer l is strided: its outputs are used as the
+ * column blocks of its product x W_cat^T [rows, sum of outs] (row stride
+ * that width), with no split copy, and its backward reads the outputs'
+ * gradients as the column blocks of one such matrix, with no join copy.
+ * Each projection's LoRA branch adds into its block (be_matmul_ld).
+ * - gate/up: the product is written into the layer's gu (gate and up its
+ *   column halves); SwiGLU reads the halves, and its backward writes
+ *   d(gate) and d(up) over them. Decided with the scratch's size
+ *   (model_alloc.c gate_up_in_place: no bias on gate or up).
+ * - q/k/v: the product goes to s->bwd, and RoPE rotates q and k out of it
+ *   into their own memory (v is copied); the backward's RoPE rotates dq and
+ *   dk into the memory of q, k, v, dead by then, beside a copy of dv
+ *   (qkv_split, qkv_join). Not with a bias on q, k or v (add_bias takes no
+ *   row stride): then copies split and join, and RoPE runs in place.
+ * Fused groups have no DoRA (model_alloc.c fuse_on). */
+static int fused_strided(const model_t *m, int l, int g)
 {
-    /* decided with the scratch's size (model_alloc.c gate_up_in_place) */
-    return g == FUSE_GATE_UP && m->layers[l].fused_w[g].p && MODEL_SCRATCH(m)->gate_up_in_place;
+    const layer_params *L = &m->layers[l];
+    if (!L->fused_w[g].p)
+        return 0;
+    if (g == FUSE_GATE_UP)
+        return MODEL_SCRATCH(m)->gate_up_in_place;
+    return !L->b[PROJ_Q] && !L->b[PROJ_K] && !L->b[PROJ_V];
 }
 
 /* Layer l's gate and up activations and their row stride (see
- * fused_in_place) */
+ * fused_strided) */
 static int gate_up(const step_ctx *c, int l, tensor_t *g, tensor_t *u)
 {
     layer_acts *a = &c->m->acts[l];
     int I = (int)c->m->mc.intermediate;
-    if (!fused_in_place(c->m, l, FUSE_GATE_UP)) {
+    if (!fused_strided(c->m, l, FUSE_GATE_UP)) {
         *g = a->g, *u = a->u;
         return I;
     }
@@ -366,16 +377,18 @@ static int gate_up(const step_ctx *c, int l, tensor_t *g, tensor_t *u)
 }
 
 /* Fused group g of layer l from the input x the group shares: one product
- * x W_cat^T [rows, sum of outs] (in place, fused_in_place; else in s->bwd,
- * unused in the forward, and split into the outputs ys: projection first +
- * i's in ys[i]), then each projection's bias and LoRA branch. */
+ * x W_cat^T [rows, sum of outs] into the layer's gu (gate/up strided) or
+ * s->bwd (unused in the forward), then each projection's bias and LoRA
+ * branch. Strided (fused_strided), the outputs are the product's column
+ * blocks; else it is split into ys (projection first + i's in ys[i]). */
 static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, tensor_t x)
 {
     model_t *m = c->m;
     int first, count, N = fused_width(m, g), in = (int)m->mc.hidden;
     model_fuse_group(g, &first, &count);
-    int in_place = fused_in_place(m, l, g);
-    tensor_t cat = rows_of(in_place ? m->acts[l].gu : MODEL_SCRATCH(m)->bwd, c->rows, N);
+    int strided = fused_strided(m, l, g);
+    tensor_t cat = rows_of(g == FUSE_GATE_UP && strided ? m->acts[l].gu : MODEL_SCRATCH(m)->bwd,
+                           c->rows, N);
     tensor_t xr = no_tensor();
     int r = (int)m->o.lora_r, batched = lora_batched(c, l, g);
     be_matmul(m->be, cat, x, m->layers[l].fused_w[g], c->rows, N, in, 0, 1, 1.0f, 0.0f);
@@ -388,10 +401,10 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
     }
     for (int i = 0, col = 0; i < count; i++) {
         int out = proj_of(m, l, first + i).out;
-        tensor_t y = in_place ? from_col(cat, col) : ys[i];
-        if (!in_place)
+        tensor_t y = strided ? from_col(cat, col) : ys[i];
+        if (!strided)
             be_copy2d(m->be, ys[i], from_col(cat, col), c->rows, out, out, N);
-        linear_extras(c, l, first + i, y, in_place ? N : out, x,
+        linear_extras(c, l, first + i, y, strided ? N : out, x,
                       batched ? from_col(xr, i * r) : no_tensor(), count * r);
         col += out;
     }
@@ -399,7 +412,7 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
 
 /* The backward of fused_forward given the outputs' gradients dys: they are
  * joined into `join` (the group's activations, dead by now) as one
- * [rows, sum of outs] matrix (in place: they are join's column blocks
+ * [rows, sum of outs] matrix (strided: they are join's column blocks
  * already), dx = join W_cat (one product; the frozen W_cat has no
  * gradient), then each projection's bias and LoRA gradients and dx += its
  * LoRA path. */
@@ -409,8 +422,8 @@ static void fused_backward(const step_ctx *c, int l, int g, const tensor_t *dys,
     model_t *m = c->m;
     int first, count, N = fused_width(m, g), in = (int)m->mc.hidden;
     model_fuse_group(g, &first, &count);
-    int in_place = fused_in_place(m, l, g);
-    for (int i = 0, col = 0; i < count && !in_place; i++) {
+    int strided = fused_strided(m, l, g);
+    for (int i = 0, col = 0; i < count && !strided; i++) {
         int out = proj_of(m, l, first + i).out;
         be_copy2d(m->be, from_col(join, col), dys[i], c->rows, out, N, out);
         col += out;
@@ -423,10 +436,10 @@ static void fused_backward(const step_ctx *c, int l, int g, const tensor_t *dys,
         if (L->b[p] && L->b[p]->trainable)
             be_bias_backward(m->be, L->b[p]->grad, dys[i], c->rows, out);
         if (L->lora_a[p] && !batched)
-            lora_backward(c, l, p, dys[i], in_place ? N : out, x, dx);
+            lora_backward(c, l, p, dys[i], strided ? N : out, x, dx);
     }
     if (batched)
-        lora_group_backward(c, l, g, dys, in_place ? N : 0, x, dx);
+        lora_group_backward(c, l, g, dys, strided ? N : 0, x, dx);
 }
 
 /* The batch's packed-document positions and segment starts on the device
@@ -448,16 +461,55 @@ static void attention(const step_ctx *c, layer_acts *a)
                          c->b->T, (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
 }
 
-/* RoPE on the query and key heads (inverse: their gradients). */
-static void rope_qk(const step_ctx *c, tensor_t q, tensor_t k, int inverse)
+/* RoPE of the query and key heads qs, ks into q, k (inverse: of their
+ * gradients), each with its row stride; qs, ks may be q, k (in place). */
+static void rope_qk_ld(const step_ctx *c, tensor_t q, int q_ld, tensor_t qs, int qs_ld, tensor_t k,
+                       int k_ld, tensor_t ks, int ks_ld, int inverse)
 {
     model_t *m = c->m;
     const model_config_t *mc = &m->mc;
     model_scratch *s = MODEL_SCRATCH(m);
     tensor_t pos = batch_pos(c);
     int B = c->b->B, T = c->b->T, hd = (int)mc->head_dim;
-    be_rope(m->be, q, s->rope_cos, s->rope_sin, pos, B, T, (int)mc->heads, hd, inverse);
-    be_rope(m->be, k, s->rope_cos, s->rope_sin, pos, B, T, (int)mc->kv_heads, hd, inverse);
+    be_rope_ld(m->be, q, qs, s->rope_cos, s->rope_sin, pos, B, T, (int)mc->heads, hd, inverse,
+               q_ld, qs_ld);
+    be_rope_ld(m->be, k, ks, s->rope_cos, s->rope_sin, pos, B, T, (int)mc->kv_heads, hd, inverse,
+               k_ld, ks_ld);
+}
+
+/* RoPE on the query and key heads in place (inverse: their gradients). */
+static void rope_qk(const step_ctx *c, tensor_t q, tensor_t k, int inverse)
+{
+    int qd = (int)(c->m->mc.heads * c->m->mc.head_dim);
+    int kvd = (int)(c->m->mc.kv_heads * c->m->mc.head_dim);
+    rope_qk_ld(c, q, qd, q, qd, k, kvd, k, kvd, inverse);
+}
+
+/* Strided q/k/v (fused_strided): q, k, v of layer l out of the product in
+ * s->bwd [rows, qd + 2 kvd], q and k rotated on the way. */
+static void qkv_split(const step_ctx *c, int l)
+{
+    model_t *m = c->m;
+    layer_acts *a = &m->acts[l];
+    int qd = (int)(m->mc.heads * m->mc.head_dim), kvd = (int)(m->mc.kv_heads * m->mc.head_dim);
+    int N = qd + 2 * kvd;
+    tensor_t cat = rows_of(MODEL_SCRATCH(m)->bwd, c->rows, N);
+    rope_qk_ld(c, a->q, qd, cat, N, a->k, kvd, from_col(cat, qd), N, 0);
+    be_copy2d(m->be, a->v, from_col(cat, qd + kvd), c->rows, kvd, kvd, N);
+}
+
+/* Strided q/k/v: the gradients dq, dk (of the rotated q, k) and dv joined
+ * into the memory of layer l's q, k, v as [rows, qd + 2 kvd], dq and dk
+ * rotated back on the way; returns that matrix. */
+static tensor_t qkv_join(const step_ctx *c, int l, tensor_t dq, tensor_t dk, tensor_t dv)
+{
+    model_t *m = c->m;
+    int qd = (int)(m->mc.heads * m->mc.head_dim), kvd = (int)(m->mc.kv_heads * m->mc.head_dim);
+    int N = qd + 2 * kvd;
+    tensor_t join = rows_of(m->acts[l].qkv, c->rows, N);
+    rope_qk_ld(c, join, N, dq, qd, from_col(join, qd), N, dk, kvd, 1);
+    be_copy2d(m->be, from_col(join, qd + kvd), dv, c->rows, kvd, N, kvd);
+    return join;
 }
 
 /* One decoder layer; out receives the next residual stream (out.p == NULL
@@ -480,7 +532,10 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
         linear_forward(c, l, PROJ_K, a->k, a->h1, no_tensor());
         linear_forward(c, l, PROJ_V, a->v, a->h1, no_tensor());
     }
-    rope_qk(c, a->q, a->k, 0);
+    if (fused_strided(m, l, FUSE_QKV))
+        qkv_split(c, l);
+    else
+        rope_qk(c, a->q, a->k, 0);
     attention(c, a);
     linear_forward(c, l, PROJ_O, a->x_mid, a->att, a->x); /* x_mid = x + o(att) */
     be_rmsnorm_forward(m->be, a->h2, a->rstd2, a->x_mid, L->mlp_norm->w, c->rows, H,
@@ -522,7 +577,7 @@ static void layer_backward(const step_ctx *c, int l)
     /* MLP: out = x_mid + down(silu(gate(h2)) * up(h2)), h2 = norm(x_mid) */
     tensor_t g, u, dg, du, da;
     int ld = gate_up(c, l, &g, &u);
-    if (fused_in_place(m, l, FUSE_GATE_UP)) { /* s->bwd holds da alone */
+    if (fused_strided(m, l, FUSE_GATE_UP)) { /* s->bwd holds da alone */
         dg = g, du = u; /* over the activations, as the fused backward reads them */
         da = tensor_view(s->bwd, 0, rows * I);
     } else {
@@ -549,11 +604,16 @@ static void layer_backward(const step_ctx *c, int l)
     linear_backward(c, l, PROJ_O, s->dres, a->att, datt, 0);
     be_attention_backward(m->be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, batch_seg(c),
                           B, T, (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
-    rope_qk(c, dq, dk, 1);
-    if (L->fused_w[FUSE_QKV].p) {
+    if (fused_strided(m, l, FUSE_QKV)) {
+        tensor_t join = qkv_join(c, l, dq, dk, dv);
+        tensor_t dys[3] = {join, from_col(join, (int)qd), from_col(join, (int)(qd + kvd))};
+        fused_backward(c, l, FUSE_QKV, dys, a->h1, s->dh, join);
+    } else if (L->fused_w[FUSE_QKV].p) {
+        rope_qk(c, dq, dk, 1);
         tensor_t dys[3] = {dq, dk, dv};
         fused_backward(c, l, FUSE_QKV, dys, a->h1, s->dh, a->qkv);
     } else {
+        rope_qk(c, dq, dk, 1);
         linear_backward(c, l, PROJ_Q, dq, a->h1, s->dh, 0);
         linear_backward(c, l, PROJ_K, dk, a->h1, s->dh, 1);
         linear_backward(c, l, PROJ_V, dv, a->h1, s->dh, 1);

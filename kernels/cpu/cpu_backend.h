@@ -17,8 +17,8 @@ void cpu_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x,
                          int rows, int cols, float eps);
 void cpu_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
                           tensor_t w, tensor_t rstd, int rows, int cols);
-void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B, int T,
-              int nh, int hd, int inverse);
+void cpu_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin, tensor_t pos,
+              int B, int T, int nh, int hd, int inverse, int x_ld, int src_ld);
 void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
                            tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,

@@ -73,12 +73,12 @@ void cpu_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout
 
 /* ---- RoPE (rotate-half) --------------------------------------------------- */
 
-void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B, int T,
-              int nh, int hd, int inverse)
+void cpu_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin, tensor_t pos,
+              int B, int T, int nh, int hd, int inverse, int x_ld, int src_ld)
 {
     (void)be;
     float *X = F(x);
-    const float *C = F(cos), *S = F(sin);
+    const float *SRC = F(src), *C = F(cos), *S = F(sin);
     const int32_t *P = pos.p;
     int half = hd / 2;
     float sgn = inverse ? -1.0f : 1.0f;
@@ -90,9 +90,10 @@ void cpu_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t po
             t = P[bt] < 0 ? 0 : P[bt] >= T ? T - 1 : P[bt];
         const float *c = C + (size_t)t * half, *s = S + (size_t)t * half;
         for (int h = 0; h < nh; h++) {
-            float *v = X + ((size_t)bt * nh + h) * hd;
+            const float *u = SRC + (size_t)bt * (size_t)src_ld + (size_t)h * hd;
+            float *v = X + (size_t)bt * (size_t)x_ld + (size_t)h * hd;
             for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half], sn = sgn * s[i];
+                float a = u[i], b = u[i + half], sn = sgn * s[i];
                 v[i] = a * c[i] - b * sn;
                 v[i + half] = b * c[i] + a * sn;
             }

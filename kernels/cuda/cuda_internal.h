@@ -291,8 +291,8 @@ void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x
                           int rows, int cols, float eps);
 void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout, tensor_t x,
                            tensor_t w, tensor_t rstd, int rows, int cols);
-void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B, int T,
-               int nh, int hd, int inverse);
+void cuda_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin, tensor_t pos,
+               int B, int T, int nh, int hd, int inverse, int x_ld, int src_ld);
 void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, int rows, int cols,
                          int ld);
 void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
@@ -338,8 +338,8 @@ int cuda_vec_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t d
                              tensor_t u, int rows, int cols, int ld);
 int cuda_vec_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p,
                      float keep_scale, uint64_t seed, uint64_t offset);
-int cuda_vec_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos, int B,
-                  int T, int nh, int hd, float sgn);
+int cuda_vec_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin,
+                  tensor_t pos, int B, int T, int nh, int hd, float sgn, int x_ld, int src_ld);
 int cuda_vec_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
                              int rows, int cols, float eps);
 int cuda_vec_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dout, tensor_t x, tensor_t w,

@@ -193,38 +193,45 @@ extern "C" void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, t
 
 /* ---- RoPE (rotate-half); the inverse is the backward ------------------------------ */
 
-__global__ void rope_kernel(void *x, int dt, const float *cosv, const float *sinv, const int *pos,
-                            int T, int nh, int hd, size_t n, float sgn)
+/* idx walks the pairs (i, i + hd/2) of every head of every token; token
+ * row r of x starts at r x_ld, of src at r src_ld (src may be x: each pair
+ * is read before it is written) */
+__global__ void rope_kernel(void *x, int dt, const void *src, int sdt, const float *cosv,
+                            const float *sinv, const int *pos, int T, int nh, int hd, size_t n,
+                            float sgn, size_t x_ld, size_t src_ld)
 {
     GRID_STRIDE(idx, n)
     {
         int hh = hd / 2;
         int i = (int)(idx % hh);
         size_t head = idx / hh; /* (b*T + t)*nh + h */
-        int t = (int)((head / nh) % T);
+        size_t row = head / nh, h = head % nh;
+        int t = (int)(row % T);
         if (pos) { /* the token's position (packed documents), clamped to the table */
-            int p = pos[head / nh];
+            int p = pos[row];
             t = p < 0 ? 0 : p >= T ? T - 1 : p;
         }
-        size_t base = head * (size_t)hd;
+        size_t xb = row * x_ld + h * (size_t)hd, sb = row * src_ld + h * (size_t)hd;
         float c = cosv[(size_t)t * hh + i], sn = sgn * sinv[(size_t)t * hh + i];
-        float a = ld_f(x, dt, base + i), b = ld_f(x, dt, base + i + hh);
-        st_f(x, dt, base + i, a * c - b * sn);
-        st_f(x, dt, base + i + hh, b * c + a * sn);
+        float a = ld_f(src, sdt, sb + i), b = ld_f(src, sdt, sb + i + hh);
+        st_f(x, dt, xb + i, a * c - b * sn);
+        st_f(x, dt, xb + i + hh, b * c + a * sn);
     }
 }
 
-extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos,
-                          int B, int T, int nh, int hd, int inverse)
+extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin,
+                          tensor_t pos, int B, int T, int nh, int hd, int inverse, int x_ld,
+                          int src_ld)
 {
     int hh = hd / 2;
     size_t n = (size_t)B * T * nh * hh;
     float sgn = inverse ? -1.0f : 1.0f;
-    if (be->err.code || !n || cuda_vec_rope(be, x, cos, sin, pos, B, T, nh, hd, sgn))
+    if (be->err.code || !n ||
+        cuda_vec_rope(be, x, src, cos, sin, pos, B, T, nh, hd, sgn, x_ld, src_ld))
         return;
     rope_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
-        x.p, x.dt, (const float *)cos.p, (const float *)sin.p, (const int *)pos.p, T, nh, hd, n,
-        sgn);
+        x.p, x.dt, src.p, src.dt, (const float *)cos.p, (const float *)sin.p, (const int *)pos.p,
+        T, nh, hd, n, sgn, (size_t)x_ld, (size_t)src_ld);
     LAUNCHED(be, "rope_kernel");
 }
 

@@ -165,8 +165,9 @@ __global__ void dropout_vec_kernel(void *out, int odt, const void *in, int idt, 
 
 /* hh % 8 == 0: the 8 elements of a step are i..i+7 of one head's first half,
  * each paired with i + hh as in the scalar kernel */
-__global__ void rope_vec_kernel(void *x, int dt, const float *cosv, const float *sinv,
-                                const int *pos, int T, int nh, int hd, size_t nv, float sgn)
+__global__ void rope_vec_kernel(void *x, int dt, const void *src, int sdt, const float *cosv,
+                                const float *sinv, const int *pos, int T, int nh, int hd,
+                                size_t nv, float sgn, size_t x_ld, size_t src_ld)
 {
     GRID_STRIDE(v, nv)
     {
@@ -174,12 +175,13 @@ __global__ void rope_vec_kernel(void *x, int dt, const float *cosv, const float 
         size_t idx = v * 8;
         int i = (int)(idx % hh);
         size_t head = idx / hh; /* (b*T + t)*nh + h */
-        int t = (int)((head / nh) % T);
+        size_t row = head / nh, h = head % nh;
+        int t = (int)(row % T);
         if (pos) {
-            int p = pos[head / nh];
+            int p = pos[row];
             t = p < 0 ? 0 : p >= T ? T - 1 : p;
         }
-        size_t base = head * (size_t)hd;
+        size_t base = row * x_ld + h * (size_t)hd, sbase = row * src_ld + h * (size_t)hd;
         size_t tab = (size_t)t * hh + i;
         float c[8], sn[8], a[8], b[8];
         float4 c0 = *(const float4 *)(cosv + tab), c1 = *(const float4 *)(cosv + tab + 4);
@@ -188,8 +190,8 @@ __global__ void rope_vec_kernel(void *x, int dt, const float *cosv, const float 
         c[4] = c1.x, c[5] = c1.y, c[6] = c1.z, c[7] = c1.w;
         sn[0] = s0.x, sn[1] = s0.y, sn[2] = s0.z, sn[3] = s0.w;
         sn[4] = s1.x, sn[5] = s1.y, sn[6] = s1.z, sn[7] = s1.w;
-        ld8(x, dt, (base + i) / 8, a);
-        ld8(x, dt, (base + i + hh) / 8, b);
+        ld8(src, sdt, (sbase + i) / 8, a);
+        ld8(src, sdt, (sbase + i + hh) / 8, b);
         float oa[8], ob[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -396,17 +398,18 @@ extern "C" int cuda_vec_dropout(backend_t *be, tensor_t out, tensor_t in, size_t
     return 1;
 }
 
-extern "C" int cuda_vec_rope(backend_t *be, tensor_t x, tensor_t cos, tensor_t sin, tensor_t pos,
-                             int B, int T, int nh, int hd, float sgn)
+extern "C" int cuda_vec_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin,
+                             tensor_t pos, int B, int T, int nh, int hd, float sgn, int x_ld,
+                             int src_ld)
 {
     int hh = hd / 2;
     size_t n = (size_t)B * T * nh * hh;
-    tensor_t t[] = {x, cos, sin};
-    if (hh % 8 || !vec_takes(n, 3, t))
+    tensor_t t[] = {x, src, cos, sin};
+    if (hh % 8 || x_ld % 8 || src_ld % 8 || !vec_takes(n, 4, t))
         return 0;
     rope_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
-        x.p, x.dt, (const float *)cos.p, (const float *)sin.p, (const int *)pos.p, T, nh, hd,
-        n / 8, sgn);
+        x.p, x.dt, src.p, src.dt, (const float *)cos.p, (const float *)sin.p,
+        (const int *)pos.p, T, nh, hd, n / 8, sgn, (size_t)x_ld, (size_t)src_ld);
     LAUNCHED(be, "rope_vec_kernel");
     return 1;
 }
