@@ -5,8 +5,10 @@
  *
  * Ops: add, add_bias, swiglu_fwd, swiglu_bwd, dropout, rmsnorm_fwd,
  * rmsnorm_bwd (dx; no dw, as for a frozen norm), rope (hd 128 where it
- * divides the columns, else 10) and adamw (F32 master and moments, a
- * compute copy in the activation dtype). Versions: "scalar" (cuda_ops.cu, one element a thread
+ * divides the columns, else 10), adamw (F32 master and moments, a
+ * compute copy in the activation dtype), and the strided forms the fused
+ * products use: swiglu_gu (gate and up the column halves of one
+ * [rows, 2 cols] matrix) and rope_ld (out of its first column block). Versions: "scalar" (cuda_ops.cu, one element a thread
  * step) and "vector" (cuda_vec.cu, 16-byte loads and stores), chosen
  * through SPOTUNE_CUDA_ELEMENTWISE as the backend reads it on every call.
  * On a shape the vector path declines (columns not a multiple of 8, an
@@ -39,12 +41,24 @@
 #define MAX_T 10
 #define VEC_ROW_SMEM 49152 /* cuda_vec.cu */
 
-enum { ADD, ADD_BIAS, SWIGLU_FWD, SWIGLU_BWD, DROPOUT, RMSNORM_FWD, RMSNORM_BWD, ROPE, ADAMW,
-       NOPS };
+enum {
+    ADD,
+    ADD_BIAS,
+    SWIGLU_FWD,
+    SWIGLU_BWD,
+    DROPOUT,
+    RMSNORM_FWD,
+    RMSNORM_BWD,
+    ROPE,
+    ADAMW,
+    SWIGLU_GU, /* swiglu_fwd on the two column halves of one [rows, 2 cols] matrix */
+    ROPE_LD,   /* rope out of the first column block of [rows, 2 cols] */
+    NOPS
+};
 
-static const char *op_names[NOPS] = {"add",         "add_bias",    "swiglu_fwd",
-                                     "swiglu_bwd",  "dropout",     "rmsnorm_fwd",
-                                     "rmsnorm_bwd", "rope",        "adamw"};
+static const char *op_names[NOPS] = {"add",         "add_bias",  "swiglu_fwd",  "swiglu_bwd",
+                                     "dropout",     "rmsnorm_fwd", "rmsnorm_bwd", "rope",
+                                     "adamw",       "swiglu_gu",  "rope_ld"};
 
 typedef struct shape {
     int rows, cols;
@@ -160,6 +174,26 @@ static int make_set(op_set *r, dtype_t dt, const inputs *in, int with_copy)
         put(r, DT_F32, in->b, rows * hh), put(r, DT_F32, in->c, rows * hh);
         break;
     }
+    case SWIGLU_GU:
+    case ROPE_LD: { /* [a-row | b-row] [rows, 2 cols], then the output */
+        float *h = malloc(sizeof(float) * (n ? 2 * n : 1));
+        if (!h)
+            return -1;
+        for (size_t i = 0; i < rows; i++) {
+            memcpy(h + i * 2 * cols, in->a + i * cols, sizeof(float) * cols);
+            memcpy(h + i * 2 * cols + cols, in->b + i * cols, sizeof(float) * cols);
+        }
+        put(r, dt, h, 2 * n);
+        free(h);
+        if (r->op == SWIGLU_GU) {
+            output(r, put(r, dt, NULL, n), ta);
+            break;
+        }
+        int hd = rope_hd(r->s.cols), hh = hd / 2;
+        output(r, put(r, dt, NULL, rows * (size_t)(r->s.cols / hd) * hd), ta);
+        put(r, DT_F32, in->c, rows * hh), put(r, DT_F32, in->d, rows * hh);
+        break;
+    }
     case ADAMW: { /* P, G, M, V, copy */
         float *v = malloc(sizeof(float) * (n ? n : 1));
         if (!v)
@@ -220,6 +254,15 @@ static void run_op(op_set *r)
         be_adamw(be, t[0], t[4], t[1], t[2], t[3], n, &a);
         break;
     }
+    case SWIGLU_GU:
+        be_swiglu_forward(be, t[1], t[0], tensor_view(t[0], (size_t)cols, 2 * n - (size_t)cols),
+                          rows, cols, 2 * cols);
+        break;
+    case ROPE_LD: {
+        int hd = rope_hd(cols), w = cols / hd * hd;
+        be_rope_ld(be, t[1], t[0], t[2], t[3], none, 1, rows, cols / hd, hd, 0, w, 2 * cols);
+        break;
+    }
     }
 }
 
@@ -231,6 +274,7 @@ static double op_bytes(int op, const shape *s, dtype_t dt)
     switch (op) {
     case ADD:
     case SWIGLU_FWD:
+    case SWIGLU_GU:
         return 3 * n * e;
     case ADD_BIAS:
     case DROPOUT:
@@ -240,7 +284,8 @@ static double op_bytes(int op, const shape *s, dtype_t dt)
         return 5 * n * e;
     case RMSNORM_BWD:
         return 4 * n * e;
-    case ROPE: {
+    case ROPE:
+    case ROPE_LD: {
         int hd = rope_hd(s->cols);
         return 2 * (double)s->rows * (s->cols / hd) * hd * e;
     }
@@ -255,8 +300,8 @@ static double op_bytes(int op, const shape *s, dtype_t dt)
 static int vector_takes(int op, const shape *s, dtype_t dt)
 {
     size_t e = dt == DT_BF16 ? 2 : 4;
-    if (op == ROPE)
-        return (rope_hd(s->cols) / 2) % 8 == 0;
+    if (op == ROPE || op == ROPE_LD) /* ROPE_LD's strides: w and 2 cols */
+        return (rope_hd(s->cols) / 2) % 8 == 0 && s->cols % 4 == 0;
     if (s->cols % 8)
         return 0;
     if (op == RMSNORM_FWD)
