@@ -205,9 +205,10 @@ void be_copy_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_
 }
 
 /* elements a [rows, ld] matrix's first cols columns span */
-static size_t span2d(int rows, int cols, int ld)
+static size_t span2d(size_t rows, size_t cols, size_t ld)
 {
-    return rows && cols ? mul((size_t)(rows - 1), (size_t)ld) + (size_t)cols : 0;
+    size_t head = rows && cols ? mul(rows - 1, ld) : 0;
+    return !rows || !cols ? 0 : head > SIZE_MAX - cols ? SIZE_MAX : head + cols;
 }
 
 void be_copy2d_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_t src, int rows,
@@ -385,8 +386,7 @@ void be_rope_ld_at(const char *file, int line, backend_t *be, tensor_t x, tensor
     if (c.bad)
         return;
     int natural = (size_t)x_ld == w && (size_t)src_ld == w;
-    size_t nx = natural ? mul(rows, w) : rows ? mul(rows - 1, (size_t)x_ld) + w : 0;
-    size_t ns = natural ? mul(rows, w) : rows ? mul(rows - 1, (size_t)src_ld) + w : 0;
+    size_t nx = span2d(rows, w, (size_t)x_ld), ns = span2d(rows, w, (size_t)src_ld);
     const char *shape = natural ? "B x T x nh x hd" : "(B x T - 1) x ld + nh x hd";
     tensor_arg(&c, "x", x, nx, shape, TAKES_FLOAT);
     if (src.p != x.p || src.dt != x.dt || src_ld != x_ld) {

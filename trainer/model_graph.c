@@ -126,7 +126,7 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
 
 /* y += b + scale * (drop(x) A^T) B^T: what a projection adds to its base
  * product (its bias, its LoRA branch); y has row stride y_ld (a column
- * block of an in-place fused product's, which has no bias). xr.p: the
+ * block of a strided fused product's, which has no bias: fused_strided). xr.p: the
  * branch's xr is already made, stored with row stride ld (a block of a
  * batched group's). */
 static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, int y_ld, tensor_t x,
@@ -186,9 +186,10 @@ static tensor_t from_col(tensor_t t, int col)
 }
 
 /* The batched backward of group g's LoRA branches given the outputs'
- * gradients dys (row stride dy_ld, 0: each its projection's width): each B gradient and d(xr) (into the columns of one
- * [rows, count r] matrix), then one product for the stacked A gradients
- * and one for dx += d(xr) [A_1; ...]. */
+ * gradients dys (row stride dy_ld; 0: each its projection's width): each
+ * B gradient and d(xr) (into the columns of one [rows, count r] matrix),
+ * then one product for the stacked A gradients and one for
+ * dx += d(xr) [A_1; ...]. */
 static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, int dy_ld,
                                 tensor_t x, tensor_t dx)
 {
