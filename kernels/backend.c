@@ -1,7 +1,7 @@
 /* Backend selection, dtype helpers and the host-side conversions shared by
  * every backend. */
 #define _GNU_SOURCE /* readlink */
-#include "backend.h"
+#include "backend_trace.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -124,6 +124,7 @@ int dtype_convert(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, si
 void be_upload(backend_t *be, tensor_t t, const void *src, dtype_t src_dt)
 {
     size_t bytes = t.n * dtype_size(t.dt);
+    be_trace_barrier(be, "upload", NULL, 0);
     if (src_dt == t.dt) {
         be->ops->h2d(be, t.p, src, bytes);
         return;
@@ -144,6 +145,7 @@ void be_upload(backend_t *be, tensor_t t, const void *src, dtype_t src_dt)
 void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t)
 {
     size_t bytes = t.n * dtype_size(t.dt);
+    be_trace_barrier(be, "download", NULL, 0);
     if (dst_dt == t.dt) {
         be->ops->d2h(be, dst, t.p, bytes);
         return;

@@ -134,11 +134,13 @@ typedef struct backend_ops {
                                int n, int H);
 
     /* Fused softmax cross-entropy and its backward, in place.
-     * logits [rows,V] (act_dt) becomes dlogits = (softmax - onehot)*grad_scale;
-     * loss[r] (F32) = -log softmax(logits[r])[targets[r]].
+     * logits [rows,V] (act_dt) becomes dlogits = (softmax - onehot) * g,
+     * g = grad_scale, times scale[0] when scale is given (F32 [1] in device
+     * memory: a factor that changes from step to step without changing the
+     * launch, see be_trace); loss[r] (F32) = -log softmax(logits[r])[targets[r]].
      * targets I32; a row with target < 0 is ignored: loss 0, dlogits 0. */
     void (*cross_entropy)(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets,
-                          int rows, int V, float grad_scale);
+                          int rows, int V, float grad_scale, tensor_t scale);
 
     /* y += alpha * x */
     void (*add)(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
@@ -166,10 +168,13 @@ typedef struct backend_ops {
     void (*dequant_nf4)(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
                         tensor_t nested, tensor_t maps, float offset, size_t n);
 
-    /* out = in * keep / (1 - p), keep = uniform(seed, offset + i) >= p.
-     * The same call on gradients is the backward. p == 0 copies. */
+    /* out = in * keep / (1 - p), keep = uniform(s, offset + i) >= p, s = seed
+     * plus (mod 2^64), when seed_dev is given, the 64-bit value it holds (I32
+     * [2] in device memory, low word first: a seed that changes from step to
+     * step without changing the launch). The same call on gradients is the
+     * backward. p == 0 copies. */
     void (*dropout)(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
-                    uint64_t offset);
+                    tensor_t seed_dev, uint64_t offset);
 
     /* sum of squares of x (F32) in double, returned to the host (synchronous);
      * deterministic: does not depend on the number of threads */
@@ -201,6 +206,21 @@ typedef struct backend_ops {
     void (*prof_mark)(backend_t *be, int i);
     int (*prof_read)(backend_t *be, double *ms, int n);
 
+    /* Captured spans (be_graph_*, backend_trace.c); NULL where the backend
+     * has none (the CPU: backend_trace.c records and replays the op list
+     * instead). graph_begin starts capturing the compute stream (0, or -1
+     * with the sticky error set); graph_end stops it and instantiates the
+     * graph: a handle, or NULL with why (n bytes) when the capture or the
+     * instantiation failed, the sticky error as it was at graph_begin;
+     * graph_launch runs it on the compute stream: 0, 1 when it is stale
+     * (memory its kernels use beyond their arguments, the backend's
+     * scratch, was reallocated since the capture), -1 with the sticky error
+     * set; graph_free releases it. */
+    int (*graph_begin)(backend_t *be);
+    void *(*graph_end)(backend_t *be, char *why, size_t n);
+    int (*graph_launch)(backend_t *be, void *g);
+    void (*graph_free)(backend_t *be, void *g);
+
     void (*destroy)(backend_t *be);
 } backend_ops;
 
@@ -220,6 +240,7 @@ struct backend {
                                attention blocks), for memory plans */
     void *impl;
     struct be_prof *prof; /* a step profile being recorded (backend_prof.c), or NULL */
+    struct be_trace *trace; /* a launch trace being taken (backend_trace.c), or NULL */
 };
 
 /* Creates "cpu" or "cuda" ("auto": cuda when a device is visible, else cpu).
@@ -297,6 +318,54 @@ void be_prof_op(backend_t *be, const char *op);
  * nothing was recorded or the device failed; the sticky error says why). */
 int be_prof_stop(backend_t *be, double ms[BE_PROF_GROUPS]);
 
+/* ---- launch traces and captured spans (backend_trace.c) ----------------------
+ * A trace is a digest of what a span of ops launches: every op that runs on
+ * the device and every argument it is given (tensor addresses, sizes and
+ * dtypes, scalars), in order. Two spans with one digest launch the same
+ * kernels with the same arguments: what differs between them is in device
+ * memory only, so a span captured once (a CUDA graph) may run again in place
+ * of the other. Barriers are the calls a captured span cannot hold: copies
+ * between host and device memory, sync, alloc, free, sumsq (the host reads
+ * its result) and stream fences; a trace counts them and names the first
+ * with its file:line. dry: the ops are checked and traced but not run
+ * (barriers still run). Traces do not nest. */
+typedef struct be_trace {
+    uint64_t digest;
+    size_t ops;      /* device ops traced */
+    size_t barriers; /* barrier calls in the span */
+    char first_barrier[160]; /* "h2d at trainer/model_graph.c:706" */
+    int dry;
+    /* recorded op list (the CPU's captured span): words, nwords */
+    int record;
+    uint64_t *words;
+    size_t nwords, cap;
+} be_trace;
+void be_trace_start(backend_t *be, be_trace *t, int dry);
+void be_trace_stop(backend_t *be);
+
+/* A captured span. be_graph_begin: the ops that follow are captured, not
+ * run (0; -1 when the sticky error is set or the backend refused, nothing
+ * captured). be_graph_end: the span as a graph, or NULL with why (n bytes)
+ * when it cannot be one (a barrier inside it, or the device refused the
+ * capture); either way the sticky error is as it was at be_graph_begin and
+ * nothing of the span has run. be_graph_launch runs the span again with the
+ * arguments it was captured with: 0; 1 when the graph is stale (capture it
+ * again); -1 on failure (sticky error). CUDA: stream capture, one CUDA
+ * graph; elsewhere the checked op list is recorded and replayed, the same
+ * contract (so the CPU backend tests what a graph may and may not hold).
+ * digest: the trace of the captured span. */
+typedef struct be_graph {
+    uint64_t digest;
+    size_t ops;
+    void *exec;      /* the backend's graph (CUDA), or NULL */
+    uint64_t *words; /* the recorded op list (elsewhere) */
+    size_t nwords;
+} be_graph;
+int be_graph_begin(backend_t *be);
+be_graph *be_graph_end(backend_t *be, char *why, size_t n);
+int be_graph_launch(backend_t *be, be_graph *g);
+void be_graph_free(backend_t *be, be_graph *g);
+
 /* ---- the ops, checked (backend_ops.c) --------------------------------------
  * Every caller runs the ops through these: each checks its arguments, then
  * calls the backend's op. A bad call is recorded in the sticky error as
@@ -368,7 +437,8 @@ void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t
 void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_t dtable,
                               tensor_t dout, tensor_t tokens, int n, int H);
 void be_cross_entropy_at(const char *file, int line, backend_t *be, tensor_t logits,
-                         tensor_t loss, tensor_t targets, int rows, int V, float grad_scale);
+                         tensor_t loss, tensor_t targets, int rows, int V, float grad_scale,
+                         tensor_t scale);
 void be_add_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t x, float alpha,
                size_t n);
 void be_add_bias_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t b, int rows,
@@ -384,7 +454,7 @@ void be_col_dot_at(const char *file, int line, backend_t *be, tensor_t out, tens
 void be_dequant_nf4_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t codes,
                        tensor_t absmax, tensor_t nested, tensor_t maps, float offset, size_t n);
 void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
-                   float p, uint64_t seed, uint64_t offset);
+                   float p, uint64_t seed, tensor_t seed_dev, uint64_t offset);
 /* 0.0 when the call is refused */
 double be_sumsq_at(const char *file, int line, backend_t *be, tensor_t x, size_t n);
 void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tensor_t param_copy,

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "backend.h"
+#include "backend_trace.h"
 
 /* One call being checked: the first bad argument is reported, the others
  * are not looked at. */
@@ -145,12 +145,13 @@ tensor_t be_alloc_at(const char *file, int line, backend_t *be, dtype_t dt, size
         tensor_t none = {NULL, 0, dt};
         return none;
     }
+    be_trace_barrier(be, "alloc", file, line);
     return be->ops->alloc(be, dt, n);
 }
 
 void be_free_at(const char *file, int line, backend_t *be, tensor_t *t)
 {
-    (void)file, (void)line;
+    be_trace_barrier(be, "free", file, line);
     if (t)
         be->ops->free(be, t);
 }
@@ -167,6 +168,7 @@ void be_h2d_at(const char *file, int line, backend_t *be, void *dst, const void 
 {
     call c = begin(be, "h2d", file, line);
     copy_args(&c, dst, src, bytes);
+    be_trace_barrier(be, "h2d", file, line);
     if (!c.bad)
         be->ops->h2d(be, dst, src, bytes);
 }
@@ -175,6 +177,7 @@ void be_d2h_at(const char *file, int line, backend_t *be, void *dst, const void 
 {
     call c = begin(be, "d2h", file, line);
     copy_args(&c, dst, src, bytes);
+    be_trace_barrier(be, "d2h", file, line);
     if (!c.bad)
         be->ops->d2h(be, dst, src, bytes);
 }
@@ -184,8 +187,7 @@ void be_zero_at(const char *file, int line, backend_t *be, tensor_t t)
     call c = begin(be, "zero", file, line);
     if (!t.p && t.n)
         refuse(&c, "t is not allocated");
-    if (!c.bad)
-        be->ops->zero(be, t);
+    BE_DISPATCH(c.bad, be, zero, t);
 }
 
 void be_copy_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_t src)
@@ -200,8 +202,7 @@ void be_copy_at(const char *file, int line, backend_t *be, tensor_t dst, tensor_
     else if (dst.dt != src.dt && (!float_dtype(dst.dt) || !float_dtype(src.dt)))
         refuse(&c, "from %s to %s: only F32, BF16 and F16 convert", dtype_name(src.dt),
                dtype_name(dst.dt));
-    if (!c.bad)
-        be->ops->copy(be, dst, src);
+    BE_DISPATCH(c.bad, be, copy, dst, src);
 }
 
 /* elements a [rows, ld] matrix's first cols columns span */
@@ -229,13 +230,12 @@ void be_copy2d_at(const char *file, int line, backend_t *be, tensor_t dst, tenso
     const char *names[] = {"dst", "src"};
     tensor_t ts[] = {dst, src};
     same_dtype(&c, names, ts, 2, "the matrices");
-    if (!c.bad && rows && cols)
-        be->ops->copy2d(be, dst, src, rows, cols, dst_ld, src_ld);
+    BE_DISPATCH(c.bad || !(rows && cols), be, copy2d, dst, src, rows, cols, dst_ld, src_ld);
 }
 
 void be_sync_at(const char *file, int line, backend_t *be)
 {
-    (void)file, (void)line;
+    be_trace_barrier(be, "sync", file, line);
     be->ops->sync(be);
 }
 
@@ -294,8 +294,7 @@ void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_
     int lda = transA ? M : K, ldb = transB ? K : N;
     tensor_t none = {0};
     call c = matmul_checks(be, file, line, C, none, A, B, M, N, K, transA, transB, lda, ldb, N);
-    if (!c.bad)
-        be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, N);
+    BE_DISPATCH(c.bad, be, matmul, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, N);
 }
 
 void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, tensor_t A,
@@ -314,12 +313,12 @@ void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, te
     if (c.bad || !mn)
         return;
     if (be->ops->matmul_cd) {
-        be->ops->matmul_cd(be, D, C, A, B, M, N, K, transA, transB, alpha, beta);
+        BE_DISPATCH(0, be, matmul_cd, D, C, A, B, M, N, K, transA, transB, alpha, beta);
         return;
     }
-    if (beta != 0.0f)
-        be->ops->copy(be, tensor_view(D, 0, mn), tensor_view(C, 0, mn));
-    be->ops->matmul(be, D, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, N);
+    tensor_t d0 = tensor_view(D, 0, mn), c0 = tensor_view(C, 0, mn);
+    BE_DISPATCH(beta == 0.0f, be, copy, d0, c0);
+    BE_DISPATCH(0, be, matmul, D, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, N);
 }
 
 void be_matmul_ld_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A,
@@ -328,8 +327,7 @@ void be_matmul_ld_at(const char *file, int line, backend_t *be, tensor_t C, tens
 {
     tensor_t none = {0};
     call c = matmul_checks(be, file, line, C, none, A, B, M, N, K, transA, transB, lda, ldb, ldc);
-    if (!c.bad)
-        be->ops->matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc);
+    BE_DISPATCH(c.bad, be, matmul, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc);
 }
 
 void be_rmsnorm_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t rstd,
@@ -345,8 +343,7 @@ void be_rmsnorm_forward_at(const char *file, int line, backend_t *be, tensor_t o
     tensor_arg(&c, "rstd", rstd, (size_t)rows, "rows", TAKES_F32);
     tensor_arg(&c, "x", x, n, "rows x cols", TAKES_FLOAT);
     tensor_arg(&c, "w", w, (size_t)cols, "cols", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->rmsnorm_forward(be, out, rstd, x, w, rows, cols, eps);
+    BE_DISPATCH(c.bad, be, rmsnorm_forward, out, rstd, x, w, rows, cols, eps);
 }
 
 void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t dx, tensor_t dw,
@@ -365,8 +362,7 @@ void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t 
     tensor_arg(&c, "x", x, n, "rows x cols", TAKES_FLOAT);
     tensor_arg(&c, "w", w, (size_t)cols, "cols", TAKES_FLOAT);
     tensor_arg(&c, "rstd", rstd, (size_t)rows, "rows", TAKES_F32);
-    if (!c.bad)
-        be->ops->rmsnorm_backward(be, dx, dw, dout, x, w, rstd, rows, cols);
+    BE_DISPATCH(c.bad, be, rmsnorm_backward, dx, dw, dout, x, w, rstd, rows, cols);
 }
 
 void be_rope_ld_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t src,
@@ -400,8 +396,7 @@ void be_rope_ld_at(const char *file, int line, backend_t *be, tensor_t x, tensor
     tensor_arg(&c, "cos", cos, nc, "T x hd/2", TAKES_F32);
     tensor_arg(&c, "sin", sin, nc, "T x hd/2", TAKES_F32);
     optional_arg(&c, "pos", pos, rows, "B x T", TAKES_I32);
-    if (!c.bad && rows && w)
-        be->ops->rope(be, x, src, cos, sin, pos, B, T, nh, hd, inverse, x_ld, src_ld);
+    BE_DISPATCH(c.bad || !(rows && w), be, rope, x, src, cos, sin, pos, B, T, nh, hd, inverse, x_ld, src_ld);
 }
 
 void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t cos, tensor_t sin,
@@ -444,8 +439,7 @@ void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t
     const char *names[] = {"q", "k", "v", "out"};
     tensor_t ts[] = {q, k, v, out};
     same_dtype(&c, names, ts, 4, "q, k, v and out");
-    if (!c.bad)
-        be->ops->attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+    BE_DISPATCH(c.bad, be, attention_forward, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
 }
 
 void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_t dq,
@@ -472,9 +466,7 @@ void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_
     const char *names[] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
     tensor_t ts[] = {q, k, v, out, dout, dq, dk, dv};
     same_dtype(&c, names, ts, 8, "q, k, v, out and their gradients");
-    if (!c.bad)
-        be->ops->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv,
-                                    hd);
+    BE_DISPATCH(c.bad, be, attention_backward, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
 }
 
 /* The shape checks of the SwiGLU pair: rows, cols, ld at least cols; the
@@ -509,8 +501,7 @@ void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t ou
     const char *names[] = {"g", "u", "out"};
     tensor_t ts[] = {g, u, out};
     call c = swiglu_checks(be, "swiglu_forward", file, line, rows, cols, ld, names, ts, 2, 3);
-    if (!c.bad && rows && cols)
-        be->ops->swiglu_forward(be, out, g, u, rows, cols, ld);
+    BE_DISPATCH(c.bad || !(rows && cols), be, swiglu_forward, out, g, u, rows, cols, ld);
 }
 
 void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t dg, tensor_t du,
@@ -519,8 +510,7 @@ void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t d
     const char *names[] = {"dg", "du", "g", "u", "dout"};
     tensor_t ts[] = {dg, du, g, u, dout};
     call c = swiglu_checks(be, "swiglu_backward", file, line, rows, cols, ld, names, ts, 4, 5);
-    if (!c.bad && rows && cols)
-        be->ops->swiglu_backward(be, dg, du, dout, g, u, rows, cols, ld);
+    BE_DISPATCH(c.bad || !(rows && cols), be, swiglu_backward, dg, du, dout, g, u, rows, cols, ld);
 }
 
 void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t out,
@@ -534,8 +524,7 @@ void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t
     tensor_arg(&c, "out", out, mul((size_t)n, (size_t)H), "n x H", TAKES_FLOAT);
     tensor_arg(&c, "table", table, (size_t)H, "H", TAKES_FLOAT);
     tensor_arg(&c, "tokens", tokens, (size_t)n, "n", TAKES_I32);
-    if (!c.bad)
-        be->ops->embedding_forward(be, out, table, tokens, n, H);
+    BE_DISPATCH(c.bad, be, embedding_forward, out, table, tokens, n, H);
 }
 
 void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_t dtable,
@@ -549,12 +538,12 @@ void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_
     tensor_arg(&c, "dtable", dtable, (size_t)H, "H", TAKES_F32);
     tensor_arg(&c, "dout", dout, mul((size_t)n, (size_t)H), "n x H", TAKES_FLOAT);
     tensor_arg(&c, "tokens", tokens, (size_t)n, "n", TAKES_I32);
-    if (!c.bad)
-        be->ops->embedding_backward(be, dtable, dout, tokens, n, H);
+    BE_DISPATCH(c.bad, be, embedding_backward, dtable, dout, tokens, n, H);
 }
 
 void be_cross_entropy_at(const char *file, int line, backend_t *be, tensor_t logits,
-                         tensor_t loss, tensor_t targets, int rows, int V, float grad_scale)
+                         tensor_t loss, tensor_t targets, int rows, int V, float grad_scale,
+                         tensor_t scale)
 {
     call c = begin(be, "cross_entropy", file, line);
     size_arg(&c, "rows", rows);
@@ -564,8 +553,8 @@ void be_cross_entropy_at(const char *file, int line, backend_t *be, tensor_t log
     tensor_arg(&c, "logits", logits, mul((size_t)rows, (size_t)V), "rows x V", TAKES_FLOAT);
     tensor_arg(&c, "loss", loss, (size_t)rows, "rows", TAKES_F32);
     tensor_arg(&c, "targets", targets, (size_t)rows, "rows", TAKES_I32);
-    if (!c.bad)
-        be->ops->cross_entropy(be, logits, loss, targets, rows, V, grad_scale);
+    optional_arg(&c, "scale", scale, 1, "1", TAKES_F32);
+    BE_DISPATCH(c.bad, be, cross_entropy, logits, loss, targets, rows, V, grad_scale, scale);
 }
 
 void be_add_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t x, float alpha,
@@ -574,8 +563,7 @@ void be_add_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t x
     call c = begin(be, "add", file, line);
     tensor_arg(&c, "y", y, n, "n", TAKES_FLOAT);
     tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->add(be, y, x, alpha, n);
+    BE_DISPATCH(c.bad, be, add, y, x, alpha, n);
 }
 
 void be_add_bias_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t b, int rows,
@@ -588,8 +576,7 @@ void be_add_bias_at(const char *file, int line, backend_t *be, tensor_t y, tenso
         return;
     tensor_arg(&c, "y", y, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
     tensor_arg(&c, "b", b, (size_t)cols, "cols", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->add_bias(be, y, b, rows, cols);
+    BE_DISPATCH(c.bad, be, add_bias, y, b, rows, cols);
 }
 
 void be_bias_backward_at(const char *file, int line, backend_t *be, tensor_t db, tensor_t dy,
@@ -602,8 +589,7 @@ void be_bias_backward_at(const char *file, int line, backend_t *be, tensor_t db,
         return;
     tensor_arg(&c, "db", db, (size_t)cols, "cols", TAKES_F32);
     tensor_arg(&c, "dy", dy, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->bias_backward(be, db, dy, rows, cols);
+    BE_DISPATCH(c.bad, be, bias_backward, db, dy, rows, cols);
 }
 
 void be_weight_norm_at(const char *file, int line, backend_t *be, tensor_t n, tensor_t W,
@@ -621,8 +607,7 @@ void be_weight_norm_at(const char *file, int line, backend_t *be, tensor_t n, te
         tensor_arg(&c, "A", A, mul((size_t)r, (size_t)in), "r x in", TAKES_FLOAT);
         tensor_arg(&c, "B", B, mul((size_t)out, (size_t)r), "out x r", TAKES_FLOAT);
     }
-    if (!c.bad)
-        be->ops->weight_norm(be, n, W, A, B, scale, out, in, r);
+    BE_DISPATCH(c.bad, be, weight_norm, n, W, A, B, scale, out, in, r);
 }
 
 void be_col_scale_at(const char *file, int line, backend_t *be, tensor_t y, tensor_t num,
@@ -636,8 +621,7 @@ void be_col_scale_at(const char *file, int line, backend_t *be, tensor_t y, tens
     tensor_arg(&c, "y", y, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
     tensor_arg(&c, "num", num, (size_t)cols, "cols", TAKES_FLOAT);
     tensor_arg(&c, "den", den, (size_t)cols, "cols", TAKES_F32);
-    if (!c.bad)
-        be->ops->col_scale(be, y, num, den, rows, cols);
+    BE_DISPATCH(c.bad, be, col_scale, y, num, den, rows, cols);
 }
 
 void be_col_dot_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t x,
@@ -652,8 +636,7 @@ void be_col_dot_at(const char *file, int line, backend_t *be, tensor_t out, tens
     tensor_arg(&c, "x", x, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
     tensor_arg(&c, "y", y, mul((size_t)rows, (size_t)cols), "rows x cols", TAKES_FLOAT);
     tensor_arg(&c, "den", den, (size_t)cols, "cols", TAKES_F32);
-    if (!c.bad)
-        be->ops->col_dot(be, out, x, y, den, rows, cols);
+    BE_DISPATCH(c.bad, be, col_dot, out, x, y, den, rows, cols);
 }
 
 void be_dequant_nf4_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t codes,
@@ -665,25 +648,27 @@ void be_dequant_nf4_at(const char *file, int line, backend_t *be, tensor_t out, 
     tensor_arg(&c, "absmax", absmax, n / 64 + (n % 64 != 0), "ceil(n/64)", TAKES_U8);
     tensor_arg(&c, "nested", nested, n / 16384 + (n % 16384 != 0), "ceil(n/16384)", TAKES_F32);
     tensor_arg(&c, "maps", maps, n ? 16 + 256 : 0, "16 + 256", TAKES_F32);
-    if (!c.bad)
-        be->ops->dequant_nf4(be, out, codes, absmax, nested, maps, offset, n);
+    BE_DISPATCH(c.bad, be, dequant_nf4, out, codes, absmax, nested, maps, offset, n);
 }
 
 void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
-                   float p, uint64_t seed, uint64_t offset)
+                   float p, uint64_t seed, tensor_t seed_dev, uint64_t offset)
 {
     call c = begin(be, "dropout", file, line);
     if (!(p < 1.0f))
         refuse(&c, "p = %g, must be below 1", (double)p);
     tensor_arg(&c, "out", out, n, "n", TAKES_FLOAT);
     tensor_arg(&c, "in", in, n, "n", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->dropout(be, out, in, n, p, seed, offset);
+    optional_arg(&c, "seed_dev", seed_dev, 2, "2 (a 64-bit seed)", TAKES_I32);
+    if (!c.bad && seed_dev.p && (uintptr_t)seed_dev.p % 8)
+        refuse(&c, "seed_dev is not 8-byte aligned");
+    BE_DISPATCH(c.bad, be, dropout, out, in, n, p, seed, seed_dev, offset);
 }
 
 double be_sumsq_at(const char *file, int line, backend_t *be, tensor_t x, size_t n)
 {
     call c = begin(be, "sumsq", file, line);
+    be_trace_barrier(be, "sumsq (the host reads its result)", file, line);
     tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
     return c.bad ? 0.0 : be->ops->sumsq(be, x, n);
 }
@@ -699,8 +684,7 @@ void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tens
     tensor_arg(&c, "v", v, n, "n", TAKES_F32);
     if (!c.bad && !a)
         refuse(&c, "a (the hyperparameters) is NULL");
-    if (!c.bad)
-        be->ops->adamw(be, param, param_copy, grad, m, v, n, a);
+    BE_DISPATCH(c.bad, be, adamw, param, param_copy, grad, m, v, n, a);
 }
 
 void be_fill_uniform_at(const char *file, int line, backend_t *be, tensor_t x, size_t n, float lo,
@@ -708,8 +692,7 @@ void be_fill_uniform_at(const char *file, int line, backend_t *be, tensor_t x, s
 {
     call c = begin(be, "fill_uniform", file, line);
     tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->fill_uniform(be, x, n, lo, hi, seed, offset);
+    BE_DISPATCH(c.bad, be, fill_uniform, x, n, lo, hi, seed, offset);
 }
 
 void be_fill_normal_at(const char *file, int line, backend_t *be, tensor_t x, size_t n,
@@ -717,8 +700,7 @@ void be_fill_normal_at(const char *file, int line, backend_t *be, tensor_t x, si
 {
     call c = begin(be, "fill_normal", file, line);
     tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
-    if (!c.bad)
-        be->ops->fill_normal(be, x, n, mean, std, seed, offset);
+    BE_DISPATCH(c.bad, be, fill_normal, x, n, mean, std, seed, offset);
 }
 
 /* ---- streams ------------------------------------------------------------------- */
@@ -736,7 +718,7 @@ void *be_aux_stream_at(const char *file, int line, backend_t *be)
 
 void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter, void *waitee)
 {
-    (void)file, (void)line;
+    be_trace_barrier(be, "stream_fence", file, line);
     if (be->ops->stream_fence)
         be->ops->stream_fence(be, waiter, waitee);
 }

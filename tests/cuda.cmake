@@ -18,7 +18,7 @@ spotune_test(test_cuda_attention SOURCES test_cuda_attention.c cuda_ops_util.c
 spotune_test(test_cuda_layer SOURCES test_cuda_layer.c test_util.c LIBS spotune_trainer
   LABELS cuda)
 set_tests_properties(test_cuda_layer PROPERTIES TIMEOUT 900)
-spotune_test(test_cuda_model SOURCES test_cuda_model.c test_util.c LIBS spotune_trainer
+spotune_test(test_cuda_model SOURCES test_cuda_model.c test_util.c graphs_util.c LIBS spotune_trainer
   LABELS cuda)
 add_dependencies(test_cuda_model spotune)
 set_tests_properties(test_cuda_model PROPERTIES TIMEOUT 900)

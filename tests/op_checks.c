@@ -85,7 +85,7 @@ static void c_embedding_backward(backend_t *be, const tensor_t *t, const int *d)
 }
 static void c_cross_entropy(backend_t *be, const tensor_t *t, const int *d)
 {
-    be_cross_entropy(be, t[0], t[1], t[2], d[0], d[1], 1.0f);
+    be_cross_entropy(be, t[0], t[1], t[2], d[0], d[1], 1.0f, t[3]);
 }
 static void c_add(backend_t *be, const tensor_t *t, const int *d)
 {
@@ -120,7 +120,7 @@ static void c_col_dot(backend_t *be, const tensor_t *t, const int *d)
 static void c_dropout(backend_t *be, const tensor_t *t, const int *d)
 {
     (void)d;
-    be_dropout(be, t[0], t[1], N_ELEM, 0.5f, 7, 0);
+    be_dropout(be, t[0], t[1], N_ELEM, 0.5f, 7, t[2], 0);
 }
 static void c_sumsq(backend_t *be, const tensor_t *t, const int *d)
 {
@@ -200,9 +200,9 @@ static const op_spec specs[] = {
      {{"dtable", 20, 4, "H", TAKES_F32, 0}, T_("dout", 12, "n x H", TAKES_FLOAT),
       T_("tokens", 3, "n", TAKES_I32)},
      2, {"n", "H"}, {3, 4}},
-    {"cross_entropy", c_cross_entropy, 3,
+    {"cross_entropy", c_cross_entropy, 4,
      {T_("logits", 15, "rows x V", TAKES_FLOAT), T_("loss", 3, "rows", TAKES_F32),
-      T_("targets", 3, "rows", TAKES_I32)},
+      T_("targets", 3, "rows", TAKES_I32), {"scale", 1, 1, "1", TAKES_F32, 1}},
      2, {"rows", "V"}, {3, 5}},
     {"add", c_add, 2, {T_("y", E_, "n", TAKES_FLOAT), T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL},
      {0}},
@@ -230,7 +230,9 @@ static const op_spec specs[] = {
       T_("absmax", 1, "ceil(n/64)", TAKES_U8), T_("nested", 1, "ceil(n/16384)", TAKES_F32),
       T_("maps", 272, "16 + 256", TAKES_F32)},
      0, {NULL}, {0}},
-    {"dropout", c_dropout, 2, {T_("out", E_, "n", TAKES_FLOAT), T_("in", E_, "n", TAKES_FLOAT)},
+    {"dropout", c_dropout, 3,
+     {T_("out", E_, "n", TAKES_FLOAT), T_("in", E_, "n", TAKES_FLOAT),
+      {"seed_dev", 2, 2, "2 (a 64-bit seed)", TAKES_I32, 1}},
      0, {NULL}, {0}},
     {"sumsq", c_sumsq, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
     {"adamw", c_adamw, 5,
@@ -536,11 +538,19 @@ static int check_rules(backend_t *be)
     /* dropout: p below 1 */
     {
         tensor_t x = be_alloc(be, DT_F32, N_ELEM), y = be_alloc(be, DT_F32, N_ELEM);
-        be_dropout(be, y, x, N_ELEM, 1.0f, 7, 0);
+        be_dropout(be, y, x, N_ELEM, 1.0f, 7, (tensor_t){0}, 0);
         expect_refused(be, "dropout: p = 1, must be below 1", "dropout with p = 1");
+        /* a device seed is one 64-bit value: 8-byte aligned */
+        tensor_t sd = be_alloc(be, DT_I32, 4);
+        be_dropout(be, y, x, N_ELEM, 0.5f, 7, tensor_view(sd, 1, 2), 0);
+        expect_refused(be, "dropout: seed_dev is not 8-byte aligned",
+                       "dropout with a misaligned device seed");
+        be_dropout(be, y, x, N_ELEM, 0.5f, 7, tensor_view(sd, 2, 2), 0);
+        expect_accepted(be, "dropout with an aligned device seed");
+        be_free(be, &sd);
         be_free(be, &x);
         be_free(be, &y);
-        cases++;
+        cases += 3;
     }
     /* adamw: its hyperparameters */
     {
@@ -655,7 +665,7 @@ void op_checks_ids_outside(backend_t *be)
     tensor_t tg = be_alloc(be, DT_I32, 3);
     be_fill_uniform(be, tl, 15, 0.5f, 0.5f, 0, 0);
     be_upload(be, tg, targets, DT_I32);
-    be_cross_entropy(be, tl, tloss, tg, 3, V, 1.0f);
+    be_cross_entropy(be, tl, tloss, tg, 3, V, 1.0f, (tensor_t){0});
     be_download(be, loss, DT_F32, tloss);
     be_download(be, dl, DT_F32, tl);
     cr_expect_gt(loss[0], 1.6f, "%s: loss of a uniform row over 5 (ln 5)", be->name);

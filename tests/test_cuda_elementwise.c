@@ -147,7 +147,7 @@ static int run_op(backend_t *be, int op, int rows, int cols, dtype_t dt, size_t 
     }
     case DROPOUT: {
         tensor_t x = put(&b, dt, in->a, n, off), r = put(&b, dt, NULL, n, off);
-        be_dropout(be, r, x, n, 0.3f, 99, 12345);
+        be_dropout(be, r, x, n, 0.3f, 99, (tensor_t){0}, 12345);
         o[no] = r, tol[no++] = ta;
         break;
     }

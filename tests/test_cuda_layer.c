@@ -116,7 +116,8 @@ static float *loss_side_gradient(backend_t *be, model_t *m, int T)
     tensor_t none = {0};
     op->rmsnorm_forward(be, hf, rstd, xf, m->final_norm->w, T, H, (float)m->mc.rms_eps);
     op->matmul(be, logits, hf, m->lm_head->w, T, V, H, 0, 1, 1.0f, 0.0f, H, H, V);
-    op->cross_entropy(be, logits, loss, tensor_view(s->targets, 0, rows), T, V, 1.0f / T);
+    op->cross_entropy(be, logits, loss, tensor_view(s->targets, 0, rows), T, V, 1.0f / T,
+                      (tensor_t){0});
     op->matmul(be, dh, logits, m->lm_head->w, T, H, V, 0, 0, 1.0f, 0.0f, V, H, H);
     op->rmsnorm_backward(be, dx, none, dh, xf, m->final_norm->w, rstd, T, H);
     float *h = tu_download(be, dx);

@@ -8,6 +8,11 @@
  *  - 50 LoRA steps of `spotune train` with --set runtime.backend=cuda on the
  *    tiny model: every step's loss within 3% of the CPU run's, the mean of
  *    the last 10 within 2%, and the loss falls.
+ *  - runtime.cuda_graphs: 5 steps of 2 micro-batches replayed as one CUDA
+ *    graph against eager launches (tests/graphs_util.h): LoRA with dropout
+ *    and packed documents bit for bit, full fine-tuning with recomputation
+ *    and a micro-batch of another shape within 1e-5; one capture, every
+ *    later micro-batch of the usual shape a replay.
  * Paths: fixtures under $SPOTUNE_TEST_SOURCE_DIR/tests/fixtures and the
  * binary in $SPOTUNE_TEST_BINARY_DIR when set (the GPU bundle sets them),
  * else the source and build trees this test was built from.
@@ -23,6 +28,7 @@
 #include <sys/stat.h>
 
 #include "cuda_test_main.h"
+#include "graphs_util.h"
 #include "test_util.h"
 #include "trainer/adapter.h"
 #include "trainer/model.h"
@@ -285,6 +291,21 @@ int main(int argc, char *argv[])
 
 /* model.quantize nf4 runs on the CPU backends only: runtime.backend auto
  * choosing the GPU is refused at start, naming the key and the backend. */
+/* runtime.cuda_graphs: the micro-batches replayed as one CUDA graph give
+ * what eager launches give; LoRA bit for bit, full fine-tuning within
+ * tests/graphs_util.h's tolerances (embedding_backward adds with atomics) */
+Test(cuda_model, graphs_replay_lora_with_dropout_bit_for_bit)
+{
+    graphs_case gc = {.mode = MODE_LORA, .dropout = 0.1, .packed = 1};
+    graphs_same_as_eager(cuda_test_backend(), &gc, "cuda lora dropout packed", 1);
+}
+
+Test(cuda_model, graphs_replay_full_with_recompute_and_an_odd_micro_batch)
+{
+    graphs_case gc = {.mode = MODE_FULL, .recompute = RECOMPUTE_LAYER, .odd_last = 1};
+    graphs_same_as_eager(cuda_test_backend(), &gc, "cuda full recompute odd", 0);
+}
+
 Test(cuda_model, qlora_refused_when_auto_chooses_cuda)
 {
     char *dir = tu_tempdir("cuda-qlora");

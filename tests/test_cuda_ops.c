@@ -244,7 +244,9 @@ Test(cuda_ops, embedding_forward_and_backward)
 
 /* ---- cross-entropy --------------------------------------------------------------------- */
 
-static void check_cross_entropy(int rows, int V, float grad_scale, float spread)
+/* dev: the GPU side takes half of grad_scale as its argument and the factor
+ * 2 from device memory (the scale a captured step reads), the CPU the whole */
+static void check_cross_entropy_dev(int rows, int V, float grad_scale, float spread, int dev)
 {
     size_t n = (size_t)rows * V;
     float *x = rnd(n, spread);
@@ -260,8 +262,15 @@ static void check_cross_entropy(int rows, int V, float grad_scale, float spread)
     tensor_t gt = be_alloc(gpu, DT_I32, rows), ct = be_alloc(cpu, DT_I32, rows);
     be_upload(gpu, gt, tg, DT_I32);
     be_upload(cpu, ct, tg, DT_I32);
-    be_cross_entropy(gpu, gx, gl, gt, rows, V, grad_scale);
-    be_cross_entropy(cpu, cx, cl, ct, rows, V, grad_scale);
+    tensor_t two = {0};
+    if (dev) {
+        float f = 2.0f;
+        two = up(gpu, DT_F32, &f, 1);
+    }
+    be_cross_entropy(gpu, gx, gl, gt, rows, V, dev ? grad_scale / 2 : grad_scale, two);
+    be_cross_entropy(cpu, cx, cl, ct, rows, V, grad_scale, (tensor_t){0});
+    if (dev)
+        drop(gpu, &two);
     gpu_ok();
     char what[96];
     snprintf(what, sizeof what, "cross_entropy %dx%d scale %g loss", rows, V, grad_scale);
@@ -277,6 +286,17 @@ static void check_cross_entropy(int rows, int V, float grad_scale, float spread)
     }
     drop(gpu, &gx), drop(gpu, &gl), drop(gpu, &gt), drop(cpu, &cx), drop(cpu, &cl), drop(cpu, &ct);
     free(x), free(tg);
+}
+
+static void check_cross_entropy(int rows, int V, float grad_scale, float spread)
+{
+    check_cross_entropy_dev(rows, V, grad_scale, spread, 0);
+}
+
+Test(cuda_ops, cross_entropy_scale_from_device_memory)
+{
+    check_cross_entropy_dev(5, 97, 0.25f, 3.0f, 1);
+    check_cross_entropy_dev(4, 32000, 1.0f / 8192, 4.0f, 1);
 }
 
 Test(cuda_ops, cross_entropy_loss_and_dlogits_in_place)
@@ -329,16 +349,25 @@ Test(cuda_ops, add_add_bias_and_bias_backward)
 
 /* ---- dropout: the CPU's mask, bit for bit ----------------------------------------------- */
 
-static void check_dropout(size_t n, float p, uint64_t seed, uint64_t offset, dtype_t dt,
-                          int in_place)
+/* split != 0: the GPU side's seed is seed - split plus split read from
+ * device memory (the seed a captured step reads), the CPU's seed whole */
+static void check_dropout_dev(size_t n, float p, uint64_t seed, uint64_t offset, dtype_t dt,
+                              int in_place, uint64_t split)
 {
     float *x = rnd(n, 2.0f);
     for (size_t i = 0; i < n; i += 7)
         x[i] = 1.0f; /* no value that is zero by chance */
     tensor_t gi = up(gpu, dt, x, n), go = in_place ? gi : up(gpu, dt, NULL, n);
     tensor_t ci = up(cpu, DT_F32, x, n), co = up(cpu, DT_F32, NULL, n);
-    be_dropout(gpu, go, gi, n, p, seed, offset);
-    be_dropout(cpu, co, ci, n, p, seed, offset);
+    tensor_t sd = {0};
+    if (split) {
+        sd = be_alloc(gpu, DT_I32, 2);
+        be_upload(gpu, sd, &split, DT_I32);
+    }
+    be_dropout(gpu, go, gi, n, p, seed - split, sd, offset);
+    be_dropout(cpu, co, ci, n, p, seed, (tensor_t){0}, offset);
+    if (split)
+        drop(gpu, &sd);
     gpu_ok();
     float *g = down(gpu, go), *c = down(cpu, co);
     size_t bad = 0, kept = 0;
@@ -355,6 +384,20 @@ static void check_dropout(size_t n, float p, uint64_t seed, uint64_t offset, dty
     if (!in_place)
         drop(gpu, &go);
     drop(gpu, &gi), drop(cpu, &ci), drop(cpu, &co);
+}
+
+static void check_dropout(size_t n, float p, uint64_t seed, uint64_t offset, dtype_t dt,
+                          int in_place)
+{
+    check_dropout_dev(n, p, seed, offset, dt, in_place, 0);
+}
+
+Test(cuda_ops, dropout_seed_from_device_memory)
+{
+    check_dropout_dev(10007, 0.1f, 42, 0, DT_F32, 0, 40);
+    /* the whole seed on the device, wrapping mod 2^64; the vector kernel */
+    check_dropout_dev(4096, 0.3f, sp_rng_stream(7, 0x2001), (uint64_t)5 << 40, DT_BF16, 0,
+                      sp_rng_stream(7, 0x2001) + 17);
 }
 
 Test(cuda_ops, dropout_masks_match_the_cpu_bit_for_bit)

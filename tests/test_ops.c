@@ -455,7 +455,7 @@ Test(ops, cross_entropy_loss_and_gradient)
     tensor_t tx = dev(x, (size_t)rows * V), tl = dev(NULL, (size_t)rows);
     tensor_t tt = talloc(DT_I32, (size_t)rows);
     be_upload(be, tt, tg, DT_I32);
-    be_cross_entropy(be, tx, tl, tt, rows, V, scale);
+    be_cross_entropy(be, tx, tl, tt, rows, V, scale, (tensor_t){0});
     float *loss = host(tl), *dx = host(tx);
     double h = 1e-6;
     for (int r = 0; r < rows; r++) {
@@ -494,6 +494,57 @@ Test(ops, cross_entropy_loss_and_gradient)
     free(x), free(loss), free(dx);
 }
 
+/* The scale from device memory multiplies the argument (what a captured
+ * step reads each time): 0.5 x 0.5 and 1 x 0.25 give 0.25's bits. */
+Test(ops, cross_entropy_scale_from_device_memory)
+{
+    int rows = 3, V = 11;
+    int32_t tg[3] = {4, -1, 10};
+    float *x = rnd((size_t)rows * V, 6);
+    tensor_t tt = talloc(DT_I32, (size_t)rows), tl = dev(NULL, (size_t)rows);
+    be_upload(be, tt, tg, DT_I32);
+    tensor_t want = dev(x, (size_t)rows * V);
+    be_cross_entropy(be, want, tl, tt, rows, V, 0.25f, (tensor_t){0});
+    float *hw = host(want);
+    float args[2] = {0.5f, 1.0f}, devs[2] = {0.5f, 0.25f};
+    for (int k = 0; k < 2; k++) {
+        tensor_t tx = dev(x, (size_t)rows * V), ts = dev(&devs[k], 1);
+        be_cross_entropy(be, tx, tl, tt, rows, V, args[k], ts);
+        float *hx = host(tx);
+        cr_expect_eq(memcmp(hx, hw, sizeof(float) * (size_t)rows * V), 0,
+                     "%g x %g from device memory differs from 0.25", (double)args[k],
+                     (double)devs[k]);
+        free(hx);
+    }
+    free(x), free(hw);
+}
+
+/* The seed from device memory adds to the argument, mod 2^64. */
+Test(ops, dropout_seed_from_device_memory)
+{
+    size_t n = 4097;
+    float *x = rnd(n, 2);
+    uint64_t seed = 0x9e3779b97f4a7c15ULL;
+    tensor_t tx = dev(x, n), want = dev(NULL, n), got = dev(NULL, n);
+    tensor_t sd = talloc(DT_I32, 2);
+    be_dropout(be, want, tx, n, 0.3f, seed, (tensor_t){0}, 77);
+    float *hw = host(want);
+    uint64_t parts[][2] = {{0, seed}, {seed - 5, 5}, {seed + 9, (uint64_t)0 - 9}};
+    for (int k = 0; k < 3; k++) {
+        be_upload(be, sd, &parts[k][1], DT_I32);
+        be_dropout(be, got, tx, n, 0.3f, parts[k][0], sd, 77);
+        float *hg = host(got);
+        cr_expect_eq(memcmp(hg, hw, sizeof(float) * n), 0, "seed split %d draws another mask",
+                     k);
+        free(hg);
+    }
+    be_upload(be, sd, &seed, DT_I32);
+    be_dropout(be, got, tx, n, 0.3f, 1, sd, 77);
+    float *h1 = host(got);
+    cr_expect_neq(memcmp(h1, hw, sizeof(float) * n), 0, "seed + 1 drew the same mask");
+    free(h1), free(x), free(hw);
+}
+
 /* ---- dropout, sumsq, adamw, fills --------------------------------------------- */
 
 Test(ops, dropout_mask_is_a_pure_function)
@@ -501,8 +552,8 @@ Test(ops, dropout_mask_is_a_pure_function)
     size_t n = 100000;
     float *x = rnd(n, 1);
     tensor_t tx = dev(x, n), a = dev(NULL, n), b = dev(NULL, n);
-    be_dropout(be, a, tx, n, 0.25f, 77, 1000);
-    be_dropout(be, b, tx, n, 0.25f, 77, 1000);
+    be_dropout(be, a, tx, n, 0.25f, 77, (tensor_t){0}, 1000);
+    be_dropout(be, b, tx, n, 0.25f, 77, (tensor_t){0}, 1000);
     float *ha = host(a), *hb = host(b);
     cr_expect_eq(memcmp(ha, hb, sizeof(float) * n), 0, "same stream, same mask");
     size_t dropped = 0;
@@ -514,7 +565,7 @@ Test(ops, dropout_mask_is_a_pure_function)
     }
     /* binomial(1e5, 0.25): sd ~ 137; 6 sd */
     cr_expect_lt(fabs((double)dropped - 25000.0), 822.0, "dropped %zu", dropped);
-    be_dropout(be, b, tx, n, 0.0f, 77, 1000);
+    be_dropout(be, b, tx, n, 0.0f, 77, (tensor_t){0}, 1000);
     float *hc = host(b);
     cr_expect_eq(memcmp(hc, x, sizeof(float) * n), 0, "p = 0 copies");
     free(x), free(ha), free(hb), free(hc);

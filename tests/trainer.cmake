@@ -5,6 +5,8 @@ foreach(suite config model_hf model_io data train_cpu ckpt ckpt_shard cmd_ckpt d
               packing)
   spotune_test(test_${suite} SOURCES test_${suite}.c test_util.c LIBS spotune_trainer)
 endforeach()
+# launch traces, captured spans, and training with them against without
+spotune_test(test_graphs SOURCES test_graphs.c graphs_util.c test_util.c LIBS spotune_trainer)
 # spotune plan: memory, speed and cost before renting
 spotune_test(test_plan SOURCES test_plan.c test_util.c LIBS spotune_trainer)
 # preemption and resume, the checkpoint policy, long paths: one fixture (resume_util)

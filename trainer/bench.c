@@ -26,6 +26,7 @@ typedef struct bench_opts {
     int cpu_check;              /* -1 auto (tiny and small), 0 off, 1 on */
     int shard_grads;            /* full mode on several ranks: gradients sharded too */
     int nf4;                    /* --quantize nf4: QLoRA, the projections NF4 (model.quantize) */
+    int graphs;                 /* --cuda-graphs on: runtime.cuda_graphs */
 } bench_opts;
 
 /* Dense bf16 tensor-core peaks (TFLOP/s) by device name: the cards of
@@ -130,7 +131,7 @@ static int build(const bench_opts *bo, int mode, backend_t *be, comm_t *comm,
     model_opts o = {.mode = mode, .lora_r = bo->lora_r, .lora_alpha = 2.0 * bo->lora_r,
                     .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = bo->micro_batch,
                     .seq_len = bo->seq_len, .recompute = bo->recompute, .seed = 1,
-                    .nf4 = bo->nf4};
+                    .nf4 = bo->nf4, .graphs = bo->graphs};
     if (mode == MODE_FULL && comm && comm_size(comm) > 1) { /* as train.shard_optimizer does */
         o.shard_count = comm_size(comm);
         o.shard_rank = comm_rank(comm);
@@ -273,6 +274,9 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     int world = comm_size(comm);
     double fpt = flops_per_token(m, bo->seq_len), fpt6 = bench_flops_6n(&mc);
     size_t n_trainable = m->n_trainable;
+    size_t replays = m->graph_replays;
+    char graph_off[sizeof m->graph_off];
+    snprintf(graph_off, sizeof graph_off, "%s", m->graph_off);
     double peak_mem = (double)be->bytes_peak;
     int on_gpu = strcmp(be->name, "cuda") == 0;
     if (!on_gpu) {
@@ -329,6 +333,11 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                 json_object_set_new(j, "split_ms", sp);
                 json_object_set_new(j, "profiled_step_ms", json_real(split_total));
             }
+            json_object_set_new(j, "cuda_graphs", json_boolean(bo->graphs));
+            if (bo->graphs) {
+                json_object_set_new(j, "graph_replays", json_integer((json_int_t)replays));
+                json_object_set_new(j, "graph_off", json_string(graph_off));
+            }
             if (cpu_check) {
                 json_object_set_new(j, "cpu_step1_loss", json_real(cpu_loss));
                 json_object_set_new(j, "cpu_step1_grad_norm", json_real(cpu_gnorm));
@@ -353,6 +362,10 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                     printf(" %s %.1f%%%s", be_prof_names[g], 100.0 * split[g] / split_total,
                            g + 1 < BE_PROF_GROUPS ? "," : "\n");
             }
+            if (bo->graphs && graph_off[0])
+                printf("  graphs: off, %s\n", graph_off);
+            else if (bo->graphs)
+                printf("  graphs: %zu of the steps replayed one\n", replays);
             if (cpu_check)
                 printf("  %s\n", cpu_why);
         }
@@ -432,6 +445,8 @@ static void bench_usage(FILE *f)
             "                       differs by more than the tolerance\n"
             "  --check-tol L,G      relative tolerances of that check: loss, gradient norm\n"
             "                       (default 5e-3,2e-2)\n"
+            "  --cuda-graphs ON     on or off (default off): each step's forward and backward\n"
+            "                       replayed as one captured graph (runtime.cuda_graphs)\n"
             "  --probe-cuda         say whether a CUDA device is usable (exit 0) or why not\n"
             "                       (exit 77), and run nothing\n"
             "Every run records step 1's loss and gradient norm (before any update) and fails\n"
@@ -444,7 +459,7 @@ static void bench_usage(FILE *f)
 int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
 {
     bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0, 0,
-                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1, 1, 0};
+                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1, 1, 0, 0};
     int probe = 0;
     static const struct option longopts[] = {
         {"preset", 1, 0, 'p'},      {"mode", 1, 0, 'm'},     {"micro-batch", 1, 0, 'b'},
@@ -453,7 +468,7 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
         {"threads", 1, 0, 't'},     {"json", 0, 0, 'j'},     {"peak-tflops", 1, 0, 'f'},
         {"plan", 1, 0, 'P'},        {"help", 0, 0, 'h'},     {"cpu-check", 1, 0, 'C'},
         {"check-tol", 1, 0, 'T'},   {"probe-cuda", 0, 0, 'U'}, {"shard-gradients", 1, 0, 'G'},
-        {"quantize", 1, 0, 'Q'},    {0, 0, 0, 0}};
+        {"quantize", 1, 0, 'Q'},    {"cuda-graphs", 1, 0, 'R'}, {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -515,6 +530,11 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
             bo.nf4 = !strcmp(optarg, "nf4") ? 1 : !strcmp(optarg, "none") ? 0 : -1;
             if (bo.nf4 < 0)
                 return sp_fail(err, SP_EXIT_USAGE, "bench: --quantize must be none or nf4");
+            break;
+        case 'R':
+            bo.graphs = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -1;
+            if (bo.graphs < 0)
+                return sp_fail(err, SP_EXIT_USAGE, "bench: --cuda-graphs must be on or off");
             break;
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return sp_fail(err, SP_EXIT_USAGE, "bench: bad option");

@@ -63,6 +63,7 @@ typedef struct config {
     int backend; /* index into config_backend_names */
     int64_t threads;
     int recompute;
+    int cuda_graphs;
     /* comm */
     double comm_bucket_mb, comm_timeout_s;
     /* checkpoint */

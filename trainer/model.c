@@ -216,6 +216,7 @@ void model_destroy(model_t *m)
     if (!m)
         return;
     backend_t *be = m->be;
+    model_graphs_free(m);
     for (int i = 0; i < m->nparams; i++)
         if (!m->params[i].trainable) {
             if (!model_fused_view(m, &m->params[i]))
@@ -262,7 +263,7 @@ void model_destroy(model_t *m)
         tensor_t *fields[] = {&s->x_final, &s->rstd_f, &s->hf, &s->dres, &s->dh,
                               &s->bwd, &s->dxr, &s->drop, &s->dora, &s->lora_acat,
                               &s->lora_dacat, &s->logits, &s->loss,
-                              &s->tokens, &s->targets, &s->pos, &s->seg,
+                              &s->tokens, &s->targets, &s->pos, &s->seg, &s->seeds, &s->gscale,
                               &s->rope_cos, &s->rope_sin};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             free_if_owned(be, fields[f], NULL);

@@ -90,6 +90,15 @@ typedef struct model_opts {
      * (trainer/model_graph.c, lora_batched; for comparisons); the
      * environment's SPOTUNE_LORA_BATCHED=0 sets it too */
     int no_lora_batch;
+    /* 1: each micro-batch's forward and backward is a captured span
+     * (be_graph, kernels/backend.h): captured on the second micro-batch
+     * that launches exactly what an earlier one did, replayed for every
+     * later one that does (their launch traces match), eager otherwise
+     * (a micro-batch whose gradients are reduced during the backward, a
+     * profiled step). On CUDA one CUDA graph; on the CPU the recorded op
+     * list (the same rules, for tests). A span that cannot be captured
+     * turns it off for the run, with why in model.graph_off. */
+    int graphs;
 } model_opts;
 
 /* A micro-batch: host arrays of B*T token ids. targets < 0 are not trained. */
@@ -175,6 +184,12 @@ typedef struct model {
      * [16 + 256]), and the workspace one dequantized projection weight is
      * written to (act_dt, the largest projection) */
     tensor_t nf4_maps, nf4_work;
+    /* captured micro-batches (model_opts.graphs, model_graph.c): the
+     * graphs kept, and how many micro-batches replayed one, were captured,
+     * ran eagerly; graph_off: why graphs were turned off ("" while on) */
+    struct model_graphs *graphs;
+    size_t graph_replays, graph_captures, graph_eager;
+    char graph_off[320];
 } model_t;
 
 /* Builds the parameter table and allocates everything (weights zero: load or

@@ -323,6 +323,8 @@ void model_alloc_activations(model_t *m)
     s->loss = act_alloc(m, BT, DT_F32);
     s->tokens = act_alloc(m, BT, DT_I32);
     s->targets = act_alloc(m, BT, DT_I32);
+    s->seeds = act_alloc(m, 2 * (size_t)m->o.max_batch, DT_I32);
+    s->gscale = act_alloc(m, 1, DT_F32);
     s->pos = act_alloc(m, BT, DT_I32);
     s->seg = act_alloc(m, BT, DT_I32);
     size_t half = (size_t)mc->head_dim / 2, T = (size_t)m->o.seq_len;

@@ -4,6 +4,7 @@
  * q, k, v and gate, up are one product each where their weights are fused
  * (layer_params.fused_w, trainer/model.h), one per projection elsewhere. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "model.h"
@@ -31,7 +32,9 @@ static tensor_t no_tensor(void)
 
 /* The input of a LoRA branch: x itself, or x with dropout whose mask is a
  * function of (seed, window, layer, projection) only, so a resumed run, a
- * recomputed layer, or another rank count draws the same mask. */
+ * recomputed layer, or another rank count draws the same mask. The window's
+ * seed is in device memory (s->seeds, stage), its layer and projection in
+ * the offset. */
 static tensor_t lora_input(const step_ctx *c, int l, int p, tensor_t x, int64_t in)
 {
     model_t *m = c->m;
@@ -39,11 +42,10 @@ static tensor_t lora_input(const step_ctx *c, int l, int p, tensor_t x, int64_t 
         return x;
     model_scratch *s = MODEL_SCRATCH(m);
     size_t win = (size_t)c->b->T * (size_t)in;
-    uint64_t stream = sp_rng_stream(m->o.seed, RNG_TAG_DROPOUT);
     uint64_t offset = ((uint64_t)l * PROJ_COUNT + (uint64_t)p) << 40;
     for (int w = 0; w < c->b->B; w++)
         be_dropout(m->be, tensor_view(s->drop, w * win, win), tensor_view(x, w * win, win), win,
-                   (float)m->o.lora_dropout, sp_rng_stream(stream, c->b->sample_ids[w]), offset);
+                   (float)m->o.lora_dropout, 0, tensor_view(s->seeds, 2 * (size_t)w, 2), offset);
     return rows_of(s->drop, c->rows, in);
 }
 
@@ -626,8 +628,9 @@ static void layer_backward(const step_ctx *c, int l)
 
 /* Final norm, LM head and loss, a chunk of rows at a time so the logits of
  * the whole batch never exist at once; with backward, the head's gradients
- * and s->dres = d(final residual). Adds the summed token loss to *loss_sum. */
-static int head(const step_ctx *c, int backward, double *loss_sum, sp_err *err)
+ * (the loss gradient scaled by s->gscale) and s->dres = d(final residual).
+ * The token losses are left in s->loss (read_loss). */
+static void head(const step_ctx *c, int backward)
 {
     model_t *m = c->m;
     model_scratch *s = MODEL_SCRATCH(m);
@@ -642,7 +645,7 @@ static int head(const step_ctx *c, int backward, double *loss_sum, sp_err *err)
         be_matmul(m->be, logits, hf, W->w, cr, V, H, 0, 1, 1.0f, 0.0f);
         be_cross_entropy(m->be, logits, tensor_view(s->loss, (size_t)r0, (size_t)cr),
                          tensor_view(s->targets, (size_t)r0, (size_t)cr), cr, V,
-                         backward ? c->b->grad_scale : 0.0f);
+                         backward ? 1.0f : 0.0f, backward ? s->gscale : no_tensor());
         if (!backward)
             continue;
         be_matmul(m->be, tensor_view(s->dh, (size_t)r0 * H, (size_t)cr * H), logits, W->w, cr, H,
@@ -650,21 +653,27 @@ static int head(const step_ctx *c, int backward, double *loss_sum, sp_err *err)
         if (W->trainable)
             be_matmul(m->be, W->grad, logits, hf, V, H, cr, 1, 0, 1.0f, 1.0f);
     }
-    float *loss = malloc(sizeof(float) * (size_t)rows);
-    if (!loss)
-        return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
-    be_download(m->be, loss, DT_F32, tensor_view(s->loss, 0, (size_t)rows));
-    double sum = 0.0;
-    for (int i = 0; i < rows; i++)
-        sum += loss[i];
-    free(loss);
-    *loss_sum += sum;
     if (backward) {
         be_zero(m->be, rows_of(s->dres, rows, H));
         be_rmsnorm_backward(m->be, s->dres,
                             m->final_norm->trainable ? m->final_norm->grad : no_tensor(), s->dh,
                             s->x_final, m->final_norm->w, s->rstd_f, rows, H);
     }
+}
+
+/* Adds the micro-batch's summed token loss (s->loss) to *loss_sum. */
+static int read_loss(const step_ctx *c, double *loss_sum, sp_err *err)
+{
+    int rows = c->rows;
+    float *loss = malloc(sizeof(float) * (size_t)rows);
+    if (!loss)
+        return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
+    be_download(c->m->be, loss, DT_F32, tensor_view(MODEL_SCRATCH(c->m)->loss, 0, (size_t)rows));
+    double sum = 0.0;
+    for (int i = 0; i < rows; i++)
+        sum += loss[i];
+    free(loss);
+    *loss_sum += sum;
     return 0;
 }
 
@@ -696,7 +705,10 @@ static int check_batch(model_t *m, const model_batch *b, sp_err *err)
     return 0;
 }
 
-static int forward(const step_ctx *c, sp_err *err)
+/* The micro-batch's host values into device memory, where its launches
+ * read them: tokens, targets, packed positions and document starts, and in
+ * training the windows' dropout seeds and the loss gradient's scale. */
+static int stage(const step_ctx *c, sp_err *err)
 {
     model_t *m = c->m;
     model_scratch *s = MODEL_SCRATCH(m);
@@ -709,17 +721,165 @@ static int forward(const step_ctx *c, sp_err *err)
         be_upload(m->be, tensor_view(s->pos, 0, n), c->b->pos, DT_I32);
     if (c->b->seg)
         be_upload(m->be, tensor_view(s->seg, 0, n), c->b->seg, DT_I32);
+    if (!c->training)
+        return 0;
+    if (dropping(c)) {
+        uint64_t *seeds = malloc(sizeof *seeds * (size_t)c->b->B);
+        if (!seeds)
+            return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
+        uint64_t stream = sp_rng_stream(m->o.seed, RNG_TAG_DROPOUT);
+        for (int w = 0; w < c->b->B; w++)
+            seeds[w] = sp_rng_stream(stream, c->b->sample_ids[w]);
+        be_upload(m->be, tensor_view(s->seeds, 0, 2 * (size_t)c->b->B), seeds, DT_I32);
+        free(seeds);
+    }
+    be_upload(m->be, s->gscale, &c->b->grad_scale, DT_F32);
+    return 0;
+}
+
+static void forward(const step_ctx *c)
+{
+    model_t *m = c->m;
+    model_scratch *s = MODEL_SCRATCH(m);
     be_embedding_forward(m->be, m->acts[0].x, m->embed->w, s->tokens, c->rows, (int)m->mc.hidden);
     int L = (int)m->mc.layers;
     for (int l = 0; l < L; l++)
         layer_forward(c, l, l + 1 < L ? m->acts[l + 1].x : s->x_final);
-    return 0;
 }
 
 static void grads_ready(model_t *m, const model_batch *b, size_t upto)
 {
     if ((b->last || m->shard_grads) && m->grads_ready && upto > 0)
         m->grads_ready(m->grads_ready_ctx, upto);
+}
+
+/* Every launch of a training micro-batch, from its staged inputs to its
+ * gradients; the reductions of finished gradients begin in between
+ * (grads_ready) on the step's last micro-batch. */
+static void launch_step(const step_ctx *c)
+{
+    model_t *m = c->m;
+    const model_batch *b = c->b;
+    forward(c);
+    head(c, 1);
+    grads_ready(m, b, m->ready_upto[0]);
+    for (int l = (int)m->mc.layers - 1; l >= 0; l--) {
+        layer_backward(c, l);
+        grads_ready(m, b, m->ready_upto[1 + l]);
+    }
+    if (m->embed->trainable)
+        be_embedding_backward(m->be, m->embed->grad, MODEL_SCRATCH(m)->dres,
+                              MODEL_SCRATCH(m)->tokens, c->rows, (int)m->mc.hidden);
+    grads_ready(m, b, m->n_trainable);
+}
+
+/* ---- captured micro-batches (model_opts.graphs) ------------------------------ */
+
+#define GRAPH_SLOTS 4
+
+/* The graphs kept (a handful: the micro-batch shapes of a run are few,
+ * e.g. full and the last of an epoch), replaced in turn; seen: the digest
+ * of the last micro-batch run eagerly, so a span is captured the second
+ * time it comes (the first warms up what the backend sizes on first use). */
+typedef struct model_graphs {
+    be_graph *g[GRAPH_SLOTS];
+    int next;
+    uint64_t seen;
+    int have_seen;
+} model_graphs;
+
+void model_graphs_free(model_t *m)
+{
+    model_graphs *G = m->graphs;
+    if (!G)
+        return;
+    for (int i = 0; i < GRAPH_SLOTS; i++)
+        be_graph_free(m->be, G->g[i]);
+    free(G);
+    m->graphs = NULL;
+}
+
+static void graphs_off(model_t *m, const char *why)
+{
+    m->o.graphs = 0;
+    snprintf(m->graph_off, sizeof m->graph_off, "%s", why);
+    model_graphs_free(m);
+}
+
+/* launch_step as a captured span: traced dry first; a graph with the same
+ * digest replays it, else it runs eagerly (first sight of a digest) or is
+ * captured (second sight) and replayed. Whatever cannot be captured turns
+ * graphs off for the run and runs eagerly. */
+static void launch_graphed(const step_ctx *c)
+{
+    model_t *m = c->m;
+    backend_t *be = m->be;
+    be_trace t;
+    be_trace_start(be, &t, 1);
+    launch_step(c);
+    be_trace_stop(be);
+    if (be->err.code) /* a refused op: reported by the caller */
+        return;
+    char why[256];
+    if (t.barriers) {
+        snprintf(why, sizeof why, "a micro-batch holds %zu call(s) a graph cannot, the first: %s",
+                 t.barriers, t.first_barrier);
+        graphs_off(m, why);
+        m->graph_eager++;
+        launch_step(c);
+        return;
+    }
+    if (!m->graphs && !(m->graphs = calloc(1, sizeof *m->graphs))) {
+        m->graph_eager++;
+        launch_step(c);
+        return;
+    }
+    model_graphs *G = m->graphs;
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        if (!G->g[i] || G->g[i]->digest != t.digest)
+            continue;
+        int rc = be_graph_launch(be, G->g[i]);
+        if (rc <= 0) {
+            m->graph_replays += rc == 0;
+            return;
+        }
+        be_graph_free(be, G->g[i]); /* stale: captured again below */
+        G->g[i] = NULL;
+        G->have_seen = 1;
+        G->seen = t.digest;
+        break;
+    }
+    if (!G->have_seen || G->seen != t.digest) {
+        G->have_seen = 1;
+        G->seen = t.digest;
+        m->graph_eager++;
+        launch_step(c);
+        return;
+    }
+    if (be_graph_begin(be))
+        return; /* the sticky error says why */
+    launch_step(c);
+    be_graph *g = be_graph_end(be, why, sizeof why);
+    if (g && g->digest != t.digest) { /* the host code launched something else */
+        snprintf(why, sizeof why, "a micro-batch launched differently when captured "
+                                  "(%zu ops traced, %zu captured)", t.ops, g->ops);
+        be_graph_free(be, g);
+        g = NULL;
+    }
+    if (!g) {
+        char off[300];
+        snprintf(off, sizeof off, "capture failed: %s", why);
+        graphs_off(m, off);
+        m->graph_eager++;
+        launch_step(c);
+        return;
+    }
+    be_graph_free(be, G->g[G->next]);
+    G->g[G->next] = g;
+    G->next = (G->next + 1) % GRAPH_SLOTS;
+    m->graph_captures++;
+    if (be_graph_launch(be, g) == 0)
+        m->graph_replays++;
 }
 
 int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
@@ -729,24 +889,27 @@ int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, s
         return sp_fail(err, SP_EXIT_OTHER,
                        "the gradients are sharded but nothing reduces them: call "
                        "grad_sync_begin before the backward");
-    if (forward(&c, err) || head(&c, 1, loss_sum, err))
+    if (stage(&c, err))
         return err->code;
-    grads_ready(m, b, m->ready_upto[0]);
-    for (int l = (int)m->mc.layers - 1; l >= 0; l--) {
-        layer_backward(&c, l);
-        grads_ready(m, b, m->ready_upto[1 + l]);
-    }
-    if (m->embed->trainable)
-        be_embedding_backward(m->be, m->embed->grad, MODEL_SCRATCH(m)->dres,
-                              MODEL_SCRATCH(m)->tokens, c.rows, (int)m->mc.hidden);
-    grads_ready(m, b, m->n_trainable);
+    /* eager: a profiled step, or reductions started during the backward */
+    int reduces = m->grads_ready && (b->last || m->shard_grads);
+    if (m->o.graphs && !m->be->prof && !reduces)
+        launch_graphed(&c);
+    else
+        launch_step(&c);
+    if (be_check(m->be, err) || read_loss(&c, loss_sum, err))
+        return err->code;
     return be_check(m->be, err);
 }
 
 int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
 {
     step_ctx c = {m, b, b->B * b->T, 0};
-    if (forward(&c, err) || head(&c, 0, loss_sum, err))
+    if (stage(&c, err))
+        return err->code;
+    forward(&c);
+    head(&c, 0);
+    if (be_check(m->be, err) || read_loss(&c, loss_sum, err))
         return err->code;
     return be_check(m->be, err);
 }
@@ -756,8 +919,9 @@ int model_forward_logits(model_t *m, const model_batch *b, float *logits, sp_err
     step_ctx c = {m, b, b->B * b->T, 0};
     model_scratch *s = MODEL_SCRATCH(m);
     int H = (int)m->mc.hidden, V = (int)m->mc.vocab;
-    if (forward(&c, err))
+    if (stage(&c, err))
         return err->code;
+    forward(&c);
     be_rmsnorm_forward(m->be, s->hf, s->rstd_f, s->x_final, m->final_norm->w, c.rows, H,
                        (float)m->mc.rms_eps);
     for (int r0 = 0; r0 < c.rows; r0 += (int)s->chunk_rows) {

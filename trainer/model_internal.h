@@ -36,6 +36,11 @@ typedef struct model_scratch {
                                      gradient times m / n [BT, widest projection] */
     tensor_t logits, loss, tokens, targets;
     tensor_t pos, seg; /* packed documents: positions and first positions [BT] (model_batch) */
+    /* per-micro-batch values the launches read from device memory, so a
+     * captured micro-batch replays for the next: the LoRA dropout seed of
+     * each window (I32 [2 B], a 64-bit value each) and the loss gradient's
+     * scale (F32 [1]) */
+    tensor_t seeds, gscale;
     tensor_t rope_cos, rope_sin;
     int64_t chunk_rows; /* rows of logits materialised at once */
     int gate_up_in_place; /* the fused gate/up product in place (s->bwd sized for it) */
@@ -54,6 +59,8 @@ int model_layout_arenas(model_t *m, sp_err *err);
 int model_layout_segments(model_t *m, sp_err *err);
 void model_alloc_params(model_t *m);
 void model_alloc_activations(model_t *m);
+/* model_graph.c: releases the captured micro-batches. */
+void model_graphs_free(model_t *m);
 /* Whether p's compute copy is a view into a fused weight (not freed alone). */
 int model_fused_view(const model_t *m, const param_t *p);
 

@@ -46,6 +46,7 @@ typedef struct trainer {
     train_progress p;
     double steps_time_s;
     int64_t steps_timed, steps_run;
+    int graphs_noted; /* runtime.cuda_graphs turned off: said once */
 } trainer_t;
 
 static int mkdir_p(const char *dir, sp_err *err)
@@ -229,6 +230,7 @@ static int setup_model(trainer_t *t, sp_err *err)
                     .max_batch = c->micro_batch,
                     .seq_len = c->seq_len,
                     .recompute = c->recompute,
+                    .graphs = c->cuda_graphs,
                     .seed = (uint64_t)c->seed};
     if (c->mode == MODE_FULL && c->shard_optimizer && t->world > 1) {
         o.shard_count = t->world;
@@ -577,6 +579,12 @@ static int train_loop(trainer_t *t, sp_err *err)
         step_report rep;
         if (run_step(t, &rep, err))
             return err->code;
+        if (c->cuda_graphs && t->m->graph_off[0] && !t->graphs_noted && t->rank == 0) {
+            log_event(t->out, &t->metrics, "warning",
+                      "runtime.cuda_graphs: %s; the run goes on without graphs",
+                      t->m->graph_off);
+            t->graphs_noted = 1;
+        }
         int print = t->p.step % c->log_every == 0 || t->p.step == c->steps || t->steps_run == 1;
         if (t->rank == 0)
             log_step(t->out, &t->metrics, &rep, print);
@@ -592,6 +600,11 @@ static int train_loop(trainer_t *t, sp_err *err)
                            "same command to resume",
                            (long long)t->p.step);
     }
+    if (c->cuda_graphs && t->rank == 0)
+        log_event(t->out, &t->metrics, "info",
+                  "runtime.cuda_graphs: %zu micro-batches replayed a graph, %zu were captured, "
+                  "%zu ran eagerly",
+                  t->m->graph_replays, t->m->graph_captures, t->m->graph_eager);
     return 0;
 }
 

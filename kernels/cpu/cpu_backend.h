@@ -62,7 +62,7 @@ void cpu_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t
 void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens, int n,
                             int H);
 void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
-                       int V, float grad_scale);
+                       int V, float grad_scale, tensor_t scale);
 void cpu_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
 void cpu_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
 void cpu_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols);
@@ -74,7 +74,7 @@ void cpu_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int ro
 void cpu_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den, int rows,
                  int cols);
 void cpu_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
-                 uint64_t offset);
+                 tensor_t seed_dev, uint64_t offset);
 double cpu_sumsq(backend_t *be, tensor_t x, size_t n);
 void cpu_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
                tensor_t v, size_t n, const adamw_args *a);

@@ -304,9 +304,11 @@ void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tenso
 /* ---- fused softmax cross-entropy ---------------------------------------- */
 
 void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
-                       int V, float grad_scale)
+                       int V, float grad_scale, tensor_t scale)
 {
     (void)be;
+    if (scale.p)
+        grad_scale *= *(const float *)scale.p;
     float *X = F(logits), *Lo = F(loss);
     const int32_t *tg = I(targets);
 #pragma omp parallel for schedule(static)
@@ -432,9 +434,11 @@ void cpu_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t d
 }
 
 void cpu_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
-                 uint64_t offset)
+                 tensor_t seed_dev, uint64_t offset)
 {
     (void)be;
+    if (seed_dev.p)
+        seed += *(const uint64_t *)seed_dev.p;
     float *O = F(out);
     const float *X = F(in);
     if (p <= 0.0f) {

@@ -256,6 +256,85 @@ static int cuda_prof_read(backend_t *be, double *ms, int n)
     return 0;
 }
 
+/* ---- captured spans: one CUDA graph per span ----------------------------------- */
+
+/* A graph and the scratch it was captured with: kernels that use the
+ * backend's scratch hold its address, so a graph is stale once the scratch
+ * was reallocated. */
+typedef struct cuda_graph {
+    cudaGraphExec_t exec;
+    void *scratch;
+} cuda_graph;
+
+/* Thread-local mode: a call of this thread that the capture cannot hold
+ * (a synchronous copy, a sync, cudaMalloc) fails instead of running, and
+ * the capture with it; graph_end reports it and the caller runs the span
+ * again without a graph. */
+static int cuda_graph_begin(backend_t *be)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (be->err.code)
+        return -1;
+    return CUDA_OK(be, cudaStreamBeginCapture(im->stream, cudaStreamCaptureModeThreadLocal)) ? -1
+                                                                                            : 0;
+}
+
+static void *cuda_graph_end(backend_t *be, char *why, size_t n)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(im->stream, &graph);
+    if (be->err.code) { /* an op failed while captured: nothing of it ran */
+        snprintf(why, n, "%s", be->err.msg);
+        memset(&be->err, 0, sizeof be->err);
+        if (graph)
+            cudaGraphDestroy(graph);
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    if (e != cudaSuccess || !graph) {
+        snprintf(why, n, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    cuda_graph *g = NULL;
+    if (e != cudaSuccess)
+        snprintf(why, n, "cudaGraphInstantiate: %s", cudaGetErrorString(e));
+    else if (!(g = (cuda_graph *)malloc(sizeof *g)))
+        snprintf(why, n, "out of host memory");
+    if (!g) {
+        if (exec)
+            cudaGraphExecDestroy(exec);
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    g->exec = exec;
+    g->scratch = im->scratch;
+    return g;
+}
+
+static int cuda_graph_launch(backend_t *be, void *h)
+{
+    cuda_graph *g = (cuda_graph *)h;
+    cuda_impl *im = CUDA_IMPL(be);
+    if (g->scratch != im->scratch)
+        return 1;
+    return CUDA_OK(be, cudaGraphLaunch(g->exec, im->stream)) ? -1 : 0;
+}
+
+static void cuda_graph_free(backend_t *be, void *h)
+{
+    (void)be;
+    cuda_graph *g = (cuda_graph *)h;
+    if (g) {
+        cudaGraphExecDestroy(g->exec);
+        free(g);
+    }
+}
+
 /* ---- lifetime --------------------------------------------------------------- */
 
 static void cuda_destroy(backend_t *be)
@@ -328,6 +407,10 @@ static const backend_ops cuda_ops_table = {
     .stream_fence = cuda_stream_fence,
     .prof_mark = cuda_prof_mark,
     .prof_read = cuda_prof_read,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
     .destroy = cuda_destroy,
 };
 

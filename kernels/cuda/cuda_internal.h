@@ -302,7 +302,7 @@ void cuda_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_
 void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens,
                              int n, int H);
 void cuda_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
-                        int V, float grad_scale);
+                        int V, float grad_scale, tensor_t scale);
 void cuda_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
 void cuda_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, int cols);
 void cuda_bias_backward(backend_t *be, tensor_t db, tensor_t dy, int rows, int cols);
@@ -314,7 +314,7 @@ void cuda_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t 
 void cuda_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
                       tensor_t nested, tensor_t maps, float offset, size_t n);
 void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
-                  uint64_t offset);
+                  tensor_t seed_dev, uint64_t offset);
 double cuda_sumsq(backend_t *be, tensor_t x, size_t n);
 void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
                 tensor_t v, size_t n, const adamw_args *a);
@@ -337,7 +337,8 @@ int cuda_vec_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u,
 int cuda_vec_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
                              tensor_t u, int rows, int cols, int ld);
 int cuda_vec_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p,
-                     float keep_scale, uint64_t seed, uint64_t offset);
+                     float keep_scale, uint64_t seed, const uint64_t *seed_dev,
+                     uint64_t offset);
 int cuda_vec_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin,
                   tensor_t pos, int B, int T, int nh, int hd, float sgn, int x_ld, int src_ld);
 int cuda_vec_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,

@@ -351,9 +351,11 @@ extern "C" void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t
  * exponentials (fp32), one writing dlogits = (softmax - onehot) * grad_scale
  * back in the logits' dtype. No fp32 copy of the row is ever made. */
 __global__ void cross_entropy_kernel(void *logits, int dt, float *loss, const int32_t *targets,
-                                     int V, float grad_scale)
+                                     int V, float grad_scale, const float *scale)
 {
     __shared__ float sh[33];
+    if (scale)
+        grad_scale *= *scale;
     size_t base = (size_t)blockIdx.x * V;
     int t = targets[blockIdx.x];
     if (t < 0 || t >= V) { /* ignored row */
@@ -379,13 +381,14 @@ __global__ void cross_entropy_kernel(void *logits, int dt, float *loss, const in
 }
 
 extern "C" void cuda_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss,
-                                   tensor_t targets, int rows, int V, float grad_scale)
+                                   tensor_t targets, int rows, int V, float grad_scale,
+                                   tensor_t scale)
 {
     if (be->err.code || rows <= 0)
         return;
     cross_entropy_kernel<<<rows, CE_BLOCK, 0, STREAM(be)>>>(logits.p, logits.dt, (float *)loss.p,
                                                            (const int32_t *)targets.p, V,
-                                                           grad_scale);
+                                                           grad_scale, (const float *)scale.p);
     LAUNCHED(be, "cross_entropy_kernel");
 }
 
@@ -555,8 +558,11 @@ extern "C" void cuda_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y
 /* ---- dropout: keep = uniform(seed, offset + i) >= p, the CPU's draw ------------ */
 
 __global__ void dropout_kernel(void *out, int odt, const void *in, int idt, size_t n, float p,
-                               float keep_scale, uint64_t seed, uint64_t offset)
+                               float keep_scale, uint64_t seed, const uint64_t *seed_dev,
+                               uint64_t offset)
 {
+    if (seed_dev)
+        seed += *seed_dev;
     GRID_STRIDE(i, n)
     {
         float v = ld_f(in, idt, i);
@@ -565,7 +571,7 @@ __global__ void dropout_kernel(void *out, int odt, const void *in, int idt, size
 }
 
 extern "C" void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p,
-                             uint64_t seed, uint64_t offset)
+                             uint64_t seed, tensor_t seed_dev, uint64_t offset)
 {
     if (be->err.code || !n)
         return;
@@ -580,10 +586,11 @@ extern "C" void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n,
         return;
     }
     float keep_scale = 1.0f / (1.0f - p);
-    if (cuda_vec_dropout(be, out, in, n, p, keep_scale, seed, offset))
+    const uint64_t *sd = (const uint64_t *)seed_dev.p;
+    if (cuda_vec_dropout(be, out, in, n, p, keep_scale, seed, sd, offset))
         return;
     dropout_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, in.p, in.dt, n, p,
-                                                                 keep_scale, seed, offset);
+                                                                 keep_scale, seed, sd, offset);
     LAUNCHED(be, "dropout_kernel");
 }
 

@@ -148,8 +148,11 @@ __global__ void swiglu_backward_vec_kernel(void *dg, int dgdt, void *du, int dud
 }
 
 __global__ void dropout_vec_kernel(void *out, int odt, const void *in, int idt, size_t nv, float p,
-                                   float keep_scale, uint64_t seed, uint64_t offset)
+                                   float keep_scale, uint64_t seed, const uint64_t *seed_dev,
+                                   uint64_t offset)
 {
+    if (seed_dev)
+        seed += *seed_dev;
     GRID_STRIDE(v, nv)
     {
         float a[8];
@@ -387,13 +390,14 @@ extern "C" int cuda_vec_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du,
 }
 
 extern "C" int cuda_vec_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p,
-                                float keep_scale, uint64_t seed, uint64_t offset)
+                                float keep_scale, uint64_t seed, const uint64_t *seed_dev,
+                                uint64_t offset)
 {
     tensor_t t[] = {out, in};
     if (!vec_takes(n, 2, t))
         return 0;
     dropout_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
-        out.p, out.dt, in.p, in.dt, n / 8, p, keep_scale, seed, offset);
+        out.p, out.dt, in.p, in.dt, n / 8, p, keep_scale, seed, seed_dev, offset);
     LAUNCHED(be, "dropout_vec_kernel");
     return 1;
 }

@@ -235,7 +235,7 @@ static void run_op(op_set *r)
         be_swiglu_backward(be, t[3], t[4], t[2], t[0], t[1], rows, cols, cols);
         break;
     case DROPOUT:
-        be_dropout(be, t[1], t[0], n, 0.1f, 42, 0);
+        be_dropout(be, t[1], t[0], n, 0.1f, 42, (tensor_t){0}, 0);
         break;
     case RMSNORM_FWD:
         be_rmsnorm_forward(be, t[2], t[3], t[0], t[1], rows, cols, 1e-5f);

@@ -1,0 +1,121 @@
+/* Training with captured micro-batches (model_opts.graphs) against the same
+ * training without, on one backend (tests/graphs_util.h). */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "graphs_util.h"
+#include "kernels/backend.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
+#include "trainer/model_config.h"
+
+#define NB 2
+#define NT 24
+#define GA 2
+#define STEPS 5
+
+typedef struct run_out {
+    float *params;
+    size_t n;
+    double loss[STEPS];
+    size_t replays, captures, eager;
+    char off[320];
+} run_out;
+
+static void train(const char *backend, const graphs_case *rc, int graphs, run_out *out)
+{
+    backend_t *be;
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&be, backend, 0, 2, &err), 0, "%s", err.msg);
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, "tiny"), 0);
+    mc.layers = 2;
+    model_opts o = {.mode = rc->mode, .lora_r = 4, .lora_alpha = 8, .lora_dropout = rc->dropout,
+                    .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = NB, .seq_len = NT,
+                    .recompute = rc->recompute, .seed = 11, .graphs = graphs};
+    model_t *m;
+    cr_assert_eq(model_create(&m, be, &mc, &o, &err), 0, "%s", err.msg);
+    model_init_base_random(m, 3);
+    if (rc->mode == MODE_LORA)
+        model_init_lora(m, 4);
+    int32_t in[NB * NT], tg[NB * NT], pos[NB * NT], seg[NB * NT];
+    uint64_t ids[NB];
+    for (int s = 0; s < STEPS; s++) {
+        model_zero_grads(m);
+        /* the step's trained tokens change with it: so does the loss scale */
+        int ignored = s % 3, trained = GA * NB * NT - GA * ignored;
+        double loss = 0;
+        for (int k = 0; k < GA; k++) {
+            int nb = rc->odd_last && s == 3 && k == GA - 1 ? 1 : NB;
+            for (int i = 0; i < nb * NT; i++) {
+                in[i] = (int32_t)(sp_rng_u64(100 + (uint64_t)(s * GA + k), (uint64_t)i) %
+                                  (uint64_t)mc.vocab);
+                tg[i] = i < ignored ? -1
+                                    : (int32_t)(sp_rng_u64(200 + (uint64_t)(s * GA + k),
+                                                           (uint64_t)i) %
+                                                (uint64_t)mc.vocab);
+                int t = i % NT, start = t < 5 + s ? 0 : 5 + s; /* documents move every step */
+                pos[i] = t - start;
+                seg[i] = start;
+            }
+            if (nb < NB)
+                trained -= (NB - nb) * NT;
+            for (int w = 0; w < nb; w++)
+                ids[w] = (uint64_t)((s * GA + k) * NB + w);
+            model_batch b = {.inputs = in, .targets = tg, .sample_ids = ids, .B = nb, .T = NT,
+                             .grad_scale = 1.0f / (float)(GA * NB * NT - GA * ignored),
+                             .last = k == GA - 1, .pos = rc->packed ? pos : NULL,
+                             .seg = rc->packed ? seg : NULL};
+            cr_assert_eq(model_forward_backward(m, &b, &loss, &err), 0, "%s", err.msg);
+        }
+        out->loss[s] = loss / trained;
+        adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                        .weight_decay = 0.01f, .grad_scale = 1.0f, .step = s + 1};
+        model_adamw(m, &a);
+        cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
+    }
+    out->n = m->n_trainable;
+    out->params = malloc(sizeof(float) * out->n);
+    be_download(be, out->params, DT_F32, tensor_view(m->master, 0, out->n));
+    out->replays = m->graph_replays;
+    out->captures = m->graph_captures;
+    out->eager = m->graph_eager;
+    snprintf(out->off, sizeof out->off, "%s", m->graph_off);
+    model_destroy(m);
+    backend_destroy(be);
+}
+
+void graphs_same_as_eager(const char *backend, const graphs_case *rc, const char *what, int exact)
+{
+    run_out e = {0}, g = {0};
+    train(backend, rc, 0, &e);
+    train(backend, rc, 1, &g);
+    cr_assert_str_empty(g.off, "%s: graphs turned off: %s", what, g.off);
+    for (int s = 0; s < STEPS; s++)
+        cr_assert(exact ? e.loss[s] == g.loss[s]
+                        : fabs(e.loss[s] - g.loss[s]) <= GRAPHS_LOSS_TOL * fabs(e.loss[s]),
+                  "%s: step %d loss %.9g eager, %.9g with graphs", what, s + 1, e.loss[s],
+                  g.loss[s]);
+    cr_assert_eq(e.n, g.n);
+    for (size_t i = 0; i < e.n; i++)
+        cr_assert(exact ? memcmp(&e.params[i], &g.params[i], sizeof(float)) == 0
+                        : fabsf(e.params[i] - g.params[i]) <= GRAPHS_PARAM_TOL,
+                  "%s: parameter %zu is %.9g eager, %.9g with graphs", what, i,
+                  (double)e.params[i], (double)g.params[i]);
+    /* the usual shape: eager once, captured on the second, replayed after;
+     * the odd one: eager the one time it comes */
+    size_t total = STEPS * GA, odd = rc->odd_last ? 1 : 0;
+    cr_assert_eq(g.captures, 1, "%s: %zu captures", what, g.captures);
+    cr_assert_eq(g.eager, 1 + odd, "%s: %zu eager micro-batches", what, g.eager);
+    cr_assert_eq(g.replays, total - 1 - odd, "%s: %zu of %zu micro-batches replayed", what,
+                 g.replays, total);
+    cr_assert_eq(e.replays + e.captures + e.eager, 0, "graphs off, yet counted");
+    free(e.params);
+    free(g.params);
+}
+

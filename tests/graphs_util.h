@@ -1,0 +1,28 @@
+/* tests/graphs_util.h — training with captured micro-batches
+ * (model_opts.graphs, runtime.cuda_graphs) against the same training
+ * without, on one backend: a 2-layer tiny model, 5 steps of 2 micro-batches
+ * of 2 x 24 tokens, a trained-token count (the loss gradient's scale) that
+ * changes every step, dropout seeds that change every micro-batch.
+ * Asserts every step's loss and the trained parameters the same (exact: bit
+ * for bit; else within GRAPHS_LOSS_TOL relative and GRAPHS_PARAM_TOL
+ * absolute, for a backend with float atomics), graphs never turned off, one
+ * capture, and every micro-batch of the usual shape after the second a
+ * replay (the odd one, eager). */
+#ifndef SPOTUNE_TESTS_GRAPHS_UTIL_H
+#define SPOTUNE_TESTS_GRAPHS_UTIL_H
+
+#define GRAPHS_LOSS_TOL 1e-5
+#define GRAPHS_PARAM_TOL 1e-5f
+
+typedef struct graphs_case {
+    int mode;      /* MODE_LORA or MODE_FULL */
+    double dropout; /* LoRA dropout */
+    int recompute; /* RECOMPUTE_* */
+    int packed;    /* packed documents whose boundaries move every step */
+    int odd_last;  /* the last micro-batch of step 4 has one window */
+} graphs_case;
+
+void graphs_same_as_eager(const char *backend, const graphs_case *gc, const char *what,
+                          int exact);
+
+#endif

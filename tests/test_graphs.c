@@ -1,0 +1,208 @@
+/* Launch traces and captured spans (kernels/backend.h, be_trace and
+ * be_graph) on the CPU backend, whose captured span is the recorded op list
+ * with the same rules as a CUDA graph:
+ *  - a trace's digest is the same for the same launches and changes with
+ *    any argument (a scalar, a tensor's address, size or dtype, an op);
+ *    a dry trace runs nothing; barriers are counted and named;
+ *  - a captured span runs nothing until launched, then runs its ops with the
+ *    arguments they were captured with, reading device memory as it is at
+ *    launch; a barrier inside a capture fails it with the barrier's name
+ *    and leaves the sticky error clean;
+ *  - training with model_opts.graphs (runtime.cuda_graphs) gives the same
+ *    bits as without, every step: LoRA with dropout, full fine-tuning,
+ *    packed documents, recomputation, gradient accumulation, a token count
+ *    (the loss gradient's scale) that changes every step, and a micro-batch
+ *    of another shape; and it does replay: every micro-batch of the usual
+ *    shape after the second replays one graph.
+ * Tolerance: exact (bit for bit) throughout; the CPU backend is
+ * deterministic for a fixed thread count. */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "graphs_util.h"
+#include "kernels/backend.h"
+#include "trainer/config.h"
+
+static backend_t *cpu(void)
+{
+    backend_t *be;
+    sp_err err = {0};
+    cr_assert_eq(backend_create(&be, "cpu", 0, 2, &err), 0, "%s", err.msg);
+    return be;
+}
+
+static void fill(backend_t *be, tensor_t t, float base)
+{
+    float *h = malloc(sizeof(float) * t.n);
+    for (size_t i = 0; i < t.n; i++)
+        h[i] = base + 0.25f * (float)(i % 7);
+    be_upload(be, t, h, DT_F32);
+    free(h);
+}
+
+/* y = 2 x + y; z = y x^T (a 4 x 4 product) */
+static void ops(backend_t *be, tensor_t x, tensor_t y, tensor_t z, float alpha)
+{
+    be_add(be, y, x, alpha, x.n);
+    be_matmul(be, z, y, x, 4, 4, 4, 0, 1, 1.0f, 0.0f);
+}
+
+static uint64_t digest_of(backend_t *be, tensor_t x, tensor_t y, tensor_t z, float alpha)
+{
+    be_trace t;
+    be_trace_start(be, &t, 1);
+    ops(be, x, y, z, alpha);
+    be_trace_stop(be);
+    cr_assert_eq(t.ops, 2, "two ops traced, got %zu", t.ops);
+    cr_assert_eq(t.barriers, 0);
+    return t.digest;
+}
+
+Test(trace, the_digest_is_the_launch_and_a_dry_trace_runs_nothing)
+{
+    backend_t *be = cpu();
+    tensor_t x = be_alloc(be, DT_F32, 16), y = be_alloc(be, DT_F32, 16),
+             z = be_alloc(be, DT_F32, 16), w = be_alloc(be, DT_F32, 32);
+    fill(be, x, 1.0f);
+    fill(be, y, -1.0f);
+    float before[16], after[16];
+    be_download(be, before, DT_F32, y);
+    uint64_t d = digest_of(be, x, y, z, 2.0f);
+    be_download(be, after, DT_F32, y);
+    cr_assert_eq(memcmp(before, after, sizeof before), 0, "a dry trace ran an op");
+    cr_assert_eq(digest_of(be, x, y, z, 2.0f), d, "the same launches, another digest");
+    cr_assert_neq(digest_of(be, x, y, z, 2.5f), d, "a scalar changed, the digest did not");
+    cr_assert_neq(digest_of(be, tensor_view(w, 0, 16), y, z, 2.0f), d,
+                  "an address changed, the digest did not");
+    cr_assert_neq(digest_of(be, x, y, z, 2.0f), digest_of(be, y, x, z, 2.0f),
+                  "swapped operands, one digest");
+    /* an op more */
+    be_trace t;
+    be_trace_start(be, &t, 1);
+    ops(be, x, y, z, 2.0f);
+    be_zero(be, z);
+    be_trace_stop(be);
+    cr_assert_neq(t.digest, d);
+    cr_assert_eq(t.ops, 3);
+    be_free(be, &x);
+    be_free(be, &y);
+    be_free(be, &z);
+    be_free(be, &w);
+    backend_destroy(be);
+}
+
+Test(trace, barriers_are_counted_and_the_first_is_named)
+{
+    backend_t *be = cpu();
+    tensor_t x = be_alloc(be, DT_F32, 16), y = be_alloc(be, DT_F32, 16),
+             z = be_alloc(be, DT_F32, 16);
+    float h[16] = {0};
+    be_trace t;
+    be_trace_start(be, &t, 0);
+    ops(be, x, y, z, 1.0f);
+    be_h2d(be, x.p, h, sizeof h);
+    be_sync(be);
+    (void)be_sumsq(be, x, 16);
+    be_trace_stop(be);
+    cr_assert_eq(t.barriers, 3, "h2d, sync, sumsq: got %zu", t.barriers);
+    cr_assert(strstr(t.first_barrier, "h2d at ") && strstr(t.first_barrier, "test_graphs.c:"),
+              "first barrier: '%s'", t.first_barrier);
+    be_free(be, &x);
+    be_free(be, &y);
+    be_free(be, &z);
+    backend_destroy(be);
+}
+
+Test(graph, a_captured_span_runs_when_launched_on_the_memory_of_that_moment)
+{
+    backend_t *be = cpu();
+    tensor_t x = be_alloc(be, DT_F32, 16), y = be_alloc(be, DT_F32, 16),
+             z = be_alloc(be, DT_F32, 16);
+    tensor_t y2 = be_alloc(be, DT_F32, 16), z2 = be_alloc(be, DT_F32, 16);
+    fill(be, x, 1.0f);
+    fill(be, y, -1.0f);
+    fill(be, y2, -1.0f);
+    cr_assert_eq(be_graph_begin(be), 0);
+    ops(be, x, y, z, 2.0f);
+    char why[256] = "";
+    be_graph *g = be_graph_end(be, why, sizeof why);
+    cr_assert_not_null(g, "%s", why);
+    cr_assert_eq(g->ops, 2);
+    cr_assert_eq(g->digest, digest_of(be, x, y, z, 2.0f), "the capture's digest is the trace's");
+    float a[16], b[16];
+    be_download(be, a, DT_F32, z);
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(a[i], 0.0f, "the capture ran: z[%d] = %g", i, (double)a[i]);
+    /* launched twice, as eagerly twice: y accumulates */
+    for (int rep = 0; rep < 2; rep++) {
+        cr_assert_eq(be_graph_launch(be, g), 0);
+        ops(be, x, y2, z2, 2.0f);
+        be_download(be, a, DT_F32, z);
+        be_download(be, b, DT_F32, z2);
+        cr_assert_eq(memcmp(a, b, sizeof a), 0, "launch %d differs from the eager ops", rep);
+    }
+    /* new inputs in the same memory: the graph reads them */
+    fill(be, x, 3.0f);
+    cr_assert_eq(be_graph_launch(be, g), 0);
+    ops(be, x, y2, z2, 2.0f);
+    be_download(be, a, DT_F32, z);
+    be_download(be, b, DT_F32, z2);
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "the graph did not read x as it is now");
+    be_graph_free(be, g);
+    tensor_t *ts[] = {&x, &y, &z, &y2, &z2};
+    for (int i = 0; i < 5; i++)
+        be_free(be, ts[i]);
+    sp_err err = {0};
+    cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
+    backend_destroy(be);
+}
+
+Test(graph, a_barrier_in_a_capture_fails_it_by_name_and_leaves_no_error)
+{
+    backend_t *be = cpu();
+    tensor_t x = be_alloc(be, DT_F32, 16), y = be_alloc(be, DT_F32, 16),
+             z = be_alloc(be, DT_F32, 16);
+    float h[16];
+    cr_assert_eq(be_graph_begin(be), 0);
+    ops(be, x, y, z, 1.0f);
+    be_d2h(be, h, z.p, sizeof h);
+    char why[256] = "";
+    be_graph *g = be_graph_end(be, why, sizeof why);
+    cr_assert_null(g);
+    cr_assert(strstr(why, "d2h at ") && strstr(why, "test_graphs.c:"), "why: '%s'", why);
+    sp_err err = {0};
+    cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
+    /* nesting is refused with a message */
+    be_trace t;
+    be_trace_start(be, &t, 1);
+    cr_assert_eq(be_graph_begin(be), -1);
+    be_trace_stop(be);
+    cr_assert_neq(be_check(be, &err), 0);
+    cr_assert(strstr(err.msg, "already"), "%s", err.msg);
+    be_free(be, &x);
+    be_free(be, &y);
+    be_free(be, &z);
+    backend_destroy(be);
+}
+
+Test(graphs, lora_with_dropout_and_packed_documents_replays_bit_for_bit)
+{
+    graphs_case rc = {.mode = MODE_LORA, .dropout = 0.1, .packed = 1};
+    graphs_same_as_eager("cpu", &rc, "lora dropout packed", 1);
+}
+
+Test(graphs, full_fine_tuning_with_recompute_and_a_shorter_micro_batch_replays_bit_for_bit)
+{
+    graphs_case rc = {.mode = MODE_FULL, .recompute = RECOMPUTE_LAYER, .odd_last = 1};
+    graphs_same_as_eager("cpu", &rc, "full recompute odd", 1);
+}
+
+Test(graphs, lora_with_attention_recompute_replays_bit_for_bit)
+{
+    graphs_case rc = {.mode = MODE_LORA, .recompute = RECOMPUTE_ATTENTION};
+    graphs_same_as_eager("cpu", &rc, "lora recompute attention", 1);
+}
