@@ -40,6 +40,10 @@
 #   bench 7B LoRA mb8         retried with --recompute layer if it fails
 #   bench 7B LoRA seq 8192    micro-batch 1: the fused attention keeps no
 #                             T x T buffer, so the long sequence fits
+#   bench small LoRA graphs   the small LoRA bench with --cuda-graphs on:
+#                             each step one CUDA graph; FAIL when graphs
+#                             were turned off (the reason) or never
+#                             replayed; its speed against the eager row
 #   spotune doctor            its GPU lines: devices, driver and runtime,
 #                             ECC, clocks, bf16 GEMM TFLOP/s against the
 #                             card's peak, device-memory copy GB/s, P2P
@@ -162,7 +166,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 }
 
 declare -A IDX
-for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k doctor \
+for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs doctor \
     memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
@@ -180,6 +184,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7mb4) n="bench llama-7b LoRA r16 mb4 seq 2048" ;;
     b7mb8) n="bench llama-7b LoRA r16 mb8 seq 2048" ;;
     b7s8k) n="bench llama-7b LoRA r16 mb1 seq 8192" ;;
+    graphs) n="bench small LoRA mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)" ;;
     doctor) n="spotune doctor: GPU lines (devices, ECC, clocks, bf16 GEMM, memory copy, P2P)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -307,19 +312,36 @@ bench_figure() { # bench_figure JSON
 }
 
 NO_GPU="" # why no CUDA device is usable, when none is
-bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ]]
-    local key=$1 box=$2 preset=$3 mode=$4 mb=$5 steps=$6 rcm=${7:-none} seq=${8:-2048} i=${IDX[$1]} json
+bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
+    # GRAPHS_VS: with --cuda-graphs on, against that eager row's tokens/s
+    local key=$1 box=$2 preset=$3 mode=$4 mb=$5 steps=$6 rcm=${7:-none} seq=${8:-2048}
+    local vs=${9:-} i=${IDX[$1]} json
+    local extra=()
+    [ -n "$vs" ] && extra=(--cuda-graphs on)
     if [ -n "$NO_GPU" ]; then
         row_set "$i" SKIPPED 0 "$NO_GPU"
         return
     fi
     step "$key" "$box" "$SPOTUNE" bench --backend cuda --preset "$preset" --mode "$mode" \
         --micro-batch "$mb" --seq-len "$seq" --steps "$steps" --warmup 1 --lora-r 16 \
-        --recompute "$rcm" --json
+        --recompute "$rcm" --json "${extra[@]}"
     [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
     json=$(grep '^{' "$PARTS/$key.out" | tail -1)
     local note=""
     [ "$rcm" != none ] && note="recompute $rcm; "
+    if [ -n "$vs" ] && [ $RC -eq 0 ]; then
+        local off reps base
+        off=$(jget graph_off "$json") reps=$(jget graph_replays "$json")
+        base=$(jget tokens_per_s "${BENCH[$vs]:-}")
+        note="graphs: ${reps:-no} step(s) replayed one"
+        [ -n "$base" ] && note="$note, $(awk -v a="$(jget tokens_per_s "$json")" -v b="$base" \
+            'BEGIN { printf "%.2fx", a / b }') the eager row's tok/s"
+        note="$note; "
+        if [ -n "$off" ] || [ "${reps:-0}" = 0 ]; then
+            row_set "$i" FAIL "$DT" "graphs ${off:+turned off: $off}${off:-never replayed}; $(bench_figure "$json")"
+            return
+        fi
+    fi
     case $RC in
     0) BENCH[$key]=$json; row_set "$i" PASS "$DT" "$note$(bench_figure "$json")" ;;
     124) row_set "$i" TIMEOUT "$DT" "${note}killed after ${LIMIT}s" ;;
@@ -554,6 +576,7 @@ if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
     R_FIG[${IDX[b7mb8]}]="${R_FIG[${IDX[b7mb8]}]}; recompute none had failed: ${first:0:150}"
 fi
 bench b7s8k 60 llama-7b lora 1 3 none 8192
+bench graphs 45 small lora 1 10 none 2048 small_lora
 
 # spotune doctor: its GPU lines, each a row of its own (a SKIPPED one is named
 # in the doctor's row, not a row: one GPU has no pairs, one rank no NCCL test)

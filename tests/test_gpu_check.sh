@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 18 rows, every GPU step is
+#     run on a GPU machine too): the table has all 19 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA),
 #     the two kernel workbenches' rows too, the test programs report their
 #     own skip, exit 77, and it takes under a minute;
@@ -50,7 +50,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 18 rows" $((n != 18)) "$table"
+check "dry run: the table has the 19 rows" $((n != 19)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -69,7 +69,7 @@ has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
 check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
 ! has "$table" "full output: out/"
 check "dry run: no workbench table after the main one" $? "$table"
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 18)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 19)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -99,6 +99,14 @@ json() { # json TOKS MFU MFU6 LOSS CHECK [CPU_LOSS]
 }
 case "$args" in
 *--probe-cuda*) echo "cuda: 1 CUDA device"; exit 0 ;;
+*"--preset small --mode lora"*"--cuda-graphs on"*)
+    if [ "${FAKE_GRAPHS:-}" = off ]; then
+        json 50000 0.20 0.24 10.52 ok 10.521 |
+            sed 's/}$/,"cuda_graphs":true,"graph_replays":0,"graph_off":"capture failed: cudaStreamEndCapture: operation not permitted when stream is capturing"}/'
+    else
+        json 65000 0.26 0.31 10.52 ok 10.521 |
+            sed 's/}$/,"cuda_graphs":true,"graph_replays":9,"graph_off":""}/'
+    fi ;;
 *"--preset small --mode lora"*) json 52000 0.21 0.25 10.52 ok 10.521 ;;
 *"--preset small --mode full"*)
     json 30000 0.30 0.31 10.52 fail 10.91
@@ -266,17 +274,19 @@ expect_row 14 PASS "recompute layer; 3000 tok/s"
 expect_row 14 PASS "recompute none had failed: exit 1: spotune: error: cuda backend"
 expect_row 15 PASS "bench llama-7b LoRA r16 mb1 seq 8192"
 expect_row 15 PASS "3300 tok/s"
-expect_row 16 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
-expect_row 17 FAIL "exit 3, 3 errors"
-expect_row 18 PASS "NVIDIA H200"
-expect_row 19 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 20 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 21 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 22 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 16 PASS "bench small LoRA mb1 seq 2048, CUDA graphs"
+expect_row 16 PASS "graphs: 9 step(s) replayed one, 1.25x the eager row's tok/s; 65000 tok/s"
+expect_row 17 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
+expect_row 18 FAIL "exit 3, 3 errors"
+expect_row 19 PASS "NVIDIA H200"
+expect_row 20 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 21 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 22 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 23 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 18 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 22)) "$table"
+check "stand-ins: 19 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 23)) "$table"
 # the workbenches' own tables after the main one, whole
-after=$(sed -n '/^| 22 |/,$p' <<<"$table")
+after=$(sed -n '/^| 23 |/,$p' <<<"$table")
 has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
     has "$after" "device: NVIDIA H200; 3 iterations" &&
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
@@ -309,12 +319,13 @@ check "stand-ins: run under a minute" $((dt >= 60)) "${dt}s"
 # (and the workbenches fail: a FAIL row each)
 env LD_LIBRARY_PATH=/opt/machine/lib OUT="$tmp/mixed2" PATH="$tmp/path:/usr/bin:/bin" \
     GPU_CHECK_BOX_SCALE=0.05 GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv2" \
-    FAKE_WB=fail bash "$bundle/gpu_check.sh" > /dev/null 2>&1
+    FAKE_WB=fail FAKE_GRAPHS=off bash "$bundle/gpu_check.sh" > /dev/null 2>&1
 has "$(cat "$tmp/pyenv2" 2>/dev/null)" "LD_LIBRARY_PATH=/opt/machine/lib" &&
     ! has "$(cat "$tmp/pyenv2" 2>/dev/null)" "$bundle/lib"
 check "the Python peer gets the machine's LD_LIBRARY_PATH, not the bundle's" $? \
     "$(cat "$tmp/pyenv2" 2>/dev/null)"
 table=$(cat "$tmp/mixed2/gpu_check_table.md" 2>/dev/null)
+expect_row 16 FAIL "graphs turned off: capture failed: cudaStreamEndCapture: operation not permitted"
 expect_row 10 FAIL "exit 1: 1 FAIL row: 1,2048,32,8,128 unfused worst rel err dq 2.50e-02; fused/unfused"
 expect_row 10 FAIL "8 rows: 7 ok, 1 FAIL"
 expect_row 11 FAIL "exit 1: 1 FAIL row: 2048 x 4096 add vector worst rel err 1.95e-03 = scalar NO; elem_bench: 1 row failed"
@@ -348,10 +359,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 18)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-7]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 15)) "$table"
-expect_row 18 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 19)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-8]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 16)) "$table"
+expect_row 19 PASS "NVIDIA H200"
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]
