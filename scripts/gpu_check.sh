@@ -333,7 +333,7 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
         local off reps base
         off=$(jget graph_off "$json") reps=$(jget graph_replays "$json")
         base=$(jget tokens_per_s "${BENCH[$vs]:-}")
-        note="graphs: ${reps:-no} step(s) replayed one"
+        note="graphs: ${reps:-no} step(s) replayed one ($(jget graph_ops "$json") ops)"
         [ -n "$base" ] && note="$note, $(awk -v a="$(jget tokens_per_s "$json")" -v b="$base" \
             'BEGIN { printf "%.2fx", a / b }') the eager row's tok/s"
         note="$note; "

@@ -274,7 +274,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     int world = comm_size(comm);
     double fpt = flops_per_token(m, bo->seq_len), fpt6 = bench_flops_6n(&mc);
     size_t n_trainable = m->n_trainable;
-    size_t replays = m->graph_replays;
+    size_t replays = m->graph_replays, graph_ops = m->graph_ops;
     char graph_off[sizeof m->graph_off];
     snprintf(graph_off, sizeof graph_off, "%s", m->graph_off);
     double peak_mem = (double)be->bytes_peak;
@@ -336,6 +336,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             json_object_set_new(j, "cuda_graphs", json_boolean(bo->graphs));
             if (bo->graphs) {
                 json_object_set_new(j, "graph_replays", json_integer((json_int_t)replays));
+                json_object_set_new(j, "graph_ops", json_integer((json_int_t)graph_ops));
                 json_object_set_new(j, "graph_off", json_string(graph_off));
             }
             if (cpu_check) {
@@ -365,7 +366,8 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             if (bo->graphs && graph_off[0])
                 printf("  graphs: off, %s\n", graph_off);
             else if (bo->graphs)
-                printf("  graphs: %zu of the steps replayed one\n", replays);
+                printf("  graphs: %zu of the steps replayed one (%zu ops each)\n", replays,
+                       graph_ops);
             if (cpu_check)
                 printf("  %s\n", cpu_why);
         }

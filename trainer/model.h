@@ -186,9 +186,10 @@ typedef struct model {
     tensor_t nf4_maps, nf4_work;
     /* captured micro-batches (model_opts.graphs, model_graph.c): the
      * graphs kept, and how many micro-batches replayed one, were captured,
-     * ran eagerly; graph_off: why graphs were turned off ("" while on) */
+     * ran eagerly; graph_ops: the ops (kernel launches, copies) of the last
+     * capture; graph_off: why graphs were turned off ("" while on) */
     struct model_graphs *graphs;
-    size_t graph_replays, graph_captures, graph_eager;
+    size_t graph_replays, graph_captures, graph_eager, graph_ops;
     char graph_off[320];
 } model_t;
 

@@ -878,6 +878,7 @@ static void launch_graphed(const step_ctx *c)
     G->g[G->next] = g;
     G->next = (G->next + 1) % GRAPH_SLOTS;
     m->graph_captures++;
+    m->graph_ops = g->ops;
     if (be_graph_launch(be, g) == 0)
         m->graph_replays++;
 }
