@@ -373,17 +373,20 @@ be_graph *be_graph_end(backend_t *be, char *why, size_t n)
     }
     be_trace_stop(be);
     void *exec = NULL;
+    char dev_why[256] = "";
     if (be->ops->graph_begin) {
-        exec = be->ops->graph_end(be, why, n); /* always ends the capture */
-        if (!exec) {
+        exec = be->ops->graph_end(be, dev_why, sizeof dev_why); /* always ends the capture */
+        if (!exec && !t->barriers) {
+            snprintf(why, n, "%s", dev_why);
             free(t);
             return NULL;
         }
     }
     be_graph *g = NULL;
-    if (t->barriers)
-        snprintf(why, n, "%zu call(s) a graph cannot hold, the first: %s", t->barriers,
-                 t->first_barrier);
+    if (t->barriers) /* named by the call, before what the device said of it */
+        snprintf(why, n, "%zu call(s) a graph cannot hold, the first: %s%s%s%s", t->barriers,
+                 t->first_barrier, dev_why[0] ? " (the device: " : "", dev_why,
+                 dev_why[0] ? ")" : "");
     else if (t->record && t->nwords == SIZE_MAX)
         snprintf(why, n, "out of host memory recording %zu ops", t->ops);
     else if (!(g = calloc(1, sizeof *g)))

@@ -545,6 +545,15 @@ Test(cuda_ops, malformed_calls_are_refused_as_on_the_cpu)
     cr_expect_eq(on_gpu, on_cpu);
 }
 
+/* Every op's valid call captured as a CUDA graph and launched gives what
+ * it gives eagerly (tests/op_checks.c, op_checks_replay): bit for bit, but
+ * embedding_backward (atomics) within 1e-6. */
+Test(cuda_ops, every_op_replays_as_a_cuda_graph)
+{
+    int n = op_checks_replay(gpu);
+    cr_expect_eq(n, 27, "%d ops checked", n);
+}
+
 Test(cuda_ops, ids_and_targets_outside_the_table_as_on_the_cpu)
 {
     op_checks_ids_outside(gpu);

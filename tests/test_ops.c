@@ -657,6 +657,21 @@ Test(ops, malformed_calls_are_refused_alike_on_cpu_and_cpu_ref)
     cr_expect_eq(cases[0], cases[1]);
 }
 
+/* Every op captured (the recorded op list) and replayed gives what it gives
+ * eagerly, bit for bit (tests/op_checks.c, op_checks_replay). */
+Test(ops, every_op_replays_as_recorded_on_cpu_and_cpu_ref)
+{
+    const char *kinds[] = {"cpu", "cpu-ref"};
+    for (int k = 0; k < 2; k++) {
+        backend_t *b;
+        sp_err err = {0};
+        cr_assert_eq(backend_create(&b, kinds[k], 0, 2, &err), 0, "%s", err.msg);
+        int n = op_checks_replay(b);
+        cr_expect_eq(n, 27, "%s: %d ops checked", kinds[k], n);
+        backend_destroy(b);
+    }
+}
+
 Test(ops, ids_and_targets_outside_the_table_read_and_train_nothing)
 {
     const char *kinds[] = {"cpu", "cpu-ref"};
