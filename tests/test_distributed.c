@@ -158,6 +158,50 @@ Test(distributed, buckets_change_nothing_and_rank_0_alone_reports)
     free(many);
 }
 
+/* runtime.cuda_graphs on 2 ranks (the CPU's recorded op list): the same
+ * losses and weights bit for bit as eager, DoRA with dropout (LoRA) and a
+ * sharded optimizer (full, gradients whole), 2 micro-batches a step; each
+ * rank's 12 micro-batches: the first eager, the second captured, every
+ * later one a replay (rank 0 reports). */
+static void graphs_change_nothing(const char *tag, const char *base, const char *file)
+{
+    char name[2][64], extra[1024], *out[2] = {NULL, NULL};
+    for (int g = 0; g < 2; g++) {
+        snprintf(name[g], sizeof name[g], "%s-%s", tag, g ? "graphs" : "eager");
+        snprintf(extra, sizeof extra,
+                 "%s --set train.micro_batch=1 --set train.grad_accum=2 "
+                 "--set runtime.cuda_graphs=%s",
+                 base, g ? "true" : "false");
+        cr_assert_eq(train(2, name[g], extra, &out[g]), 0, "%s", out[g]);
+    }
+    cr_expect(tu_contains(out[1], "runtime.cuda_graphs: 11 micro-batches replayed a graph, 1 "
+                                  "were captured, 1 ran eagerly"),
+              "%s: %s", tag, out[1]);
+    double a[16], b[16];
+    cr_assert_eq(losses(name[0], a, 16), 6);
+    cr_assert_eq(losses(name[1], b, 16), 6);
+    for (int i = 0; i < 6; i++)
+        cr_expect_eq(a[i], b[i], "%s step %d: %.17g eager, %.17g with graphs", tag, i + 1, a[i],
+                     b[i]);
+    cr_expect_eq(tu_sh(NULL, "cmp %s/%s/%s %s/%s/%s", dir, name[0], file, dir, name[1], file), 0,
+                 "%s: %s differs with graphs", tag, file);
+    free(out[0]);
+    free(out[1]);
+}
+
+Test(distributed, graphs_change_nothing_on_two_ranks_dora)
+{
+    graphs_change_nothing("graphs-dora", "--set lora.dora=true",
+                          "adapter/adapter_model.safetensors");
+}
+
+Test(distributed, graphs_change_nothing_on_two_ranks_full_sharded_optimizer)
+{
+    graphs_change_nothing("graphs-full",
+                          "--set train.mode=full --set train.shard_gradients=false",
+                          "model/model.safetensors");
+}
+
 /* The union of the windows all ranks trained in an epoch is the epoch's
  * permutation, with no window twice. On a dataset of the text's first 2000
  * lines (about 1800 windows, not a multiple of the 4 a step trains, so an
