@@ -228,7 +228,10 @@ void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb)
         m->grads_ready_ctx = g;
         return;
     }
-    g->overlap = g->device && g->peers && m->shard_count == 1 && be_has_streams(m->be);
+    /* with graphs (model_opts.graphs) the reduction waits for the backward's
+     * end, so that the step's last micro-batch replays a graph too */
+    g->overlap = g->device && g->peers && m->shard_count == 1 && be_has_streams(m->be) &&
+                 !m->o.graphs;
     if (g->overlap) {
         g->stream = be_aux_stream(m->be);
         m->grads_ready = on_ready;

@@ -50,7 +50,11 @@ typedef struct grad_sync {
 
 /* Prepares for one step (installs the hook on m when overlapping, and
  * always with sharded gradients: call it before the step's first
- * micro-batch, after model_zero_grads). */
+ * micro-batch, after model_zero_grads). With captured micro-batches
+ * (model_opts.graphs, runtime.cuda_graphs) nothing overlaps: the
+ * reduction runs after the backward, which is then one graph on every
+ * micro-batch; sharded gradients still reduce during the backward (and
+ * those micro-batches run eagerly). */
 void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb);
 /* Reduces what is left and waits until every bucket is summed. */
 int grad_sync_finish(grad_sync_t *g, sp_err *err);

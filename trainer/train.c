@@ -575,6 +575,14 @@ static int train_loop(trainer_t *t, sp_err *err)
     int stop = 0;
     if (t->p.step >= c->steps) /* a resumed run that had already finished */
         return ckpt_ctl_boundary(t->ck, t->m, &t->p, 1, &stop, err);
+    if (c->cuda_graphs && t->world > 1 && t->rank == 0 && strcmp(t->be->name, "cuda") == 0)
+        log_event(t->out, &t->metrics, "info", "%s",
+                  t->m->shard_grads
+                      ? "runtime.cuda_graphs: the gradients are sharded and reduced during "
+                        "the backward, so the micro-batches run without graphs"
+                      : "runtime.cuda_graphs: the gradients are all-reduced after each "
+                        "backward instead of during it, so every micro-batch can replay a "
+                        "graph");
     while (t->p.step < c->steps) {
         step_report rep;
         if (run_step(t, &rep, err))
