@@ -137,10 +137,12 @@ const key_def config_keys[] = {
     {"runtime.cuda_graphs", K_BOOL, O(cuda_graphs), "false", 0, 0, NULL, 0,
      "Capture a micro-batch's forward and backward as one CUDA graph the second time the same "
      "launches come, and replay it for every later micro-batch that launches the same (a launch "
-     "trace decides; what changes between micro-batches is read from device memory). Eager: "
-     "the step's last micro-batch on several ranks (its gradients are reduced during the "
-     "backward) and a micro-batch of another shape until it repeats. On the CPU backends the "
-     "recorded op list replays instead (the same rules, no speed-up; for checking)."},
+     "trace decides; what changes between micro-batches is read from device memory). On "
+     "several GPUs the gradients are then all-reduced after the backward instead of during "
+     "it; with sharded gradients (train.shard_gradients) the micro-batches run without "
+     "graphs. A micro-batch of another shape runs eagerly until it repeats. On the CPU "
+     "backends the recorded op list replays instead (the same rules, no speed-up; for "
+     "checking)."},
     {"comm.bucket_mb", K_FLOAT, O(comm_bucket_mb), "25", 0.0625, 4096, NULL, 0,
      "Gradients are all-reduced in buckets of this many MiB (on GPUs, overlapping the backward "
      "pass). Sharded gradients (train.shard_gradients) go a layer at a time instead."},
