@@ -184,7 +184,7 @@ typedef struct model {
      * [16 + 256]), and the workspace one dequantized projection weight is
      * written to (act_dt, the largest projection) */
     tensor_t nf4_maps, nf4_work;
-    /* captured micro-batches (model_opts.graphs, model_graph.c): the
+    /* captured micro-batches (model_opts.graphs, model_step.c): the
      * graphs kept, and how many micro-batches replayed one, were captured,
      * ran eagerly; graph_ops: the ops (kernel launches, copies) of the last
      * capture; graph_off: why graphs were turned off ("" while on) */

@@ -4,20 +4,10 @@
  * q, k, v and gate, up are one product each where their weights are fused
  * (layer_params.fused_w, trainer/model.h), one per projection elsewhere. */
 #define _POSIX_C_SOURCE 200809L
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "model.h"
 #include "model_internal.h"
-
-#define RNG_TAG_DROPOUT 0x2001
-
-typedef struct step_ctx {
-    model_t *m;
-    const model_batch *b;
-    int rows;
-    int training; /* dropout on */
-} step_ctx;
 
 static tensor_t rows_of(tensor_t t, int rows, int64_t cols)
 {
@@ -564,7 +554,7 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
 }
 
 /* s->dres holds d(layer output) on entry and d(layer input) on return. */
-static void layer_backward(const step_ctx *c, int l)
+void model_graph_layer_backward(const step_ctx *c, int l)
 {
     model_t *m = c->m;
     const model_config_t *mc = &m->mc;
@@ -629,8 +619,8 @@ static void layer_backward(const step_ctx *c, int l)
 /* Final norm, LM head and loss, a chunk of rows at a time so the logits of
  * the whole batch never exist at once; with backward, the head's gradients
  * (the loss gradient scaled by s->gscale) and s->dres = d(final residual).
- * The token losses are left in s->loss (read_loss). */
-static void head(const step_ctx *c, int backward)
+ * The token losses are left in s->loss (model_step.c reads them). */
+void model_graph_head(const step_ctx *c, int backward)
 {
     model_t *m = c->m;
     model_scratch *s = MODEL_SCRATCH(m);
@@ -661,83 +651,8 @@ static void head(const step_ctx *c, int backward)
     }
 }
 
-/* Adds the micro-batch's summed token loss (s->loss) to *loss_sum. */
-static int read_loss(const step_ctx *c, double *loss_sum, sp_err *err)
-{
-    int rows = c->rows;
-    float *loss = malloc(sizeof(float) * (size_t)rows);
-    if (!loss)
-        return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
-    be_download(c->m->be, loss, DT_F32, tensor_view(MODEL_SCRATCH(c->m)->loss, 0, (size_t)rows));
-    double sum = 0.0;
-    for (int i = 0; i < rows; i++)
-        sum += loss[i];
-    free(loss);
-    *loss_sum += sum;
-    return 0;
-}
-
-static int check_batch(model_t *m, const model_batch *b, sp_err *err)
-{
-    if (b->B < 1 || b->B > m->o.max_batch || b->T < 1 || b->T > m->o.seq_len)
-        return sp_fail(err, SP_EXIT_OTHER,
-                       "micro-batch %dx%d exceeds the model's activations (%lldx%lld)", b->B,
-                       b->T, (long long)m->o.max_batch, (long long)m->o.seq_len);
-    size_t n = (size_t)b->B * (size_t)b->T;
-    for (size_t i = 0; i < n; i++)
-        if (b->inputs[i] < 0 || b->inputs[i] >= m->mc.vocab || b->targets[i] >= m->mc.vocab)
-            return sp_fail(err, SP_EXIT_INPUT, "token id %d at position %zu is outside the "
-                                               "vocabulary (%lld)",
-                           b->inputs[i] < 0 || b->inputs[i] >= m->mc.vocab ? b->inputs[i]
-                                                                             : b->targets[i],
-                           i, (long long)m->mc.vocab);
-    /* packed documents: the data layer's promise, checked (an out-of-range
-     * position or segment would silently attend or rotate wrongly) */
-    for (size_t i = 0; i < n && (b->pos || b->seg); i++) {
-        int t = (int)(i % (size_t)b->T);
-        if ((b->pos && (b->pos[i] < 0 || b->pos[i] > t)) ||
-            (b->seg && (b->seg[i] < 0 || b->seg[i] > t)))
-            return sp_fail(err, SP_EXIT_OTHER,
-                           "packed batch: position %d or document start %d at row position %d "
-                           "is out of range",
-                           b->pos ? b->pos[i] : 0, b->seg ? b->seg[i] : 0, t);
-    }
-    return 0;
-}
-
-/* The micro-batch's host values into device memory, where its launches
- * read them: tokens, targets, packed positions and document starts, and in
- * training the windows' dropout seeds and the loss gradient's scale. */
-static int stage(const step_ctx *c, sp_err *err)
-{
-    model_t *m = c->m;
-    model_scratch *s = MODEL_SCRATCH(m);
-    size_t n = (size_t)c->rows;
-    if (check_batch(m, c->b, err))
-        return err->code;
-    be_upload(m->be, tensor_view(s->tokens, 0, n), c->b->inputs, DT_I32);
-    be_upload(m->be, tensor_view(s->targets, 0, n), c->b->targets, DT_I32);
-    if (c->b->pos)
-        be_upload(m->be, tensor_view(s->pos, 0, n), c->b->pos, DT_I32);
-    if (c->b->seg)
-        be_upload(m->be, tensor_view(s->seg, 0, n), c->b->seg, DT_I32);
-    if (!c->training)
-        return 0;
-    if (dropping(c)) {
-        uint64_t *seeds = malloc(sizeof *seeds * (size_t)c->b->B);
-        if (!seeds)
-            return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
-        uint64_t stream = sp_rng_stream(m->o.seed, RNG_TAG_DROPOUT);
-        for (int w = 0; w < c->b->B; w++)
-            seeds[w] = sp_rng_stream(stream, c->b->sample_ids[w]);
-        be_upload(m->be, tensor_view(s->seeds, 0, 2 * (size_t)c->b->B), seeds, DT_I32);
-        free(seeds);
-    }
-    be_upload(m->be, s->gscale, &c->b->grad_scale, DT_F32);
-    return 0;
-}
-
-static void forward(const step_ctx *c)
+/* The embedding and every layer: the final residual in s->x_final. */
+void model_graph_forward(const step_ctx *c)
 {
     model_t *m = c->m;
     model_scratch *s = MODEL_SCRATCH(m);
@@ -745,192 +660,4 @@ static void forward(const step_ctx *c)
     int L = (int)m->mc.layers;
     for (int l = 0; l < L; l++)
         layer_forward(c, l, l + 1 < L ? m->acts[l + 1].x : s->x_final);
-}
-
-static void grads_ready(model_t *m, const model_batch *b, size_t upto)
-{
-    if ((b->last || m->shard_grads) && m->grads_ready && upto > 0)
-        m->grads_ready(m->grads_ready_ctx, upto);
-}
-
-/* Every launch of a training micro-batch, from its staged inputs to its
- * gradients; the reductions of finished gradients begin in between
- * (grads_ready) on the step's last micro-batch. */
-static void launch_step(const step_ctx *c)
-{
-    model_t *m = c->m;
-    const model_batch *b = c->b;
-    forward(c);
-    head(c, 1);
-    grads_ready(m, b, m->ready_upto[0]);
-    for (int l = (int)m->mc.layers - 1; l >= 0; l--) {
-        layer_backward(c, l);
-        grads_ready(m, b, m->ready_upto[1 + l]);
-    }
-    if (m->embed->trainable)
-        be_embedding_backward(m->be, m->embed->grad, MODEL_SCRATCH(m)->dres,
-                              MODEL_SCRATCH(m)->tokens, c->rows, (int)m->mc.hidden);
-    grads_ready(m, b, m->n_trainable);
-}
-
-/* ---- captured micro-batches (model_opts.graphs) ------------------------------ */
-
-#define GRAPH_SLOTS 4
-
-/* The graphs kept (a handful: the micro-batch shapes of a run are few,
- * e.g. full and the last of an epoch), replaced in turn; seen: the digest
- * of the last micro-batch run eagerly, so a span is captured the second
- * time it comes (the first warms up what the backend sizes on first use). */
-typedef struct model_graphs {
-    be_graph *g[GRAPH_SLOTS];
-    int next;
-    uint64_t seen;
-    int have_seen;
-} model_graphs;
-
-void model_graphs_free(model_t *m)
-{
-    model_graphs *G = m->graphs;
-    if (!G)
-        return;
-    for (int i = 0; i < GRAPH_SLOTS; i++)
-        be_graph_free(m->be, G->g[i]);
-    free(G);
-    m->graphs = NULL;
-}
-
-static void graphs_off(model_t *m, const char *why)
-{
-    m->o.graphs = 0;
-    snprintf(m->graph_off, sizeof m->graph_off, "%s", why);
-    model_graphs_free(m);
-}
-
-/* launch_step as a captured span: traced dry first; a graph with the same
- * digest replays it, else it runs eagerly (first sight of a digest) or is
- * captured (second sight) and replayed. Whatever cannot be captured turns
- * graphs off for the run and runs eagerly. */
-static void launch_graphed(const step_ctx *c)
-{
-    model_t *m = c->m;
-    backend_t *be = m->be;
-    be_trace t;
-    be_trace_start(be, &t, 1);
-    launch_step(c);
-    be_trace_stop(be);
-    if (be->err.code) /* a refused op: reported by the caller */
-        return;
-    char why[256];
-    if (t.barriers) {
-        snprintf(why, sizeof why, "a micro-batch holds %zu call(s) a graph cannot, the first: %s",
-                 t.barriers, t.first_barrier);
-        graphs_off(m, why);
-        m->graph_eager++;
-        launch_step(c);
-        return;
-    }
-    if (!m->graphs && !(m->graphs = calloc(1, sizeof *m->graphs))) {
-        m->graph_eager++;
-        launch_step(c);
-        return;
-    }
-    model_graphs *G = m->graphs;
-    for (int i = 0; i < GRAPH_SLOTS; i++) {
-        if (!G->g[i] || G->g[i]->digest != t.digest)
-            continue;
-        int rc = be_graph_launch(be, G->g[i]);
-        if (rc <= 0) {
-            m->graph_replays += rc == 0;
-            return;
-        }
-        be_graph_free(be, G->g[i]); /* stale: captured again below */
-        G->g[i] = NULL;
-        G->have_seen = 1;
-        G->seen = t.digest;
-        break;
-    }
-    if (!G->have_seen || G->seen != t.digest) {
-        G->have_seen = 1;
-        G->seen = t.digest;
-        m->graph_eager++;
-        launch_step(c);
-        return;
-    }
-    if (be_graph_begin(be))
-        return; /* the sticky error says why */
-    launch_step(c);
-    be_graph *g = be_graph_end(be, why, sizeof why);
-    if (g && g->digest != t.digest) { /* the host code launched something else */
-        snprintf(why, sizeof why, "a micro-batch launched differently when captured "
-                                  "(%zu ops traced, %zu captured)", t.ops, g->ops);
-        be_graph_free(be, g);
-        g = NULL;
-    }
-    if (!g) {
-        char off[300];
-        snprintf(off, sizeof off, "capture failed: %s", why);
-        graphs_off(m, off);
-        m->graph_eager++;
-        launch_step(c);
-        return;
-    }
-    be_graph_free(be, G->g[G->next]);
-    G->g[G->next] = g;
-    G->next = (G->next + 1) % GRAPH_SLOTS;
-    m->graph_captures++;
-    m->graph_ops = g->ops;
-    if (be_graph_launch(be, g) == 0)
-        m->graph_replays++;
-}
-
-int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
-{
-    step_ctx c = {m, b, b->B * b->T, 1};
-    if (m->shard_grads && !m->grads_ready)
-        return sp_fail(err, SP_EXIT_OTHER,
-                       "the gradients are sharded but nothing reduces them: call "
-                       "grad_sync_begin before the backward");
-    if (stage(&c, err))
-        return err->code;
-    /* eager: a profiled step, or reductions started during the backward */
-    int reduces = m->grads_ready && (b->last || m->shard_grads);
-    if (m->o.graphs && !m->be->prof && !reduces)
-        launch_graphed(&c);
-    else
-        launch_step(&c);
-    if (be_check(m->be, err) || read_loss(&c, loss_sum, err))
-        return err->code;
-    return be_check(m->be, err);
-}
-
-int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
-{
-    step_ctx c = {m, b, b->B * b->T, 0};
-    if (stage(&c, err))
-        return err->code;
-    forward(&c);
-    head(&c, 0);
-    if (be_check(m->be, err) || read_loss(&c, loss_sum, err))
-        return err->code;
-    return be_check(m->be, err);
-}
-
-int model_forward_logits(model_t *m, const model_batch *b, float *logits, sp_err *err)
-{
-    step_ctx c = {m, b, b->B * b->T, 0};
-    model_scratch *s = MODEL_SCRATCH(m);
-    int H = (int)m->mc.hidden, V = (int)m->mc.vocab;
-    if (stage(&c, err))
-        return err->code;
-    forward(&c);
-    be_rmsnorm_forward(m->be, s->hf, s->rstd_f, s->x_final, m->final_norm->w, c.rows, H,
-                       (float)m->mc.rms_eps);
-    for (int r0 = 0; r0 < c.rows; r0 += (int)s->chunk_rows) {
-        int cr = c.rows - r0 < (int)s->chunk_rows ? c.rows - r0 : (int)s->chunk_rows;
-        tensor_t out = tensor_view(s->logits, 0, (size_t)cr * (size_t)V);
-        be_matmul(m->be, out, tensor_view(s->hf, (size_t)r0 * H, (size_t)cr * H),
-                  m->lm_head->w, cr, V, H, 0, 1, 1.0f, 0.0f);
-        be_download(m->be, logits + (size_t)r0 * V, DT_F32, out);
-    }
-    return be_check(m->be, err);
 }

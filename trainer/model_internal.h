@@ -1,6 +1,7 @@
-/* trainer/model_internal.h — private to model.c, model_alloc.c and
- * model_graph.c: the activation and scratch buffers of the model, and the
- * steps of model_create that model_alloc.c implements. */
+/* trainer/model_internal.h — private to model.c, model_alloc.c,
+ * model_graph.c and model_step.c: the activation and scratch buffers of the
+ * model, the steps of model_create that model_alloc.c implements, and what
+ * model_step.c asks of model_graph.c. */
 #ifndef SPOTUNE_MODEL_INTERNAL_H
 #define SPOTUNE_MODEL_INTERNAL_H
 
@@ -59,8 +60,22 @@ int model_layout_arenas(model_t *m, sp_err *err);
 int model_layout_segments(model_t *m, sp_err *err);
 void model_alloc_params(model_t *m);
 void model_alloc_activations(model_t *m);
-/* model_graph.c: releases the captured micro-batches. */
+/* model_step.c: releases the captured micro-batches. */
 void model_graphs_free(model_t *m);
+
+/* A micro-batch being run (model_step.c) and what model_graph.c computes of
+ * it: the forward (the final residual in s->x_final), the head (final norm,
+ * LM head, loss; with backward, their gradients and s->dres), a layer's
+ * backward. rows = B * T; training: LoRA dropout on. */
+typedef struct step_ctx {
+    model_t *m;
+    const model_batch *b;
+    int rows;
+    int training;
+} step_ctx;
+void model_graph_forward(const step_ctx *c);
+void model_graph_head(const step_ctx *c, int backward);
+void model_graph_layer_backward(const step_ctx *c, int l);
 /* Whether p's compute copy is a view into a fused weight (not freed alone). */
 int model_fused_view(const model_t *m, const param_t *p);
 
