@@ -37,7 +37,8 @@ static void train(const char *backend, const graphs_case *rc, int graphs, run_ou
     mc.layers = 2;
     model_opts o = {.mode = rc->mode, .lora_r = 4, .lora_alpha = 8, .lora_dropout = rc->dropout,
                     .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = NB, .seq_len = NT,
-                    .recompute = rc->recompute, .seed = 11, .graphs = graphs};
+                    .recompute = rc->recompute, .seed = 11, .graphs = graphs,
+                    .dora = rc->dora, .nf4 = rc->nf4};
     model_t *m;
     cr_assert_eq(model_create(&m, be, &mc, &o, &err), 0, "%s", err.msg);
     model_init_base_random(m, 3);

@@ -20,6 +20,8 @@ typedef struct graphs_case {
     int recompute; /* RECOMPUTE_* */
     int packed;    /* packed documents whose boundaries move every step */
     int odd_last;  /* the last micro-batch of step 4 has one window */
+    int dora;      /* DoRA (LoRA mode) */
+    int nf4;       /* QLoRA: the projections NF4 (LoRA mode; the CPU backends) */
 } graphs_case;
 
 void graphs_same_as_eager(const char *backend, const graphs_case *gc, const char *what,

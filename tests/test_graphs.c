@@ -9,8 +9,9 @@
  *    launch; a barrier inside a capture fails it with the barrier's name
  *    and leaves the sticky error clean;
  *  - training with model_opts.graphs (runtime.cuda_graphs) gives the same
- *    bits as without, every step: LoRA with dropout, full fine-tuning,
- *    packed documents, recomputation, gradient accumulation, a token count
+ *    bits as without, every step: LoRA with dropout, DoRA, QLoRA (NF4
+ *    weights dequantized in the step), full fine-tuning, packed documents,
+ *    recomputation, gradient accumulation, a token count
  *    (the loss gradient's scale) that changes every step, and a micro-batch
  *    of another shape; and it does replay: every micro-batch of the usual
  *    shape after the second replays one graph.
@@ -199,6 +200,18 @@ Test(graphs, full_fine_tuning_with_recompute_and_a_shorter_micro_batch_replays_b
 {
     graphs_case rc = {.mode = MODE_FULL, .recompute = RECOMPUTE_LAYER, .odd_last = 1};
     graphs_same_as_eager("cpu", &rc, "full recompute odd", 1);
+}
+
+Test(graphs, dora_with_dropout_replays_bit_for_bit)
+{
+    graphs_case rc = {.mode = MODE_LORA, .dropout = 0.1, .dora = 1, .packed = 1};
+    graphs_same_as_eager("cpu", &rc, "dora dropout packed", 1);
+}
+
+Test(graphs, qlora_replays_bit_for_bit)
+{
+    graphs_case rc = {.mode = MODE_LORA, .dropout = 0.05, .nf4 = 1, .odd_last = 1};
+    graphs_same_as_eager("cpu", &rc, "qlora dropout odd", 1);
 }
 
 Test(graphs, lora_with_attention_recompute_replays_bit_for_bit)
