@@ -226,8 +226,10 @@ void model_destroy(model_t *m)
             free_if_owned(be, &m->params[i].q_nested, NULL);
         }
     for (int l = 0; m->layers && l < m->mc.layers; l++)
-        for (int g = 0; g < FUSE_COUNT; g++)
+        for (int g = 0; g < FUSE_COUNT; g++) {
             free_if_owned(be, &m->layers[l].fused_w[g], NULL);
+            free_if_owned(be, &m->layers[l].fused_b[g], NULL);
+        }
     free_if_owned(be, &m->nf4_maps, NULL);
     free_if_owned(be, &m->nf4_work, NULL);
     tensor_t *arenas[] = {&m->master, &m->grad,       &m->adam_m,       &m->adam_v,

@@ -54,8 +54,13 @@ typedef struct layer_params {
     param_t *lora_a[PROJ_COUNT], *lora_b[PROJ_COUNT]; /* NULL: not a target */
     param_t *lora_m[PROJ_COUNT];                      /* NULL: not a target or no DoRA */
     /* the concatenated weight [sum of the outs, in] of each fused group
-     * (act_dt); p == NULL: that group's products are made one by one */
-    tensor_t fused_w[FUSE_COUNT];
+     * (act_dt); p == NULL: that group's products are made one by one.
+     * fused_b: the group's biases concatenated the same way [sum of the
+     * outs] (each projection's b->w a view; zeros for a projection without
+     * one), so one add_bias serves the group's product; p == NULL when no
+     * projection of the group has a bias. Fused groups train LoRA only, so
+     * these weights and biases are frozen. */
+    tensor_t fused_w[FUSE_COUNT], fused_b[FUSE_COUNT];
 } layer_params;
 
 typedef struct model_opts {

@@ -413,7 +413,8 @@ static int fuse_on(const model_t *m)
     return fuse_on_opts(&m->o);
 }
 
-/* The fused groups' concatenated weights, each projection's w a view. */
+/* The fused groups' concatenated weights and biases, each projection's w
+ * and b views. */
 static void alloc_fused(model_t *m)
 {
     if (!fuse_on(m))
@@ -434,15 +435,35 @@ static void alloc_fused(model_t *m)
                 L->w[p]->w = tensor_view(L->fused_w[g], off, L->w[p]->n);
                 off += L->w[p]->n;
             }
+            size_t nb = 0;
+            int biased = 0;
+            for (int p = first; p < first + count; p++) {
+                nb += (size_t)L->w[p]->shape[0];
+                biased |= L->b[p] != NULL;
+            }
+            if (!biased)
+                continue;
+            L->fused_b[g] = be_alloc(m->be, m->be->act_dt, nb); /* zeros where no bias */
+            if (m->be->err.code)
+                return;
+            m->bytes_weights += nb * dtype_size(m->be->act_dt);
+            for (size_t off = 0, p = (size_t)first; p < (size_t)(first + count); p++) {
+                if (L->b[p])
+                    L->b[p]->w = tensor_view(L->fused_b[g], off, L->b[p]->n);
+                off += (size_t)L->w[p]->shape[0];
+            }
         }
 }
 
-/* p's weight is a view into a fused group's (freed with the group). */
+/* p's weight or bias is a view into a fused group's (freed with the group). */
 int model_fused_view(const model_t *m, const param_t *p)
 {
-    if (p->kind != PK_WEIGHT || p->layer < 0 || p->proj == PROJ_O || p->proj == PROJ_DOWN)
+    if ((p->kind != PK_WEIGHT && p->kind != PK_BIAS) || p->layer < 0 || p->proj == PROJ_O ||
+        p->proj == PROJ_DOWN)
         return 0;
-    return m->layers[p->layer].fused_w[p->proj < PROJ_O ? FUSE_QKV : FUSE_GATE_UP].p != NULL;
+    const layer_params *L = &m->layers[p->layer];
+    int g = p->proj < PROJ_O ? FUSE_QKV : FUSE_GATE_UP;
+    return (p->kind == PK_WEIGHT ? L->fused_w[g] : L->fused_b[g]).p != NULL;
 }
 
 /* Sharded gradients: the bucket buffers the backward writes into (each

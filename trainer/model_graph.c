@@ -117,17 +117,18 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
 }
 
 /* y += b + scale * (drop(x) A^T) B^T: what a projection adds to its base
- * product (its bias, its LoRA branch); y has row stride y_ld (a column
- * block of a strided fused product's, which has no bias: fused_strided). xr.p: the
+ * product (its bias when bias is set, its LoRA branch); y has row stride
+ * y_ld (a column block of a strided fused product's, whose biases were
+ * added to the whole product: fused_forward). xr.p: the
  * branch's xr is already made, stored with row stride ld (a block of a
  * batched group's). */
 static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, int y_ld, tensor_t x,
-                          tensor_t xr, int ld)
+                          tensor_t xr, int ld, int bias)
 {
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
     int r = (int)m->o.lora_r;
-    if (j.L->b[p])
+    if (bias && j.L->b[p])
         be_add_bias(m->be, y, j.L->b[p]->w, c->rows, j.out);
     if (j.L->lora_a[p]) {
         be_prof_lora(m->be, 1);
@@ -228,7 +229,7 @@ static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t
     }
     be_matmul_into(m->be, y, x, model_weight(m, j.L->w[p]), res.p ? res : y, c->rows, j.out, j.in,
                    0, 1, 1.0f, res.p ? 1.0f : 0.0f);
-    linear_extras(c, l, p, y, j.out, x, no_tensor(), 0);
+    linear_extras(c, l, p, y, j.out, x, no_tensor(), 0, 1);
 }
 
 /* The LoRA path's gradients given dy (row stride dy_ld): those of A and B,
@@ -341,9 +342,11 @@ static int fused_width(const model_t *m, int g)
  * - q/k/v: the product goes to s->bwd, and RoPE rotates q and k out of it
  *   into their own memory (v is copied); the backward's RoPE rotates dq and
  *   dk into the memory of q, k, v, dead by then, beside a copy of dv
- *   (qkv_split, qkv_join). Not with a bias on q, k or v (add_bias takes no
- *   row stride): then copies split and join, and RoPE runs in place.
- * Fused groups have no DoRA (model_alloc.c fuse_on). */
+ *   (qkv_split, qkv_join). Biases on q, k, v (Qwen2) are one add over the
+ *   whole product (layer_params.fused_b).
+ * Fused groups have no DoRA (model_alloc.c fuse_on), and their biases are
+ * frozen (LoRA), so the backward has no bias gradient to take from the
+ * strided blocks. */
 static int fused_strided(const model_t *m, int l, int g)
 {
     const layer_params *L = &m->layers[l];
@@ -351,7 +354,7 @@ static int fused_strided(const model_t *m, int l, int g)
         return 0;
     if (g == FUSE_GATE_UP)
         return MODEL_SCRATCH(m)->gate_up_in_place;
-    return !L->b[PROJ_Q] && !L->b[PROJ_K] && !L->b[PROJ_V];
+    return (!L->b[PROJ_Q] && !L->b[PROJ_K] && !L->b[PROJ_V]) || L->fused_b[g].p;
 }
 
 /* Layer l's gate and up activations and their row stride (see
@@ -385,6 +388,8 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
     tensor_t xr = no_tensor();
     int r = (int)m->o.lora_r, batched = lora_batched(c, l, g);
     be_matmul(m->be, cat, x, m->layers[l].fused_w[g], c->rows, N, in, 0, 1, 1.0f, 0.0f);
+    if (strided && m->layers[l].fused_b[g].p) /* the group's biases, one add */
+        be_add_bias(m->be, cat, m->layers[l].fused_b[g], c->rows, N);
     if (batched) {
         be_prof_lora(m->be, 1);
         xr = rows_of(m->acts[l].xr_cat[g], c->rows, count * r);
@@ -398,7 +403,7 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
         if (!strided)
             be_copy2d(m->be, ys[i], from_col(cat, col), c->rows, out, out, N);
         linear_extras(c, l, first + i, y, strided ? N : out, x,
-                      batched ? from_col(xr, i * r) : no_tensor(), count * r);
+                      batched ? from_col(xr, i * r) : no_tensor(), count * r, !strided);
         col += out;
     }
 }
