@@ -113,8 +113,26 @@ static void write_shard(ckpt_writer *w, char *dir, ckpt_shard *sh)
     int64_t step = sh->step;
     ckpt_shard_free(sh);
     pthread_mutex_lock(&w->mu);
+    /* an older kept shard is superseded once a newer one is written (put or
+     * kept): only the last is ever tried again, so on a machine that keeps
+     * nothing (drop) it goes, and a long store outage holds one shard of
+     * this rank on disk, not one per checkpoint */
+    char *stale = NULL;
+    ckpt_shard_info stale_info = w->kept_info;
+    if (w->kept_dir && !err.code) {
+        if (w->drop_shards)
+            stale = w->kept_dir;
+        else
+            free(w->kept_dir);
+        w->kept_dir = NULL;
+    }
+    if (stale) { /* before the job counts as done */
+        pthread_mutex_unlock(&w->mu);
+        drop_shard(stale, stale_info.name);
+        free(stale);
+        pthread_mutex_lock(&w->mu);
+    }
     if (kept) { /* ckpt_writer_put_kept may try it again */
-        free(w->kept_dir);
         w->kept_dir = dir, w->kept_info = info, w->kept_step = step;
     } else {
         free(dir);

@@ -35,7 +35,9 @@ int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, do
 void ckpt_writer_set_store(ckpt_writer *w, store_t *st, double put_deadline_s);
 /* drop: once its upload is done (or the write failed) the shard file is
  * removed, and the directory with it once empty; a shard whose upload
- * failed for good stays (the store does not hold it). For the ranks of a
+ * failed for good stays (the store does not hold it) until a newer shard of
+ * this rank is written, put or kept in its turn: one kept shard at most, so
+ * a long store outage does not fill the disk. For the ranks of a
  * machine other than rank 0's that does not share run.dir: there the store
  * is the only copy a resume reads, and the disk keeps nothing. */
 void ckpt_writer_drop_shards(ckpt_writer *w, int drop);

@@ -481,6 +481,62 @@ Test(ckpt, a_kept_shard_is_put_at_the_runs_end_once_the_store_is_back)
     shard_put(0.5, 1.0, 1, 1);
 }
 
+/* A long store outage on a machine that keeps no shards (drop): a shard kept
+ * after its put failed for good is removed once the rank's next shard is
+ * written, kept in its turn or put; the disk holds one kept shard at most. */
+Test(ckpt, a_newer_shard_supersedes_a_kept_one)
+{
+    char *store_dir = sp_strf("%s/store-outage", dir);
+    cr_assert_eq(mkdir(store_dir, 0755), 0);
+    const int steps[3] = {5, 6, 7};
+    char *tmp[3];
+    for (int i = 0; i < 3; i++) {
+        tmp[i] = sp_strf("%s/.tmp-outage-%d", dir, steps[i]);
+        cr_assert_eq(mkdir(tmp[i], 0755), 0);
+    }
+    for (int i = 0; i < 2; i++) { /* steps 5 and 6: a file where the step's directory goes */
+        FILE *f = fopen(tu_fmt("%s/step-%08d", store_dir, steps[i]), "w");
+        cr_assert(f);
+        fclose(f);
+    }
+    store_t *st;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&st, tu_fmt("file://%s", store_dir), NULL, &err), 0, "%s", err.msg);
+    ckpt_writer *w;
+    cr_assert_eq(ckpt_writer_start(&w, dir, NULL, NULL, &err), 0, "%s", err.msg);
+    ckpt_writer_set_store(w, st, 0.3);
+    ckpt_writer_drop_shards(w, 1);
+    char name[64];
+    ckpt_shard_name(name, sizeof name, 0, 1);
+    struct stat sb;
+    for (int i = 0; i < 3; i++) {
+        ckpt_shard sh = {.step = steps[i], .rank = 0, .count = 1, .lo = 0, .hi = 64};
+        for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
+            sh.data[g] = malloc(sizeof(float) * 64);
+            for (int e = 0; e < 64; e++)
+                sh.data[g][e] = (float)(steps[i] * 1000 + g * 100 + e);
+        }
+        double waited;
+        /* waits for the previous shard's job, its put's retries included */
+        cr_assert_eq(ckpt_writer_submit_shard(w, tmp[i], &sh, &waited, &err), 0, "%s", err.msg);
+        if (i == 2) { /* step 6's job done: step 6 kept, step 5 gone with its directory */
+            cr_expect(stat(tu_fmt("%s/%s", tmp[1], name), &sb) == 0,
+                      "step 6's kept shard is not on disk");
+            cr_expect(stat(tu_fmt("%s/%s", tmp[0], name), &sb) != 0 && stat(tmp[0], &sb) != 0,
+                      "step 5's kept shard stayed after step 6's was written");
+        }
+    }
+    ckpt_writer_stop(w);
+    for (int i = 0; i < 3; i++)
+        cr_expect(stat(tu_fmt("%s/%s", tmp[i], name), &sb) != 0,
+                  "step %d's shard is still on disk", steps[i]);
+    cr_expect(stat(tu_fmt("%s/step-00000007/%s", store_dir, name), &sb) == 0,
+              "step 7's shard is not in the store");
+    for (int i = 0; i < 3; i++)
+        free(tmp[i]);
+    free(store_dir);
+}
+
 /* In a process of its own that starts as spotune's main does: a 2 MiB state
  * written to a 1 MiB tmpfs, the snapshot understating its size so that the
  * check of free space beforehand lets it through and HDF5 meets the full disk
