@@ -220,8 +220,13 @@ static void launch_graphed(const step_ctx *c)
     G->next = (G->next + 1) % GRAPH_SLOTS;
     m->graph_captures++;
     m->graph_ops = g->ops;
-    if (be_graph_launch(be, g) == 0)
+    int rc = be_graph_launch(be, g);
+    if (rc == 0) {
         m->graph_replays++;
+    } else if (rc == 1) { /* stale already: nothing of the micro-batch has run */
+        m->graph_eager++;
+        launch_step(c);
+    }
 }
 
 int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
