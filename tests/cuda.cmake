@@ -9,7 +9,7 @@
 # each prints "skipped: no usable CUDA device: " and the CUDA error, and
 # exits 77, which ctest counts as skipped.
 spotune_test(test_cuda_ops SOURCES test_cuda_ops.c test_cuda_ops_weights.c cuda_ops_util.c
-  op_checks.c
+  op_checks.c op_specs.c op_replay.c
   LIBS spotune_kernels LABELS cuda)
 spotune_test(test_cuda_elementwise SOURCES test_cuda_elementwise.c cuda_ops_util.c
   LIBS spotune_kernels LABELS cuda)
