@@ -398,6 +398,19 @@ Test(ckpt, background_writer_commits_each_snapshot)
  * drop_shards the local file is removed only then. With a deadline already
  * spent the failure is final and the local shard stays; put_kept: then the
  * run's end tries it again. */
+/* Rank 0's only shard of step: 64 elements of each group, values of the step. */
+static ckpt_shard one_shard(int64_t step)
+{
+    ckpt_shard sh = {.step = step, .rank = 0, .count = 1, .lo = 0, .hi = 64};
+    for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
+        sh.data[g] = malloc(sizeof(float) * 64);
+        cr_assert(sh.data[g]);
+        for (int e = 0; e < 64; e++)
+            sh.data[g][e] = (float)(step * 1000 + g * 100 + e);
+    }
+    return sh;
+}
+
 static void shard_put(double deadline_s, double unblock_after_s, int expect_in_store,
                       int put_kept)
 {
@@ -415,12 +428,7 @@ static void shard_put(double deadline_s, double unblock_after_s, int expect_in_s
     cr_assert_eq(ckpt_writer_start(&w, dir, NULL, NULL, &err), 0, "%s", err.msg);
     ckpt_writer_set_store(w, st, deadline_s);
     ckpt_writer_drop_shards(w, 1);
-    ckpt_shard sh = {.step = 5, .rank = 0, .count = 1, .lo = 0, .hi = 64};
-    for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
-        sh.data[g] = malloc(sizeof(float) * 64);
-        for (int e = 0; e < 64; e++)
-            sh.data[g][e] = (float)(g * 100 + e);
-    }
+    ckpt_shard sh = one_shard(5);
     double waited;
     double t0 = sp_now();
     cr_assert_eq(ckpt_writer_submit_shard(w, tmp, &sh, &waited, &err), 0, "%s", err.msg);
@@ -510,12 +518,7 @@ Test(ckpt, a_newer_shard_supersedes_a_kept_one)
     ckpt_shard_name(name, sizeof name, 0, 1);
     struct stat sb;
     for (int i = 0; i < 3; i++) {
-        ckpt_shard sh = {.step = steps[i], .rank = 0, .count = 1, .lo = 0, .hi = 64};
-        for (int g = 0; g < CKPT_SHARD_GROUPS; g++) {
-            sh.data[g] = malloc(sizeof(float) * 64);
-            for (int e = 0; e < 64; e++)
-                sh.data[g][e] = (float)(steps[i] * 1000 + g * 100 + e);
-        }
+        ckpt_shard sh = one_shard(steps[i]);
         double waited;
         /* waits for the previous shard's job, its put's retries included */
         cr_assert_eq(ckpt_writer_submit_shard(w, tmp[i], &sh, &waited, &err), 0, "%s", err.msg);
