@@ -80,13 +80,13 @@ void be_trace_barrier(backend_t *be, const char *what, const char *file, int lin
 #define BE_TR_16(be, a, ...) (BE_TR_ARG(be, a), BE_TR_15(be, __VA_ARGS__))
 #define BE_TR_ALL(be, ...) BE_TR_CAT(BE_TR_, BE_TR_N(__VA_ARGS__))(be, __VA_ARGS__)
 
-/* Runs be->ops->name(be, args...) unless the call was refused (bad) or a
- * trace that does not run ops is being taken; traced either way. The
- * arguments are the op's own, in its order: the recorded list replays them
- * so (backend_trace.c, be_trace_replay). */
-#define BE_DISPATCH(bad, be, name, ...)                                                          \
+/* Runs be->ops->name(be, args...) unless skip (the call was refused, or
+ * has nothing to do) or a trace that does not run ops is being taken;
+ * traced unless skipped. The arguments are the op's own, in its order: the
+ * recorded list replays them so (backend_trace.c, replay_one). */
+#define BE_DISPATCH(skip, be, name, ...)                                                         \
     do {                                                                                          \
-        if (!(bad) && (!(be)->trace || (be_trace_op(be, OP_##name), BE_TR_ALL(be, __VA_ARGS__),   \
+        if (!(skip) && (!(be)->trace || (be_trace_op(be, OP_##name), BE_TR_ALL(be, __VA_ARGS__),  \
                                         be_trace_runs(be))))                                      \
             (be)->ops->name((be), __VA_ARGS__);                                                   \
     } while (0)
