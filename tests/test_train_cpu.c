@@ -178,6 +178,13 @@ Test(train, cuda_graphs_replay_and_change_nothing)
                              "%s/adapter/adapter_model.safetensors",
                        run_a, run_b),
                  0, "adapters differ");
+    /* bad values: the bench flag and the key, named */
+    cr_expect_eq(tu_spotune(&out, "bench --cuda-graphs maybe --plan 1"), 2);
+    cr_expect(tu_contains(out, "--cuda-graphs must be on or off"), "%s", out);
+    free(out);
+    cr_expect_eq(train(&out, "--set runtime.cuda_graphs=maybe"), 2);
+    cr_expect(tu_contains(out, "runtime.cuda_graphs"), "%s", out);
+    free(out);
 }
 
 Test(train, micro_batch_times_grad_accum_splits_agree)
