@@ -3,6 +3,7 @@
 #define _GNU_SOURCE /* readlink */
 #include "backend_trace.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,15 @@
 #include <pthread.h>
 #include <unistd.h>
 #endif
+
+void adamw_hyper(const adamw_args *a, float hyper[3])
+{
+    double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
+    double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
+    hyper[0] = a->lr;
+    hyper[1] = (float)(a->lr / bc1);
+    hyper[2] = (float)sqrt(bc2);
+}
 
 size_t dtype_size(dtype_t dt)
 {

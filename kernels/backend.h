@@ -45,7 +45,38 @@ typedef struct adamw_args {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale; /* gradients are multiplied by this first (clipping) */
     int64_t step;     /* 1-based, for bias correction */
+    /* Optional (both or neither), for an update launched without the host
+     * reading the gradient norm first, the same every step (so a captured
+     * span can hold it):
+     *  - hyper: F32 [3] in device memory, adamw_hyper()'s values (the
+     *    learning rate and the bias corrections), in place of lr and step;
+     *  - sumsq: the gradient's sum of squares, a double in device memory
+     *    (F32 [2], 8-byte aligned; be_sumsq_into writes it), in place of
+     *    grad_scale: the scale is adamw_clip_scale(sqrt(sumsq), max_norm),
+     *    and when the sum is not finite nothing is updated. */
+    tensor_t hyper, sumsq;
+    double max_norm;
 } adamw_args;
+
+/* hyper's values for a's lr and step: {lr, lr / (1 - beta1^step),
+ * sqrt(1 - beta2^step)}, as every backend's AdamW derives them. */
+void adamw_hyper(const adamw_args *a, float hyper[3]);
+
+#ifdef __CUDACC__
+#define BE_HOST_DEVICE __host__ __device__
+#else
+#define BE_HOST_DEVICE
+#endif
+/* Gradient clipping (train.clip_grad_norm): the factor the gradient is
+ * multiplied by, 1 when max_norm <= 0 or the norm is within it (a NaN norm
+ * included: the caller tests it), else max_norm / (norm + 1e-6). On the host
+ * and in kernels, so both give the same bits. */
+static inline BE_HOST_DEVICE double adamw_clip_scale(double norm, double max_norm)
+{
+    if (max_norm <= 0 || !(norm > max_norm))
+        return 1.0;
+    return max_norm / (norm + 1e-6);
+}
 
 typedef struct backend backend_t;
 
@@ -179,6 +210,9 @@ typedef struct backend_ops {
     /* sum of squares of x (F32) in double, returned to the host (synchronous);
      * deterministic: does not depend on the number of threads */
     double (*sumsq)(backend_t *be, tensor_t x, size_t n);
+    /* the same sum written to device memory (out: F32 [2] holding a double,
+     * 8-byte aligned), in stream order: nothing waits for it */
+    void (*sumsq_into)(backend_t *be, tensor_t out, tensor_t x, size_t n);
 
     /* AdamW with decoupled decay on F32 params, grads, moments; when
      * param_copy.p != NULL it receives the updated params in its dtype. */
@@ -457,6 +491,8 @@ void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tens
                    float p, uint64_t seed, tensor_t seed_dev, uint64_t offset);
 /* 0.0 when the call is refused */
 double be_sumsq_at(const char *file, int line, backend_t *be, tensor_t x, size_t n);
+void be_sumsq_into_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t x,
+                      size_t n);
 void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tensor_t param_copy,
                  tensor_t grad, tensor_t m, tensor_t v, size_t n, const adamw_args *a);
 void be_fill_uniform_at(const char *file, int line, backend_t *be, tensor_t x, size_t n, float lo,
@@ -501,6 +537,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_dequant_nf4(...) be_dequant_nf4_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_dropout(...) be_dropout_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_sumsq(...) be_sumsq_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_sumsq_into(...) be_sumsq_into_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_adamw(...) be_adamw_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_fill_uniform(...) be_fill_uniform_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_fill_normal(...) be_fill_normal_at(__FILE__, __LINE__, __VA_ARGS__)

@@ -122,6 +122,14 @@ static void optional_arg(call *c, const char *name, tensor_t t, size_t need, con
         tensor_arg(c, name, t, need, shape, takes);
 }
 
+/* A double in device memory: F32 [2], 8-byte aligned. */
+static void sum_arg(call *c, const char *name, tensor_t t)
+{
+    tensor_arg(c, name, t, 2, "2 (a double)", TAKES_F32);
+    if (!c->bad && (uintptr_t)t.p % 8)
+        refuse(c, "%s is not 8-byte aligned", name);
+}
+
 /* Tensors that must share one dtype (names: theirs, for the message). */
 static void same_dtype(call *c, const char *const *names, const tensor_t *ts, int n,
                        const char *group)
@@ -673,6 +681,15 @@ double be_sumsq_at(const char *file, int line, backend_t *be, tensor_t x, size_t
     return c.bad ? 0.0 : be->ops->sumsq(be, x, n);
 }
 
+void be_sumsq_into_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t x,
+                      size_t n)
+{
+    call c = begin(be, "sumsq_into", file, line);
+    sum_arg(&c, "out", out);
+    tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
+    BE_DISPATCH(c.bad, be, sumsq_into, out, x, n);
+}
+
 void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tensor_t param_copy,
                  tensor_t grad, tensor_t m, tensor_t v, size_t n, const adamw_args *a)
 {
@@ -684,6 +701,10 @@ void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tens
     tensor_arg(&c, "v", v, n, "n", TAKES_F32);
     if (!c.bad && !a)
         refuse(&c, "a (the hyperparameters) is NULL");
+    if (!c.bad && (a->hyper.p || a->sumsq.p)) { /* both or neither */
+        tensor_arg(&c, "a->hyper", a->hyper, 3, "3 (lr and the bias corrections)", TAKES_F32);
+        sum_arg(&c, "a->sumsq", a->sumsq);
+    }
     BE_DISPATCH(c.bad, be, adamw, param, param_copy, grad, m, v, n, a);
 }
 

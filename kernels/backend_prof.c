@@ -56,7 +56,7 @@ void be_prof_op(backend_t *be, const char *op)
         g = BE_PROF_GEMM;
     else if (!strcmp(op, "attention_forward") || !strcmp(op, "attention_backward"))
         g = BE_PROF_ATTENTION;
-    else if (!strcmp(op, "adamw") || !strcmp(op, "sumsq"))
+    else if (!strcmp(op, "adamw") || !strcmp(op, "sumsq") || !strcmp(op, "sumsq_into"))
         g = BE_PROF_OPTIMIZER;
     else if (!strcmp(op, "h2d") || !strcmp(op, "d2h") || !strcmp(op, "sync") ||
              !strcmp(op, "alloc") || !strcmp(op, "free"))

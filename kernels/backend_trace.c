@@ -93,6 +93,11 @@ void be_trace_adamw(backend_t *be, const adamw_args *a)
     be_trace_float(be, a->weight_decay);
     be_trace_float(be, a->grad_scale);
     word(be, (uint64_t)a->step);
+    be_trace_tensor(be, a->hyper);
+    be_trace_tensor(be, a->sumsq);
+    uint64_t b;
+    memcpy(&b, &a->max_norm, sizeof b);
+    word(be, b);
 }
 
 int be_trace_runs(backend_t *be)
@@ -318,7 +323,17 @@ static int replay_one(backend_t *be, reader *r)
         a.weight_decay = rf(r);
         a.grad_scale = rf(r);
         a.step = (int64_t)rw(r);
+        a.hyper = rt(r);
+        a.sumsq = rt(r);
+        uint64_t b = rw(r);
+        memcpy(&a.max_norm, &b, sizeof b);
         o->adamw(be, p, pc, g, m, v, n, &a);
+        return 0;
+    }
+    case OP_sumsq_into: {
+        tensor_t out = rt(r), x = rt(r);
+        size_t n = (size_t)rw(r);
+        o->sumsq_into(be, out, x, n);
         return 0;
     }
     case OP_fill_uniform:

@@ -35,6 +35,7 @@ enum be_op_id {
     OP_dequant_nf4,
     OP_dropout,
     OP_adamw,
+    OP_sumsq_into,
     OP_fill_uniform,
     OP_fill_normal,
     OP_COUNT

@@ -95,8 +95,23 @@ static void c_sumsq(backend_t *be, const tensor_t *t, const int *d)
 static void c_adamw(backend_t *be, const tensor_t *t, const int *d)
 {
     (void)d;
-    adamw_args a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f, 1};
+    adamw_args a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .weight_decay = 0.01f, .grad_scale = 1.0f, .step = 1};
     be_adamw(be, t[0], t[1], t[2], t[3], t[4], N_ELEM, &a);
+}
+/* the values in device memory: the learning rate, bias corrections, the
+ * gradient's sum of squares (F32 [2] holding a double) */
+static void c_adamw_dev(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    adamw_args a = {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                    .hyper = t[5], .sumsq = t[6], .max_norm = 1.0};
+    be_adamw(be, t[0], t[1], t[2], t[3], t[4], N_ELEM, &a);
+}
+static void c_sumsq_into(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_sumsq_into(be, t[0], t[1], N_ELEM);
 }
 static void c_fill_uniform(backend_t *be, const tensor_t *t, const int *d)
 {
@@ -202,6 +217,14 @@ const op_spec op_specs[] = {
      {T_("param", E_, "n", TAKES_F32), {"param_copy", E_, E_, "n", TAKES_FLOAT, 1},
       T_("grad", E_, "n", TAKES_F32), T_("m", E_, "n", TAKES_F32), T_("v", E_, "n", TAKES_F32)},
      0, {NULL}, {0}},
+    {"adamw", c_adamw_dev, 7,
+     {T_("param", E_, "n", TAKES_F32), {"param_copy", E_, E_, "n", TAKES_FLOAT, 1},
+      T_("grad", E_, "n", TAKES_F32), T_("m", E_, "n", TAKES_F32), T_("v", E_, "n", TAKES_F32),
+      T_("a->hyper", 3, "3 (lr and the bias corrections)", TAKES_F32),
+      T_("a->sumsq", 2, "2 (a double)", TAKES_F32)},
+     0, {NULL}, {0}},
+    {"sumsq_into", c_sumsq_into, 2,
+     {T_("out", 2, "2 (a double)", TAKES_F32), T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
     {"fill_uniform", c_fill_uniform, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
     {"fill_normal", c_fill_normal, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
 };

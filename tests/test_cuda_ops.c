@@ -475,6 +475,78 @@ Test(cuda_ops, adamw_updates_master_moments_and_copy)
     check_adamw(33, 1000, 0.01f, 1.0f, 0);
 }
 
+/* The update with its values in device memory (adamw_args.hyper, sumsq;
+ * a captured step's) gives the bits of the same update with the host's
+ * values, on the scalar and the vector kernel (n 33 and 4096), with the
+ * bf16 copy; a sum that is not finite updates nothing. And sumsq_into
+ * writes be_sumsq's double. */
+static void check_adamw_dev(size_t n, double sumsq, double max_norm, int64_t step)
+{
+    float *p = rnd(n, 1.0f), *g = rnd(n, 0.1f), *m = rnd(n, 0.01f), *v = rnd(n, 0.001f);
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    adamw_args a = {.lr = 2e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                    .weight_decay = 0.1f, .step = step};
+    float hyper[3];
+    adamw_hyper(&a, hyper);
+    tensor_t th = up(gpu, DT_F32, hyper, 3), ts = up(gpu, DT_F32, NULL, 2);
+    be_h2d(gpu, ts.p, &sumsq, sizeof sumsq);
+    tensor_t gp[2], gg[2], gm[2], gv[2], gc[2];
+    for (int k = 0; k < 2; k++) {
+        gp[k] = up(gpu, DT_F32, p, n), gg[k] = up(gpu, DT_F32, g, n);
+        gm[k] = up(gpu, DT_F32, m, n), gv[k] = up(gpu, DT_F32, v, n);
+        gc[k] = up(gpu, DT_BF16, NULL, n);
+    }
+    adamw_args ha = a, da = a;
+    ha.grad_scale = (float)adamw_clip_scale(sqrt(sumsq), max_norm);
+    da.lr = 1.0f, da.step = 9, da.grad_scale = 7.0f; /* unused */
+    da.hyper = th, da.sumsq = ts, da.max_norm = max_norm;
+    if (isfinite(sumsq))
+        be_adamw(gpu, gp[0], gc[0], gg[0], gm[0], gv[0], n, &ha);
+    be_adamw(gpu, gp[1], gc[1], gg[1], gm[1], gv[1], n, &da);
+    gpu_ok();
+    tensor_t *all[] = {gp, gm, gv};
+    const char *names[] = {"param", "m", "v"};
+    for (int j = 0; j < 3; j++) {
+        float *h0 = down(gpu, all[j][0]), *h1 = down(gpu, all[j][1]);
+        cr_expect_eq(memcmp(h0, h1, sizeof(float) * n), 0,
+                     "adamw n %zu sumsq %g: %s from device memory differs from the host's", n,
+                     sumsq, names[j]);
+        free(h0), free(h1);
+    }
+    uint16_t *c0 = malloc(2 * n), *c1 = malloc(2 * n);
+    be_d2h(gpu, c0, gc[0].p, 2 * n);
+    be_d2h(gpu, c1, gc[1].p, 2 * n);
+    cr_expect_eq(memcmp(c0, c1, 2 * n), 0, "adamw n %zu: the bf16 copies differ", n);
+    free(c0), free(c1);
+    for (int k = 0; k < 2; k++)
+        drop(gpu, &gp[k]), drop(gpu, &gg[k]), drop(gpu, &gm[k]), drop(gpu, &gv[k]),
+            drop(gpu, &gc[k]);
+    drop(gpu, &th), drop(gpu, &ts);
+    free(p), free(g), free(m), free(v);
+}
+
+Test(cuda_ops, adamw_reads_its_step_values_from_device_memory)
+{
+    check_adamw_dev(33, 4.0, 1.0, 3);
+    check_adamw_dev(4096, 4.0, 1.0, 3);
+    check_adamw_dev(4096, 0.25, 1.0, 1);
+    check_adamw_dev(4096, 9.0, 0.0, 100);
+    check_adamw_dev(4096, NAN, 1.0, 2);
+    check_adamw_dev(33, INFINITY, 1.0, 2);
+    /* sumsq_into: be_sumsq's double in device memory */
+    size_t n = 100003;
+    float *x = rnd(n, 1.0f);
+    tensor_t tx = up(gpu, DT_F32, x, n), out = up(gpu, DT_F32, NULL, 2);
+    be_sumsq_into(gpu, out, tx, n);
+    double got, want = be_sumsq(gpu, tx, n);
+    be_d2h(gpu, &got, out.p, sizeof got);
+    gpu_ok();
+    cr_expect_eq(memcmp(&got, &want, sizeof got), 0, "sumsq_into %.17g, sumsq %.17g", got, want);
+    drop(gpu, &tx), drop(gpu, &out);
+    free(x);
+}
+
 /* ---- fills: the CPU's numbers ---------------------------------------------------------- */
 
 static void check_fill(int normal, size_t n, uint64_t seed, uint64_t offset, float a, float b,
@@ -551,7 +623,7 @@ Test(cuda_ops, malformed_calls_are_refused_as_on_the_cpu)
 Test(cuda_ops, every_op_replays_as_a_cuda_graph)
 {
     int n = op_checks_replay(gpu);
-    cr_expect_eq(n, 27, "%d ops checked", n);
+    cr_expect_eq(n, 29, "%d ops checked", n);
 }
 
 Test(cuda_ops, ids_and_targets_outside_the_table_as_on_the_cpu)

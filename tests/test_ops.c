@@ -612,6 +612,86 @@ Test(ops, adamw_matches_the_pytorch_formula)
     free(p), free(g), free(m), free(v), free(hp), free(want);
 }
 
+/* The sum of squares written to device memory: be_sumsq's double, bit for
+ * bit (n = 0 included: 0). */
+Test(ops, sumsq_into_writes_the_sum_in_device_memory)
+{
+    size_t sizes[] = {0, 1, 8193, 100003};
+    tensor_t out = talloc(DT_F32, 2);
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k];
+        float *x = rnd(n ? n : 1, 2.0f);
+        tensor_t tx = dev(x, n ? n : 1);
+        be_sumsq_into(be, out, tx, n);
+        double got, want = be_sumsq(be, tx, n);
+        be_d2h(be, &got, out.p, sizeof got);
+        cr_expect_eq(memcmp(&got, &want, sizeof got), 0, "n %zu: %.17g in memory, %.17g returned",
+                     n, got, want);
+        free(x);
+    }
+}
+
+/* AdamW with its learning rate, bias corrections and the gradient's sum of
+ * squares in device memory (a captured step's update) gives the bits of the
+ * host's values (adamw_hyper, and grad_scale = adamw_clip_scale of the
+ * norm): the clip on, off, and disabled (max_norm 0), the compute copy
+ * written; a sum that is not finite updates nothing. */
+static void adamw_dev_case(double sumsq, double max_norm, int64_t step, float wd)
+{
+    size_t n = 301;
+    float *p = rnd(n, 1), *g = rnd(n, 1), *m = rnd(n, 0.1f), *v = rnd(n, 0.1f);
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    adamw_args a = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                    .weight_decay = wd, .step = step};
+    float hyper[3];
+    adamw_hyper(&a, hyper);
+    tensor_t th = dev(hyper, 3), ts = talloc(DT_F32, 2);
+    be_h2d(be, ts.p, &sumsq, sizeof sumsq);
+    tensor_t tp[2], tg[2], tm[2], tv[2], tc[2];
+    for (int k = 0; k < 2; k++) {
+        tp[k] = dev(p, n), tg[k] = dev(g, n), tm[k] = dev(m, n), tv[k] = dev(v, n);
+        tc[k] = dev(NULL, n);
+    }
+    adamw_args host_args = a, dev_args = a;
+    host_args.grad_scale = (float)adamw_clip_scale(sqrt(sumsq), max_norm);
+    dev_args.grad_scale = 123.0f; /* unused: the sum in memory decides */
+    dev_args.lr = 9.0f;           /* unused: hyper decides */
+    dev_args.step = 77;
+    dev_args.hyper = th;
+    dev_args.sumsq = ts;
+    dev_args.max_norm = max_norm;
+    if (isfinite(sumsq))
+        be_adamw(be, tp[0], tc[0], tg[0], tm[0], tv[0], n, &host_args);
+    be_adamw(be, tp[1], tc[1], tg[1], tm[1], tv[1], n, &dev_args);
+    sp_err err = {0};
+    cr_assert_eq(be_check(be, &err), 0, "%s", err.msg);
+    const char *names[] = {"param", "m", "v", "copy"};
+    tensor_t *ts4[] = {tp, tm, tv, tc};
+    for (int j = 0; j < 4; j++) {
+        float *h0 = host(ts4[j][0]), *h1 = host(ts4[j][1]);
+        cr_expect_eq(memcmp(h0, h1, sizeof(float) * n), 0,
+                     "sumsq %g max_norm %g step %lld: %s differs from the host values' update",
+                     sumsq, max_norm, (long long)step, names[j]);
+        free(h0), free(h1);
+    }
+    if (isfinite(sumsq)) { /* and it did update */
+        float *h = host(tp[1]);
+        cr_expect_neq(memcmp(h, p, sizeof(float) * n), 0, "nothing was updated");
+        free(h);
+    }
+    free(p), free(g), free(m), free(v);
+}
+
+Test(ops, adamw_reads_its_step_values_from_device_memory)
+{
+    adamw_dev_case(4.0, 1.0, 3, 0.1f);   /* norm 2 clipped to 1 */
+    adamw_dev_case(0.25, 1.0, 1, 0.0f);  /* within the bound */
+    adamw_dev_case(100.0, 0.0, 500, 0.01f); /* clipping disabled */
+    adamw_dev_case(NAN, 1.0, 2, 0.1f);   /* not finite: nothing changes */
+    adamw_dev_case(INFINITY, 0.0, 2, 0.1f);
+}
+
 Test(ops, fills_have_the_right_distribution)
 {
     size_t n = 200000;
@@ -667,7 +747,7 @@ Test(ops, every_op_replays_as_recorded_on_cpu_and_cpu_ref)
         sp_err err = {0};
         cr_assert_eq(backend_create(&b, kinds[k], 0, 2, &err), 0, "%s", err.msg);
         int n = op_checks_replay(b);
-        cr_expect_eq(n, 27, "%s: %d ops checked", kinds[k], n);
+        cr_expect_eq(n, 29, "%s: %d ops checked", kinds[k], n);
         backend_destroy(b);
     }
 }

@@ -198,6 +198,7 @@ static const backend_ops cpu_ops = {
     .dequant_nf4 = cpu_dequant_nf4,
     .dropout = cpu_dropout,
     .sumsq = cpu_sumsq,
+    .sumsq_into = cpu_sumsq_into,
     .adamw = cpu_adamw,
     .fill_uniform = cpu_fill_uniform,
     .fill_normal = cpu_fill_normal,

@@ -76,6 +76,7 @@ void cpu_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t d
 void cpu_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
                  tensor_t seed_dev, uint64_t offset);
 double cpu_sumsq(backend_t *be, tensor_t x, size_t n);
+void cpu_sumsq_into(backend_t *be, tensor_t out, tensor_t x, size_t n);
 void cpu_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
                tensor_t v, size_t n, const adamw_args *a);
 void cpu_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi, uint64_t seed,

@@ -481,19 +481,33 @@ double cpu_sumsq(backend_t *be, tensor_t x, size_t n)
     return total;
 }
 
+void cpu_sumsq_into(backend_t *be, tensor_t out, tensor_t x, size_t n)
+{
+    double sum = cpu_sumsq(be, x, n);
+    memcpy(out.p, &sum, sizeof sum);
+}
+
 void cpu_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
                tensor_t v, size_t n, const adamw_args *a)
 {
     float *P = F(param), *M = F(m), *Vv = F(v);
     const float *G = F(grad);
-    double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
-    double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
-    float step_size = (float)(a->lr / bc1);
-    float bc2_sqrt = (float)sqrt(bc2);
-    float decay = 1.0f - a->lr * a->weight_decay;
+    float h[3], grad_scale = a->grad_scale;
+    if (a->hyper.p) { /* the values the step left in device memory */
+        double sumsq;
+        memcpy(h, a->hyper.p, sizeof h);
+        memcpy(&sumsq, a->sumsq.p, sizeof sumsq);
+        if (!isfinite(sumsq))
+            return;
+        grad_scale = (float)adamw_clip_scale(sqrt(sumsq), a->max_norm);
+    } else {
+        adamw_hyper(a, h);
+    }
+    float step_size = h[1], bc2_sqrt = h[2];
+    float decay = 1.0f - h[0] * a->weight_decay;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float g = G[i] * a->grad_scale;
+        float g = G[i] * grad_scale;
         M[i] = a->beta1 * M[i] + (1.0f - a->beta1) * g;
         Vv[i] = a->beta2 * Vv[i] + (1.0f - a->beta2) * g * g;
         float denom = sqrtf(Vv[i]) / bc2_sqrt + a->eps;

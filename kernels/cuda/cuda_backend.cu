@@ -400,6 +400,7 @@ static const backend_ops cuda_ops_table = {
     .dequant_nf4 = cuda_dequant_nf4,
     .dropout = cuda_dropout,
     .sumsq = cuda_sumsq,
+    .sumsq_into = cuda_sumsq_into,
     .adamw = cuda_adamw,
     .fill_uniform = cuda_fill_uniform,
     .fill_normal = cuda_fill_normal,

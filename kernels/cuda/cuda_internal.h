@@ -233,6 +233,32 @@ static __device__ __forceinline__ float block_lse(float m, float s, float *sh)
     return M + logf(block_sum(m == -INFINITY ? 0.0f : s * expf(m - M), sh));
 }
 
+/* AdamW's values for one call (cuda_ops.cu, cuda_vec.cu): given by the host
+ * (hyper == NULL), or read by the kernel from device memory (adamw_args'
+ * hyper and sumsq). adamw_k_resolve fills them in: 0 when the gradient's sum
+ * is not finite (the kernel then updates nothing). */
+typedef struct adamw_k {
+    float beta1, beta2, eps, wd;
+    float grad_scale, step_size, bc2_sqrt, decay;
+    const float *hyper;
+    const double *sumsq;
+    double max_norm;
+} adamw_k;
+
+static __device__ __forceinline__ int adamw_k_resolve(adamw_k *k)
+{
+    if (!k->hyper)
+        return 1;
+    double s = *k->sumsq;
+    if (!isfinite(s))
+        return 0;
+    k->grad_scale = (float)adamw_clip_scale(sqrt(s), k->max_norm);
+    k->step_size = k->hyper[1];
+    k->bc2_sqrt = k->hyper[2];
+    k->decay = __fsub_rn(1.0f, __fmul_rn(k->hyper[0], k->wd)); /* as the host: no FMA */
+    return 1;
+}
+
 /* ---- the entry points of each file -------------------------------------------- */
 
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C over `batch` matrices at
@@ -316,6 +342,7 @@ void cuda_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absm
 void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
                   tensor_t seed_dev, uint64_t offset);
 double cuda_sumsq(backend_t *be, tensor_t x, size_t n);
+void cuda_sumsq_into(backend_t *be, tensor_t out, tensor_t x, size_t n);
 void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
                 tensor_t v, size_t n, const adamw_args *a);
 void cuda_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi, uint64_t seed,
@@ -346,8 +373,7 @@ int cuda_vec_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_
 int cuda_vec_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dout, tensor_t x, tensor_t w,
                               tensor_t rstd, int rows, int cols);
 int cuda_vec_adamw(backend_t *be, tensor_t param, void *copy, dtype_t cdt, tensor_t grad,
-                   tensor_t m, tensor_t v, size_t n, float beta1, float beta2, float eps,
-                   float grad_scale, float step_size, float bc2_sqrt, float decay);
+                   tensor_t m, tensor_t v, size_t n, const adamw_k *k);
 
 /* cuda_attention.cu */
 void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,

@@ -625,24 +625,37 @@ __global__ void sumsq_finish_kernel(double *out, const double *part, size_t nb)
         *out = acc;
 }
 
+static size_t sumsq_blocks(backend_t *be, size_t n)
+{
+    size_t nb = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    if (nb > 0x7fffffffu) {
+        cuda_fail(be, __FILE__, __LINE__, "sumsq of %zu elements: too many blocks", n);
+        return SIZE_MAX;
+    }
+    return nb;
+}
+
+/* The sum into out (device memory) through nb partials in part, in stream
+ * order: 0, or -1 with the sticky error set. */
+static int launch_sumsq(backend_t *be, double *out, double *part, size_t nb, tensor_t x, size_t n)
+{
+    if (nb) {
+        sumsq_partial_kernel<<<(unsigned)nb, CUDA_BLOCK, 0, STREAM(be)>>>(part, x.p, x.dt, n);
+        if (LAUNCHED(be, "sumsq_partial_kernel"))
+            return -1;
+    }
+    sumsq_finish_kernel<<<1, SUMSQ_FINISH_BLOCK, 0, STREAM(be)>>>(out, part, nb);
+    return LAUNCHED(be, "sumsq_finish_kernel") ? -1 : 0;
+}
+
 extern "C" double cuda_sumsq(backend_t *be, tensor_t x, size_t n)
 {
     cuda_impl *im = CUDA_IMPL(be);
     if (be->err.code || !n)
         return 0.0;
-    size_t nb = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    double *part = (double *)cuda_scratch(be, sizeof(double) * (nb + 1));
-    if (!part)
-        return 0.0;
-    if (nb > 0x7fffffffu) {
-        cuda_fail(be, __FILE__, __LINE__, "sumsq of %zu elements: too many blocks", n);
-        return 0.0;
-    }
-    sumsq_partial_kernel<<<(unsigned)nb, CUDA_BLOCK, 0, im->stream>>>(part, x.p, x.dt, n);
-    if (LAUNCHED(be, "sumsq_partial_kernel"))
-        return 0.0;
-    sumsq_finish_kernel<<<1, SUMSQ_FINISH_BLOCK, 0, im->stream>>>(part + nb, part, nb);
-    if (LAUNCHED(be, "sumsq_finish_kernel") ||
+    size_t nb = sumsq_blocks(be, n);
+    double *part = nb == SIZE_MAX ? NULL : (double *)cuda_scratch(be, sizeof(double) * (nb + 1));
+    if (!part || launch_sumsq(be, part + nb, part, nb, x, n) ||
         CUDA_OK(be, cudaMemcpyAsync(im->host_sum, part + nb, sizeof(double),
                                     cudaMemcpyDeviceToHost, im->stream)) ||
         CUDA_OK(be, cudaStreamSynchronize(im->stream)))
@@ -650,21 +663,32 @@ extern "C" double cuda_sumsq(backend_t *be, tensor_t x, size_t n)
     return *im->host_sum;
 }
 
+extern "C" void cuda_sumsq_into(backend_t *be, tensor_t out, tensor_t x, size_t n)
+{
+    if (be->err.code)
+        return;
+    size_t nb = sumsq_blocks(be, n);
+    double *part = nb == SIZE_MAX ? NULL : (double *)cuda_scratch(be, sizeof(double) * (nb + 1));
+    if (part)
+        launch_sumsq(be, (double *)out.p, part, nb, x, n);
+}
+
 /* ---- AdamW ------------------------------------------------------------------------ */
 
 __global__ void adamw_kernel(float *P, void *copy, int cdt, const float *G, float *M, float *V,
-                             size_t n, float beta1, float beta2, float eps, float grad_scale,
-                             float step_size, float bc2_sqrt, float decay)
+                             size_t n, adamw_k k)
 {
+    if (!adamw_k_resolve(&k))
+        return;
     GRID_STRIDE(i, n)
     {
-        float g = G[i] * grad_scale;
-        float m = beta1 * M[i] + (1.0f - beta1) * g;
-        float v = beta2 * V[i] + (1.0f - beta2) * g * g;
+        float g = G[i] * k.grad_scale;
+        float m = k.beta1 * M[i] + (1.0f - k.beta1) * g;
+        float v = k.beta2 * V[i] + (1.0f - k.beta2) * g * g;
         M[i] = m;
         V[i] = v;
-        float denom = sqrtf(v) / bc2_sqrt + eps;
-        float p = P[i] * decay - step_size * m / denom;
+        float denom = sqrtf(v) / k.bc2_sqrt + k.eps;
+        float p = P[i] * k.decay - k.step_size * m / denom;
         P[i] = p;
         if (copy)
             st_f(copy, cdt, i, p);
@@ -676,19 +700,28 @@ extern "C" void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, t
 {
     if (be->err.code || !n)
         return;
-    /* the host-side constants exactly as the CPU backend derives them */
-    double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);
-    double bc2 = 1.0 - pow((double)a->beta2, (double)a->step);
-    float step_size = (float)(a->lr / bc1);
-    float bc2_sqrt = (float)sqrt(bc2);
-    float decay = 1.0f - a->lr * a->weight_decay;
+    /* the host-side values exactly as the CPU backend derives them; with
+     * a->hyper the kernel reads them from device memory instead */
+    float h[3];
+    adamw_hyper(a, h);
+    adamw_k k = {};
+    k.beta1 = a->beta1;
+    k.beta2 = a->beta2;
+    k.eps = a->eps;
+    k.wd = a->weight_decay;
+    k.grad_scale = a->grad_scale;
+    k.step_size = h[1];
+    k.bc2_sqrt = h[2];
+    k.decay = 1.0f - a->lr * a->weight_decay;
+    k.hyper = (const float *)a->hyper.p;
+    k.sumsq = (const double *)a->sumsq.p;
+    k.max_norm = a->max_norm;
     void *copy = param_copy.p && param_copy.p != param.p ? param_copy.p : NULL;
-    if (cuda_vec_adamw(be, param, copy, param_copy.dt, grad, m, v, n, a->beta1, a->beta2, a->eps,
-                       a->grad_scale, step_size, bc2_sqrt, decay))
+    if (cuda_vec_adamw(be, param, copy, param_copy.dt, grad, m, v, n, &k))
         return;
     adamw_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
         (float *)param.p, copy, param_copy.dt, (const float *)grad.p, (float *)m.p, (float *)v.p,
-        n, a->beta1, a->beta2, a->eps, a->grad_scale, step_size, bc2_sqrt, decay);
+        n, k);
     LAUNCHED(be, "adamw_kernel");
 }
 

@@ -286,9 +286,10 @@ __global__ void rmsnorm_backward_vec_kernel(void *dx, int dxdt, const void *dout
 
 /* AdamW with its compute copy (F32 or BF16, or none) 8 elements a step */
 __global__ void adamw_vec_kernel(float *P, void *copy, int cdt, const float *G, float *M, float *V,
-                                 size_t nv, float beta1, float beta2, float eps, float grad_scale,
-                                 float step_size, float bc2_sqrt, float decay)
+                                 size_t nv, adamw_k k)
 {
+    if (!adamw_k_resolve(&k))
+        return;
     GRID_STRIDE(v, nv)
     {
         float pp[8], gg[8], mm[8], vv[8];
@@ -298,13 +299,13 @@ __global__ void adamw_vec_kernel(float *P, void *copy, int cdt, const float *G, 
         ld8(V, DT_F32, v, vv);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float g = gg[j] * grad_scale;
-            float m = beta1 * mm[j] + (1.0f - beta1) * g;
-            float vj = beta2 * vv[j] + (1.0f - beta2) * g * g;
+            float g = gg[j] * k.grad_scale;
+            float m = k.beta1 * mm[j] + (1.0f - k.beta1) * g;
+            float vj = k.beta2 * vv[j] + (1.0f - k.beta2) * g * g;
             mm[j] = m;
             vv[j] = vj;
-            float denom = sqrtf(vj) / bc2_sqrt + eps;
-            pp[j] = pp[j] * decay - step_size * m / denom;
+            float denom = sqrtf(vj) / k.bc2_sqrt + k.eps;
+            pp[j] = pp[j] * k.decay - k.step_size * m / denom;
         }
         st8(M, DT_F32, v, mm);
         st8(V, DT_F32, v, vv);
@@ -446,9 +447,7 @@ extern "C" int cuda_vec_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t do
 }
 
 extern "C" int cuda_vec_adamw(backend_t *be, tensor_t param, void *copy, dtype_t cdt,
-                              tensor_t grad, tensor_t m, tensor_t v, size_t n, float beta1,
-                              float beta2, float eps, float grad_scale, float step_size,
-                              float bc2_sqrt, float decay)
+                              tensor_t grad, tensor_t m, tensor_t v, size_t n, const adamw_k *k)
 {
     tensor_t c = {};
     c.p = copy ? copy : param.p;
@@ -458,8 +457,7 @@ extern "C" int cuda_vec_adamw(backend_t *be, tensor_t param, void *copy, dtype_t
         v.dt != DT_F32)
         return 0;
     adamw_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
-        (float *)param.p, copy, cdt, (const float *)grad.p, (float *)m.p, (float *)v.p, n / 8,
-        beta1, beta2, eps, grad_scale, step_size, bc2_sqrt, decay);
+        (float *)param.p, copy, cdt, (const float *)grad.p, (float *)m.p, (float *)v.p, n / 8, *k);
     LAUNCHED(be, "adamw_vec_kernel");
     return 1;
 }
