@@ -275,6 +275,9 @@ struct backend {
     void *impl;
     struct be_prof *prof; /* a step profile being recorded (backend_prof.c), or NULL */
     struct be_trace *trace; /* a launch trace being taken (backend_trace.c), or NULL */
+    /* tests: when set, be_graph_end refuses every capture with this reason,
+     * as a device may (so the fallback runs on a backend that never refuses) */
+    const char *graph_refuse;
 };
 
 /* Creates "cpu" or "cuda" ("auto": cuda when a device is visible, else cpu).

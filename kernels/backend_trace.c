@@ -397,6 +397,14 @@ be_graph *be_graph_end(backend_t *be, char *why, size_t n)
             return NULL;
         }
     }
+    if (be->graph_refuse && !t->barriers) {
+        if (exec)
+            be->ops->graph_free(be, exec);
+        snprintf(why, n, "%s", be->graph_refuse);
+        free(t->words);
+        free(t);
+        return NULL;
+    }
     be_graph *g = NULL;
     if (t->barriers) /* named by the call, before what the device said of it */
         snprintf(why, n, "%zu call(s) a graph cannot hold, the first: %s%s%s%s", t->barriers,

@@ -330,10 +330,11 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
     local note=""
     [ "$rcm" != none ] && note="recompute $rcm; "
     if [ -n "$vs" ] && [ $RC -eq 0 ]; then
-        local off reps base
+        local off reps base upd
         off=$(jget graph_off "$json") reps=$(jget graph_replays "$json")
         base=$(jget tokens_per_s "${BENCH[$vs]:-}")
-        note="graphs: ${reps:-no} step(s) replayed one ($(jget graph_ops "$json") ops)"
+        upd=$(jget graph_update_replays "$json")
+        note="graphs: ${reps:-no} step(s) replayed one ($(jget graph_ops "$json") ops)${upd:+, $upd update(s) replayed one}"
         [ -n "$base" ] && note="$note, $(awk -v a="$(jget tokens_per_s "$json")" -v b="$base" \
             'BEGIN { printf "%.2fx", a / b }') the eager row's tok/s"
         note="$note; "

@@ -2,12 +2,15 @@
  * (model_opts.graphs, runtime.cuda_graphs) against the same training
  * without, on one backend: a 2-layer tiny model, 5 steps of 2 micro-batches
  * of 2 x 24 tokens, a trained-token count (the loss gradient's scale) that
- * changes every step, dropout seeds that change every micro-batch.
- * Asserts every step's loss and the trained parameters the same (exact: bit
- * for bit; else within GRAPHS_LOSS_TOL relative and GRAPHS_PARAM_TOL
- * absolute, for a backend with float atomics), graphs never turned off, one
- * capture, and every micro-batch of the usual shape after the second a
- * replay (the odd one, eager). */
+ * changes every step, dropout seeds that change every micro-batch, and
+ * each step's update (model_update) with a learning rate that changes
+ * every step and a clip bound below the norm.
+ * Asserts every step's loss and gradient norm and the trained parameters
+ * the same (exact: bit for bit; else within GRAPHS_LOSS_TOL relative and
+ * GRAPHS_PARAM_TOL absolute, for a backend with float atomics), graphs
+ * never turned off, one capture of the micro-batch and every micro-batch
+ * of the usual shape after the second a replay (the odd one, eager), and
+ * one capture of the update, every update after the first a replay. */
 #ifndef SPOTUNE_TESTS_GRAPHS_UTIL_H
 #define SPOTUNE_TESTS_GRAPHS_UTIL_H
 
@@ -22,9 +25,17 @@ typedef struct graphs_case {
     int odd_last;  /* the last micro-batch of step 4 has one window */
     int dora;      /* DoRA (LoRA mode) */
     int nf4;       /* QLoRA: the projections NF4 (LoRA mode; the CPU backends) */
+    int nan_step;  /* this step's gradient gets a NaN before its update, which
+                      must change nothing (1-based; 0: none) */
 } graphs_case;
 
 void graphs_same_as_eager(const char *backend, const graphs_case *gc, const char *what,
                           int exact);
+
+/* The same training, with every capture refused by the backend (as a
+ * device may refuse one): graphs turned off for the run, saying why, after
+ * the second micro-batch, which runs eagerly; the run the same bits as
+ * eager. */
+void graphs_refused_run_eagerly(const char *backend, const graphs_case *gc, const char *what);
 
 #endif

@@ -226,8 +226,8 @@ Test(cuda_comm, graphs_reduce_after_the_backward_and_replay)
     for (int s = 0; s < 3; s++)
         step(&graphs, 1.0, NULL);
     cr_expect_str_empty(graphs.m->graph_off, "graphs turned off: %s", graphs.m->graph_off);
-    cr_expect_eq(graphs.m->graph_captures, 1, "%zu captures", graphs.m->graph_captures);
-    cr_expect_eq(graphs.m->graph_replays, 2, "%zu replays", graphs.m->graph_replays);
+    cr_expect_eq(graphs.m->graph_mb.captures, 1, "%zu captures", graphs.m->graph_mb.captures);
+    cr_expect_eq(graphs.m->graph_mb.replays, 2, "%zu replays", graphs.m->graph_mb.replays);
     float *m1 = tu_download(graphs.be, graphs.m->master);
     expect_same("LoRA, graphs and NCCL after the backward: masters after 3 steps", m1, m0, n);
     close_run(&graphs);

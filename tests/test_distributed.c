@@ -162,8 +162,11 @@ Test(distributed, buckets_change_nothing_and_rank_0_alone_reports)
  * losses and weights bit for bit as eager, DoRA with dropout (LoRA) and a
  * sharded optimizer (full, gradients whole), 2 micro-batches a step; each
  * rank's 12 micro-batches: the first eager, the second captured, every
- * later one a replay (rank 0 reports). */
-static void graphs_change_nothing(const char *tag, const char *base, const char *file)
+ * later one a replay (rank 0 reports); the 6 updates likewise, but with a
+ * sharded optimizer, whose gradient norm is summed over the ranks on the
+ * host (updates: what rank 0 says of them). */
+static void graphs_change_nothing(const char *tag, const char *base, const char *file,
+                                  const char *updates)
 {
     char name[2][64], extra[1024], *out[2] = {NULL, NULL};
     for (int g = 0; g < 2; g++) {
@@ -175,8 +178,9 @@ static void graphs_change_nothing(const char *tag, const char *base, const char 
         cr_assert_eq(train(2, name[g], extra, &out[g]), 0, "%s", out[g]);
     }
     cr_expect(tu_contains(out[1], "runtime.cuda_graphs: 11 micro-batches replayed a graph, 1 "
-                                  "were captured, 1 ran eagerly"),
+                                  "were captured, 1 ran eagerly; "),
               "%s: %s", tag, out[1]);
+    cr_expect(tu_contains(out[1], updates), "%s: wanted '%s' in %s", tag, updates, out[1]);
     double a[16], b[16];
     cr_assert_eq(losses(name[0], a, 16), 6);
     cr_assert_eq(losses(name[1], b, 16), 6);
@@ -192,14 +196,16 @@ static void graphs_change_nothing(const char *tag, const char *base, const char 
 Test(distributed, graphs_change_nothing_on_two_ranks_dora)
 {
     graphs_change_nothing("graphs-dora", "--set lora.dora=true",
-                          "adapter/adapter_model.safetensors");
+                          "adapter/adapter_model.safetensors",
+                          "5 updates replayed one, 1 were captured, 1 ran eagerly");
 }
 
 Test(distributed, graphs_change_nothing_on_two_ranks_full_sharded_optimizer)
 {
     graphs_change_nothing("graphs-full",
                           "--set train.mode=full --set train.shard_gradients=false",
-                          "model/model.safetensors");
+                          "model/model.safetensors",
+                          "the updates ran without (the optimizer is sharded)");
 }
 
 /* The union of the windows all ranks trained in an epoch is the epoch's

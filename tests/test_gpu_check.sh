@@ -105,7 +105,7 @@ case "$args" in
             sed 's/}$/,"cuda_graphs":true,"graph_replays":0,"graph_off":"capture failed: cudaStreamEndCapture: operation not permitted when stream is capturing"}/'
     else
         json 65000 0.26 0.31 10.52 ok 10.521 |
-            sed 's/}$/,"cuda_graphs":true,"graph_replays":9,"graph_ops":871,"graph_off":""}/'
+            sed 's/}$/,"cuda_graphs":true,"graph_replays":9,"graph_ops":871,"graph_update_replays":9,"graph_update_ops":3,"graph_off":""}/'
     fi ;;
 *"--preset small --mode lora"*) json 52000 0.21 0.25 10.52 ok 10.521 ;;
 *"--preset small --mode full"*)
@@ -275,7 +275,7 @@ expect_row 14 PASS "recompute none had failed: exit 1: spotune: error: cuda back
 expect_row 15 PASS "bench llama-7b LoRA r16 mb1 seq 8192"
 expect_row 15 PASS "3300 tok/s"
 expect_row 16 PASS "bench small LoRA mb1 seq 2048, CUDA graphs"
-expect_row 16 PASS "graphs: 9 step(s) replayed one (871 ops), 1.25x the eager row's tok/s; 65000 tok/s"
+expect_row 16 PASS "graphs: 9 step(s) replayed one (871 ops), 9 update(s) replayed one, 1.25x the eager row's tok/s; 65000 tok/s"
 expect_row 17 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
 expect_row 18 FAIL "exit 3, 3 errors"
 expect_row 19 PASS "NVIDIA H200"

@@ -219,3 +219,21 @@ Test(graphs, lora_with_attention_recompute_replays_bit_for_bit)
     graphs_case rc = {.mode = MODE_LORA, .recompute = RECOMPUTE_ATTENTION};
     graphs_same_as_eager("cpu", &rc, "lora recompute attention", 1);
 }
+
+/* A gradient that is not finite: the update (captured and replayed on that
+ * step) changes nothing, and the norm says so; the steps after go on. */
+Test(graphs, an_update_whose_gradient_is_not_finite_changes_nothing)
+{
+    graphs_case rc = {.mode = MODE_LORA, .nan_step = 4};
+    graphs_same_as_eager("cpu", &rc, "lora nan step 4", 1);
+}
+
+/* A device that refuses the capture: graphs off for the run, saying why,
+ * and the run the same bits as without graphs. */
+Test(graphs, a_refused_capture_turns_graphs_off_and_runs_eagerly)
+{
+    graphs_case rc = {.mode = MODE_LORA, .dropout = 0.1, .packed = 1};
+    graphs_refused_run_eagerly("cpu", &rc, "lora refused");
+    graphs_case full = {.mode = MODE_FULL, .recompute = RECOMPUTE_LAYER};
+    graphs_refused_run_eagerly("cpu", &full, "full refused");
+}

@@ -159,8 +159,10 @@ Test(train, cuda_graphs_replay_and_change_nothing)
              "--set train.micro_batch=2 --set train.grad_accum=2 --set runtime.cuda_graphs=true",
              run_b);
     cr_assert_eq(train(&out, sets), 0, "%s", out);
-    /* 8 steps of 2 micro-batches: the first eager, the second captured */
+    /* 8 steps of 2 micro-batches: the first eager, the second captured;
+     * the first update eager, the second captured */
     cr_expect(tu_contains(out, "runtime.cuda_graphs: 15 micro-batches replayed a graph, 1 were "
+                               "captured, 1 ran eagerly; 7 updates replayed one, 1 were "
                                "captured, 1 ran eagerly"),
               "%s", out);
     free(out);
@@ -311,6 +313,39 @@ static void st_bytes(const char *header, unsigned char *buf, size_t *n, size_t d
     memcpy(buf + 8, header, h);
     memset(buf + 8 + h, 0, data);
     *n = 8 + h + data;
+}
+
+/* A base weight that is not a number (one element of the final norm): step
+ * 1's loss is not finite, and the run stops there before any update, exit
+ * 1, naming the step; nothing is written as trained. */
+Test(train, a_loss_that_is_not_finite_stops_the_run_before_any_update)
+{
+    tu_sh(NULL, "mkdir -p %s/nanw && cp %s/model/* %s/nanw/", dir, dir, dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/nanw/model.safetensors", dir);
+    st_file f;
+    sp_err err = {0};
+    cr_assert_eq(st_open(&f, path, &err), 0, "%s", err.msg);
+    const st_tensor *t = st_find(&f, "model.norm.weight");
+    cr_assert(t && (t->dt == DT_F32 || t->dt == DT_BF16));
+    long off = (long)((const char *)t->data - (const char *)f.map);
+    dtype_t dt = t->dt;
+    st_close(&f);
+    FILE *fp = fopen(path, "r+b");
+    cr_assert(fp && fseek(fp, off, SEEK_SET) == 0);
+    float nan = NAN;
+    uint16_t nan16 = 0x7fc0;
+    cr_assert_eq(dt == DT_F32 ? fwrite(&nan, 4, 1, fp) : fwrite(&nan16, 2, 1, fp), 1);
+    fclose(fp);
+    for (int graphs = 0; graphs < 2; graphs++) {
+        char sets[4096];
+        snprintf(sets, sizeof sets,
+                 "--set model.path=%s/nanw --set run.dir=%s/nanrun%d --set runtime.cuda_graphs=%s",
+                 dir, dir, graphs, graphs ? "true" : "false");
+        expect_fail(sets, 1, "step 1: the loss is not finite", "nothing was updated");
+        snprintf(path, sizeof path, "%s/nanrun%d/adapter", dir, graphs);
+        cr_expect_neq(access(path, F_OK), 0, "%s was written", path);
+    }
 }
 
 Test(train, model_dir_without_config_json)

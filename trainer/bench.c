@@ -185,18 +185,15 @@ static int wants_cpu_check(const bench_opts *bo, const backend_t *be, const comm
 /* One training step of the bench: forward and backward, the gradients
  * synchronised, their norm, AdamW (step s + 1), the weights gathered. */
 static int bench_step(model_t *m, comm_t *comm, const model_batch *batch, adamw_args *a, int s,
-                      double *loss, double *sumsq, sp_err *err)
+                      double *loss, double *gnorm, sp_err *err)
 {
     grad_sync_t gs;
     model_zero_grads(m);
     grad_sync_begin(&gs, m, comm, 25.0);
-    if (model_forward_backward(m, batch, loss, err) || grad_sync_finish(&gs, err) ||
-        grad_sync_sumsq(m, comm, sumsq, err))
+    if (model_forward_backward(m, batch, loss, err) || grad_sync_finish(&gs, err))
         return err->code;
     a->step = s + 1;
-    a->grad_scale = (float)optim_clip_scale(sqrt(*sumsq), 1.0);
-    model_adamw(m, a);
-    return be_check(m->be, err) || grad_sync_gather_weights(m, comm, err) ? err->code : 0;
+    return grad_sync_update(m, comm, a, 1.0, gnorm, err);
 }
 
 static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
@@ -248,11 +245,11 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             rc = comm_barrier(comm, err);
             t0 = sp_now();
         }
-        double loss = 0, sumsq = 0;
-        rc = rc || bench_step(m, comm, &batch, &a, s, &loss, &sumsq, err);
+        double loss = 0, gnorm = 0;
+        rc = rc || bench_step(m, comm, &batch, &a, s, &loss, &gnorm, err);
         if (!rc && s == 0) { /* before any update: what the checks compare */
             step1_loss = loss / (double)n;
-            step1_gnorm = sqrt(sumsq) / comm_size(comm); /* every rank ran the same batch */
+            step1_gnorm = gnorm / comm_size(comm); /* every rank ran the same batch */
         }
     }
     be_sync(be);
@@ -261,9 +258,9 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     /* one more step, not timed above, split by group of ops */
     double split[BE_PROF_GROUPS] = {0}, split_total = 0;
     if (!rc && bo->steps > 0) {
-        double loss = 0, sumsq = 0;
+        double loss = 0, gnorm = 0;
         if (be_prof_start(be) == 0) {
-            rc = bench_step(m, comm, &batch, &a, bo->warmup + bo->steps, &loss, &sumsq, err);
+            rc = bench_step(m, comm, &batch, &a, bo->warmup + bo->steps, &loss, &gnorm, err);
             if (be_prof_stop(be, split) != 0 && !rc)
                 rc = be_check(be, err);
         }
@@ -274,7 +271,8 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     int world = comm_size(comm);
     double fpt = flops_per_token(m, bo->seq_len), fpt6 = bench_flops_6n(&mc);
     size_t n_trainable = m->n_trainable;
-    size_t replays = m->graph_replays, graph_ops = m->graph_ops;
+    size_t replays = m->graph_mb.replays, graph_ops = m->graph_mb.ops;
+    size_t upd_replays = m->graph_upd.replays, upd_ops = m->graph_upd.ops;
     char graph_off[sizeof m->graph_off];
     snprintf(graph_off, sizeof graph_off, "%s", m->graph_off);
     double peak_mem = (double)be->bytes_peak;
@@ -337,6 +335,9 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             if (bo->graphs) {
                 json_object_set_new(j, "graph_replays", json_integer((json_int_t)replays));
                 json_object_set_new(j, "graph_ops", json_integer((json_int_t)graph_ops));
+                json_object_set_new(j, "graph_update_replays",
+                                    json_integer((json_int_t)upd_replays));
+                json_object_set_new(j, "graph_update_ops", json_integer((json_int_t)upd_ops));
                 json_object_set_new(j, "graph_off", json_string(graph_off));
             }
             if (cpu_check) {
@@ -366,8 +367,9 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             if (bo->graphs && graph_off[0])
                 printf("  graphs: off, %s\n", graph_off);
             else if (bo->graphs)
-                printf("  graphs: %zu of the steps replayed one (%zu ops each)\n", replays,
-                       graph_ops);
+                printf("  graphs: %zu of the steps' micro-batches replayed one (%zu ops "
+                       "each), %zu of their updates (%zu ops)\n",
+                       replays, graph_ops, upd_replays, upd_ops);
             if (cpu_check)
                 printf("  %s\n", cpu_why);
         }
@@ -447,8 +449,9 @@ static void bench_usage(FILE *f)
             "                       differs by more than the tolerance\n"
             "  --check-tol L,G      relative tolerances of that check: loss, gradient norm\n"
             "                       (default 5e-3,2e-2)\n"
-            "  --cuda-graphs ON     on or off (default off): each step's forward and backward\n"
-            "                       replayed as one captured graph (runtime.cuda_graphs)\n"
+            "  --cuda-graphs ON     on or off (default off): each step's forward and backward,\n"
+            "                       and its update, replayed as captured graphs\n"
+            "                       (runtime.cuda_graphs)\n"
             "  --probe-cuda         say whether a CUDA device is usable (exit 0) or why not\n"
             "                       (exit 77), and run nothing\n"
             "Every run records step 1's loss and gradient norm (before any update) and fails\n"

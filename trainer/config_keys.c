@@ -140,7 +140,8 @@ const key_def config_keys[] = {
      "trace decides; what changes between micro-batches is read from device memory). On "
      "several GPUs the gradients are then all-reduced after the backward instead of during "
      "it; with sharded gradients (train.shard_gradients) the micro-batches run without "
-     "graphs. A micro-batch of another shape runs eagerly until it repeats. On the CPU "
+     "graphs. A micro-batch of another shape runs eagerly until it repeats. The step's update "
+     "(gradient norm and AdamW) is one graph too, unless the optimizer is sharded. On the CPU "
      "backends the recorded op list replays instead (the same rules, no speed-up; for "
      "checking)."},
     {"comm.bucket_mb", K_FLOAT, O(comm_bucket_mb), "25", 0.0625, 4096, NULL, 0,

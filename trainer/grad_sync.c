@@ -3,6 +3,7 @@
  * reduced segment by segment into the owners' shards during the backward. */
 #include "grad_sync.h"
 
+#include <math.h>
 #include <string.h>
 
 static int launch_buckets(grad_sync_t *g, size_t upto, sp_err *err)
@@ -324,4 +325,23 @@ int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err)
     int rc = comm_allreduce(comm, sumsq, 1, COMM_F64, COMM_SUM, err);
     be_prof_comm(m->be, 0);
     return rc;
+}
+
+int grad_sync_update(model_t *m, comm_t *comm, const adamw_args *a, double max_norm,
+                     double *gnorm, sp_err *err)
+{
+    if (m->shard_count == 1)
+        return model_update(m, a, max_norm, gnorm, err);
+    double sumsq = 0.0;
+    if (grad_sync_sumsq(m, comm, &sumsq, err))
+        return err->code;
+    *gnorm = sqrt(sumsq);
+    if (!isfinite(*gnorm))
+        return 0;
+    adamw_args h = *a;
+    h.grad_scale = (float)adamw_clip_scale(*gnorm, max_norm);
+    model_adamw(m, &h);
+    if (be_check(m->be, err))
+        return err->code;
+    return grad_sync_gather_weights(m, comm, err);
 }

@@ -77,5 +77,14 @@ int grad_sync_allgather(backend_t *be, comm_t *comm, tensor_t copy, size_t shard
 /* The gradient's global sum of squares: model_grad_sumsq summed over the
  * shards when sharded. */
 int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err);
+/* The step's update, after grad_sync_finish: the gradient's global norm
+ * (*gnorm), AdamW with a's learning rate and step and the norm clipped to
+ * max_norm (a->grad_scale is not used), and the weights gathered when
+ * sharded. Unsharded this is model_update (the host waits for nothing
+ * between the norm and the update; a captured span with graphs); sharded,
+ * the norm is summed over the ranks on the host first. When the norm is
+ * not finite nothing is updated (returns 0; the caller fails the step). */
+int grad_sync_update(model_t *m, comm_t *comm, const adamw_args *a, double max_norm,
+                     double *gnorm, sp_err *err);
 
 #endif

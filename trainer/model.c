@@ -234,7 +234,7 @@ void model_destroy(model_t *m)
     free_if_owned(be, &m->nf4_work, NULL);
     tensor_t *arenas[] = {&m->master, &m->grad,       &m->adam_m,       &m->adam_v,
                           &m->copy,   &m->grad_shard, &m->grad_bufs[0], &m->grad_bufs[1],
-                          &m->grad_bufs[2]};
+                          &m->grad_bufs[2], &m->upd};
     for (size_t i = 0; i < sizeof arenas / sizeof arenas[0]; i++)
         free_if_owned(be, arenas[i], NULL);
     /* shared activation sets are freed once, through the last layer's handles */

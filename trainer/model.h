@@ -101,8 +101,9 @@ typedef struct model_opts {
      * later one that does (their launch traces match), eager otherwise
      * (a micro-batch whose gradients are reduced during the backward, a
      * profiled step). On CUDA one CUDA graph; on the CPU the recorded op
-     * list (the same rules, for tests). A span that cannot be captured
-     * turns it off for the run, with why in model.graph_off. */
+     * list (the same rules, for tests). The step's update (model_update)
+     * is a captured span too, by the same rules. A span that cannot be
+     * captured turns it off for the run, with why in model.graph_off. */
     int graphs;
 } model_opts;
 
@@ -136,6 +137,13 @@ typedef struct adamw_run {
     size_t offset, n;
     int decay;
 } adamw_run;
+
+/* What captured spans of one kind did: how many replayed a graph (the one
+ * just captured included), were captured, ran eagerly; ops: the ops (kernel
+ * launches, copies) of the last capture. */
+typedef struct model_graph_count {
+    size_t replays, captures, eager, ops;
+} model_graph_count;
 
 typedef struct model {
     model_config_t mc;
@@ -189,12 +197,14 @@ typedef struct model {
      * [16 + 256]), and the workspace one dequantized projection weight is
      * written to (act_dt, the largest projection) */
     tensor_t nf4_maps, nf4_work;
-    /* captured micro-batches (model_opts.graphs, model_step.c): the
-     * graphs kept, and how many micro-batches replayed one, were captured,
-     * ran eagerly; graph_ops: the ops (kernel launches, copies) of the last
-     * capture; graph_off: why graphs were turned off ("" while on) */
-    struct model_graphs *graphs;
-    size_t graph_replays, graph_captures, graph_eager, graph_ops;
+    /* the step's update (model_update): F32 [8], adamw_args.hyper at 0
+     * (3 values), the gradient's sum of squares (a double) at 4 */
+    tensor_t upd;
+    /* captured spans (model_opts.graphs, model_step.c): the graphs kept for
+     * the micro-batches and for the update, and what each did; graph_off:
+     * why graphs were turned off ("" while on) */
+    struct model_graphs *graphs, *graphs_upd;
+    model_graph_count graph_mb, graph_upd;
     char graph_off[320];
 } model_t;
 
@@ -242,6 +252,17 @@ double model_grad_sumsq(model_t *m);
  * sharded: over this rank's shard, writing its part of the compute copy,
  * which the caller then all-gathers. */
 void model_adamw(model_t *m, const adamw_args *a);
+/* The step's update with an unsharded optimizer: the gradient's sum of
+ * squares written to device memory, and model_adamw reading it there (the
+ * clip scale, adamw_clip_scale of its root against max_norm; a->grad_scale
+ * is not used), with a's learning rate and bias corrections staged in
+ * device memory too (m->upd). Nothing waits between the norm and the
+ * update; the norm is read after: *gnorm. When it is not finite nothing
+ * was updated (the caller fails the step). With model_opts.graphs the two
+ * are one captured span, the same every step, so it replays. A sharded
+ * optimizer, whose norm is summed over the ranks, is refused: see
+ * grad_sync_update. */
+int model_update(model_t *m, const adamw_args *a, double max_norm, double *gnorm, sp_err *err);
 
 /* Bytes the model needs, by category, before anything is allocated (with
  * model_opts.nf4 the projection weights count nf4_bytes() each and the

@@ -540,6 +540,7 @@ void model_alloc_params(model_t *m)
 {
     backend_t *be = m->be;
     alloc_fused(m);
+    m->upd = be_alloc(be, DT_F32, 8);
     if (m->shard_count > 1) {
         alloc_sharded(m);
         return;

@@ -1,8 +1,11 @@
-/* A micro-batch as the trainer runs it: its host values staged in device
- * memory, every launch of its forward, loss and backward (model_graph.c),
- * its loss read back; and, with model_opts.graphs, those launches as a
- * captured span replayed while its launch trace stays the same. */
+/* A step as the trainer runs it: each micro-batch's host values staged in
+ * device memory, every launch of its forward, loss and backward
+ * (model_graph.c), its loss read back; the update (the gradient norm and
+ * AdamW, reading the step's values from device memory); and, with
+ * model_opts.graphs, each of those as a captured span replayed while its
+ * launch trace stays the same. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -118,10 +121,11 @@ static void launch_step(const step_ctx *c)
 
 #define GRAPH_SLOTS 4
 
-/* The graphs kept (a handful: the micro-batch shapes of a run are few,
- * e.g. full and the last of an epoch), replaced in turn; seen: the digest
- * of the last micro-batch run eagerly, so a span is captured the second
- * time it comes (the first warms up what the backend sizes on first use). */
+/* The graphs kept for one kind of span (a handful: the micro-batch shapes
+ * of a run are few, e.g. full and the last of an epoch; the update has
+ * one), replaced in turn; seen: the digest of the last span run eagerly, so
+ * a span is captured the second time it comes (the first warms up what the
+ * backend sizes on first use). */
 typedef struct model_graphs {
     be_graph *g[GRAPH_SLOTS];
     int next;
@@ -129,15 +133,20 @@ typedef struct model_graphs {
     int have_seen;
 } model_graphs;
 
-void model_graphs_free(model_t *m)
+static void cache_free(backend_t *be, model_graphs **G)
 {
-    model_graphs *G = m->graphs;
-    if (!G)
+    if (!*G)
         return;
     for (int i = 0; i < GRAPH_SLOTS; i++)
-        be_graph_free(m->be, G->g[i]);
-    free(G);
-    m->graphs = NULL;
+        be_graph_free(be, (*G)->g[i]);
+    free(*G);
+    *G = NULL;
+}
+
+void model_graphs_free(model_t *m)
+{
+    cache_free(m->be, &m->graphs);
+    cache_free(m->be, &m->graphs_upd);
 }
 
 static void graphs_off(model_t *m, const char *why)
@@ -147,41 +156,54 @@ static void graphs_off(model_t *m, const char *why)
     model_graphs_free(m);
 }
 
-/* launch_step as a captured span: traced dry first; a graph with the same
- * digest replays it, else it runs eagerly (first sight of a digest) or is
- * captured (second sight) and replayed. Whatever cannot be captured turns
- * graphs off for the run and runs eagerly. */
-static void launch_graphed(const step_ctx *c)
+/* One kind of captured span: its launches (launch(arg)), its graphs, its
+ * counts, and what it is called in messages ("a micro-batch"). */
+typedef struct span {
+    void (*launch)(const void *arg);
+    const void *arg;
+    model_graphs **cache;
+    model_graph_count *count;
+    const char *what;
+} span;
+
+static void eager(const span *s)
 {
-    model_t *m = c->m;
+    s->count->eager++;
+    s->launch(s->arg);
+}
+
+/* The span's launches as a captured span: traced dry first; a graph with
+ * the same digest replays it, else it runs eagerly (first sight of a
+ * digest) or is captured (second sight) and replayed. Whatever cannot be
+ * captured turns graphs off for the run and runs eagerly. */
+static void launch_graphed(model_t *m, const span *s)
+{
     backend_t *be = m->be;
     be_trace t;
     be_trace_start(be, &t, 1);
-    launch_step(c);
+    s->launch(s->arg);
     be_trace_stop(be);
     if (be->err.code) /* a refused op: reported by the caller */
         return;
     char why[256];
     if (t.barriers) {
-        snprintf(why, sizeof why, "a micro-batch holds %zu call(s) a graph cannot, the first: %s",
+        snprintf(why, sizeof why, "%s holds %zu call(s) a graph cannot, the first: %s", s->what,
                  t.barriers, t.first_barrier);
         graphs_off(m, why);
-        m->graph_eager++;
-        launch_step(c);
+        eager(s);
         return;
     }
-    if (!m->graphs && !(m->graphs = calloc(1, sizeof *m->graphs))) {
-        m->graph_eager++;
-        launch_step(c);
+    if (!*s->cache && !(*s->cache = calloc(1, sizeof **s->cache))) {
+        eager(s);
         return;
     }
-    model_graphs *G = m->graphs;
+    model_graphs *G = *s->cache;
     for (int i = 0; i < GRAPH_SLOTS; i++) {
         if (!G->g[i] || G->g[i]->digest != t.digest)
             continue;
         int rc = be_graph_launch(be, G->g[i]);
         if (rc <= 0) {
-            m->graph_replays += rc == 0;
+            s->count->replays += rc == 0;
             return;
         }
         be_graph_free(be, G->g[i]); /* stale: captured again below */
@@ -193,17 +215,16 @@ static void launch_graphed(const step_ctx *c)
     if (!G->have_seen || G->seen != t.digest) {
         G->have_seen = 1;
         G->seen = t.digest;
-        m->graph_eager++;
-        launch_step(c);
+        eager(s);
         return;
     }
     if (be_graph_begin(be))
         return; /* the sticky error says why */
-    launch_step(c);
+    s->launch(s->arg);
     be_graph *g = be_graph_end(be, why, sizeof why);
     if (g && g->digest != t.digest) { /* the host code launched something else */
-        snprintf(why, sizeof why, "a micro-batch launched differently when captured "
-                                  "(%zu ops traced, %zu captured)", t.ops, g->ops);
+        snprintf(why, sizeof why, "%s launched differently when captured "
+                                  "(%zu ops traced, %zu captured)", s->what, t.ops, g->ops);
         be_graph_free(be, g);
         g = NULL;
     }
@@ -211,22 +232,24 @@ static void launch_graphed(const step_ctx *c)
         char off[300];
         snprintf(off, sizeof off, "capture failed: %s", why);
         graphs_off(m, off);
-        m->graph_eager++;
-        launch_step(c);
+        eager(s);
         return;
     }
     be_graph_free(be, G->g[G->next]);
     G->g[G->next] = g;
     G->next = (G->next + 1) % GRAPH_SLOTS;
-    m->graph_captures++;
-    m->graph_ops = g->ops;
+    s->count->captures++;
+    s->count->ops = g->ops;
     int rc = be_graph_launch(be, g);
-    if (rc == 0) {
-        m->graph_replays++;
-    } else if (rc == 1) { /* stale already: nothing of the micro-batch has run */
-        m->graph_eager++;
-        launch_step(c);
-    }
+    if (rc == 0)
+        s->count->replays++;
+    else if (rc == 1) /* stale already: nothing of the span has run */
+        eager(s);
+}
+
+static void launch_step_span(const void *c)
+{
+    launch_step(c);
 }
 
 int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)
@@ -240,13 +263,66 @@ int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, s
         return err->code;
     /* eager: a profiled step, or reductions started during the backward */
     int reduces = m->grads_ready && (b->last || m->shard_grads);
-    if (m->o.graphs && !m->be->prof && !reduces)
-        launch_graphed(&c);
-    else
+    if (m->o.graphs && !m->be->prof && !reduces) {
+        span sp = {launch_step_span, &c, &m->graphs, &m->graph_mb, "a micro-batch"};
+        launch_graphed(m, &sp);
+    } else {
         launch_step(&c);
+    }
     if (be_check(m->be, err) || read_loss(&c, loss_sum, err))
         return err->code;
     return be_check(m->be, err);
+}
+
+/* ---- the step's update ---------------------------------------------------------- */
+
+typedef struct update_ctx {
+    model_t *m;
+    const adamw_args *a;
+} update_ctx;
+
+/* The norm into device memory, and AdamW reading it there. */
+static void launch_update(const void *arg)
+{
+    const update_ctx *u = arg;
+    be_sumsq_into(u->m->be, u->a->sumsq, u->m->grad, u->m->n_trainable);
+    model_adamw(u->m, u->a);
+}
+
+int model_update(model_t *m, const adamw_args *a, double max_norm, double *gnorm, sp_err *err)
+{
+    *gnorm = 0.0;
+    if (m->shard_count > 1)
+        return sp_fail(err, SP_EXIT_OTHER,
+                       "model_update: the optimizer is sharded, its gradient norm is summed "
+                       "over the ranks (grad_sync_update)");
+    if (!m->n_trainable)
+        return 0;
+    float hyper[3];
+    adamw_hyper(a, hyper);
+    /* the values that change every step are in device memory, so the
+     * launches (and their trace) are the same every step */
+    adamw_args d = *a;
+    d.lr = 0.0f;
+    d.step = 0;
+    d.grad_scale = 0.0f;
+    d.hyper = tensor_view(m->upd, 0, 3);
+    d.sumsq = tensor_view(m->upd, 4, 2);
+    d.max_norm = max_norm;
+    be_upload(m->be, d.hyper, hyper, DT_F32);
+    update_ctx u = {m, &d};
+    if (m->o.graphs && !m->be->prof) {
+        span sp = {launch_update, &u, &m->graphs_upd, &m->graph_upd, "the update"};
+        launch_graphed(m, &sp);
+    } else {
+        launch_update(&u);
+    }
+    double sumsq = 0.0;
+    be_d2h(m->be, &sumsq, d.sumsq.p, sizeof sumsq);
+    if (be_check(m->be, err))
+        return err->code;
+    *gnorm = sqrt(sumsq);
+    return 0;
 }
 
 int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *err)

@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "../kernels/backend.h"
+
 double optim_lr(const config_t *c, int64_t step)
 {
     if (c->warmup_steps > 0 && step < c->warmup_steps)
@@ -20,7 +22,5 @@ double optim_lr(const config_t *c, int64_t step)
 
 double optim_clip_scale(double grad_norm, double max_norm)
 {
-    if (max_norm <= 0 || !(grad_norm > max_norm))
-        return 1.0;
-    return max_norm / (grad_norm + 1e-6);
+    return adamw_clip_scale(grad_norm, max_norm); /* as the kernels clip */
 }

@@ -369,24 +369,24 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
         if (grad_sync_finish(&gs, err) ||
             comm_allreduce(t->comm, &loss_sum, 1, COMM_F64, COMM_SUM, err))
             return err->code;
-        if (grad_sync_sumsq(t->m, t->comm, &gnorm, err))
-            return err->code;
-        gnorm = sqrt(gnorm);
-        if (!isfinite(loss_sum) || !isfinite(gnorm))
+        if (!isfinite(loss_sum))
             return sp_fail(err, SP_EXIT_OTHER,
-                           "step %lld: the loss or the gradient is not finite (loss %g, grad "
-                           "norm %g); lower train.lr or check the data",
-                           (long long)t->p.step + 1, loss_sum / (double)trained, gnorm);
+                           "step %lld: the loss is not finite (%g); nothing was updated; lower "
+                           "train.lr or check the data and the model's weights",
+                           (long long)t->p.step + 1, loss_sum / (double)trained);
         adamw_args a = {.lr = (float)lr,
                         .beta1 = (float)c->beta1,
                         .beta2 = (float)c->beta2,
                         .eps = (float)c->adam_eps,
                         .weight_decay = (float)c->weight_decay,
-                        .grad_scale = (float)optim_clip_scale(gnorm, c->clip_grad_norm),
                         .step = t->p.step + 1};
-        model_adamw(t->m, &a);
-        if (be_check(t->be, err) || grad_sync_gather_weights(t->m, t->comm, err))
+        if (grad_sync_update(t->m, t->comm, &a, c->clip_grad_norm, &gnorm, err))
             return err->code;
+        if (!isfinite(gnorm))
+            return sp_fail(err, SP_EXIT_OTHER,
+                           "step %lld: the gradient is not finite (grad norm %g, loss %g); "
+                           "nothing was updated; lower train.lr or check the data",
+                           (long long)t->p.step + 1, gnorm, loss_sum / (double)trained);
     } else if (t->out) {
         log_event(t->out, &t->metrics, "warning",
                   "step %lld has no trained tokens (loss_mask is 0 everywhere); no update",
@@ -608,11 +608,19 @@ static int train_loop(trainer_t *t, sp_err *err)
                            "same command to resume",
                            (long long)t->p.step);
     }
-    if (c->cuda_graphs && t->rank == 0)
+    if (c->cuda_graphs && t->rank == 0) {
+        const model_graph_count *mb = &t->m->graph_mb, *up = &t->m->graph_upd;
+        char upd[160];
+        if (t->m->shard_count > 1)
+            snprintf(upd, sizeof upd, "the updates ran without (the optimizer is sharded)");
+        else
+            snprintf(upd, sizeof upd, "%zu updates replayed one, %zu were captured, %zu ran eagerly",
+                     up->replays, up->captures, up->eager);
         log_event(t->out, &t->metrics, "info",
                   "runtime.cuda_graphs: %zu micro-batches replayed a graph, %zu were captured, "
-                  "%zu ran eagerly",
-                  t->m->graph_replays, t->m->graph_captures, t->m->graph_eager);
+                  "%zu ran eagerly; %s",
+                  mb->replays, mb->captures, mb->eager, upd);
+    }
     return 0;
 }
 
