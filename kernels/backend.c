@@ -17,6 +17,45 @@
 #include <unistd.h>
 #endif
 
+int embedding_order(const int32_t *tokens, int n, int32_t *order, int32_t *runs)
+{
+    /* two stable counting passes over 16-bit digits (LSD radix) */
+    int32_t *tmp = malloc(sizeof *tmp * (size_t)(n > 0 ? n : 1));
+    size_t *count = calloc(65537, sizeof *count);
+    if (!tmp || !count) {
+        free(tmp);
+        free(count);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        tmp[i] = i;
+    int32_t *src = tmp, *dst = order;
+    for (int shift = 0; shift < 32; shift += 16) {
+        memset(count, 0, 65537 * sizeof *count);
+        for (int i = 0; i < n; i++)
+            count[1 + (((uint32_t)tokens[src[i]] >> shift) & 0xffff)]++;
+        for (int d = 0; d < 65536; d++)
+            count[d + 1] += count[d];
+        for (int i = 0; i < n; i++)
+            dst[count[((uint32_t)tokens[src[i]] >> shift) & 0xffff]++] = src[i];
+        int32_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    /* two passes: the result is back in tmp's first buffer, i.e. src == tmp */
+    if (n > 0 && src != order)
+        memcpy(order, src, sizeof *order * (size_t)n);
+    int u = 0;
+    for (int k = 0; k < n; k++)
+        if (k == 0 || tokens[order[k]] != tokens[order[k - 1]])
+            runs[1 + u++] = k;
+    runs[0] = u;
+    runs[1 + u] = n;
+    free(tmp);
+    free(count);
+    return 0;
+}
+
 void adamw_hyper(const adamw_args *a, float hyper[3])
 {
     double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);

@@ -58,6 +58,13 @@ typedef struct adamw_args {
     double max_norm;
 } adamw_args;
 
+/* The positions of n token ids grouped by id, for embedding_backward:
+ * order[k], the positions sorted by id (stable: each id's in position
+ * order); runs[0] = u, the number of distinct ids; runs[1 + j], where the
+ * j-th id's positions start in order (j < u); runs[1 + u] = n. O(n).
+ * 0, or -1 when out of host memory. */
+int embedding_order(const int32_t *tokens, int n, int32_t *order, int32_t *runs);
+
 /* hyper's values for a's lr and step: {lr, lr / (1 - beta1^step),
  * sqrt(1 - beta2^step)}, as every backend's AdamW derives them. */
 void adamw_hyper(const adamw_args *a, float hyper[3]);
@@ -158,11 +165,15 @@ typedef struct backend_ops {
     void (*swiglu_backward)(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
                             tensor_t u, int rows, int cols, int ld);
 
-    /* out[i,:] = table[tokens[i],:]; tokens I32 [n]; backward: dtable += (F32) */
+    /* out[i,:] = table[tokens[i],:]; tokens I32 [n]; backward: dtable += (F32),
+     * deterministic: the rows of one id are summed in position order, then
+     * added (each row of dtable has one writer). order (I32 [n]) and runs
+     * (I32 [n + 2]) group the positions by id: embedding_order() makes them
+     * from the tokens on the host; ids outside the table train nothing. */
     void (*embedding_forward)(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
                               int H);
     void (*embedding_backward)(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens,
-                               int n, int H);
+                               tensor_t order, tensor_t runs, int n, int H);
 
     /* Fused softmax cross-entropy and its backward, in place.
      * logits [rows,V] (act_dt) becomes dlogits = (softmax - onehot) * g,
@@ -472,7 +483,8 @@ void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t d
 void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t out,
                              tensor_t table, tensor_t tokens, int n, int H);
 void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_t dtable,
-                              tensor_t dout, tensor_t tokens, int n, int H);
+                              tensor_t dout, tensor_t tokens, tensor_t order, tensor_t runs,
+                              int n, int H);
 void be_cross_entropy_at(const char *file, int line, backend_t *be, tensor_t logits,
                          tensor_t loss, tensor_t targets, int rows, int V, float grad_scale,
                          tensor_t scale);

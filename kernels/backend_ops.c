@@ -536,7 +536,8 @@ void be_embedding_forward_at(const char *file, int line, backend_t *be, tensor_t
 }
 
 void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_t dtable,
-                              tensor_t dout, tensor_t tokens, int n, int H)
+                              tensor_t dout, tensor_t tokens, tensor_t order, tensor_t runs,
+                              int n, int H)
 {
     call c = begin(be, "embedding_backward", file, line);
     size_arg(&c, "n", n);
@@ -546,7 +547,9 @@ void be_embedding_backward_at(const char *file, int line, backend_t *be, tensor_
     tensor_arg(&c, "dtable", dtable, (size_t)H, "H", TAKES_F32);
     tensor_arg(&c, "dout", dout, mul((size_t)n, (size_t)H), "n x H", TAKES_FLOAT);
     tensor_arg(&c, "tokens", tokens, (size_t)n, "n", TAKES_I32);
-    BE_DISPATCH(c.bad, be, embedding_backward, dtable, dout, tokens, n, H);
+    tensor_arg(&c, "order", order, (size_t)n, "n", TAKES_I32);
+    tensor_arg(&c, "runs", runs, (size_t)n + 2, "n + 2", TAKES_I32);
+    BE_DISPATCH(c.bad, be, embedding_backward, dtable, dout, tokens, order, runs, n, H);
 }
 
 void be_cross_entropy_at(const char *file, int line, backend_t *be, tensor_t logits,

@@ -244,9 +244,9 @@ static int replay_one(backend_t *be, reader *r)
         return 0;
     }
     case OP_embedding_backward: {
-        tensor_t dt = rt(r), dout = rt(r), tok = rt(r);
+        tensor_t dt = rt(r), dout = rt(r), tok = rt(r), ord = rt(r), runs = rt(r);
         int n = ri(r), H = ri(r);
-        o->embedding_backward(be, dt, dout, tok, n, H);
+        o->embedding_backward(be, dt, dout, tok, ord, runs, n, H);
         return 0;
     }
     case OP_cross_entropy: {

@@ -23,8 +23,7 @@ void op_checks_expect_refused(backend_t *be, const char *want, const char *file,
 
 /* Every op's valid call captured as a graph (be_graph, kernels/backend.h)
  * and launched gives what the same call gives eagerly, its optional tensors
- * present: bit for bit (embedding_backward, which adds with atomics on
- * CUDA: within 1e-6 relative there); each tensor filled with values of its
+ * present: bit for bit; each tensor filled with values of its
  * own first, so operands passed in the wrong order show; the capture itself
  * changes no memory; and sumsq, a barrier, fails its capture by name. Also
  * zero, copy, copy2d and matmul_into. Returns the number of ops checked. */

@@ -46,7 +46,7 @@ static void c_embedding_forward(backend_t *be, const tensor_t *t, const int *d)
 }
 static void c_embedding_backward(backend_t *be, const tensor_t *t, const int *d)
 {
-    be_embedding_backward(be, t[0], t[1], t[2], d[0], d[1]);
+    be_embedding_backward(be, t[0], t[1], t[2], t[3], t[4], d[0], d[1]);
 }
 static void c_cross_entropy(backend_t *be, const tensor_t *t, const int *d)
 {
@@ -174,9 +174,12 @@ const op_spec op_specs[] = {
      {T_("out", 12, "n x H", TAKES_FLOAT), {"table", 20, 4, "H", TAKES_FLOAT, 0},
       T_("tokens", 3, "n", TAKES_I32)},
      2, {"n", "H"}, {3, 4}},
-    {"embedding_backward", c_embedding_backward, 3,
+    /* ids 0 (order and runs as embedding_order makes them: zeros, a run of
+     * length 0 at each of 0 ids) */
+    {"embedding_backward", c_embedding_backward, 5,
      {{"dtable", 20, 4, "H", TAKES_F32, 0}, T_("dout", 12, "n x H", TAKES_FLOAT),
-      T_("tokens", 3, "n", TAKES_I32)},
+      T_("tokens", 3, "n", TAKES_I32), T_("order", 3, "n", TAKES_I32),
+      T_("runs", 5, "n + 2", TAKES_I32)},
      2, {"n", "H"}, {3, 4}},
     {"cross_entropy", c_cross_entropy, 4,
      {T_("logits", 15, "rows x V", TAKES_FLOAT), T_("loss", 3, "rows", TAKES_F32),
@@ -231,6 +234,18 @@ const op_spec op_specs[] = {
 
 const size_t op_spec_count = sizeof op_specs / sizeof op_specs[0];
 const char op_specs_file[] = __FILE__;
+
+void op_embedding_order(backend_t *be, const int32_t *tok, int n, tensor_t *order,
+                        tensor_t *runs)
+{
+    int32_t *h = malloc(sizeof *h * (2 * (size_t)n + 2));
+    cr_assert(h && embedding_order(tok, n, h, h + n) == 0);
+    *order = be_alloc(be, DT_I32, (size_t)n);
+    *runs = be_alloc(be, DT_I32, (size_t)n + 2);
+    be_upload(be, *order, h, DT_I32);
+    be_upload(be, *runs, h + n, DT_I32);
+    free(h);
+}
 
 /* ---- guarded tensors ------------------------------------------------------------------ */
 

@@ -8,6 +8,7 @@
 #define SPOTUNE_TEST_OP_SPECS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/backend.h"
 
@@ -46,6 +47,11 @@ extern const op_spec op_specs[];
 extern const size_t op_spec_count;
 /* the source the valid calls are made in (what a refusal's file:line names) */
 extern const char op_specs_file[];
+
+/* embedding_backward's grouping of n host token ids (embedding_order),
+ * allocated on be: *order I32 [n], *runs I32 [n + 2]. */
+void op_embedding_order(backend_t *be, const int32_t *tok, int n, tensor_t *order,
+                        tensor_t *runs);
 
 /* The allocations of one op's arguments and what they hold before a call. */
 typedef struct arena {

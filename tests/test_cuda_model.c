@@ -10,9 +10,10 @@
  *    the last 10 within 2%, and the loss falls.
  *  - runtime.cuda_graphs: 5 steps of 2 micro-batches replayed as one CUDA
  *    graph against eager launches (tests/graphs_util.h): LoRA with dropout
- *    and packed documents bit for bit, full fine-tuning with recomputation
- *    and a micro-batch of another shape within 1e-5; one capture, every
- *    later micro-batch of the usual shape a replay.
+ *    and packed documents, full fine-tuning with recomputation and a
+ *    micro-batch of another shape, bit for bit; one capture, every later
+ *    micro-batch of the usual shape a replay, and of the update;
+ *  - deterministic: 5 steps of full fine-tuning twice, the same bits.
  * Paths: fixtures under $SPOTUNE_TEST_SOURCE_DIR/tests/fixtures and the
  * binary in $SPOTUNE_TEST_BINARY_DIR when set (the GPU bundle sets them),
  * else the source and build trees this test was built from.
@@ -291,19 +292,28 @@ int main(int argc, char *argv[])
 
 /* model.quantize nf4 runs on the CPU backends only: runtime.backend auto
  * choosing the GPU is refused at start, naming the key and the backend. */
-/* runtime.cuda_graphs: the micro-batches replayed as one CUDA graph give
- * what eager launches give; LoRA bit for bit, full fine-tuning within
- * tests/graphs_util.h's tolerances (embedding_backward adds with atomics) */
+/* runtime.cuda_graphs: the micro-batches and updates replayed as CUDA
+ * graphs give what eager launches give, bit for bit (no kernel adds with
+ * atomics) */
 Test(cuda_model, graphs_replay_lora_with_dropout_bit_for_bit)
 {
     graphs_case gc = {.mode = MODE_LORA, .dropout = 0.1, .packed = 1};
-    graphs_same_as_eager(cuda_test_backend(), &gc, "cuda lora dropout packed", 1);
+    graphs_same_as_eager(cuda_test_backend(), &gc, "cuda lora dropout packed");
+}
+
+/* Deterministic: full fine-tuning (the embedding gradient of repeated
+ * tokens, the column sums, attention, the products) twice gives the same
+ * bits, every step's loss, gradient norm and every weight. */
+Test(cuda_model, full_fine_tuning_twice_gives_the_same_bits)
+{
+    graphs_case gc = {.mode = MODE_FULL, .packed = 1};
+    graphs_run_twice_the_same(cuda_test_backend(), &gc, "cuda full twice");
 }
 
 Test(cuda_model, graphs_replay_full_with_recompute_and_an_odd_micro_batch)
 {
     graphs_case gc = {.mode = MODE_FULL, .recompute = RECOMPUTE_LAYER, .odd_last = 1};
-    graphs_same_as_eager(cuda_test_backend(), &gc, "cuda full recompute odd", 0);
+    graphs_same_as_eager(cuda_test_backend(), &gc, "cuda full recompute odd");
 }
 
 Test(cuda_model, qlora_refused_when_auto_chooses_cuda)

@@ -25,6 +25,7 @@
 #include "cuda_test_main.h"
 #include "kernels/backend.h"
 #include "op_checks.h"
+#include "op_specs.h"
 
 TestSuite(cuda_ops, .init = cuda_ops_setup, .fini = cuda_ops_teardown, .timeout = 300);
 
@@ -229,16 +230,28 @@ Test(cuda_ops, embedding_forward_and_backward)
     tensor_t gdt = up(gpu, DT_F32, dt0, (size_t)vocab * H);
     tensor_t ct = up(cpu, DT_F32, table, (size_t)vocab * H), co = up(cpu, DT_F32, NULL, (size_t)n * H);
     tensor_t cd = up(cpu, DT_F32, dout, (size_t)n * H), cdt = up(cpu, DT_F32, dt0, (size_t)vocab * H);
+    tensor_t go32 = up(gpu, DT_F32, dout, (size_t)n * H), gdt2 = up(gpu, DT_F32, dt0, (size_t)vocab * H);
+    tensor_t gord, gruns, cord, cruns;
+    op_embedding_order(gpu, tok, n, &gord, &gruns);
+    op_embedding_order(cpu, tok, n, &cord, &cruns);
     be_embedding_forward(gpu, go, gt, gi, n, H);
     be_embedding_forward(cpu, co, ct, ci, n, H);
-    be_embedding_backward(gpu, gdt, gd, gi, n, H);
-    be_embedding_backward(cpu, cdt, cd, ci, n, H);
+    be_embedding_backward(gpu, gdt, gd, gi, gord, gruns, n, H);
+    be_embedding_backward(cpu, cdt, cd, ci, cord, cruns, n, H);
     gpu_ok();
     expect_close("embedding out", go, co, (size_t)n * H, 0.0); /* a gather: exact */
     expect_close("embedding dtable (+=)", gdt, cdt, (size_t)vocab * H, TOL_F32);
-    tensor_t gs[] = {gt, gi, go, gd, gdt}, cs[] = {ct, ci, co, cd, cdt};
-    for (int i = 0; i < 5; i++)
-        drop(gpu, &gs[i]), drop(cpu, &cs[i]);
+    /* no atomics: from F32 gradients, the CPU's bits (each id's rows summed
+     * in position order, then added) */
+    be_embedding_backward(gpu, gdt2, go32, gi, gord, gruns, n, H);
+    gpu_ok();
+    expect_close("embedding dtable from F32 (bit for bit)", gdt2, cdt, (size_t)vocab * H, 0.0);
+    tensor_t gs[] = {gt, gi, go, gd, gdt, go32, gdt2, gord, gruns},
+             cs[] = {ct, ci, co, cd, cdt, cord, cruns};
+    for (int i = 0; i < 9; i++)
+        drop(gpu, &gs[i]);
+    for (int i = 0; i < 7; i++)
+        drop(cpu, &cs[i]);
     free(table), free(dout), free(dt0);
 }
 
@@ -618,8 +631,7 @@ Test(cuda_ops, malformed_calls_are_refused_as_on_the_cpu)
 }
 
 /* Every op's valid call captured as a CUDA graph and launched gives what
- * it gives eagerly (tests/op_checks.c, op_checks_replay): bit for bit, but
- * embedding_backward (atomics) within 1e-6. */
+ * it gives eagerly (tests/op_checks.c, op_checks_replay): bit for bit. */
 Test(cuda_ops, every_op_replays_as_a_cuda_graph)
 {
     int n = op_checks_replay(gpu);

@@ -193,31 +193,31 @@ Test(graph, a_barrier_in_a_capture_fails_it_by_name_and_leaves_no_error)
 Test(graphs, lora_with_dropout_and_packed_documents_replays_bit_for_bit)
 {
     graphs_case rc = {.mode = MODE_LORA, .dropout = 0.1, .packed = 1};
-    graphs_same_as_eager("cpu", &rc, "lora dropout packed", 1);
+    graphs_same_as_eager("cpu", &rc, "lora dropout packed");
 }
 
 Test(graphs, full_fine_tuning_with_recompute_and_a_shorter_micro_batch_replays_bit_for_bit)
 {
     graphs_case rc = {.mode = MODE_FULL, .recompute = RECOMPUTE_LAYER, .odd_last = 1};
-    graphs_same_as_eager("cpu", &rc, "full recompute odd", 1);
+    graphs_same_as_eager("cpu", &rc, "full recompute odd");
 }
 
 Test(graphs, dora_with_dropout_replays_bit_for_bit)
 {
     graphs_case rc = {.mode = MODE_LORA, .dropout = 0.1, .dora = 1, .packed = 1};
-    graphs_same_as_eager("cpu", &rc, "dora dropout packed", 1);
+    graphs_same_as_eager("cpu", &rc, "dora dropout packed");
 }
 
 Test(graphs, qlora_replays_bit_for_bit)
 {
     graphs_case rc = {.mode = MODE_LORA, .dropout = 0.05, .nf4 = 1, .odd_last = 1};
-    graphs_same_as_eager("cpu", &rc, "qlora dropout odd", 1);
+    graphs_same_as_eager("cpu", &rc, "qlora dropout odd");
 }
 
 Test(graphs, lora_with_attention_recompute_replays_bit_for_bit)
 {
     graphs_case rc = {.mode = MODE_LORA, .recompute = RECOMPUTE_ATTENTION};
-    graphs_same_as_eager("cpu", &rc, "lora recompute attention", 1);
+    graphs_same_as_eager("cpu", &rc, "lora recompute attention");
 }
 
 /* A gradient that is not finite: the update (captured and replayed on that
@@ -225,7 +225,7 @@ Test(graphs, lora_with_attention_recompute_replays_bit_for_bit)
 Test(graphs, an_update_whose_gradient_is_not_finite_changes_nothing)
 {
     graphs_case rc = {.mode = MODE_LORA, .nan_step = 4};
-    graphs_same_as_eager("cpu", &rc, "lora nan step 4", 1);
+    graphs_same_as_eager("cpu", &rc, "lora nan step 4");
 }
 
 /* A device that refuses the capture: graphs off for the run, saying why,
@@ -236,4 +236,12 @@ Test(graphs, a_refused_capture_turns_graphs_off_and_runs_eagerly)
     graphs_refused_run_eagerly("cpu", &rc, "lora refused");
     graphs_case full = {.mode = MODE_FULL, .recompute = RECOMPUTE_LAYER};
     graphs_refused_run_eagerly("cpu", &full, "full refused");
+}
+
+/* Full fine-tuning (the embedding gradient of repeated tokens) twice: the
+ * same bits. */
+Test(graphs, full_fine_tuning_twice_gives_the_same_bits)
+{
+    graphs_case rc = {.mode = MODE_FULL, .packed = 1};
+    graphs_run_twice_the_same("cpu", &rc, "full twice");
 }

@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/nf4.h"
 #include "op_checks.h"
+#include "op_specs.h"
 #include "ops_util.h"
 
 TestSuite(ops, .init = ops_setup, .fini = ops_teardown);
@@ -297,9 +298,25 @@ Test(ops, embedding_forward_backward)
     float *got = host(to);
     for (int i = 0; i < n; i++)
         cr_expect_eq(memcmp(got + i * H, W + tok[i] * H, sizeof(float) * H), 0);
-    tensor_t tdW = dev(NULL, (size_t)V * H), tdo = dev(R, (size_t)n * H);
-    be_embedding_backward(be, tdW, tdo, tt, n, H);
+    tensor_t tdW = dev(NULL, (size_t)V * H), tdo = dev(R, (size_t)n * H), tord, truns;
+    op_embedding_order(be, tok, n, &tord, &truns);
+    be_embedding_backward(be, tdW, tdo, tt, tord, truns, n, H);
     float *dW = host(tdW);
+    { /* one thread: the same bits (each id's rows summed in position order) */
+        backend_t *one;
+        sp_err err = {0};
+        cr_assert_eq(backend_create(&one, be->name, 0, 1, &err), 0, "%s", err.msg);
+        tensor_t dW1 = be_alloc(one, DT_F32, (size_t)V * H), o1, r1;
+        op_embedding_order(one, tok, n, &o1, &r1);
+        be_embedding_backward(one, dW1, tdo, tt, o1, r1, n, H);
+        float *h1 = malloc(sizeof(float) * (size_t)V * H);
+        be_download(one, h1, DT_F32, dW1);
+        cr_expect_eq(memcmp(h1, dW, sizeof(float) * (size_t)V * H), 0,
+                     "1 thread and 2 threads give other bits");
+        free(h1);
+        be_free(one, &dW1), be_free(one, &o1), be_free(one, &r1);
+        backend_destroy(one);
+    }
     double *want = calloc((size_t)V * H, sizeof(double));
     for (int i = 0; i < n; i++)
         for (int c = 0; c < H; c++)
@@ -328,6 +345,46 @@ Test(ops, embedding_forward_backward)
                      fd, (double)dW[j]);
     }
     free(W), free(R), free(got), free(dW), free(want);
+}
+
+/* embedding_order: the positions sorted by id, stably (each id's in
+ * position order), and the runs of each id; ids negative and past 2^16 (the
+ * sort's two digits) included. */
+Test(ops, embedding_order_groups_positions_by_id_in_order)
+{
+    enum { N = 5000 };
+    static int32_t tok[N], order[N], runs[N + 2];
+    for (int i = 0; i < N; i++) {
+        uint64_t r = sp_rng_u64(17, (uint64_t)i);
+        tok[i] = i % 97 == 0 ? -1 - (int32_t)(r % 3)
+                             : (int32_t)(r % 40) * (i % 2 ? 1 : 70001); /* repeats, and large */
+    }
+    cr_assert_eq(embedding_order(tok, N, order, runs), 0);
+    int u = runs[0];
+    cr_assert(u > 0 && u <= N, "%d runs", u);
+    cr_expect_eq(runs[1], 0);
+    cr_expect_eq(runs[1 + u], N);
+    static unsigned char seen[N];
+    memset(seen, 0, sizeof seen);
+    for (int j = 0; j < u; j++) {
+        cr_assert_lt(runs[1 + j], runs[2 + j], "run %d is empty", j);
+        for (int k = runs[1 + j]; k < runs[2 + j]; k++) {
+            cr_assert(order[k] >= 0 && order[k] < N && !seen[order[k]], "position %d", order[k]);
+            seen[order[k]] = 1;
+            cr_expect_eq(tok[order[k]], tok[order[runs[1 + j]]], "run %d mixes ids", j);
+            if (k > runs[1 + j])
+                cr_expect_lt(order[k - 1], order[k], "run %d out of position order", j);
+        }
+        if (j > 0) /* one run per id */
+            for (int i = 0; i < j; i++)
+                cr_expect_neq(tok[order[runs[1 + i]]], tok[order[runs[1 + j]]],
+                              "id %d in two runs", tok[order[runs[1 + j]]]);
+    }
+    int32_t one = 5, o1, r1[3];
+    cr_assert_eq(embedding_order(&one, 1, &o1, r1), 0);
+    cr_expect(o1 == 0 && r1[0] == 1 && r1[1] == 0 && r1[2] == 1);
+    cr_assert_eq(embedding_order(NULL, 0, NULL, r1), 0);
+    cr_expect(r1[0] == 0 && r1[1] == 0, "no ids: no runs");
 }
 
 Test(ops, bias_add_and_backward)

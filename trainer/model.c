@@ -266,7 +266,7 @@ void model_destroy(model_t *m)
                               &s->bwd, &s->dxr, &s->drop, &s->dora, &s->lora_acat,
                               &s->lora_dacat, &s->logits, &s->loss,
                               &s->tokens, &s->targets, &s->pos, &s->seg, &s->seeds, &s->gscale,
-                              &s->rope_cos, &s->rope_sin};
+                              &s->emb_order, &s->emb_runs, &s->rope_cos, &s->rope_sin};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             free_if_owned(be, fields[f], NULL);
     }

@@ -207,6 +207,7 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
     plan->scratch = (BT + 3 * BT * H + bwd + 3 * BT * (size_t)o->lora_r + drop +
                      chunk * (size_t)mc->vocab + nf4_work + acat) * a + acat * 4 +
                     BT * 4 * 3 + (size_t)o->seq_len * (size_t)mc->head_dim * 4 +
+                    (o->mode == MODE_FULL ? (2 * BT + 2) * 4 : 0) +
                     (nf4_work ? (16 + 256) * 4 : 0);
 }
 
@@ -325,6 +326,10 @@ void model_alloc_activations(model_t *m)
     s->targets = act_alloc(m, BT, DT_I32);
     s->seeds = act_alloc(m, 2 * (size_t)m->o.max_batch, DT_I32);
     s->gscale = act_alloc(m, 1, DT_F32);
+    if (m->o.mode == MODE_FULL) {
+        s->emb_order = act_alloc(m, BT, DT_I32);
+        s->emb_runs = act_alloc(m, BT + 2, DT_I32);
+    }
     s->pos = act_alloc(m, BT, DT_I32);
     s->seg = act_alloc(m, BT, DT_I32);
     size_t half = (size_t)mc->head_dim / 2, T = (size_t)m->o.seq_len;

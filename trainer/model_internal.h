@@ -42,6 +42,9 @@ typedef struct model_scratch {
      * each window (I32 [2 B], a 64-bit value each) and the loss gradient's
      * scale (F32 [1]) */
     tensor_t seeds, gscale;
+    /* full fine-tuning: the tokens grouped by id for the embedding's
+     * backward (embedding_order: I32 [BT] and [BT + 2]) */
+    tensor_t emb_order, emb_runs;
     tensor_t rope_cos, rope_sin;
     int64_t chunk_rows; /* rows of logits materialised at once */
     int gate_up_in_place; /* the fused gate/up product in place (s->bwd sized for it) */

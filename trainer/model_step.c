@@ -87,6 +87,16 @@ static int stage(const step_ctx *c, sp_err *err)
         free(seeds);
     }
     be_upload(m->be, s->gscale, &c->b->grad_scale, DT_F32);
+    if (m->embed->trainable) { /* the tokens grouped by id: a deterministic backward */
+        int32_t *order = malloc(sizeof *order * (2 * n + 2));
+        if (!order || embedding_order(c->b->inputs, (int)n, order, order + n)) {
+            free(order);
+            return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
+        }
+        be_upload(m->be, tensor_view(s->emb_order, 0, n), order, DT_I32);
+        be_upload(m->be, tensor_view(s->emb_runs, 0, n + 2), order + n, DT_I32);
+        free(order);
+    }
     return 0;
 }
 
@@ -111,9 +121,13 @@ static void launch_step(const step_ctx *c)
         model_graph_layer_backward(c, l);
         grads_ready(m, b, m->ready_upto[1 + l]);
     }
-    if (m->embed->trainable)
-        be_embedding_backward(m->be, m->embed->grad, MODEL_SCRATCH(m)->dres,
-                              MODEL_SCRATCH(m)->tokens, c->rows, (int)m->mc.hidden);
+    if (m->embed->trainable) {
+        model_scratch *s = MODEL_SCRATCH(m);
+        size_t n = (size_t)c->rows;
+        be_embedding_backward(m->be, m->embed->grad, s->dres, s->tokens,
+                              tensor_view(s->emb_order, 0, n), tensor_view(s->emb_runs, 0, n + 2),
+                              c->rows, (int)m->mc.hidden);
+    }
     grads_ready(m, b, m->n_trainable);
 }
 

@@ -59,8 +59,8 @@ void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout,
                          tensor_t u, int rows, int cols, int ld);
 void cpu_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
                            int H);
-void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens, int n,
-                            int H);
+void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens,
+                            tensor_t order, tensor_t runs, int n, int H);
 void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
                        int V, float grad_scale, tensor_t scale);
 void cpu_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);

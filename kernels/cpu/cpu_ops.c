@@ -287,18 +287,42 @@ void cpu_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t
     }
 }
 
-void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens, int n,
-                            int H)
+void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens,
+                            tensor_t order, tensor_t runs, int n, int H)
 {
-    (void)be;
     size_t vocab = table_rows(dtable, H);
-    const int32_t *tok = I(tokens);
-    /* parallel over columns: each row of dtable is summed in token order */
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < H; c++)
-        for (int i = 0; i < n; i++)
-            if (in_table(tok[i], vocab))
-                F(dtable)[(size_t)tok[i] * H + c] += F(dout)[(size_t)i * H + c];
+    const int32_t *tok = I(tokens), *ord = I(order), *run = I(runs);
+    int u = run[0] < 0 ? 0 : run[0] > n ? n : run[0], failed = 0;
+    /* an id's rows summed in position order, then added: as the CUDA kernel */
+#pragma omp parallel
+    {
+        float *acc = malloc(sizeof(float) * (size_t)H);
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 16)
+        for (int j = 0; j < u; j++) {
+            int lo = run[1 + j], hi = run[2 + j];
+            if (!acc || lo < 0 || hi > n || lo >= hi || ord[lo] < 0 || ord[lo] >= n ||
+                !in_table(tok[ord[lo]], vocab))
+                continue;
+            memset(acc, 0, sizeof(float) * (size_t)H);
+            for (int k = lo; k < hi; k++) {
+                if (ord[k] < 0 || ord[k] >= n)
+                    continue;
+                const float *x = F(dout) + (size_t)ord[k] * H;
+                for (int c = 0; c < H; c++)
+                    acc[c] += x[c];
+            }
+            float *d = F(dtable) + (size_t)tok[ord[lo]] * H;
+            for (int c = 0; c < H; c++)
+                d[c] += acc[c];
+        }
+        free(acc);
+    }
+    if (failed)
+        be_fail(be, __FILE__, __LINE__, "out of memory in embedding_backward");
 }
 
 /* ---- fused softmax cross-entropy ---------------------------------------- */

@@ -326,7 +326,7 @@ void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout
 void cuda_embedding_forward(backend_t *be, tensor_t out, tensor_t table, tensor_t tokens, int n,
                             int H);
 void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tensor_t tokens,
-                             int n, int H);
+                             tensor_t order, tensor_t runs, int n, int H);
 void cuda_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
                         int V, float grad_scale, tensor_t scale);
 void cuda_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);

@@ -9,8 +9,8 @@
  * Determinism: the column sums (rmsnorm's dw, bias_backward) and sumsq are
  * fixed two-pass reductions (partials in double over fixed row or element
  * blocks, then summed in a fixed order), so they do not change between runs.
- * embedding_backward adds with atomics: its F32 sums may differ in the last
- * bits from run to run when a token repeats within a micro-batch.
+ * embedding_backward sums each id's rows in position order, one block per
+ * id (no atomics): the CPU's bits.
  * The RNG ops draw exactly the CPU backend's numbers (cuda_internal.h).
  *
  * add, add_bias, SwiGLU, dropout, RMSNorm, RoPE and AdamW first offer the
@@ -307,17 +307,30 @@ __global__ void embedding_forward_kernel(void *out, int odt, const void *table, 
     }
 }
 
-/* dtable[tokens[i],:] += dout[i,:] with float atomics (order not fixed) */
+/* dtable[id,:] += the sum of dout's rows of that id, in position order:
+ * block j for the j-th distinct id (runs[0] of the n blocks work), so each
+ * row of dtable has one writer: no atomics, the CPU's bits */
 __global__ void embedding_backward_kernel(float *dtable, const void *dout, int ddt,
-                                          const int32_t *tok, size_t vocab, int H, size_t n)
+                                          const int32_t *tok, const int32_t *ord,
+                                          const int32_t *runs, size_t vocab, int H, int n)
 {
-    GRID_STRIDE(idx, n)
-    {
-        size_t i = idx / H;
-        int c = (int)(idx % H);
-        int32_t t = tok[i];
-        if (t >= 0 && (size_t)t < vocab)
-            atomicAdd(&dtable[(size_t)t * H + c], ld_f(dout, ddt, idx));
+    int j = (int)blockIdx.x;
+    if (j >= runs[0])
+        return;
+    int lo = runs[1 + j], hi = runs[2 + j];
+    if (lo < 0 || hi > n || lo >= hi || ord[lo] < 0 || ord[lo] >= n)
+        return;
+    int32_t t = tok[ord[lo]];
+    if (t < 0 || (size_t)t >= vocab)
+        return;
+    for (int c = (int)threadIdx.x; c < H; c += (int)blockDim.x) {
+        float acc = 0.0f;
+        for (int k = lo; k < hi; k++) {
+            int p = ord[k];
+            if (p >= 0 && p < n)
+                acc = __fadd_rn(acc, ld_f(dout, ddt, (size_t)p * H + c));
+        }
+        dtable[(size_t)t * H + c] = __fadd_rn(dtable[(size_t)t * H + c], acc);
     }
 }
 
@@ -333,13 +346,14 @@ extern "C" void cuda_embedding_forward(backend_t *be, tensor_t out, tensor_t tab
 }
 
 extern "C" void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout,
-                                        tensor_t tokens, int n, int H)
+                                        tensor_t tokens, tensor_t order, tensor_t runs, int n,
+                                        int H)
 {
-    size_t total = (size_t)n * H;
-    if (be->err.code || !total)
+    if (be->err.code || n <= 0 || H <= 0)
         return;
-    embedding_backward_kernel<<<cuda_blocks(total), CUDA_BLOCK, 0, STREAM(be)>>>(
-        (float *)dtable.p, dout.p, dout.dt, (const int32_t *)tokens.p, dtable.n / H, H, total);
+    embedding_backward_kernel<<<(unsigned)n, CUDA_BLOCK, 0, STREAM(be)>>>(
+        (float *)dtable.p, dout.p, dout.dt, (const int32_t *)tokens.p, (const int32_t *)order.p,
+        (const int32_t *)runs.p, dtable.n / H, H, n);
     LAUNCHED(be, "embedding_backward_kernel");
 }
 
