@@ -344,6 +344,7 @@ Test(ops, embedding_forward_backward)
         cr_expect_lt(fabs(fd - dW[j]), 2e-3 * (fabs(dW[j]) + 1), "W[%zu]: fd %g, backward %g", j,
                      fd, (double)dW[j]);
     }
+    be_free(be, &tord), be_free(be, &truns);
     free(W), free(R), free(got), free(dW), free(want);
 }
 
