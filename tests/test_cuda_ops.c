@@ -508,7 +508,7 @@ static void check_adamw_dev(size_t n, double sumsq, double max_norm, int64_t ste
     for (int k = 0; k < 2; k++) {
         gp[k] = up(gpu, DT_F32, p, n), gg[k] = up(gpu, DT_F32, g, n);
         gm[k] = up(gpu, DT_F32, m, n), gv[k] = up(gpu, DT_F32, v, n);
-        gc[k] = up(gpu, DT_BF16, NULL, n);
+        gc[k] = up(gpu, gpu->act_dt, NULL, n); /* the compute copy: bf16 */
     }
     adamw_args ha = a, da = a;
     ha.grad_scale = (float)adamw_clip_scale(sqrt(sumsq), max_norm);
@@ -527,10 +527,11 @@ static void check_adamw_dev(size_t n, double sumsq, double max_norm, int64_t ste
                      sumsq, names[j]);
         free(h0), free(h1);
     }
-    uint16_t *c0 = malloc(2 * n), *c1 = malloc(2 * n);
-    be_d2h(gpu, c0, gc[0].p, 2 * n);
-    be_d2h(gpu, c1, gc[1].p, 2 * n);
-    cr_expect_eq(memcmp(c0, c1, 2 * n), 0, "adamw n %zu: the bf16 copies differ", n);
+    size_t cb = n * dtype_size(gpu->act_dt);
+    unsigned char *c0 = malloc(cb), *c1 = malloc(cb);
+    be_d2h(gpu, c0, gc[0].p, cb);
+    be_d2h(gpu, c1, gc[1].p, cb);
+    cr_expect_eq(memcmp(c0, c1, cb), 0, "adamw n %zu: the compute copies differ", n);
     free(c0), free(c1);
     for (int k = 0; k < 2; k++)
         drop(gpu, &gp[k]), drop(gpu, &gg[k]), drop(gpu, &gm[k]), drop(gpu, &gv[k]),
