@@ -397,6 +397,29 @@ static void tensors(const char *name, const char *drop, const char *reshape, con
     st_close(&f);
 }
 
+/* DIR/NAME: a copy of DIR/good whose tensor `name` holds NaN at element 5 */
+static void nan_at_5(const char *name, const char *tensor)
+{
+    copy_good(name);
+    char *path = strdup(tu_fmt("%s/%s/adapter_model.safetensors", dir, name));
+    st_file f;
+    sp_err err = {0};
+    cr_assert_eq(st_open(&f, path, &err), 0, "%s", err.msg);
+    const st_tensor *t = st_find(&f, tensor);
+    cr_assert(t && t->numel > 5, "%s", tensor);
+    size_t esz = dtype_size(t->dt);
+    long off = (long)((const char *)t->data - (const char *)f.map) + (long)(5 * esz);
+    float nan = NAN;
+    unsigned char bytes[4];
+    cr_assert_eq(dtype_convert(bytes, t->dt, &nan, DT_F32, 1), 0);
+    st_close(&f);
+    FILE *fp = fopen(path, "r+b");
+    cr_assert(fp && fseek(fp, off, SEEK_SET) == 0);
+    cr_assert_eq(fwrite(bytes, esz, 1, fp), 1);
+    fclose(fp);
+    free(path);
+}
+
 /* training with init_from DIR/name (and more options) exits with code and
  * says want1 and want2 */
 static void refused(const char *name, const char *more, int code, const char *want1,
@@ -500,6 +523,9 @@ Test(init_from, bad_adapters_refused_by_file_and_tensor)
     const char *bad_id[] = {ADAPTER_META_BASE, "not-an-identity"};
     tensors("badid", NULL, NULL, NULL, NULL, bad_id);
     refused("badid", NULL, 3, "badid/adapter_model.safetensors", "not a base model identity");
+    nan_at_5("nan", b1);
+    refused("nan", NULL, 3, "nan/adapter_model.safetensors",
+            tu_fmt("'%s' holds 1 value(s) that are not finite, the first nan at element 5", b1));
 }
 
 /* A DoRA model of DIR/model's shape (r 4 on q_proj, v_proj, down_proj), its

@@ -315,35 +315,61 @@ static void st_bytes(const char *header, unsigned char *buf, size_t *n, size_t d
     *n = 8 + h + data;
 }
 
-/* A base weight that is not a number (one element of the final norm): step
- * 1's loss is not finite, and the run stops there before any update, exit
- * 1, naming the step; nothing is written as trained. */
-Test(train, a_loss_that_is_not_finite_stops_the_run_before_any_update)
+/* A copy of the tiny model named name whose final norm's elements from
+ * `at` are vals (n of them), in the file's dtype. */
+static void poke_final_norm(const char *name, int at, const float *vals, int n)
 {
-    tu_sh(NULL, "mkdir -p %s/nanw && cp %s/model/* %s/nanw/", dir, dir, dir);
+    tu_sh(NULL, "mkdir -p %s/%s && cp %s/model/* %s/%s/", dir, name, dir, dir, name);
     char path[4096];
-    snprintf(path, sizeof path, "%s/nanw/model.safetensors", dir);
+    snprintf(path, sizeof path, "%s/%s/model.safetensors", dir, name);
     st_file f;
     sp_err err = {0};
     cr_assert_eq(st_open(&f, path, &err), 0, "%s", err.msg);
     const st_tensor *t = st_find(&f, "model.norm.weight");
-    cr_assert(t && (t->dt == DT_F32 || t->dt == DT_BF16));
-    long off = (long)((const char *)t->data - (const char *)f.map);
-    dtype_t dt = t->dt;
+    cr_assert(t && (size_t)(at + n) <= t->numel);
+    size_t esz = dtype_size(t->dt);
+    long off = (long)((const char *)t->data - (const char *)f.map) + (long)(at * esz);
+    unsigned char bytes[256];
+    cr_assert_eq(dtype_convert(bytes, t->dt, vals, DT_F32, (size_t)n), 0);
     st_close(&f);
     FILE *fp = fopen(path, "r+b");
     cr_assert(fp && fseek(fp, off, SEEK_SET) == 0);
-    float nan = NAN;
-    uint16_t nan16 = 0x7fc0;
-    cr_assert_eq(dt == DT_F32 ? fwrite(&nan, 4, 1, fp) : fwrite(&nan16, 2, 1, fp), 1);
+    cr_assert_eq(fwrite(bytes, esz, (size_t)n, fp), (size_t)n);
     fclose(fp);
+}
+
+/* A weight that is not finite (a damaged file, or one saved from a run that
+ * diverged) is refused at load, naming the file, the tensor, the first such
+ * value and its element, and how many: exit 3, before any step. */
+Test(train, a_weight_that_is_not_finite_is_refused_at_load)
+{
+    float vals[5] = {1.0f, 1.0f, NAN, 1.0f, INFINITY};
+    poke_final_norm("nanw", 1, vals, 5);
+    char sets[4096];
+    snprintf(sets, sizeof sets, "--set model.path=%s/nanw --set run.dir=%s/nanrun", dir, dir);
+    expect_fail(sets, 3, "nanw/model.safetensors: tensor 'model.norm.weight' holds 2 value(s) "
+                         "that are not finite, the first nan at element 3 of",
+                "damaged");
+}
+
+/* Weights that are finite but huge (the final norm at 3e38) overflow the
+ * logits: step 1's loss is not finite, and the run stops there before any
+ * update, exit 1, naming the step; no adapter is written. With and without
+ * CUDA graphs. */
+Test(train, a_loss_that_is_not_finite_stops_the_run_before_any_update)
+{
+    float huge[16];
+    for (int i = 0; i < 16; i++)
+        huge[i] = 3e38f;
+    poke_final_norm("hugew", 0, huge, 16);
     for (int graphs = 0; graphs < 2; graphs++) {
-        char sets[4096];
+        char sets[4096], path[4096];
         snprintf(sets, sizeof sets,
-                 "--set model.path=%s/nanw --set run.dir=%s/nanrun%d --set runtime.cuda_graphs=%s",
+                 "--set model.path=%s/hugew --set run.dir=%s/hugerun%d "
+                 "--set runtime.cuda_graphs=%s",
                  dir, dir, graphs, graphs ? "true" : "false");
         expect_fail(sets, 1, "step 1: the loss is not finite", "nothing was updated");
-        snprintf(path, sizeof path, "%s/nanrun%d/adapter", dir, graphs);
+        snprintf(path, sizeof path, "%s/hugerun%d/adapter", dir, graphs);
         cr_expect_neq(access(path, F_OK), 0, "%s was written", path);
     }
 }

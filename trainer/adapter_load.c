@@ -224,6 +224,8 @@ static int check_tensors(model_t *m, const st_file *f, sp_err *err)
             return sp_fail(err, SP_EXIT_INPUT,
                            "%s: tensor '%s' has dtype %s (expected F32, BF16 or F16)", f->path,
                            p->name, dtype_name(t->dt));
+        if (st_check_finite(f, t, err))
+            return err->code;
     }
     return 0;
 }

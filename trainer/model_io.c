@@ -273,7 +273,8 @@ int model_io_load_base(model_t *m, const char *dir, sp_err *err)
             rc = missing_tensor(dir, p->name, files, nf, err);
             break;
         }
-        if ((rc = check_tensor(&st[where], t, p, err)))
+        if ((rc = check_tensor(&st[where], t, p, err)) ||
+            (rc = st_check_finite(&st[where], t, err)))
             break;
         model_param_upload(m, p, t->data, t->dt);
         rc = be_check(m->be, err);

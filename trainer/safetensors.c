@@ -174,6 +174,50 @@ void st_close(st_file *f)
     memset(f, 0, sizeof *f);
 }
 
+/* Elements [lo, hi) of a float tensor's bits: how many are NaN or infinite
+ * (exponent all ones), with no branch in the loop (it vectorizes). */
+static size_t count_non_finite(const void *data, dtype_t dt, size_t lo, size_t hi)
+{
+    size_t bad = 0;
+    if (dt == DT_F32) {
+        const uint32_t *x = data;
+        for (size_t i = lo; i < hi; i++)
+            bad += (x[i] & 0x7f800000u) == 0x7f800000u;
+    } else {
+        const uint16_t *x = data;
+        uint16_t e = dt == DT_BF16 ? 0x7f80 : 0x7c00;
+        for (size_t i = lo; i < hi; i++)
+            bad += (uint16_t)(x[i] & e) == e;
+    }
+    return bad;
+}
+
+#define FINITE_BLOCK ((size_t)1 << 16)
+
+int st_check_finite(const st_file *f, const st_tensor *t, sp_err *err)
+{
+    if (t->dt != DT_F32 && t->dt != DT_BF16 && t->dt != DT_F16)
+        return 0;
+    size_t n = t->numel, nb = (n + FINITE_BLOCK - 1) / FINITE_BLOCK, bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (size_t b = 0; b < nb; b++) {
+        size_t lo = b * FINITE_BLOCK;
+        bad += count_non_finite(t->data, t->dt, lo, lo + FINITE_BLOCK < n ? lo + FINITE_BLOCK : n);
+    }
+    if (!bad)
+        return 0;
+    size_t first = 0;
+    while (!count_non_finite(t->data, t->dt, first, first + 1))
+        first++;
+    float v = 0.0f;
+    dtype_convert(&v, DT_F32, (const char *)t->data + first * dtype_size(t->dt), t->dt, 1);
+    return sp_fail(err, SP_EXIT_INPUT,
+                   "%s: tensor '%s' holds %zu value(s) that are not finite, the first %g at "
+                   "element %zu of %zu: the file is damaged, or was saved from a run that "
+                   "diverged",
+                   f->path, t->name, bad, (double)v, first, n);
+}
+
 const st_tensor *st_find(const st_file *f, const char *name)
 {
     for (size_t i = 0; i < f->n; i++)

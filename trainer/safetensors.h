@@ -37,6 +37,10 @@ typedef struct st_file {
 int st_open(st_file *f, const char *path, sp_err *err);
 void st_close(st_file *f);
 const st_tensor *st_find(const st_file *f, const char *name);
+/* A float tensor's values are all finite: 0; else an error (SP_EXIT_INPUT)
+ * naming the file, the tensor, the first value that is not (NaN or
+ * infinite) and its element, and how many there are. Other dtypes: 0. */
+int st_check_finite(const st_file *f, const st_tensor *t, sp_err *err);
 
 typedef struct st_entry {
     const char *name;
