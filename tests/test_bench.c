@@ -273,3 +273,35 @@ Test(bench, one_step_is_split_by_group_of_ops, .timeout = 300)
     json_decref(j);
     free(out);
 }
+
+/* --cuda-graphs on (the CPU replays its recorded op list): the JSON says
+ * how many steps' micro-batches and updates replayed a graph and their ops;
+ * with 4 timed steps after 1 warm-up, the second step captures and every
+ * later one replays (the profiled step after them runs eagerly). The step-1
+ * loss is the eager one's. */
+Test(bench, cuda_graphs_on_reports_the_replays, .timeout = 300)
+{
+    char *out = NULL;
+    const char *cmd = "bench --backend cpu --threads 1 --preset tiny --mode lora --seq-len 32 "
+                      "--micro-batch 2 --steps 4 --warmup 1 --json --cuda-graphs %s 2>&1";
+    int rc = tu_spotune(&out, cmd, "on");
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = last_json(out);
+    cr_expect(json_is_true(json_object_get(j, "cuda_graphs")));
+    cr_expect_str_empty(json_string_value(json_object_get(j, "graph_off")));
+    cr_expect_eq(num(j, "graph_replays"), 4, "%s", out);
+    cr_expect_eq(num(j, "graph_update_replays"), 4, "%s", out);
+    cr_expect_gt(num(j, "graph_ops"), 100);
+    cr_expect_eq(num(j, "graph_update_ops"), 2, "sumsq_into and one AdamW (LoRA: one decay group)");
+    double loss = num(j, "step1_loss"), gnorm = num(j, "step1_grad_norm");
+    json_decref(j);
+    free(out);
+    rc = tu_spotune(&out, cmd, "off");
+    cr_assert_eq(rc, 0, "%s", out);
+    j = last_json(out);
+    cr_expect_eq(num(j, "step1_loss"), loss, "graphs changed the step-1 loss");
+    cr_expect_eq(num(j, "step1_grad_norm"), gnorm, "graphs changed the step-1 norm");
+    cr_expect_null(json_object_get(j, "graph_replays"), "graphs off, yet replays reported");
+    json_decref(j);
+    free(out);
+}
