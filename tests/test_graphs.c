@@ -14,7 +14,12 @@
  *    recomputation, gradient accumulation, a token count
  *    (the loss gradient's scale) that changes every step, and a micro-batch
  *    of another shape; and it does replay: every micro-batch of the usual
- *    shape after the second replays one graph.
+ *    shape after the second replays one graph, and every update after the
+ *    second (model_update: its values in device memory);
+ *  - an update whose gradient is NaN changes nothing; a refused capture
+ *    turns graphs off and the run goes on eagerly, the same bits; full
+ *    fine-tuning twice gives the same bits; model_update refuses a sharded
+ *    optimizer.
  * Tolerance: exact (bit for bit) throughout; the CPU backend is
  * deterministic for a fixed thread count. */
 #define _POSIX_C_SOURCE 200809L
@@ -27,6 +32,8 @@
 #include "graphs_util.h"
 #include "kernels/backend.h"
 #include "trainer/config.h"
+#include "trainer/model.h"
+#include "trainer/model_config.h"
 
 static backend_t *cpu(void)
 {
@@ -244,4 +251,33 @@ Test(graphs, full_fine_tuning_twice_gives_the_same_bits)
 {
     graphs_case rc = {.mode = MODE_FULL, .packed = 1};
     graphs_run_twice_the_same("cpu", &rc, "full twice");
+}
+
+/* model_update is the unsharded update: a sharded optimizer (whose norm is
+ * summed over the ranks, grad_sync_update) is refused, naming the way, and
+ * nothing is updated. */
+Test(graphs, model_update_refuses_a_sharded_optimizer)
+{
+    backend_t *be = cpu();
+    sp_err err = {0};
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, "tiny"), 0);
+    mc.layers = 1;
+    model_opts o = {.mode = MODE_FULL, .max_batch = 1, .seq_len = 8, .seed = 1,
+                    .shard_count = 2, .shard_rank = 0};
+    model_t *m;
+    cr_assert_eq(model_create(&m, be, &mc, &o, &err), 0, "%s", err.msg);
+    model_init_base_random(m, 3);
+    size_t n = m->shard_len;
+    float *before = malloc(sizeof(float) * n), *after = malloc(sizeof(float) * n);
+    be_download(be, before, DT_F32, tensor_view(m->master, 0, n));
+    adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 1};
+    double gnorm = -1;
+    cr_expect_neq(model_update(m, &a, 1.0, &gnorm, &err), 0);
+    cr_expect(strstr(err.msg, "sharded") && strstr(err.msg, "grad_sync_update"), "%s", err.msg);
+    be_download(be, after, DT_F32, tensor_view(m->master, 0, n));
+    cr_expect_eq(memcmp(before, after, sizeof(float) * n), 0, "a refused update changed weights");
+    free(before), free(after);
+    model_destroy(m);
+    backend_destroy(be);
 }
