@@ -322,20 +322,7 @@ static void poke_final_norm(const char *name, int at, const float *vals, int n)
     tu_sh(NULL, "mkdir -p %s/%s && cp %s/model/* %s/%s/", dir, name, dir, dir, name);
     char path[4096];
     snprintf(path, sizeof path, "%s/%s/model.safetensors", dir, name);
-    st_file f;
-    sp_err err = {0};
-    cr_assert_eq(st_open(&f, path, &err), 0, "%s", err.msg);
-    const st_tensor *t = st_find(&f, "model.norm.weight");
-    cr_assert(t && (size_t)(at + n) <= t->numel);
-    size_t esz = dtype_size(t->dt);
-    long off = (long)((const char *)t->data - (const char *)f.map) + (long)(at * esz);
-    unsigned char bytes[256];
-    cr_assert_eq(dtype_convert(bytes, t->dt, vals, DT_F32, (size_t)n), 0);
-    st_close(&f);
-    FILE *fp = fopen(path, "r+b");
-    cr_assert(fp && fseek(fp, off, SEEK_SET) == 0);
-    cr_assert_eq(fwrite(bytes, esz, (size_t)n, fp), (size_t)n);
-    fclose(fp);
+    tu_st_poke(path, "model.norm.weight", (size_t)at, vals, (size_t)n);
 }
 
 /* A weight that is not finite (a damaged file, or one saved from a run that

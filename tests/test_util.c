@@ -622,3 +622,22 @@ int tu_proxy_log_wait(size_t from, const char *needle, double timeout_s)
         tu_sleep(0.02);
     }
 }
+
+void tu_st_poke(const char *path, const char *tensor, size_t at, const float *vals, size_t n)
+{
+    st_file f;
+    sp_err err = {0};
+    cr_assert_eq(st_open(&f, path, &err), 0, "%s", err.msg);
+    const st_tensor *t = st_find(&f, tensor);
+    cr_assert(t && at + n <= t->numel, "%s: %s", path, tensor);
+    size_t esz = dtype_size(t->dt);
+    long off = (long)((const char *)t->data - (const char *)f.map) + (long)(at * esz);
+    unsigned char *bytes = malloc(esz * n);
+    cr_assert(bytes && dtype_convert(bytes, t->dt, vals, DT_F32, n) == 0);
+    st_close(&f);
+    FILE *fp = fopen(path, "r+b");
+    cr_assert(fp && fseek(fp, off, SEEK_SET) == 0, "%s", path);
+    cr_assert_eq(fwrite(bytes, esz, n, fp), n);
+    fclose(fp);
+    free(bytes);
+}

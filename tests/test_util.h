@@ -129,4 +129,9 @@ char *tu_proxy_log(size_t *len);
  * up to timeout_s; returns 1 if it does. */
 int tu_proxy_log_wait(size_t from, const char *needle, double timeout_s);
 
+/* Overwrites, in place, n values of tensor `tensor` of the safetensors file
+ * at path from element `at` with vals, converted to the tensor's dtype (a
+ * damaged or diverged weight file, made from a good one). */
+void tu_st_poke(const char *path, const char *tensor, size_t at, const float *vals, size_t n);
+
 #endif
