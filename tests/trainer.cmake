@@ -1,5 +1,5 @@
 # Suites of the kernels and trainer modules.
-spotune_test(test_ops SOURCES test_ops.c ops_util.c op_checks.c op_specs.c op_replay.c
+spotune_test(test_ops SOURCES test_ops.c test_ops_step.c ops_util.c op_checks.c op_specs.c op_replay.c
   LIBS spotune_kernels)
 spotune_test(test_ops_attention SOURCES test_ops_attention.c ops_util.c LIBS spotune_kernels)
 foreach(suite config model_hf model_io data train_cpu ckpt ckpt_shard cmd_ckpt distributed export_hf init_from nf4
