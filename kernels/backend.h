@@ -96,6 +96,15 @@ typedef struct backend_ops {
      * complete (ordered after the work already on the compute stream) */
     void (*h2d)(backend_t *be, void *dst, const void *src, size_t bytes);
     void (*d2h)(backend_t *be, void *dst, const void *src, size_t bytes);
+    /* optional (without them: malloc'd host memory and h2d): pinned host
+     * memory, and a host-to-device copy from it that returns at once,
+     * ordered after the work already on the compute stream; h2d_wait
+     * returns when every such copy enqueued so far has completed, so that
+     * their sources may be written again */
+    void *(*host_alloc)(backend_t *be, size_t bytes);
+    void (*host_free)(backend_t *be, void *p);
+    void (*h2d_async)(backend_t *be, void *dst, const void *src, size_t bytes);
+    void (*h2d_wait)(backend_t *be);
     void (*zero)(backend_t *be, tensor_t t);
     /* dst = src, converting between F32 and BF16 if their dtypes differ */
     void (*copy)(backend_t *be, tensor_t dst, tensor_t src);
@@ -224,6 +233,12 @@ typedef struct backend_ops {
     /* the same sum written to device memory (out: F32 [2] holding a double,
      * 8-byte aligned), in stream order: nothing waits for it */
     void (*sumsq_into)(backend_t *be, tensor_t out, tensor_t x, size_t n);
+    /* acc (F32 [2] holding a double, 8-byte aligned) += s, where s is the
+     * sum of x[0..n) (F32) taken from 0.0 one by one in that order in
+     * double, so every backend gives the bits of that loop on the host; in
+     * stream order (the step's loss summed in device memory, read once a
+     * step) */
+    void (*sum_add)(backend_t *be, tensor_t acc, tensor_t x, size_t n);
 
     /* AdamW with decoupled decay on F32 params, grads, moments; when
      * param_copy.p != NULL it receives the updated params in its dtype. */
@@ -330,6 +345,20 @@ void be_vfail(backend_t *be, const char *file, int line, const char *prefix, con
 void be_upload(backend_t *be, tensor_t t, const void *src, dtype_t src_dt);
 /* Download t into n host values of dtype dst_dt (converting). */
 void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t);
+
+/* Staged uploads: the host does not wait for the device. be_host_alloc
+ * gives pinned host memory on CUDA (malloc'd memory elsewhere; NULL when
+ * out of memory), be_upload_staged enqueues t = t.n values of t's dtype at
+ * src (memory from be_host_alloc) after the work already enqueued and may
+ * return before the copy has run: src must not be written again before
+ * be_staged_wait, which returns when every staged copy has completed.
+ * Without a device stream (the CPU) the copy is made at once. */
+void *be_host_alloc(backend_t *be, size_t bytes);
+void be_host_free(backend_t *be, void *p);
+void be_upload_staged_at(const char *file, int line, backend_t *be, tensor_t t, const void *src);
+void be_staged_wait_at(const char *file, int line, backend_t *be);
+#define be_upload_staged(...) be_upload_staged_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_staged_wait(be) be_staged_wait_at(__FILE__, __LINE__, (be))
 
 /* Host-side conversion of n values between F32, BF16 and F16; I32/U8 only to
  * themselves. Returns 0, or -1 when the pair is unsupported. */
@@ -508,6 +537,7 @@ void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tens
 double be_sumsq_at(const char *file, int line, backend_t *be, tensor_t x, size_t n);
 void be_sumsq_into_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t x,
                       size_t n);
+void be_sum_add_at(const char *file, int line, backend_t *be, tensor_t acc, tensor_t x, size_t n);
 void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tensor_t param_copy,
                  tensor_t grad, tensor_t m, tensor_t v, size_t n, const adamw_args *a);
 void be_fill_uniform_at(const char *file, int line, backend_t *be, tensor_t x, size_t n, float lo,
@@ -553,6 +583,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_dropout(...) be_dropout_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_sumsq(...) be_sumsq_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_sumsq_into(...) be_sumsq_into_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_sum_add(...) be_sum_add_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_adamw(...) be_adamw_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_fill_uniform(...) be_fill_uniform_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_fill_normal(...) be_fill_normal_at(__FILE__, __LINE__, __VA_ARGS__)

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "backend_trace.h"
 
@@ -188,6 +189,44 @@ void be_d2h_at(const char *file, int line, backend_t *be, void *dst, const void 
     be_trace_barrier(be, "d2h", file, line);
     if (!c.bad)
         be->ops->d2h(be, dst, src, bytes);
+}
+
+void *be_host_alloc(backend_t *be, size_t bytes)
+{
+    if (be->ops->host_alloc)
+        return be->ops->host_alloc(be, bytes);
+    return malloc(bytes ? bytes : 1);
+}
+
+void be_host_free(backend_t *be, void *p)
+{
+    if (!p)
+        return;
+    if (be->ops->host_free)
+        be->ops->host_free(be, p);
+    else
+        free(p);
+}
+
+void be_upload_staged_at(const char *file, int line, backend_t *be, tensor_t t, const void *src)
+{
+    call c = begin(be, "h2d", file, line);
+    size_t bytes = t.n * dtype_size(t.dt);
+    copy_args(&c, t.p, src, bytes);
+    be_trace_barrier(be, "upload_staged", file, line);
+    if (c.bad)
+        return;
+    if (be->ops->h2d_async)
+        be->ops->h2d_async(be, t.p, src, bytes);
+    else
+        be->ops->h2d(be, t.p, src, bytes);
+}
+
+void be_staged_wait_at(const char *file, int line, backend_t *be)
+{
+    be_trace_barrier(be, "staged_wait", file, line);
+    if (be->ops->h2d_wait)
+        be->ops->h2d_wait(be);
 }
 
 void be_zero_at(const char *file, int line, backend_t *be, tensor_t t)
@@ -691,6 +730,14 @@ void be_sumsq_into_at(const char *file, int line, backend_t *be, tensor_t out, t
     sum_arg(&c, "out", out);
     tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
     BE_DISPATCH(c.bad, be, sumsq_into, out, x, n);
+}
+
+void be_sum_add_at(const char *file, int line, backend_t *be, tensor_t acc, tensor_t x, size_t n)
+{
+    call c = begin(be, "sum_add", file, line);
+    sum_arg(&c, "acc", acc);
+    tensor_arg(&c, "x", x, n, "n", TAKES_F32);
+    BE_DISPATCH(c.bad, be, sum_add, acc, x, n);
 }
 
 void be_adamw_at(const char *file, int line, backend_t *be, tensor_t param, tensor_t param_copy,

@@ -336,6 +336,12 @@ static int replay_one(backend_t *be, reader *r)
         o->sumsq_into(be, out, x, n);
         return 0;
     }
+    case OP_sum_add: {
+        tensor_t acc = rt(r), x = rt(r);
+        size_t n = (size_t)rw(r);
+        o->sum_add(be, acc, x, n);
+        return 0;
+    }
     case OP_fill_uniform:
     case OP_fill_normal: {
         tensor_t x = rt(r);

@@ -36,6 +36,7 @@ enum be_op_id {
     OP_dropout,
     OP_adamw,
     OP_sumsq_into,
+    OP_sum_add,
     OP_fill_uniform,
     OP_fill_normal,
     OP_COUNT

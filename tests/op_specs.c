@@ -113,6 +113,11 @@ static void c_sumsq_into(backend_t *be, const tensor_t *t, const int *d)
     (void)d;
     be_sumsq_into(be, t[0], t[1], N_ELEM);
 }
+static void c_sum_add(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_sum_add(be, t[0], t[1], N_ELEM);
+}
 static void c_fill_uniform(backend_t *be, const tensor_t *t, const int *d)
 {
     (void)d;
@@ -228,6 +233,8 @@ const op_spec op_specs[] = {
      0, {NULL}, {0}},
     {"sumsq_into", c_sumsq_into, 2,
      {T_("out", 2, "2 (a double)", TAKES_F32), T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
+    {"sum_add", c_sum_add, 2,
+     {T_("acc", 2, "2 (a double)", TAKES_F32), T_("x", E_, "n", TAKES_F32)}, 0, {NULL}, {0}},
     {"fill_uniform", c_fill_uniform, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
     {"fill_normal", c_fill_normal, 1, {T_("x", E_, "n", TAKES_FLOAT)}, 0, {NULL}, {0}},
 };

@@ -561,6 +561,55 @@ Test(cuda_ops, adamw_reads_its_step_values_from_device_memory)
     free(x);
 }
 
+/* sum_add (the step's loss sum in device memory): one thread in the host's
+ * order, so the CPU's bits, twice accumulating; and staged uploads
+ * (pinned memory, the copy enqueued without waiting, after the work before
+ * it): written again only after be_staged_wait, each round's values
+ * arrive, enqueued behind a reduction of 16M elements. */
+Test(cuda_ops, sum_add_and_staged_uploads)
+{
+    size_t n = 65537;
+    float *x = rnd(n, 1.0f);
+    for (size_t i = 0; i < n; i++)
+        x[i] = ldexpf(x[i], (int)(i % 41) - 20);
+    tensor_t gx = up(gpu, DT_F32, x, n), cx = up(cpu, DT_F32, x, n);
+    tensor_t ga = up(gpu, DT_F32, NULL, 2), ca = up(cpu, DT_F32, NULL, 2);
+    for (int k = 0; k < 2; k++) {
+        be_sum_add(gpu, ga, gx, n);
+        be_sum_add(cpu, ca, cx, n);
+    }
+    double got, want;
+    be_d2h(gpu, &got, ga.p, sizeof got);
+    be_d2h(cpu, &want, ca.p, sizeof want);
+    gpu_ok();
+    cr_expect_eq(memcmp(&got, &want, sizeof got), 0, "sum_add %.17g, the CPU's %.17g", got, want);
+
+    size_t m = 4099;
+    int32_t *h = be_host_alloc(gpu, sizeof(int32_t) * m);
+    cr_assert(h, "no pinned memory");
+    tensor_t t = up(gpu, DT_I32, NULL, m), big = up(gpu, DT_F32, NULL, (size_t)1 << 24);
+    for (int round = 0; round < 4; round++) {
+        be_staged_wait(gpu);
+        for (size_t i = 0; i < m; i++)
+            h[i] = (int32_t)(i * 3 + (size_t)round * 7919);
+        be_sumsq_into(gpu, ga, big, (size_t)1 << 24); /* work ahead of the copy */
+        be_upload_staged(gpu, t, h);
+        int32_t *back = malloc(sizeof(int32_t) * m);
+        be_download(gpu, back, DT_I32, t);
+        size_t bad = 0;
+        for (size_t i = 0; i < m; i++)
+            bad += back[i] != (int32_t)(i * 3 + (size_t)round * 7919);
+        cr_expect_eq(bad, 0, "round %d: %zu staged values differ", round, bad);
+        free(back);
+    }
+    be_staged_wait(gpu);
+    be_host_free(gpu, h);
+    gpu_ok();
+    drop(gpu, &gx), drop(gpu, &ga), drop(gpu, &t), drop(gpu, &big);
+    drop(cpu, &cx), drop(cpu, &ca);
+    free(x);
+}
+
 /* ---- fills: the CPU's numbers ---------------------------------------------------------- */
 
 static void check_fill(int normal, size_t n, uint64_t seed, uint64_t offset, float a, float b,
@@ -636,7 +685,7 @@ Test(cuda_ops, malformed_calls_are_refused_as_on_the_cpu)
 Test(cuda_ops, every_op_replays_as_a_cuda_graph)
 {
     int n = op_checks_replay(gpu);
-    cr_expect_eq(n, 29, "%d ops checked", n);
+    cr_expect_eq(n, 30, "%d ops checked", n);
 }
 
 Test(cuda_ops, ids_and_targets_outside_the_table_as_on_the_cpu)

@@ -19,11 +19,14 @@
  *  - an update whose gradient is NaN changes nothing; a refused capture
  *    turns graphs off and the run goes on eagerly, the same bits; full
  *    fine-tuning twice gives the same bits; model_update refuses a sharded
- *    optimizer.
+ *    optimizer;
+ *  - the loss taken once a step (model_loss_take) is the micro-batches'
+ *    losses taken one by one, bit for bit, and an evaluation keeps its own.
  * Tolerance: exact (bit for bit) throughout; the CPU backend is
  * deterministic for a fixed thread count. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +281,59 @@ Test(graphs, model_update_refuses_a_sharded_optimizer)
     be_download(be, after, DT_F32, tensor_view(m->master, 0, n));
     cr_expect_eq(memcmp(before, after, sizeof(float) * n), 0, "a refused update changed weights");
     free(before), free(after);
+    model_destroy(m);
+    backend_destroy(be);
+}
+
+/* The trainer's way to read the loss (model_forward_backward without a
+ * loss pointer, model_loss_take once a step, so the host never waits for a
+ * micro-batch): the same bits as each micro-batch's loss taken as it ends,
+ * with an evaluation in between that takes only its own loss (the
+ * evaluation's sum is kept apart), and a take that starts the sum again. */
+Test(graphs, the_loss_taken_once_a_step_is_the_micro_batches_losses)
+{
+    backend_t *be = cpu();
+    sp_err err = {0};
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, "tiny"), 0);
+    mc.layers = 1;
+    enum { B = 2, T = 16, GA = 3 };
+    model_opts o = {.mode = MODE_LORA, .lora_r = 4, .lora_alpha = 8,
+                    .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = B, .seq_len = T,
+                    .seed = 1};
+    model_t *m;
+    cr_assert_eq(model_create(&m, be, &mc, &o, &err), 0, "%s", err.msg);
+    model_init_base_random(m, 3);
+    model_init_lora(m, 4);
+    int32_t in[GA][B * T], tg[GA][B * T];
+    uint64_t ids[B] = {0, 1};
+    model_batch b[GA];
+    for (int k = 0; k < GA; k++) {
+        for (int i = 0; i < B * T; i++) {
+            in[k][i] = (int32_t)(sp_rng_u64(7 + (uint64_t)k, (uint64_t)i) % (uint64_t)mc.vocab);
+            tg[k][i] = i == 3 ? -1 : (int32_t)(sp_rng_u64(9 + (uint64_t)k, (uint64_t)i) %
+                                                (uint64_t)mc.vocab);
+        }
+        b[k] = (model_batch){.inputs = in[k], .targets = tg[k], .sample_ids = ids, .B = B,
+                             .T = T, .grad_scale = 1.0f / (GA * B * T), .last = k == GA - 1};
+    }
+    double each = 0.0, once = 0.0, eval = 0.0, eval_alone = 0.0, empty = 5.0;
+    for (int k = 0; k < GA; k++)
+        cr_assert_eq(model_forward_backward(m, &b[k], &each, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_evaluate(m, &b[0], &eval_alone, &err), 0, "%s", err.msg);
+    for (int k = 0; k < GA; k++) {
+        cr_assert_eq(model_forward_backward(m, &b[k], NULL, &err), 0, "%s", err.msg);
+        if (k == 1)
+            cr_assert_eq(model_evaluate(m, &b[0], &eval, &err), 0, "%s", err.msg);
+    }
+    cr_assert_eq(model_loss_take(m, &once, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_loss_take(m, &empty, &err), 0, "%s", err.msg);
+    cr_expect(each > 0 && isfinite(each), "loss sum %g", each);
+    cr_expect_eq(memcmp(&each, &once, sizeof once), 0, "taken once a step %.17g, one by one %.17g",
+                 once, each);
+    cr_expect_eq(memcmp(&eval, &eval_alone, sizeof eval), 0,
+                 "an evaluation between micro-batches %.17g, alone %.17g", eval, eval_alone);
+    cr_expect_eq(empty, 5.0, "a second take added %.17g", empty - 5.0);
     model_destroy(m);
     backend_destroy(be);
 }

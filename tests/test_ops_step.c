@@ -125,6 +125,72 @@ Test(ops, sumsq_into_writes_the_sum_in_device_memory)
     }
 }
 
+/* sum_add: acc += the sum of x taken in order from 0.0 in double, the bits
+ * of that loop on the host (the trainer's loss sum); twice adds twice, and
+ * n = 0 adds nothing. Values of mixed magnitudes and signs, so another
+ * order would round differently (checked: reversed differs). */
+Test(ops, sum_add_adds_the_host_loops_bits)
+{
+    size_t sizes[] = {0, 1, 2049, 65536};
+    tensor_t acc = talloc(DT_F32, 2);
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k];
+        float *x = rnd(n ? n : 1, 2.0f);
+        for (size_t i = 0; i < n; i++)
+            x[i] = ldexpf(x[i], (int)(i % 41) - 20);
+        tensor_t tx = dev(x, n ? n : 1);
+        double start = 3.25 + (double)k, once = 0.0, reversed = 0.0;
+        for (size_t i = 0; i < n; i++)
+            once += x[i], reversed += x[n - 1 - i];
+        be_h2d(be, acc.p, &start, sizeof start);
+        be_sum_add(be, acc, tx, n);
+        double got, want = start + once;
+        be_d2h(be, &got, acc.p, sizeof got);
+        cr_expect_eq(memcmp(&got, &want, sizeof got), 0, "n %zu: %.17g, the loop's %.17g", n, got,
+                     want);
+        be_sum_add(be, acc, tx, n);
+        be_d2h(be, &got, acc.p, sizeof got);
+        want += once;
+        cr_expect_eq(memcmp(&got, &want, sizeof got), 0, "n %zu twice: %.17g, %.17g", n, got,
+                     want);
+        if (n == 65536)
+            cr_expect_neq(once, reversed, "the values do not tell the order apart");
+        free(x);
+    }
+    cr_expect_eq(be->err.code, 0, "%s", be->err.msg);
+}
+
+/* Staged uploads (pinned memory on CUDA): the values arrive as be_upload's
+ * do, into a view too; after be_staged_wait the host buffer is written
+ * again for the next copy; a NULL source is refused by name. */
+Test(ops, staged_uploads_arrive_as_uploads)
+{
+    size_t n = 1001;
+    int32_t *h = be_host_alloc(be, sizeof(int32_t) * 2 * n);
+    cr_assert(h);
+    tensor_t t = talloc(DT_I32, 2 * n);
+    for (int round = 0; round < 3; round++) {
+        be_staged_wait(be);
+        for (size_t i = 0; i < 2 * n; i++)
+            h[i] = (int32_t)(i * 7 + (size_t)round * 100003);
+        be_upload_staged(be, tensor_view(t, 0, n), h);
+        be_upload_staged(be, tensor_view(t, n, n), h + n);
+        int32_t *got = malloc(sizeof(int32_t) * 2 * n);
+        be_download(be, got, DT_I32, t);
+        for (size_t i = 0; i < 2 * n; i++)
+            if (got[i] != (int32_t)(i * 7 + (size_t)round * 100003)) {
+                cr_expect_fail("round %d: element %zu is %d", round, i, got[i]);
+                break;
+            }
+        free(got);
+    }
+    be_staged_wait(be);
+    be_host_free(be, h);
+    cr_expect_eq(be->err.code, 0, "%s", be->err.msg);
+    be_upload_staged(be, t, NULL);
+    cr_expect(strstr(be->err.msg, "h2d: src is NULL"), "%s", be->err.msg);
+}
+
 /* AdamW with its learning rate, bias corrections and the gradient's sum of
  * squares in device memory (a captured step's update) gives the bits of the
  * host's values (adamw_hyper, and grad_scale = adamw_clip_scale of the

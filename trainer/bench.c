@@ -190,7 +190,8 @@ static int bench_step(model_t *m, comm_t *comm, const model_batch *batch, adamw_
     grad_sync_t gs;
     model_zero_grads(m);
     grad_sync_begin(&gs, m, comm, 25.0);
-    if (model_forward_backward(m, batch, loss, err) || grad_sync_finish(&gs, err))
+    if (model_forward_backward(m, batch, NULL, err) || grad_sync_finish(&gs, err) ||
+        model_loss_take(m, loss, err))
         return err->code;
     a->step = s + 1;
     return grad_sync_update(m, comm, a, 1.0, gnorm, err);

@@ -269,6 +269,7 @@ void model_destroy(model_t *m)
                               &s->emb_order, &s->emb_runs, &s->rope_cos, &s->rope_sin};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
             free_if_owned(be, fields[f], NULL);
+        be_host_free(be, s->host);
     }
     free(m->scratch);
     free(m->acts);

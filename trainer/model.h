@@ -197,8 +197,10 @@ typedef struct model {
      * [16 + 256]), and the workspace one dequantized projection weight is
      * written to (act_dt, the largest projection) */
     tensor_t nf4_maps, nf4_work;
-    /* the step's update (model_update): F32 [8], adamw_args.hyper at 0
-     * (3 values), the gradient's sum of squares (a double) at 4 */
+    /* the step's update (model_update): F32 [10], adamw_args.hyper at 0
+     * (3 values), the gradient's sum of squares (a double) at 4; the
+     * training micro-batches' loss sum (a double, model_loss_take) at 6,
+     * an evaluation's at 8 */
     tensor_t upd;
     /* captured spans (model_opts.graphs, model_step.c): the graphs kept for
      * the micro-batches and for the update, and what each did; graph_off:
@@ -237,10 +239,17 @@ param_t *model_find_param(model_t *m, const char *name);
 
 /* Zeroes the gradient (sharded gradients: grad_shard and the buckets). */
 void model_zero_grads(model_t *m);
-/* Forward and backward of one micro-batch; adds the micro-batch's summed
- * token loss to *loss_sum and its gradients (scaled by grad_scale) into the
- * gradient arena. */
+/* Forward and backward of one micro-batch: its gradients (scaled by
+ * grad_scale) added into the gradient arena, its summed token loss into the
+ * model's loss sum in device memory. With loss_sum, that sum is then taken
+ * (model_loss_take) into *loss_sum, which waits for the micro-batch; with
+ * NULL nothing waits for the device, and the host may stage the next
+ * micro-batch while this one runs (the trainer takes the loss once a step). */
 int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, sp_err *err);
+/* Adds the loss summed since the last take (the micro-batches' losses, in
+ * their order, in double) to *loss_sum and starts the sum again; waits for
+ * the device, so a fault of the step's kernels surfaces here. */
+int model_loss_take(model_t *m, double *loss_sum, sp_err *err);
 /* Forward only, no dropout: adds the summed token loss to *loss_sum. */
 int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *err);
 /* Forward only: writes the logits [B*T, vocab] (F32) to host memory. */

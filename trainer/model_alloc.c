@@ -332,6 +332,13 @@ void model_alloc_activations(model_t *m)
     }
     s->pos = act_alloc(m, BT, DT_I32);
     s->seg = act_alloc(m, BT, DT_I32);
+    /* the host side of the staged values (stage(), model_step.c): pinned
+     * memory on CUDA, so the copies do not wait */
+    s->host_words = 6 * BT + 2 * (size_t)m->o.max_batch + 3;
+    s->host = be_host_alloc(m->be, s->host_words * sizeof(int32_t));
+    if (!s->host)
+        be_fail(m->be, __FILE__, __LINE__, "out of host memory for the staged inputs (%zu bytes)",
+                s->host_words * sizeof(int32_t));
     size_t half = (size_t)mc->head_dim / 2, T = (size_t)m->o.seq_len;
     s->rope_cos = act_alloc(m, T * half, DT_F32);
     s->rope_sin = act_alloc(m, T * half, DT_F32);
@@ -545,7 +552,7 @@ void model_alloc_params(model_t *m)
 {
     backend_t *be = m->be;
     alloc_fused(m);
-    m->upd = be_alloc(be, DT_F32, 8);
+    m->upd = be_alloc(be, DT_F32, 10);
     if (m->shard_count > 1) {
         alloc_sharded(m);
         return;

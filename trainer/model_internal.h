@@ -45,6 +45,11 @@ typedef struct model_scratch {
     /* full fine-tuning: the tokens grouped by id for the embedding's
      * backward (embedding_order: I32 [BT] and [BT + 2]) */
     tensor_t emb_order, emb_runs;
+    /* the host side of every staged value of a micro-batch (be_host_alloc,
+     * I32 words: tokens, targets, positions, document starts [BT] each,
+     * seeds [2 B], the scale, order [BT] and runs [BT + 2]) */
+    int32_t *host;
+    size_t host_words;
     tensor_t rope_cos, rope_sin;
     int64_t chunk_rows; /* rows of logits materialised at once */
     int gate_up_in_place; /* the fused gate/up product in place (s->bwd sized for it) */

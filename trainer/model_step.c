@@ -8,26 +8,42 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model.h"
 #include "model_internal.h"
 
 #define RNG_TAG_DROPOUT 0x2001
 
-/* Adds the micro-batch's summed token loss (s->loss) to *loss_sum. */
-static int read_loss(const step_ctx *c, double *loss_sum, sp_err *err)
+/* The loss sums in device memory (m->upd): the training micro-batches' and
+ * an evaluation's. */
+static tensor_t loss_acc(const model_t *m, int training)
 {
-    int rows = c->rows;
-    float *loss = malloc(sizeof(float) * (size_t)rows);
-    if (!loss)
-        return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
-    be_download(c->m->be, loss, DT_F32, tensor_view(MODEL_SCRATCH(c->m)->loss, 0, (size_t)rows));
-    double sum = 0.0;
-    for (int i = 0; i < rows; i++)
-        sum += loss[i];
-    free(loss);
-    *loss_sum += sum;
+    return tensor_view(m->upd, training ? 6 : 8, 2);
+}
+
+static int take(model_t *m, int training, double *loss_sum, sp_err *err)
+{
+    tensor_t acc = loss_acc(m, training);
+    double v = 0.0;
+    be_d2h(m->be, &v, acc.p, sizeof v);
+    be_zero(m->be, acc);
+    if (be_check(m->be, err))
+        return err->code;
+    *loss_sum += v;
     return 0;
+}
+
+int model_loss_take(model_t *m, double *loss_sum, sp_err *err)
+{
+    return take(m, 1, loss_sum, err);
+}
+
+/* The micro-batch's per-token losses (s->loss) summed into its loss sum. */
+static void add_loss(const step_ctx *c)
+{
+    be_sum_add(c->m->be, loss_acc(c->m, c->training), MODEL_SCRATCH(c->m)->loss,
+               (size_t)c->rows);
 }
 
 static int check_batch(model_t *m, const model_batch *b, sp_err *err)
@@ -58,48 +74,59 @@ static int check_batch(model_t *m, const model_batch *b, sp_err *err)
     return 0;
 }
 
+/* One staged value: n words at h + *at into t's first n elements. */
+static void stage_words(backend_t *be, tensor_t t, int32_t *h, size_t *at, const void *src,
+                        size_t n)
+{
+    if (src)
+        memcpy(h + *at, src, n * sizeof(int32_t));
+    be_upload_staged(be, tensor_view(t, 0, n), h + *at);
+    *at += n;
+}
+
 /* The micro-batch's host values into device memory, where its launches
  * read them: tokens, targets, packed positions and document starts, and in
- * training the windows' dropout seeds and the loss gradient's scale. */
+ * training the windows' dropout seeds and the loss gradient's scale. The
+ * copies go through pinned memory (s->host) and nothing waits for them or
+ * for the micro-batch before (they run after it, in stream order), but the
+ * previous micro-batch's copies, which ran before that micro-batch
+ * started: so on a device the host stages a micro-batch while the one
+ * before is computed. */
 static int stage(const step_ctx *c, sp_err *err)
 {
     model_t *m = c->m;
+    backend_t *be = m->be;
     model_scratch *s = MODEL_SCRATCH(m);
-    size_t n = (size_t)c->rows;
+    size_t n = (size_t)c->rows, at = 0;
     if (check_batch(m, c->b, err))
         return err->code;
-    be_upload(m->be, tensor_view(s->tokens, 0, n), c->b->inputs, DT_I32);
-    be_upload(m->be, tensor_view(s->targets, 0, n), c->b->targets, DT_I32);
+    int32_t *h = s->host;
+    be_staged_wait(be); /* h may be written again */
+    stage_words(be, s->tokens, h, &at, c->b->inputs, n);
+    stage_words(be, s->targets, h, &at, c->b->targets, n);
     if (c->b->pos)
-        be_upload(m->be, tensor_view(s->pos, 0, n), c->b->pos, DT_I32);
+        stage_words(be, s->pos, h, &at, c->b->pos, n);
     if (c->b->seg)
-        be_upload(m->be, tensor_view(s->seg, 0, n), c->b->seg, DT_I32);
+        stage_words(be, s->seg, h, &at, c->b->seg, n);
     if (!c->training)
-        return 0;
+        return be_check(be, err);
     if (m->o.lora_dropout > 0) { /* the windows' LoRA dropout seeds */
-        uint64_t *seeds = malloc(sizeof *seeds * (size_t)c->b->B);
-        if (!seeds)
-            return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
         uint64_t stream = sp_rng_stream(m->o.seed, RNG_TAG_DROPOUT);
-        for (int w = 0; w < c->b->B; w++)
-            seeds[w] = sp_rng_stream(stream, c->b->sample_ids[w]);
-        be_upload(m->be, tensor_view(s->seeds, 0, 2 * (size_t)c->b->B), seeds, DT_I32);
-        free(seeds);
-    }
-    be_upload(m->be, s->gscale, &c->b->grad_scale, DT_F32);
-    if (m->embed->trainable) { /* the tokens grouped by id: a deterministic backward */
-        int32_t *order = malloc(sizeof *order * (2 * n + 2));
-        if (!order || embedding_order(c->b->inputs, (int)n, order, order + n)) {
-            free(order);
-            return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
+        for (int w = 0; w < c->b->B; w++) {
+            uint64_t seed = sp_rng_stream(stream, c->b->sample_ids[w]);
+            memcpy(h + at + 2 * (size_t)w, &seed, sizeof seed);
         }
-        be_upload(m->be, tensor_view(s->emb_order, 0, n), order, DT_I32);
-        be_upload(m->be, tensor_view(s->emb_runs, 0, n + 2), order + n, DT_I32);
-        free(order);
+        stage_words(be, s->seeds, h, &at, NULL, 2 * (size_t)c->b->B);
     }
-    return 0;
+    stage_words(be, s->gscale, h, &at, &c->b->grad_scale, 1);
+    if (m->embed->trainable) { /* the tokens grouped by id: a deterministic backward */
+        if (embedding_order(c->b->inputs, (int)n, h + at, h + at + n))
+            return sp_fail(err, SP_EXIT_OTHER, "out of host memory");
+        stage_words(be, s->emb_order, h, &at, NULL, n);
+        stage_words(be, s->emb_runs, h, &at, NULL, n + 2);
+    }
+    return be_check(be, err);
 }
-
 
 static void grads_ready(model_t *m, const model_batch *b, size_t upto)
 {
@@ -116,6 +143,7 @@ static void launch_step(const step_ctx *c)
     const model_batch *b = c->b;
     model_graph_forward(c);
     model_graph_head(c, 1);
+    add_loss(c);
     grads_ready(m, b, m->ready_upto[0]);
     for (int l = (int)m->mc.layers - 1; l >= 0; l--) {
         model_graph_layer_backward(c, l);
@@ -283,9 +311,9 @@ int model_forward_backward(model_t *m, const model_batch *b, double *loss_sum, s
     } else {
         launch_step(&c);
     }
-    if (be_check(m->be, err) || read_loss(&c, loss_sum, err))
+    if (be_check(m->be, err))
         return err->code;
-    return be_check(m->be, err);
+    return loss_sum ? take(m, 1, loss_sum, err) : 0;
 }
 
 /* ---- the step's update ---------------------------------------------------------- */
@@ -346,9 +374,10 @@ int model_evaluate(model_t *m, const model_batch *b, double *loss_sum, sp_err *e
         return err->code;
     model_graph_forward(&c);
     model_graph_head(&c, 0);
-    if (be_check(m->be, err) || read_loss(&c, loss_sum, err))
+    add_loss(&c);
+    if (be_check(m->be, err))
         return err->code;
-    return be_check(m->be, err);
+    return take(m, 0, loss_sum, err);
 }
 
 int model_forward_logits(model_t *m, const model_batch *b, float *logits, sp_err *err)

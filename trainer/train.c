@@ -361,12 +361,13 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
                              .last = k == t->ga - 1,
                              .pos = t->pos ? t->pos + at : NULL,
                              .seg = t->seg ? t->seg + at : NULL};
-            if (model_forward_backward(t->m, &b, &loss_sum, err)) {
+            /* nothing waits for the device until the loss is taken */
+            if (model_forward_backward(t->m, &b, NULL, err)) {
                 t->m->grads_ready = NULL;
                 return err->code;
             }
         }
-        if (grad_sync_finish(&gs, err) ||
+        if (grad_sync_finish(&gs, err) || model_loss_take(t->m, &loss_sum, err) ||
             comm_allreduce(t->comm, &loss_sum, 1, COMM_F64, COMM_SUM, err))
             return err->code;
         if (!isfinite(loss_sum))

@@ -199,6 +199,7 @@ static const backend_ops cpu_ops = {
     .dropout = cpu_dropout,
     .sumsq = cpu_sumsq,
     .sumsq_into = cpu_sumsq_into,
+    .sum_add = cpu_sum_add,
     .adamw = cpu_adamw,
     .fill_uniform = cpu_fill_uniform,
     .fill_normal = cpu_fill_normal,

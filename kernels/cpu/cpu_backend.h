@@ -77,6 +77,7 @@ void cpu_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, ui
                  tensor_t seed_dev, uint64_t offset);
 double cpu_sumsq(backend_t *be, tensor_t x, size_t n);
 void cpu_sumsq_into(backend_t *be, tensor_t out, tensor_t x, size_t n);
+void cpu_sum_add(backend_t *be, tensor_t acc, tensor_t x, size_t n);
 void cpu_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
                tensor_t v, size_t n, const adamw_args *a);
 void cpu_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi, uint64_t seed,

@@ -511,6 +511,18 @@ void cpu_sumsq_into(backend_t *be, tensor_t out, tensor_t x, size_t n)
     memcpy(out.p, &sum, sizeof sum);
 }
 
+void cpu_sum_add(backend_t *be, tensor_t acc, tensor_t x, size_t n)
+{
+    (void)be;
+    const float *X = F(x);
+    double sum = 0.0, total;
+    for (size_t i = 0; i < n; i++)
+        sum += X[i];
+    memcpy(&total, acc.p, sizeof total);
+    total += sum;
+    memcpy(acc.p, &total, sizeof total);
+}
+
 void cpu_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
                tensor_t v, size_t n, const adamw_args *a)
 {

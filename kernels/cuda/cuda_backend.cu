@@ -147,6 +147,46 @@ static void cuda_d2h(backend_t *be, void *dst, const void *src, size_t bytes)
         memset(dst, 0, bytes);
 }
 
+/* Staged uploads (backend.h): pinned host memory, a copy enqueued without
+ * waiting, and an event after it that h2d_wait waits for. */
+static void *cuda_host_alloc(backend_t *be, size_t bytes)
+{
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: the caller reports no memory */
+        (void)be;
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(backend_t *be, void *p)
+{
+    (void)be;
+    cudaFreeHost(p);
+}
+
+static void cuda_h2d_async(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (!bytes || be->err.code)
+        return;
+    if (!im->staged && CUDA_OK(be, cudaEventCreateWithFlags(&im->staged, cudaEventDisableTiming)))
+        return;
+    if (!CUDA_OK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, im->stream)) &&
+        !CUDA_OK(be, cudaEventRecord(im->staged, im->stream)))
+        im->staged_pending = 1;
+}
+
+static void cuda_h2d_wait(backend_t *be)
+{
+    cuda_impl *im = CUDA_IMPL(be);
+    if (!im->staged_pending)
+        return;
+    im->staged_pending = 0;
+    CUDA_OK(be, cudaEventSynchronize(im->staged));
+}
+
 static void cuda_zero(backend_t *be, tensor_t t)
 {
     if (!t.n || be->err.code)
@@ -356,6 +396,8 @@ static void cuda_destroy(backend_t *be)
             cublasLtDestroy(im->lt);
         if (im->fence)
             cudaEventDestroy(im->fence);
+        if (im->staged)
+            cudaEventDestroy(im->staged);
         for (int i = 0; i < im->prof_cap; i++)
             if (im->prof_ev[i])
                 cudaEventDestroy(im->prof_ev[i]);
@@ -375,6 +417,10 @@ static const backend_ops cuda_ops_table = {
     .free = cuda_free,
     .h2d = cuda_h2d,
     .d2h = cuda_d2h,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .h2d_async = cuda_h2d_async,
+    .h2d_wait = cuda_h2d_wait,
     .zero = cuda_zero,
     .copy = cuda_copy,
     .sync = cuda_sync,
@@ -401,6 +447,7 @@ static const backend_ops cuda_ops_table = {
     .dropout = cuda_dropout,
     .sumsq = cuda_sumsq,
     .sumsq_into = cuda_sumsq_into,
+    .sum_add = cuda_sum_add,
     .adamw = cuda_adamw,
     .fill_uniform = cuda_fill_uniform,
     .fill_normal = cuda_fill_normal,

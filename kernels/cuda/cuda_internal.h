@@ -36,6 +36,8 @@ typedef struct cuda_impl {
     void *scratch;            /* grow-only workspace of reductions and attention; */
     size_t scratch_bytes;     /* nothing in it survives an op */
     double *host_sum;         /* pinned: sumsq's result */
+    cudaEvent_t staged;       /* recorded after each staged upload (h2d_async) */
+    int staged_pending;       /* staged was recorded since the last h2d_wait */
     cudaEvent_t *prof_ev;     /* the step profile's marks (created on first use, reused) */
     int prof_cap;
 } cuda_impl;
@@ -343,6 +345,7 @@ void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, u
                   tensor_t seed_dev, uint64_t offset);
 double cuda_sumsq(backend_t *be, tensor_t x, size_t n);
 void cuda_sumsq_into(backend_t *be, tensor_t out, tensor_t x, size_t n);
+void cuda_sum_add(backend_t *be, tensor_t acc, tensor_t x, size_t n);
 void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, tensor_t grad, tensor_t m,
                 tensor_t v, size_t n, const adamw_args *a);
 void cuda_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo, float hi, uint64_t seed,
