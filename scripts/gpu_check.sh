@@ -160,9 +160,30 @@ row_new() { # row_new NAME -> index in $ROW
     ROW=${#R_NAME[@]}
     R_NAME+=("$1") R_RES+=("SKIPPED") R_SECS+=("-") R_FIG+=("not reached: the ${BUDGET}s budget ran out")
 }
+# The table, written again whenever a row changes (so a run cut short, by
+# its caller's time limit or the machine, still leaves the rows it reached);
+# FINAL=1 for the last write.
+FINAL=0
+write_table() {
+    {
+        echo "spotune GPU check, $(date -u '+%Y-%m-%d'); GPU: ${GPU:-unknown}; $BUILD_INFO"
+        if [ "$FINAL" = 1 ]; then
+            echo "wall time ${TOTAL}s of a ${BUDGET}s budget; MFU honest: 4N/token for frozen weights, 6N for trainable ones, plus attention; 6N: 6 x every parameter per token"
+        else
+            echo "PARTIAL: the check was still running after $(elapsed)s of a ${BUDGET}s budget (this table is written again after each step)"
+        fi
+        echo
+        echo "| # | step | result | s | figure |"
+        echo "| ---: | --- | --- | ---: | --- |"
+        for ((k = 0; k < ${#R_NAME[@]}; k++)); do
+            echo "| $((k + 1)) | ${R_NAME[$k]} | ${R_RES[$k]} | ${R_SECS[$k]} | ${R_FIG[$k]} |"
+        done
+    } > "$TABLE.tmp" && mv "$TABLE.tmp" "$TABLE"
+}
 row_set() { # row_set INDEX RESULT SECS FIGURE
     R_RES[$1]=$2 R_SECS[$1]=$3
     R_FIG[$1]=$(printf '%s' "$4" | tr '\n|' ' /' | sed 's/  */ /g; s/ $//' | cut -c1-400)
+    write_table
 }
 
 declare -A IDX
@@ -192,6 +213,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     row_new "$n"
     IDX[$s]=$ROW
 done
+write_table
 
 # ---- running one step ---------------------------------------------------------------------
 # step KEY BOX CMD...: runs CMD in $PARTS/KEY.out for at most min(BOX x SCALE,
@@ -660,16 +682,8 @@ smi smi_end
 
 # ---- the table ------------------------------------------------------------------------------
 TOTAL=$(elapsed)
-{
-    echo "spotune GPU check, $(date -u '+%Y-%m-%d'); GPU: ${GPU:-unknown}; $BUILD_INFO"
-    echo "wall time ${TOTAL}s of a ${BUDGET}s budget; MFU honest: 4N/token for frozen weights, 6N for trainable ones, plus attention; 6N: 6 x every parameter per token"
-    echo
-    echo "| # | step | result | s | figure |"
-    echo "| ---: | --- | --- | ---: | --- |"
-    for ((k = 0; k < ${#R_NAME[@]}; k++)); do
-        echo "| $((k + 1)) | ${R_NAME[$k]} | ${R_RES[$k]} | ${R_SECS[$k]} | ${R_FIG[$k]} |"
-    done
-} > "$TABLE"
+FINAL=1
+write_table
 # the workbenches' own tables after it
 for key in ${WB_RAN[@]+"${WB_RAN[@]}"}; do
     {

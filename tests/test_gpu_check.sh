@@ -22,7 +22,9 @@
 #     (one that exits 77);
 #  3. the budget enforced: a step that hangs is cut at what is left of a
 #     30 s budget, every later step is a "not started" row, and the whole
-#     run stays within the budget.
+#     run stays within the budget;
+#  4. a run killed from outside mid-way leaves the table of the rows it
+#     reached in $OUT, marked PARTIAL (the table is written after each step).
 # usage: tests/test_gpu_check.sh BUILD_DIR
 set -uo pipefail
 build=$(cd "$1" && pwd)
@@ -363,6 +365,22 @@ check "budget: every row present" $((nrows != 19)) "$table"
 notstarted=$(grep -E '^\| ([3-9]|1[0-8]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
 check "budget: the steps after it are 'not started' rows" $((notstarted != 16)) "$table"
 expect_row 19 PASS "NVIDIA H200"
+
+# ---- 4. a run cut short from outside ----------------------------------------------------------
+# (its caller's time limit): the table of the rows reached is in OUT, marked
+# PARTIAL, rewritten after each step
+{ env -u LD_LIBRARY_PATH OUT="$tmp/cut" PATH="$tmp/path:/usr/bin:/bin" FAKE_MODE=hang \
+    GPU_CHECK_BOX_SCALE=0.05 GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv4" \
+    timeout -s KILL 4 bash "$bundle/gpu_check.sh" > /dev/null 2>&1; } 2>/dev/null
+table=$(cat "$tmp/cut/gpu_check_table.md" 2>/dev/null)
+has "$table" "PARTIAL: the check was still running after"
+check "cut short: the table in OUT says it is partial" $? "$table"
+nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
+check "cut short: every row present" $((nrows != 19)) "$table"
+expect_row 1 PASS "NVIDIA H200"
+has "$(row "$table" 2)" "| SKIPPED | - | not reached"
+check "cut short: the step it was in is 'not reached'" $? "$table"
+sleep 4 # the hung stand-in's own time box
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]
