@@ -157,16 +157,24 @@ static void bench_host(comm_t *c, const bench_args *a)
         }                                                                                \
     } while (0)
 
-#define BENCH_NCCL(c, call)                                                              \
-    do {                                                                                 \
-        ncclResult_t r_ = (call);                                                        \
-        if (r_ != ncclSuccess && r_ != ncclInProgress) {                                 \
-            char m_[512];                                                                \
-            snprintf(m_, sizeof m_, "%s:%d: %s: %s", __FILE__, __LINE__, #call,          \
-                     ncclGetErrorString(r_));                                            \
-            comm_abort((c), SP_EXIT_OTHER, m_);                                          \
-        }                                                                                \
-    } while (0)
+/* The communicator is non-blocking (comm_device_init): a call that returns
+ * ncclInProgress is polled until it settles before the next NCCL call, as
+ * NCCL requires. */
+static void bench_nccl(comm_t *c, ncclComm_t nc, ncclResult_t r, const char *call,
+                       const char *file, int line)
+{
+    while (r == ncclInProgress) {
+        ncclResult_t state = ncclInProgress;
+        ncclResult_t q = ncclCommGetAsyncError(nc, &state);
+        r = q != ncclSuccess ? q : state;
+    }
+    if (r != ncclSuccess) {
+        char m[512];
+        snprintf(m, sizeof m, "%s:%d: %s: %s", file, line, call, ncclGetErrorString(r));
+        comm_abort(c, SP_EXIT_OTHER, m);
+    }
+}
+#define BENCH_NCCL(c, nc, call) bench_nccl((c), (nc), (call), #call, __FILE__, __LINE__)
 
 static double time_device_comm(comm_t *c, float *buf, size_t n, int iters, cudaStream_t s)
 {
@@ -198,7 +206,7 @@ static double time_device_nccl(comm_t *c, float *buf, size_t n, int iters, cudaS
             BENCH_MPI(c, MPI_Barrier(c->world));
             t0 = sp_now();
         }
-        BENCH_NCCL(c, ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, nc, s));
+        BENCH_NCCL(c, nc, ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, nc, s));
     }
     BENCH_CUDA(c, cudaStreamSynchronize(s));
     return slowest(c, t0, iters);

@@ -112,7 +112,10 @@ _Noreturn void comm_abort(comm_t *c, int code, const char *msg);
  * asynchronous errors and aborting the communicator on timeout.
  * Without a CUDA build they return an error. In a world of one without MPI
  * no NCCL communicator is made (unless comm_opts.nccl_world_of_one): the
- * collectives are local copies.
+ * collectives are local copies. A second comm_device_init with the same
+ * device keeps the communicator and returns 0 (a process that makes one
+ * backend after another: spotune bench's two modes); another device, or a
+ * communicator aborted, is an error.
  * After any error the communicator is aborted and unusable: end the job
  * with comm_abort(). */
 int comm_device_available(void); /* 1 when built with CUDA and NCCL */

@@ -98,6 +98,9 @@ void comm_roll_call(comm_t *c, double wait_s, char *out, size_t cap);
 
 /* Records an MPI failure as "file:line: rank R on HOST: fn: reason". */
 int comm_mpi_fail(comm_t *c, sp_err *err, int rc, const char *fn, const char *file, int line);
+/* 1 when an MPI thread level (MPI_Query_thread's) lets the watchdog thread
+ * call MPI beside the training thread; else 0 and why says what to use. */
+int comm_mpi_thread_level_ok(int provided, char *why, size_t n);
 #define COMM_MPI(c, err, fn, args)                                                       \
     do {                                                                                 \
         int mpi_rc_ = fn args;                                                           \

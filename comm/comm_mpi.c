@@ -364,6 +364,23 @@ static int world_local(comm_t *c, sp_err *err)
     return 0;
 }
 
+int comm_mpi_thread_level_ok(int provided, char *why, size_t n)
+{
+    if (provided >= MPI_THREAD_MULTIPLE)
+        return 1;
+    const char *name = provided == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+                       : provided == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED"
+                       : provided == MPI_THREAD_SINGLE   ? "MPI_THREAD_SINGLE"
+                                                         : "an unknown level";
+    snprintf(why, n,
+             "the MPI library gives %s (%d); spotune needs MPI_THREAD_MULTIPLE: its watchdog "
+             "thread answers roll calls while the training thread is in a collective. Use an "
+             "MPI built with thread support (Open MPI 3 and later by default; MPICH with "
+             "--enable-threads=multiple)",
+             name, provided);
+    return 0;
+}
+
 static int world_init_mpi(comm_t *c, int *argc, char ***argv, sp_err *err)
 {
     int init = 0, provided = 0;
@@ -372,6 +389,10 @@ static int world_init_mpi(comm_t *c, int *argc, char ***argv, sp_err *err)
         COMM_MPI(c, err, MPI_Init_thread, (argc, argv, MPI_THREAD_MULTIPLE, &provided));
         c->owns_mpi = 1;
     }
+    COMM_MPI(c, err, MPI_Query_thread, (&provided)); /* also when MPI was initialised before */
+    char why[512];
+    if (!comm_mpi_thread_level_ok(provided, why, sizeof why))
+        return sp_fail(err, SP_EXIT_OTHER, "%s", why);
     c->use_mpi = 1;
     COMM_MPI(c, err, MPI_Comm_dup, (MPI_COMM_WORLD, &c->world));
     COMM_MPI(c, err, MPI_Comm_set_errhandler, (c->world, MPI_ERRORS_RETURN));

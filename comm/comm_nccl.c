@@ -315,8 +315,14 @@ int comm_device_init(comm_t *c, int device, sp_err *err)
 {
     struct comm_device *dev;
     int rc;
-    if (c->dev)
-        return sp_fail(err, SP_EXIT_OTHER, "comm_device_init: already initialised");
+    if (c->dev) { /* the same device again: the communicator is kept */
+        if (c->dev->device == device && !c->dev->broken)
+            return 0;
+        return sp_fail(err, SP_EXIT_OTHER,
+                       "comm_device_init: this rank's NCCL communicator is %s on CUDA device %d "
+                       "(asked for device %d)",
+                       c->dev->broken ? "aborted" : "bound", c->dev->device, device);
+    }
     dev = calloc(1, sizeof *dev);
     rc = dev ? bind_device(c, device, err)
              : sp_fail(err, SP_EXIT_OTHER, "comm_device_init: out of memory");

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "comm/comm_internal.h"
 
 #ifndef SPOTUNE_COMM_PROG
 #error "SPOTUNE_COMM_PROG must name the spotune-comm-prog executable"
@@ -214,6 +215,22 @@ Test(comm_single, collectives_are_copies)
     cr_assert_eq(any, 1);
     cr_assert_eq(comm_barrier(c, &err), 0);
     comm_finalize(c);
+}
+
+/* An MPI below MPI_THREAD_MULTIPLE is refused at start, naming the level it
+ * gives and what to use (the watchdog thread calls MPI beside the training
+ * thread); Open MPI here gives MULTIPLE (the jobs of this suite run). */
+Test(comm_single, an_mpi_without_thread_multiple_is_refused_by_name)
+{
+    char why[512] = "";
+    cr_expect_eq(comm_mpi_thread_level_ok(MPI_THREAD_MULTIPLE, why, sizeof why), 1);
+    const int levels[] = {MPI_THREAD_SINGLE, MPI_THREAD_FUNNELED, MPI_THREAD_SERIALIZED};
+    const char *names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED"};
+    for (int i = 0; i < 3; i++) {
+        why[0] = 0;
+        cr_expect_eq(comm_mpi_thread_level_ok(levels[i], why, sizeof why), 0, "%s", names[i]);
+        cr_expect(strstr(why, names[i]) && strstr(why, "needs MPI_THREAD_MULTIPLE"), "%s", why);
+    }
 }
 
 Test(comm_single, bad_arguments_are_errors)

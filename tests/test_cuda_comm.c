@@ -58,6 +58,12 @@ static void open_run(run *r, int mode, int nccl)
     if (nccl) {
         cr_assert_eq(comm_device_init(r->comm, r->be->device, &err), 0, "%s", err.msg);
         cr_assert(comm_device_collectives(r->comm), "a one-rank NCCL communicator was asked for");
+        /* again on the same device (spotune bench's second mode): kept;
+         * on another: refused by name */
+        cr_assert_eq(comm_device_init(r->comm, r->be->device, &err), 0, "%s", err.msg);
+        cr_expect_neq(comm_device_init(r->comm, r->be->device + 1, &err), 0);
+        cr_expect(strstr(err.msg, "asked for device"), "%s", err.msg);
+        err = (sp_err){0};
     } else {
         cr_assert(!comm_device_collectives(r->comm), "a world of one has no collectives");
     }

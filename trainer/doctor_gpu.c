@@ -137,13 +137,17 @@ static void check_nccl(doctor_t *d, const dr_gpus *g, comm_t *comm)
     void *buf = NULL;
     size_t most = (size_t)256 << 20;
     int32_t ok = alloc && release && alloc(dev, most, &buf, why, sizeof why) == 0;
-    if (ok && comm_device_init(comm, dev, &err) != 0) {
+    /* every rank agrees before the communicator is made (a collective of
+     * all of them), so a rank whose buffer failed does not leave the
+     * others waiting in it */
+    int32_t all_ok = ok;
+    int agreed = comm_allreduce(comm, &all_ok, 1, COMM_I32, COMM_MIN, &err) == 0;
+    if (agreed && all_ok && comm_device_init(comm, dev, &err) != 0) {
         sp_cutf(why, sizeof why, "%s", err.msg);
-        ok = 0;
+        ok = all_ok = 0; /* comm_device_init fails on every rank together */
     }
     sp_err_clear(&err);
-    int32_t all_ok = ok;
-    if (comm_allreduce(comm, &all_ok, 1, COMM_I32, COMM_MIN, &err) == 0 && all_ok) {
+    if (agreed && all_ok) {
         /* fp32 all-reduces of 1, 16 and 256 MiB: the bus bandwidth of each
          * (algorithm bandwidth x 2(n-1)/n, as nccl-tests gives it), the
          * slowest rank's time */

@@ -240,6 +240,7 @@ static void launch_graphed(model_t *m, const span *s)
         return;
     }
     model_graphs *G = *s->cache;
+    int emptied = -1; /* the slot of a stale graph, which the new one takes */
     for (int i = 0; i < GRAPH_SLOTS; i++) {
         if (!G->g[i] || G->g[i]->digest != t.digest)
             continue;
@@ -250,6 +251,7 @@ static void launch_graphed(model_t *m, const span *s)
         }
         be_graph_free(be, G->g[i]); /* stale: captured again below */
         G->g[i] = NULL;
+        emptied = i;
         G->have_seen = 1;
         G->seen = t.digest;
         break;
@@ -277,9 +279,13 @@ static void launch_graphed(model_t *m, const span *s)
         eager(s);
         return;
     }
-    be_graph_free(be, G->g[G->next]);
-    G->g[G->next] = g;
-    G->next = (G->next + 1) % GRAPH_SLOTS;
+    if (emptied >= 0) {
+        G->g[emptied] = g;
+    } else {
+        be_graph_free(be, G->g[G->next]);
+        G->g[G->next] = g;
+        G->next = (G->next + 1) % GRAPH_SLOTS;
+    }
     s->count->captures++;
     s->count->ops = g->ops;
     int rc = be_graph_launch(be, g);

@@ -90,9 +90,11 @@ static tensor_t cuda_alloc(backend_t *be, dtype_t dt, size_t n)
 static void cuda_free(backend_t *be, tensor_t *t)
 {
     if (t->p) {
-        /* cudaFree waits for the device; nothing queued can still use t */
-        CUDA_OK(be, cudaFree(t->p));
-        be->bytes_in_use -= t->n * dtype_size(t->dt);
+        /* cudaFree waits for the device; nothing queued can still use t.
+         * A free that fails (a sticky device fault) keeps its count: the
+         * memory was not given back */
+        if (CUDA_OK(be, cudaFree(t->p)) == 0)
+            be->bytes_in_use -= t->n * dtype_size(t->dt);
     }
     t->p = NULL;
     t->n = 0;
@@ -285,7 +287,12 @@ static void cuda_prof_mark(backend_t *be, int i)
 static int cuda_prof_read(backend_t *be, double *ms, int n)
 {
     cuda_impl *im = CUDA_IMPL(be);
-    if (be->err.code || n < 1 || n > im->prof_cap || CUDA_OK(be, cudaEventSynchronize(im->prof_ev[n - 1])))
+    if (be->err.code || n < 1 || n > im->prof_cap)
+        return -1;
+    for (int i = 0; i < n; i++) /* a mark never recorded: no profile, not a device error */
+        if (!im->prof_ev[i])
+            return -1;
+    if (CUDA_OK(be, cudaEventSynchronize(im->prof_ev[n - 1])))
         return -1;
     for (int i = 0; i < n; i++) {
         float f = 0;
@@ -326,6 +333,15 @@ static void *cuda_graph_end(backend_t *be, char *why, size_t n)
     cudaError_t e = cudaStreamEndCapture(im->stream, &graph);
     if (be->err.code) { /* an op failed while captured: nothing of it ran */
         snprintf(why, n, "%s", be->err.msg);
+        cudaError_t q = cudaStreamQuery(im->stream);
+        if (q != cudaSuccess && q != cudaErrorNotReady && q != cudaErrorStreamCaptureInvalidated &&
+            q != cudaErrorStreamCaptureUnmatched) {
+            /* the device itself has failed (a fault of work before the
+             * capture: sticky): that error stays, the run ends with it */
+            if (graph)
+                cudaGraphDestroy(graph);
+            return NULL;
+        }
         memset(&be->err, 0, sizeof be->err);
         if (graph)
             cudaGraphDestroy(graph);

@@ -63,7 +63,8 @@ extern "C" int cuda_doctor_gemm(int dev, int n, int iters, double *tflops, char 
     TRY(cudaEventCreate(&e0));
     TRY(cudaEventCreate(&e1));
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-        snprintf(why, wn, "cublasCreate failed");
+        if (why && wn)
+            snprintf(why, wn, "cublasCreate failed");
         goto out;
     }
     for (int i = -3; i < iters; i++) { /* i < 0: the warm-up (clocks ramp up) */
@@ -73,7 +74,8 @@ extern "C" int cuda_doctor_gemm(int dev, int n, int iters, double *tflops, char 
                                         CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF,
                                         n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
-            snprintf(why, wn, "cublasGemmEx (bf16, %d x %d): status %d", n, n, (int)s);
+            if (why && wn)
+                snprintf(why, wn, "cublasGemmEx (bf16, %d x %d): status %d", n, n, (int)s);
             goto out;
         }
     }

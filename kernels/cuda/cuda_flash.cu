@@ -517,6 +517,26 @@ static int unfused_requested(void)
     return e && strcmp(e, "unfused") == 0;
 }
 
+/* Whether the kernels this process runs were compiled for sm_80 or later
+ * (their code, or the PTX the driver compiles): a build for older
+ * architectures only (CMAKE_CUDA_ARCHITECTURES=75, say) compiles the MMA
+ * to a trap, and the unfused path must run instead. Asked once. */
+static int built_with_mma(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        cudaFuncAttributes fa;
+        memset(&fa, 0, sizeof fa);
+        if (cudaFuncGetAttributes(&fa, flash_forward_kernel<64>) != cudaSuccess) {
+            (void)cudaGetLastError(); /* not sticky: the unfused path runs */
+            known = 0;
+        } else {
+            known = fa.ptxVersion >= 80; /* the virtual architecture: __CUDA_ARCH__ */
+        }
+    }
+    return known;
+}
+
 extern "C" int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int nh, int nkv,
                                   int hd, const void *const *ptrs, int nptrs)
 {
@@ -532,7 +552,7 @@ extern "C" int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int n
                                            CUDA_IMPL(be)->device)))
         return 0;
     (void)T, (void)nkv; /* any T, any group size */
-    return major >= 8;
+    return major >= 8 && built_with_mma();
 }
 
 static flash_args args_of(int B, int T, int nh, int nkv, int hd, tensor_t seg)
