@@ -247,6 +247,23 @@ Test(model_io, schedules_and_clipping)
  * recomputation: every rank holding the optimizer needs more than an 80 GB
  * card; sharded over 8 ranks the trainable state is 6 + 16/8 bytes per
  * weight and the run fits. */
+/* The sharded optimizer is full fine-tuning's (the trainer shards only
+ * there); a LoRA model asked to shard is refused by name, not built half
+ * right (its compute copy would be a dtype the LoRA init cannot write). */
+Test(model_io, a_sharded_lora_model_is_refused)
+{
+    sp_err err = {0};
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, "tiny"), 0);
+    model_opts o = {.mode = MODE_LORA, .lora_r = 4, .lora_alpha = 8, .lora_targets = 127,
+                    .max_batch = 1, .seq_len = 8, .seed = 1, .shard_count = 2, .shard_rank = 0};
+    model_t *m = (model_t *)1;
+    cr_expect_eq(model_create(&m, be, &mc, &o, &err), SP_EXIT_USAGE);
+    cr_expect_null(m);
+    cr_expect(strstr(err.msg, "sharded optimizer") && strstr(err.msg, "train.mode full"), "%s",
+              err.msg);
+}
+
 Test(model_io, sharded_optimizer_plan_fits_7b_full_in_80_gb)
 {
     model_config_t mc;

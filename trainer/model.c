@@ -144,6 +144,11 @@ int model_create(model_t **out, backend_t *be, const model_config_t *mc, const m
     *out = NULL;
     if (o->nf4 && (o->mode != MODE_LORA || o->dora))
         return sp_fail(err, SP_EXIT_USAGE, "model.quantize nf4 needs train.mode lora and no lora.dora");
+    if (o->shard_count > 1 && o->mode != MODE_FULL)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "a sharded optimizer (model_opts.shard_count %d) is for train.mode full; "
+                       "LoRA's optimizer state is small and kept whole on every rank",
+                       o->shard_count);
     model_t *m = calloc(1, sizeof *m);
     if (!m)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
