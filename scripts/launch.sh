@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/launch.sh — starts a spotune job under mpirun (Open MPI), one rank
 # per GPU, on one node or on several listed in a hostfile. It passes the
-# NCCL_*, SPOTUNE_* and AWS_* variables that are set (by name: values, AWS
+# NCCL_*, SPOTUNE_*, AWS_* and OPENBLAS_* variables that are set (by name: values, AWS
 # secrets included, are never printed), prints the mpirun command, and runs
 # it (or only prints it with --dry-run). See docs/launching.md.
 set -euo pipefail
@@ -117,7 +117,7 @@ fi
 vars=()
 while IFS= read -r name; do
     vars+=("$name")
-done < <(compgen -e | grep -E '^(NCCL_|SPOTUNE_|AWS_)' || true)
+done < <(compgen -e | grep -E '^(NCCL_|SPOTUNE_|AWS_|OPENBLAS_)' || true)
 for name in CUDA_VISIBLE_DEVICES OMP_NUM_THREADS; do
     [[ -n "${!name+x}" ]] && vars+=("$name")
 done

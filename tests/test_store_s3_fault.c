@@ -130,7 +130,9 @@ Test(store_s3_fault, proxy_killed_mid_multipart_upload_completes)
     cr_assert_eq(completed_before, 0, "the upload was complete before the kill");
     cr_assert_eq(up.rc, 0, "the upload did not survive a %.1f s outage: %s", t_back - t_kill,
                  up.err.msg);
-    cr_assert_gt(up.ended, t_back, "the transfer was in flight across the outage");
+    /* in flight when the proxy died, so it finished through the restarted
+     * one (which may listen before the health wait below reports it) */
+    cr_assert_gt(up.ended, t_kill, "the transfer ended before the proxy was killed");
     sp_err err = {0};
     cr_assert_eq(store_get_file(s, "ckpt/state.h5", back, &err), 0, "%s", err.msg);
     cr_assert(tu_files_equal(src, back), "not byte-identical after retries");
@@ -217,7 +219,11 @@ Test(store_s3_fault, proxy_killed_mid_range_read_resumes)
     pthread_join(th, NULL);
     cr_assert_eq(rr.rc, 0, "the read did not survive a %.1f s outage: %s", t_back - t_kill,
                  rr.err.msg);
-    cr_assert_gt(rr.ended, t_back, "the read was in flight across the outage");
+    /* in flight when the proxy died (it may end before the restarted proxy
+     * is reported healthy: the retry goes through as soon as it listens,
+     * and the health wait can be slow on a loaded machine); the resumed GET
+     * below is the restarted proxy's */
+    cr_assert_gt(rr.ended, t_kill, "the read ended before the proxy was killed");
     cr_assert_eq(memcmp(rr.dst, src + rr.off, rr.n), 0, "not byte-identical after retries");
     /* the retry asked for the rest only (the killed proxy logged nothing) */
     unsigned long long sent = 0;

@@ -250,6 +250,11 @@ export SPOTUNE_MN_HOSTS=$work/hosts.map
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0:intercept_tls_get_addr=0"
 export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$src/tests/lsan.supp:print_suppressions=0"
 pass=(-x ASAN_OPTIONS -x LSAN_OPTIONS)
+# the BLAS kernels of this machine's environment on every node (a machine
+# may set OPENBLAS_CORETYPE; a rank started bare picks other kernels, whose
+# last bits differ: the layouts would not give the same bits), as
+# scripts/launch.sh passes them
+while IFS= read -r v; do pass+=(-x "$v"); done < <(compgen -e | grep -E '^OPENBLAS_' || true)
 [[ -n ${UBSAN_OPTIONS:-} ]] && pass+=(-x UBSAN_OPTIONS)
 # the test server's fixed, public credentials (scripts/swift-s3.sh), and
 # nothing of another store's
