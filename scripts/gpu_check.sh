@@ -546,7 +546,7 @@ say "CUDA: $(if [ -n "$NO_GPU" ]; then echo "$NO_GPU"; else cat "$PARTS/probe.ou
 
 # the CUDA op tests: every op, the elementwise vector paths, then RoPE and attention
 OP_TESTS=("$TESTS/test_cuda_ops" "$TESTS/test_cuda_elementwise" "$TESTS/test_cuda_attention")
-suite ops 75 "${OP_TESTS[@]}"
+suite ops 120 "${OP_TESTS[@]}"
 suite layer 90 "$TESTS/test_cuda_layer"
 suite model 90 "$TESTS/test_cuda_model"
 suite comm 45 "$TESTS/test_cuda_comm"
@@ -650,8 +650,11 @@ elif [ -z "$SAN" ]; then
 elif [ "$(left)" -lt 30 ]; then
     row_set "$i" SKIPPED 0 "not started: $(left)s of the budget left, 30 s needed"
 else
+    # --report-api-errors no: the tests fail some CUDA calls on purpose (a
+    # 256 TiB cudaMalloc, a synchronisation inside a capture); memory errors
+    # are what this row is for
     step memcheck "$(left)" env SPOTUNE_TEST_SHAPES=reduced bash "$EACH" "$SAN" --tool memcheck \
-        --error-exitcode 3 -- "${OP_TESTS[@]}"
+        --report-api-errors no --error-exitcode 3 -- "${OP_TESTS[@]}"
     nerr=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$PARTS/memcheck.out" |
         awk '{ s += $1 } END { print s + 0 }')
     syn=$(synthesis "$PARTS/memcheck.out")

@@ -275,13 +275,18 @@ Test(cuda_ops, attention_packed_documents)
     check_attention_seg(2, 37, 6, 2, 16, 0, seg);
     packed_rows(2, 1031, 400, seg, pos);
     check_attention_seg(2, 1031, 4, 2, 64, 1, seg);
+    check_attention_seg(2, 1031, 4, 2, 80, 1, seg); /* the unfused path */
     free(seg), free(pos);
 }
 
+/* hd 64 goes to the fused kernels; hd 96 and 80 (models the fused kernels
+ * do not take) to the unfused path, whose 512-row blocks these cross */
 Test(cuda_ops, attention_several_row_blocks)
 {
     check_attention(1, 600, 2, 1, 64);  /* T > 512: two query-row blocks */
     check_attention(2, 1031, 4, 2, 64); /* three blocks, odd T */
+    check_attention(1, 600, 2, 1, 96);
+    check_attention(2, 1031, 4, 2, 80);
 }
 
 /* The shapes of real models, checked chunk by chunk (expect_close_chunks):
@@ -310,6 +315,17 @@ Test(cuda_ops, attention_t4096_hd64_32_heads_8_kv)
 {
     skip_if_reduced();
     check_attention_at(1, 4096, 32, 8, 64, 1);
+}
+
+/* A real shape on the unfused path (SPOTUNE_CUDA_ATTENTION=unfused, read on
+ * each call; each test is a process of its own): its 512-row blocks and
+ * kv-head chunks, which the fused kernels otherwise take from it. */
+Test(cuda_ops, attention_unfused_llama3_8b_gqa_shape_t2048)
+{
+    skip_if_reduced();
+    setenv("SPOTUNE_CUDA_ATTENTION", "unfused", 1);
+    check_attention_at(1, 2048, 32, 8, 128, 1);
+    unsetenv("SPOTUNE_CUDA_ATTENTION");
 }
 
 /* ---- the fused kernels (kernels/cuda/cuda_flash.cu) ---------------------------------

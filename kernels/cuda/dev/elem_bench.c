@@ -39,7 +39,7 @@
 #define MAX_SHAPES 16
 #define MAX_OUT 4
 #define MAX_T 10
-#define VEC_ROW_SMEM 49152 /* cuda_vec.cu */
+#define VEC_ROW_SMEM 47104 /* cuda_vec.cu's */
 
 enum {
     ADD,
