@@ -313,16 +313,20 @@ void backend_destroy(backend_t *be);
 /* 1 when this binary was built with the CUDA backend and a device is visible. */
 int backend_cuda_available(void);
 /* The CPU backend's BLAS: OpenBLAS's name for the kernels it chose
- * (openblas_get_corename), and, when that is one of its generic fallbacks
- * on a CPU it did not recognise although the CPU has AVX-512 or AVX2 + FMA,
- * the OPENBLAS_CORETYPE value that would use them ("SkylakeX", "Haswell";
- * NULL when its choice is fine). spotune's main sets OPENBLAS_CORETYPE to
+ * (openblas_get_corename); their kind (backend_cpu_blas_kind: "generic",
+ * the fallbacks for a CPU it does not recognise, "AVX2", Haswell and Zen,
+ * or NULL: AVX-512 and other sets); and, when they are generic on a CPU
+ * with AVX-512 or AVX2 + FMA, or AVX2 ones on a CPU with AVX-512 (about
+ * half the speed there: docs/perf.md), the OPENBLAS_CORETYPE value that
+ * would use the wider units ("SkylakeX", "Haswell"; NULL when the choice
+ * is fine). spotune's main sets OPENBLAS_CORETYPE to
  * that value and runs itself again when the user has not set it
  * (trainer/main.c); backend_cpu_blas_describe writes the kernels in use, and
  * when spotune chose them, what OpenBLAS had chosen ("OpenBLAS SkylakeX
  * kernels (OPENBLAS_CORETYPE set by spotune: ... generic Prescott ...)"). */
 const char *backend_cpu_blas_core(void);
 const char *backend_cpu_blas_better(void);
+const char *backend_cpu_blas_kind(void);
 void backend_cpu_blas_describe(char *buf, size_t n);
 /* Number of usable CUDA devices; when 0, why (n bytes) says why: the CUDA
  * error of cudaGetDeviceCount (no device, insufficient driver, ...), or that

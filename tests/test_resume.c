@@ -221,6 +221,35 @@ Test(resume, two_ranks_stopped_by_sigusr1_resume_bit_identical)
     expect_same_run("whole2", "cut2", 1);
 }
 
+/* A resume on a new machine (an empty run directory, --resume naming the
+ * checkpoint) starts its metrics from the checkpoint's copy: every step is
+ * in the curve once, even when the run logged something before it resumed
+ * (here: OpenBLAS's generic kernels, forced on a CPU with wider ones, warn
+ * at the start; the freshness of metrics.jsonl is how it was before this
+ * process wrote to it). */
+Test(resume, a_new_machine_keeps_the_curve_after_an_early_warning)
+{
+    char *out = NULL, ck[4096];
+    const char *extra = "--set train.steps=6 --set checkpoint.every_steps=3";
+    cr_assert_eq(run(NULL, "first", extra, &out), 0, "%s", out);
+    free(out);
+    snprintf(ck, sizeof ck, "%s --resume %s/first/checkpoints/step-00000003", extra, dir);
+    __builtin_cpu_init();
+    int wider = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    cr_assert_eq(run("OPENBLAS_CORETYPE=Prescott", "moved", ck, &out), 0, "%s", out);
+    cr_expect(tu_contains(out, "resumed from"), "%s", out);
+    if (wider)
+        cr_expect(tu_contains(out, "keeps OpenBLAS on kernels narrower"), "%s", out);
+    free(out);
+    double a[16], b[16];
+    int na = read_losses("first", a, 16), nb = read_losses("moved", b, 16);
+    cr_assert_eq(na, 6);
+    cr_assert_eq(nb, 6, "the moved run's curve has %d steps, not the 6 of the checkpoint's 3 "
+                        "and its own 3", nb);
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(a[i], b[i], "step %d: %.17g, the checkpoint's copy %.17g", i + 1, b[i], a[i]);
+}
+
 Test(resume, two_ranks_resume_on_one_with_the_same_global_batch)
 {
     char *out = NULL;

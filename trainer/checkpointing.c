@@ -88,8 +88,9 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
         free(c);
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     }
-    struct stat msb;
-    c->fresh_metrics = stat(mpath, &msb) != 0 || msb.st_size == 0;
+    struct stat msb; /* as the file was before this process wrote to it */
+    c->fresh_metrics = metrics && metrics->f ? metrics->fresh
+                                             : stat(mpath, &msb) != 0 || msb.st_size == 0;
     free(mpath);
     snprintf(c->base_identity, sizeof c->base_identity, "%s", base_identity);
     snprintf(c->config_hash, sizeof c->config_hash, "%016llx",

@@ -165,16 +165,17 @@ void dr_check_host(doctor_t *d)
     /* OpenBLAS falls back to generic kernels on a CPU model it does not know:
      * the CPU backend's products then run several times slower */
     const char *core = backend_cpu_blas_core(), *better = backend_cpu_blas_better();
-    const char *set = getenv("OPENBLAS_CORETYPE");
+    const char *set = getenv("OPENBLAS_CORETYPE"), *kind = backend_cpu_blas_kind();
+    int avx2 = kind && strcmp(kind, "AVX2") == 0;
     if (better)
         doctor_add(d, "host.blas", DR_WARN, "OpenBLAS uses kernels for this CPU's vector units",
-                   "OpenBLAS chose its generic %s kernels on a CPU with %s%s%s%s: the CPU "
-                   "backend's matrix products run several times slower; run with "
-                   "OPENBLAS_CORETYPE=%s%s",
-                   core ? core : "(unknown)",
+                   "OpenBLAS %s its %s %s kernels on a CPU with %s%s%s%s: the CPU "
+                   "backend's matrix products run %s; run with OPENBLAS_CORETYPE=%s%s",
+                   set ? "runs" : "chose", avx2 ? "AVX2" : "generic", core ? core : "(unknown)",
                    strcmp(better, "SkylakeX") == 0 ? "AVX-512" : "AVX2 and FMA",
                    set ? " (OPENBLAS_CORETYPE=" : "", set ? set : "", set ? " is set)" : "",
-                   better, set ? ", or unset it and spotune chooses" : "");
+                   avx2 ? "about half as fast" : "several times slower", better,
+                   set ? ", or unset it and spotune chooses" : "");
     else {
         char what[256];
         backend_cpu_blas_describe(what, sizeof what);

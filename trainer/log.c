@@ -7,12 +7,15 @@
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int metrics_open(metrics_t *m, const char *run_dir, sp_err *err)
 {
     char *path = sp_strf("%s/metrics.jsonl", run_dir);
     if (!path)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    struct stat sb; /* before anything of this process is written to it */
+    m->fresh = stat(path, &sb) != 0 || sb.st_size == 0;
     m->f = fopen(path, "a"); /* a resumed run appends */
     int rc = m->f ? 0 : sp_fail(err, SP_EXIT_OTHER, "%s: cannot open: %s", path, strerror(errno));
     free(path);

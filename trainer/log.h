@@ -12,6 +12,8 @@
 
 typedef struct metrics {
     FILE *f;
+    int fresh; /* metrics.jsonl was absent or empty when opened (a new run
+                  directory: a resume then starts from the checkpoint's copy) */
 } metrics_t;
 
 int metrics_open(metrics_t *m, const char *run_dir, sp_err *err);

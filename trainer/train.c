@@ -564,6 +564,13 @@ static int setup(trainer_t *t, sp_err *err)
         }
         fprintf(t->out, "spotune: %d rank%s, backend %s (%s, %d threads per rank%s)\n", t->world,
                 t->world > 1 ? "s" : "", t->be->name, t->be->device_name, t->be->threads, blas);
+        const char *better = strcmp(t->be->name, "cuda") != 0 ? backend_cpu_blas_better() : NULL;
+        if (better) /* only where the user's OPENBLAS_CORETYPE keeps it (trainer/main.c) */
+            log_event(t->out, &t->metrics, "warning",
+                      "OPENBLAS_CORETYPE=%s keeps OpenBLAS on kernels narrower than this CPU's "
+                      "vector units (spotune doctor, host.blas): OPENBLAS_CORETYPE=%s is faster",
+                      getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)",
+                      better);
     }
     return setup_model(t, err) || setup_data(t, err) ? err->code : 0;
 }

@@ -243,36 +243,56 @@ const char *backend_cpu_blas_core(void)
     return openblas_get_corename();
 }
 
+/* What kind of kernel set OpenBLAS's name core is: "generic" (what its
+ * runtime dispatch falls back to for a CPU it does not know, Prescott, and
+ * the older cores below Haswell), "AVX2" (Haswell, Zen: 256-bit), or NULL
+ * (AVX-512 sets, and names not listed here). */
+static const char *blas_class(const char *core)
+{
+    static const char *const generic[] = {"prescott", "katmai",  "coppermine", "northwood",
+                                          "banias",   "core2",   "penryn",     "dunnington",
+                                          "nehalem",  "atom",    "unknown",    NULL};
+    static const char *const avx2[] = {"haswell", "zen", "excavator", NULL};
+    if (!core || !*core)
+        return "generic";
+    for (int i = 0; generic[i]; i++)
+        if (strcasecmp(core, generic[i]) == 0)
+            return "generic";
+    for (int i = 0; avx2[i]; i++)
+        if (strcasecmp(core, avx2[i]) == 0)
+            return "AVX2";
+    return NULL;
+}
+
 void backend_cpu_blas_describe(char *buf, size_t n)
 {
     const char *core = openblas_get_corename(), *was = getenv("SPOTUNE_BLAS_FALLBACK");
     if (was && *was)
         snprintf(buf, n, "OpenBLAS %s kernels (OPENBLAS_CORETYPE set by spotune: OpenBLAS chose "
-                 "its generic %s kernels for this CPU)",
-                 core && *core ? core : "(unknown)", was);
+                 "its %s %s kernels for this CPU)",
+                 core && *core ? core : "(unknown)", blas_class(was) ? blas_class(was) : "own",
+                 was);
     else
         snprintf(buf, n, "OpenBLAS %s kernels", core && *core ? core : "(unknown)");
 }
 
+const char *backend_cpu_blas_kind(void)
+{
+    return blas_class(openblas_get_corename());
+}
+
 const char *backend_cpu_blas_better(void)
 {
-    /* what OpenBLAS's runtime dispatch falls back to for a CPU it does not
-     * know (Prescott), and the older cores below Haswell */
-    static const char *const generic[] = {"prescott", "katmai",  "coppermine", "northwood",
-                                          "banias",   "core2",   "penryn",     "dunnington",
-                                          "nehalem",  "atom",    "unknown",    NULL};
-    const char *core = openblas_get_corename();
-    int weak = !core || !*core;
-    for (int i = 0; !weak && generic[i]; i++)
-        weak = strcasecmp(core, generic[i]) == 0;
-    if (!weak)
+    const char *kind = blas_class(openblas_get_corename());
+    if (!kind)
         return NULL;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512cd"))
         return "SkylakeX";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (strcmp(kind, "generic") == 0 && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
         return "Haswell";
     return NULL;
 }
