@@ -161,7 +161,12 @@ Test(remote, a_second_job_on_a_live_prefix_waits_then_refuses)
 {
     char log[4096];
     snprintf(log, sizeof log, "%s/first.log", dir);
-    int pid = tu_spawn(log, "%s", cmd("first", "--set train.steps=2000 --set checkpoint.lease_s=2"));
+    /* a checkpoint every 200 steps: the job holds the lease; pushing one
+     * every 5 steps at the speed of a fast CPU (tens of steps a second)
+     * kept the local test store too busy to answer the second job */
+    int pid = tu_spawn(log, "%s",
+                       cmd("first", "--set train.steps=2000 --set checkpoint.lease_s=2 "
+                                    "--set checkpoint.every_steps=200"));
     cr_assert(wait_log(log, "step      1/", pid, 120), "the first job did not start");
     cr_assert(remote_has("LEASE.json"), "no lease while the first job runs");
     char *out = NULL;
@@ -232,12 +237,15 @@ Test(remote, takeover_stops_the_other_job)
 {
     char log[4096];
     snprintf(log, sizeof log, "%s/old.log", dir);
-    int pid = tu_spawn(log, "%s", cmd("old", "--set train.steps=4000 --set checkpoint.lease_s=2"));
+    int pid = tu_spawn(log, "%s",
+                       cmd("old", "--set train.steps=4000 --set checkpoint.lease_s=2 "
+                                  "--set checkpoint.every_steps=200")); /* as above */
     cr_assert(wait_log(log, "step      1/", pid, 120), "the first job did not start");
     char log2[4096];
     snprintf(log2, sizeof log2, "%s/new.log", dir);
     int pid2 = tu_spawn(log2, "%s --takeover",
-                        cmd("new", "--set train.steps=4000 --set checkpoint.lease_s=2"));
+                        cmd("new", "--set train.steps=4000 --set checkpoint.lease_s=2 "
+                                   "--set checkpoint.every_steps=200"));
     cr_assert(wait_log(log2, "step      1/", pid2, 120), "the new job did not start");
     int rc = tu_wait(pid, 120);
     char *text = tu_read_file(log, NULL);
