@@ -613,17 +613,6 @@ Test(doctor, nccl_interfaces_and_open_file_limit)
     free(out);
 }
 
-/* 1 when the CPU has AVX-512 (F, BW, VL, DQ, CD: OpenBLAS's SkylakeX
- * kernels); *avx2: AVX2 and FMA (Haswell's) */
-static int cpu_vector_units(int *avx2)
-{
-    __builtin_cpu_init();
-    *avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512cd");
-}
-
 /* OpenBLAS's generic kernels (what its dispatch falls back to for a CPU
  * model it does not know) on a CPU with AVX2 and FMA or AVX-512, or its AVX2
  * ones on an AVX-512 CPU: a WARN naming OPENBLAS_CORETYPE and the value to
@@ -631,7 +620,7 @@ static int cpu_vector_units(int *avx2)
  * OPENBLAS_CORETYPE forces each here. */
 Test(doctor, openblas_generic_kernels_warn_naming_the_core_type)
 {
-    int avx2, avx512 = cpu_vector_units(&avx2);
+    int avx2, avx512 = tu_cpu_vector_units(&avx2);
     char *out = NULL;
     int rc = tu_sh(&out, "OPENBLAS_CORETYPE=Prescott %s/spotune doctor --cloud none --io-mib 1",
                    tu_binary_dir());
@@ -677,7 +666,7 @@ Test(doctor, openblas_generic_kernels_warn_naming_the_core_type)
  * and runs itself again, and the line says so, naming OpenBLAS's choice. */
 Test(doctor, spotune_chooses_the_kernels_openblas_did_not_know)
 {
-    int avx2, avx512 = cpu_vector_units(&avx2);
+    int avx2, avx512 = tu_cpu_vector_units(&avx2);
     char *out = NULL;
     int rc = tu_sh(&out,
                    "env -u OPENBLAS_CORETYPE -u SPOTUNE_BLAS_FALLBACK %s/spotune doctor --cloud none "

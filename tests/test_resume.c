@@ -234,8 +234,8 @@ Test(resume, a_new_machine_keeps_the_curve_after_an_early_warning)
     cr_assert_eq(run(NULL, "first", extra, &out), 0, "%s", out);
     free(out);
     snprintf(ck, sizeof ck, "%s --resume %s/first/checkpoints/step-00000003", extra, dir);
-    __builtin_cpu_init();
-    int wider = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int wider;
+    tu_cpu_vector_units(&wider);
     cr_assert_eq(run("OPENBLAS_CORETYPE=Prescott", "moved", ck, &out), 0, "%s", out);
     cr_expect(tu_contains(out, "resumed from"), "%s", out);
     if (wider)

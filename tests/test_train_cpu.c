@@ -122,10 +122,7 @@ Test(train, validation_loss_falls_in_the_demo)
  * wide kernels say nothing. On a CPU without AVX-512 neither warns. */
 Test(train, openblas_kernels_narrower_than_the_cpu_are_named_at_start)
 {
-    __builtin_cpu_init();
-    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                 __builtin_cpu_supports("avx512cd");
+    int avx2, avx512 = tu_cpu_vector_units(&avx2);
     const char *cores[] = {"Haswell", "SkylakeX"};
     for (int k = 0; k < 2; k++) {
         if (k == 1 && !avx512)

@@ -641,3 +641,14 @@ void tu_st_poke(const char *path, const char *tensor, size_t at, const float *va
     fclose(fp);
     free(bytes);
 }
+
+/* 1 when the CPU has AVX-512 (F, BW, VL, DQ, CD: OpenBLAS's SkylakeX
+ * kernels); *avx2: AVX2 and FMA (Haswell's) */
+int tu_cpu_vector_units(int *avx2)
+{
+    __builtin_cpu_init();
+    *avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512cd");
+}

@@ -46,6 +46,9 @@ float *tu_load_f32(const char *path, const char *name, size_t *n);
 /* max |a-b| / max |b| (infinite when a difference is NaN) */
 double tu_rel_err(const float *a, const float *b, size_t n);
 int tu_contains(const char *haystack, const char *needle);
+/* 1 when the CPU has AVX-512 (F, BW, VL, DQ, CD: OpenBLAS's SkylakeX
+ * kernels); *avx2: AVX2 and FMA (Haswell's) */
+int tu_cpu_vector_units(int *avx2);
 /* Starts `sh -c "exec CMD"` in its own process group with stdout and stderr
  * into log; returns the pid (the process itself, thanks to exec). */
 int tu_spawn(const char *log, const char *fmt, ...);
