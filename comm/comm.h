@@ -62,6 +62,16 @@ void comm_mpi_version(char *buf, size_t n);
 void comm_nccl_version(char *buf, size_t n);
 /* GPU ordinal this rank should use: local rank modulo the visible devices. */
 int comm_device_for_rank(const comm_t *c, int visible_devices);
+/* Every rank says which GPU it bound: id, the device's 16-byte UUID (all
+ * zero: no GPU, not checked), ordinal as the rank sees it, visible the
+ * devices it sees. Two ranks on one GPU (more ranks on a host than GPUs,
+ * or CUDA_VISIBLE_DEVICES giving two ranks the same one) is an error on
+ * every rank that names both ranks, their host and the GPU, and says how
+ * many ranks to start: NCCL refuses two ranks on one device, and each
+ * rank would plan on memory the other also holds. A collective; 0 in a
+ * world of one. */
+int comm_check_devices_distinct(comm_t *c, const unsigned char id[16], int ordinal, int visible,
+                                sp_err *err);
 /* Same meaning as comm_opts.timeout_s: 0 restores 60 s, negative disables. */
 void comm_set_timeout(comm_t *c, double timeout_s);
 double comm_timeout(const comm_t *c);

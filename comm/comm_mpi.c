@@ -472,6 +472,70 @@ int comm_cores_per_rank(const comm_t *c)
 }
 const char *comm_host(const comm_t *c) { return c->host; }
 
+/* One rank's GPU as comm_check_devices_distinct gathers it (bytes: no padding
+ * is left uninitialised, the struct is zeroed first). */
+struct rank_device {
+    unsigned char id[16];
+    int32_t ordinal, visible, local_size;
+    char host[COMM_HOST_MAX];
+};
+
+static void uuid_text(const unsigned char id[16], char *buf, size_t n)
+{
+    /* as nvidia-smi -L writes it: GPU-8-4-4-4-12 hex digits */
+    snprintf(buf, n,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", id[0],
+             id[1], id[2], id[3], id[4], id[5], id[6], id[7], id[8], id[9], id[10], id[11], id[12],
+             id[13], id[14], id[15]);
+}
+
+int comm_check_devices_distinct(comm_t *c, const unsigned char id[16], int ordinal, int visible,
+                                sp_err *err)
+{
+    static const unsigned char none[16];
+    struct rank_device mine, *all;
+    if (c->size < 2)
+        return 0;
+    memset(&mine, 0, sizeof mine);
+    memcpy(mine.id, id, sizeof mine.id);
+    mine.ordinal = ordinal;
+    mine.visible = visible;
+    mine.local_size = c->local_size;
+    sp_cutf(mine.host, sizeof mine.host, "%s", c->host);
+    all = calloc((size_t)c->size, sizeof *all);
+    if (!all)
+        return sp_fail(err, SP_EXIT_OTHER, "comm: out of memory for %d ranks", c->size);
+    if (comm_allgather(c, &mine, all, sizeof mine, COMM_U8, err)) {
+        free(all);
+        return err->code;
+    }
+    int found = 0;
+    for (int r = 1; r < c->size && !found; r++) {
+        if (!memcmp(all[r].id, none, sizeof none))
+            continue;
+        for (int q = 0; q < r; q++) {
+            if (memcmp(all[q].id, all[r].id, sizeof all[r].id))
+                continue;
+            const struct rank_device *a = &all[q];
+            char uuid[64];
+            int per = a->visible > 0 ? a->visible : 1;
+            uuid_text(a->id, uuid, sizeof uuid);
+            sp_fail(err, SP_EXIT_USAGE,
+                    "ranks %d and %d on %s both use GPU %d (%s), but each rank needs a GPU of "
+                    "its own (NCCL refuses two ranks on one device, and both would plan on its "
+                    "whole memory): %s runs %d ranks and each sees %d GPU%s; start at most %d "
+                    "rank%s per host (mpirun -np %d on one machine, --map-by ppr:%d:node on "
+                    "several), or give each rank its own GPU with CUDA_VISIBLE_DEVICES",
+                    q, r, a->host, a->ordinal, uuid, a->host, a->local_size, a->visible,
+                    a->visible == 1 ? "" : "s", per, per == 1 ? "" : "s", per, per);
+            found = 1;
+            break;
+        }
+    }
+    free(all);
+    return found ? err->code : 0;
+}
+
 void comm_mpi_version(char *buf, size_t n)
 {
     char v[MPI_MAX_LIBRARY_VERSION_STRING];

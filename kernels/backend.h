@@ -293,6 +293,8 @@ struct backend {
     size_t bytes_peak;
     char device_name[128];
     int device;            /* the GPU ordinal in use (CUDA); -1 on the CPU */
+    int device_count;      /* GPUs this process sees (CUDA); 0 on the CPU */
+    unsigned char device_uuid[16]; /* the GPU's UUID (CUDA); zero on the CPU */
     sp_err err;            /* sticky: first failure, with file:line */
     void *stream;          /* CUDA: the compute stream (cudaStream_t); CPU: NULL */
     size_t mem_total;      /* device memory free for this process at creation (CPU: 0) */

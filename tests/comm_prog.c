@@ -595,6 +595,43 @@ static void case_local(comm_t *c)
         printf("local ranks distinct, %d per host\n", n);
 }
 
+/* A made-up GPU UUID: one per key (0: none, all zero bytes). */
+static void fake_uuid(int key, unsigned char id[16])
+{
+    memset(id, 0, 16);
+    if (key > 0) {
+        id[0] = 0xa1;
+        id[15] = (unsigned char)key;
+    }
+}
+
+/* Every rank on a GPU of its own (ranks 1 and 2 on none: no GPU is never a
+ * collision): no error. */
+static void case_distinct_gpus(comm_t *c)
+{
+    sp_err err = {0};
+    unsigned char id[16];
+    int r = comm_rank(c);
+    fake_uuid(r == 1 || r == 2 ? 0 : r + 1, id);
+    check(c, comm_check_devices_distinct(c, id, comm_local_rank(c), comm_size(c), &err), &err);
+}
+
+/* Two GPUs visible to each rank and the rank bound to local_rank mod 2, so
+ * with 4 ranks ranks 0 and 2 share GPU 0: every rank gets the same usage
+ * error, which rank 0 prints. */
+static void case_shared_gpu(comm_t *c)
+{
+    sp_err err = {0};
+    unsigned char id[16];
+    int dev = comm_device_for_rank(c, 2);
+    fake_uuid(dev + 1, id);
+    int rc = comm_check_devices_distinct(c, id, dev, 2, &err);
+    if (rc != SP_EXIT_USAGE || !strstr(err.msg, "ranks 0 and 2 on "))
+        fail(c, "shared_gpu: rank %d got %d: %s", comm_rank(c), rc, err.msg);
+    if (comm_rank(c) == 0)
+        printf("error: %s\n", err.msg);
+}
+
 struct prog_case {
     const char *name;
     void (*run)(comm_t *c);
@@ -608,6 +645,7 @@ static const struct prog_case cases[] = {
     {"reduce", case_reduce},
     {"kill", case_kill},           {"abort", case_abort},
     {"hang", case_hang},           {"device", case_device},
+    {"distinct_gpus", case_distinct_gpus}, {"shared_gpu", case_shared_gpu},
 };
 
 int main(int argc, char **argv)

@@ -190,6 +190,17 @@ Test(comm_single, world_of_one)
     comm_finalize(c);
 }
 
+Test(comm_single, a_world_of_one_has_its_gpu_to_itself)
+{
+    comm_t *c = NULL;
+    sp_err err = {0};
+    unsigned char id[16] = {0xa1, 1};
+    no_launcher();
+    cr_assert_eq(comm_init(&c, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    cr_expect_eq(comm_check_devices_distinct(c, id, 0, 1, &err), 0, "%s", err.msg);
+    comm_finalize(c);
+}
+
 Test(comm_single, collectives_are_copies)
 {
     comm_t *c = NULL;
@@ -344,6 +355,25 @@ Test(comm_mpi, allgather_4_ranks) { expect_ok(4, "allgather", NULL); }
 /* local rank -> GPU under mpirun: distinct local ranks on the host, and
  * rank r takes GPU local_rank mod the visible devices */
 Test(comm_mpi, local_ranks_and_device_binding_4_ranks) { expect_ok(4, "local", NULL); }
+/* one GPU per rank: distinct (or absent) GPUs pass; two ranks on one GPU
+ * are a usage error on every rank naming both ranks, the host, the GPU and
+ * how many ranks to start */
+Test(comm_mpi, ranks_on_distinct_gpus_pass) { expect_ok(4, "distinct_gpus", NULL); }
+Test(comm_mpi, two_ranks_on_one_gpu_are_refused_by_name)
+{
+    char host[256] = {0}, want[400];
+    gethostname(host, sizeof host - 1);
+    job j;
+    run_job(&j, 4, "shared_gpu", NULL, NULL);
+    cr_assert_eq(j.status, 0, "exited %d; stderr:\n%s", j.status, j.err);
+    snprintf(want, sizeof want,
+             "ranks 0 and 2 on %.63s both use GPU 0 (GPU-a1000000-0000-0000-0000-000000000001)",
+             host);
+    cr_assert(strstr(j.out, want) != NULL, "no '%s' in stdout:\n%s", want, j.out);
+    cr_assert(strstr(j.out, "runs 4 ranks and each sees 2 GPUs; start at most 2 ranks per host "
+                            "(mpirun -np 2 on one machine, --map-by ppr:2:node on several)"),
+              "stdout:\n%s", j.out);
+}
 Test(comm_mpi, gather) { expect_ok(3, "gather", small_chunks_large_path); }
 Test(comm_mpi, gather_2_ranks) { expect_ok(2, "gather", NULL); }
 Test(comm_mpi, reduce_scatter) { expect_ok(3, "reduce_scatter", small_chunks_large_path); }

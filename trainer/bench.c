@@ -210,7 +210,8 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     if (backend_create(&be, bo->backend, comm_local_rank(comm), threads, err))
         return err->code;
     if (strcmp(be->name, "cuda") == 0 && comm_size(comm) > 1 &&
-        comm_device_init(comm, be->device, err)) {
+        (comm_check_devices_distinct(comm, be->device_uuid, be->device, be->device_count, err) ||
+         comm_device_init(comm, be->device, err))) {
         backend_destroy(be);
         return err->code;
     }

@@ -130,6 +130,18 @@ static void check_nccl(doctor_t *d, const dr_gpus *g, comm_t *comm)
         return;
     }
     int dev = comm_device_for_rank(comm, g->count);
+    /* one GPU per rank, or NCCL refuses: said here by rank and host */
+    cuda_doctor_info_fn info =
+        (cuda_doctor_info_fn)backend_cuda_symbol("cuda_doctor_info", why, sizeof why);
+    cuda_doctor_dev dv;
+    unsigned char uuid[16] = {0};
+    if (info && info(dev, &dv, why, sizeof why) == 0)
+        memcpy(uuid, dv.uuid, sizeof uuid);
+    if (comm_check_devices_distinct(comm, uuid, dev, g->count, &err) != 0) {
+        if (rank == 0)
+            doctor_add(d, name, DR_FAIL, expect, "%s: %s", ver, err.msg);
+        return;
+    }
     cuda_doctor_alloc_fn alloc =
         (cuda_doctor_alloc_fn)backend_cuda_symbol("cuda_doctor_alloc", why, sizeof why);
     cuda_doctor_free_fn release =

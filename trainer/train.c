@@ -554,7 +554,9 @@ static int setup(trainer_t *t, sp_err *err)
         return err->code;
     /* device gradients travel over NCCL, bootstrapped over MPI */
     if (strcmp(t->be->name, "cuda") == 0 && t->world > 1 &&
-        comm_device_init(t->comm, t->be->device, err))
+        (comm_check_devices_distinct(t->comm, t->be->device_uuid, t->be->device,
+                                     t->be->device_count, err) ||
+         comm_device_init(t->comm, t->be->device, err)))
         return err->code;
     if (t->out) {
         char blas[256] = "";

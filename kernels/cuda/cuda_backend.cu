@@ -525,6 +525,7 @@ static int cuda_setup(backend_t *be, cuda_impl *im)
     if (CUDA_OK(be, cudaGetDeviceProperties(&prop, im->device)))
         return -1;
     snprintf(be->device_name, sizeof be->device_name, "%.127s", prop.name);
+    memcpy(be->device_uuid, prop.uuid.bytes, sizeof be->device_uuid);
     size_t free_b = 0, total_b = 0;
     if (CUDA_OK(be, cudaMemGetInfo(&free_b, &total_b)))
         return -1;
@@ -563,6 +564,7 @@ extern "C" int cuda_backend_create(backend_t **out, int device, int threads, sp_
     }
     im->device = (device < 0 ? 0 : device) % count;
     be->device = im->device;
+    be->device_count = count;
     be->ops = &cuda_ops_table;
     be->name = "cuda";
     be->act_dt = DT_BF16;

@@ -31,6 +31,7 @@ extern "C" int cuda_doctor_info(int dev, cuda_doctor_dev *out, char *why, size_t
     out->cc_minor = p.minor;
     out->sm_count = p.multiProcessorCount;
     out->ecc_enabled = p.ECCEnabled;
+    memcpy(out->uuid, p.uuid.bytes, sizeof out->uuid);
     snprintf(out->pci, sizeof out->pci, "%04x:%02x:%02x", p.pciDomainID, p.pciBusID,
              p.pciDeviceID);
     TRY(cudaDriverGetVersion(&out->driver_version));

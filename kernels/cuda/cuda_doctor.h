@@ -20,6 +20,7 @@ typedef struct cuda_doctor_dev {
     int driver_version, runtime_version; /* 1000 * major + 10 * minor */
     int ecc_enabled;
     char pci[32]; /* bus id */
+    unsigned char uuid[16];
 } cuda_doctor_dev;
 
 typedef int (*cuda_doctor_info_fn)(int dev, cuda_doctor_dev *out, char *why, size_t n);
