@@ -83,21 +83,31 @@ int model_layout_arenas(model_t *m, sp_err *err)
     return 0;
 }
 
-static size_t act_elems_per_layer(const model_config_t *mc, const model_opts *o, int which)
+/* Bytes of one layer's activations as alloc_layer_set allocates them
+ * (which: 0 = everything but x, 1 = att + lse only): the activation-dtype
+ * buffers at a bytes each, the F32 ones (RMSNorm statistics, the softmax
+ * log-sum-exps, DoRA's norms) at 4. */
+static size_t act_bytes_per_layer(const model_config_t *mc, const model_opts *o, size_t a,
+                                  int which)
 {
-    /* which: 0 = everything but x, 1 = att + lse only */
     size_t BT = (size_t)(o->max_batch * o->seq_len), H = (size_t)mc->hidden;
     size_t qd = (size_t)(mc->heads * mc->head_dim), kvd = (size_t)(mc->kv_heads * mc->head_dim);
     size_t I = (size_t)mc->intermediate;
-    size_t att = BT * qd + (size_t)o->max_batch * (size_t)mc->heads * (size_t)o->seq_len;
+    size_t lse = (size_t)o->max_batch * (size_t)mc->heads * (size_t)o->seq_len;
+    size_t att = BT * qd * a + lse * 4;
     if (which == 1)
         return att;
-    size_t lora = 0;
+    size_t lora = 0, dora = 0;
     if (o->mode == MODE_LORA)
         for (int p = 0; p < PROJ_COUNT; p++)
-            if (o->lora_targets & (1 << p))
+            if (o->lora_targets & (1 << p)) {
+                int64_t in, out;
+                model_config_proj_dims(mc, p, &in, &out);
                 lora += BT * (size_t)o->lora_r;
-    return 2 * BT + 3 * BT * H + BT * qd + 2 * BT * kvd + att + 3 * BT * I + lora;
+                dora += o->dora ? (size_t)out : 0;
+            }
+    return 2 * BT * 4 + (3 * BT * H + BT * qd + 2 * BT * kvd + 3 * BT * I + lora) * a + att +
+           dora * 4;
 }
 
 /* The widest input or output of a projection. */
@@ -156,15 +166,15 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
 {
     size_t a = dtype_size(act_dt), BT = (size_t)(o->max_batch * o->seq_len);
     size_t H = (size_t)mc->hidden;
-    size_t total = (size_t)model_config_params(mc), lora = 0, dora_norms = 0;
+    size_t total = (size_t)model_config_params(mc), lora = 0;
     if (o->mode == MODE_LORA)
         for (int p = 0; p < PROJ_COUNT; p++)
             if (o->lora_targets & (1 << p)) {
                 int64_t in, out;
                 model_config_proj_dims(mc, p, &in, &out);
                 lora += (size_t)mc->layers * (size_t)o->lora_r * (size_t)(in + out);
-                if (o->dora) /* the magnitude, and its norm kept per layer (F32) */
-                    lora += (size_t)mc->layers * (size_t)out, dora_norms += (size_t)out;
+                if (o->dora) /* the magnitude (its norm: act_bytes_per_layer) */
+                    lora += (size_t)mc->layers * (size_t)out;
             }
     size_t trainable = o->mode == MODE_FULL ? total : lora;
     plan->weights = (o->mode == MODE_FULL ? 0 : total) * a;
@@ -188,15 +198,16 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
     } else {
         plan->trainable = trainable * (16 + (act_dt == DT_F32 ? 0 : a));
     }
-    size_t per = act_elems_per_layer(mc, o, 0), L = (size_t)mc->layers;
-    size_t acts = (L + 1) * BT * H; /* every layer's input, and the final one */
+    size_t per = act_bytes_per_layer(mc, o, a, 0), L = (size_t)mc->layers;
+    size_t att = act_bytes_per_layer(mc, o, a, 1);
+    size_t acts = (L + 1) * BT * H * a; /* every layer's input, and the final one */
     if (o->recompute == RECOMPUTE_LAYER)
         acts += per;
     else if (o->recompute == RECOMPUTE_ATTENTION)
-        acts += L * (per - act_elems_per_layer(mc, o, 1)) + act_elems_per_layer(mc, o, 1);
+        acts += L * (per - att) + att;
     else
         acts += L * per;
-    plan->activations = acts * a + (o->recompute == RECOMPUTE_LAYER ? 1 : L) * dora_norms * 4;
+    plan->activations = acts;
     size_t bwd = bwd_elems(mc, o, BT);
     size_t drop = o->mode == MODE_LORA && o->lora_dropout > 0 ? BT * max_in_features(mc) : 0;
     if (o->mode == MODE_LORA && o->dora)
@@ -204,9 +215,12 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
     size_t chunk = (size_t)logits_chunk_rows(mc, o, act_dt);
     /* batched LoRA: the stacked A matrices and their gradients */
     size_t acat = o->mode == MODE_LORA && !o->dora ? 3 * (size_t)o->lora_r * H : 0;
-    plan->scratch = (BT + 3 * BT * H + bwd + 3 * BT * (size_t)o->lora_r + drop +
+    size_t dxr = o->mode == MODE_LORA ? 3 * BT * (size_t)o->lora_r : 0;
+    plan->scratch = (3 * BT * H + bwd + dxr + drop +
                      chunk * (size_t)mc->vocab + nf4_work + acat) * a + acat * 4 +
-                    BT * 4 * 3 + (size_t)o->seq_len * (size_t)mc->head_dim * 4 +
+                    /* rstd_f, loss, tokens, targets, pos, seg; seeds; gscale */
+                    BT * 4 * 6 + 2 * (size_t)o->max_batch * 4 + 4 +
+                    (size_t)o->seq_len * (size_t)mc->head_dim * 4 +
                     (o->mode == MODE_FULL ? (2 * BT + 2) * 4 : 0) +
                     (nf4_work ? (16 + 256) * 4 : 0);
 }
