@@ -142,6 +142,13 @@ int comm_device_reduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op
 int comm_device_bcast(comm_t *c, void *buf, size_t n, comm_dtype dt, int root, void *stream,
                       sp_err *err);
 int comm_device_wait(comm_t *c, void *stream, sp_err *err);
+/* The device collectives enqueued between these two go to NCCL as one group
+ * (ncclGroupStart/End): one launch for several, say the parts of a gradient
+ * segment reduced to the ranks that own them. Call end after begin even
+ * when a collective in between failed. Without an NCCL communicator (a
+ * world of one) they do nothing. */
+int comm_device_group_begin(comm_t *c, sp_err *err);
+int comm_device_group_end(comm_t *c, sp_err *err);
 /* 1 when gradients must go through the device collectives: a world of more
  * than one, or a one-rank NCCL communicator made on request
  * (comm_opts.nccl_world_of_one, after comm_device_init). */

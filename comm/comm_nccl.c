@@ -84,6 +84,18 @@ int comm_device_wait(comm_t *c, void *stream, sp_err *err)
     return no_cuda(err, "comm_device_wait");
 }
 
+int comm_device_group_begin(comm_t *c, sp_err *err)
+{
+    (void)c;
+    return no_cuda(err, "comm_device_group_begin");
+}
+
+int comm_device_group_end(comm_t *c, sp_err *err)
+{
+    (void)c;
+    return no_cuda(err, "comm_device_group_end");
+}
+
 int comm_device_collectives(const comm_t *c)
 {
     return c->size > 1;
@@ -98,6 +110,7 @@ struct comm_device {
     int device;
     ncclComm_t nccl; /* NULL in a world of one without MPI */
     int broken;      /* set once the communicator was aborted */
+    int grouped;     /* inside comm_device_group_begin/end with NCCL */
 };
 
 int comm_device_available(void) { return 1; }
@@ -459,6 +472,35 @@ int comm_device_reduce(comm_t *c, void *buf, size_t n, comm_dtype dt, comm_op op
         return 0;
     return NCCL_ENQUEUE(c, err, ncclReduce, (buf, buf, n, nccl_type(dt), nccl_op(op), root,
                                              c->dev->nccl, (cudaStream_t)stream));
+}
+
+int comm_device_group_begin(comm_t *c, sp_err *err)
+{
+    if (device_ready(c, "comm_device_group_begin", COMM_F32, COMM_SUM, err))
+        return err->code;
+    if (!c->dev->nccl || c->dev->grouped)
+        return 0;
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) {
+        nccl_fail(c, c->dev->nccl, err, r, "ncclGroupStart", __FILE__, __LINE__);
+        device_break(c);
+        return err->code;
+    }
+    c->dev->grouped = 1;
+    return 0;
+}
+
+int comm_device_group_end(comm_t *c, sp_err *err)
+{
+    if (!c->dev || !c->dev->grouped)
+        return c->dev ? 0 : sp_fail(err, SP_EXIT_OTHER,
+                                    "comm_device_group_end: comm_device_init was not called");
+    c->dev->grouped = 0;
+    if (!c->dev->nccl) /* aborted inside the group: the job ends with that error */
+        return sp_fail(err, SP_EXIT_OTHER,
+                       "comm_device_group_end: rank %d on %s: the NCCL communicator was aborted",
+                       c->rank, c->host);
+    return NCCL_ENQUEUE(c, err, ncclGroupEnd, ());
 }
 
 /* One look at the communicator's asynchronous error; aborts it on error. */

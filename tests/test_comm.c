@@ -289,6 +289,12 @@ Test(comm_single, device_without_gpu_is_an_error)
         /* a CUDA build on a machine without a GPU: the CUDA error, located */
         cr_assert(strstr(err.msg, "cudaSetDevice") != NULL, "%s", err.msg);
     }
+    if (rc != 0) { /* no device bound: nothing to group */
+        sp_err_clear(&err);
+        cr_expect_neq(comm_device_group_begin(c, &err), 0);
+        cr_expect_neq(comm_device_group_end(c, &err), 0);
+        cr_expect(err.msg[0], "no reason given");
+    }
     comm_finalize(c);
 }
 

@@ -294,6 +294,51 @@ Test(cuda_comm, sharded_reduce_scatter_and_allgather_one_rank)
     free(g0), free(m0), free(c0), free(s1), free(g1), free(m1), free(c1);
 }
 
+/* ZeRO-2's per-segment reductions go to NCCL as one group
+ * (comm_device_group_begin/end): on one rank each reduction is its input, so
+ * three grouped reductions to root 0 of different lengths leave their
+ * buffers as they were; a second begin inside a group and an end outside
+ * one change nothing. */
+Test(cuda_comm, grouped_reductions_one_rank)
+{
+    sp_err err = {0};
+    comm_t *comm;
+    backend_t *be;
+    comm_opts co = {.timeout_s = 120, .nccl_world_of_one = 1};
+    cr_assert_eq(comm_init(&comm, NULL, NULL, &co, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_create(&be, "cuda", 0, 1, &err), 0, "%s", err.msg);
+    cr_assert_eq(comm_device_init(comm, be->device, &err), 0, "%s", err.msg);
+    static const size_t lens[3] = {1, 4099, 1 << 20};
+    tensor_t buf[3];
+    float *want[3];
+    for (int i = 0; i < 3; i++) {
+        want[i] = malloc(sizeof(float) * lens[i]);
+        for (size_t k = 0; k < lens[i]; k++)
+            want[i][k] = (float)sp_rng_uniform(70 + (uint64_t)i, k) - 0.5f;
+        buf[i] = be_alloc(be, DT_F32, lens[i]);
+        be_upload(be, buf[i], want[i], DT_F32);
+    }
+    cr_assert_eq(comm_device_group_begin(comm, &err), 0, "%s", err.msg);
+    cr_assert_eq(comm_device_group_begin(comm, &err), 0, "%s", err.msg);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(comm_device_reduce(comm, buf[i].p, lens[i], COMM_F32, COMM_SUM, 0,
+                                        be->stream, &err),
+                     0, "%s", err.msg);
+    cr_assert_eq(comm_device_group_end(comm, &err), 0, "%s", err.msg);
+    cr_assert_eq(comm_device_group_end(comm, &err), 0, "%s", err.msg);
+    cr_assert_eq(comm_device_wait(comm, be->stream, &err), 0, "%s", err.msg);
+    for (int i = 0; i < 3; i++) {
+        float *got = tu_download(be, buf[i]);
+        expect_same("a grouped reduction over one rank", got, want[i], lens[i]);
+        free(got);
+        free(want[i]);
+        be_free(be, &buf[i]);
+    }
+    cr_expect_eq(be_check(be, &err), 0, "%s", err.msg);
+    backend_destroy(be);
+    comm_finalize(comm);
+}
+
 /* ---- main: skip (77, with the CUDA error) without a usable device ------------------ */
 
 int main(int argc, char *argv[])

@@ -114,18 +114,27 @@ static int reduce_segment_parts(grad_sync_t *g, int k, sp_err *err)
     tensor_t seg = model_grad_segment(m, k, &lo);
     if (!g->peers)
         return 0; /* the sum over one rank is its own gradient */
-    for (int r = 0; r < m->shard_count; r++) {
+    /* on the device the parts go to NCCL as one group: one launch */
+    if (g->device && comm_device_group_begin(g->comm, err))
+        return err->code;
+    int rc = 0;
+    for (int r = 0; r < m->shard_count && !rc; r++) {
         overlap(lo, seg.n, (size_t)r * m->shard_len, m->shard_len, &a, &b);
         if (a >= b)
             continue;
         void *part = tensor_view(seg, a - lo, b - a).p;
-        int rc = g->device ? comm_device_reduce(g->comm, part, b - a, COMM_F32, COMM_SUM, r,
-                                                g->stream, err)
-                           : comm_reduce(g->comm, part, b - a, COMM_F32, COMM_SUM, r, err);
-        if (rc)
-            return rc;
+        rc = g->device ? comm_device_reduce(g->comm, part, b - a, COMM_F32, COMM_SUM, r, g->stream,
+                                            err)
+                       : comm_reduce(g->comm, part, b - a, COMM_F32, COMM_SUM, r, err);
     }
-    return 0;
+    if (g->device) {
+        sp_err end = {0};
+        if (comm_device_group_end(g->comm, &end) && !rc) {
+            *err = end;
+            rc = end.code;
+        }
+    }
+    return rc;
 }
 
 static int reduce_segment(grad_sync_t *g, int k, sp_err *err)
