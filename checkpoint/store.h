@@ -90,6 +90,11 @@ int store_open(store_t **out, const char *url, const store_opts *opts, sp_err *e
 void store_close(store_t *s);
 /* "s3://bucket/prefix" or "file:///path", without a trailing '/'. */
 const char *store_url(const store_t *s);
+/* Where an s3:// store's credentials come from, as store_open finds them
+ * (the environment, else the EC2 instance role's from the metadata
+ * service, store_s3_creds.c): 0 with a line in source naming it (never a
+ * secret), or STORE_EUSAGE with why. */
+int store_s3_credentials(char *source, size_t n, sp_err *err);
 
 /* Uploads a file or a buffer. Objects larger than part_bytes go up as a
  * multipart upload. if_none_match: never replace an existing object; then

@@ -1,7 +1,6 @@
 /* checkpoint/store_s3.c — the s3:// backend's operations: endpoint,
- * addressing and region resolution, credentials from the environment (read
- * once, wiped on close), single-request PUT/GET/HEAD/DELETE, conditional PUT
- * with its fallback for stores that reject If-None-Match (remembered per
+ * addressing and region resolution (credentials: store_s3_creds.c),
+ * single-request PUT/GET/HEAD/DELETE, conditional PUT with its fallback for stores that reject If-None-Match (remembered per
  * handle), ListObjectsV2 with continuation tokens, and CreateBucket. Requests
  * and retries are in store_s3_request.c; multipart uploads and ranged GETs in
  * store_s3_multipart.c. Thread safety: the backend record is read-only after
@@ -349,14 +348,6 @@ static int s3_create_bucket(store_t *s, sp_err *err)
 
 /* ---- open / close ----------------------------------------------------------- */
 
-static void free_secret(char *p)
-{
-    if (p) {
-        explicit_bzero(p, strlen(p));
-        free(p);
-    }
-}
-
 static void s3_close(store_t *s)
 {
     s3_backend *b = s->impl;
@@ -366,9 +357,7 @@ static void s3_close(store_t *s)
         curl_easy_cleanup(b->pool[i]);
     free(b->pool);
     pthread_mutex_destroy(&b->mu);
-    free_secret(b->access_key);
-    free_secret(b->secret_key);
-    free_secret(b->token_hdr);
+    s3_creds_close(&b->creds);
     free(b->bucket);
     free(b->prefix);
     free(b->region);
@@ -397,23 +386,6 @@ static const char *env_nonempty(const char *name)
 {
     const char *v = getenv(name);
     return v && *v ? v : NULL;
-}
-
-static int load_credentials(store_t *s, s3_backend *b, sp_err *err)
-{
-    const char *id = env_nonempty("AWS_ACCESS_KEY_ID");
-    const char *secret = env_nonempty("AWS_SECRET_ACCESS_KEY");
-    const char *token = env_nonempty("AWS_SESSION_TOKEN");
-    if (!id || !secret)
-        return store_fail(s, err, STORE_EUSAGE, NULL,
-                          "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY");
-    b->access_key = strdup(id);
-    b->secret_key = strdup(secret);
-    if (token)
-        b->token_hdr = sp_strf("x-amz-security-token: %s", token);
-    if (!b->access_key || !b->secret_key || (token && !b->token_hdr))
-        return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
-    return 0;
 }
 
 /* Splits "scheme://host[:port][/path]" into "scheme://" and the rest. */
@@ -522,5 +494,5 @@ int store_s3_open(store_t *s, const char *bucket, const char *prefix, sp_err *er
     if (!b->pool || !b->bucket || !b->prefix || !b->region || !b->sigv4)
         return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
     int rc = resolve_endpoint(s, b, err);
-    return rc ? rc : load_credentials(s, b, err);
+    return rc ? rc : s3_creds_open(s, &b->creds, err);
 }

@@ -12,14 +12,51 @@
 #include <libxml/tree.h>
 #include <pthread.h>
 
-/* Read-only after store_s3_open, except the pool (under mu) and the flag. */
+/* Credentials (store_s3_creds.c): the environment's, read once, or an EC2
+ * instance role's, renewed S3_CREDS_REFRESH_S before they expire (tried at
+ * most every S3_CREDS_RETRY_S until then) and when the store says they
+ * expired. Everything under mu. */
+#define S3_CREDS_REFRESH_S 300.0
+#define S3_CREDS_RETRY_S 5.0
+typedef struct s3_creds {
+    pthread_mutex_t mu;
+    char *access_key, *secret_key, *token_hdr; /* token_hdr: "x-amz-security-token: ..." */
+    char *imds;              /* the metadata service; NULL: the environment's */
+    char *role;
+    double expires;          /* seconds since the epoch (role credentials) */
+    double last_try;         /* sp_now() of the last fetch */
+    int stale;               /* the store answered ExpiredToken to these */
+    unsigned long generation; /* counts the credentials fetched */
+    char source[400];        /* where they come from, for messages (no secrets) */
+    int ready;               /* mu initialised */
+} s3_creds;
+
+/* One request's copy of the credentials. */
+typedef struct s3_cred_use {
+    char *access_key, *secret_key, *token_hdr;
+    unsigned long generation;
+} s3_cred_use;
+
+/* At open: the environment's, else the instance role's (fetched now). */
+int s3_creds_open(store_t *s, s3_creds *c, sp_err *err);
+/* A copy for one request, renewed first when due: 0; 1 (retry later: expired
+ * and the metadata service did not answer) or a STORE_ code, with detail. */
+int s3_creds_use(s3_creds *c, s3_cred_use *u, char *detail, size_t dn);
+/* The store refused u's credentials as expired: they are renewed before the
+ * next request. 1 when they can be (an instance role's), 0 when not. */
+int s3_creds_expired(s3_creds *c, const s3_cred_use *u);
+void s3_cred_use_free(s3_cred_use *u);
+void s3_creds_close(s3_creds *c);
+
+/* Read-only after store_s3_open, except the pool (under mu), the flag and
+ * the credentials (under their own mutex). */
 typedef struct s3_backend {
     char *bucket, *prefix; /* prefix: "" or without a trailing '/' */
     char *region;
     char *base;            /* objects live at base + "/" + encoded key */
     char *bucket_url;      /* bucket-level requests (list, create) */
     char *sigv4;           /* "aws:amz:REGION:s3" */
-    char *access_key, *secret_key, *token_hdr;
+    s3_creds creds;
     char *ca_bundle;
     int aws_default;       /* no endpoint given: AWS itself */
     pthread_mutex_t mu;

@@ -161,6 +161,7 @@ typedef struct attempt_ctx {
     s3_req *r;
     CURL *h;
     store_cancel cancel;
+    const s3_cred_use *cred;
 } attempt_ctx;
 
 /* A ranged GET: the body goes to r->fd or r->mem. */
@@ -292,8 +293,8 @@ static CURLcode set_common(store_t *s, attempt_ctx *a, const char *url, char *er
     SET(CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     SET(CURLOPT_ERRORBUFFER, errbuf);
     SET(CURLOPT_AWS_SIGV4, b->sigv4);
-    SET(CURLOPT_USERNAME, b->access_key); /* the key may hold ':' (Swift): never user:pass */
-    SET(CURLOPT_PASSWORD, b->secret_key);
+    SET(CURLOPT_USERNAME, a->cred->access_key); /* may hold ':' (Swift): never user:pass */
+    SET(CURLOPT_PASSWORD, a->cred->secret_key);
     /* a refused connection fails at once; an unanswered one within 10 s */
     SET(CURLOPT_CONNECTTIMEOUT_MS, (long)((s->opts.timeout_s < 10 ? s->opts.timeout_s : 10) * 1000));
     double left = r->until - sp_now(); /* this attempt ends with the request's deadline */
@@ -367,11 +368,11 @@ static struct curl_slist *add_header(struct curl_slist *l, int *bad, const char 
     return n ? n : l;
 }
 
-static struct curl_slist *build_headers(const s3_backend *b, const s3_req *r, int *bad)
+static struct curl_slist *build_headers(const s3_cred_use *u, const s3_req *r, int *bad)
 {
     struct curl_slist *l = NULL;
     l = add_header(l, bad, "x-amz-content-sha256: %s", r->body_sha ? r->body_sha : S3_EMPTY_SHA256);
-    if (b->token_hdr && !(l = curl_slist_append(l, b->token_hdr)))
+    if (u->token_hdr && !(l = curl_slist_append(l, u->token_hdr)))
         *bad = 1;
     if (ranged(r))
         l = add_header(l, bad, "Range: bytes=%llu-%llu", (unsigned long long)(r->off + r->got),
@@ -451,8 +452,18 @@ static int http_transient(const s3_req *r)
     return 0;
 }
 
+/* The store refused the request's temporary credentials as expired (AWS
+ * answers 400 ExpiredToken; some stores 403 or TokenRefreshRequired). */
+static int expired_token(const s3_req *r)
+{
+    return (r->status == 400 || r->status == 401 || r->status == 403) &&
+           (!strcmp(r->code, "ExpiredToken") || !strcmp(r->code, "TokenRefreshRequired"));
+}
+
 static int http_rc(const s3_req *r)
 {
+    if (expired_token(r))
+        return STORE_EAUTH;
     switch (r->status) {
     case 404: return strcmp(r->code, "NoSuchBucket") == 0 ? STORE_ENOBUCKET : STORE_ENOENT;
     case 412: return STORE_EEXIST;
@@ -519,14 +530,19 @@ static int attempt(store_t *s, s3_req *r, const char *url, store_cancel c, char 
     if (ranged(r) && r->off + r->got > r->end)
         return 0; /* a previous attempt received everything */
     reset_response(r);
-    attempt_ctx a = {r, pool_get(b), c};
+    s3_cred_use cred;
+    int rc = s3_creds_use(&b->creds, &cred, detail, dn);
+    if (rc)
+        return rc;
+    attempt_ctx a = {r, pool_get(b), c, &cred};
     char errbuf[CURL_ERROR_SIZE] = "";
     if (!a.h) {
+        s3_cred_use_free(&cred);
         snprintf(detail, dn, "curl_easy_init failed");
         return STORE_EFAIL;
     }
     int bad = 0;
-    struct curl_slist *hdrs = build_headers(b, r, &bad);
+    struct curl_slist *hdrs = build_headers(&cred, r, &bad);
     CURLcode cc = bad ? CURLE_OUT_OF_MEMORY : set_common(s, &a, url, errbuf);
     if (cc == CURLE_OK)
         cc = set_method(&a);
@@ -536,7 +552,20 @@ static int attempt(store_t *s, s3_req *r, const char *url, store_cancel c, char 
         cc = curl_easy_perform(a.h);
     if (cc == CURLE_OK && curl_easy_getinfo(a.h, CURLINFO_RESPONSE_CODE, &r->status) != CURLE_OK)
         cc = CURLE_BAD_FUNCTION_ARGUMENT;
-    int rc = classify(r, cc, errbuf, c, detail, dn);
+    rc = classify(r, cc, errbuf, c, detail, dn);
+    if (rc < 0 && expired_token(r)) {
+        /* an instance role's are renewed and the request tried again; the
+         * environment's cannot be: said how to go on */
+        if (s3_creds_expired(&b->creds, &cred))
+            rc = 1;
+        else
+            snprintf(detail + strlen(detail), dn - strlen(detail),
+                     " (the temporary credentials from %s have expired: restart with fresh "
+                     "ones, or, on EC2, unset AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and "
+                     "AWS_SESSION_TOKEN so that the instance role's are used and renewed)",
+                     b->creds.source);
+    }
+    s3_cred_use_free(&cred);
     curl_slist_free_all(hdrs);
     pool_put(b, a.h, cc == CURLE_OK);
     return rc;

@@ -35,10 +35,11 @@ spotune_test(test_store_file
 set_tests_properties(test_store_file PROPERTIES
   ENVIRONMENT "${store_common_env}" FAIL_REGULAR_EXPRESSION "${store_fail_regex}")
 
-# The S3 client on the wire against an in-process fake endpoint (no server).
+# The S3 client on the wire against an in-process fake endpoint (no server),
+# with instance-role credentials from tests/tools/fake_metadata.py.
 spotune_test(test_store_wire
-  SOURCES test_store_wire.c
-  LIBS spotune_checkpoint
+  SOURCES test_store_wire.c test_util.c
+  LIBS spotune_trainer
   LABELS store)
 set_tests_properties(test_store_wire PROPERTIES
   ENVIRONMENT "${store_common_env}" FAIL_REGULAR_EXPRESSION "${store_fail_regex}")

@@ -264,9 +264,54 @@ Test(doctor, store_bad_credentials_fail_naming_the_cause)
                tu_binary_dir(), dir);
     cr_expect_eq(rc, 1, "exit %d\n%s", rc, out);
     EXPECT_STATUS(out, "store.credentials", "FAIL");
-    cr_expect(tu_contains(line_of(out, "store.credentials"), "AWS_ACCESS_KEY_ID is not set"), "%s",
-              out);
+    cr_expect(tu_contains(line_of(out, "store.credentials"),
+                          "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not"),
+              "%s", out);
     free(out);
+}
+
+/* No credentials in the environment: the EC2 instance role's, from the
+ * metadata service (a fake that hands out the test server's key): PASS
+ * naming the role and until when they hold, and the store takes the
+ * probes; with the service gone, FAIL naming it. */
+Test(doctor, store_credentials_of_an_instance_role)
+{
+    make_bucket();
+    remote_yaml(NULL);
+    char *creds = sp_strf("%s/creds.json", dir), *log = sp_strf("%s/meta.log", dir);
+    char *json = sp_strf("{\"role\": \"spotune-doctor-role\", \"AccessKeyId\": \"%s\", "
+                         "\"SecretAccessKey\": \"%s\", \"Token\": \"tok\"}",
+                         getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_SECRET_ACCESS_KEY"));
+    cr_assert_eq(tu_write_file(creds, json), 0);
+    char meta[64], *args = sp_strf("--creds %s", creds);
+    int pid = tu_fake_metadata(log, args, meta, sizeof meta);
+    char *out = NULL;
+    const char *no_env = "env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN";
+    int rc = tu_sh(&out, "%s AWS_EC2_METADATA_SERVICE_ENDPOINT=%s %s/spotune doctor %s/run.yaml "
+                         "--cloud none --io-mib 1",
+                   no_env, meta, tu_binary_dir(), dir);
+    EXPECT_STATUS(out, "store.credentials", "PASS");
+    cr_expect(tu_contains(line_of(out, "store.credentials"),
+                          "the EC2 instance role 'spotune-doctor-role' (metadata service http"),
+              "%s", out);
+    cr_expect(tu_contains(line_of(out, "store.credentials"), "valid until 20"), "%s", out);
+    EXPECT_STATUS(out, "store.roundtrip", "PASS");
+    cr_expect(!tu_contains(out, getenv("AWS_SECRET_ACCESS_KEY")), "the secret is shown:\n%s",
+              out);
+    (void)rc;
+    free(out);
+    kill(pid, SIGTERM);
+    tu_wait(pid, 10);
+    rc = tu_sh(&out, "%s AWS_EC2_METADATA_SERVICE_ENDPOINT=%s %s/spotune doctor %s/run.yaml "
+                     "--cloud none --io-mib 1",
+               no_env, meta, tu_binary_dir(), dir);
+    cr_expect_eq(rc, 1, "exit %d\n%s", rc, out);
+    EXPECT_STATUS(out, "store.credentials", "FAIL");
+    cr_expect(tu_contains(line_of(out, "store.credentials"), "no EC2 instance role's could be had "
+                                                             "from the metadata service at http"),
+              "%s", out);
+    free(out);
+    free(creds), free(log), free(json), free(args);
 }
 
 /* A bucket that does not exist: FAIL naming it (404 NoSuchBucket). */
@@ -376,18 +421,9 @@ Test(doctor, bad_data_fails)
 Test(doctor, preemption_notice_from_fake_metadata)
 {
     char *log = sp_strf("%s/meta.port", dir), *trigger = sp_strf("%s/notice", dir);
-    int pid = tu_spawn(log, "python3 %s/tests/tools/fake_metadata.py --trigger %s",
-                       tu_source_dir(), trigger);
-    cr_assert(pid > 0);
-    char *port = NULL;
-    for (int i = 0; i < 100 && !(port && atoi(port) > 0); i++) {
-        free(port);
-        tu_sleep(0.05);
-        port = tu_read_file(log, NULL);
-    }
-    cr_assert(port && atoi(port) > 0, "the fake metadata service did not start");
-    char meta[64];
-    snprintf(meta, sizeof meta, "http://127.0.0.1:%d", atoi(port));
+    char meta[64], *args = sp_strf("--trigger %s", trigger);
+    int pid = tu_fake_metadata(log, args, meta, sizeof meta);
+    free(args);
     char *out = NULL;
     /* auto: the first cloud that answers (the fake answers AWS's token) */
     int rc = tu_spotune(&out, "doctor --metadata-url %s", meta);
@@ -422,7 +458,6 @@ Test(doctor, preemption_notice_from_fake_metadata)
               "%s", out);
     cr_expect(sp_now() - t0 < 10, "%.1f s", sp_now() - t0);
     free(out);
-    free(port);
     free(log);
     free(trigger);
 }

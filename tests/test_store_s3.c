@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,44 @@ Test(store_s3, roundtrip_1k_5m_37m)
     store_close(s);
     tu_rmtree(dir);
     free(dir);
+}
+
+/* An EC2 instance role's credentials, from a fake metadata service
+ * (tests/tools/fake_metadata.py) that hands out the test server's key, with
+ * a session token: a single PUT, a multipart one (parts in parallel, each
+ * signed with its own copy) and a ranged parallel GET reach the real store,
+ * and the service was asked once. */
+Test(store_s3, instance_role_credentials_reach_the_store)
+{
+    char *dir = tu_tempdir("s3role"), url[64];
+    char *creds = sp_strf("%s/creds.json", dir), *fetches = sp_strf("%s.fetches", creds);
+    char *json = sp_strf("{\"role\": \"spotune-ci\", \"AccessKeyId\": \"%s\", "
+                         "\"SecretAccessKey\": \"%s\", \"Token\": \"session-token-1\"}",
+                         getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_SECRET_ACCESS_KEY"));
+    cr_assert_eq(tu_write_file(creds, json), 0);
+    char *log = sp_strf("%s/meta.log", dir), *args = sp_strf("--creds %s", creds);
+    int pid = tu_fake_metadata(log, args, url, sizeof url);
+    store_opts o = {.part_bytes = 5 * MIB, .endpoint = tu_s3_endpoint()};
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    unsetenv("AWS_SESSION_TOKEN");
+    setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", url, 1);
+    char *prefix = tu_unique("role"), *where = sp_strf("s3://" TU_BUCKET "/%s", prefix);
+    store_t *s = NULL;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&s, where, &o, &err), 0, "%s", err.msg);
+    cr_assert_eq(store_create_bucket(s, &err), 0, "%s", err.msg);
+    roundtrip(s, dir, "role/small", 4096, 21);
+    roundtrip(s, dir, "role/multipart", 17 * MIB, 22); /* 4 parts, ranged GET */
+    store_close(s);
+    char *got = tu_read_file(fetches, NULL);
+    cr_expect(got && !strcmp(got, "test:tester\n"), "asked: %s", got ? got : "(never)");
+    free(got);
+    kill(pid, SIGTERM);
+    tu_wait(pid, 10);
+    tu_rmtree(dir);
+    free(dir), free(creds), free(fetches), free(json), free(log), free(args);
+    free(prefix), free(where);
 }
 
 Test(store_s3, exactly_part_size_and_odd_keys)
@@ -191,6 +230,7 @@ Test(store_s3, missing_credentials_is_a_usage_error)
 {
     store_opts o = {.endpoint = tu_s3_endpoint()};
     unsetenv("AWS_SECRET_ACCESS_KEY");
+    setenv("AWS_EC2_METADATA_DISABLED", "true", 1); /* never a role's, on any machine */
     store_t *s = NULL;
     sp_err err = {0};
     cr_assert_eq(store_open(&s, "s3://" TU_BUCKET "/x", &o, &err), STORE_EUSAGE);

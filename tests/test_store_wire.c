@@ -1,13 +1,17 @@
 /* tests/test_store_wire.c — the S3 client's requests on the wire, against an
  * in-process fake endpoint that records each request and plays back canned
  * answers (no server needed): signing headers, payload hash, temporary
- * credentials, key encoding, and the retry policy (503 SlowDown retried, 403
- * reported at once). */
+ * credentials, key encoding, the retry policy (503 SlowDown retried, 403
+ * reported at once), and an EC2 instance role's credentials from a fake
+ * metadata service (tests/tools/fake_metadata.py): signed with, renewed
+ * before they expire and when the store says they have, refused by name
+ * when the service cannot give them. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +19,7 @@
 #include <unistd.h>
 
 #include "checkpoint/store.h"
+#include "test_util.h"
 
 TestSuite(store_wire, .timeout = 60);
 
@@ -227,4 +232,211 @@ Test(store_wire, retries_give_up_with_the_last_reason)
     store_close(s);
     fake_stop(&f);
     fake_free(&f);
+}
+
+/* ---- an EC2 instance role's credentials ------------------------------------------ */
+
+#define EXPIRED error_answer(2, "400 Bad Request", "ExpiredToken", \
+                             "The provided token has expired.")
+
+typedef struct role {
+    char *dir, *creds, *fetches, *log;
+    char url[64];
+    int pid;
+} role;
+
+/* The fake metadata service serving the role's credentials as written by
+ * role_serve; the environment's credentials unset, the service's address
+ * set as the AWS SDKs read it. */
+static void role_serve(role *r, const char *key_id, const char *token, int expires_in)
+{
+    char *json = sp_strf("{\"role\": \"spotune-test-role\", \"AccessKeyId\": \"%s\", "
+                         "\"SecretAccessKey\": \"role-secret-never-printed\", \"Token\": \"%s\", "
+                         "\"expires_in\": %d}",
+                         key_id, token, expires_in);
+    cr_assert_eq(tu_write_file(r->creds, json), 0);
+    free(json);
+}
+
+static void role_start(role *r, const char *key_id, const char *token, int expires_in)
+{
+    memset(r, 0, sizeof *r);
+    r->dir = tu_tempdir("role");
+    r->creds = sp_strf("%s/creds.json", r->dir);
+    r->fetches = sp_strf("%s/creds.json.fetches", r->dir);
+    r->log = sp_strf("%s/meta.log", r->dir);
+    role_serve(r, key_id, token, expires_in);
+    char *args = sp_strf("--creds %s", r->creds);
+    r->pid = tu_fake_metadata(r->log, args, r->url, sizeof r->url);
+    free(args);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    unsetenv("AWS_SESSION_TOKEN");
+    unsetenv("AWS_EC2_METADATA_DISABLED");
+    setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", r->url, 1);
+}
+
+/* The access key ids the service handed out, one per line. */
+static char *role_fetches(const role *r)
+{
+    char *f = tu_read_file(r->fetches, NULL);
+    return f ? f : strdup("");
+}
+
+static void role_stop(role *r)
+{
+    kill(r->pid, SIGTERM);
+    tu_wait(r->pid, 10);
+    free(r->dir), free(r->creds), free(r->fetches), free(r->log);
+}
+
+static void expect_signed_by(const char *req, const char *key_id, const char *token)
+{
+    char want[128];
+    snprintf(want, sizeof want, "Credential=%s/", key_id);
+    cr_expect(strstr(header_line(req, "Authorization: "), want), "not signed by %s:\n%s", key_id,
+              req);
+    snprintf(want, sizeof want, "x-amz-security-token: %s\r\n", token);
+    header_line(req, want);
+    cr_expect_null(strstr(req, "role-secret"), "the secret is on the wire");
+}
+
+/* Opened with the role's credentials (fetched once); the store answers the
+ * first PUT ExpiredToken: the credentials are fetched again (the service
+ * has new ones by then) and the PUT sent again with them, once. */
+Test(store_wire, a_roles_credentials_are_renewed_when_the_store_says_they_expired)
+{
+    role r;
+    role_start(&r, "ASIAFIRST", "token-1", 21600);
+    fake f = {.answers = {EXPIRED, OK_EMPTY, OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {.retry_base_s = 0.01, .retry_max_s = 0.05};
+    store_t *s = open_fake(&f, "s3://bkt/p", &o);
+    char *got = role_fetches(&r);
+    cr_expect_str_eq(got, "ASIAFIRST\n", "fetched once at open");
+    free(got);
+    role_serve(&r, "ASIASECOND", "token-2", 21600);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "k", "x", 1, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(f.n, 2);
+    expect_signed_by(f.requests[0], "ASIAFIRST", "token-1");
+    expect_signed_by(f.requests[1], "ASIASECOND", "token-2");
+    /* the new ones hold: the next request does not ask again */
+    cr_assert_eq(store_put_bytes(s, "k2", "y", 1, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(f.n, 3);
+    expect_signed_by(f.requests[2], "ASIASECOND", "token-2");
+    got = role_fetches(&r);
+    cr_expect_str_eq(got, "ASIAFIRST\nASIASECOND\n");
+    free(got);
+    store_close(s);
+    fake_stop(&f);
+    fake_free(&f);
+    role_stop(&r);
+}
+
+/* Credentials with less than S3_CREDS_REFRESH_S (300 s) of life left are
+ * renewed before a request (at most every 5 s: 303 s of life, 5.5 s later);
+ * ones with hours left are used as they are. */
+Test(store_wire, a_roles_credentials_are_renewed_before_they_expire)
+{
+    role r;
+    role_start(&r, "ASIASHORT", "token-short", 303);
+    fake f = {.answers = {OK_EMPTY, OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {0};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    role_serve(&r, "ASIALONG", "token-long", 21600);
+    tu_sleep(5.5);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "a", "x", 1, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(store_put_bytes(s, "b", "x", 1, 0, &err), 0, "%s", err.msg);
+    expect_signed_by(f.requests[0], "ASIALONG", "token-long");
+    expect_signed_by(f.requests[1], "ASIALONG", "token-long");
+    char *got = role_fetches(&r);
+    cr_expect_str_eq(got, "ASIASHORT\nASIALONG\n");
+    free(got);
+    store_close(s);
+    fake_stop(&f);
+    fake_free(&f);
+    role_stop(&r);
+}
+
+/* The environment's temporary credentials cannot be renewed: ExpiredToken
+ * is a refusal at once (not retried), saying how to go on. */
+Test(store_wire, expired_environment_credentials_say_how_to_go_on)
+{
+    setenv("AWS_ACCESS_KEY_ID", "ASIAENV", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "env-secret-never-printed", 1);
+    setenv("AWS_SESSION_TOKEN", "token-env", 1);
+    fake f = {.answers = {EXPIRED, OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {.retry_base_s = 0.01, .retry_max_s = 0.05};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "k", "x", 1, 0, &err), STORE_EAUTH);
+    cr_expect(strstr(err.msg, "400 ExpiredToken: The provided token has expired. (the temporary "
+                              "credentials from the environment (AWS_ACCESS_KEY_ID, "
+                              "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) have expired: restart "
+                              "with fresh ones, or, on EC2, unset"),
+              "%s", err.msg);
+    cr_expect_null(strstr(err.msg, "secret-never"), "%s", err.msg);
+    usleep(200 * 1000);
+    cr_assert_eq(f.n, 1, "not retried");
+    store_close(s);
+    int c = socket(AF_INET, SOCK_STREAM, 0); /* release the server's second accept */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    close(c);
+    fake_stop(&f);
+    fake_free(&f);
+}
+
+static void expect_open_refused(const char *want1, const char *want2)
+{
+    store_opts o = {.endpoint = "http://127.0.0.1:9"};
+    store_t *s = NULL;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&s, "s3://bkt", &o, &err), STORE_EUSAGE, "%s", err.msg);
+    cr_expect_eq(err.code, SP_EXIT_USAGE);
+    cr_expect(strstr(err.msg, want1), "no '%s' in: %s", want1, err.msg);
+    cr_expect(!want2 || strstr(err.msg, want2), "no '%s' in: %s", want2, err.msg);
+    cr_expect_null(strstr(err.msg, "secret-never"), "%s", err.msg);
+}
+
+/* Without the environment's credentials and without a role's, the store is
+ * not opened, and the message says what was asked and what answered. */
+Test(store_wire, no_credentials_from_anywhere_are_refused_by_name)
+{
+    role r;
+    role_start(&r, "ASIAX", "token-x", 21600);
+    /* half the environment's: a mistake, said at once */
+    setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
+    expect_open_refused("AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not", NULL);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    /* the service turned off */
+    setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
+    expect_open_refused("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                        "AWS_EC2_METADATA_DISABLED=true");
+    unsetenv("AWS_EC2_METADATA_DISABLED");
+    /* the service's answers: no role, not JSON, no Token, a failed Code */
+    cr_assert_eq(tu_write_file(r.creds, "{\"status\": 404}"), 0);
+    expect_open_refused("no EC2 instance role's could be had from the metadata service at "
+                        "http://127.0.0.1:",
+                        "/latest/meta-data/iam/security-credentials/: HTTP 404");
+    cr_assert_eq(tu_write_file(r.creds, "{\"role\": \"rr\", \"raw\": \"<html>busy</html>\"}"), 0);
+    expect_open_refused("security-credentials/rr: not JSON", NULL);
+    cr_assert_eq(tu_write_file(r.creds, "{\"role\": \"rr\", \"raw\": \"{\\\"Code\\\": "
+                                        "\\\"Success\\\", \\\"AccessKeyId\\\": \\\"A\\\", "
+                                        "\\\"SecretAccessKey\\\": \\\"secret-never\\\", "
+                                        "\\\"Expiration\\\": \\\"2030-01-01T00:00:00Z\\\"}\"}"),
+                 0);
+    expect_open_refused("security-credentials/rr: no Token", NULL);
+    cr_assert_eq(tu_write_file(r.creds, "{\"role\": \"rr\", \"raw\": \"{\\\"Code\\\": "
+                                        "\\\"AssumeRoleUnauthorizedAccess\\\"}\"}"),
+                 0);
+    expect_open_refused("Code is 'AssumeRoleUnauthorizedAccess', not Success", NULL);
+    /* nothing listening there */
+    role_stop(&r);
+    expect_open_refused("the metadata service at http://127.0.0.1:", "Couldn't connect");
 }

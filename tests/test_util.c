@@ -249,6 +249,24 @@ int tu_spawn(const char *log, const char *fmt, ...)
     return (int)pid;
 }
 
+int tu_fake_metadata(const char *log, const char *args, char *url, size_t n)
+{
+    unlink(log);
+    int pid = tu_spawn(log, "python3 %s/tests/tools/fake_metadata.py %s", tu_source_dir(), args);
+    cr_assert(pid > 0);
+    char *port = NULL;
+    for (int i = 0; i < 200 && !(port && atoi(port) > 0); i++) {
+        free(port);
+        tu_sleep(0.05);
+        port = tu_read_file(log, NULL);
+    }
+    cr_assert(port && atoi(port) > 0, "the fake metadata service did not start: %s",
+              port ? port : "(no output)");
+    snprintf(url, n, "http://127.0.0.1:%d", atoi(port));
+    free(port);
+    return pid;
+}
+
 int tu_dead_pid(void)
 {
     char *out = NULL;

@@ -52,6 +52,10 @@ int tu_cpu_vector_units(int *avx2);
 /* Starts `sh -c "exec CMD"` in its own process group with stdout and stderr
  * into log; returns the pid (the process itself, thanks to exec). */
 int tu_spawn(const char *log, const char *fmt, ...);
+/* Starts tests/tools/fake_metadata.py ARGS on a free loopback port (its
+ * output in log) and waits until it listens: its pid, and its URL
+ * ("http://127.0.0.1:PORT") in url. Stop it with kill and tu_wait. */
+int tu_fake_metadata(const char *log, const char *args, char *url, size_t n);
 /* Waits for pid up to timeout_s (then SIGKILLs its group); returns the exit
  * status, 128+signal, or -1 on timeout. */
 int tu_wait(int pid, double timeout_s);

@@ -135,23 +135,19 @@ void dr_check_store(doctor_t *d, const char *url, const store_opts *so, int io_m
 {
     int s3 = sp_after(url, "s3://") != NULL;
     if (s3) {
-        const char *id = getenv("AWS_ACCESS_KEY_ID"), *sec = getenv("AWS_SECRET_ACCESS_KEY");
-        const char *tok = getenv("AWS_SESSION_TOKEN");
-        if (!id || !*id || !sec || !*sec) {
-            doctor_add(d, "store.credentials", DR_FAIL,
-                       "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment",
-                       "%s is not set (spotune reads credentials from the environment only)",
-                       !id || !*id ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY");
+        const char *expect = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment, "
+                             "or an EC2 instance role";
+        char source[600];
+        sp_err ce = {0};
+        if (store_s3_credentials(source, sizeof source, &ce)) {
+            doctor_add(d, "store.credentials", DR_FAIL, expect, "%s", ce.msg);
             doctor_add(d, "store.roundtrip", DR_SKIPPED, "", "no credentials");
             doctor_add(d, "store.upload", DR_SKIPPED, "", "no credentials");
             check_clock(d, so, 5);
             return;
         }
-        doctor_add(d, "store.credentials", DR_PASS,
-                   "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment",
-                   "found in the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY%s (values "
-                   "not shown)",
-                   tok && *tok ? ", AWS_SESSION_TOKEN" : "");
+        doctor_add(d, "store.credentials", DR_PASS, expect, "from %s (values not shown)",
+                   source);
     } else {
         doctor_add(d, "store.credentials", DR_SKIPPED, "", "%s needs none", url);
     }

@@ -3,21 +3,55 @@
 
 Serves the spot/preemption endpoints of AWS (IMDSv2: a token is required),
 GCP, Azure and Alibaba Cloud. The termination notice appears once the file
-given by --trigger exists. Prints the port it listens on, then serves until
-killed. Standard library only.
+given by --trigger exists. With --creds FILE it also serves an EC2 instance
+role's credentials (iam/security-credentials/, then /ROLE) as FILE, a JSON
+object read at each request, says: {"role", "AccessKeyId",
+"SecretAccessKey", "Token", "expires_in" (seconds from now)}, or {"raw":
+TEXT} to answer TEXT instead, or {"status": CODE} to answer that; each
+credentials request appends a line to FILE.fetches. Prints the port it
+listens on, then serves until killed. Standard library only.
 
-usage: fake_metadata.py --trigger PATH [--port 0]
+usage: fake_metadata.py [--trigger PATH] [--creds FILE] [--port 0]
 """
 import argparse
 import http.server
 import json
 import os
 import sys
+import time
 
 TOKEN = "fake-imds-token"
 
 
-def make_handler(trigger):
+def serve_creds(h, creds, path):
+    """The instance role's endpoints under /latest/meta-data/iam/security-credentials/."""
+    if h.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+        h.reply(401)
+        return
+    with open(creds) as f:
+        c = json.load(f)
+    name = path[len("/latest/meta-data/iam/security-credentials/"):]
+    if "status" in c:
+        h.reply(int(c["status"]))
+    elif name == "":
+        h.reply(200, (c.get("role", "spotune-role") + "\n").encode())
+    elif name != c.get("role", "spotune-role"):
+        h.reply(404)
+    else:
+        with open(creds + ".fetches", "a") as f:
+            f.write(c.get("AccessKeyId", "") + "\n")
+        if "raw" in c:
+            h.reply(200, c["raw"].encode(), "application/json")
+            return
+        exp = time.gmtime(time.time() + float(c.get("expires_in", 21600)))
+        body = {"Code": "Success", "LastUpdated": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "Type": "AWS-HMAC", "AccessKeyId": c["AccessKeyId"],
+                "SecretAccessKey": c["SecretAccessKey"], "Token": c["Token"],
+                "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", exp)}
+        h.reply(200, json.dumps(body).encode(), "application/json")
+
+
+def make_handler(trigger, creds):
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -37,9 +71,11 @@ def make_handler(trigger):
                 self.reply(400)
 
         def do_GET(self):
-            noticed = os.path.exists(trigger)
+            noticed = trigger is not None and os.path.exists(trigger)
             p = self.path
-            if p.startswith("/latest/meta-data/spot/instance-action"):
+            if creds and p.startswith("/latest/meta-data/iam/security-credentials/"):
+                serve_creds(self, creds, p)
+            elif p.startswith("/latest/meta-data/spot/instance-action"):
                 if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
                     self.reply(401)
                 elif noticed:
@@ -76,10 +112,12 @@ def make_handler(trigger):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trigger", required=True)
+    ap.add_argument("--trigger")
+    ap.add_argument("--creds")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(args.trigger))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port),
+                                          make_handler(args.trigger, args.creds))
     print(srv.server_address[1], flush=True)
     srv.serve_forever()
 

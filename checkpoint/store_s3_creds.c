@@ -1,0 +1,339 @@
+/* checkpoint/store_s3_creds.c — the s3:// backend's credentials.
+ *
+ * From the environment when AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY is
+ * set (both must be; AWS_SESSION_TOKEN with them): read once and never
+ * renewed. Otherwise from the EC2 instance's role through the instance
+ * metadata service, IMDSv2 (a session token, then the role's name, then its
+ * credentials as JSON), fetched at open and again when less than
+ * S3_CREDS_REFRESH_S of their life is left (AWS publishes the next ones at
+ * least that long before the old ones expire) or when the store answered
+ * ExpiredToken: a run on a spot instance with a role keeps pushing
+ * checkpoints for days though each set of credentials lives a few hours.
+ * As in the AWS SDKs, AWS_EC2_METADATA_DISABLED=true turns the service off
+ * and AWS_EC2_METADATA_SERVICE_ENDPOINT moves it.
+ *
+ * The service is asked under the credentials' mutex (1 s to connect, 3 s
+ * a request): requests that need renewed credentials wait for them.
+ * Secrets are wiped when replaced or closed (the body they came in too) and
+ * never appear in messages. */
+#define _GNU_SOURCE
+#include "checkpoint/store_s3.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define IMDS_DEFAULT "http://169.254.169.254"
+#define IMDS_ROLE_PATH "/latest/meta-data/iam/security-credentials/"
+
+static const char *env_nonempty(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+static void wipe(char **p)
+{
+    if (*p) {
+        explicit_bzero(*p, strlen(*p));
+        free(*p);
+        *p = NULL;
+    }
+}
+
+/* ---- the metadata service ----------------------------------------------------- */
+
+static size_t on_body(char *data, size_t size, size_t n, void *arg)
+{
+    membuf *b = arg;
+    if (b->n + size * n > 64 * 1024) /* credentials are a few KiB */
+        return 0;
+    return membuf_append(b, data, size * n) == 0 ? size * n : 0;
+}
+
+/* One request to the service: 0 with the body (NUL-terminated) in *body, or
+ * -1 with why. header: one extra header line or NULL. */
+static int imds_call(const char *method, const char *url, const char *header, membuf *body,
+                     char *why, size_t n)
+{
+    CURL *h = curl_easy_init();
+    struct curl_slist *hdrs = header ? curl_slist_append(NULL, header) : NULL;
+    char errbuf[CURL_ERROR_SIZE] = "";
+    long status = 0;
+    body->n = 0;
+    if (!h || (header && !hdrs)) {
+        snprintf(why, n, "out of memory");
+        curl_slist_free_all(hdrs);
+        curl_easy_cleanup(h);
+        return -1;
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "*"); /* a link-local address, never through a proxy */
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 3000L);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, body);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+    if (!strcmp(method, "PUT")) {
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "PUT");
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
+    }
+    CURLcode cc = curl_easy_perform(h);
+    if (cc == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(hdrs);
+    curl_easy_cleanup(h);
+    if (cc != CURLE_OK) {
+        snprintf(why, n, "%s %s: %s%s%s", method, url, curl_easy_strerror(cc), *errbuf ? ": " : "",
+                 errbuf);
+        return -1;
+    }
+    if (status != 200) {
+        snprintf(why, n, "%s %s: HTTP %ld", method, url, status);
+        return -1;
+    }
+    if (membuf_append(body, "", 1)) {
+        snprintf(why, n, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* "2026-12-02T20:15:00Z" as seconds since the epoch, or -1. */
+static double parse_expiration(const char *s)
+{
+    struct tm tm;
+    int y, mo, d, hh, mm, ss;
+    char z = 0;
+    memset(&tm, 0, sizeof tm);
+    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%c", &y, &mo, &d, &hh, &mm, &ss, &z) != 7 || z != 'Z')
+        return -1;
+    tm.tm_year = y - 1900;
+    tm.tm_mon = mo - 1;
+    tm.tm_mday = d;
+    tm.tm_hour = hh;
+    tm.tm_min = mm;
+    tm.tm_sec = ss;
+    time_t t = timegm(&tm);
+    return t == (time_t)-1 ? -1 : (double)t;
+}
+
+static const char *json_text(json_t *o, const char *key)
+{
+    const char *v = json_string_value(json_object_get(o, key));
+    return v && *v ? v : NULL;
+}
+
+/* The role's credentials: the session token, the role's name (the first
+ * line), its JSON. On success the new ones replace c's (under c->mu). */
+static int imds_fetch(s3_creds *c, char *why, size_t n)
+{
+    membuf body = {0};
+    char *url = sp_strf("%s/latest/api/token", c->imds), *tok_hdr = NULL, *role = NULL;
+    int rc = -1;
+    if (!url || imds_call("PUT", url, "X-aws-ec2-metadata-token-ttl-seconds: 300", &body, why, n))
+        goto out;
+    tok_hdr = sp_strf("X-aws-ec2-metadata-token: %.*s", (int)strcspn((char *)body.p, "\r\n"),
+                      (char *)body.p);
+    free(url);
+    url = sp_strf("%s" IMDS_ROLE_PATH, c->imds);
+    if (!tok_hdr || !url || imds_call("GET", url, tok_hdr, &body, why, n))
+        goto out;
+    role = strndup((char *)body.p, strcspn((char *)body.p, "\r\n"));
+    if (!role || !*role) {
+        snprintf(why, n, "GET %s: no role attached to this instance", url);
+        goto out;
+    }
+    free(url);
+    url = sp_strf("%s" IMDS_ROLE_PATH "%s", c->imds, role);
+    if (!url || imds_call("GET", url, tok_hdr, &body, why, n))
+        goto out;
+    json_error_t je;
+    json_t *j = json_loads((char *)body.p, 0, &je);
+    const char *code = j ? json_text(j, "Code") : NULL;
+    const char *id = j ? json_text(j, "AccessKeyId") : NULL;
+    const char *secret = j ? json_text(j, "SecretAccessKey") : NULL;
+    const char *token = j ? json_text(j, "Token") : NULL;
+    const char *exp = j ? json_text(j, "Expiration") : NULL;
+    double expires = exp ? parse_expiration(exp) : -1;
+    if (!j) {
+        snprintf(why, n, "GET %s: not JSON (%s at line %d)", url, je.text, je.line);
+    } else if (code && strcmp(code, "Success") != 0) {
+        snprintf(why, n, "GET %s: Code is '%.64s', not Success", url, code);
+    } else if (!id || !secret || !token || expires < 0) {
+        snprintf(why, n, "GET %s: %s", url,
+                 !id       ? "no AccessKeyId"
+                 : !secret ? "no SecretAccessKey"
+                 : !token  ? "no Token"
+                 : !exp    ? "no Expiration"
+                           : "Expiration is not a UTC time like 2026-12-02T20:15:00Z");
+    } else {
+        char *nid = strdup(id), *nsecret = strdup(secret);
+        char *ntok = sp_strf("x-amz-security-token: %s", token);
+        if (!nid || !nsecret || !ntok) {
+            snprintf(why, n, "out of memory");
+            wipe(&nid), wipe(&nsecret), wipe(&ntok);
+        } else {
+            wipe(&c->access_key), wipe(&c->secret_key), wipe(&c->token_hdr);
+            c->access_key = nid;
+            c->secret_key = nsecret;
+            c->token_hdr = ntok;
+            c->expires = expires;
+            c->stale = 0;
+            c->generation++;
+            free(c->role);
+            c->role = role;
+            role = NULL;
+            rc = 0;
+        }
+    }
+    json_decref(j); /* its copies are freed, not wiped: jansson has no such option */
+out:
+    if (body.p)
+        explicit_bzero(body.p, body.n);
+    membuf_free(&body);
+    free(url);
+    wipe(&tok_hdr);
+    free(role);
+    return rc;
+}
+
+/* ---- the API (store_s3.h) ------------------------------------------------------ */
+
+int s3_creds_open(store_t *s, s3_creds *c, sp_err *err)
+{
+    const char *id = env_nonempty("AWS_ACCESS_KEY_ID");
+    const char *secret = env_nonempty("AWS_SECRET_ACCESS_KEY");
+    const char *token = env_nonempty("AWS_SESSION_TOKEN");
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    c->ready = 1;
+    if (id || secret) {
+        if (!id || !secret)
+            return store_fail(s, err, STORE_EUSAGE, NULL,
+                              "no credentials: %s is set but %s is not (set both, or neither "
+                              "to use the EC2 instance role's)",
+                              id ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
+                              id ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
+        c->access_key = strdup(id);
+        c->secret_key = strdup(secret);
+        if (token)
+            c->token_hdr = sp_strf("x-amz-security-token: %s", token);
+        if (!c->access_key || !c->secret_key || (token && !c->token_hdr))
+            return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
+        snprintf(c->source, sizeof c->source, "the environment (AWS_ACCESS_KEY_ID, "
+                                              "AWS_SECRET_ACCESS_KEY%s)",
+                 token ? ", AWS_SESSION_TOKEN" : "");
+        return 0;
+    }
+    const char *off = env_nonempty("AWS_EC2_METADATA_DISABLED");
+    if (off && !strcasecmp(off, "true"))
+        return store_fail(s, err, STORE_EUSAGE, NULL,
+                          "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                          "(AWS_EC2_METADATA_DISABLED=true: no instance role is asked)");
+    const char *ep = env_nonempty("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+    c->imds = strndup(ep ? ep : IMDS_DEFAULT, strlen(ep ? ep : IMDS_DEFAULT));
+    if (!c->imds)
+        return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
+    for (size_t k = strlen(c->imds); k > 0 && c->imds[k - 1] == '/'; k--)
+        c->imds[k - 1] = 0;
+    char why[600] = "";
+    int rc = -1;
+    for (int attempt = 0; attempt < 2 && rc; attempt++) /* one retry, as the SDKs' default */
+        rc = imds_fetch(c, why, sizeof why);
+    c->last_try = sp_now();
+    if (rc)
+        return store_fail(s, err, STORE_EUSAGE, NULL,
+                          "no credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not "
+                          "set, and no EC2 instance role's could be had from the metadata "
+                          "service at %s: %s",
+                          c->imds, why);
+    snprintf(c->source, sizeof c->source, "the EC2 instance role '%.100s' (metadata service %.200s)",
+             c->role, c->imds);
+    return 0;
+}
+
+int s3_creds_use(s3_creds *c, s3_cred_use *u, char *detail, size_t dn)
+{
+    memset(u, 0, sizeof *u);
+    pthread_mutex_lock(&c->mu);
+    double now_wall = (double)time(NULL), now = sp_now();
+    int expired = c->imds && (c->stale || now_wall >= c->expires);
+    int due = c->imds && (expired || (now_wall >= c->expires - S3_CREDS_REFRESH_S &&
+                                      now - c->last_try >= S3_CREDS_RETRY_S));
+    if (due) {
+        char why[600] = "";
+        int refused = c->stale;
+        c->last_try = now;
+        if (imds_fetch(c, why, sizeof why) && expired) {
+            pthread_mutex_unlock(&c->mu);
+            snprintf(detail, dn, "the instance role's credentials %s and could not be renewed: %s",
+                     refused ? "were refused as expired" : "have expired", why);
+            return 1; /* the service may answer on the next attempt */
+        }
+    }
+    u->access_key = strdup(c->access_key);
+    u->secret_key = strdup(c->secret_key);
+    u->token_hdr = c->token_hdr ? strdup(c->token_hdr) : NULL;
+    u->generation = c->generation;
+    pthread_mutex_unlock(&c->mu);
+    if (!u->access_key || !u->secret_key || (c->token_hdr && !u->token_hdr)) {
+        s3_cred_use_free(u);
+        snprintf(detail, dn, "out of memory");
+        return STORE_EFAIL;
+    }
+    return 0;
+}
+
+int s3_creds_expired(s3_creds *c, const s3_cred_use *u)
+{
+    pthread_mutex_lock(&c->mu);
+    int renewable = c->imds != NULL;
+    if (renewable && u->generation == c->generation)
+        c->stale = 1; /* ones fetched since by another request are kept */
+    pthread_mutex_unlock(&c->mu);
+    return renewable;
+}
+
+void s3_cred_use_free(s3_cred_use *u)
+{
+    wipe(&u->access_key);
+    wipe(&u->secret_key);
+    wipe(&u->token_hdr);
+}
+
+void s3_creds_close(s3_creds *c)
+{
+    wipe(&c->access_key);
+    wipe(&c->secret_key);
+    wipe(&c->token_hdr);
+    free(c->imds);
+    free(c->role);
+    if (c->ready)
+        pthread_mutex_destroy(&c->mu);
+    memset(c, 0, sizeof *c);
+}
+
+int store_s3_credentials(char *source, size_t n, sp_err *err)
+{
+    s3_creds c;
+    int rc = s3_creds_open(NULL, &c, err);
+    if (!rc && c.imds) {
+        char when[32] = "?";
+        time_t t = (time_t)c.expires;
+        struct tm tm;
+        if (gmtime_r(&t, &tm))
+            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        snprintf(source, n, "%s, valid until %s (renewed %.0f minutes before)", c.source, when,
+                 S3_CREDS_REFRESH_S / 60.0);
+    } else if (!rc) {
+        snprintf(source, n, "%s", c.source);
+    }
+    s3_creds_close(&c);
+    return rc;
+}
