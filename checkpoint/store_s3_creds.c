@@ -2,9 +2,12 @@
  *
  * From the environment when AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY is
  * set (both must be; AWS_SESSION_TOKEN with them): read once and never
- * renewed. Otherwise from the EC2 instance's role through the instance
- * metadata service, IMDSv2 (a session token, then the role's name, then its
- * credentials as JSON), fetched at open and again when less than
+ * renewed. Otherwise a role's: the container's (ECS task role, EKS Pod
+ * Identity: AWS_CONTAINER_CREDENTIALS_FULL_URI or _RELATIVE_URI, with the
+ * token of AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or _TOKEN), else the EC2
+ * instance's through the instance metadata service, IMDSv2 (a session
+ * token, then the role's name, then its credentials as JSON); fetched at
+ * open and again when less than
  * S3_CREDS_REFRESH_S of their life is left (AWS publishes the next ones at
  * least that long before the old ones expire) or when the store answered
  * ExpiredToken: a run on a spot instance with a role keeps pushing
@@ -19,6 +22,7 @@
 #define _GNU_SOURCE
 #include "checkpoint/store_s3.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,38 +133,19 @@ static const char *json_text(json_t *o, const char *key)
     return v && *v ? v : NULL;
 }
 
-/* The role's credentials: the session token, the role's name (the first
- * line), its JSON. On success the new ones replace c's (under c->mu). */
-static int imds_fetch(s3_creds *c, char *why, size_t n)
+/* The credentials in a service's JSON answer (from url): on success they
+ * replace c's (under c->mu). */
+static int take_json(s3_creds *c, const char *url, const membuf *body, char *why, size_t n)
 {
-    membuf body = {0};
-    char *url = sp_strf("%s/latest/api/token", c->imds), *tok_hdr = NULL, *role = NULL;
-    int rc = -1;
-    if (!url || imds_call("PUT", url, "X-aws-ec2-metadata-token-ttl-seconds: 300", &body, why, n))
-        goto out;
-    tok_hdr = sp_strf("X-aws-ec2-metadata-token: %.*s", (int)strcspn((char *)body.p, "\r\n"),
-                      (char *)body.p);
-    free(url);
-    url = sp_strf("%s" IMDS_ROLE_PATH, c->imds);
-    if (!tok_hdr || !url || imds_call("GET", url, tok_hdr, &body, why, n))
-        goto out;
-    role = strndup((char *)body.p, strcspn((char *)body.p, "\r\n"));
-    if (!role || !*role) {
-        snprintf(why, n, "GET %s: no role attached to this instance", url);
-        goto out;
-    }
-    free(url);
-    url = sp_strf("%s" IMDS_ROLE_PATH "%s", c->imds, role);
-    if (!url || imds_call("GET", url, tok_hdr, &body, why, n))
-        goto out;
     json_error_t je;
-    json_t *j = json_loads((char *)body.p, 0, &je);
+    json_t *j = json_loads((const char *)body->p, 0, &je);
     const char *code = j ? json_text(j, "Code") : NULL;
     const char *id = j ? json_text(j, "AccessKeyId") : NULL;
     const char *secret = j ? json_text(j, "SecretAccessKey") : NULL;
     const char *token = j ? json_text(j, "Token") : NULL;
     const char *exp = j ? json_text(j, "Expiration") : NULL;
     double expires = exp ? parse_expiration(exp) : -1;
+    int rc = -1;
     if (!j) {
         snprintf(why, n, "GET %s: not JSON (%s at line %d)", url, je.text, je.line);
     } else if (code && strcmp(code, "Success") != 0) {
@@ -186,21 +171,145 @@ static int imds_fetch(s3_creds *c, char *why, size_t n)
             c->expires = expires;
             c->stale = 0;
             c->generation++;
-            free(c->role);
-            c->role = role;
-            role = NULL;
             rc = 0;
         }
     }
     json_decref(j); /* its copies are freed, not wiped: jansson has no such option */
+    return rc;
+}
+
+/* An instance role's: the session token, the role's name (the first line),
+ * its credentials. */
+static int imds_fetch(s3_creds *c, membuf *body, char *why, size_t n)
+{
+    char *url = sp_strf("%s/latest/api/token", c->service), *tok_hdr = NULL, *role = NULL;
+    int rc = -1;
+    if (!url || imds_call("PUT", url, "X-aws-ec2-metadata-token-ttl-seconds: 300", body, why, n))
+        goto out;
+    tok_hdr = sp_strf("X-aws-ec2-metadata-token: %.*s", (int)strcspn((char *)body->p, "\r\n"),
+                      (char *)body->p);
+    free(url);
+    url = sp_strf("%s" IMDS_ROLE_PATH, c->service);
+    if (!tok_hdr || !url || imds_call("GET", url, tok_hdr, body, why, n))
+        goto out;
+    role = strndup((char *)body->p, strcspn((char *)body->p, "\r\n"));
+    if (!role || !*role) {
+        snprintf(why, n, "GET %s: no role attached to this instance", url);
+        goto out;
+    }
+    free(url);
+    url = sp_strf("%s" IMDS_ROLE_PATH "%s", c->service, role);
+    if (!url || imds_call("GET", url, tok_hdr, body, why, n) || take_json(c, url, body, why, n))
+        goto out;
+    free(c->role);
+    c->role = role;
+    role = NULL;
+    rc = 0;
 out:
-    if (body.p)
-        explicit_bzero(body.p, body.n);
-    membuf_free(&body);
     free(url);
     wipe(&tok_hdr);
     free(role);
     return rc;
+}
+
+/* A container's (ECS task role, EKS Pod Identity): one GET of the
+ * endpoint, with the authorization token (read from its file each time:
+ * the platform rotates it) when there is one. */
+static int container_fetch(s3_creds *c, membuf *body, char *why, size_t n)
+{
+    char *auth = NULL, *hdr = NULL;
+    if (c->auth_file) {
+        FILE *f = fopen(c->auth_file, "r");
+        char line[4096] = "";
+        if (!f || !fgets(line, sizeof line, f)) {
+            snprintf(why, n, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE %s: %s", c->auth_file,
+                     f ? "empty" : strerror(errno));
+            if (f)
+                fclose(f);
+            return -1;
+        }
+        fclose(f);
+        line[strcspn(line, "\r\n")] = 0;
+        auth = strdup(line);
+        explicit_bzero(line, sizeof line);
+    } else if (env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN")) {
+        auth = strdup(env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN"));
+    }
+    if (auth && !(hdr = sp_strf("Authorization: %s", auth))) {
+        wipe(&auth);
+        snprintf(why, n, "out of memory");
+        return -1;
+    }
+    wipe(&auth);
+    int rc = imds_call("GET", c->service, hdr, body, why, n) ||
+             take_json(c, c->service, body, why, n);
+    wipe(&hdr);
+    return rc ? -1 : 0;
+}
+
+static int fetch(s3_creds *c, char *why, size_t n)
+{
+    membuf body = {0};
+    int rc = c->kind == S3_CREDS_CONTAINER ? container_fetch(c, &body, why, n)
+                                           : imds_fetch(c, &body, why, n);
+    if (body.p)
+        explicit_bzero(body.p, body.n);
+    membuf_free(&body);
+    return rc;
+}
+
+/* A container endpoint must be https, or http to the host itself or to the
+ * platforms' link-local agents (as the AWS SDKs require): credentials are
+ * never fetched in clear from elsewhere. */
+static int container_url_ok(const char *url)
+{
+    static const char *const hosts[] = {"http://127.", "http://localhost:", "http://localhost/",
+                                        "http://[::1]", "http://169.254.170.2:",
+                                        "http://169.254.170.2/", "http://169.254.170.23:",
+                                        "http://169.254.170.23/", "http://[fd00:ec2::23]"};
+    if (!strncasecmp(url, "https://", 8))
+        return 1;
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++)
+        if (!strncasecmp(url, hosts[i], strlen(hosts[i])))
+            return 1;
+    return 0;
+}
+
+/* Where the renewable credentials come from: the container's endpoint when
+ * the platform set one, else the instance metadata service. 0, or why not. */
+static int pick_service(s3_creds *c, char *why, size_t n)
+{
+    const char *full = env_nonempty("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+    const char *rel = env_nonempty("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
+    if (rel || full) {
+        c->kind = S3_CREDS_CONTAINER;
+        c->service = rel ? sp_strf("http://169.254.170.2%s", rel) : strdup(full);
+        if (env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"))
+            c->auth_file = strdup(env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
+        if (!c->service)
+            return snprintf(why, n, "out of memory"), -1;
+        if (!container_url_ok(c->service))
+            return snprintf(why, n,
+                            "AWS_CONTAINER_CREDENTIALS_FULL_URI %s: credentials are fetched only "
+                            "over https, or over http from this host or the platform's "
+                            "link-local agent (169.254.170.2, 169.254.170.23)",
+                            c->service),
+                   -1;
+        snprintf(c->source, sizeof c->source, "the container's credentials endpoint %.300s",
+                 c->service);
+        return 0;
+    }
+    const char *off = env_nonempty("AWS_EC2_METADATA_DISABLED");
+    if (off && !strcasecmp(off, "true"))
+        return snprintf(why, n, "AWS_EC2_METADATA_DISABLED=true: no instance role is asked"), -1;
+    const char *ep = env_nonempty("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+    c->kind = S3_CREDS_INSTANCE;
+    c->service = strdup(ep ? ep : IMDS_DEFAULT);
+    if (!c->service)
+        return snprintf(why, n, "out of memory"), -1;
+    for (size_t k = strlen(c->service); k > 0 && c->service[k - 1] == '/'; k--)
+        c->service[k - 1] = 0;
+    return 0;
 }
 
 /* ---- the API (store_s3.h) ------------------------------------------------------ */
@@ -217,7 +326,7 @@ int s3_creds_open(store_t *s, s3_creds *c, sp_err *err)
         if (!id || !secret)
             return store_fail(s, err, STORE_EUSAGE, NULL,
                               "no credentials: %s is set but %s is not (set both, or neither "
-                              "to use the EC2 instance role's)",
+                              "to use the instance or container role's)",
                               id ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
                               id ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
         c->access_key = strdup(id);
@@ -231,30 +340,29 @@ int s3_creds_open(store_t *s, s3_creds *c, sp_err *err)
                  token ? ", AWS_SESSION_TOKEN" : "");
         return 0;
     }
-    const char *off = env_nonempty("AWS_EC2_METADATA_DISABLED");
-    if (off && !strcasecmp(off, "true"))
-        return store_fail(s, err, STORE_EUSAGE, NULL,
-                          "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                          "(AWS_EC2_METADATA_DISABLED=true: no instance role is asked)");
-    const char *ep = env_nonempty("AWS_EC2_METADATA_SERVICE_ENDPOINT");
-    c->imds = strndup(ep ? ep : IMDS_DEFAULT, strlen(ep ? ep : IMDS_DEFAULT));
-    if (!c->imds)
-        return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
-    for (size_t k = strlen(c->imds); k > 0 && c->imds[k - 1] == '/'; k--)
-        c->imds[k - 1] = 0;
     char why[600] = "";
+    if (pick_service(c, why, sizeof why))
+        return store_fail(s, err, STORE_EUSAGE, NULL,
+                          "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (%s)",
+                          why);
     int rc = -1;
     for (int attempt = 0; attempt < 2 && rc; attempt++) /* one retry, as the SDKs' default */
-        rc = imds_fetch(c, why, sizeof why);
+        rc = fetch(c, why, sizeof why);
     c->last_try = sp_now();
+    if (rc && c->kind == S3_CREDS_CONTAINER)
+        return store_fail(s, err, STORE_EUSAGE, NULL,
+                          "no credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not "
+                          "set, and the container's credentials endpoint gave none: %s",
+                          why);
     if (rc)
         return store_fail(s, err, STORE_EUSAGE, NULL,
                           "no credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not "
                           "set, and no EC2 instance role's could be had from the metadata "
                           "service at %s: %s",
-                          c->imds, why);
-    snprintf(c->source, sizeof c->source, "the EC2 instance role '%.100s' (metadata service %.200s)",
-             c->role, c->imds);
+                          c->service, why);
+    if (c->kind == S3_CREDS_INSTANCE)
+        snprintf(c->source, sizeof c->source,
+                 "the EC2 instance role '%.100s' (metadata service %.200s)", c->role, c->service);
     return 0;
 }
 
@@ -263,17 +371,17 @@ int s3_creds_use(s3_creds *c, s3_cred_use *u, char *detail, size_t dn)
     memset(u, 0, sizeof *u);
     pthread_mutex_lock(&c->mu);
     double now_wall = (double)time(NULL), now = sp_now();
-    int expired = c->imds && (c->stale || now_wall >= c->expires);
-    int due = c->imds && (expired || (now_wall >= c->expires - S3_CREDS_REFRESH_S &&
+    int expired = c->kind && (c->stale || now_wall >= c->expires);
+    int due = c->kind && (expired || (now_wall >= c->expires - S3_CREDS_REFRESH_S &&
                                       now - c->last_try >= S3_CREDS_RETRY_S));
     if (due) {
         char why[600] = "";
         int refused = c->stale;
         c->last_try = now;
-        if (imds_fetch(c, why, sizeof why) && expired) {
+        if (fetch(c, why, sizeof why) && expired) {
             pthread_mutex_unlock(&c->mu);
-            snprintf(detail, dn, "the instance role's credentials %s and could not be renewed: %s",
-                     refused ? "were refused as expired" : "have expired", why);
+            snprintf(detail, dn, "the credentials from %s %s and could not be renewed: %s",
+                     c->source, refused ? "were refused as expired" : "have expired", why);
             return 1; /* the service may answer on the next attempt */
         }
     }
@@ -293,7 +401,7 @@ int s3_creds_use(s3_creds *c, s3_cred_use *u, char *detail, size_t dn)
 int s3_creds_expired(s3_creds *c, const s3_cred_use *u)
 {
     pthread_mutex_lock(&c->mu);
-    int renewable = c->imds != NULL;
+    int renewable = c->kind != S3_CREDS_ENV;
     if (renewable && u->generation == c->generation)
         c->stale = 1; /* ones fetched since by another request are kept */
     pthread_mutex_unlock(&c->mu);
@@ -312,7 +420,8 @@ void s3_creds_close(s3_creds *c)
     wipe(&c->access_key);
     wipe(&c->secret_key);
     wipe(&c->token_hdr);
-    free(c->imds);
+    free(c->service);
+    free(c->auth_file);
     free(c->role);
     if (c->ready)
         pthread_mutex_destroy(&c->mu);
@@ -323,7 +432,7 @@ int store_s3_credentials(char *source, size_t n, sp_err *err)
 {
     s3_creds c;
     int rc = s3_creds_open(NULL, &c, err);
-    if (!rc && c.imds) {
+    if (!rc && c.kind) {
         char when[32] = "?";
         time_t t = (time_t)c.expires;
         struct tm tm;

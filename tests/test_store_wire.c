@@ -440,3 +440,64 @@ Test(store_wire, no_credentials_from_anywhere_are_refused_by_name)
     role_stop(&r);
     expect_open_refused("the metadata service at http://127.0.0.1:", "Couldn't connect");
 }
+
+/* A container's role (EKS Pod Identity): the endpoint of
+ * AWS_CONTAINER_CREDENTIALS_FULL_URI with the token of
+ * AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE, read again at each renewal (the
+ * platform rotates it); the container's endpoint wins over the instance's.
+ * An endpoint in clear elsewhere than this host is refused, and a token the
+ * endpoint refuses is named. */
+Test(store_wire, a_containers_credentials_follow_its_rotating_token)
+{
+    role r;
+    role_start(&r, "unused", "unused", 21600);
+    char *tokfile = sp_strf("%s/pod-token", r.dir);
+    cr_assert_eq(tu_write_file(r.creds, "{\"auth\": \"pod-token-A\", \"AccessKeyId\": "
+                                        "\"ASIAPOD1\", \"SecretAccessKey\": \"s1\", "
+                                        "\"Token\": \"session-1\"}"),
+                 0);
+    cr_assert_eq(tu_write_file(tokfile, "pod-token-A\n"), 0);
+    char *full = sp_strf("%s/v1/credentials", r.url);
+    setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", full, 1);
+    setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", tokfile, 1);
+    fake f = {.answers = {OK_EMPTY, EXPIRED, OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {.retry_base_s = 0.01, .retry_max_s = 0.05};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "a", "x", 1, 0, &err), 0, "%s", err.msg);
+    /* the platform rotates the token and the role's credentials */
+    cr_assert_eq(tu_write_file(r.creds, "{\"auth\": \"pod-token-B\", \"AccessKeyId\": "
+                                        "\"ASIAPOD2\", \"SecretAccessKey\": \"s2\", "
+                                        "\"Token\": \"session-2\"}"),
+                 0);
+    cr_assert_eq(tu_write_file(tokfile, "pod-token-B\n"), 0);
+    cr_assert_eq(store_put_bytes(s, "b", "x", 1, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(f.n, 3);
+    expect_signed_by(f.requests[0], "ASIAPOD1", "session-1");
+    expect_signed_by(f.requests[1], "ASIAPOD1", "session-1");
+    expect_signed_by(f.requests[2], "ASIAPOD2", "session-2");
+    char *got = role_fetches(&r);
+    cr_expect_str_eq(got, "ASIAPOD1\nASIAPOD2\n", "never the instance's");
+    free(got);
+    store_close(s);
+    fake_stop(&f);
+    fake_free(&f);
+    /* a token the endpoint does not take */
+    cr_assert_eq(tu_write_file(tokfile, "stale-token\n"), 0);
+    expect_open_refused("the container's credentials endpoint gave none: GET http://127.0.0.1:",
+                        "/v1/credentials: HTTP 401");
+    /* no token file there */
+    char *gone = sp_strf("%s/no-such-token", r.dir);
+    setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", gone, 1);
+    expect_open_refused("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "no-such-token: No such file");
+    /* credentials in clear from another host */
+    setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://192.0.2.7/creds", 1);
+    expect_open_refused("AWS_CONTAINER_CREDENTIALS_FULL_URI http://192.0.2.7/creds: credentials "
+                        "are fetched only over https",
+                        NULL);
+    unsetenv("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+    unsetenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
+    role_stop(&r);
+    free(tokfile), free(full), free(gone);
+}

@@ -4,7 +4,9 @@
 Serves the spot/preemption endpoints of AWS (IMDSv2: a token is required),
 GCP, Azure and Alibaba Cloud. The termination notice appears once the file
 given by --trigger exists. With --creds FILE it also serves an EC2 instance
-role's credentials (iam/security-credentials/, then /ROLE) as FILE, a JSON
+role's credentials (iam/security-credentials/, then /ROLE), and a
+container's at /v1/credentials (Authorization checked against FILE's "auth"
+when it has one), as FILE, a JSON
 object read at each request, says: {"role", "AccessKeyId",
 "SecretAccessKey", "Token", "expires_in" (seconds from now)}, or {"raw":
 TEXT} to answer TEXT instead, or {"status": CODE} to answer that; each
@@ -51,6 +53,22 @@ def serve_creds(h, creds, path):
         h.reply(200, json.dumps(body).encode(), "application/json")
 
 
+def serve_container(h, creds):
+    """A container's credentials endpoint (ECS, EKS Pod Identity): /v1/credentials,
+    with Authorization equal to FILE's "auth" when it has one."""
+    with open(creds) as f:
+        c = json.load(f)
+    if "auth" in c and h.headers.get("Authorization") != c["auth"]:
+        h.reply(401)
+        return
+    with open(creds + ".fetches", "a") as f:
+        f.write(c.get("AccessKeyId", "") + "\n")
+    exp = time.gmtime(time.time() + float(c.get("expires_in", 21600)))
+    body = {"AccessKeyId": c["AccessKeyId"], "SecretAccessKey": c["SecretAccessKey"],
+            "Token": c["Token"], "Expiration": time.strftime("%Y-%m-%dT%H:%M:%SZ", exp)}
+    h.reply(200, json.dumps(body).encode(), "application/json")
+
+
 def make_handler(trigger, creds):
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -75,6 +93,8 @@ def make_handler(trigger, creds):
             p = self.path
             if creds and p.startswith("/latest/meta-data/iam/security-credentials/"):
                 serve_creds(self, creds, p)
+            elif creds and p == "/v1/credentials":
+                serve_container(self, creds)
             elif p.startswith("/latest/meta-data/spot/instance-action"):
                 if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
                     self.reply(401)
