@@ -89,6 +89,18 @@ static void fake_stop(fake *f)
     pthread_join(f->th, NULL);
 }
 
+/* Stops a server still waiting for a connection that will not come (its
+ * answers not all used): one empty connection releases its accept. */
+static void fake_stop_unused(fake *f)
+{
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    close(c);
+    fake_stop(f);
+}
+
 static void fake_free(fake *f)
 {
     for (int i = 0; i < f->n; i++)
@@ -206,13 +218,7 @@ Test(store_wire, slowdown_is_retried_access_denied_is_not)
     usleep(200 * 1000);
     cr_assert_eq(f.n, 4, "403 is not retried");
     store_close(s);
-    /* release the server thread waiting for a fifth connection */
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(connect(c, (struct sockaddr *)&a, sizeof a), 0);
-    close(c);
-    fake_stop(&f);
+    fake_stop_unused(&f); /* the fifth answer is never asked for */
     fake_free(&f);
 }
 
@@ -383,12 +389,7 @@ Test(store_wire, expired_environment_credentials_say_how_to_go_on)
     usleep(200 * 1000);
     cr_assert_eq(f.n, 1, "not retried");
     store_close(s);
-    int c = socket(AF_INET, SOCK_STREAM, 0); /* release the server's second accept */
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(connect(c, (struct sockaddr *)&a, sizeof a), 0);
-    close(c);
-    fake_stop(&f);
+    fake_stop_unused(&f);
     fake_free(&f);
 }
 
