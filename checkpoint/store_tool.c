@@ -26,7 +26,8 @@ static void usage(FILE *f)
             "URL: file:///abs/path or s3://bucket[/prefix]\n"
             "options: --endpoint URL --region R --path-style --virtual-host --part-mb N\n"
             "         --parallel N --retries N --timeout S --if-none-match\n"
-            "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN]\n");
+            "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN];\n"
+            "  without them the container's or the EC2 instance's role (docs/object-storage.md)\n");
 }
 
 typedef struct tool {

@@ -249,7 +249,8 @@ static void ckpt_usage(FILE *f)
                "check: the structure of CHECKPOINT_DIR/state.h5 only (no checksums).\n"
                "options for s3://: --endpoint URL --region R --path-style --timeout S\n"
                "  (--timeout: the longest one request may take, retries included; default 30)\n"
-               "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN]\n");
+               "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN];\n"
+               "  without them the container's or the EC2 instance's role (docs/object-storage.md)\n");
 }
 
 /* A person waits for these commands: a store that does not answer fails

@@ -252,7 +252,8 @@ static void usage(FILE *f)
             "  --io-mib N          size of the disk write test (64; the upload test: up to 32)\n"
             "  --cloud NAME        auto (probe each, default), aws, gcp, azure, alibaba, none\n"
             "  --metadata-url URL  base URL of the metadata service (as spot-run.sh's)\n"
-            "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN]\n");
+            "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN];\n"
+            "  without them the container's or the EC2 instance's role (docs/object-storage.md)\n");
 }
 
 typedef struct dr_args {
