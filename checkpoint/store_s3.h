@@ -13,20 +13,21 @@
 #include <pthread.h>
 
 /* Credentials (store_s3_creds.c): the environment's, read once, or a
- * role's (an EC2 instance's, or a container's: ECS, EKS Pod Identity),
+ * role's (a web identity's through STS, a container's, an EC2 instance's),
  * renewed S3_CREDS_REFRESH_S before they expire (tried at most every
  * S3_CREDS_RETRY_S until then) and when the store says they expired.
  * Everything under mu. */
 #define S3_CREDS_REFRESH_S 300.0
 #define S3_CREDS_RETRY_S 5.0
-enum { S3_CREDS_ENV = 0, S3_CREDS_INSTANCE, S3_CREDS_CONTAINER };
+enum { S3_CREDS_ENV = 0, S3_CREDS_INSTANCE, S3_CREDS_CONTAINER, S3_CREDS_WEB_IDENTITY };
 typedef struct s3_creds {
     pthread_mutex_t mu;
     char *access_key, *secret_key, *token_hdr; /* token_hdr: "x-amz-security-token: ..." */
-    int kind;                /* S3_CREDS_ENV (never renewed), _INSTANCE, _CONTAINER */
-    char *service;           /* the metadata service or the container's endpoint */
-    char *auth_file;         /* the container endpoint's token file, or NULL */
-    char *role;              /* the instance role's name */
+    int kind;                /* S3_CREDS_ENV (never renewed), _INSTANCE, _CONTAINER, ... */
+    char *service;           /* the metadata service, the container's endpoint, STS */
+    char *auth_file;         /* the container endpoint's or the web identity's token file */
+    char *role;              /* the instance role's name, or the web identity's role ARN */
+    char *session;           /* the web identity's role session name */
     double expires;          /* seconds since the epoch (role credentials) */
     double last_try;         /* sp_now() of the last fetch */
     int stale;               /* the store answered ExpiredToken to these */

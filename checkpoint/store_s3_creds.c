@@ -2,23 +2,28 @@
  *
  * From the environment when AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY is
  * set (both must be; AWS_SESSION_TOKEN with them): read once and never
- * renewed. Otherwise a role's: the container's (ECS task role, EKS Pod
- * Identity: AWS_CONTAINER_CREDENTIALS_FULL_URI or _RELATIVE_URI, with the
- * token of AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or _TOKEN), else the EC2
- * instance's through the instance metadata service, IMDSv2 (a session
- * token, then the role's name, then its credentials as JSON); fetched at
- * open and again when less than
- * S3_CREDS_REFRESH_S of their life is left (AWS publishes the next ones at
- * least that long before the old ones expire) or when the store answered
- * ExpiredToken: a run on a spot instance with a role keeps pushing
- * checkpoints for days though each set of credentials lives a few hours.
- * As in the AWS SDKs, AWS_EC2_METADATA_DISABLED=true turns the service off
- * and AWS_EC2_METADATA_SERVICE_ENDPOINT moves it.
+ * renewed. Otherwise a role's, from the first source that is set up, as the
+ * AWS SDKs look for them:
+ *  - a web identity (EKS IAM roles for service accounts):
+ *    AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, exchanged with STS
+ *    (AWS_ENDPOINT_URL_STS, else the AWS_REGION's);
+ *  - the container's endpoint (ECS task role, EKS Pod Identity):
+ *    AWS_CONTAINER_CREDENTIALS_FULL_URI or _RELATIVE_URI, with the token of
+ *    AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or _TOKEN;
+ *  - the EC2 instance's metadata service, IMDSv2 (a session token, the
+ *    role's name, its credentials as JSON); AWS_EC2_METADATA_DISABLED=true
+ *    turns it off and AWS_EC2_METADATA_SERVICE_ENDPOINT moves it.
+ * A role's are fetched at open and again when less than S3_CREDS_REFRESH_S
+ * of their life is left (AWS publishes the next ones at least that long
+ * before the old ones expire) or when the store answered ExpiredToken: a
+ * run on a spot instance with a role keeps pushing checkpoints for days
+ * though each set of credentials lives a few hours. Token files are read
+ * again at each renewal (the platforms rotate them).
  *
- * The service is asked under the credentials' mutex (1 s to connect, 3 s
- * a request): requests that need renewed credentials wait for them.
- * Secrets are wiped when replaced or closed (the body they came in too) and
- * never appear in messages. */
+ * The source is asked under the credentials' mutex (local services: 1 s
+ * to connect, 3 s a request; STS: 5 and 15): requests that need renewed
+ * credentials wait for them. Secrets are wiped when replaced or closed (the
+ * body they came in too) and never appear in messages. */
 #define _GNU_SOURCE
 #include "checkpoint/store_s3.h"
 
@@ -58,10 +63,14 @@ static size_t on_body(char *data, size_t size, size_t n, void *arg)
     return membuf_append(b, data, size * n) == 0 ? size * n : 0;
 }
 
-/* One request to the service: 0 with the body (NUL-terminated) in *body, or
- * -1 with why. header: one extra header line or NULL. */
-static int imds_call(const char *method, const char *url, const char *header, membuf *body,
-                     char *why, size_t n)
+/* One request to a credentials service: 0 with the body (NUL-terminated)
+ * in *body, or -1 with why (an HTTP error's body kept, NUL-terminated).
+ * header: one extra header line or NULL; form: a POST's body (method
+ * "POST"); remote: the service is not on this machine or a link-local
+ * address (STS), so it goes through the proxies the environment names and
+ * has longer to answer. */
+static int cred_call(const char *method, const char *url, const char *header, const char *form,
+                     int remote, membuf *body, char *why, size_t n)
 {
     CURL *h = curl_easy_init();
     struct curl_slist *hdrs = header ? curl_slist_append(NULL, header) : NULL;
@@ -76,9 +85,10 @@ static int imds_call(const char *method, const char *url, const char *header, me
     }
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_NOPROXY, "*"); /* a link-local address, never through a proxy */
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 3000L);
+    if (!remote) /* a link-local address, never through a proxy */
+        curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, remote ? 5000L : 1000L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, remote ? 15000L : 3000L);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, body);
@@ -86,6 +96,8 @@ static int imds_call(const char *method, const char *url, const char *header, me
     if (!strcmp(method, "PUT")) {
         curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "PUT");
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
+    } else if (form) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, form);
     }
     CURLcode cc = curl_easy_perform(h);
     if (cc == CURLE_OK)
@@ -97,12 +109,12 @@ static int imds_call(const char *method, const char *url, const char *header, me
                  errbuf);
         return -1;
     }
-    if (status != 200) {
-        snprintf(why, n, "%s %s: HTTP %ld", method, url, status);
-        return -1;
-    }
     if (membuf_append(body, "", 1)) {
         snprintf(why, n, "out of memory");
+        return -1;
+    }
+    if (status != 200) {
+        snprintf(why, n, "%s %s: HTTP %ld", method, url, status);
         return -1;
     }
     return 0;
@@ -133,48 +145,127 @@ static const char *json_text(json_t *o, const char *key)
     return v && *v ? v : NULL;
 }
 
-/* The credentials in a service's JSON answer (from url): on success they
- * replace c's (under c->mu). */
-static int take_json(s3_creds *c, const char *url, const membuf *body, char *why, size_t n)
+/* Credentials a service answered (url): on success they replace c's
+ * (under c->mu). code: the answer's Code, NULL when it has none. */
+static int take_fields(s3_creds *c, const char *url, const char *code, const char *id,
+                       const char *secret, const char *token, const char *exp, char *why,
+                       size_t n)
 {
-    json_error_t je;
-    json_t *j = json_loads((const char *)body->p, 0, &je);
-    const char *code = j ? json_text(j, "Code") : NULL;
-    const char *id = j ? json_text(j, "AccessKeyId") : NULL;
-    const char *secret = j ? json_text(j, "SecretAccessKey") : NULL;
-    const char *token = j ? json_text(j, "Token") : NULL;
-    const char *exp = j ? json_text(j, "Expiration") : NULL;
     double expires = exp ? parse_expiration(exp) : -1;
-    int rc = -1;
-    if (!j) {
-        snprintf(why, n, "GET %s: not JSON (%s at line %d)", url, je.text, je.line);
-    } else if (code && strcmp(code, "Success") != 0) {
-        snprintf(why, n, "GET %s: Code is '%.64s', not Success", url, code);
-    } else if (!id || !secret || !token || expires < 0) {
-        snprintf(why, n, "GET %s: %s", url,
+    if (code && strcmp(code, "Success") != 0) {
+        snprintf(why, n, "%s: Code is '%.64s', not Success", url, code);
+        return -1;
+    }
+    if (!id || !secret || !token || expires < 0) {
+        snprintf(why, n, "%s: %s", url,
                  !id       ? "no AccessKeyId"
                  : !secret ? "no SecretAccessKey"
                  : !token  ? "no Token"
                  : !exp    ? "no Expiration"
                            : "Expiration is not a UTC time like 2026-12-02T20:15:00Z");
-    } else {
-        char *nid = strdup(id), *nsecret = strdup(secret);
-        char *ntok = sp_strf("x-amz-security-token: %s", token);
-        if (!nid || !nsecret || !ntok) {
-            snprintf(why, n, "out of memory");
-            wipe(&nid), wipe(&nsecret), wipe(&ntok);
-        } else {
-            wipe(&c->access_key), wipe(&c->secret_key), wipe(&c->token_hdr);
-            c->access_key = nid;
-            c->secret_key = nsecret;
-            c->token_hdr = ntok;
-            c->expires = expires;
-            c->stale = 0;
-            c->generation++;
-            rc = 0;
-        }
+        return -1;
     }
+    char *nid = strdup(id), *nsecret = strdup(secret);
+    char *ntok = sp_strf("x-amz-security-token: %s", token);
+    if (!nid || !nsecret || !ntok) {
+        snprintf(why, n, "out of memory");
+        wipe(&nid), wipe(&nsecret), wipe(&ntok);
+        return -1;
+    }
+    wipe(&c->access_key), wipe(&c->secret_key), wipe(&c->token_hdr);
+    c->access_key = nid;
+    c->secret_key = nsecret;
+    c->token_hdr = ntok;
+    c->expires = expires;
+    c->stale = 0;
+    c->generation++;
+    return 0;
+}
+
+/* The credentials in a service's JSON answer (from url). */
+static int take_json(s3_creds *c, const char *url, const membuf *body, char *why, size_t n)
+{
+    json_error_t je;
+    json_t *j = json_loads((const char *)body->p, 0, &je);
+    if (!j) {
+        snprintf(why, n, "GET %s: not JSON (%s at line %d)", url, je.text, je.line);
+        return -1;
+    }
+    char where[600];
+    snprintf(where, sizeof where, "GET %s", url);
+    int rc = take_fields(c, where, json_text(j, "Code"), json_text(j, "AccessKeyId"),
+                         json_text(j, "SecretAccessKey"), json_text(j, "Token"),
+                         json_text(j, "Expiration"), why, n);
     json_decref(j); /* its copies are freed, not wiped: jansson has no such option */
+    return rc;
+}
+
+/* The first line of a token file, malloc'ed; NULL with why. */
+static char *read_token(const char *var, const char *path, char *why, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    char line[8192] = "";
+    if (!f || !fgets(line, sizeof line, f) || !line[strspn(line, " \r\n")]) {
+        snprintf(why, n, "%s %s: %s", var, path, f ? "empty" : strerror(errno));
+        if (f)
+            fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    line[strcspn(line, "\r\n")] = 0;
+    char *tok = strdup(line);
+    explicit_bzero(line, sizeof line);
+    if (!tok)
+        snprintf(why, n, "out of memory");
+    return tok;
+}
+
+/* A web identity's (EKS IAM roles for service accounts): the token of
+ * AWS_WEB_IDENTITY_TOKEN_FILE (read again at every renewal: the platform
+ * rotates it) exchanged with STS for the credentials of the role
+ * AWS_ROLE_ARN (AssumeRoleWithWebIdentity, a request that is not signed). */
+static int sts_fetch(s3_creds *c, membuf *body, char *why, size_t n)
+{
+    char *tok = read_token("AWS_WEB_IDENTITY_TOKEN_FILE", c->auth_file, why, n);
+    if (!tok)
+        return -1;
+    CURL *e = curl_easy_init();
+    char *etok = e ? curl_easy_escape(e, tok, 0) : NULL;
+    char *earn = e ? curl_easy_escape(e, c->role, 0) : NULL;
+    char *ename = e ? curl_easy_escape(e, c->session, 0) : NULL;
+    char *form = etok && earn && ename
+                     ? sp_strf("Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=%s&"
+                               "RoleSessionName=%s&WebIdentityToken=%s",
+                               earn, ename, etok)
+                     : NULL;
+    int rc = -1;
+    if (!form)
+        snprintf(why, n, "out of memory");
+    else if (cred_call("POST", c->service, NULL, form, 1, body, why, n) == 0)
+        rc = 0;
+    else if (body->n > 1) { /* STS's own reason: <Error><Code>, <Message> */
+        char *code = s3_xml_find(body, "Code"), *msg = s3_xml_find(body, "Message");
+        size_t k = strlen(why);
+        if (code && k < n)
+            snprintf(why + k, n - k, " %.64s: %.300s", code, msg ? msg : "");
+        free(code), free(msg);
+    }
+    if (etok) {
+        explicit_bzero(etok, strlen(etok));
+        curl_free(etok);
+    }
+    curl_free(earn), curl_free(ename);
+    curl_easy_cleanup(e);
+    wipe(&form), wipe(&tok);
+    if (rc)
+        return rc;
+    char *id = s3_xml_find(body, "AccessKeyId"), *secret = s3_xml_find(body, "SecretAccessKey");
+    char *token = s3_xml_find(body, "SessionToken"), *exp = s3_xml_find(body, "Expiration");
+    char where[600];
+    snprintf(where, sizeof where, "POST %s (AssumeRoleWithWebIdentity)", c->service);
+    rc = take_fields(c, where, NULL, id, secret, token, exp, why, n);
+    wipe(&id), wipe(&secret), wipe(&token);
+    free(exp);
     return rc;
 }
 
@@ -184,13 +275,14 @@ static int imds_fetch(s3_creds *c, membuf *body, char *why, size_t n)
 {
     char *url = sp_strf("%s/latest/api/token", c->service), *tok_hdr = NULL, *role = NULL;
     int rc = -1;
-    if (!url || imds_call("PUT", url, "X-aws-ec2-metadata-token-ttl-seconds: 300", body, why, n))
+    if (!url || cred_call("PUT", url, "X-aws-ec2-metadata-token-ttl-seconds: 300", NULL, 0, body,
+                          why, n))
         goto out;
     tok_hdr = sp_strf("X-aws-ec2-metadata-token: %.*s", (int)strcspn((char *)body->p, "\r\n"),
                       (char *)body->p);
     free(url);
     url = sp_strf("%s" IMDS_ROLE_PATH, c->service);
-    if (!tok_hdr || !url || imds_call("GET", url, tok_hdr, body, why, n))
+    if (!tok_hdr || !url || cred_call("GET", url, tok_hdr, NULL, 0, body, why, n))
         goto out;
     role = strndup((char *)body->p, strcspn((char *)body->p, "\r\n"));
     if (!role || !*role) {
@@ -199,7 +291,7 @@ static int imds_fetch(s3_creds *c, membuf *body, char *why, size_t n)
     }
     free(url);
     url = sp_strf("%s" IMDS_ROLE_PATH "%s", c->service, role);
-    if (!url || imds_call("GET", url, tok_hdr, body, why, n) || take_json(c, url, body, why, n))
+    if (!url || cred_call("GET", url, tok_hdr, NULL, 0, body, why, n) || take_json(c, url, body, why, n))
         goto out;
     free(c->role);
     c->role = role;
@@ -219,19 +311,8 @@ static int container_fetch(s3_creds *c, membuf *body, char *why, size_t n)
 {
     char *auth = NULL, *hdr = NULL;
     if (c->auth_file) {
-        FILE *f = fopen(c->auth_file, "r");
-        char line[4096] = "";
-        if (!f || !fgets(line, sizeof line, f)) {
-            snprintf(why, n, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE %s: %s", c->auth_file,
-                     f ? "empty" : strerror(errno));
-            if (f)
-                fclose(f);
+        if (!(auth = read_token("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", c->auth_file, why, n)))
             return -1;
-        }
-        fclose(f);
-        line[strcspn(line, "\r\n")] = 0;
-        auth = strdup(line);
-        explicit_bzero(line, sizeof line);
     } else if (env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN")) {
         auth = strdup(env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN"));
     }
@@ -241,7 +322,7 @@ static int container_fetch(s3_creds *c, membuf *body, char *why, size_t n)
         return -1;
     }
     wipe(&auth);
-    int rc = imds_call("GET", c->service, hdr, body, why, n) ||
+    int rc = cred_call("GET", c->service, hdr, NULL, 0, body, why, n) ||
              take_json(c, c->service, body, why, n);
     wipe(&hdr);
     return rc ? -1 : 0;
@@ -250,8 +331,9 @@ static int container_fetch(s3_creds *c, membuf *body, char *why, size_t n)
 static int fetch(s3_creds *c, char *why, size_t n)
 {
     membuf body = {0};
-    int rc = c->kind == S3_CREDS_CONTAINER ? container_fetch(c, &body, why, n)
-                                           : imds_fetch(c, &body, why, n);
+    int rc = c->kind == S3_CREDS_CONTAINER     ? container_fetch(c, &body, why, n)
+             : c->kind == S3_CREDS_WEB_IDENTITY ? sts_fetch(c, &body, why, n)
+                                                : imds_fetch(c, &body, why, n);
     if (body.p)
         explicit_bzero(body.p, body.n);
     membuf_free(&body);
@@ -279,6 +361,34 @@ static int container_url_ok(const char *url)
  * the platform set one, else the instance metadata service. 0, or why not. */
 static int pick_service(s3_creds *c, char *why, size_t n)
 {
+    const char *wif = env_nonempty("AWS_WEB_IDENTITY_TOKEN_FILE");
+    const char *arn = env_nonempty("AWS_ROLE_ARN");
+    if (wif || arn) {
+        if (!wif || !arn)
+            return snprintf(why, n, "%s is set but %s is not", wif ? "AWS_WEB_IDENTITY_TOKEN_FILE"
+                                                                   : "AWS_ROLE_ARN",
+                            wif ? "AWS_ROLE_ARN" : "AWS_WEB_IDENTITY_TOKEN_FILE"),
+                   -1;
+        const char *ep = env_nonempty("AWS_ENDPOINT_URL_STS");
+        const char *region = env_nonempty("AWS_REGION");
+        if (!region)
+            region = env_nonempty("AWS_DEFAULT_REGION");
+        const char *name = env_nonempty("AWS_ROLE_SESSION_NAME");
+        c->kind = S3_CREDS_WEB_IDENTITY;
+        c->service = ep       ? strdup(ep)
+                     : region ? sp_strf("https://sts.%s.amazonaws.com/", region)
+                              : strdup("https://sts.amazonaws.com/");
+        c->auth_file = strdup(wif);
+        c->role = strdup(arn);
+        c->session = name ? strdup(name) : sp_strf("spotune-%ld", (long)time(NULL));
+        if (!c->service || !c->auth_file || !c->role || !c->session)
+            return snprintf(why, n, "out of memory"), -1;
+        snprintf(c->source, sizeof c->source,
+                 "the web identity of AWS_WEB_IDENTITY_TOKEN_FILE for the role %.150s (STS at "
+                 "%.150s)",
+                 c->role, c->service);
+        return 0;
+    }
     const char *full = env_nonempty("AWS_CONTAINER_CREDENTIALS_FULL_URI");
     const char *rel = env_nonempty("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
     if (rel || full) {
@@ -349,6 +459,11 @@ int s3_creds_open(store_t *s, s3_creds *c, sp_err *err)
     for (int attempt = 0; attempt < 2 && rc; attempt++) /* one retry, as the SDKs' default */
         rc = fetch(c, why, sizeof why);
     c->last_try = sp_now();
+    if (rc && c->kind == S3_CREDS_WEB_IDENTITY)
+        return store_fail(s, err, STORE_EUSAGE, NULL,
+                          "no credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not "
+                          "set, and STS did not give the web identity's role any: %s",
+                          why);
     if (rc && c->kind == S3_CREDS_CONTAINER)
         return store_fail(s, err, STORE_EUSAGE, NULL,
                           "no credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not "
@@ -423,6 +538,7 @@ void s3_creds_close(s3_creds *c)
     free(c->service);
     free(c->auth_file);
     free(c->role);
+    free(c->session);
     if (c->ready)
         pthread_mutex_destroy(&c->mu);
     memset(c, 0, sizeof *c);

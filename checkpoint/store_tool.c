@@ -27,7 +27,7 @@ static void usage(FILE *f)
             "options: --endpoint URL --region R --path-style --virtual-host --part-mb N\n"
             "         --parallel N --retries N --timeout S --if-none-match\n"
             "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN];\n"
-            "  or, without them, the container's or the EC2 instance's role\n");
+            "  or, without them, a role's: web identity, container or EC2 instance\n");
 }
 
 typedef struct tool {

@@ -502,3 +502,83 @@ Test(store_wire, a_containers_credentials_follow_its_rotating_token)
     role_stop(&r);
     free(tokfile), free(full), free(gone);
 }
+
+/* STS's answer to AssumeRoleWithWebIdentity (static storage per slot). */
+static const char *sts_answer(int slot, const char *id, const char *token)
+{
+    static char buf[4][1024];
+    char body[768];
+    int n = snprintf(body, sizeof body,
+                     "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult>"
+                     "<Credentials><AccessKeyId>%s</AccessKeyId><SecretAccessKey>sts-secret-never"
+                     "</SecretAccessKey><SessionToken>%s</SessionToken><Expiration>"
+                     "2099-01-01T00:00:00Z</Expiration></Credentials>"
+                     "</AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>",
+                     id, token);
+    snprintf(buf[slot], sizeof buf[slot],
+             "HTTP/1.1 200 OK\r\nContent-Type: text/xml\r\nContent-Length: %d\r\n"
+             "Connection: close\r\n\r\n%s",
+             n, body);
+    return buf[slot];
+}
+
+/* EKS IAM roles for service accounts: the token of
+ * AWS_WEB_IDENTITY_TOKEN_FILE exchanged with STS (AWS_ENDPOINT_URL_STS) for
+ * the credentials of AWS_ROLE_ARN, in an unsigned AssumeRoleWithWebIdentity
+ * request; when the store says they expired, the token file (rotated by
+ * then) is read again and exchanged again. STS's refusal is named by its
+ * Code, and half the setup is named too. */
+Test(store_wire, a_web_identitys_credentials_come_from_sts_and_are_renewed)
+{
+    char *dir = tu_tempdir("wif"), *tokfile = sp_strf("%s/token", dir);
+    cr_assert_eq(tu_write_file(tokfile, "jwt-one\n"), 0);
+    const char *refused = error_answer(3, "400 Bad Request", "InvalidIdentityToken",
+                                       "No OpenIDConnect provider found");
+    /* the refusal twice: an open asks twice */
+    fake sts = {.answers = {sts_answer(0, "ASIASTS1", "sts-token-1"),
+                            sts_answer(1, "ASIASTS2", "sts-token-2"), refused, refused}};
+    fake_start(&sts);
+    char *sts_url = sp_strf("http://127.0.0.1:%d/", sts.port);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    unsetenv("AWS_SESSION_TOKEN");
+    setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
+    setenv("AWS_WEB_IDENTITY_TOKEN_FILE", tokfile, 1);
+    setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/spotune-train", 1);
+    setenv("AWS_ROLE_SESSION_NAME", "run-7", 1);
+    setenv("AWS_ENDPOINT_URL_STS", sts_url, 1);
+    fake f = {.answers = {EXPIRED, OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {.retry_base_s = 0.01, .retry_max_s = 0.05};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    cr_assert_eq(tu_write_file(tokfile, "jwt-two\n"), 0); /* the platform rotates it */
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "k", "x", 1, 0, &err), 0, "%s", err.msg);
+    store_close(s);
+    fake_stop(&f);
+    cr_assert_eq(sts.n, 2);
+    expect_signed_by(f.requests[0], "ASIASTS1", "sts-token-1");
+    expect_signed_by(f.requests[1], "ASIASTS2", "sts-token-2");
+    for (int i = 0; i < 2; i++) {
+        const char *r = sts.requests[i];
+        cr_expect(!strncmp(r, "POST / HTTP/1.1\r\n", 17), "%s", r);
+        cr_expect(strstr(r, "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn="
+                            "arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fspotune-train&"
+                            "RoleSessionName=run-7&WebIdentityToken=jwt-"),
+                  "%s", r);
+        cr_expect(strstr(r, i == 0 ? "WebIdentityToken=jwt-one" : "WebIdentityToken=jwt-two"),
+                  "%s", r);
+        cr_expect_null(strcasestr(r, "Authorization:"), "STS's request is not signed:\n%s", r);
+    }
+    /* STS refuses the token */
+    expect_open_refused("STS did not give the web identity's role any: POST http://127.0.0.1:",
+                        ": HTTP 400 InvalidIdentityToken: No OpenIDConnect provider found");
+    fake_stop(&sts);
+    fake_free(&sts);
+    fake_free(&f);
+    /* half the setup */
+    unsetenv("AWS_WEB_IDENTITY_TOKEN_FILE");
+    expect_open_refused("AWS_ROLE_ARN is set but AWS_WEB_IDENTITY_TOKEN_FILE is not", NULL);
+    tu_rmtree(dir);
+    free(dir), free(tokfile), free(sts_url);
+}

@@ -250,7 +250,7 @@ static void ckpt_usage(FILE *f)
                "options for s3://: --endpoint URL --region R --path-style --timeout S\n"
                "  (--timeout: the longest one request may take, retries included; default 30)\n"
                "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN];\n"
-               "  or, without them, the container's or the EC2 instance's role\n");
+               "  or, without them, a role's: web identity, container or EC2 instance\n");
 }
 
 /* A person waits for these commands: a store that does not answer fails

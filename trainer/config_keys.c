@@ -175,8 +175,8 @@ const key_def config_keys[] = {
      "Object store the checkpoints are pushed to in the background: s3://bucket/prefix or "
      "file:///path (a mounted share). Empty: local only. Credentials come from "
      "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, or without them from "
-     "the container's or EC2 instance's role (renewed before they expire), never from this "
-     "file."},
+     "a role's (web identity, container or EC2 instance; renewed before they expire), never "
+     "from this file."},
     {"checkpoint.endpoint", K_STRING, O(ckpt_endpoint), "", 0, 0, NULL, 0,
      "S3 endpoint URL for non-AWS stores (MinIO, Ceph, R2, OSS, COS, Swift); empty: "
      "AWS_ENDPOINT_URL or AWS S3."},

@@ -253,7 +253,7 @@ static void usage(FILE *f)
             "  --cloud NAME        auto (probe each, default), aws, gcp, azure, alibaba, none\n"
             "  --metadata-url URL  base URL of the metadata service (as spot-run.sh's)\n"
             "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN];\n"
-            "  or, without them, the container's or the EC2 instance's role\n");
+            "  or, without them, a role's: web identity, container or EC2 instance\n");
 }
 
 typedef struct dr_args {
