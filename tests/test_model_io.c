@@ -264,6 +264,41 @@ Test(model_io, a_sharded_lora_model_is_refused)
               err.msg);
 }
 
+/* Random initialisation with the optimizer sharded: each rank's F32
+ * masters are the unsharded model's values over its range, bit for bit
+ * (drawn again at the shard's counters, never copied from the compute copy,
+ * which on a GPU holds them rounded to bf16); and its compute copy is the
+ * whole model's. 3 ranks: shards that start and end inside tensors. */
+Test(model_io, a_sharded_random_init_draws_the_same_masters)
+{
+    sp_err err = {0};
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, "tiny"), 0);
+    model_opts o = {.mode = MODE_FULL, .max_batch = 1, .seq_len = 8, .seed = 1};
+    model_t *whole, *part;
+    cr_assert_eq(model_create(&whole, be, &mc, &o, &err), 0, "%s", err.msg);
+    model_init_base_random(whole, 11);
+    float *want = tu_download(be, whole->master); /* in F32 the weights are the masters */
+    for (int r = 0; r < 3; r++) {
+        o.shard_count = 3;
+        o.shard_rank = r;
+        cr_assert_eq(model_create(&part, be, &mc, &o, &err), 0, "%s", err.msg);
+        model_init_base_random(part, 11);
+        size_t n = part->shard_lo + part->shard_len > whole->n_trainable
+                       ? whole->n_trainable - part->shard_lo
+                       : part->shard_len;
+        float *got = tu_download(be, part->master), *copy = tu_download(be, part->copy);
+        cr_expect_eq(memcmp(got, want + part->shard_lo, n * sizeof(float)), 0,
+                     "rank %d: masters differ from the whole model's", r);
+        cr_expect_eq(memcmp(copy, want, whole->n_trainable * sizeof(float)), 0,
+                     "rank %d: the compute copy differs", r);
+        free(got), free(copy);
+        model_destroy(part);
+    }
+    free(want);
+    model_destroy(whole);
+}
+
 Test(model_io, sharded_optimizer_plan_fits_7b_full_in_80_gb)
 {
     model_config_t mc;

@@ -343,9 +343,17 @@ void model_init_base_random(model_t *m, uint64_t seed)
             nf4_store(m, p, x);
             free(x);
         } else if (p->kind == PK_EMBED || p->kind == PK_WEIGHT || p->kind == PK_LM_HEAD) {
-            be_fill_normal(m->be, fill_target(m, p), p->n, 0.0f, 0.02f,
-                           sp_rng_stream(s, (uint64_t)i), 0);
-            sync_copy(m, p);
+            uint64_t ps = sp_rng_stream(s, (uint64_t)i);
+            size_t lo, hi;
+            be_fill_normal(m->be, fill_target(m, p), p->n, 0.0f, 0.02f, ps, 0);
+            if (m->shard_count > 1 && shard_overlap(m, p, &lo, &hi))
+                /* the shard's masters drawn again in F32 (the same counters),
+                 * not copied from the compute copy, which may hold them
+                 * rounded to bf16 */
+                be_fill_normal(m->be, tensor_view(m->master, lo - m->shard_lo, hi - lo), hi - lo,
+                               0.0f, 0.02f, ps, lo - p->offset);
+            else
+                sync_copy(m, p);
         }
     }
 }
