@@ -276,8 +276,17 @@ static int imds_fetch(s3_creds *c, membuf *body, char *why, size_t n)
     char *url = sp_strf("%s/latest/api/token", c->service), *tok_hdr = NULL, *role = NULL;
     int rc = -1;
     if (!url || cred_call("PUT", url, "X-aws-ec2-metadata-token-ttl-seconds: 300", NULL, 0, body,
-                          why, n))
+                          why, n)) {
+        size_t k = strlen(why);
+        if (strstr(why, "Timeout was reached") && k < n)
+            /* the answer to a PUT crosses one network hop by default, so
+             * inside a container it never arrives */
+            snprintf(why + k, n - k,
+                     " (in a container on EC2, the instance's metadata response hop limit must "
+                     "be 2: aws ec2 modify-instance-metadata-options "
+                     "--http-put-response-hop-limit 2)");
         goto out;
+    }
     tok_hdr = sp_strf("X-aws-ec2-metadata-token: %.*s", (int)strcspn((char *)body->p, "\r\n"),
                       (char *)body->p);
     free(url);

@@ -582,3 +582,22 @@ Test(store_wire, a_web_identitys_credentials_come_from_sts_and_are_renewed)
     tu_rmtree(dir);
     free(dir), free(tokfile), free(sts_url);
 }
+
+/* A metadata service that takes the connection but never answers the
+ * token request (a container on EC2 behind the default hop limit of 1):
+ * refused within the 3 s per request (twice), with the fix named. */
+Test(store_wire, an_unanswered_metadata_token_request_names_the_hop_limit)
+{
+    fake f = {.answers = {NULL}}; /* listens, never accepts */
+    fake_start(&f);
+    char *url = sp_strf("http://127.0.0.1:%d", f.port);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", url, 1);
+    double t0 = sp_now();
+    expect_open_refused("/latest/api/token: Timeout was reached",
+                        "metadata response hop limit must be 2");
+    cr_expect_lt(sp_now() - t0, 10.0);
+    fake_stop(&f);
+    free(url);
+}
