@@ -35,6 +35,11 @@ if [ -d /usr/local/cuda/bin ]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
 # Open MPI refuses to run as root unless told; tests spawn mpirun.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# No test asks a real cloud's metadata service for credentials (on a cloud
+# machine it would answer); the tests of that path run their own fake.
+export AWS_EC2_METADATA_DISABLED=true
+unset AWS_CONTAINER_CREDENTIALS_FULL_URI AWS_CONTAINER_CREDENTIALS_RELATIVE_URI \
+  AWS_WEB_IDENTITY_TOKEN_FILE AWS_ROLE_ARN
 
 echo "== build: build/"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null

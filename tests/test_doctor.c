@@ -286,7 +286,8 @@ Test(doctor, store_credentials_of_an_instance_role)
     char meta[64], *args = sp_strf("--creds %s", creds);
     int pid = tu_fake_metadata(log, args, meta, sizeof meta);
     char *out = NULL;
-    const char *no_env = "env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN";
+    const char *no_env = "env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN "
+                         "-u AWS_EC2_METADATA_DISABLED";
     int rc = tu_sh(&out, "%s AWS_EC2_METADATA_SERVICE_ENDPOINT=%s %s/spotune doctor %s/run.yaml "
                          "--cloud none --io-mib 1",
                    no_env, meta, tu_binary_dir(), dir);

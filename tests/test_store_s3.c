@@ -92,6 +92,7 @@ Test(store_s3, instance_role_credentials_reach_the_store)
     unsetenv("AWS_ACCESS_KEY_ID");
     unsetenv("AWS_SECRET_ACCESS_KEY");
     unsetenv("AWS_SESSION_TOKEN");
+    unsetenv("AWS_EC2_METADATA_DISABLED"); /* scripts/test.sh sets it */
     setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", url, 1);
     char *prefix = tu_unique("role"), *where = sp_strf("s3://" TU_BUCKET "/%s", prefix);
     store_t *s = NULL;

@@ -593,6 +593,7 @@ Test(store_wire, an_unanswered_metadata_token_request_names_the_hop_limit)
     char *url = sp_strf("http://127.0.0.1:%d", f.port);
     unsetenv("AWS_ACCESS_KEY_ID");
     unsetenv("AWS_SECRET_ACCESS_KEY");
+    unsetenv("AWS_EC2_METADATA_DISABLED"); /* scripts/test.sh sets it */
     setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", url, 1);
     double t0 = sp_now();
     expect_open_refused("/latest/api/token: Timeout was reached",
