@@ -428,6 +428,16 @@ int lease_lost(lease_t *l, sp_err *err)
     return lost;
 }
 
+int lease_held(lease_t *l)
+{
+    if (!l)
+        return 0;
+    pthread_mutex_lock(&l->mu);
+    int held = l->written && !l->lost;
+    pthread_mutex_unlock(&l->mu);
+    return held;
+}
+
 void lease_release(lease_t *l)
 {
     if (!l)

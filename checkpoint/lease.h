@@ -62,6 +62,10 @@ int lease_acquire(lease_t **out, store_t *st, const lease_opts *o, int *connecte
 /* 1 when another job has taken the prefix over (err then says which); the
  * job must push nothing more. */
 int lease_lost(lease_t *l, sp_err *err);
+/* 1 once this job's lease has been written to the store and while it is
+ * not lost: until then (the store did not answer at start) the job must
+ * not push, since the prefix may be another live job's. */
+int lease_held(lease_t *l);
 /* Stops renewing and deletes the lease if it is still this job's, waiting
  * for that at most a few seconds (a hung store is left to the thread, which
  * ends with the process). NULL is a no-op. */

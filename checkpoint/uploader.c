@@ -1,7 +1,7 @@
 /* checkpoint/uploader.c — the background checkpoint pusher: a thread taking
- * jobs from a bounded queue (oldest first), pushing each with store_push_dir,
- * putting a failed job back at the head with a backoff deadline, and running
- * retention after each success. The mutex guards the queue and counters;
+ * jobs from a bounded queue (oldest first), pushing each with store_push_dir
+ * once may_push allows it, putting a failed or held job back at the head
+ * with a deadline, and running retention after each success. The mutex guards the queue and counters;
  * events are delivered with the mutex released. */
 #define _GNU_SOURCE
 #include "checkpoint/uploader.h"
@@ -160,8 +160,50 @@ static void finish_job(uploader_t *u, job *j, int rc, const sp_err *e, double se
     pthread_mutex_unlock(&u->mu);
 }
 
+/* may_push said "not yet": j goes back to the head of the queue, asked
+ * again after UPLOADER_HOLD_S; dropped (with an event) when newer jobs have
+ * filled the queue meanwhile. */
+static void hold_job(uploader_t *u, job *j)
+{
+    pthread_mutex_lock(&u->mu);
+    int drop = u->qn >= u->o.max_queue || u->stop;
+    if (!drop) {
+        j->not_before = sp_now() + UPLOADER_HOLD_S;
+        memmove(u->q + 1, u->q, (size_t)u->qn * sizeof *u->q);
+        u->q[0] = *j;
+        u->qn++;
+    }
+    pthread_mutex_unlock(&u->mu);
+    if (drop) {
+        sp_err e = {0};
+        sp_fail(&e, SP_EXIT_OTHER, "superseded by newer checkpoints while its push was held");
+        if (!u->stop)
+            emit(u, (uploader_event){.kind = UPLOADER_JOB_DROPPED, .local_dir = j->dir,
+                                     .prefix = j->prefix, .err = &e});
+        job_free(j);
+    }
+    pthread_mutex_lock(&u->mu);
+    u->busy = 0;
+    pthread_cond_broadcast(&u->idle_cv);
+    pthread_mutex_unlock(&u->mu);
+}
+
 static void run_job(uploader_t *u, job *j)
 {
+    if (u->o.may_push) {
+        sp_err why = {0};
+        int ok = u->o.may_push(u->o.arg, &why);
+        if (ok < 0) {
+            if (!why.code)
+                sp_fail(&why, SP_EXIT_USAGE, "the push of %s is not allowed", j->prefix);
+            finish_job(u, j, STORE_EUSAGE, &why, 0); /* permanent: fails for good */
+            return;
+        }
+        if (ok == 0) {
+            hold_job(u, j);
+            return;
+        }
+    }
     job_ctx c = {u, j};
     store_xfer_opts x = {&u->cancel, on_key, &c, j->shards_wait_s > 0, j->shards_wait_s};
     sp_err e = {0};

@@ -15,8 +15,12 @@
  * except that a sharded checkpoint whose ranks did not all put their shard
  * (STORE_EPEER) is dropped when a newer checkpoint is waiting.
  *
- * Every function may be called from any thread; on_event runs on the
- * uploader thread and may call the store (not the uploader). */
+ * A job may also be held before its push, for as long as may_push says
+ * "not yet": it stays in the queue (oldest first, dropped like any waiting
+ * job when newer ones fill it).
+ *
+ * Every function may be called from any thread; on_event and may_push run
+ * on the uploader thread and may call the store (not the uploader). */
 #ifndef SPOTUNE_UPLOADER_H
 #define SPOTUNE_UPLOADER_H
 
@@ -56,8 +60,15 @@ typedef struct uploader_opts {
     int keep;            /* retention after each push: keep the newest `keep`; 0: none */
     int keep_every;      /* ... and every step that is a multiple of this; 0: none */
     void (*on_event)(void *arg, const uploader_event *ev);
+    /* Asked before each push (NULL: always yes), with arg: 1 push now; 0
+     * not yet: the job waits, is asked again every UPLOADER_HOLD_S, and no
+     * event is sent (the job's lease on the prefix not yet written); -1
+     * never: the job fails for good with *why. */
+    int (*may_push)(void *arg, sp_err *why);
     void *arg;
 } uploader_opts;
+
+#define UPLOADER_HOLD_S 0.5
 
 int uploader_start(uploader_t **out, store_t *store, const uploader_opts *opts, sp_err *err);
 

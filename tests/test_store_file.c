@@ -497,7 +497,21 @@ typedef struct ev_log {
     pthread_mutex_t mu;
     int done, retry, failed, dropped, files;
     char last_prefix[64];
+    char last_err[256];
+    int gate, asked; /* may_push's answer, and how often it was asked */
 } ev_log;
+
+static int gate_fn(void *arg, sp_err *why)
+{
+    ev_log *l = arg;
+    pthread_mutex_lock(&l->mu);
+    int answer = l->gate;
+    l->asked++;
+    pthread_mutex_unlock(&l->mu);
+    if (answer < 0)
+        sp_fail(why, SP_EXIT_USAGE, "another job holds this prefix now");
+    return answer;
+}
 
 static void on_event(void *arg, const uploader_event *ev)
 {
@@ -509,7 +523,10 @@ static void on_event(void *arg, const uploader_event *ev)
         snprintf(l->last_prefix, sizeof l->last_prefix, "%s", ev->prefix);
         break;
     case UPLOADER_JOB_RETRY: l->retry++; break;
-    case UPLOADER_JOB_FAILED: l->failed++; break;
+    case UPLOADER_JOB_FAILED:
+        l->failed++;
+        snprintf(l->last_err, sizeof l->last_err, "%.200s", ev->err ? ev->err->msg : "");
+        break;
     case UPLOADER_JOB_DROPPED: l->dropped++; break;
     case UPLOADER_FILE_DONE: l->files++; break;
     default: break;
@@ -582,6 +599,57 @@ Test(store_file, uploader_pushes_backlog_after_outage)
     free(c2);
     free(local);
     free(moved);
+    close_fixture(&f);
+}
+
+/* may_push "not yet" (the lease not yet written): the jobs stay queued,
+ * nothing reaches the store and no event is sent, while it is asked again;
+ * "yes": they go, oldest first; "never" (the lease lost): the next job fails
+ * for good with the gate's reason, and nothing of it reaches the store. */
+Test(store_file, uploader_holds_jobs_until_it_may_push)
+{
+    store_fx f = open_fixture("gate");
+    sp_err err = {0};
+    cr_assert_eq(store_create_bucket(f.s, &err), 0);
+    char *local = path_in(f.dir, "local");
+    mkdir(local, 0777);
+    char *c1 = make_ckpt(local, "step-00000100", 1, 4096);
+    char *c2 = make_ckpt(local, "step-00000200", 2, 4096);
+    char *c3 = make_ckpt(local, "step-00000300", 3, 4096);
+    ev_log ev = {.mu = PTHREAD_MUTEX_INITIALIZER, .gate = 0};
+    uploader_opts o = {.max_queue = 4, .on_event = on_event, .may_push = gate_fn, .arg = &ev};
+    uploader_t *u;
+    cr_assert_eq(uploader_start(&u, f.s, &o, &err), 0, "%s", err.msg);
+    cr_assert_eq(uploader_submit(u, c1, "step-00000100", &err), 0);
+    cr_assert_eq(uploader_submit(u, c2, "step-00000200", &err), 0);
+    cr_assert_eq(uploader_wait(u, 1.6), 0, "held: not pushed");
+    cr_expect_eq(uploader_pending(u), 2);
+    cr_expect_geq(ev_get(&ev, &ev.asked), 3, "asked again every %.1f s", UPLOADER_HOLD_S);
+    cr_expect_eq(ev_get(&ev, &ev.files) + ev_get(&ev, &ev.retry) + ev_get(&ev, &ev.failed) +
+                     ev_get(&ev, &ev.dropped),
+                 0, "no event while held");
+    store_listing l = {0};
+    cr_assert_eq(store_list(f.s, "", &l, &err), 0, "%s", err.msg);
+    cr_expect_eq(l.n, 0, "%zu objects in the store while held", l.n);
+    store_list_free(&l);
+    pthread_mutex_lock(&ev.mu);
+    ev.gate = 1;
+    pthread_mutex_unlock(&ev.mu);
+    cr_assert_eq(uploader_wait(u, 20), 1);
+    cr_expect_eq(ev_get(&ev, &ev.done), 2);
+    cr_expect_str_eq(ev.last_prefix, "step-00000200", "oldest first");
+    pthread_mutex_lock(&ev.mu);
+    ev.gate = -1;
+    pthread_mutex_unlock(&ev.mu);
+    cr_assert_eq(uploader_submit(u, c3, "step-00000300", &err), 0);
+    cr_assert_eq(uploader_wait(u, 20), 1, "a job refused for good is not pending");
+    cr_expect_eq(ev_get(&ev, &ev.failed), 1);
+    cr_expect(strstr(ev.last_err, "another job holds this prefix now"), "%s", ev.last_err);
+    int exists = 1;
+    cr_assert_eq(store_exists(f.s, "step-00000300/MANIFEST.json", &exists, NULL, &err), 0);
+    cr_expect_not(exists, "refused, yet pushed");
+    uploader_stop(u);
+    free(c1), free(c2), free(c3), free(local);
     close_fixture(&f);
 }
 

@@ -97,6 +97,19 @@ void ckpt_remote_opts(const config_t *cfg, int quick, store_opts *so)
     }
 }
 
+/* The uploader's gate: with a lease, nothing is pushed before it is written
+ * (a store that did not answer at start may hold another live job's
+ * checkpoints under this prefix), and nothing after it is lost. */
+static int may_push(void *arg, sp_err *why)
+{
+    ckpt_ctl *c = arg;
+    if (!c->lease)
+        return 1;
+    if (lease_lost(c->lease, why))
+        return -1;
+    return lease_held(c->lease);
+}
+
 /* Without a lease (checkpoint.lease_s 0), the write that proves the store
  * takes this job's checkpoints: a small object, put and deleted. c->lease_store
  * is then only this probe's. */
@@ -152,11 +165,13 @@ int ckpt_remote_open(ckpt_ctl *c, sp_err *err)
     if (!connected)
         log_event(c->log, c->metrics, "warning",
                   "%s does not answer now; training starts, and checkpoints are pushed when it "
-                  "does",
-                  store_url(c->store));
+                  "does%s",
+                  store_url(c->store),
+                  c->lease ? " and this job's lease on the prefix is written" : "");
     uploader_opts uo = {.keep = (int)cfg->ckpt_keep,
                         .keep_every = (int)cfg->ckpt_keep_every,
                         .on_event = on_upload,
+                        .may_push = may_push,
                         .arg = c};
     if (uploader_start(&c->up, c->store, &uo, err))
         return err->code ? err->code : SP_EXIT_OTHER;
