@@ -1,10 +1,12 @@
 /* checkpoint/store_s3.c — the s3:// backend's operations: endpoint,
  * addressing and region resolution (credentials: store_s3_creds.c),
- * single-request PUT/GET/HEAD/DELETE, conditional PUT with its fallback for stores that reject If-None-Match (remembered per
- * handle), ListObjectsV2 with continuation tokens, and CreateBucket. Requests
- * and retries are in store_s3_request.c; multipart uploads and ranged GETs in
+ * single-request PUT/GET/HEAD/DELETE, conditional PUT with its fallback for
+ * stores that reject If-None-Match (remembered per handle), ListObjectsV2
+ * with continuation tokens, and CreateBucket. Requests and retries are in
+ * store_s3_request.c; multipart uploads and ranged GETs in
  * store_s3_multipart.c. Thread safety: the backend record is read-only after
- * open, except the mutex-guarded handle pool and the atomic flag above. */
+ * open, except the mutex-guarded handle pool, the atomic flag and the
+ * credentials (their own mutex). */
 #define _GNU_SOURCE
 #include "checkpoint/store_s3.h"
 
@@ -382,7 +384,7 @@ static const store_ops s3_ops = {
     .close = s3_close,
 };
 
-static const char *env_nonempty(const char *name)
+const char *s3_env(const char *name)
 {
     const char *v = getenv(name);
     return v && *v ? v : NULL;
@@ -428,9 +430,9 @@ static int bucket_is_dns_safe(const char *bucket)
 
 static int resolve_endpoint(store_t *s, s3_backend *b, sp_err *err)
 {
-    const char *ep = s->opts.endpoint ? s->opts.endpoint : env_nonempty("AWS_ENDPOINT_URL_S3");
+    const char *ep = s->opts.endpoint ? s->opts.endpoint : s3_env("AWS_ENDPOINT_URL_S3");
     if (!ep)
-        ep = env_nonempty("AWS_ENDPOINT_URL");
+        ep = s3_env("AWS_ENDPOINT_URL");
     char *aws = NULL, *scheme = NULL, *rest = NULL;
     b->aws_default = !ep;
     if (!ep)
@@ -464,9 +466,9 @@ static const char *pick_region(const store_t *s)
 {
     if (s->opts.region)
         return s->opts.region;
-    const char *r = env_nonempty("AWS_REGION");
+    const char *r = s3_env("AWS_REGION");
     if (!r)
-        r = env_nonempty("AWS_DEFAULT_REGION");
+        r = s3_env("AWS_DEFAULT_REGION");
     return r ? r : "us-east-1";
 }
 
@@ -489,8 +491,8 @@ int store_s3_open(store_t *s, const char *bucket, const char *prefix, sp_err *er
     b->prefix = strdup(prefix);
     b->region = strdup(pick_region(s));
     b->sigv4 = b->region ? sp_strf("aws:amz:%s:s3", b->region) : NULL;
-    if (env_nonempty("AWS_CA_BUNDLE"))
-        b->ca_bundle = strdup(env_nonempty("AWS_CA_BUNDLE"));
+    if (s3_env("AWS_CA_BUNDLE"))
+        b->ca_bundle = strdup(s3_env("AWS_CA_BUNDLE"));
     if (!b->pool || !b->bucket || !b->prefix || !b->region || !b->sigv4)
         return store_fail(s, err, STORE_EFAIL, NULL, "out of memory");
     int rc = resolve_endpoint(s, b, err);

@@ -70,6 +70,9 @@ typedef struct s3_backend {
     atomic_int inm_unsupported; /* the store answered If-None-Match with 501 */
 } s3_backend;
 
+/* getenv(name), or NULL when it is unset or empty. */
+const char *s3_env(const char *name);
+
 #define S3_EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 typedef struct s3_req {

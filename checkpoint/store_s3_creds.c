@@ -29,6 +29,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,10 +39,16 @@
 #define IMDS_DEFAULT "http://169.254.169.254"
 #define IMDS_ROLE_PATH "/latest/meta-data/iam/security-credentials/"
 
-static const char *env_nonempty(const char *name)
+/* Writes why (n bytes) and returns -1. */
+static int say(char *why, size_t n, const char *fmt, ...) SP_PRINTF(3, 4);
+
+static int say(char *why, size_t n, const char *fmt, ...)
 {
-    const char *v = getenv(name);
-    return v && *v ? v : NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, n, fmt, ap);
+    va_end(ap);
+    return -1;
 }
 
 static void wipe(char **p)
@@ -104,19 +111,13 @@ static int cred_call(const char *method, const char *url, const char *header, co
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     curl_slist_free_all(hdrs);
     curl_easy_cleanup(h);
-    if (cc != CURLE_OK) {
-        snprintf(why, n, "%s %s: %s%s%s", method, url, curl_easy_strerror(cc), *errbuf ? ": " : "",
-                 errbuf);
-        return -1;
-    }
-    if (membuf_append(body, "", 1)) {
-        snprintf(why, n, "out of memory");
-        return -1;
-    }
-    if (status != 200) {
-        snprintf(why, n, "%s %s: HTTP %ld", method, url, status);
-        return -1;
-    }
+    if (cc != CURLE_OK)
+        return say(why, n, "%s %s: %s%s%s", method, url, curl_easy_strerror(cc),
+                   *errbuf ? ": " : "", errbuf);
+    if (membuf_append(body, "", 1))
+        return say(why, n, "out of memory");
+    if (status != 200)
+        return say(why, n, "%s %s: HTTP %ld", method, url, status);
     return 0;
 }
 
@@ -152,19 +153,15 @@ static int take_fields(s3_creds *c, const char *url, const char *code, const cha
                        size_t n)
 {
     double expires = exp ? parse_expiration(exp) : -1;
-    if (code && strcmp(code, "Success") != 0) {
-        snprintf(why, n, "%s: Code is '%.64s', not Success", url, code);
-        return -1;
-    }
-    if (!id || !secret || !token || expires < 0) {
-        snprintf(why, n, "%s: %s", url,
-                 !id       ? "no AccessKeyId"
-                 : !secret ? "no SecretAccessKey"
-                 : !token  ? "no Token"
-                 : !exp    ? "no Expiration"
-                           : "Expiration is not a UTC time like 2026-12-02T20:15:00Z");
-        return -1;
-    }
+    if (code && strcmp(code, "Success") != 0)
+        return say(why, n, "%s: Code is '%.64s', not Success", url, code);
+    if (!id || !secret || !token || expires < 0)
+        return say(why, n, "%s: %s", url,
+                   !id       ? "no AccessKeyId"
+                   : !secret ? "no SecretAccessKey"
+                   : !token  ? "no Token"
+                   : !exp    ? "no Expiration"
+                             : "Expiration is not a UTC time like 2026-12-02T20:15:00Z");
     char *nid = strdup(id), *nsecret = strdup(secret);
     char *ntok = sp_strf("x-amz-security-token: %s", token);
     if (!nid || !nsecret || !ntok) {
@@ -187,10 +184,8 @@ static int take_json(s3_creds *c, const char *url, const membuf *body, char *why
 {
     json_error_t je;
     json_t *j = json_loads((const char *)body->p, 0, &je);
-    if (!j) {
-        snprintf(why, n, "GET %s: not JSON (%s at line %d)", url, je.text, je.line);
-        return -1;
-    }
+    if (!j)
+        return say(why, n, "GET %s: not JSON (%s at line %d)", url, je.text, je.line);
     char where[600];
     snprintf(where, sizeof where, "GET %s", url);
     int rc = take_fields(c, where, json_text(j, "Code"), json_text(j, "AccessKeyId"),
@@ -300,7 +295,8 @@ static int imds_fetch(s3_creds *c, membuf *body, char *why, size_t n)
     }
     free(url);
     url = sp_strf("%s" IMDS_ROLE_PATH "%s", c->service, role);
-    if (!url || cred_call("GET", url, tok_hdr, NULL, 0, body, why, n) || take_json(c, url, body, why, n))
+    if (!url || cred_call("GET", url, tok_hdr, NULL, 0, body, why, n) ||
+        take_json(c, url, body, why, n))
         goto out;
     free(c->role);
     c->role = role;
@@ -322,13 +318,12 @@ static int container_fetch(s3_creds *c, membuf *body, char *why, size_t n)
     if (c->auth_file) {
         if (!(auth = read_token("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", c->auth_file, why, n)))
             return -1;
-    } else if (env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN")) {
-        auth = strdup(env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN"));
+    } else if (s3_env("AWS_CONTAINER_AUTHORIZATION_TOKEN")) {
+        auth = strdup(s3_env("AWS_CONTAINER_AUTHORIZATION_TOKEN"));
     }
     if (auth && !(hdr = sp_strf("Authorization: %s", auth))) {
         wipe(&auth);
-        snprintf(why, n, "out of memory");
-        return -1;
+        return say(why, n, "out of memory");
     }
     wipe(&auth);
     int rc = cred_call("GET", c->service, hdr, NULL, 0, body, why, n) ||
@@ -366,23 +361,23 @@ static int container_url_ok(const char *url)
     return 0;
 }
 
-/* Where the renewable credentials come from: the container's endpoint when
- * the platform set one, else the instance metadata service. 0, or why not. */
+/* Where the renewable credentials come from: a web identity when it is set
+ * up, else the container's endpoint when the platform set one, else the
+ * instance metadata service. 0, or -1 with why. */
 static int pick_service(s3_creds *c, char *why, size_t n)
 {
-    const char *wif = env_nonempty("AWS_WEB_IDENTITY_TOKEN_FILE");
-    const char *arn = env_nonempty("AWS_ROLE_ARN");
+    const char *wif = s3_env("AWS_WEB_IDENTITY_TOKEN_FILE");
+    const char *arn = s3_env("AWS_ROLE_ARN");
     if (wif || arn) {
         if (!wif || !arn)
-            return snprintf(why, n, "%s is set but %s is not", wif ? "AWS_WEB_IDENTITY_TOKEN_FILE"
-                                                                   : "AWS_ROLE_ARN",
-                            wif ? "AWS_ROLE_ARN" : "AWS_WEB_IDENTITY_TOKEN_FILE"),
-                   -1;
-        const char *ep = env_nonempty("AWS_ENDPOINT_URL_STS");
-        const char *region = env_nonempty("AWS_REGION");
+            return say(why, n, "%s is set but %s is not",
+                       wif ? "AWS_WEB_IDENTITY_TOKEN_FILE" : "AWS_ROLE_ARN",
+                       wif ? "AWS_ROLE_ARN" : "AWS_WEB_IDENTITY_TOKEN_FILE");
+        const char *ep = s3_env("AWS_ENDPOINT_URL_STS");
+        const char *region = s3_env("AWS_REGION");
         if (!region)
-            region = env_nonempty("AWS_DEFAULT_REGION");
-        const char *name = env_nonempty("AWS_ROLE_SESSION_NAME");
+            region = s3_env("AWS_DEFAULT_REGION");
+        const char *name = s3_env("AWS_ROLE_SESSION_NAME");
         c->kind = S3_CREDS_WEB_IDENTITY;
         c->service = ep       ? strdup(ep)
                      : region ? sp_strf("https://sts.%s.amazonaws.com/", region)
@@ -391,41 +386,40 @@ static int pick_service(s3_creds *c, char *why, size_t n)
         c->role = strdup(arn);
         c->session = name ? strdup(name) : sp_strf("spotune-%ld", (long)time(NULL));
         if (!c->service || !c->auth_file || !c->role || !c->session)
-            return snprintf(why, n, "out of memory"), -1;
+            return say(why, n, "out of memory");
         snprintf(c->source, sizeof c->source,
                  "the web identity of AWS_WEB_IDENTITY_TOKEN_FILE for the role %.150s (STS at "
                  "%.150s)",
                  c->role, c->service);
         return 0;
     }
-    const char *full = env_nonempty("AWS_CONTAINER_CREDENTIALS_FULL_URI");
-    const char *rel = env_nonempty("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
+    const char *full = s3_env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+    const char *rel = s3_env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
     if (rel || full) {
         c->kind = S3_CREDS_CONTAINER;
         c->service = rel ? sp_strf("http://169.254.170.2%s", rel) : strdup(full);
-        if (env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"))
-            c->auth_file = strdup(env_nonempty("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
+        if (s3_env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"))
+            c->auth_file = strdup(s3_env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
         if (!c->service)
-            return snprintf(why, n, "out of memory"), -1;
+            return say(why, n, "out of memory");
         if (!container_url_ok(c->service))
-            return snprintf(why, n,
-                            "AWS_CONTAINER_CREDENTIALS_FULL_URI %s: credentials are fetched only "
-                            "over https, or over http from this host or the platform's "
-                            "link-local agent (169.254.170.2, 169.254.170.23)",
-                            c->service),
-                   -1;
+            return say(why, n,
+                       "AWS_CONTAINER_CREDENTIALS_FULL_URI %s: credentials are fetched only over "
+                       "https, or over http from this host or the platform's link-local agent "
+                       "(169.254.170.2, 169.254.170.23)",
+                       c->service);
         snprintf(c->source, sizeof c->source, "the container's credentials endpoint %.300s",
                  c->service);
         return 0;
     }
-    const char *off = env_nonempty("AWS_EC2_METADATA_DISABLED");
+    const char *off = s3_env("AWS_EC2_METADATA_DISABLED");
     if (off && !strcasecmp(off, "true"))
-        return snprintf(why, n, "AWS_EC2_METADATA_DISABLED=true: no instance role is asked"), -1;
-    const char *ep = env_nonempty("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+        return say(why, n, "AWS_EC2_METADATA_DISABLED=true: no instance role is asked");
+    const char *ep = s3_env("AWS_EC2_METADATA_SERVICE_ENDPOINT");
     c->kind = S3_CREDS_INSTANCE;
     c->service = strdup(ep ? ep : IMDS_DEFAULT);
     if (!c->service)
-        return snprintf(why, n, "out of memory"), -1;
+        return say(why, n, "out of memory");
     for (size_t k = strlen(c->service); k > 0 && c->service[k - 1] == '/'; k--)
         c->service[k - 1] = 0;
     return 0;
@@ -435,9 +429,9 @@ static int pick_service(s3_creds *c, char *why, size_t n)
 
 int s3_creds_open(store_t *s, s3_creds *c, sp_err *err)
 {
-    const char *id = env_nonempty("AWS_ACCESS_KEY_ID");
-    const char *secret = env_nonempty("AWS_SECRET_ACCESS_KEY");
-    const char *token = env_nonempty("AWS_SESSION_TOKEN");
+    const char *id = s3_env("AWS_ACCESS_KEY_ID");
+    const char *secret = s3_env("AWS_SECRET_ACCESS_KEY");
+    const char *token = s3_env("AWS_SESSION_TOKEN");
     memset(c, 0, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
     c->ready = 1;

@@ -1,8 +1,9 @@
 /* checkpoint/uploader.c — the background checkpoint pusher: a thread taking
  * jobs from a bounded queue (oldest first), pushing each with store_push_dir
  * once may_push allows it, putting a failed or held job back at the head
- * with a deadline, and running retention after each success. The mutex guards the queue and counters;
- * events are delivered with the mutex released. */
+ * with a deadline, and running retention after each success. The mutex
+ * guards the queue and counters; events are delivered with the mutex
+ * released. */
 #define _GNU_SOURCE
 #include "checkpoint/uploader.h"
 #include "checkpoint/ckpt.h"
