@@ -27,6 +27,8 @@ struct ckpt_writer {
     store_t *store;    /* where a written shard is put (NULL: nowhere) */
     double put_deadline_s; /* a shard's put is tried again for this long */
     int drop_shards;   /* remove a shard file after its upload */
+    ckpt_may_put_fn may_put; /* asked before each put (NULL: always) */
+    void *may_put_arg;
     /* the last shard whose put failed for good, kept in kept_dir (NULL: none) */
     char *kept_dir;
     ckpt_shard_info kept_info;
@@ -40,7 +42,8 @@ struct ckpt_writer {
  * up, or the check before the put) is tried again, after a pause that
  * doubles up to 4 s, until put_deadline_s after the first try: a passing
  * fault must not leave the checkpoint incomplete in the store while rank 0
- * waits for it. The last failure is printed. Returns 0 when the shard is
+ * waits for it. A gate's "not yet" counts as such a failure, its "never"
+ * ends the tries. The last failure is printed. Returns 0 when the shard is
  * in the store (or need not be). */
 static int upload_shard(ckpt_writer *w, const char *dir, int64_t step_no,
                         const ckpt_shard_info *info, double deadline_s, sp_err *out)
@@ -54,13 +57,16 @@ static int upload_shard(ckpt_writer *w, const char *dir, int64_t step_no,
     int tries = 0;
     for (;;) {
         memset(&e, 0, sizeof e);
-        int there = 0;
+        int there = 0, go = 1;
         tries++;
         if (!key || !mkey || !path)
             sp_fail(&e, SP_EXIT_OTHER, "out of memory");
-        else if (store_exists(w->store, mkey, &there, NULL, &e) == 0 && !there)
+        else if ((go = w->may_put ? w->may_put(w->may_put_arg, &e) : 1) > 0 &&
+                 store_exists(w->store, mkey, &there, NULL, &e) == 0 && !there)
             store_put_file(w->store, key, path, 0, &e);
-        if (!e.code || !key || !mkey || !path || sp_now() + pause > until)
+        if (go <= 0 && !e.code) /* a gate that gives no reason */
+            sp_fail(&e, SP_EXIT_OTHER, go ? "the put is not allowed" : "the put is held");
+        if (!e.code || go < 0 || !key || !mkey || !path || sp_now() + pause > until)
             break;
         struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
         nanosleep(&ts, NULL);
@@ -256,6 +262,15 @@ void ckpt_writer_set_store(ckpt_writer *w, store_t *st, double put_deadline_s)
     wait_idle(w);
     w->store = st;
     w->put_deadline_s = put_deadline_s;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void ckpt_writer_set_gate(ckpt_writer *w, ckpt_may_put_fn may_put, void *arg)
+{
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w);
+    w->may_put = may_put;
+    w->may_put_arg = arg;
     pthread_mutex_unlock(&w->mu);
 }
 

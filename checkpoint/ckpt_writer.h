@@ -33,6 +33,13 @@ int ckpt_writer_submit_shard(ckpt_writer *w, const char *dir, ckpt_shard *sh, do
  * pauses, for put_deadline_s (rank 0 waits that long for the shard before
  * pushing MANIFEST.json); the last failure is printed on stderr. */
 void ckpt_writer_set_store(ckpt_writer *w, store_t *st, double put_deadline_s);
+/* Asked (from the writer's thread) before each try of a shard's put: 1 go;
+ * 0 not yet, why saying what is waited for: the try counts as failed (tried
+ * again, with pauses, until put_deadline_s, then kept); -1 never: the put
+ * fails for good at once, naming why. The job's lease: only into a prefix
+ * this job holds. NULL: every put may go. */
+typedef int (*ckpt_may_put_fn)(void *arg, sp_err *why);
+void ckpt_writer_set_gate(ckpt_writer *w, ckpt_may_put_fn may_put, void *arg);
 /* drop: once its upload is done (or the write failed) the shard file is
  * removed, and the directory with it once empty; a shard whose upload
  * failed for good stays (the store does not hold it) until a newer shard of

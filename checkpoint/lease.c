@@ -467,3 +467,29 @@ void lease_release(lease_t *l)
     pthread_join(l->thread, NULL);
     lease_free(l);
 }
+
+const char *lease_job(const lease_t *l)
+{
+    return l ? l->me.job : "";
+}
+
+int lease_check(store_t *st, const char *job, sp_err *why)
+{
+    lease_info in;
+    sp_err e = {0};
+    int rc = lease_read(st, &in, &e);
+    if (rc == 1 && strcmp(in.id.job, job) == 0)
+        return 1;
+    if (rc < 0)
+        sp_fail(why, SP_EXIT_OTHER, "%s/%s cannot be read: %s", store_url(st), LEASE_KEY, e.msg);
+    else if (rc == 0)
+        sp_fail(why, SP_EXIT_OTHER, "%s/%s: this job's lease is not written yet", store_url(st),
+                LEASE_KEY);
+    else {
+        char who[SP_ERR_MSG_MAX];
+        describe(&in, sp_wall_time() - in.renewed, who, sizeof who);
+        sp_fail(why, SP_EXIT_OTHER, "%s/%s is not this job's but that of %s", store_url(st),
+                LEASE_KEY, who);
+    }
+    return 0;
+}

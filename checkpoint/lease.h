@@ -71,4 +71,12 @@ int lease_held(lease_t *l);
  * ends with the process). NULL is a no-op. */
 void lease_release(lease_t *l);
 
+/* This job's id as its lease records it (16 hex digits): rank 0 hands it to
+ * the other ranks, which put into the prefix without holding the lease. */
+const char *lease_job(const lease_t *l);
+/* Those ranks' check before a put: 1 when the lease in st's prefix is job's;
+ * 0 when it is not, or cannot be read now (why says which: no lease yet,
+ * another job's, or the store's error), and nothing may be put. */
+int lease_check(store_t *st, const char *job, sp_err *why);
+
 #endif

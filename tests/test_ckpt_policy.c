@@ -425,6 +425,55 @@ Test(ckpt_policy, sharded_upload_failure_of_one_rank_leaves_no_remote_manifest)
     free(out);
 }
 
+/* Sharded checkpoints pushed by every rank, with a store that cannot take
+ * the job's lease at start (a directory stands where LEASE.json goes: it can
+ * be neither read nor written, while every other key can): the job trains,
+ * and no rank puts a shard into the prefix, which may be another live job's,
+ * each saying why; once the lease can be written, the checkpoints reach the
+ * store and the run ends 0 with its final checkpoint whole there and its
+ * lease gone. */
+Test(ckpt_policy, sharded_puts_wait_until_the_job_holds_the_prefix)
+{
+    char store[4096], log[4096];
+    snprintf(store, sizeof store, "%s/lease-store", dir);
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s/LEASE.json", store), 0);
+    char extra[6000];
+    snprintf(extra, sizeof extra,
+             "--set train.mode=full --set train.steps=40 --set checkpoint.every_steps=2 "
+             "--set checkpoint.remote=file://%s --set checkpoint.upload_deadline_s=1 "
+             "--set checkpoint.keep=3 --set log.every=1",
+             store);
+    snprintf(log, sizeof log, "%s/lease-late.log", dir);
+    int pid = tu_spawn(log, "%s", train_cmd(tu_mpirun(2), "lease-late", extra));
+    wait_step("lease-late", 8, pid);
+    char *text = tu_read_file(log, NULL), *ls = NULL;
+    cr_expect(tu_contains(text, "does not answer now; training starts") &&
+                  tu_contains(text, "this job's lease on the prefix is written"),
+              "%s", text);
+    cr_expect(tu_contains(text, "shard-00001-of-00002.h5 was not put") &&
+                  tu_contains(text, "LEASE.json cannot be read"),
+              "rank 1 does not say why its shard waits: %s", text);
+    cr_expect(tu_contains(text, "shard-00000-of-00002.h5 was not put") &&
+                  tu_contains(text, "this job's lease on file://"),
+              "rank 0 does not say why its shard waits: %s", text);
+    free(text);
+    tu_sh(&ls, "ls -A %s", store);
+    cr_expect_str_eq(ls, "LEASE.json\n", "the store took objects before the job held it");
+    free(ls);
+    cr_assert_eq(tu_sh(NULL, "rmdir %s/LEASE.json", store), 0);
+    int rc = tu_wait(pid, 600);
+    text = tu_read_file(log, NULL);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, text);
+    free(text);
+    char *out = NULL;
+    cr_expect_eq(tu_spotune(&out, "ckpt verify file://%s/step-00000040", store), 0, "%s", out);
+    free(out);
+    for (int r = 0; r < 2; r++)
+        cr_expect_eq(access(tu_fmt("%s/step-00000040/shard-%05d-of-00002.h5", store, r), R_OK), 0,
+                     "rank %d's final shard is not in the store", r);
+    cr_expect_neq(access(tu_fmt("%s/LEASE.json", store), F_OK), 0, "the lease outlived the job");
+}
+
 /* Sharded checkpoints (full fine-tuning on 2 ranks, 11 MB a checkpoint,
  * three at once while retention keeps two) on a full tmpfs: the
  * ranks' shard writes fail (no space), each such checkpoint is reported not

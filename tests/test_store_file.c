@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checkpoint/lease.h"
 #include "checkpoint/store.h"
 #include "checkpoint/uploader.h"
 #include "test_store_util.h"
@@ -650,6 +651,49 @@ Test(store_file, uploader_holds_jobs_until_it_may_push)
     cr_expect_not(exists, "refused, yet pushed");
     uploader_stop(u);
     free(c1), free(c2), free(c3), free(local);
+    close_fixture(&f);
+}
+
+/* lease_check, the other ranks' question before each shard put: 1 only
+ * while the store's lease is this job's (lease_job, as rank 0 gives it
+ * out); before it is written, after it is released, another job's, or a
+ * lease that cannot be read: 0, saying which. */
+Test(store_file, lease_check_knows_the_jobs_own_lease_only)
+{
+    store_fx f = open_fixture("lease");
+    sp_err err = {0};
+    cr_assert_eq(store_create_bucket(f.s, &err), 0);
+    const char *other = "0123456789abcdef";
+    cr_expect_eq(lease_check(f.s, other, &err), 0, "no lease yet");
+    cr_expect(strstr(err.msg, "LEASE.json: this job's lease is not written yet"), "%s", err.msg);
+    store_t *ls;
+    cr_assert_eq(store_open(&ls, f.url, NULL, &err), 0, "%s", err.msg);
+    lease_opts lo = {.ttl_s = 30, .wait_s = 1, .run_dir = f.dir};
+    lease_t *l;
+    int connected = 0;
+    char note[256];
+    cr_assert_eq(lease_acquire(&l, ls, &lo, &connected, note, sizeof note, &err), 0, "%s",
+                 err.msg);
+    cr_expect(connected && lease_held(l));
+    char job[17];
+    snprintf(job, sizeof job, "%s", lease_job(l));
+    cr_expect_eq(strlen(job), 16, "job id %s", job);
+    memset(&err, 0, sizeof err);
+    cr_expect_eq(lease_check(f.s, job, &err), 1, "%s", err.msg);
+    cr_expect_eq(lease_check(f.s, other, &err), 0, "another job's id passed");
+    cr_expect(strstr(err.msg, "is not this job's but that of pid") && strstr(err.msg, job),
+              "%s", err.msg);
+    lease_release(l);
+    memset(&err, 0, sizeof err);
+    cr_expect_eq(lease_check(f.s, job, &err), 0, "the released lease still counts");
+    cr_expect(strstr(err.msg, "not written yet"), "%s", err.msg);
+    /* a lease the store cannot give back: a directory where the object goes */
+    char *bad = path_in(f.root, "LEASE.json");
+    cr_assert_eq(mkdir(bad, 0755), 0);
+    memset(&err, 0, sizeof err);
+    cr_expect_eq(lease_check(f.s, job, &err), 0, "an unreadable lease passed");
+    cr_expect(strstr(err.msg, "LEASE.json cannot be read: "), "%s", err.msg);
+    free(bad);
     close_fixture(&f);
 }
 

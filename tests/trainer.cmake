@@ -2,10 +2,12 @@
 spotune_test(test_ops SOURCES test_ops.c test_ops_step.c ops_util.c op_checks.c op_specs.c op_replay.c
   LIBS spotune_kernels)
 spotune_test(test_ops_attention SOURCES test_ops_attention.c ops_util.c LIBS spotune_kernels)
-foreach(suite config model_hf model_io data train_cpu ckpt ckpt_shard cmd_ckpt distributed export_hf init_from nf4
+foreach(suite config model_hf model_io data train_cpu ckpt_shard cmd_ckpt distributed export_hf init_from nf4
               packing)
   spotune_test(test_${suite} SOURCES test_${suite}.c test_util.c LIBS spotune_trainer)
 endforeach()
+# the checkpoint directory protocol; a rank's shard puts into the store
+spotune_test(test_ckpt SOURCES test_ckpt.c test_ckpt_put.c test_util.c LIBS spotune_trainer)
 # launch traces, captured spans, and training with them against without
 spotune_test(test_graphs SOURCES test_graphs.c graphs_util.c test_util.c LIBS spotune_trainer)
 # spotune plan: memory, speed and cost before renting

@@ -137,6 +137,11 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
         }
         else
             rc = err->code ? err->code : SP_EXIT_USAGE;
+        if (!rc && c->rank != 0 && cfg->ckpt_lease_s > 0) {
+            ckpt_remote_opts(cfg, 1, &so);
+            if (store_open(&c->gate_store, cfg->ckpt_remote, &so, err))
+                rc = err->code ? err->code : SP_EXIT_USAGE;
+        }
     }
     /* every rank learns whether rank 0 could open its side */
     int32_t code = rc;
@@ -144,7 +149,19 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
         return err->code;
     if (code && !rc)
         return sp_fail(err, code, "rank 0 could not set up checkpointing");
-    return rc;
+    if (rc)
+        return rc;
+    /* a rank's shard goes only into a prefix this job holds (a store that did
+     * not answer at start may hold another live job's checkpoints there):
+     * rank 0 gives out the job's id, the others find it in the store's lease */
+    if (c->sharded && cfg->ckpt_remote && *cfg->ckpt_remote && cfg->ckpt_lease_s > 0) {
+        if (c->rank == 0)
+            snprintf(c->lease_job, sizeof c->lease_job, "%s", lease_job(c->lease));
+        if (comm_bcast(comm, c->lease_job, sizeof c->lease_job, 0, err))
+            return err->code;
+        ckpt_writer_set_gate(c->writer, ckpt_remote_may_put, c);
+    }
+    return 0;
 }
 
 int ckpt_ctl_remote_behind(ckpt_ctl *c)
@@ -227,6 +244,8 @@ int ckpt_ctl_close(ckpt_ctl *c, int wait_uploads, sp_err *err)
         store_close(c->store);
     if (c->lease_store)
         store_close(c->lease_store);
+    if (c->gate_store)
+        store_close(c->gate_store);
     pthread_mutex_destroy(&c->remote_mu);
     free(c->ranged_url);
     free(c->store_only);

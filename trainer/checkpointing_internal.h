@@ -28,6 +28,10 @@ struct ckpt_ctl {
     uploader_t *up;
     store_t *lease_store; /* the lease's own handle, with short retries */
     lease_t *lease;
+    /* sharded, with a lease: the job's id (rank 0's lease), and the other
+     * ranks' handle (short retries) for reading the lease before each put */
+    char lease_job[17];
+    store_t *gate_store;
     pthread_mutex_t remote_mu; /* the fields below, set on the uploader thread */
     int64_t remote_step;       /* newest step known complete remotely (-1: none) */
     int remote_refused;        /* the store refused a push for good (see on_upload) */
@@ -109,6 +113,9 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
 void ckpt_remote_opts(const config_t *cfg, int quick, store_opts *so);
 /* The store, the job's lease (the probe that it takes writes) and the uploader. */
 int ckpt_remote_open(ckpt_ctl *c, sp_err *err);
+/* Every rank's shard puts (ckpt_writer_set_gate, arg c): only into a prefix
+ * this job holds. Rank 0 asks its lease; the others read the store's. */
+int ckpt_remote_may_put(void *arg, sp_err *why);
 /* A finished run: its final checkpoint is in the store, or an error says why not. */
 int ckpt_remote_final_pushed(ckpt_ctl *c, sp_err *err);
 /* The newest remote checkpoint newer than local_step that verifies, pulled

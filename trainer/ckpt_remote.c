@@ -107,7 +107,20 @@ static int may_push(void *arg, sp_err *why)
         return 1;
     if (lease_lost(c->lease, why))
         return -1;
-    return lease_held(c->lease);
+    if (lease_held(c->lease))
+        return 1;
+    sp_fail(why, SP_EXIT_OTHER,
+            "this job's lease on %s is not written yet (the store did not answer at start)",
+            store_url(c->store));
+    return 0;
+}
+
+int ckpt_remote_may_put(void *arg, sp_err *why)
+{
+    ckpt_ctl *c = arg;
+    if (c->rank == 0)
+        return may_push(c, why);
+    return lease_check(c->gate_store, c->lease_job, why);
 }
 
 /* Without a lease (checkpoint.lease_s 0), the write that proves the store
