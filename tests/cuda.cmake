@@ -26,6 +26,21 @@ spotune_test(test_cuda_comm SOURCES test_cuda_comm.c test_util.c LIBS spotune_tr
   LABELS cuda)
 set_tests_properties(test_cuda_comm PROPERTIES TIMEOUT 300)
 
+# The fused attention kernels' own source (kernels/cuda/cuda_flash_kernels.cuh)
+# on the CPU emulation of the device (tests/cuda_emu: fibers for threads, the
+# warp operations and mma.sync emulated) against the CPU backend: runs in
+# every build, without a GPU, the sanitizer build included (every load and
+# store of the kernels bounds-checked). C++ only because the kernels are
+# templates.
+enable_language(CXX)
+spotune_test(test_cuda_emu SOURCES cuda_emu/test_flash_emu.cc cuda_emu/cuda_emu.c
+  LIBS spotune_kernels LABELS cuda_emu)
+target_compile_definitions(test_cuda_emu PRIVATE SPOTUNE_CUDA_EMU)
+target_include_directories(test_cuda_emu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu)
+if(SPOTUNE_WERROR)
+  target_compile_options(test_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+endif()
+
 # scripts/gpu_check.sh without a GPU (here, and in CI): every GPU step is a
 # SKIPPED row with its reason, the table has every row, the whole run stays
 # far inside its budget; and with stand-in programs, PASS, FAIL, TIMEOUT and

@@ -1,0 +1,533 @@
+/* kernels/cuda/cuda_flash_kernels.cuh — the device code of the fused
+ * attention (cuda_flash.cu launches it): the kernels, their fragments and
+ * launch shapes. Self-contained (cuda_device.h), so that the same source
+ * also runs under the CPU emulation of the device (tests/cuda_emu).
+ *
+ * Fused causal grouped-query attention (FlashAttention-2), forward and
+ * backward, for BF16 tensors and head dims 64 and 128; the CUDA backend's
+ * attention for those shapes (cuda_attention.cu dispatches, and keeps the
+ * unfused path for the rest).
+ *
+ * Math: backend.h (scale 1/sqrt(hd), query t sees keys [lo(t), t] with
+ * lo(t) = seg[b,t] clamped to [0, t], or 0 without seg). Products on tensor
+ * cores, mma.sync m16n8k16 (bf16 in, fp32 accumulate; sm_80 and later), P
+ * and dS rounded to bf16 before their products (as the unfused path does);
+ * row statistics, lse and D in fp32.
+ *
+ * Forward: one block of four warps per (64 query rows, batch row, head);
+ * each warp owns 16 rows, keeps its Q fragments and fp32 output accumulator
+ * in registers, and walks the 64-key tiles of K and V (staged in shared
+ * memory) from the first tile any row of the block sees (the smallest
+ * document start) to the diagonal, with a running max and sum per row
+ * (online softmax). Tiles wholly above the diagonal or before every
+ * document of the warp's rows are skipped. lse = m + log(l) is saved.
+ *
+ * Backward: D = rowsum(dO * O) (fp32, [B, nh, T] in the backend's scratch),
+ * then two kernels that each recompute P = exp(S - lse) from Q, K and lse:
+ *  - dK, dV: one block per (64 keys, batch row, kv head); each warp owns 16
+ *    keys (K, V fragments and dK, dV accumulators in registers) and walks
+ *    every query head of the group and the 32-row query tiles at and after
+ *    its keys: dV += P^T dO, dP^T = V dO^T, dS = P (dP - D) scale,
+ *    dK += dS^T Q.
+ *  - dQ: one block per (64 query rows, batch row, head), as the forward:
+ *    dP = dO V^T, dS = P (dP - D) scale, dQ += dS K.
+ * No atomics: every output element has one writer, and its sums run in a
+ * fixed order, so forward and backward are deterministic (bit for bit from
+ * run to run on one GPU model). The price: S is computed twice in the
+ * backward (once per kernel).
+ *
+ * GQA by indexing: query head h reads kv head h / (nh / nkv) in place.
+ * Packed rows (seg) are handled per element (no mask tensor); any T (rows
+ * and keys past T are zero in the staged tiles and masked). */
+#ifndef SPOTUNE_CUDA_FLASH_KERNELS_CUH
+#define SPOTUNE_CUDA_FLASH_KERNELS_CUH
+
+#include <limits.h>
+#include <stdint.h>
+
+#include "cuda_device.h"
+
+#define FA_BR 64   /* query rows per forward / dQ block (four warps of 16) */
+#define FA_BC 64   /* keys per tile; keys per dK/dV block */
+#define FA_BQ 32   /* query rows per tile of the dK/dV kernel */
+#define FA_PAD 8   /* shared-memory row padding (bf16): conflict-free fragment loads */
+#define FA_THREADS 128
+
+typedef struct flash_args {
+    const uint16_t *q, *k, *v, *o, *dout;
+    uint16_t *out, *dq, *dk, *dv;
+    float *lse;      /* [B, nh, T] */
+    float *D;        /* [B, nh, T], backward */
+    const int *seg;  /* [B, T] or NULL */
+    int B, T, nh, nkv;
+    float scale;
+} flash_args;
+
+/* ---- fragments -------------------------------------------------------------------- */
+
+static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    return (uint32_t)f32_to_bf16(lo) | ((uint32_t)f32_to_bf16(hi) << 16);
+}
+
+static __device__ __forceinline__ uint32_t ld32(const uint16_t *p)
+{
+    return *(const uint32_t *)p;
+}
+
+/* Two bf16 of a column: p[0] (low half) and p[ld] (high half). */
+static __device__ __forceinline__ uint32_t ld_col2(const uint16_t *p, int ld)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[ld] << 16);
+}
+
+/* c += a b: A 16x16 bf16 row-major, B 16x8 bf16 column-major, C 16x8 fp32.
+ * Lane (g = lane/4, t = lane%4) holds a = rows g, g+8 x cols 2t..2t+1 and
+ * 2t+8..2t+9; b = rows 2t..2t+1 and 2t+8..2t+9 of column g; c = rows g,
+ * g+8 x cols 2t, 2t+1. */
+static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                                uint32_t b1)
+{
+#if defined(SPOTUNE_CUDA_EMU)
+    emu_mma_m16n8k16_bf16(c, a, b0, b1);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)c, (void)a, (void)b0, (void)b1;
+    __trap(); /* never launched: the host checks for compute capability 8.0 */
+#endif
+}
+
+/* The A fragments of 16 rows x HD columns of a global row-major matrix
+ * (row r at base + r * ld); rows at or past nrows read as zero. */
+template <int HD>
+static __device__ __forceinline__ void load_a_rows(uint32_t a[HD / 16][4], const uint16_t *base,
+                                                   size_t ld, int r0, int nrows)
+{
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int rA = r0 + g, rB = rA + 8;
+    for (int ks = 0; ks < HD / 16; ks++) {
+        int c = ks * 16 + 2 * t;
+        a[ks][0] = rA < nrows ? ld32(base + (size_t)rA * ld + c) : 0u;
+        a[ks][1] = rB < nrows ? ld32(base + (size_t)rB * ld + c) : 0u;
+        a[ks][2] = rA < nrows ? ld32(base + (size_t)rA * ld + c + 8) : 0u;
+        a[ks][3] = rB < nrows ? ld32(base + (size_t)rB * ld + c + 8) : 0u;
+    }
+}
+
+/* The A fragment of k-step kk from C fragments of 8-column tiles 2kk, 2kk+1
+ * (rounded to bf16): P or dS reused as the left operand. */
+static __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const float c1[4])
+{
+    a[0] = pack2(c0[0], c0[1]);
+    a[1] = pack2(c0[2], c0[3]);
+    a[2] = pack2(c1[0], c1[1]);
+    a[3] = pack2(c1[2], c1[3]);
+}
+
+/* Stages rows [r0, r0 + nrows) of a [.., HD] slice (row r at src + r * ld)
+ * into dst (row stride HD + FA_PAD), zeros past T; the whole block helps. */
+template <int HD>
+static __device__ void stage_rows(uint16_t *dst, const uint16_t *src, size_t ld, int r0,
+                                  int nrows, int T)
+{
+    const int chunks = HD / 8; /* 16-byte pieces per row */
+    for (int i = threadIdx.x; i < nrows * chunks; i += blockDim.x) {
+        int r = i / chunks, c = (i % chunks) * 8;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (r0 + r < T)
+            val = *(const uint4 *)(src + (size_t)(r0 + r) * ld + c);
+        *(uint4 *)(dst + r * (HD + FA_PAD) + c) = val;
+    }
+}
+
+/* The first key query t sees (seg row of this batch row, or NULL). */
+static __device__ __forceinline__ int fa_lo(const int *seg, int t)
+{
+    if (!seg)
+        return 0;
+    int v = seg[t];
+    return v < 0 ? 0 : v > t ? t : v;
+}
+
+static __device__ __forceinline__ int warp_min_i(int v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        int w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+/* Reduction over the four lanes of a quad (the lanes sharing a row). */
+static __device__ __forceinline__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+static __device__ __forceinline__ float quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* The smallest first key of query rows [r0, r1) (block-wide, via sh). */
+static __device__ int block_min_lo(const int *seg, int r0, int r1, int *sh)
+{
+    if (threadIdx.x == 0)
+        *sh = INT_MAX;
+    __syncthreads();
+    int lo = INT_MAX;
+    for (int t = r0 + threadIdx.x; t < r1; t += blockDim.x) {
+        int l = fa_lo(seg, t);
+        lo = l < lo ? l : lo;
+    }
+    atomicMin(sh, lo); /* a min: the result does not depend on the order */
+    __syncthreads();
+    return *sh;
+}
+
+/* ---- forward ---------------------------------------------------------------------- */
+
+/* Scores of the warp's 16 rows against the 64 staged keys: s = Q K^T
+ * (fp32), then scaled, -inf where masked. rowA, rowB: this lane's rows. */
+template <int HD>
+static __device__ __forceinline__ void scores_tile(float s[8][4], const uint32_t qa[HD / 16][4],
+                                                   const uint16_t *Ks, int j0, int rowA, int loA,
+                                                   int loB, int T, float scale)
+{
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    for (int nt = 0; nt < 8; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        const uint16_t *kr = Ks + (nt * 8 + g) * (HD + FA_PAD) + 2 * t;
+        for (int ks = 0; ks < HD / 16; ks++)
+            mma16816(s[nt], qa[ks], ld32(kr + ks * 16), ld32(kr + ks * 16 + 8));
+    }
+    for (int nt = 0; nt < 8; nt++)
+        for (int e = 0; e < 4; e++) {
+            int row = e < 2 ? rowA : rowA + 8, lo = e < 2 ? loA : loB;
+            int j = j0 + nt * 8 + 2 * t + (e & 1);
+            int ok = row < T && j <= row && j >= lo;
+            s[nt][e] = ok ? s[nt][e] * scale : -INFINITY;
+        }
+}
+
+/* Online softmax over one tile for this lane's two rows: s becomes P (fp32,
+ * 0 where masked), m and l (lane-partial sums) are updated, o rescaled. */
+template <int HD>
+static __device__ __forceinline__ void online_tile(float s[8][4], float m[2], float l[2],
+                                                   float o[HD / 8][4])
+{
+    for (int r = 0; r < 2; r++) {
+        float mx = m[r];
+        for (int nt = 0; nt < 8; nt++)
+            mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        mx = quad_max(mx);
+        float corr = mx == -INFINITY ? 1.0f : m[r] == -INFINITY ? 0.0f : expf(m[r] - mx);
+        float sum = 0.0f;
+        for (int nt = 0; nt < 8; nt++)
+            for (int e = 2 * r; e < 2 * r + 2; e++) {
+                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - mx);
+                sum += s[nt][e];
+            }
+        m[r] = mx;
+        l[r] = l[r] * corr + sum;
+        for (int nt = 0; nt < HD / 8; nt++) {
+            o[nt][2 * r] *= corr;
+            o[nt][2 * r + 1] *= corr;
+        }
+    }
+}
+
+/* acc[16 x HD] += X[16 x 64] Y[64 x HD], X from C fragments, Y staged
+ * (row stride HD + FA_PAD). */
+template <int HD>
+static __device__ __forceinline__ void c_times_staged(float acc[HD / 8][4], const float x[8][4],
+                                                      const uint16_t *Y)
+{
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const int ld = HD + FA_PAD;
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4];
+        c_to_a(a, x[2 * kk], x[2 * kk + 1]);
+        const uint16_t *yr = Y + (kk * 16 + 2 * t) * ld + g;
+        for (int nt = 0; nt < HD / 8; nt++)
+            mma16816(acc[nt], a, ld_col2(yr + nt * 8, ld), ld_col2(yr + 8 * ld + nt * 8, ld));
+    }
+}
+
+/* Writes 16 rows x HD of fp32 accumulators (times mul[r]) as bf16. */
+template <int HD>
+static __device__ __forceinline__ void store_rows(uint16_t *base, size_t ld, int rowA, int T,
+                                                  const float acc[HD / 8][4], const float mul[2])
+{
+    int t = threadIdx.x & 3;
+    for (int r = 0; r < 2; r++) {
+        int row = rowA + 8 * r;
+        if (row >= T)
+            continue;
+        uint16_t *dst = base + (size_t)row * ld + 2 * t;
+        for (int nt = 0; nt < HD / 8; nt++)
+            *(uint32_t *)(dst + nt * 8) =
+                pack2(acc[nt][2 * r] * mul[r], acc[nt][2 * r + 1] * mul[r]);
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(flash_args a)
+{
+    __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
+    __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
+    __shared__ int sh_lo;
+    int b = blockIdx.y / a.nh, h = blockIdx.y % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    int q0 = blockIdx.x * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
+    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    const uint16_t *qb = a.q + (size_t)b * T * ldq + (size_t)h * HD;
+    const uint16_t *kb = a.k + (size_t)b * T * ldk + (size_t)kh * HD;
+    const uint16_t *vb = a.v + (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int rowA = w0 + g;
+    int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
+    int wlo = warp_min_i(min(loA, loB)), kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+
+    uint32_t qa[HD / 16][4];
+    load_a_rows<HD>(qa, qb, ldq, w0, T);
+    float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int nt = 0; nt < HD / 8; nt++)
+        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
+        __syncthreads(); /* the previous tile's readers are done */
+        stage_rows<HD>(Ks, kb, ldk, j0, FA_BC, T);
+        stage_rows<HD>(Vs, vb, ldk, j0, FA_BC, T);
+        __syncthreads();
+        /* warp-uniform: some row of the warp sees some key of the tile */
+        if (w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1)
+            continue;
+        float s[8][4];
+        scores_tile<HD>(s, qa, Ks, j0, rowA, loA, loB, T, a.scale);
+        online_tile<HD>(s, m, l, o);
+        c_times_staged<HD>(o, s, Vs);
+    }
+    float inv[2];
+    for (int r = 0; r < 2; r++) {
+        l[r] = quad_sum(l[r]);
+        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+    store_rows<HD>(a.out + (size_t)b * T * ldq + (size_t)h * HD, ldq, rowA, T, o, inv);
+    if ((threadIdx.x & 3) == 0)
+        for (int r = 0; r < 2; r++)
+            if (rowA + 8 * r < T)
+                a.lse[((size_t)b * a.nh + h) * T + rowA + 8 * r] = m[r] + logf(l[r]);
+}
+
+/* ---- backward: D ------------------------------------------------------------------ */
+
+/* D[(b*nh + h)*T + t] = dot(dO[b,t,h,:], O[b,t,h,:]) in fp32: one warp per row. */
+__global__ void flash_rowdot_kernel(flash_args a, int hd)
+{
+    size_t nrows = (size_t)a.B * a.T * a.nh;
+    size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; /* (b*T + t)*nh + h */
+    if (r >= nrows)
+        return;
+    int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += 32)
+        acc += bf16_to_f32(a.dout[r * hd + d]) * bf16_to_f32(a.o[r * hd + d]);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        size_t h = r % a.nh, bt = r / a.nh, t = bt % a.T, b = bt / a.T;
+        a.D[(b * a.nh + h) * a.T + t] = acc;
+    }
+}
+
+/* ---- backward: dK, dV ------------------------------------------------------------- */
+
+/* x[16 keys x 32 queries] = A[16 x HD] Y^T, Y the staged query rows (fp32). */
+template <int HD>
+static __device__ __forceinline__ void keys_by_rows(float x[4][4], const uint32_t ka[HD / 16][4],
+                                                    const uint16_t *Y)
+{
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    for (int nt = 0; nt < 4; nt++) {
+        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
+        const uint16_t *yr = Y + (nt * 8 + g) * (HD + FA_PAD) + 2 * t;
+        for (int ks = 0; ks < HD / 16; ks++)
+            mma16816(x[nt], ka[ks], ld32(yr + ks * 16), ld32(yr + ks * 16 + 8));
+    }
+}
+
+/* acc[16 keys x HD] += X[16 x 32] Y[32 x HD] (Y staged query rows). */
+template <int HD>
+static __device__ __forceinline__ void keys_accumulate(float acc[HD / 8][4], const float x[4][4],
+                                                       const uint16_t *Y)
+{
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const int ld = HD + FA_PAD;
+    for (int kk = 0; kk < 2; kk++) {
+        uint32_t a[4];
+        c_to_a(a, x[2 * kk], x[2 * kk + 1]);
+        const uint16_t *yr = Y + (kk * 16 + 2 * t) * ld + g;
+        for (int nt = 0; nt < HD / 8; nt++)
+            mma16816(acc[nt], a, ld_col2(yr + nt * 8, ld), ld_col2(yr + 8 * ld + nt * 8, ld));
+    }
+}
+
+/* P^T of the warp's 16 keys x 32 staged queries from S^T: exp(scale s -
+ * lse[i]) where query i sees the key, else 0; then dS^T = P (dP - D) scale
+ * into dp. */
+static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4], int keyA,
+                                                    int i0, const float *lse_s, const float *D_s,
+                                                    const int *lo_s, int T, float scale)
+{
+    int t = threadIdx.x & 3;
+    for (int nt = 0; nt < 4; nt++)
+        for (int e = 0; e < 4; e++) {
+            int key = e < 2 ? keyA : keyA + 8, r = nt * 8 + 2 * t + (e & 1), i = i0 + r;
+            int ok = i < T && key <= i && key >= lo_s[r];
+            float p = ok ? expf(s[nt][e] * scale - lse_s[r]) : 0.0f;
+            s[nt][e] = p;
+            dp[nt][e] = p * (dp[nt][e] - D_s[r]) * scale;
+        }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
+{
+    __shared__ __align__(16) uint16_t Qs[FA_BQ * (HD + FA_PAD)];
+    __shared__ __align__(16) uint16_t dOs[FA_BQ * (HD + FA_PAD)];
+    __shared__ float lse_s[FA_BQ], D_s[FA_BQ];
+    __shared__ int lo_s[FA_BQ];
+    int b = blockIdx.y / a.nkv, kh = blockIdx.y % a.nkv, T = a.T, group = a.nh / a.nkv;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int k0 = blockIdx.x * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g;
+    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    uint32_t ka[HD / 16][4], va[HD / 16][4];
+    load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
+    load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
+    float dk[HD / 8][4], dv[HD / 8][4];
+    for (int nt = 0; nt < HD / 8; nt++)
+        for (int e = 0; e < 4; e++)
+            dk[nt][e] = dv[nt][e] = 0.0f;
+    for (int h = kh * group; h < (kh + 1) * group; h++) {
+        size_t qoff = (size_t)b * T * ldq + (size_t)h * HD;
+        const float *lse = a.lse + ((size_t)b * a.nh + h) * T, *D = a.D + ((size_t)b * a.nh + h) * T;
+        for (int i0 = k0 / FA_BQ * FA_BQ; i0 < T; i0 += FA_BQ) {
+            __syncthreads();
+            stage_rows<HD>(Qs, a.q + qoff, ldq, i0, FA_BQ, T);
+            stage_rows<HD>(dOs, a.dout + qoff, ldq, i0, FA_BQ, T);
+            for (int r = threadIdx.x; r < FA_BQ; r += blockDim.x) {
+                int i = i0 + r;
+                lse_s[r] = i < T ? lse[i] : 0.0f;
+                D_s[r] = i < T ? D[i] : 0.0f;
+                lo_s[r] = i < T ? fa_lo(seg, i) : INT_MAX;
+            }
+            __syncthreads();
+            /* warp-uniform: some query of the tile sees some key of the warp */
+            int tlo = warp_min_i(lo_s[lane]);
+            if (w0 >= T || i0 + FA_BQ - 1 < w0 || tlo > min(w0 + 15, T - 1))
+                continue;
+            float s[4][4], dp[4][4];
+            keys_by_rows<HD>(s, ka, Qs);  /* S^T = K Q^T */
+            keys_by_rows<HD>(dp, va, dOs); /* dP^T = V dO^T */
+            probs_and_ds(s, dp, keyA, i0, lse_s, D_s, lo_s, T, a.scale);
+            keys_accumulate<HD>(dv, s, dOs); /* dV += P^T dO */
+            keys_accumulate<HD>(dk, dp, Qs); /* dK += dS^T Q */
+        }
+    }
+    const float one[2] = {1.0f, 1.0f};
+    store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
+    store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
+}
+
+/* ---- backward: dQ ----------------------------------------------------------------- */
+
+/* dp[16 x 64] = dO V^T against the staged keys' V rows. */
+template <int HD>
+static __device__ __forceinline__ void rows_by_keys(float x[8][4], const uint32_t ra[HD / 16][4],
+                                                    const uint16_t *Y)
+{
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    for (int nt = 0; nt < 8; nt++) {
+        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
+        const uint16_t *yr = Y + (nt * 8 + g) * (HD + FA_PAD) + 2 * t;
+        for (int ks = 0; ks < HD / 16; ks++)
+            mma16816(x[nt], ra[ks], ld32(yr + ks * 16), ld32(yr + ks * 16 + 8));
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
+{
+    __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
+    __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
+    __shared__ int sh_lo;
+    int b = blockIdx.y / a.nh, h = blockIdx.y % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    int q0 = blockIdx.x * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16, rowA = w0 + g;
+    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
+    int wlo = warp_min_i(min(loA, loB)), kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    const float *lse = a.lse + ((size_t)b * a.nh + h) * T, *D = a.D + ((size_t)b * a.nh + h) * T;
+    float lr[2], dr[2];
+    for (int r = 0; r < 2; r++) {
+        int row = rowA + 8 * r;
+        lr[r] = row < T ? lse[row] : 0.0f;
+        dr[r] = row < T ? D[row] : 0.0f;
+    }
+    uint32_t qa[HD / 16][4], da[HD / 16][4];
+    load_a_rows<HD>(qa, a.q + qoff, ldq, w0, T);
+    load_a_rows<HD>(da, a.dout + qoff, ldq, w0, T);
+    float dq[HD / 8][4];
+    for (int nt = 0; nt < HD / 8; nt++)
+        dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
+        __syncthreads();
+        stage_rows<HD>(Ks, a.k + koff, ldk, j0, FA_BC, T);
+        stage_rows<HD>(Vs, a.v + koff, ldk, j0, FA_BC, T);
+        __syncthreads();
+        if (w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1)
+            continue;
+        float s[8][4], dp[8][4];
+        scores_tile<HD>(s, qa, Ks, j0, rowA, loA, loB, T, a.scale); /* -inf where masked */
+        rows_by_keys<HD>(dp, da, Vs);                               /* dP = dO V^T */
+        for (int nt = 0; nt < 8; nt++)
+            for (int e = 0; e < 4; e++) {
+                int r = e >> 1;
+                float p = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - lr[r]);
+                s[nt][e] = p * (dp[nt][e] - dr[r]) * a.scale; /* dS */
+            }
+        c_times_staged<HD>(dq, s, Ks); /* dQ += dS K */
+    }
+    const float one[2] = {1.0f, 1.0f};
+    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, one);
+}
+
+/* ---- launch shapes (the host code and the emulation tests) ----------------------- */
+
+static inline unsigned fa_row_blocks(int T) /* forward and dQ: grid.x; grid.y B * nh */
+{
+    return (unsigned)((T + FA_BR - 1) / FA_BR);
+}
+
+static inline unsigned fa_key_blocks(int T) /* dK, dV: grid.x; grid.y B * nkv */
+{
+    return (unsigned)((T + FA_BC - 1) / FA_BC);
+}
+
+#define FA_ROWDOT_THREADS 256 /* a warp per row */
+
+static inline unsigned fa_rowdot_blocks(size_t nrows)
+{
+    return (unsigned)((nrows + FA_ROWDOT_THREADS / 32 - 1) / (FA_ROWDOT_THREADS / 32));
+}
+
+#endif

@@ -1,0 +1,142 @@
+/* tests/cuda_emu/cuda_emu.h — a CPU emulation of the CUDA device, so that
+ * kernel source (the .cuh files of kernels/cuda) runs and is tested on a machine
+ * without a GPU: compiled as C++ with SPOTUNE_CUDA_EMU, kernels/cuda/
+ * cuda_device.h includes this header instead of the CUDA runtime.
+ *
+ * A launch (emu_launch) runs the grid's blocks one after another; a block's
+ * threads are fibers (ucontext) on the calling thread, switched only at the
+ * points where threads meet: __syncthreads (every live thread of the
+ * block), and the warp-wide operations, shuffles and the tensor-core MMA
+ * (every live lane of the warp). So __shared__ is a static variable (one
+ * block at a time), atomics are plain operations, and a barrier some
+ * thread never reaches (a divergent __syncthreads, a warp operation with
+ * lanes gone) is a deadlock the emulator reports by name instead of hanging.
+ *
+ * mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 takes its operands from the
+ * lanes' registers as the PTX ISA lays them out (lane = 4 g + t: A rows g,
+ * g+8 x columns 2t, 2t+1, 2t+8, 2t+9; B rows 2t, 2t+1, 2t+8, 2t+9 of column
+ * g; C/D rows g, g+8 x columns 2t, 2t+1), an independent transcription of
+ * the ISA's figures: a kernel that packs its fragments differently computes
+ * wrong products here. The products are exact (bf16 x bf16 fits fp32) and
+ * accumulate in fp32, k in order; the hardware's order within one MMA is
+ * not specified, a difference of an fp32 rounding or so. */
+#ifndef SPOTUNE_CUDA_EMU_H
+#define SPOTUNE_CUDA_EMU_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct emu_dim3 {
+    unsigned x, y, z;
+} emu_dim3;
+
+typedef struct emu_thread_id {
+    emu_dim3 tid;
+} emu_thread_id;
+
+extern emu_dim3 emu_block_idx, emu_block_dim, emu_grid_dim;
+extern emu_thread_id *emu_cur; /* the running fiber */
+
+/* Runs fn (the kernel with its arguments bound) over grid x block threads
+ * (block.x a multiple of 32, at most 1024; block.y = block.z = 1). 0 when
+ * every block ran to its end; -1 after a deadlock, printed with the block,
+ * and the launch abandoned. */
+int emu_launch(emu_dim3 grid, emu_dim3 block, void (*fn)(void *), void *arg);
+
+/* The warp-wide operations: every live lane of the calling lane's warp
+ * arrives before any leaves. */
+void emu_syncthreads(void);
+uint64_t emu_shfl_xor(unsigned mask, uint64_t v, int lane_mask);
+void emu_mma_m16n8k16_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+/* A device-side __trap: the launch reports it and aborts the process. */
+void emu_trap(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* ---- the CUDA names the kernels use ------------------------------------------------ */
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static
+
+#define threadIdx (emu_cur->tid)
+#define blockIdx emu_block_idx
+#define blockDim emu_block_dim
+#define gridDim emu_grid_dim
+
+#define __syncthreads() emu_syncthreads()
+#define __trap() emu_trap()
+
+typedef struct uint4 {
+    unsigned x, y, z, w;
+} uint4;
+
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+    uint4 r = {x, y, z, w};
+    return r;
+}
+
+static inline float __uint_as_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t __float_as_uint(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float __fmul_rn(float a, float b)
+{
+    return a * b;
+}
+
+#ifdef __cplusplus
+static inline int min(int a, int b)
+{
+    return a < b ? a : b;
+}
+
+static inline int max(int a, int b)
+{
+    return a > b ? a : b;
+}
+
+/* One thread at a time: the read-modify-write needs no atomicity. */
+static inline int atomicMin(int *p, int v)
+{
+    int old = *p;
+    if (v < old)
+        *p = v;
+    return old;
+}
+
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
+{
+    static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
+    uint64_t w = 0;
+    memcpy(&w, &v, sizeof v);
+    w = emu_shfl_xor(mask, w, lane_mask);
+    T r;
+    memcpy(&r, &w, sizeof r);
+    return r;
+}
+#endif
+
+#endif

@@ -1,0 +1,300 @@
+/* tests/cuda_emu/test_flash_emu.cc — the fused attention kernels' own
+ * source (kernels/cuda/cuda_flash_kernels.cuh) run on the emulated device
+ * (cuda_emu.h), against the CPU backend's attention on the same bf16
+ * inputs: forward (out, lse) and backward (dq, dk, dv, through the row-dot,
+ * dK/dV and dQ kernels) on odd shapes: T 1, 7, 37, 64, 130 (T not a
+ * multiple of the tiles), head dims 64 and 128, GQA groups 1, 2, 4 and 8,
+ * two batch rows, packed documents. Launch shapes are the host code's
+ * (fa_row_blocks, fa_key_blocks, fa_rowdot_blocks). Outputs start as NaN,
+ * so an element no thread writes fails the comparison; in the sanitizer
+ * build every load and store of the kernels is bounds-checked.
+ *
+ * Tolerances, as max |emu - cpu| / max |cpu| over a tensor (those of
+ * tests/cuda_ops_util.h): 1e-2 for the bf16 outputs (one rounding is 2^-9;
+ * P and dS are rounded to bf16 before their products), 1e-4 for lse (fp32
+ * from identical inputs). With T 1, dq and dk are rounding noise on both
+ * sides (P = 1, dS = 0): max |x| <= 1e-4.
+ *
+ * C++ only because the kernels are templates; written in the C style of
+ * the rest. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_emu.h"
+#include "kernels/cuda/cuda_flash_kernels.cuh"
+
+extern "C" {
+#include "base/base.h"
+}
+
+#define TOL_BF16 1e-2
+#define TOL_F32 1e-4
+#define TOL_ZERO 1e-4
+
+static backend_t *cpu;
+
+static void setup(void)
+{
+    sp_err err;
+    memset(&err, 0, sizeof err);
+    cr_assert_eq(backend_create(&cpu, "cpu", 0, 0, &err), 0, "%s", err.msg);
+}
+
+static void teardown(void)
+{
+    backend_destroy(cpu);
+}
+
+TestSuite(cuda_emu, .init = setup, .fini = teardown, .timeout = 600);
+
+/* ---- the launches ------------------------------------------------------------------ */
+
+template <int HD> static void fwd_fn(void *p)
+{
+    flash_forward_kernel<HD>(*(flash_args *)p);
+}
+
+template <int HD> static void dkdv_fn(void *p)
+{
+    flash_dkdv_kernel<HD>(*(flash_args *)p);
+}
+
+template <int HD> static void dq_fn(void *p)
+{
+    flash_dq_kernel<HD>(*(flash_args *)p);
+}
+
+typedef struct rowdot_arg {
+    flash_args a;
+    int hd;
+} rowdot_arg;
+
+static void rowdot_fn(void *p)
+{
+    rowdot_arg *r = (rowdot_arg *)p;
+    flash_rowdot_kernel(r->a, r->hd);
+}
+
+static emu_dim3 dim(unsigned x, unsigned y)
+{
+    emu_dim3 d = {x, y, 1};
+    return d;
+}
+
+static void launch(unsigned gx, unsigned gy, unsigned threads, void (*fn)(void *), void *arg,
+                   const char *what)
+{
+    cr_assert_eq(emu_launch(dim(gx, gy), dim(threads, 1), fn, arg), 0, "%s did not run to its end",
+                 what);
+}
+
+/* ---- data -------------------------------------------------------------------------- */
+
+static uint64_t draws = 1000;
+
+/* n values uniform in [-scale, scale], rounded to bf16: bits in *h, the
+ * same values as floats returned (both malloc'd). */
+static float *rnd_bf16(size_t n, float scale, uint16_t **h)
+{
+    float *f = (float *)malloc(sizeof(float) * (n ? n : 1));
+    *h = (uint16_t *)malloc(sizeof(uint16_t) * (n ? n : 1));
+    cr_assert(f && *h);
+    uint64_t seed = draws++;
+    for (size_t i = 0; i < n; i++) {
+        float x = (2.0f * sp_rng_uniform(seed, i) - 1.0f) * scale;
+        (*h)[i] = sp_f32_to_bf16(x);
+        f[i] = sp_bf16_to_f32((*h)[i]);
+    }
+    return f;
+}
+
+static uint16_t *nan_bf16(size_t n)
+{
+    uint16_t *p = (uint16_t *)malloc(sizeof(uint16_t) * (n ? n : 1));
+    cr_assert(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = 0x7fc0u;
+    return p;
+}
+
+static float *nan_f32(size_t n)
+{
+    float *p = (float *)malloc(sizeof(float) * (n ? n : 1));
+    cr_assert(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = NAN;
+    return p;
+}
+
+static tensor_t up(const float *h, size_t n)
+{
+    tensor_t t = be_alloc(cpu, DT_F32, n);
+    cr_assert(t.p);
+    if (h)
+        be_upload(cpu, t, h, DT_F32);
+    return t;
+}
+
+static float *down(tensor_t t, size_t n)
+{
+    float *h = (float *)malloc(sizeof(float) * (n ? n : 1));
+    cr_assert(h);
+    be_download(cpu, h, DT_F32, t);
+    return h;
+}
+
+/* max |got - want| / max |want| <= tol; got is bf16 (bits) or f32 */
+static void expect_close(const char *what, const uint16_t *gb, const float *gf, const float *want,
+                         size_t n, double tol)
+{
+    double m = 0, e = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = gb ? (double)sp_bf16_to_f32(gb[i]) : (double)gf[i], d = fabs(g - want[i]);
+        if (fabs((double)want[i]) > m)
+            m = fabs((double)want[i]);
+        if (d > e || d != d) {
+            e = d != d ? INFINITY : d;
+            at = i;
+        }
+    }
+    double r = m > 0 ? e / m : e;
+    fprintf(stderr, "%s: max error %.2e of max |cpu| %.3g\n", what, r, m);
+    cr_expect(r <= tol, "%s: max error %.3g relative to max |cpu| %.3g, at element %zu "
+                        "(emulated %.6g, cpu %.6g) > %.3g",
+              what, r, m, at, gb ? (double)sp_bf16_to_f32(gb[at]) : (double)gf[at],
+              (double)want[at], tol);
+}
+
+static void expect_small(const char *what, const uint16_t *gb, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = fabs((double)sp_bf16_to_f32(gb[i]));
+        if (x > m || x != x)
+            m = x != x ? INFINITY : x;
+    }
+    cr_expect(m <= TOL_ZERO, "%s: max |x| %.3g > %.3g (should be 0 up to rounding)", what, m,
+              TOL_ZERO);
+}
+
+/* Packed documents: lengths drawn from 1..max_len; seg[b*T + t] the row of
+ * t's document start. */
+static void packed(int B, int T, int max_len, int32_t *seg)
+{
+    uint64_t d = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T;) {
+            int len = 1 + (int)(sp_rng_u64(0x5e9, d++) % (uint64_t)max_len);
+            for (int i = t; i < t + len && i < T; i++)
+                seg[b * T + i] = t;
+            t += len;
+        }
+}
+
+/* ---- the check --------------------------------------------------------------------- */
+
+static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
+{
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    uint16_t *hq, *hk, *hv, *hdo;
+    float *q = rnd_bf16(nq, 1.5f, &hq), *k = rnd_bf16(nk, 1.5f, &hk), *v = rnd_bf16(nk, 1.0f, &hv);
+    float *dout = rnd_bf16(nq, 1.0f, &hdo);
+    int32_t *seg = NULL;
+    tensor_t cseg = {};
+    if (max_doc) {
+        seg = (int32_t *)malloc(sizeof(int32_t) * (size_t)B * T);
+        cr_assert(seg);
+        packed(B, T, max_doc, seg);
+        cseg = be_alloc(cpu, DT_I32, (size_t)B * T);
+        cr_assert(cseg.p);
+        be_upload(cpu, cseg, seg, DT_I32);
+    }
+    char what[128], w2[160];
+    snprintf(what, sizeof what, "flash B%d T%d nh%d nkv%d hd%d%s", B, T, nh, nkv, hd,
+             max_doc ? " packed" : "");
+
+    /* forward */
+    flash_args a;
+    memset(&a, 0, sizeof a);
+    a.q = hq, a.k = hk, a.v = hv, a.dout = hdo, a.seg = seg;
+    a.B = B, a.T = T, a.nh = nh, a.nkv = nkv, a.scale = 1.0f / sqrtf((float)hd);
+    uint16_t *out = nan_bf16(nq), *dq = nan_bf16(nq), *dk = nan_bf16(nk), *dv = nan_bf16(nk);
+    float *lse = nan_f32(nl), *D = nan_f32(nl);
+    a.out = out, a.lse = lse;
+    launch(fa_row_blocks(T), (unsigned)(B * nh), FA_THREADS, hd == 64 ? fwd_fn<64> : fwd_fn<128>,
+           &a, "flash_forward_kernel");
+    tensor_t cq = up(q, nq), ck = up(k, nk), cv = up(v, nk), co = up(NULL, nq), cl = up(NULL, nl);
+    be_attention_forward(cpu, co, cl, cq, ck, cv, cseg, B, T, nh, nkv, hd);
+    cr_assert_eq(be_check(cpu, NULL), 0);
+    float *wo = down(co, nq), *wl = down(cl, nl);
+    snprintf(w2, sizeof w2, "%s out", what);
+    expect_close(w2, out, NULL, wo, nq, TOL_BF16);
+    snprintf(w2, sizeof w2, "%s lse", what);
+    expect_close(w2, NULL, lse, wl, nl, TOL_F32);
+
+    /* backward, from the emulated forward's output on both sides */
+    float *o = (float *)malloc(sizeof(float) * nq);
+    cr_assert(o);
+    for (size_t i = 0; i < nq; i++)
+        o[i] = sp_bf16_to_f32(out[i]);
+    be_upload(cpu, co, o, DT_F32);
+    a.o = out, a.D = D, a.dq = dq, a.dk = dk, a.dv = dv;
+    rowdot_arg ra = {a, hd};
+    size_t nrows = (size_t)B * T * nh;
+    launch(fa_rowdot_blocks(nrows), 1, FA_ROWDOT_THREADS, rowdot_fn, &ra, "flash_rowdot_kernel");
+    launch(fa_key_blocks(T), (unsigned)(B * nkv), FA_THREADS,
+           hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a, "flash_dkdv_kernel");
+    launch(fa_row_blocks(T), (unsigned)(B * nh), FA_THREADS, hd == 64 ? dq_fn<64> : dq_fn<128>,
+           &a, "flash_dq_kernel");
+    tensor_t cdo = up(dout, nq), cdq = up(NULL, nq), cdk = up(NULL, nk), cdv = up(NULL, nk);
+    be_attention_backward(cpu, cdq, cdk, cdv, cdo, co, cl, cq, ck, cv, cseg, B, T, nh, nkv, hd);
+    cr_assert_eq(be_check(cpu, NULL), 0);
+    float *wdq = down(cdq, nq), *wdk = down(cdk, nk), *wdv = down(cdv, nk);
+    if (T == 1) {
+        snprintf(w2, sizeof w2, "%s dq", what);
+        expect_small(w2, dq, nq);
+        snprintf(w2, sizeof w2, "%s dk", what);
+        expect_small(w2, dk, nk);
+    } else {
+        snprintf(w2, sizeof w2, "%s dq", what);
+        expect_close(w2, dq, NULL, wdq, nq, TOL_BF16);
+        snprintf(w2, sizeof w2, "%s dk", what);
+        expect_close(w2, dk, NULL, wdk, nk, TOL_BF16);
+    }
+    snprintf(w2, sizeof w2, "%s dv", what);
+    expect_close(w2, dv, NULL, wdv, nk, TOL_BF16);
+
+    tensor_t ts[] = {cq, ck, cv, co, cl, cdo, cdq, cdk, cdv, cseg};
+    for (int i = 0; i < 10; i++)
+        if (ts[i].p)
+            be_free(cpu, &ts[i]);
+    free(q), free(k), free(v), free(dout), free(hq), free(hk), free(hv), free(hdo), free(seg);
+    free(out), free(dq), free(dk), free(dv), free(lse), free(D), free(o);
+    free(wo), free(wl), free(wdq), free(wdk), free(wdv);
+}
+
+Test(cuda_emu, flash_attention_odd_shapes_hd64)
+{
+    check(1, 1, 1, 1, 64, 0);
+    check(1, 7, 2, 1, 64, 0);
+    check(2, 37, 4, 1, 64, 0); /* GQA 4 */
+    check(1, 64, 2, 2, 64, 0); /* one whole tile, groups of 1 */
+    check(1, 130, 4, 2, 64, 0); /* GQA 2, three tiles, the last of 2 rows */
+}
+
+Test(cuda_emu, flash_attention_odd_shapes_hd128)
+{
+    check(1, 7, 1, 1, 128, 0);
+    check(1, 130, 8, 1, 128, 0); /* GQA 8 */
+    check(2, 37, 2, 2, 128, 0);
+}
+
+Test(cuda_emu, flash_attention_packed_documents)
+{
+    check(2, 100, 4, 1, 64, 9);   /* short documents: many starts inside each tile */
+    check(1, 130, 2, 1, 128, 70); /* documents across tiles */
+}
