@@ -1,8 +1,9 @@
 /* The main of every CUDA suite (tests/test_cuda_*.c): without a usable CUDA
  * device it prints why, naming the CUDA error (no device, an insufficient
  * driver, ...) or that the build has no CUDA backend, and exits 77, which
- * ctest reports as skipped (never as passed). Otherwise Criterion runs the
- * suite. The probe creates no CUDA context, so Criterion's test processes
+ * ctest reports as skipped (never as passed); when SPOTUNE_CUDA_MODULE names
+ * the backend's module (the emulated device's, tests/cuda_emu), that is a
+ * failure instead. Otherwise Criterion runs the suite. The probe creates no CUDA context, so Criterion's test processes
  * start from a clean state. */
 #ifndef SPOTUNE_CUDA_TEST_MAIN_H
 #define SPOTUNE_CUDA_TEST_MAIN_H
@@ -48,6 +49,13 @@ static inline int cuda_test_main(int argc, char *argv[])
                         "(SPOTUNE_TEST_CUDA_STANDIN): a check of the tests, not of CUDA\n",
                 cuda_test_standin());
     else if (backend_cuda_probe(why, sizeof why) <= 0) {
+        /* a module named on purpose (the emulated device's) must be there */
+        const char *module = getenv("SPOTUNE_CUDA_MODULE");
+        if (module && *module) {
+            printf("FAILED: SPOTUNE_CUDA_MODULE=%s gives no usable device: %s\n", module, why);
+            fflush(stdout);
+            return 1;
+        }
         printf("skipped: no usable CUDA device: %s\n", why);
         fflush(stdout);
         return CUDA_TEST_SKIPPED;

@@ -233,7 +233,7 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
                     scores(be, S, (const char *)q.p + a.qoff * esz,
                            (const char *)k.p + a.koff * esz, dt, &pl, &a, nh, nkv, group, hd,
                            scale);
-                    attn_softmax_forward_kernel<<<dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st>>>(
+                    LAUNCH(attn_softmax_forward_kernel, dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st)(
                         S, P, dt, (float *)lse.p, seg_row(seg, b, T), pl.hs, pl.ldS, r0, a.kend,
                         a.lbase, (size_t)group * T);
                     if (LAUNCHED(be, "attn_softmax_forward_kernel"))
@@ -279,8 +279,8 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
     float scale = 1.0f / sqrtf((float)hd);
 
     size_t nrows = (size_t)B * T * nh;
-    attn_rowdot_kernel<<<(unsigned)((nrows + 7) / 8), 256, 0, st>>>(D, dout.p, out.p, dt, T, nh,
-                                                                    hd, nrows);
+    LAUNCH(attn_rowdot_kernel, (unsigned)((nrows + 7) / 8), 256, 0, st)(
+        D, dout.p, out.p, dt, T, nh, hd, nrows);
     if (LAUNCHED(be, "attn_rowdot_kernel"))
         return;
     for (int b = 0; b < B && !be->err.code; b++) {
@@ -297,7 +297,7 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
                     const char *Vb = (const char *)v.p + a.koff * esz;
                     scores(be, S, Qb, Kb, dt, &pl, &a, nh, nkv, group, hd, scale);
                     scores(be, dP, dOb, Vb, dt, &pl, &a, nh, nkv, group, hd, 1.0f);
-                    attn_softmax_backward_kernel<<<dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st>>>(
+                    LAUNCH(attn_softmax_backward_kernel, dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st)(
                         S, dP, P, dS, dt, (const float *)lse.p, D, seg_row(seg, b, T), pl.hs,
                         pl.ldS, r0, a.kend, a.lbase, (size_t)group * T, scale);
                     if (LAUNCHED(be, "attn_softmax_backward_kernel"))

@@ -14,6 +14,7 @@
 
 #ifdef SPOTUNE_CUDA_EMU
 #include "cuda_emu.h"
+#include "cuda_emu_runtime.h"
 #else
 #include <cuda_runtime.h>
 #endif
@@ -21,6 +22,19 @@
 extern "C" {
 #include "../backend.h"
 }
+
+/* A kernel launch, kernel<<<grid, block, smem, stream>>>(args), is written
+ * LAUNCH(kernel, grid, block, smem, stream)(args): the same launch in a CUDA
+ * build, and the emulated device's launcher where the <<< >>> syntax does
+ * not compile (SPOTUNE_CUDA_EMU). A kernel's dynamic shared memory (the
+ * launch's smem bytes) is declared DYNAMIC_SHARED(type, name), name[i]. */
+#ifdef SPOTUNE_CUDA_EMU
+#define LAUNCH(kernel, ...) emu_launcher(kernel, __VA_ARGS__)
+#define DYNAMIC_SHARED(T, name) T *name = (T *)emu_dynamic_shared()
+#else
+#define LAUNCH(kernel, ...) kernel<<<__VA_ARGS__>>>
+#define DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 /* ---- launch shapes ---------------------------------------------------------- */
 

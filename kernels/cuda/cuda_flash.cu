@@ -88,9 +88,9 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
     dim3 grid(fa_row_blocks(T), (unsigned)(B * nh));
     cudaStream_t st = CUDA_IMPL(be)->stream;
     if (hd == 64)
-        flash_forward_kernel<64><<<grid, FA_THREADS, 0, st>>>(a);
+        LAUNCH(flash_forward_kernel<64>, grid, FA_THREADS, 0, st)(a);
     else
-        flash_forward_kernel<128><<<grid, FA_THREADS, 0, st>>>(a);
+        LAUNCH(flash_forward_kernel<128>, grid, FA_THREADS, 0, st)(a);
     LAUNCHED(be, "flash_forward_kernel");
 }
 
@@ -115,20 +115,20 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
     a.lse = (float *)lse.p;
     a.D = D;
     cudaStream_t st = CUDA_IMPL(be)->stream;
-    flash_rowdot_kernel<<<fa_rowdot_blocks(nrows), FA_ROWDOT_THREADS, 0, st>>>(a, hd);
+    LAUNCH(flash_rowdot_kernel, fa_rowdot_blocks(nrows), FA_ROWDOT_THREADS, 0, st)(a, hd);
     if (LAUNCHED(be, "flash_rowdot_kernel"))
         return;
     dim3 kgrid(fa_key_blocks(T), (unsigned)(B * nkv));
     dim3 qgrid(fa_row_blocks(T), (unsigned)(B * nh));
     if (hd == 64)
-        flash_dkdv_kernel<64><<<kgrid, FA_THREADS, 0, st>>>(a);
+        LAUNCH(flash_dkdv_kernel<64>, kgrid, FA_THREADS, 0, st)(a);
     else
-        flash_dkdv_kernel<128><<<kgrid, FA_THREADS, 0, st>>>(a);
+        LAUNCH(flash_dkdv_kernel<128>, kgrid, FA_THREADS, 0, st)(a);
     if (LAUNCHED(be, "flash_dkdv_kernel"))
         return;
     if (hd == 64)
-        flash_dq_kernel<64><<<qgrid, FA_THREADS, 0, st>>>(a);
+        LAUNCH(flash_dq_kernel<64>, qgrid, FA_THREADS, 0, st)(a);
     else
-        flash_dq_kernel<128><<<qgrid, FA_THREADS, 0, st>>>(a);
+        LAUNCH(flash_dq_kernel<128>, qgrid, FA_THREADS, 0, st)(a);
     LAUNCHED(be, "flash_dq_kernel");
 }

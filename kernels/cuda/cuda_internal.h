@@ -9,9 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef SPOTUNE_CUDA_EMU /* the emulated device (tests/cuda_emu) */
+#include "cuda_emu_runtime.h"
+#else
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#endif
 
 extern "C" {
 #include "../backend.h"
@@ -129,8 +133,25 @@ static inline gemm_desc gemm_desc_of(int M, int N, int K, int transA, int transB
     return d;
 }
 
+/* The operand and result dtypes a product takes (BF16 x BF16 into BF16 or
+ * F32, or F32 throughout): 1, or 0 with the sticky error set (naming the
+ * caller's file and line). */
+#define GEMM_DTYPES_OK(be, d) gemm_dtypes_ok_at((be), (d), __FILE__, __LINE__)
+static inline int gemm_dtypes_ok_at(backend_t *be, const gemm_desc *d, const char *file,
+                                    int line)
+{
+    if (d->adt == d->bdt && ((d->adt == DT_BF16 && (d->cdt == DT_BF16 || d->cdt == DT_F32)) ||
+                             (d->adt == DT_F32 && d->cdt == DT_F32)))
+        return 1;
+    cuda_fail(be, file, line,
+              "matmul: operands %s x %s into %s unsupported (BF16 x BF16 into BF16 or F32, or "
+              "F32 throughout)",
+              dtype_name(d->adt), dtype_name(d->bdt), dtype_name(d->cdt));
+    return 0;
+}
+
 extern "C" {
-/* cuda_matmul.cu */
+/* cuda_matmul.cu (cuda_matmul_ops.cu: matmul and matmul_cd) */
 int cuda_mm_init(backend_t *be);
 void cuda_mm_destroy(backend_t *be);
 void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B, void *C,

@@ -243,18 +243,7 @@ extern "C" void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, cons
 extern "C" void cuda_gemm_cd(backend_t *be, const gemm_desc *d, const void *A, const void *B,
                              const void *Cin, void *C, float alpha, float beta)
 {
-    if (be->err.code)
-        return;
-    int ok = d->adt == d->bdt && ((d->adt == DT_BF16 && (d->cdt == DT_BF16 || d->cdt == DT_F32)) ||
-                                  (d->adt == DT_F32 && d->cdt == DT_F32));
-    if (!ok) {
-        cuda_fail(be, __FILE__, __LINE__,
-                  "matmul: operands %s x %s into %s unsupported (BF16 x BF16 into BF16 or F32, "
-                  "or F32 throughout)",
-                  dtype_name(d->adt), dtype_name(d->bdt), dtype_name(d->cdt));
-        return;
-    }
-    if (d->M <= 0 || d->N <= 0 || d->batch <= 0)
+    if (be->err.code || !GEMM_DTYPES_OK(be, d) || d->M <= 0 || d->N <= 0 || d->batch <= 0)
         return;
     mm_key key;
     memset(&key, 0, sizeof key); /* padding too: keys compare with memcmp */
@@ -311,30 +300,4 @@ extern "C" void cuda_gemm_cd(backend_t *be, const gemm_desc *d, const void *A, c
     if (in_place_from)
         copy_into(be, d, Cin, C);
     run_fallback(be, &key, A, B, C, alpha, beta);
-}
-
-extern "C" void cuda_matmul_cd(backend_t *be, tensor_t D, tensor_t C, tensor_t A, tensor_t B,
-                               int M, int N, int K, int transA, int transB, float alpha,
-                               float beta)
-{
-    if (be->err.code || M == 0 || N == 0)
-        return;
-    dtype_t adt = K > 0 ? A.dt : D.dt == DT_F32 ? DT_F32 : DT_BF16;
-    gemm_desc d = gemm_desc_of(M, N, K, transA, transB, adt, K > 0 ? B.dt : adt, D.dt,
-                               transA ? M : K, transB ? K : N, N, 1, 0, 0, 0);
-    cuda_gemm_cd(be, &d, A.p, B.p, C.p, D.p, alpha, beta);
-}
-
-extern "C" void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
-                            int transA, int transB, float alpha, float beta, int lda, int ldb,
-                            int ldc)
-{
-    /* the shapes and dtypes have been checked (kernels/backend_ops.c);
-     * cuda_gemm checks the dtype triple cuBLASLt multiplies */
-    if (be->err.code || M == 0 || N == 0)
-        return;
-    dtype_t adt = K > 0 ? A.dt : C.dt == DT_F32 ? DT_F32 : DT_BF16;
-    gemm_desc d = gemm_desc_of(M, N, K, transA, transB, adt, K > 0 ? B.dt : adt, C.dt, lda, ldb,
-                               ldc, 1, 0, 0, 0);
-    cuda_gemm(be, &d, A.p, B.p, C.p, alpha, beta);
 }

@@ -37,7 +37,7 @@ extern "C" void cuda_convert(backend_t *be, void *dst, dtype_t ddt, const void *
 {
     if (be->err.code || !n)
         return;
-    convert_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(dst, ddt, src, sdt, n);
+    LAUNCH(convert_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(dst, ddt, src, sdt, n);
     LAUNCHED(be, "convert_kernel");
 }
 
@@ -52,7 +52,7 @@ extern "C" void cuda_scale(backend_t *be, void *x, dtype_t dt, size_t n, float a
 {
     if (be->err.code || !n || alpha == 1.0f)
         return;
-    scale_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(x, dt, n, alpha);
+    LAUNCH(scale_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(x, dt, n, alpha);
     LAUNCHED(be, "scale_kernel");
 }
 
@@ -115,11 +115,11 @@ static void colsum(backend_t *be, tensor_t out, const void *a, int adt, const vo
     if (!part)
         return;
     dim3 grid((unsigned)((cols + CUDA_BLOCK - 1) / CUDA_BLOCK), (unsigned)chunks);
-    colsum_partial_kernel<<<grid, CUDA_BLOCK, 0, STREAM(be)>>>(part, a, adt, x, xdt, rstd, rows,
-                                                               cols, per);
+    LAUNCH(colsum_partial_kernel, grid, CUDA_BLOCK, 0, STREAM(be))(
+        part, a, adt, x, xdt, rstd, rows, cols, per);
     if (LAUNCHED(be, "colsum_partial_kernel"))
         return;
-    colsum_finish_kernel<<<(cols + CUDA_BLOCK - 1) / CUDA_BLOCK, CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(colsum_finish_kernel, (cols + CUDA_BLOCK - 1) / CUDA_BLOCK, CUDA_BLOCK, 0, STREAM(be))(
         (float *)out.p, part, chunks, cols);
     LAUNCHED(be, "colsum_finish_kernel");
 }
@@ -171,8 +171,8 @@ extern "C" void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd,
 {
     if (be->err.code || rows <= 0 || cuda_vec_rmsnorm_forward(be, out, rstd, x, w, rows, cols, eps))
         return;
-    rmsnorm_forward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, (float *)rstd.p, x.p,
-                                                               x.dt, w.p, w.dt, cols, eps);
+    LAUNCH(rmsnorm_forward_kernel, rows, ROW_BLOCK, 0, STREAM(be))(
+        out.p, out.dt, (float *)rstd.p, x.p, x.dt, w.p, w.dt, cols, eps);
     LAUNCHED(be, "rmsnorm_forward_kernel");
 }
 
@@ -182,7 +182,7 @@ extern "C" void cuda_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, t
     if (be->err.code || rows <= 0)
         return;
     if (!cuda_vec_rmsnorm_backward(be, dx, dout, x, w, rstd, rows, cols)) {
-        rmsnorm_backward_kernel<<<rows, ROW_BLOCK, 0, STREAM(be)>>>(
+        LAUNCH(rmsnorm_backward_kernel, rows, ROW_BLOCK, 0, STREAM(be))(
             dx.p, dx.dt, dout.p, dout.dt, x.p, x.dt, w.p, w.dt, (const float *)rstd.p, cols);
         LAUNCHED(be, "rmsnorm_backward_kernel");
     }
@@ -229,9 +229,9 @@ extern "C" void cuda_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos,
     if (be->err.code || !n ||
         cuda_vec_rope(be, x, src, cos, sin, pos, B, T, nh, hd, sgn, x_ld, src_ld))
         return;
-    rope_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
-        x.p, x.dt, src.p, src.dt, (const float *)cos.p, (const float *)sin.p, (const int *)pos.p,
-        T, nh, hd, n, sgn, (size_t)x_ld, (size_t)src_ld);
+    LAUNCH(rope_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
+        x.p, x.dt, src.p, src.dt, (const float *)cos.p, (const float *)sin.p, (const int *)pos.p, T,
+        nh, hd, n, sgn, (size_t)x_ld, (size_t)src_ld);
     LAUNCHED(be, "rope_kernel");
 }
 
@@ -273,7 +273,7 @@ extern "C" void cuda_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, ten
     size_t n = (size_t)rows * (size_t)cols;
     if (be->err.code || !n || cuda_vec_swiglu_forward(be, out, g, u, rows, cols, ld))
         return;
-    swiglu_forward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(swiglu_forward_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
         out.p, out.dt, g.p, g.dt, u.p, u.dt, n, (size_t)cols, (size_t)ld);
     LAUNCHED(be, "swiglu_forward_kernel");
 }
@@ -284,7 +284,7 @@ extern "C" void cuda_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, te
     size_t n = (size_t)rows * (size_t)cols;
     if (be->err.code || !n || cuda_vec_swiglu_backward(be, dg, du, dout, g, u, rows, cols, ld))
         return;
-    swiglu_backward_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(swiglu_backward_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
         dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n, (size_t)cols,
         (size_t)ld);
     LAUNCHED(be, "swiglu_backward_kernel");
@@ -340,7 +340,7 @@ extern "C" void cuda_embedding_forward(backend_t *be, tensor_t out, tensor_t tab
     size_t total = (size_t)n * H;
     if (be->err.code || !total)
         return;
-    embedding_forward_kernel<<<cuda_blocks(total), CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(embedding_forward_kernel, cuda_blocks(total), CUDA_BLOCK, 0, STREAM(be))(
         out.p, out.dt, table.p, table.dt, (const int32_t *)tokens.p, table.n / H, H, total);
     LAUNCHED(be, "embedding_forward_kernel");
 }
@@ -351,7 +351,7 @@ extern "C" void cuda_embedding_backward(backend_t *be, tensor_t dtable, tensor_t
 {
     if (be->err.code || n <= 0 || H <= 0)
         return;
-    embedding_backward_kernel<<<(unsigned)n, CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(embedding_backward_kernel, (unsigned)n, CUDA_BLOCK, 0, STREAM(be))(
         (float *)dtable.p, dout.p, dout.dt, (const int32_t *)tokens.p, (const int32_t *)order.p,
         (const int32_t *)runs.p, dtable.n / H, H, n);
     LAUNCHED(be, "embedding_backward_kernel");
@@ -400,9 +400,9 @@ extern "C" void cuda_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss
 {
     if (be->err.code || rows <= 0)
         return;
-    cross_entropy_kernel<<<rows, CE_BLOCK, 0, STREAM(be)>>>(logits.p, logits.dt, (float *)loss.p,
-                                                           (const int32_t *)targets.p, V,
-                                                           grad_scale, (const float *)scale.p);
+    LAUNCH(cross_entropy_kernel, rows, CE_BLOCK, 0, STREAM(be))(
+        logits.p, logits.dt, (float *)loss.p, (const int32_t *)targets.p, V, grad_scale,
+        (const float *)scale.p);
     LAUNCHED(be, "cross_entropy_kernel");
 }
 
@@ -418,7 +418,7 @@ extern "C" void cuda_add(backend_t *be, tensor_t y, tensor_t x, float alpha, siz
 {
     if (be->err.code || !n || cuda_vec_add(be, y, x, alpha, n))
         return;
-    add_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, x.p, x.dt, alpha, n);
+    LAUNCH(add_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(y.p, y.dt, x.p, x.dt, alpha, n);
     LAUNCHED(be, "add_kernel");
 }
 
@@ -433,7 +433,8 @@ extern "C" void cuda_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows, i
     size_t n = (size_t)rows * cols;
     if (be->err.code || !n || cuda_vec_add_bias(be, y, b, rows, cols))
         return;
-    add_bias_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, b.p, b.dt, cols, n);
+    LAUNCH(add_bias_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
+        y.p, y.dt, b.p, b.dt, cols, n);
     LAUNCHED(be, "add_bias_kernel");
 }
 
@@ -470,7 +471,7 @@ extern "C" void cuda_weight_norm(backend_t *be, tensor_t n, tensor_t W, tensor_t
 {
     if (be->err.code || out <= 0)
         return;
-    weight_norm_kernel<<<out, ROW_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(weight_norm_kernel, out, ROW_BLOCK, 0, STREAM(be))(
         (float *)n.p, W.p, W.dt, r > 0 ? A.p : NULL, A.dt, r > 0 ? B.p : NULL, B.dt, scale, in, r);
     LAUNCHED(be, "weight_norm_kernel");
 }
@@ -488,8 +489,8 @@ extern "C" void cuda_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t
     size_t n = (size_t)rows * cols;
     if (be->err.code || !n)
         return;
-    col_scale_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, num.p, num.dt,
-                                                                     (const float *)den.p, cols, n);
+    LAUNCH(col_scale_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
+        y.p, y.dt, num.p, num.dt, (const float *)den.p, cols, n);
     LAUNCHED(be, "col_scale_kernel");
 }
 
@@ -514,9 +515,9 @@ extern "C" void cuda_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, te
 {
     if (be->err.code || !n)
         return;
-    dequant_nf4_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
-        out.p, out.dt, (const uint8_t *)codes.p, (const uint8_t *)absmax.p,
-        (const float *)nested.p, (const float *)maps.p, offset, n);
+    LAUNCH(dequant_nf4_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
+        out.p, out.dt, (const uint8_t *)codes.p, (const uint8_t *)absmax.p, (const float *)nested.p,
+        (const float *)maps.p, offset, n);
     LAUNCHED(be, "dequant_nf4_kernel");
 }
 
@@ -560,11 +561,11 @@ extern "C" void cuda_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y
     if (!part)
         return;
     dim3 grid((unsigned)((cols + CUDA_BLOCK - 1) / CUDA_BLOCK), (unsigned)chunks);
-    coldot_partial_kernel<<<grid, CUDA_BLOCK, 0, STREAM(be)>>>(part, x.p, x.dt, y.p, y.dt, rows,
-                                                               cols, per);
+    LAUNCH(coldot_partial_kernel, grid, CUDA_BLOCK, 0, STREAM(be))(
+        part, x.p, x.dt, y.p, y.dt, rows, cols, per);
     if (LAUNCHED(be, "coldot_partial_kernel"))
         return;
-    coldot_finish_kernel<<<(cols + CUDA_BLOCK - 1) / CUDA_BLOCK, CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(coldot_finish_kernel, (cols + CUDA_BLOCK - 1) / CUDA_BLOCK, CUDA_BLOCK, 0, STREAM(be))(
         (float *)out.p, part, (const float *)den.p, chunks, cols);
     LAUNCHED(be, "coldot_finish_kernel");
 }
@@ -603,8 +604,8 @@ extern "C" void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n,
     const uint64_t *sd = (const uint64_t *)seed_dev.p;
     if (cuda_vec_dropout(be, out, in, n, p, keep_scale, seed, sd, offset))
         return;
-    dropout_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(out.p, out.dt, in.p, in.dt, n, p,
-                                                                 keep_scale, seed, sd, offset);
+    LAUNCH(dropout_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
+        out.p, out.dt, in.p, in.dt, n, p, keep_scale, seed, sd, offset);
     LAUNCHED(be, "dropout_kernel");
 }
 
@@ -654,11 +655,11 @@ static size_t sumsq_blocks(backend_t *be, size_t n)
 static int launch_sumsq(backend_t *be, double *out, double *part, size_t nb, tensor_t x, size_t n)
 {
     if (nb) {
-        sumsq_partial_kernel<<<(unsigned)nb, CUDA_BLOCK, 0, STREAM(be)>>>(part, x.p, x.dt, n);
+        LAUNCH(sumsq_partial_kernel, (unsigned)nb, CUDA_BLOCK, 0, STREAM(be))(part, x.p, x.dt, n);
         if (LAUNCHED(be, "sumsq_partial_kernel"))
             return -1;
     }
-    sumsq_finish_kernel<<<1, SUMSQ_FINISH_BLOCK, 0, STREAM(be)>>>(out, part, nb);
+    LAUNCH(sumsq_finish_kernel, 1, SUMSQ_FINISH_BLOCK, 0, STREAM(be))(out, part, nb);
     return LAUNCHED(be, "sumsq_finish_kernel") ? -1 : 0;
 }
 
@@ -705,7 +706,7 @@ extern "C" void cuda_sum_add(backend_t *be, tensor_t acc, tensor_t x, size_t n)
 {
     if (be->err.code)
         return;
-    sum_add_kernel<<<1, 1, 0, STREAM(be)>>>((double *)acc.p, (const float *)x.p, n);
+    LAUNCH(sum_add_kernel, 1, 1, 0, STREAM(be))((double *)acc.p, (const float *)x.p, n);
     LAUNCHED(be, "sum_add_kernel");
 }
 
@@ -755,9 +756,9 @@ extern "C" void cuda_adamw(backend_t *be, tensor_t param, tensor_t param_copy, t
     void *copy = param_copy.p && param_copy.p != param.p ? param_copy.p : NULL;
     if (cuda_vec_adamw(be, param, copy, param_copy.dt, grad, m, v, n, &k))
         return;
-    adamw_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(
-        (float *)param.p, copy, param_copy.dt, (const float *)grad.p, (float *)m.p, (float *)v.p,
-        n, k);
+    LAUNCH(adamw_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
+        (float *)param.p, copy, param_copy.dt, (const float *)grad.p, (float *)m.p, (float *)v.p, n,
+        k);
     LAUNCHED(be, "adamw_kernel");
 }
 
@@ -782,8 +783,8 @@ extern "C" void cuda_fill_uniform(backend_t *be, tensor_t x, size_t n, float lo,
 {
     if (be->err.code || !n)
         return;
-    fill_uniform_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(x.p, x.dt, n, lo, hi, seed,
-                                                                      offset);
+    LAUNCH(fill_uniform_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
+        x.p, x.dt, n, lo, hi, seed, offset);
     LAUNCHED(be, "fill_uniform_kernel");
 }
 
@@ -792,7 +793,7 @@ extern "C" void cuda_fill_normal(backend_t *be, tensor_t x, size_t n, float mean
 {
     if (be->err.code || !n)
         return;
-    fill_normal_kernel<<<cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be)>>>(x.p, x.dt, n, mean, std,
-                                                                     seed, offset);
+    LAUNCH(fill_normal_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
+        x.p, x.dt, n, mean, std, seed, offset);
     LAUNCHED(be, "fill_normal_kernel");
 }

@@ -220,7 +220,7 @@ static __device__ __forceinline__ void stage_row(uint4 *dst, const void *src, in
 __global__ void rmsnorm_forward_vec_kernel(void *out, int odt, float *rstd, const void *x, int xdt,
                                            const void *w, int wdt, int cols, float eps)
 {
-    extern __shared__ uint4 stage[];
+    DYNAMIC_SHARED(uint4, stage);
     __shared__ float sh[33];
     size_t base = (size_t)blockIdx.x * cols;
     size_t xs = xdt == DT_BF16 ? 2 : 4;
@@ -254,7 +254,7 @@ __global__ void rmsnorm_backward_vec_kernel(void *dx, int dxdt, const void *dout
                                             const void *x, int xdt, const void *w, int wdt,
                                             const float *rstd, int cols)
 {
-    extern __shared__ uint4 stage[];
+    DYNAMIC_SHARED(uint4, stage);
     __shared__ float sh[33];
     size_t base = (size_t)blockIdx.x * cols;
     size_t ds = ddt == DT_BF16 ? 2 : 4, xs = xdt == DT_BF16 ? 2 : 4;
@@ -345,8 +345,8 @@ extern "C" int cuda_vec_add(backend_t *be, tensor_t y, tensor_t x, float alpha, 
     tensor_t t[] = {y, x};
     if (!vec_takes(n, 2, t))
         return 0;
-    add_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, x.p, x.dt, alpha,
-                                                                     n / 8);
+    LAUNCH(add_vec_kernel, cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be))(
+        y.p, y.dt, x.p, x.dt, alpha, n / 8);
     LAUNCHED(be, "add_vec_kernel");
     return 1;
 }
@@ -357,8 +357,8 @@ extern "C" int cuda_vec_add_bias(backend_t *be, tensor_t y, tensor_t b, int rows
     size_t n = (size_t)rows * cols;
     if (cols % 8 || !vec_takes(n, 2, t))
         return 0;
-    add_bias_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(y.p, y.dt, b.p, b.dt,
-                                                                          cols, n / 8);
+    LAUNCH(add_bias_vec_kernel, cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be))(
+        y.p, y.dt, b.p, b.dt, cols, n / 8);
     LAUNCHED(be, "add_bias_vec_kernel");
     return 1;
 }
@@ -370,7 +370,7 @@ extern "C" int cuda_vec_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, 
     size_t n = (size_t)rows * (size_t)cols;
     if (cols % 8 || ld % 8 || !vec_takes(n, 3, t))
         return 0;
-    swiglu_forward_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(swiglu_forward_vec_kernel, cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be))(
         out.p, out.dt, g.p, g.dt, u.p, u.dt, n / 8, (size_t)cols / 8, (size_t)ld / 8);
     LAUNCHED(be, "swiglu_forward_vec_kernel");
     return 1;
@@ -383,7 +383,7 @@ extern "C" int cuda_vec_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du,
     size_t n = (size_t)rows * (size_t)cols;
     if (cols % 8 || ld % 8 || !vec_takes(n, 5, t))
         return 0;
-    swiglu_backward_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(swiglu_backward_vec_kernel, cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be))(
         dg.p, dg.dt, du.p, du.dt, dout.p, dout.dt, g.p, g.dt, u.p, u.dt, n / 8, (size_t)cols / 8,
         (size_t)ld / 8);
     LAUNCHED(be, "swiglu_backward_vec_kernel");
@@ -397,7 +397,7 @@ extern "C" int cuda_vec_dropout(backend_t *be, tensor_t out, tensor_t in, size_t
     tensor_t t[] = {out, in};
     if (!vec_takes(n, 2, t))
         return 0;
-    dropout_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(dropout_vec_kernel, cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be))(
         out.p, out.dt, in.p, in.dt, n / 8, p, keep_scale, seed, seed_dev, offset);
     LAUNCHED(be, "dropout_vec_kernel");
     return 1;
@@ -412,9 +412,9 @@ extern "C" int cuda_vec_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t c
     tensor_t t[] = {x, src, cos, sin};
     if (hh % 8 || x_ld % 8 || src_ld % 8 || !vec_takes(n, 4, t))
         return 0;
-    rope_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
-        x.p, x.dt, src.p, src.dt, (const float *)cos.p, (const float *)sin.p,
-        (const int *)pos.p, T, nh, hd, n / 8, sgn, (size_t)x_ld, (size_t)src_ld);
+    LAUNCH(rope_vec_kernel, cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be))(
+        x.p, x.dt, src.p, src.dt, (const float *)cos.p, (const float *)sin.p, (const int *)pos.p, T,
+        nh, hd, n / 8, sgn, (size_t)x_ld, (size_t)src_ld);
     LAUNCHED(be, "rope_vec_kernel");
     return 1;
 }
@@ -426,7 +426,7 @@ extern "C" int cuda_vec_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rs
     size_t smem = (size_t)cols * dt_bytes(x.dt);
     if (cols % 8 || !vec_takes((size_t)cols, 3, t) || smem > VEC_ROW_SMEM)
         return 0;
-    rmsnorm_forward_vec_kernel<<<rows, VEC_ROW_BLOCK, smem, STREAM(be)>>>(
+    LAUNCH(rmsnorm_forward_vec_kernel, rows, VEC_ROW_BLOCK, smem, STREAM(be))(
         out.p, out.dt, (float *)rstd.p, x.p, x.dt, w.p, w.dt, cols, eps);
     LAUNCHED(be, "rmsnorm_forward_vec_kernel");
     return 1;
@@ -440,7 +440,7 @@ extern "C" int cuda_vec_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t do
     size_t smem = (size_t)cols * (dt_bytes(dout.dt) + dt_bytes(x.dt));
     if (cols % 8 || !vec_takes((size_t)cols, 4, t) || smem > VEC_ROW_SMEM)
         return 0;
-    rmsnorm_backward_vec_kernel<<<rows, VEC_ROW_BLOCK, smem, STREAM(be)>>>(
+    LAUNCH(rmsnorm_backward_vec_kernel, rows, VEC_ROW_BLOCK, smem, STREAM(be))(
         dx.p, dx.dt, dout.p, dout.dt, x.p, x.dt, w.p, w.dt, (const float *)rstd.p, cols);
     LAUNCHED(be, "rmsnorm_backward_vec_kernel");
     return 1;
@@ -456,7 +456,7 @@ extern "C" int cuda_vec_adamw(backend_t *be, tensor_t param, void *copy, dtype_t
     if (!vec_takes(n, 5, t) || param.dt != DT_F32 || grad.dt != DT_F32 || m.dt != DT_F32 ||
         v.dt != DT_F32)
         return 0;
-    adamw_vec_kernel<<<cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be)>>>(
+    LAUNCH(adamw_vec_kernel, cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be))(
         (float *)param.p, copy, cdt, (const float *)grad.p, (float *)m.p, (float *)v.p, n / 8, *k);
     LAUNCHED(be, "adamw_vec_kernel");
     return 1;

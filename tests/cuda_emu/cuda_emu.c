@@ -1,9 +1,16 @@
 /* tests/cuda_emu/cuda_emu.c — the emulated device's runtime (cuda_emu.h):
  * a block's threads as fibers, the barriers where they meet, shuffles and
- * the m16n8k16 MMA. */
+ * the m16n8k16 MMA.
+ *
+ * A fiber is a worker on a stack of its own, made once (ucontext) and kept:
+ * it runs one thread of a block after another, and every switch between it
+ * and the scheduler is a _setjmp/_longjmp pair (no system call, unlike
+ * swapcontext, which sets the signal mask each time: most of the time of an
+ * emulated elementwise kernel went there). */
 #define _GNU_SOURCE
 #include "cuda_emu.h"
 
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +35,8 @@ enum { RUNNABLE, AT_BLOCK, AT_WARP, DONE };
 
 typedef struct fiber {
     emu_thread_id id; /* first: emu_cur points here */
-    ucontext_t ctx;
+    jmp_buf jb;       /* where it goes on when the scheduler switches to it */
+    int started;      /* its stack runs fiber_main (else: first entry by ucontext) */
     void *stack;
     void *fake; /* ASan's fake stack while switched out */
     int state;
@@ -38,7 +46,9 @@ typedef struct fiber {
 typedef struct warp_slots {
     uint64_t word[32];
     uint32_t a[32][4], b[32][2];
+    float c[32][4];
     int arrived, live, gen;
+    int mma_gen; /* the generation whose MMA result is in c (computed once a warp) */
 } warp_slots;
 
 emu_dim3 emu_block_idx, emu_block_dim, emu_grid_dim;
@@ -47,7 +57,7 @@ emu_thread_id *emu_cur;
 static fiber fibers[EMU_MAX_THREADS];
 static warp_slots warps[EMU_MAX_THREADS / 32];
 static int nthreads, block_live, block_arrived, block_gen;
-static ucontext_t sched;
+static jmp_buf sched; /* the scheduler, waiting for the fiber it switched to */
 static void (*kernel_fn)(void *);
 static void *kernel_arg;
 #ifdef EMU_ASAN
@@ -70,34 +80,67 @@ static warp_slots *warp_of(const fiber *f)
     return &warps[f->id.tid.x >> 5];
 }
 
-/* From a fiber back to the scheduler. */
-static void yield(void)
+/* From fiber f back to the scheduler; returns when the scheduler switches
+ * to f again. */
+static __attribute__((noinline)) void yield_from(fiber *f)
 {
-    fiber *f = cur_fiber();
 #ifdef EMU_ASAN
     __sanitizer_start_switch_fiber(&f->fake, sched_bottom, sched_size);
 #endif
-    swapcontext(&f->ctx, &sched);
+    if (!_setjmp(f->jb))
+        _longjmp(sched, 1);
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(f->fake, &sched_bottom, &sched_size);
 #endif
 }
 
+static void yield(void)
+{
+    yield_from(cur_fiber());
+}
+
+/* A fiber's life: the thread it was given (emu_cur), to its end, then the
+ * next one. */
 static void fiber_main(void)
 {
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(NULL, &sched_bottom, &sched_size);
 #endif
-    fiber *f = cur_fiber();
-    kernel_fn(kernel_arg);
-    f->state = DONE;
-    /* a thread that ends no longer holds up its block's or its warp's barrier */
-    block_live--;
-    warp_of(f)->live--;
+    for (;;) {
+        fiber *f = cur_fiber();
+        kernel_fn(kernel_arg);
+        f->state = DONE;
+        /* a thread that ends no longer holds up its block's or its warp's barrier */
+        block_live--;
+        warp_of(f)->live--;
+        yield_from(f);
+    }
+}
+
+/* From the scheduler to fiber f (emu_cur set), until it yields. */
+static __attribute__((noinline)) void switch_to(fiber *f)
+{
 #ifdef EMU_ASAN
-    __sanitizer_start_switch_fiber(NULL, sched_bottom, sched_size);
+    void *fake = NULL;
+    __sanitizer_start_switch_fiber(&fake, f->stack, EMU_STACK);
 #endif
-    /* returns to sched through uc_link */
+    if (!_setjmp(sched)) {
+        if (f->started) {
+            _longjmp(f->jb, 1);
+        } else { /* the first entry: onto its own stack, in fiber_main */
+            ucontext_t from, to;
+            getcontext(&to);
+            to.uc_stack.ss_sp = f->stack;
+            to.uc_stack.ss_size = EMU_STACK;
+            to.uc_link = NULL; /* fiber_main never returns */
+            makecontext(&to, fiber_main, 0);
+            f->started = 1;
+            swapcontext(&from, &to);
+        }
+    }
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, NULL, NULL);
+#endif
 }
 
 /* Releases the threads waiting at a barrier that every live thread of its
@@ -203,24 +246,44 @@ static float b_at(const warp_slots *w, int k, int n)
     return half_of(w->b[lane][k >= 8], k);
 }
 
+/* D = A B + C over the warp's fragments, into the lanes' c slots: each
+ * element k in order, in fp32. */
+static void mma_warp(warp_slots *w)
+{
+    float A[16][16], B[16][8];
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++)
+            A[r][k] = a_at(w, r, k);
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < 8; n++)
+            B[k][n] = b_at(w, k, n);
+    for (int lane = 0; lane < 32; lane++)
+        for (int e = 0; e < 4; e++) {
+            int row = (lane >> 2) + 8 * (e >= 2), n = 2 * (lane & 3) + (e & 1);
+            float acc = w->c[lane][e];
+            for (int k = 0; k < 16; k++)
+                acc += A[row][k] * B[k][n];
+            w->c[lane][e] = acc;
+        }
+}
+
 void emu_mma_m16n8k16_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
     fiber *f = cur_fiber();
     warp_whole("mma.sync");
     warp_slots *w = warp_of(f);
-    int lane = lane_of(f), g = lane >> 2, t = lane & 3;
+    int lane = lane_of(f);
     memcpy(w->a[lane], a, sizeof w->a[lane]);
     w->b[lane][0] = b0;
     w->b[lane][1] = b1;
-    warp_meet();
-    for (int e = 0; e < 4; e++) {
-        int row = g + 8 * (e >= 2), n = 2 * t + (e & 1);
-        float acc = c[e];
-        for (int k = 0; k < 16; k++)
-            acc += a_at(w, row, k) * b_at(w, k, n);
-        c[e] = acc;
+    memcpy(w->c[lane], c, sizeof w->c[lane]);
+    warp_meet(); /* every lane's fragments are in */
+    if (w->mma_gen != w->gen) { /* the first lane on computes the warp's */
+        mma_warp(w);
+        w->mma_gen = w->gen;
     }
-    warp_meet();
+    memcpy(c, w->c[lane], sizeof w->c[lane]);
+    warp_meet(); /* every lane has its result: the slots may be reused */
 }
 
 void emu_trap(void)
@@ -245,14 +308,7 @@ static int run_block(void)
                 continue;
             ran = 1;
             emu_cur = &f->id;
-#ifdef EMU_ASAN
-            void *fake = NULL;
-            __sanitizer_start_switch_fiber(&fake, f->stack, EMU_STACK);
-#endif
-            swapcontext(&sched, &f->ctx);
-#ifdef EMU_ASAN
-            __sanitizer_finish_switch_fiber(fake, NULL, NULL);
-#endif
+            switch_to(f);
             emu_cur = NULL;
             /* the last thread of a barrier's scope may have ended meanwhile */
             if (block_arrived && block_arrived == block_live)
@@ -271,17 +327,48 @@ static int run_block(void)
                     "cuda_emu: deadlock in block (%u,%u): %d thread(s) at __syncthreads, %d at "
                     "a warp operation, %d live\n",
                     emu_block_idx.x, emu_block_idx.y, at_block, at_warp, block_live);
+            /* their frames are abandoned: the next launch starts them afresh */
+            for (int i = 0; i < nthreads; i++)
+                if (fibers[i].state != DONE)
+                    fibers[i].started = 0;
             return -1;
         }
     }
 }
 
+static void *dyn_shared; /* the launch's dynamic shared memory */
+
+void *emu_dynamic_shared(void)
+{
+    return dyn_shared;
+}
+
 int emu_launch(emu_dim3 grid, emu_dim3 block, void (*fn)(void *), void *arg)
 {
-    if (block.x == 0 || block.x % 32 || block.x > EMU_MAX_THREADS || block.y > 1 ||
-        block.z > 1) {
-        fprintf(stderr, "cuda_emu: unsupported block (%u,%u,%u)\n", block.x, block.y, block.z);
+    return emu_launch_smem(grid, block, 0, fn, arg);
+}
+
+static int run_grid(emu_dim3 grid);
+
+int emu_launch_smem(emu_dim3 grid, emu_dim3 block, size_t smem, void (*fn)(void *), void *arg)
+{
+    /* nested launches (a kernel that launches) are not emulated */
+    if (emu_cur) {
+        fprintf(stderr, "cuda_emu: a launch from inside a kernel\n");
         return -1;
+    }
+    void *saved = dyn_shared;
+    dyn_shared = NULL;
+    if (smem && !(dyn_shared = aligned_alloc(16, (smem + 15) & ~(size_t)15))) {
+        dyn_shared = saved;
+        fprintf(stderr, "cuda_emu: no memory for %zu bytes of dynamic shared memory\n", smem);
+        return -1;
+    }
+    int rc = 0;
+    if (block.x == 0 || block.x > EMU_MAX_THREADS || (block.y ? block.y : 1) > 1 ||
+        (block.z ? block.z : 1) > 1) {
+        fprintf(stderr, "cuda_emu: unsupported block (%u,%u,%u)\n", block.x, block.y, block.z);
+        rc = -1;
     }
     nthreads = (int)block.x;
     for (int i = 0; i < nthreads; i++)
@@ -291,36 +378,45 @@ int emu_launch(emu_dim3 grid, emu_dim3 block, void (*fn)(void *), void *arg)
             if (fibers[i].stack == MAP_FAILED) {
                 fibers[i].stack = NULL;
                 fprintf(stderr, "cuda_emu: no memory for a fiber's stack\n");
-                return -1;
+                rc = -1;
             }
         }
     kernel_fn = fn;
     kernel_arg = arg;
     emu_grid_dim = grid;
+    emu_grid_dim.y = grid.y ? grid.y : 1;
+    emu_grid_dim.z = grid.z ? grid.z : 1;
     emu_block_dim = block;
     emu_block_dim.y = emu_block_dim.z = 1;
-    for (unsigned z = 0; z < (grid.z ? grid.z : 1); z++)
-        for (unsigned y = 0; y < (grid.y ? grid.y : 1); y++)
+    if (!rc)
+        rc = run_grid(emu_grid_dim);
+    free(dyn_shared);
+    dyn_shared = saved;
+    return rc;
+}
+
+/* Fiber i takes thread i of the next block, from the kernel's start. */
+static void fiber_init(fiber *f, int i)
+{
+    memset(&f->id, 0, sizeof f->id);
+    f->id.tid.x = (unsigned)i;
+    f->state = RUNNABLE;
+}
+
+static int run_grid(emu_dim3 grid)
+{
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
                 emu_block_idx.x = x, emu_block_idx.y = y, emu_block_idx.z = z;
                 block_live = nthreads;
                 block_arrived = 0;
-                for (int wi = 0; wi < nthreads / 32; wi++) {
+                for (int wi = 0; wi < (nthreads + 31) / 32; wi++) {
                     memset(&warps[wi], 0, sizeof warps[wi]);
-                    warps[wi].live = 32;
+                    warps[wi].live = nthreads - wi * 32 < 32 ? nthreads - wi * 32 : 32;
                 }
-                for (int i = 0; i < nthreads; i++) {
-                    fiber *f = &fibers[i];
-                    memset(&f->id, 0, sizeof f->id);
-                    f->id.tid.x = (unsigned)i;
-                    f->state = RUNNABLE;
-                    f->fake = NULL;
-                    getcontext(&f->ctx);
-                    f->ctx.uc_stack.ss_sp = f->stack;
-                    f->ctx.uc_stack.ss_size = EMU_STACK;
-                    f->ctx.uc_link = &sched;
-                    makecontext(&f->ctx, fiber_main, 0);
-                }
+                for (int i = 0; i < nthreads; i++)
+                    fiber_init(&fibers[i], i);
                 if (run_block())
                     return -1;
             }

@@ -24,6 +24,7 @@
 #define SPOTUNE_CUDA_EMU_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -43,10 +44,15 @@ extern emu_dim3 emu_block_idx, emu_block_dim, emu_grid_dim;
 extern emu_thread_id *emu_cur; /* the running fiber */
 
 /* Runs fn (the kernel with its arguments bound) over grid x block threads
- * (block.x a multiple of 32, at most 1024; block.y = block.z = 1). 0 when
+ * (block.x at most 1024, the last warp may be partial; block.y = block.z =
+ * 1). 0 when
  * every block ran to its end; -1 after a deadlock, printed with the block,
  * and the launch abandoned. */
 int emu_launch(emu_dim3 grid, emu_dim3 block, void (*fn)(void *), void *arg);
+/* The same with smem bytes of dynamic shared memory, which the kernel
+ * reaches through emu_dynamic_shared() (DYNAMIC_SHARED, cuda_device.h). */
+int emu_launch_smem(emu_dim3 grid, emu_dim3 block, size_t smem, void (*fn)(void *), void *arg);
+void *emu_dynamic_shared(void);
 
 /* The warp-wide operations: every live lane of the calling lane's warp
  * arrives before any leaves. */
@@ -105,6 +111,26 @@ static inline uint32_t __float_as_uint(float f)
 static inline float __fmul_rn(float a, float b)
 {
     return a * b;
+}
+
+static inline float __fadd_rn(float a, float b)
+{
+    return a + b;
+}
+
+static inline float __fsub_rn(float a, float b)
+{
+    return a - b;
+}
+
+typedef struct float4 {
+    float x, y, z, w;
+} float4;
+
+static inline float4 make_float4(float x, float y, float z, float w)
+{
+    float4 r = {x, y, z, w};
+    return r;
 }
 
 #ifdef __cplusplus
