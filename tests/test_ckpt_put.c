@@ -46,6 +46,24 @@ static ckpt_shard one_shard(int64_t step)
     return sh;
 }
 
+/* A writer putting its shards into the file:// store at store_dir (which
+ * exists) for deadline_s a put, behind may_put (NULL: none), dropping its
+ * shards once put. */
+static ckpt_writer *put_writer(const char *store_dir, double deadline_s, ckpt_may_put_fn may_put,
+                               void *arg)
+{
+    store_t *st;
+    sp_err err = {0};
+    cr_assert_eq(store_open(&st, tu_fmt("file://%s", store_dir), NULL, &err), 0, "%s", err.msg);
+    ckpt_writer *w;
+    cr_assert_eq(ckpt_writer_start(&w, dir, NULL, NULL, &err), 0, "%s", err.msg);
+    ckpt_writer_set_store(w, st, deadline_s);
+    if (may_put)
+        ckpt_writer_set_gate(w, may_put, arg);
+    ckpt_writer_drop_shards(w, 1);
+    return w;
+}
+
 /* A rank's shard put that fails at first (the store's step path is a file
  * for the first 1.5 s: the check and the put both fail) is tried again until
  * it lands, within the deadline: the shard is in the store, whole, and with
@@ -62,13 +80,8 @@ static void shard_put(double deadline_s, double unblock_after_s, int expect_in_s
     FILE *f = fopen(blocker, "w"); /* a file where the step's directory goes */
     cr_assert(f);
     fclose(f);
-    store_t *st;
     sp_err err = {0};
-    cr_assert_eq(store_open(&st, tu_fmt("file://%s", store_dir), NULL, &err), 0, "%s", err.msg);
-    ckpt_writer *w;
-    cr_assert_eq(ckpt_writer_start(&w, dir, NULL, NULL, &err), 0, "%s", err.msg);
-    ckpt_writer_set_store(w, st, deadline_s);
-    ckpt_writer_drop_shards(w, 1);
+    ckpt_writer *w = put_writer(store_dir, deadline_s, NULL, NULL);
     ckpt_shard sh = one_shard(5);
     double waited;
     double t0 = sp_now();
@@ -148,13 +161,8 @@ Test(ckpt_put, a_newer_shard_supersedes_a_kept_one)
         cr_assert(f);
         fclose(f);
     }
-    store_t *st;
     sp_err err = {0};
-    cr_assert_eq(store_open(&st, tu_fmt("file://%s", store_dir), NULL, &err), 0, "%s", err.msg);
-    ckpt_writer *w;
-    cr_assert_eq(ckpt_writer_start(&w, dir, NULL, NULL, &err), 0, "%s", err.msg);
-    ckpt_writer_set_store(w, st, 0.3);
-    ckpt_writer_drop_shards(w, 1);
+    ckpt_writer *w = put_writer(store_dir, 0.3, NULL, NULL);
     char name[64];
     ckpt_shard_name(name, sizeof name, 0, 1);
     struct stat sb;
@@ -217,22 +225,6 @@ static int gate_asked(gate_state *g)
     return n;
 }
 
-/* A writer putting into store_dir (made here) behind gate g, dropping its
- * shards once put. */
-static ckpt_writer *gated_writer(const char *store_dir, double deadline_s, gate_state *g)
-{
-    cr_assert_eq(mkdir(store_dir, 0755), 0);
-    store_t *st;
-    sp_err err = {0};
-    cr_assert_eq(store_open(&st, tu_fmt("file://%s", store_dir), NULL, &err), 0, "%s", err.msg);
-    ckpt_writer *w;
-    cr_assert_eq(ckpt_writer_start(&w, dir, NULL, NULL, &err), 0, "%s", err.msg);
-    ckpt_writer_set_store(w, st, deadline_s);
-    ckpt_writer_set_gate(w, gate_fn, g);
-    ckpt_writer_drop_shards(w, 1);
-    return w;
-}
-
 static void submit(ckpt_writer *w, const char *tmp, int64_t step)
 {
     sp_err err = {0};
@@ -256,7 +248,8 @@ Test(ckpt_put, the_gate_holds_a_shard_until_the_prefix_is_the_jobs)
     gate_state g = {.mu = PTHREAD_MUTEX_INITIALIZER};
     /* opens after 1.2 s, the deadline 30 s */
     char *sd = sp_strf("%s/gated", dir), *tmp = sp_strf("%s/.tmp-gated", dir);
-    ckpt_writer *w = gated_writer(sd, 30.0, &g);
+    cr_assert_eq(mkdir(sd, 0755), 0);
+    ckpt_writer *w = put_writer(sd, 30.0, gate_fn, &g);
     double t0 = sp_now();
     submit(w, tmp, 5);
     cr_assert_eq(ckpt_writer_wait_written(w), 0);
@@ -280,7 +273,8 @@ Test(ckpt_put, the_gate_holds_a_shard_until_the_prefix_is_the_jobs)
     /* shut past a 0.5 s deadline: kept; the run's end */
     gate_set(&g, 0);
     sd = sp_strf("%s/gated-late", dir), tmp = sp_strf("%s/.tmp-gated-late", dir);
-    w = gated_writer(sd, 0.5, &g);
+    cr_assert_eq(mkdir(sd, 0755), 0);
+    w = put_writer(sd, 0.5, gate_fn, &g);
     submit(w, tmp, 6);
     cr_assert_eq(ckpt_writer_wait(w, &err), 0, "%s", err.msg);
     cr_expect(stat(tu_fmt("%s/%s", tmp, name), &sb) == 0, "the shard held past the deadline "
@@ -302,7 +296,8 @@ Test(ckpt_put, the_gate_holds_a_shard_until_the_prefix_is_the_jobs)
     gate_set(&g, -1);
     int asked = gate_asked(&g);
     sd = sp_strf("%s/gated-never", dir), tmp = sp_strf("%s/.tmp-gated-never", dir);
-    w = gated_writer(sd, 30.0, &g);
+    cr_assert_eq(mkdir(sd, 0755), 0);
+    w = put_writer(sd, 30.0, gate_fn, &g);
     t0 = sp_now();
     submit(w, tmp, 7);
     cr_assert_eq(ckpt_writer_wait(w, &err), 0, "%s", err.msg);
