@@ -10,10 +10,12 @@
 #include <string.h>
 
 #include "cpu/cpu_backend.h"
+#ifdef SPOTUNE_WITH_CUDA
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
 #include <unistd.h>
+#endif
 
 int embedding_order(const int32_t *tokens, int n, int32_t *order, int32_t *runs)
 {
@@ -209,19 +211,15 @@ void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t)
     free(tmp);
 }
 
+#ifdef SPOTUNE_WITH_CUDA
 /* The CUDA backend lives in a module of its own, libspotune_cuda.so, loaded
  * on first use: a process that never touches a GPU does not pay for loading
  * cuBLAS (its constructors alone take some 100 ms, during which a stop signal
  * would meet the default action instead of spotune's handler), and the
  * binary starts where no CUDA library is installed. Looked for in
  * $SPOTUNE_CUDA_MODULE, beside the executable, one folder up (the tests),
- * ../lib, and then the library search path. A build without the CUDA
- * backend loads only the module $SPOTUNE_CUDA_MODULE names (the emulated
- * device's, tests/cuda_emu, which the sanitizer build tests with). */
+ * ../lib, and then the library search path. */
 #define CUDA_MODULE "libspotune_cuda.so"
-#define NO_CUDA_BUILD                                                                         \
-    "this spotune was built without the CUDA backend (nvcc was not found when it was "       \
-    "configured, or SPOTUNE_CUDA=OFF)"
 
 typedef struct cuda_api {
     int (*create)(backend_t **out, int device, int threads, sp_err *err);
@@ -243,10 +241,6 @@ static void *open_module(char *tried, size_t n)
             sp_cutf(tried, n, "SPOTUNE_CUDA_MODULE=%s: %s", env, dlerror());
         return h;
     }
-#ifndef SPOTUNE_WITH_CUDA
-    sp_cutf(tried, n, "%s", NO_CUDA_BUILD);
-    return NULL;
-#endif
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe);
     exe[len > 0 && (size_t)len < sizeof exe ? len : 0] = 0; /* cut: not known */
@@ -282,9 +276,7 @@ static void load_cuda(void)
         *(void **)&cuda.device_count = dlsym(h, "cuda_backend_device_count");
         *(void **)&cuda.probe = dlsym(h, "cuda_backend_probe");
     }
-    if (!h && strcmp(tried, NO_CUDA_BUILD) == 0)
-        snprintf(cuda.error, sizeof cuda.error, "%s", NO_CUDA_BUILD);
-    else if (!h || !cuda.create || !cuda.device_count || !cuda.probe)
+    if (!h || !cuda.create || !cuda.device_count || !cuda.probe)
         snprintf(cuda.error, sizeof cuda.error, "the CUDA backend (%s) cannot be loaded: %s",
                  CUDA_MODULE, h ? "it lacks its entry points" : tried);
 }
@@ -300,15 +292,24 @@ static const cuda_api *cuda_module(char *why, size_t n)
     }
     return &cuda;
 }
+#endif
 
 int backend_cuda_probe(char *why, size_t n)
 {
+#ifdef SPOTUNE_WITH_CUDA
     const cuda_api *api = cuda_module(why, n);
     return api ? api->probe(why, n) : 0;
+#else
+    if (why && n)
+        snprintf(why, n, "this spotune was built without the CUDA backend (nvcc was not found "
+                         "when it was configured, or SPOTUNE_CUDA=OFF)");
+    return 0;
+#endif
 }
 
 void *backend_cuda_symbol(const char *name, char *why, size_t n)
 {
+#ifdef SPOTUNE_WITH_CUDA
     const cuda_api *api = cuda_module(why, n);
     if (!api)
         return NULL;
@@ -316,6 +317,13 @@ void *backend_cuda_symbol(const char *name, char *why, size_t n)
     if (!sym && why && n)
         snprintf(why, n, "the CUDA backend (%s) lacks %s", CUDA_MODULE, name);
     return sym;
+#else
+    (void)name; /* nothing to look up without the module */
+    if (why && n)
+        snprintf(why, n, "this spotune was built without the CUDA backend (nvcc was not found "
+                         "when it was configured, or SPOTUNE_CUDA=OFF)");
+    return NULL;
+#endif
 }
 
 int backend_cuda_available(void)
@@ -333,15 +341,18 @@ int backend_create(backend_t **out, const char *kind, int device, int threads, s
     if (strcmp(kind, "cpu-ref") == 0)
         return cpu_backend_create(out, threads, 1, err);
     if (strcmp(kind, "cuda") == 0) {
+#ifdef SPOTUNE_WITH_CUDA
         char why[1024];
         const cuda_api *api = cuda_module(why, sizeof why);
-        if (!api && strcmp(why, NO_CUDA_BUILD) == 0)
-            return sp_fail(err, SP_EXIT_USAGE,
-                           "runtime.backend: cuda requested but this spotune was built without "
-                           "CUDA (rebuild with nvcc on PATH)");
         if (!api)
             return sp_fail(err, SP_EXIT_USAGE, "runtime.backend: cuda: %s", why);
         return api->create(out, device, threads, err);
+#else
+        (void)device;
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "runtime.backend: cuda requested but this spotune was built without CUDA "
+                       "(rebuild with nvcc on PATH)");
+#endif
     }
     return sp_fail(err, SP_EXIT_USAGE, "unknown backend '%s' (expected auto, cpu, cpu-ref or cuda)",
                    kind);

@@ -45,35 +45,38 @@ endif()
 # C++ for it (the products: emu_matmul.cc in place of cuBLASLt), a module
 # like libspotune_cuda.so that SPOTUNE_CUDA_MODULE points a process at, so
 # that the CUDA suites below run their checks without a GPU ("emu_" + the
-# suite's name). Never loaded unless named.
-set(emu_cuda_sources cuda_backend.cu cuda_matmul_ops.cu cuda_ops.cu cuda_vec.cu cuda_attention.cu
-  cuda_flash.cu)
-list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
-set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)
-add_library(spotune_cuda_emu MODULE ${emu_cuda_sources} cuda_emu/emu_runtime.cc
-  cuda_emu/emu_matmul.cc cuda_emu/cuda_emu.c)
-set_target_properties(spotune_cuda_emu PROPERTIES
-  OUTPUT_NAME spotune_cuda_emu PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
-  POSITION_INDEPENDENT_CODE ON CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
-target_compile_definitions(spotune_cuda_emu PRIVATE SPOTUNE_CUDA_EMU)
-target_include_directories(spotune_cuda_emu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu
-  ${CMAKE_SOURCE_DIR})
-target_compile_options(spotune_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-unknown-pragmas>)
-if(SPOTUNE_WERROR)
-  target_compile_options(spotune_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+# suite's name). Never loaded unless named. Only in builds with the CUDA
+# backend.
+if(SPOTUNE_CUDA)
+  set(emu_cuda_sources cuda_backend.cu cuda_matmul_ops.cu cuda_ops.cu cuda_vec.cu cuda_attention.cu
+    cuda_flash.cu)
+  list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
+  set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)
+  add_library(spotune_cuda_emu MODULE ${emu_cuda_sources} cuda_emu/emu_runtime.cc
+    cuda_emu/emu_matmul.cc cuda_emu/cuda_emu.c)
+  set_target_properties(spotune_cuda_emu PROPERTIES
+    OUTPUT_NAME spotune_cuda_emu PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+    POSITION_INDEPENDENT_CODE ON CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
+  target_compile_definitions(spotune_cuda_emu PRIVATE SPOTUNE_CUDA_EMU)
+  target_include_directories(spotune_cuda_emu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu
+    ${CMAKE_SOURCE_DIR})
+  target_compile_options(spotune_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-unknown-pragmas>)
+  if(SPOTUNE_WERROR)
+    target_compile_options(spotune_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  endif()
+  # The suites on it, at reduced shapes (the real-shape tests skip: hours on
+  # the emulated device), in builds with the CUDA backend (whose loader reads
+  # SPOTUNE_CUDA_MODULE): about 3 minutes here, 2 of them cuda_model's
+  # 50-step training through the spotune binary. Left out: test_cuda_layer
+  # (the 7B layer only) and test_cuda_comm (NCCL, not emulated). Not in the
+  # sanitizer build (CPU-only, no module loader; test_cuda_emu runs there).
+  foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_model)
+    add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
+    set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
+      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced"
+      FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
+  endforeach()
 endif()
-# The suites on it, at reduced shapes (the real-shape tests skip: hours on
-# the emulated device), in every build, the sanitizer build included (a
-# build without the CUDA backend loads the module SPOTUNE_CUDA_MODULE
-# names): about 3 minutes here, 2 of them cuda_model's 50-step training
-# through the spotune binary. Left out: test_cuda_layer (the 7B layer only)
-# and test_cuda_comm (NCCL, not emulated).
-foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_model)
-  add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
-  set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 1500
-    ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced"
-    FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
-endforeach()
 
 # scripts/gpu_check.sh without a GPU (here, and in CI): every GPU step is a
 # SKIPPED row with its reason, the table has every row, the whole run stays
