@@ -56,7 +56,7 @@ emu_thread_id *emu_cur;
 
 static fiber fibers[EMU_MAX_THREADS];
 static warp_slots warps[EMU_MAX_THREADS / 32];
-static int nthreads, block_live, block_arrived, block_gen;
+static int nthreads, block_live, block_arrived;
 static jmp_buf sched; /* the scheduler, waiting for the fiber it switched to */
 static void (*kernel_fn)(void *);
 static void *kernel_arg;
@@ -148,7 +148,6 @@ static __attribute__((noinline)) void switch_to(fiber *f)
 static void release_block(void)
 {
     block_arrived = 0;
-    block_gen++;
     for (int i = 0; i < nthreads; i++)
         if (fibers[i].state == AT_BLOCK)
             fibers[i].state = RUNNABLE;
