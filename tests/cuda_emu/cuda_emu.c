@@ -367,7 +367,9 @@ int emu_launch_smem(emu_dim3 grid, emu_dim3 block, size_t smem, void (*fn)(void 
     if (block.x == 0 || block.x > EMU_MAX_THREADS || (block.y ? block.y : 1) > 1 ||
         (block.z ? block.z : 1) > 1) {
         fprintf(stderr, "cuda_emu: unsupported block (%u,%u,%u)\n", block.x, block.y, block.z);
-        rc = -1;
+        free(dyn_shared);
+        dyn_shared = saved;
+        return -1;
     }
     nthreads = (int)block.x;
     for (int i = 0; i < nthreads; i++)

@@ -18,6 +18,7 @@
  * C++ only because the kernels are templates; written in the C style of
  * the rest. */
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -297,4 +298,51 @@ Test(cuda_emu, flash_attention_packed_documents)
 {
     check(2, 100, 4, 1, 64, 9);   /* short documents: many starts inside each tile */
     check(1, 130, 2, 1, 128, 70); /* documents across tiles */
+}
+
+/* ---- the emulator's own refusals ------------------------------------------------- */
+
+/* Half a warp at __syncthreads and the other half at a shuffle: neither
+ * barrier can complete, a deadlock the launch reports (-1) instead of
+ * hanging; the next launch runs normally. */
+static void divergent_fn(void *p)
+{
+    int *out = (int *)p;
+    if ((threadIdx.x & 31) < 16)
+        __syncthreads();
+    else
+        out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+static void lane_id_fn(void *p)
+{
+    int *out = (int *)p;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+Test(cuda_emu, a_divergent_barrier_is_a_failed_launch_not_a_hang)
+{
+    int out[64];
+    cr_expect_eq(emu_launch(dim(1, 1), dim(64, 1), divergent_fn, out), -1);
+    memset(out, 0xff, sizeof out);
+    cr_assert_eq(emu_launch(dim(1, 1), dim(64, 1), lane_id_fn, out), 0);
+    for (int i = 0; i < 64; i++)
+        cr_expect_eq(out[i], i ^ 1, "lane %d got %d after a shuffle with lane %d", i, out[i], i ^ 1);
+    cr_expect_eq(emu_launch(dim(1, 1), dim(2048, 1), lane_id_fn, out), -1, "a block of 2048");
+}
+
+/* A shuffle after some lanes of the warp returned: the emulator stops the
+ * process naming it (no value of a gone lane is made up). */
+static void lanes_gone_fn(void *p)
+{
+    int *out = (int *)p;
+    if (threadIdx.x == 0)
+        return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+Test(cuda_emu, a_shuffle_with_lanes_gone_stops_the_process, .signal = SIGABRT)
+{
+    int out[32];
+    emu_launch(dim(1, 1), dim(32, 1), lanes_gone_fn, out);
 }
