@@ -64,16 +64,28 @@ if(SPOTUNE_CUDA)
   if(SPOTUNE_WERROR)
     target_compile_options(spotune_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
   endif()
+  # NCCL for ranks on the emulated device (cuda_emu/emu_nccl.c): preloaded
+  # (LD_PRELOAD), it stands in for libnccl and the five CUDA runtime calls of
+  # comm/comm_nccl.c, through shared memory between the ranks of one host;
+  # it refuses to start unless the emulated module is loaded.
+  add_library(spotune_nccl_emu SHARED cuda_emu/emu_nccl.c)
+  set_target_properties(spotune_nccl_emu PROPERTIES
+    OUTPUT_NAME spotune_nccl_emu PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  target_include_directories(spotune_nccl_emu SYSTEM PRIVATE ${NCCL_INCLUDE}
+    ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(spotune_nccl_emu PRIVATE m)
   # The suites on it, at reduced shapes (the real-shape tests skip: hours on
   # the emulated device), in builds with the CUDA backend (whose loader reads
   # SPOTUNE_CUDA_MODULE): about 3 minutes here, 2 of them cuda_model's
-  # 50-step training through the spotune binary. Left out: test_cuda_layer
-  # (the 7B layer only) and test_cuda_comm (NCCL, not emulated). Not in the
-  # sanitizer build (CPU-only, no module loader; test_cuda_emu runs there).
-  foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_model)
+  # 50-step training through the spotune binary; test_cuda_comm's one-rank
+  # NCCL checks on the emulated NCCL (15 s). Left out: test_cuda_layer (the
+  # 7B layer only). Not in the sanitizer build (CPU-only, no module loader;
+  # test_cuda_emu runs there).
+  foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_model
+      test_cuda_comm)
     add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
     set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
-      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced"
+      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>"
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
 endif()

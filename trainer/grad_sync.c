@@ -264,16 +264,15 @@ static int finish(grad_sync_t *g, sp_err *err)
     int device = on_device(m->be);
     if (m->shard_count > 1)
         return reduce_scatter(m, g->comm, err);
-    if (device && !g->overlap) { /* no aux stream: reduce on the compute stream */
-        g->overlap = 1;
-        g->stream = m->be->stream;
+    if (device && !g->overlap) { /* graphs, or no aux stream: on the compute stream, now */
+        void *stream = m->be->stream;
         for (size_t off = 0; off < m->n_trainable; off += g->bucket) {
             size_t len = m->n_trainable - off < g->bucket ? m->n_trainable - off : g->bucket;
             tensor_t t = tensor_view(m->grad, off, len);
-            if (comm_device_allreduce(g->comm, t.p, len, COMM_F32, COMM_SUM, g->stream, err))
+            if (comm_device_allreduce(g->comm, t.p, len, COMM_F32, COMM_SUM, stream, err))
                 return err->code;
         }
-        return comm_device_wait(g->comm, g->stream, err);
+        return comm_device_wait(g->comm, stream, err);
     }
     if (launch(g, m->n_trainable, err))
         return err->code;

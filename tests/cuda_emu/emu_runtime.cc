@@ -66,6 +66,13 @@ void emu_enqueue(cudaStream_t s, std::function<void()> fn)
     fn();
 }
 
+/* For the NCCL emulation (emu_nccl.c), which runs a collective at once
+ * and so cannot be recorded into a graph: whether s is being captured. */
+extern "C" int spotune_emu_stream_capturing(void *s)
+{
+    return s && ((emu_stream *)s)->capturing;
+}
+
 void emu_launch_failed(void)
 {
     fail(cudaErrorLaunchFailure);
@@ -109,20 +116,35 @@ cudaError_t cudaGetLastError(void)
     return e;
 }
 
+/* How many devices the process sees: 1, or SPOTUNE_CUDA_EMU_DEVICES (1 to
+ * 8), so that ranks on one host each take their own (a distinct UUID each;
+ * every process has its own memory anyway). */
+static int device_count(void)
+{
+    const char *env = getenv("SPOTUNE_CUDA_EMU_DEVICES");
+    int n = env ? atoi(env) : 1;
+    return n >= 1 && n <= 8 ? n : 1;
+}
+
+static int valid_device(int d)
+{
+    return d >= 0 && d < device_count();
+}
+
 cudaError_t cudaGetDeviceCount(int *n)
 {
-    *n = 1;
+    *n = device_count();
     return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int d)
 {
-    return d == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice);
+    return valid_device(d) ? cudaSuccess : fail(cudaErrorInvalidDevice);
 }
 
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d)
 {
-    if (d != 0)
+    if (!valid_device(d))
         return fail(cudaErrorInvalidDevice);
     *v = a == cudaDevAttrComputeCapabilityMajor ? 9
          : a == cudaDevAttrComputeMode          ? cudaComputeModeDefault
@@ -134,11 +156,12 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d)
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
 {
-    if (d != 0)
+    if (!valid_device(d))
         return fail(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "emulated CUDA device (CPU)");
     memcpy(p->uuid.bytes, "spotune-emu-dev0", 16);
+    p->uuid.bytes[15] = (char)('0' + d);
     p->totalGlobalMem = EMU_MEMORY;
     p->major = 9;
     p->multiProcessorCount = 1;
