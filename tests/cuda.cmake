@@ -25,6 +25,10 @@ set_tests_properties(test_cuda_model PROPERTIES TIMEOUT 900)
 spotune_test(test_cuda_comm SOURCES test_cuda_comm.c test_util.c LIBS spotune_trainer
   LABELS cuda)
 set_tests_properties(test_cuda_comm PROPERTIES TIMEOUT 300)
+spotune_test(test_cuda_ranks SOURCES test_cuda_ranks.c test_util.c LIBS spotune_trainer
+  LABELS cuda)
+add_dependencies(test_cuda_ranks spotune)
+set_tests_properties(test_cuda_ranks PROPERTIES TIMEOUT 900)
 
 # The fused attention kernels' own source (kernels/cuda/cuda_flash_kernels.cuh)
 # on the CPU emulation of the device (tests/cuda_emu: fibers for threads, the
@@ -82,12 +86,13 @@ if(SPOTUNE_CUDA)
   # 7B layer only). Not in the sanitizer build (CPU-only, no module loader;
   # test_cuda_emu runs there).
   foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_model
-      test_cuda_comm)
+      test_cuda_comm test_cuda_ranks)
     add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
     set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
       ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>"
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
+  set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=2)
 endif()
 
 # scripts/gpu_check.sh without a GPU (here, and in CI): every GPU step is a
