@@ -78,6 +78,14 @@ if(SPOTUNE_CUDA)
   target_include_directories(spotune_nccl_emu SYSTEM PRIVATE ${NCCL_INCLUDE}
     ${CUDAToolkit_INCLUDE_DIRS})
   target_link_libraries(spotune_nccl_emu PRIVATE m)
+  # the emulation itself: its collectives against their definitions on
+  # forked ranks, its refusals, timeouts and aborts
+  spotune_test(test_nccl_emu SOURCES cuda_emu/test_nccl_emu.c LIBS spotune_nccl_emu dl m
+    LABELS cuda_emu)
+  target_include_directories(test_nccl_emu SYSTEM PRIVATE ${NCCL_INCLUDE}
+    ${CUDAToolkit_INCLUDE_DIRS})
+  set_tests_properties(test_nccl_emu PROPERTIES
+    ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>")
   # The suites on it, at reduced shapes (the real-shape tests skip: hours on
   # the emulated device), in builds with the CUDA backend (whose loader reads
   # SPOTUNE_CUDA_MODULE): about 3 minutes here, 2 of them cuda_model's
