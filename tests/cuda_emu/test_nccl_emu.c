@@ -73,6 +73,22 @@ static void expect_no_segment(const ncclUniqueId *id)
     cr_expect_neq(access(path, F_OK), 0, "%s was left behind", path);
 }
 
+/* fn on nranks forked ranks of a new communicator, with the emulation's
+ * timeout (NULL: its default): every rank must exit 0, and nothing may be
+ * left in /dev/shm. */
+static void expect_ranks_pass(int nranks, rank_fn fn, const char *timeout_s)
+{
+    load_module();
+    if (timeout_s)
+        setenv("SPOTUNE_NCCL_EMU_TIMEOUT_S", timeout_s, 1);
+    ncclUniqueId id = new_id();
+    int st[8];
+    run_ranks(nranks, fn, id, st);
+    for (int r = 0; r < nranks; r++)
+        cr_expect_eq(st[r], 0, "rank %d failed (its messages above)", r);
+    expect_no_segment(&id);
+}
+
 /* ---- collectives against their definitions ----------------------------------------- */
 
 #define N 70001 /* f32 elements: more than one 256 KiB chunk */
@@ -257,13 +273,7 @@ static int collectives_rank(int rank, int nranks, ncclUniqueId id)
 
 Test(nccl_emu, collectives_match_their_definitions_on_three_ranks)
 {
-    load_module();
-    ncclUniqueId id = new_id();
-    int st[3];
-    run_ranks(3, collectives_rank, id, st);
-    for (int r = 0; r < 3; r++)
-        cr_expect_eq(st[r], 0, "rank %d failed (its messages above)", r);
-    expect_no_segment(&id);
+    expect_ranks_pass(3, collectives_rank, NULL);
 }
 
 /* A non-blocking communicator answers "in progress", then success. */
@@ -284,10 +294,7 @@ static int nonblocking_rank(int rank, int nranks, ncclUniqueId id)
 
 Test(nccl_emu, a_nonblocking_communicator_answers_in_progress)
 {
-    load_module();
-    int st[2];
-    run_ranks(2, nonblocking_rank, new_id(), st);
-    cr_expect(st[0] == 0 && st[1] == 0, "ranks: %d %d", st[0], st[1]);
+    expect_ranks_pass(2, nonblocking_rank, NULL);
 }
 
 /* ---- bad use ----------------------------------------------------------------------------- */
@@ -336,13 +343,7 @@ static int disagreeing_rank(int rank, int nranks, ncclUniqueId id)
 
 Test(nccl_emu, ranks_that_disagree_on_the_count_are_refused)
 {
-    load_module();
-    setenv("SPOTUNE_NCCL_EMU_TIMEOUT_S", "1", 1);
-    ncclUniqueId id = new_id();
-    int st[2];
-    run_ranks(2, disagreeing_rank, id, st);
-    cr_expect(st[0] == 0 && st[1] == 0, "ranks: %d %d", st[0], st[1]);
-    expect_no_segment(&id);
+    expect_ranks_pass(2, disagreeing_rank, "1");
 }
 
 /* ---- peers that never come, and aborts ---------------------------------------------------- */
@@ -358,13 +359,7 @@ static int alone_rank(int rank, int nranks, ncclUniqueId id)
 
 Test(nccl_emu, a_peer_that_never_joins_is_an_error_after_the_timeout)
 {
-    load_module();
-    setenv("SPOTUNE_NCCL_EMU_TIMEOUT_S", "1", 1);
-    ncclUniqueId id = new_id();
-    int st[1];
-    run_ranks(1, alone_rank, id, st); /* rank 0 of 2 */
-    cr_expect_eq(st[0], 0);
-    expect_no_segment(&id);
+    expect_ranks_pass(1, alone_rank, "1"); /* rank 0 of 2 */
 }
 
 /* rank 1 joins, then leaves without the collective (mode 0) or aborts (1) */
@@ -398,22 +393,14 @@ static int leaving_rank(int rank, int nranks, ncclUniqueId id)
 
 Test(nccl_emu, a_peer_that_leaves_is_an_error_after_the_timeout)
 {
-    load_module();
-    setenv("SPOTUNE_NCCL_EMU_TIMEOUT_S", "2", 1);
     leave_mode = 0;
-    int st[2];
-    run_ranks(2, leaving_rank, new_id(), st);
-    cr_expect(st[0] == 0 && st[1] == 0, "ranks: %d %d", st[0], st[1]);
+    expect_ranks_pass(2, leaving_rank, "2");
 }
 
 /* With a timeout of 100 s the test's own (120 s) would end a wait that the
  * abort did not. */
 Test(nccl_emu, a_peers_abort_ends_the_wait)
 {
-    load_module();
-    setenv("SPOTUNE_NCCL_EMU_TIMEOUT_S", "100", 1);
     leave_mode = 1;
-    int st[2];
-    run_ranks(2, leaving_rank, new_id(), st);
-    cr_expect(st[0] == 0 && st[1] == 0, "ranks: %d %d", st[0], st[1]);
+    expect_ranks_pass(2, leaving_rank, "100");
 }
