@@ -90,11 +90,12 @@ if(SPOTUNE_CUDA)
   # the emulated device), in builds with the CUDA backend (whose loader reads
   # SPOTUNE_CUDA_MODULE): about 3 minutes here, 2 of them cuda_model's
   # 50-step training through the spotune binary; test_cuda_comm's one-rank
-  # NCCL checks on the emulated NCCL (15 s). Left out: test_cuda_layer (the
-  # 7B layer only). Not in the sanitizer build (CPU-only, no module loader;
-  # test_cuda_emu runs there).
-  foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_model
-      test_cuda_comm test_cuda_ranks)
+  # NCCL checks on the emulated NCCL (15 s); test_cuda_layer's layer at
+  # hidden 512, seq 256 (35 s); test_cuda_ranks' two ranks (105 s). Not in
+  # the sanitizer build (CPU-only, no module loader; test_cuda_emu runs
+  # there).
+  foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_layer
+      test_cuda_model test_cuda_comm test_cuda_ranks)
     add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
     set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
       ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>"
