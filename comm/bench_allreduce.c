@@ -222,7 +222,9 @@ static void bench_device(comm_t *c, const bench_args *a)
     if (comm_device_init(c, comm_device_for_rank(c, ndev), &err))
         die(c, &err);
     if (!comm_device_nccl(c))
-        comm_abort(c, SP_EXIT_USAGE, "bench --device: run under mpirun (NCCL needs MPI)");
+        comm_abort(c, SP_EXIT_USAGE,
+                   "bench --device: run 2 or more ranks under mpirun (one rank has no NCCL "
+                   "communicator)");
     BENCH_CUDA(c, cudaMalloc((void **)&buf, a->max_bytes));
     BENCH_CUDA(c, cudaMemset(buf, 0, a->max_bytes));
     BENCH_CUDA(c, cudaStreamCreate(&s));

@@ -7,7 +7,12 @@
  * NCCL's asynchronous error, and aborts the communicator on error or
  * timeout. A world of one without MPI has no communicator: its collectives
  * are local copies, unless comm_opts.nccl_world_of_one asked for a one-rank
- * NCCL communicator (to run the NCCL path on a single GPU). Without CUDA every entry point returns an error. */
+ * NCCL communicator (to run the NCCL path on a single GPU). Without CUDA every entry point returns an error.
+ *
+ * NCCL and the CUDA runtime are loaded on first use (dlopen), not linked:
+ * the CUDA build's binary starts, and trains on the CPU or on one GPU, on a
+ * machine without them (one GPU needs only the runtime); what cannot be
+ * loaded is named when it is needed. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,7 +109,91 @@ int comm_device_collectives(const comm_t *c)
 #else /* SPOTUNE_COMM_NCCL */
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
+
+/* ---- the libraries, loaded on first use ---------------------------------- */
+
+#define NCCL_FNS(X)                                                                          \
+    X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommGetAsyncError)  \
+    X(ncclCommFinalize) X(ncclCommDestroy) X(ncclCommAbort) X(ncclGetErrorString)             \
+    X(ncclGetLastError) X(ncclGroupStart) X(ncclGroupEnd) X(ncclAllReduce) X(ncclReduce)      \
+    X(ncclBroadcast) X(ncclReduceScatter) X(ncclAllGather)
+#define CUDART_FNS(X)                                                                        \
+    X(cudaSetDevice) X(cudaMemcpyAsync) X(cudaStreamQuery) X(cudaGetErrorName)                \
+    X(cudaGetErrorString)
+
+#define NCCL_STR_(x) #x
+#define NCCL_STR(x) NCCL_STR_(x)
+
+static struct {
+#define X(f) __typeof__(f) *f;
+    NCCL_FNS(X) CUDART_FNS(X)
+#undef X
+    int nccl_ok, cudart_ok;
+    char nccl_why[512], cudart_why[512];
+} lib;
+static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
+
+/* name from the process (a library already loaded, or one preloaded in
+ * NCCL's place: the tests' emulation), else from soname, opened once into
+ * *h; NULL with why set. */
+static void *lib_sym(void **h, const char *soname, const char *name, char *why, size_t n)
+{
+    void *p = dlsym(RTLD_DEFAULT, name);
+    if (p)
+        return p;
+    if (!*h && !(*h = dlopen(soname, RTLD_NOW | RTLD_GLOBAL))) {
+        const char *e = dlerror();
+        snprintf(why, n, "%s", e ? e : soname);
+        return NULL;
+    }
+    if (!(p = dlsym(*h, name)))
+        snprintf(why, n, "%s has no %s", soname, name);
+    return p;
+}
+
+/* SPOTUNE_NCCL_LIBRARY: the NCCL to open instead of libnccl.so.<major>
+ * (a path, or a name the loader searches for). */
+static const char *nccl_soname(void)
+{
+    const char *e = getenv("SPOTUNE_NCCL_LIBRARY");
+    return e && *e ? e : "libnccl.so." NCCL_STR(NCCL_MAJOR);
+}
+
+static void lib_load(void)
+{
+    void *nccl = NULL, *cudart = NULL;
+    char cudart_name[64];
+    const char *nccl_name = nccl_soname();
+    snprintf(cudart_name, sizeof cudart_name, "libcudart.so.%d", CUDART_VERSION / 1000);
+    lib.nccl_ok = lib.cudart_ok = 1;
+#define X(f)                                                                                 \
+    if (lib.nccl_ok &&                                                                       \
+        !(*(void **)&lib.f = lib_sym(&nccl, nccl_name, #f, lib.nccl_why, sizeof lib.nccl_why))) \
+        lib.nccl_ok = 0;
+    NCCL_FNS(X)
+#undef X
+#define X(f)                                                                                 \
+    if (lib.cudart_ok && !(*(void **)&lib.f = lib_sym(&cudart, cudart_name, #f,               \
+                                                      lib.cudart_why, sizeof lib.cudart_why))) \
+        lib.cudart_ok = 0;
+    CUDART_FNS(X)
+#undef X
+}
+
+static int have_nccl(void)
+{
+    pthread_once(&lib_once, lib_load);
+    return lib.nccl_ok;
+}
+
+static int have_cudart(void)
+{
+    pthread_once(&lib_once, lib_load);
+    return lib.cudart_ok;
+}
 
 struct comm_device {
     int device;
@@ -113,12 +202,17 @@ struct comm_device {
     int grouped;     /* inside comm_device_group_begin/end with NCCL */
 };
 
-int comm_device_available(void) { return 1; }
+int comm_device_available(void)
+{
+    return have_nccl() && have_cudart();
+}
 
 void comm_nccl_version(char *buf, size_t n)
 {
     int v = 0;
-    if (ncclGetVersion(&v) != ncclSuccess)
+    if (!have_nccl())
+        snprintf(buf, n, "not loadable (%s)", lib.nccl_why);
+    else if (lib.ncclGetVersion(&v) != ncclSuccess)
         snprintf(buf, n, "unknown (ncclGetVersion failed)");
     else /* NCCL_VERSION_CODE: 10000 major + 100 minor + patch since 2.9 */
         snprintf(buf, n, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
@@ -130,22 +224,22 @@ static int cuda_fail(comm_t *c, sp_err *err, cudaError_t e, const char *fn, cons
                      int line)
 {
     return sp_fail(err, SP_EXIT_OTHER, "%s:%d: rank %d on %s: %s: %s (%s)", file, line, c->rank,
-                   c->host, fn, cudaGetErrorString(e), cudaGetErrorName(e));
+                   c->host, fn, lib.cudaGetErrorString(e), lib.cudaGetErrorName(e));
 }
 
 /* comm, when there is one, adds NCCL's own last message. */
 static int nccl_fail(comm_t *c, ncclComm_t comm, sp_err *err, ncclResult_t r, const char *fn,
                      const char *file, int line)
 {
-    const char *last = comm ? ncclGetLastError(comm) : NULL;
+    const char *last = comm ? lib.ncclGetLastError(comm) : NULL;
     return sp_fail(err, SP_EXIT_OTHER, "%s:%d: rank %d on %s: %s: %s%s%s", file, line, c->rank,
-                   c->host, fn, ncclGetErrorString(r), last && last[0] ? ": " : "",
+                   c->host, fn, lib.ncclGetErrorString(r), last && last[0] ? ": " : "",
                    last ? last : "");
 }
 
 #define CUDA_TRY(c, err, fn, args)                                                       \
     do {                                                                                 \
-        cudaError_t cuda_rc_ = fn args;                                                  \
+        cudaError_t cuda_rc_ = lib.fn args;                                                  \
         if (cuda_rc_ != cudaSuccess)                                                     \
             return cuda_fail((c), (err), cuda_rc_, #fn, __FILE__, __LINE__);             \
     } while (0)
@@ -191,7 +285,7 @@ static void backoff(int *spins)
 static void device_break(comm_t *c)
 {
     if (c->dev->nccl)
-        ncclCommAbort(c->dev->nccl); /* the job is ending; its own error adds nothing */
+        lib.ncclCommAbort(c->dev->nccl); /* the job is ending; its own error adds nothing */
     c->dev->nccl = NULL;
     c->dev->broken = 1;
 }
@@ -205,18 +299,18 @@ static int nccl_settle(comm_t *c, ncclComm_t comm, const char *what, const char 
     int spins = 0;
     for (;;) {
         ncclResult_t state = ncclInProgress;
-        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+        ncclResult_t r = lib.ncclCommGetAsyncError(comm, &state);
         if (r != ncclSuccess)
             state = r;
         if (state == ncclSuccess)
             return 0;
         if (state != ncclInProgress) {
             nccl_fail(c, comm, err, state, what, file, line);
-            ncclCommAbort(comm);
+            lib.ncclCommAbort(comm);
             return err->code;
         }
         if (c->timeout_s > 0 && sp_now() - t0 > c->timeout_s) {
-            ncclCommAbort(comm);
+            lib.ncclCommAbort(comm);
             return sp_fail(err, SP_EXIT_OTHER,
                            "%s:%d: rank %d on %s: %s timed out after %g s (a peer may have died)",
                            file, line, c->rank, c->host, what, c->timeout_s);
@@ -245,7 +339,8 @@ static int nccl_enqueued(comm_t *c, ncclResult_t r, const char *fn, const char *
     device_break(c);
     return err->code;
 }
-#define NCCL_ENQUEUE(c, err, fn, args) nccl_enqueued((c), fn args, #fn, __FILE__, __LINE__, (err))
+#define NCCL_ENQUEUE(c, err, fn, args)                                                  \
+    nccl_enqueued((c), lib.fn args, #fn, __FILE__, __LINE__, (err))
 
 /* ---- communicator ------------------------------------------------------- */
 
@@ -261,7 +356,7 @@ static int share_unique_id(comm_t *c, ncclUniqueId *id, sp_err *err)
     struct nccl_id_msg msg;
     memset(&msg, 0, sizeof msg);
     if (c->rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(&msg.id);
+        ncclResult_t r = lib.ncclGetUniqueId(&msg.id);
         msg.ok = r == ncclSuccess;
         if (!msg.ok)
             nccl_fail(c, NULL, err, r, "ncclGetUniqueId", __FILE__, __LINE__);
@@ -284,11 +379,11 @@ static int nccl_create(comm_t *c, struct comm_device *dev, sp_err *err)
     if (share_unique_id(c, &id, err))
         return err->code;
     config.blocking = 0;
-    r = ncclCommInitRankConfig(&comm, c->size, id, c->rank, &config);
+    r = lib.ncclCommInitRankConfig(&comm, c->size, id, c->rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
         nccl_fail(c, comm, err, r, "ncclCommInitRankConfig", __FILE__, __LINE__);
         if (comm)
-            ncclCommAbort(comm);
+            lib.ncclCommAbort(comm);
         return err->code;
     }
     if (nccl_settle(c, comm, "ncclCommInitRankConfig", __FILE__, __LINE__, err))
@@ -318,8 +413,25 @@ static int agree(comm_t *c, int failed, const char *step, sp_err *err)
     return 0;
 }
 
+/* Ranks that share gradients on CUDA need NCCL: said before the device is
+ * touched, by every rank (agree() then ends all of them). */
+static int need_nccl(comm_t *c, sp_err *err)
+{
+    if (have_nccl())
+        return 0;
+    int ranks = c->nccl_world_of_one ? 1 : c->size;
+    return sp_fail(err, SP_EXIT_OTHER,
+                   "%d rank%s on CUDA sharing gradients need%s NCCL, which could not be loaded: "
+                   "%s (install NCCL %d, put its folder on LD_LIBRARY_PATH, or name the library "
+                   "in SPOTUNE_NCCL_LIBRARY)",
+                   ranks, ranks == 1 ? "" : "s", ranks == 1 ? "s" : "", lib.nccl_why, NCCL_MAJOR);
+}
+
 static int bind_device(comm_t *c, int device, sp_err *err)
 {
+    if (!have_cudart())
+        return sp_fail(err, SP_EXIT_OTHER, "the CUDA runtime could not be loaded: %s",
+                       lib.cudart_why);
     CUDA_TRY(c, err, cudaSetDevice, (device));
     return 0;
 }
@@ -336,17 +448,22 @@ int comm_device_init(comm_t *c, int device, sp_err *err)
                        "(asked for device %d)",
                        c->dev->broken ? "aborted" : "bound", c->dev->device, device);
     }
+    /* a world of one (under mpirun -np 1 too) needs no communicator: its
+     * collectives are local copies */
+    int nccl = (c->use_mpi && c->size > 1) || c->nccl_world_of_one;
     dev = calloc(1, sizeof *dev);
-    rc = dev ? bind_device(c, device, err)
-             : sp_fail(err, SP_EXIT_OTHER, "comm_device_init: out of memory");
+    rc = !dev   ? sp_fail(err, SP_EXIT_OTHER, "comm_device_init: out of memory")
+         : nccl ? need_nccl(c, err)
+                : 0;
+    rc = rc ? rc : bind_device(c, device, err);
     rc = agree(c, rc != 0, "binding the CUDA device", err);
-    if (!rc && (c->use_mpi || c->nccl_world_of_one)) {
+    if (!rc && nccl) {
         rc = nccl_create(c, dev, err); /* its wait has its own timeout: nccl_settle */
         rc = agree(c, rc != 0, "creating the NCCL communicator", err);
     }
     if (rc) {
         if (dev && dev->nccl)
-            ncclCommAbort(dev->nccl);
+            lib.ncclCommAbort(dev->nccl);
         free(dev);
         return rc;
     }
@@ -360,13 +477,13 @@ int comm_device_init(comm_t *c, int device, sp_err *err)
 static void nccl_release(comm_t *c, ncclComm_t comm)
 {
     sp_err ignored = {0};
-    ncclResult_t r = ncclCommFinalize(comm);
+    ncclResult_t r = lib.ncclCommFinalize(comm);
     if (r != ncclSuccess && r != ncclInProgress) {
-        ncclCommAbort(comm);
+        lib.ncclCommAbort(comm);
         return;
     }
     if (nccl_settle(c, comm, "ncclCommFinalize", __FILE__, __LINE__, &ignored) == 0)
-        ncclCommDestroy(comm);
+        lib.ncclCommDestroy(comm);
 }
 
 void *comm_device_nccl(comm_t *c)
@@ -480,7 +597,7 @@ int comm_device_group_begin(comm_t *c, sp_err *err)
         return err->code;
     if (!c->dev->nccl || c->dev->grouped)
         return 0;
-    ncclResult_t r = ncclGroupStart();
+    ncclResult_t r = lib.ncclGroupStart();
     if (r != ncclSuccess) {
         nccl_fail(c, c->dev->nccl, err, r, "ncclGroupStart", __FILE__, __LINE__);
         device_break(c);
@@ -510,7 +627,7 @@ static int device_async_ok(comm_t *c, sp_err *err)
     ncclResult_t r;
     if (!c->dev->nccl)
         return 0;
-    r = ncclCommGetAsyncError(c->dev->nccl, &state);
+    r = lib.ncclCommGetAsyncError(c->dev->nccl, &state);
     if (r != ncclSuccess)
         state = r;
     if (state == ncclSuccess || state == ncclInProgress)
@@ -527,7 +644,7 @@ int comm_device_wait(comm_t *c, void *stream, sp_err *err)
     if (device_ready(c, "comm_device_wait", COMM_F32, COMM_SUM, err))
         return err->code;
     for (;;) {
-        cudaError_t q = cudaStreamQuery((cudaStream_t)stream);
+        cudaError_t q = lib.cudaStreamQuery((cudaStream_t)stream);
         if (q == cudaSuccess)
             return device_async_ok(c, err);
         if (q != cudaErrorNotReady) {

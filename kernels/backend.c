@@ -215,9 +215,9 @@ void be_download(backend_t *be, void *dst, dtype_t dst_dt, tensor_t t)
 /* The CUDA backend lives in a module of its own, libspotune_cuda.so, loaded
  * on first use: a process that never touches a GPU does not pay for loading
  * cuBLAS (its constructors alone take some 100 ms, during which a stop signal
- * would meet the default action instead of spotune's handler), nor needs
- * cuBLAS installed (libcudart and libnccl it does: comm_nccl.c links them
- * into the binary). Looked for in
+ * would meet the default action instead of spotune's handler), and the
+ * binary starts where no CUDA library is installed (comm_nccl.c opens
+ * NCCL and the runtime on first use too). Looked for in
  * $SPOTUNE_CUDA_MODULE, beside the executable, one folder up (the tests),
  * ../lib, and then the library search path. */
 #define CUDA_MODULE "libspotune_cuda.so"

@@ -5,6 +5,7 @@ add_executable(spotune-comm-prog comm_prog.c)
 target_link_libraries(spotune-comm-prog PRIVATE spotune_comm)
 if(SPOTUNE_CUDA)
   target_compile_definitions(spotune-comm-prog PRIVATE SPOTUNE_COMM_NCCL)
+  target_link_libraries(spotune-comm-prog PRIVATE CUDA::cudart) # its own device buffers
 endif()
 
 get_filename_component(mpi_bindir "${MPIEXEC_EXECUTABLE}" DIRECTORY)
@@ -14,6 +15,10 @@ if(NOT SPOTUNE_MPIRUN)
 endif()
 
 spotune_test(test_comm SOURCES test_comm.c LIBS spotune_comm LABELS comm)
+if(SPOTUNE_CUDA)
+  target_compile_definitions(test_comm PRIVATE SPOTUNE_COMM_NCCL)
+  add_dependencies(test_comm spotune)
+endif()
 add_dependencies(test_comm spotune-comm-prog)
 target_compile_definitions(test_comm PRIVATE
   SPOTUNE_COMM_PROG="$<TARGET_FILE:spotune-comm-prog>"

@@ -280,9 +280,14 @@ Test(comm_single, device_without_gpu_is_an_error)
     no_launcher();
     cr_assert_eq(comm_init(&c, NULL, NULL, NULL, &err), 0, "%s", err.msg);
     int rc = comm_device_init(c, 0, &err);
+#ifndef SPOTUNE_COMM_NCCL
+    cr_assert(!comm_device_available(), "a build without CUDA has no device collectives");
+#endif
     if (!comm_device_available()) {
         cr_assert_neq(rc, 0);
-        cr_assert(strstr(err.msg, "built without CUDA") != NULL, "%s", err.msg);
+        cr_assert(strstr(err.msg, "built without CUDA") != NULL ||
+                      strstr(err.msg, "could not be loaded") != NULL,
+                  "%s", err.msg);
         sp_err_clear(&err);
         cr_assert_neq(comm_device_wait(c, NULL, &err), 0);
     } else if (rc != 0) {
@@ -297,6 +302,62 @@ Test(comm_single, device_without_gpu_is_an_error)
     }
     comm_finalize(c);
 }
+
+#ifdef SPOTUNE_COMM_NCCL
+/* The CUDA build opens NCCL and the CUDA runtime on first use: the binary
+ * links neither (it starts, and trains on the CPU or one GPU, without
+ * them), and here, where the toolkit is installed, both load. */
+Test(comm_single, nccl_and_the_cuda_runtime_are_opened_not_linked)
+{
+    char cmd[4096], line[1024];
+    snprintf(cmd, sizeof cmd, "ldd %s/spotune 2>&1", SPOTUNE_BINARY_DIR);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "%s", cmd);
+    int lines = 0;
+    while (fgets(line, sizeof line, p)) {
+        lines++;
+        cr_expect(!strstr(line, "libnccl") && !strstr(line, "libcudart"), "spotune links %s",
+                  line);
+    }
+    cr_expect_eq(pclose(p), 0, "%s", cmd);
+    cr_expect_gt(lines, 3, "ldd listed %d libraries", lines);
+    cr_assert(comm_device_available(), "NCCL or the CUDA runtime did not load");
+    char ver[256];
+    comm_nccl_version(ver, sizeof ver);
+    int major = 0, minor = -1;
+    cr_expect_eq(sscanf(ver, "NCCL %d.%d.", &major, &minor), 2, "%s", ver);
+    cr_expect_geq(major, 2, "%s", ver);
+}
+
+/* An NCCL that cannot be opened is named, before the device is touched,
+ * when ranks share gradients (here a one-rank communicator asked for); a
+ * world of one does not need it (here it fails at cudaSetDevice: no GPU). */
+Test(comm_single, a_missing_nccl_is_named_and_one_gpu_does_not_need_it)
+{
+    comm_t *c = NULL;
+    sp_err err = {0};
+    no_launcher();
+    setenv("SPOTUNE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+    cr_expect(!comm_device_available());
+    char ver[512];
+    comm_nccl_version(ver, sizeof ver);
+    cr_expect(strstr(ver, "not loadable") && strstr(ver, "/nonexistent/libnccl.so.2"), "%s",
+              ver);
+    comm_opts co = {.timeout_s = 10, .nccl_world_of_one = 1};
+    cr_assert_eq(comm_init(&c, NULL, NULL, &co, &err), 0, "%s", err.msg);
+    cr_expect_neq(comm_device_init(c, 0, &err), 0);
+    cr_expect(strstr(err.msg, "need") && strstr(err.msg, "NCCL, which could not be loaded") &&
+                  strstr(err.msg, "/nonexistent/libnccl.so.2") &&
+                  strstr(err.msg, "SPOTUNE_NCCL_LIBRARY") && !strstr(err.msg, "cudaSetDevice"),
+              "%s", err.msg);
+    comm_finalize(c);
+    sp_err_clear(&err);
+    cr_assert_eq(comm_init(&c, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    int rc = comm_device_init(c, 0, &err);
+    cr_expect(rc == 0 || !strstr(err.msg, "NCCL"), "a world of one asked for NCCL: %s", err.msg);
+    comm_finalize(c);
+}
+#endif
 
 Test(comm_single, prog_runs_without_a_launcher)
 {

@@ -12,7 +12,9 @@
  *    layer's parts reduced to their owners in one NCCL group), with gradient
  *    accumulation; then the same run stopped at step 4 (a sharded checkpoint
  *    of two shards) and resumed on one GPU, which must carry on as the
- *    uninterrupted two-GPU run does.
+ *    uninterrupted two-GPU run does;
+ *  - without a loadable NCCL (SPOTUNE_NCCL_LIBRARY naming a missing file):
+ *    every rank names it and the run ends before a step.
  * Each rank trains half of every global batch, so a sum that is not one
  * (a collective that adds nothing, or adds twice, or a shard delivered to
  * the wrong rank) shows in the gradient norm of the first step already.
@@ -228,6 +230,34 @@ Test(cuda_ranks, full_sharded_gradients_then_resumed_on_one_gpu)
     }
     expect_tracks("zero2, stopped at 4 on 2 ranks and resumed on 1, against the 2-rank run",
                   &resumed, &whole, 5, LOSS_TOL, GNORM_TOL);
+}
+
+/* Two ranks on CUDA without a loadable NCCL: every rank names the library
+ * and what to do, and the run ends non-zero before a step (here NCCL is
+ * pointed at a file that does not exist; the emulated one is not preloaded
+ * for this run). */
+Test(cuda_ranks, a_missing_nccl_is_named_by_every_rank)
+{
+    if (cuda_test_standin())
+        cr_skip_test("the stand-in backend uses no NCCL");
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "env -u LD_PRELOAD SPOTUNE_NCCL_LIBRARY=/nonexistent/libnccl.so.2 %s "
+                   "%s/spotune train %s/base.yaml --set run.dir=%s/no-nccl "
+                   "--set runtime.backend=%s --set train.mode=lora",
+                   tu_mpirun(2), tu_binary_dir(), dir, dir, cuda_test_backend());
+    cr_expect_neq(rc, 0, "%s", out);
+    for (int r = 0; r < 2; r++) {
+        char *want = sp_strf("rank %d on", r);
+        cr_expect(tu_contains(out, want), "rank %d said nothing: %s", r, out);
+        free(want);
+    }
+    cr_expect(tu_contains(out, "2 ranks on CUDA sharing gradients need NCCL, which could not "
+                               "be loaded: /nonexistent/libnccl.so.2") &&
+                  tu_contains(out, "SPOTUNE_NCCL_LIBRARY"),
+              "%s", out);
+    cr_expect(!tu_contains(out, "step      1"), "a step ran: %s", out);
+    free(out);
 }
 
 /* ---- main: two devices or skipped (77) ---------------------------------------------- */

@@ -564,6 +564,32 @@ Test(doctor, cuda_module_has_the_doctor_entry_points)
 #endif
 }
 
+/* In a CUDA build, an NCCL that cannot be opened is a warning naming it
+ * (ranks on GPUs could not share gradients); the CPU-only build has none
+ * and says so without a warning. */
+Test(doctor, an_nccl_that_cannot_be_loaded_warns)
+{
+    char *out = NULL;
+    tu_spotune(&out, "doctor --cloud none");
+    char *before = sp_strf("%s", line_of(out, "host.mpi"));
+    free(out);
+    setenv("SPOTUNE_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+    tu_spotune(&out, "doctor --cloud none");
+    unsetenv("SPOTUNE_NCCL_LIBRARY");
+#ifdef SPOTUNE_WITH_CUDA
+    cr_expect(tu_contains(before, "NCCL 2."), "%s", before);
+    EXPECT_STATUS(out, "host.mpi", "WARN");
+    cr_expect(tu_contains(line_of(out, "host.mpi"), "/nonexistent/libnccl.so.2") &&
+                  tu_contains(line_of(out, "host.mpi"), "cannot share gradients"),
+              "%s", line_of(out, "host.mpi"));
+#else
+    cr_expect(tu_contains(before, "built without CUDA"), "%s", before);
+    cr_expect(!tu_contains(line_of(out, "host.mpi"), "not loadable"), "%s", out);
+#endif
+    free(before);
+    free(out);
+}
+
 /* Starts tests/tools/skewed_date.py (a Date header skew_s off); its pid, the
  * URL in url. */
 static int skewed_server(double skew_s, char *url_out, size_t n)

@@ -129,7 +129,7 @@ static void check_network(doctor_t *d)
 
 void dr_check_mpi(doctor_t *d, comm_t *comm, const char *hosts)
 {
-    char ver[320], mpi[200], nccl[100];
+    char ver[1024], mpi[200], nccl[700];
     comm_mpi_version(mpi, sizeof mpi);
     comm_nccl_version(nccl, sizeof nccl);
     snprintf(ver, sizeof ver, "%s, %s", mpi, nccl);
@@ -144,7 +144,13 @@ void dr_check_mpi(doctor_t *d, comm_t *comm, const char *hosts)
     }
     free(copy);
     int size = comm_size(comm);
-    if (!launcher && size == 1)
+    if (!strncmp(nccl, "not loadable", 12)) /* a CUDA build: GPUs cannot share gradients */
+        doctor_add(d, "host.mpi", DR_WARN, "mpirun on PATH; NCCL loadable",
+                   "%s: ranks on GPUs cannot share gradients (one GPU trains without it); "
+                   "install NCCL, put its folder on LD_LIBRARY_PATH or name it in "
+                   "SPOTUNE_NCCL_LIBRARY",
+                   ver);
+    else if (!launcher && size == 1)
         doctor_add(d, "host.mpi", DR_WARN, "mpirun on PATH",
                    "%s; mpirun not found on PATH: several ranks cannot be launched", ver);
     else if (size > 1)
