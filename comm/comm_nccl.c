@@ -136,19 +136,34 @@ static struct {
 } lib;
 static pthread_once_t lib_once = PTHREAD_ONCE_INIT;
 
+/* soname as the loader finds it, else (a bare name) in build_dir, where
+ * the build found it: what a linked library's RUNPATH gave before. The
+ * loader's reason for the first into why when neither opens. */
+static void *lib_open(const char *soname, const char *build_dir, char *why, size_t n)
+{
+    void *h = dlopen(soname, RTLD_NOW | RTLD_GLOBAL);
+    if (h)
+        return h;
+    const char *e = dlerror();
+    snprintf(why, n, "%s", e ? e : soname);
+    if (strchr(soname, '/') || !build_dir[0])
+        return NULL;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", build_dir, soname);
+    return dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+}
+
 /* name from the process (a library already loaded, or one preloaded in
  * NCCL's place: the tests' emulation), else from soname, opened once into
  * *h; NULL with why set. */
-static void *lib_sym(void **h, const char *soname, const char *name, char *why, size_t n)
+static void *lib_sym(void **h, const char *soname, const char *build_dir, const char *name,
+                     char *why, size_t n)
 {
     void *p = dlsym(RTLD_DEFAULT, name);
     if (p)
         return p;
-    if (!*h && !(*h = dlopen(soname, RTLD_NOW | RTLD_GLOBAL))) {
-        const char *e = dlerror();
-        snprintf(why, n, "%s", e ? e : soname);
+    if (!*h && !(*h = lib_open(soname, build_dir, why, n)))
         return NULL;
-    }
     if (!(p = dlsym(*h, name)))
         snprintf(why, n, "%s has no %s", soname, name);
     return p;
@@ -171,13 +186,15 @@ static void lib_load(void)
     lib.nccl_ok = lib.cudart_ok = 1;
 #define X(f)                                                                                 \
     if (lib.nccl_ok &&                                                                       \
-        !(*(void **)&lib.f = lib_sym(&nccl, nccl_name, #f, lib.nccl_why, sizeof lib.nccl_why))) \
+        !(*(void **)&lib.f = lib_sym(&nccl, nccl_name, SPOTUNE_NCCL_DIR, #f, lib.nccl_why,  \
+                                     sizeof lib.nccl_why)))                                 \
         lib.nccl_ok = 0;
     NCCL_FNS(X)
 #undef X
 #define X(f)                                                                                 \
-    if (lib.cudart_ok && !(*(void **)&lib.f = lib_sym(&cudart, cudart_name, #f,               \
-                                                      lib.cudart_why, sizeof lib.cudart_why))) \
+    if (lib.cudart_ok && !(*(void **)&lib.f = lib_sym(&cudart, cudart_name, SPOTUNE_CUDART_DIR, \
+                                                      #f, lib.cudart_why,                       \
+                                                      sizeof lib.cudart_why)))                  \
         lib.cudart_ok = 0;
     CUDART_FNS(X)
 #undef X

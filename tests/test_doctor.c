@@ -590,6 +590,33 @@ Test(doctor, an_nccl_that_cannot_be_loaded_warns)
     free(out);
 }
 
+/* NCCL is opened where the loader finds it, else where the build found it
+ * (as a linked library's RUNPATH did): with the loader's cache hidden (a
+ * private mount namespace, /etc/ld.so.cache bound to an empty file), a
+ * build against a NCCL outside the default folders still opens it. (A
+ * build without CUDA opens no NCCL: an_nccl_that_cannot_be_loaded_warns
+ * covers what it says.) */
+#ifdef SPOTUNE_WITH_CUDA
+Test(doctor, nccl_is_opened_where_the_build_found_it)
+{
+    char *out = NULL;
+    if (tu_sh(&out, "unshare -m sh -c 'mount --bind /dev/null /etc/ld.so.cache'") != 0) {
+        cr_skip_test("no private mount namespace here (needs root): %s", out);
+    }
+    free(out);
+    int rc = tu_sh(&out,
+                   "unshare -m sh -c 'mount --bind /dev/null /etc/ld.so.cache && "
+                   "if ldconfig -p | grep -q libnccl; then echo CACHE-STILL-THERE; fi; "
+                   "exec %s/spotune doctor --cloud none'",
+                   tu_binary_dir());
+    cr_expect(!tu_contains(out, "CACHE-STILL-THERE"), "the cache was not hidden: %s", out);
+    cr_expect(tu_contains(line_of(out, "host.mpi"), "NCCL 2.") &&
+                  !tu_contains(line_of(out, "host.mpi"), "not loadable"),
+              "rc %d: %s", rc, line_of(out, "host.mpi"));
+    free(out);
+}
+#endif
+
 /* Starts tests/tools/skewed_date.py (a Date header skew_s off); its pid, the
  * URL in url. */
 static int skewed_server(double skew_s, char *url_out, size_t n)
