@@ -91,7 +91,7 @@ if(SPOTUNE_CUDA)
   # SPOTUNE_CUDA_MODULE): about 3 minutes here, 2 of them cuda_model's
   # 50-step training through the spotune binary; test_cuda_comm's one-rank
   # NCCL checks on the emulated NCCL (15 s); test_cuda_layer's layer at
-  # hidden 512, seq 256 (35 s); test_cuda_ranks' two ranks (105 s). Not in
+  # hidden 512, seq 256 (35 s); test_cuda_ranks' two and three ranks (140 s). Not in
   # the sanitizer build (CPU-only, no module loader; test_cuda_emu runs
   # there).
   foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_layer
@@ -101,7 +101,7 @@ if(SPOTUNE_CUDA)
       ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>"
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
-  set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=2)
+  set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)
 endif()
 
 # scripts/gpu_check.sh without a GPU (here, and in CI): every GPU step is a

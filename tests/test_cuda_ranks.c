@@ -13,6 +13,8 @@
  *    accumulation; then the same run stopped at step 4 (a sharded checkpoint
  *    of two shards) and resumed on one GPU, which must carry on as the
  *    uninterrupted two-GPU run does;
+ *  - the same on three ranks (shards padded to three, segments split three
+ *    ways), where there is a third GPU;
  *  - without a loadable NCCL (SPOTUNE_NCCL_LIBRARY naming a missing file):
  *    every rank names it and the run ends before a step.
  * Each rank trains half of every global batch, so a sum that is not one
@@ -116,8 +118,11 @@ static void train(int ranks, const char *backend, const char *name, const char *
                    "--set runtime.backend=%s %s",
                    tu_mpirun(ranks), tu_binary_dir(), dir, dir, name, backend, more);
     cr_assert_eq(rc, 0, "%s on %d ranks (%s): %s", name, ranks, backend, out);
-    if (ranks > 1 && strcmp(backend, "cpu") != 0 && !cuda_test_standin())
-        cr_assert(tu_contains(out, "2 ranks, backend cuda"), "%s: %s", name, out);
+    if (ranks > 1 && strcmp(backend, "cpu") != 0 && !cuda_test_standin()) {
+        char *want = sp_strf("%d ranks, backend cuda", ranks);
+        cr_assert(tu_contains(out, want), "%s: %s", name, out);
+        free(want);
+    }
     free(out);
     read_curve(name, c);
 }
@@ -157,18 +162,23 @@ static void expect_tracks(const char *what, const curve *got, const curve *want,
 #define LOSS_TOL 0.01
 #define GNORM_TOL 0.03
 
-static void cpu_and_cuda(const char *tag, const char *more, curve *cuda)
+static void cpu_and_cuda_on(int ranks, const char *tag, const char *more, curve *cuda)
 {
     curve cpu;
     char name[64];
     snprintf(name, sizeof name, "%s-cpu", tag);
-    train(2, "cpu", name, more, &cpu);
+    train(ranks, "cpu", name, more, &cpu);
     snprintf(name, sizeof name, "%s-cuda", tag);
-    train(2, cuda_test_backend(), name, more, cuda);
+    train(ranks, cuda_test_backend(), name, more, cuda);
     char what[96];
-    snprintf(what, sizeof what, "%s, 2 ranks, cuda against cpu", tag);
+    snprintf(what, sizeof what, "%s, %d ranks, cuda against cpu", tag, ranks);
     expect_tracks(what, cuda, &cpu, 1, LOSS_TOL, GNORM_TOL);
     cr_expect_lt(cuda->loss[STEPS - 1], cuda->loss[0] - 0.1, "%s: the loss did not fall", tag);
+}
+
+static void cpu_and_cuda(const char *tag, const char *more, curve *cuda)
+{
+    cpu_and_cuda_on(2, tag, more, cuda);
 }
 
 Test(cuda_ranks, lora_overlapped_buckets_and_graphs)
@@ -230,6 +240,22 @@ Test(cuda_ranks, full_sharded_gradients_then_resumed_on_one_gpu)
     }
     expect_tracks("zero2, stopped at 4 on 2 ranks and resumed on 1, against the 2-rank run",
                   &resumed, &whole, 5, LOSS_TOL, GNORM_TOL);
+}
+
+/* Three ranks, ZeRO-2: the arena padded to three equal shards, segments
+ * whose parts go to three owners in one NCCL group. Needs a third GPU. */
+Test(cuda_ranks, full_sharded_gradients_on_three_ranks)
+{
+    char why[512];
+    if (!cuda_test_standin() && backend_cuda_probe(why, sizeof why) < 3)
+        cr_skip_test("3 ranks need 3 CUDA devices, this machine has %d",
+                     backend_cuda_probe(why, sizeof why));
+    curve cuda;
+    cpu_and_cuda_on(3, "zero2-3",
+                    "--set train.mode=full --set train.lr=1e-3 --set train.shard_optimizer=true "
+                    "--set train.shard_gradients=true --set train.micro_batch=2 "
+                    "--set train.grad_accum=1",
+                    &cuda);
 }
 
 /* Two ranks on CUDA without a loadable NCCL: every rank names the library
