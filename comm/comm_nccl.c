@@ -5,8 +5,8 @@
  * call can hang forever), enqueuing collectives on the caller's stream, and
  * waiting for them with a timeout: comm_device_wait polls the stream and
  * NCCL's asynchronous error, and aborts the communicator on error or
- * timeout. A world of one without MPI has no communicator: its collectives
- * are local copies, unless comm_opts.nccl_world_of_one asked for a one-rank
+ * timeout. A world of one (under mpirun -np 1 too) has no communicator: its
+ * collectives are local copies, unless comm_opts.nccl_world_of_one asked for a one-rank
  * NCCL communicator (to run the NCCL path on a single GPU). Without CUDA every entry point returns an error.
  *
  * NCCL and the CUDA runtime are loaded on first use (dlopen), not linked:
@@ -256,7 +256,7 @@ static int nccl_fail(comm_t *c, ncclComm_t comm, sp_err *err, ncclResult_t r, co
 
 #define CUDA_TRY(c, err, fn, args)                                                       \
     do {                                                                                 \
-        cudaError_t cuda_rc_ = lib.fn args;                                                  \
+        cudaError_t cuda_rc_ = lib.fn args;                                              \
         if (cuda_rc_ != cudaSuccess)                                                     \
             return cuda_fail((c), (err), cuda_rc_, #fn, __FILE__, __LINE__);             \
     } while (0)

@@ -221,14 +221,7 @@ Test(cuda_ranks, full_sharded_gradients_then_resumed_on_one_gpu)
     char *shard = sp_strf("%s/zero2-stop/checkpoints/step-00000004/shard-00001-of-00002.h5", dir);
     cr_assert_eq(access(shard, R_OK), 0, "no %s: not a sharded checkpoint", shard);
     free(shard);
-    char *out = NULL;
-    int rc = tu_sh(&out,
-                   "%s %s/spotune train %s/base.yaml --set run.dir=%s/zero2-stop "
-                   "--set runtime.backend=%s %s",
-                   tu_mpirun(1), tu_binary_dir(), dir, dir, cuda_test_backend(), zero2);
-    cr_assert_eq(rc, 0, "the resume on one rank: %s", out);
-    free(out);
-    read_curve("zero2-stop", &rest);
+    train(1, cuda_test_backend(), "zero2-stop", zero2, &rest); /* the resume */
     /* the run's metrics.jsonl holds both legs: the resumed one's records
      * follow the first's */
     cr_assert_eq(rest.n, STEPS, "steps 1-4 and 5-%d logged: %d records", STEPS, rest.n);
