@@ -12,6 +12,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,45 @@ Test(nf4, codes_and_absmax_bit_identical)
         free(absmax);
     }
     json_decref(list_);
+}
+
+/* The blocks of a large matrix are quantized by several OpenMP threads: the
+ * same bits as one thread (n odd and past the threshold of 4096 blocks; a
+ * block of zeros and values on the midpoints between NF4 values included). */
+Test(nf4, threads_give_the_bits_of_one_thread)
+{
+    size_t n = 64 * 6000 + 37;
+    float *x = malloc(sizeof(float) * n);
+    uint64_t r = 42;
+    for (size_t i = 0; i < n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(r >> 11) / 9007199254740992.0 - 0.5);
+    }
+    for (size_t i = 64; i < 128; i++)
+        x[i] = 0.0f;
+    x[128] = 1.0f; /* the block's absmax: the next values are themselves */
+    for (int k = 0; k < 15; k++)
+        x[129 + k] = (nf4_quant_map[k] + nf4_quant_map[k + 1]) / 2.0f;
+    uint8_t *c1 = malloc(nf4_code_bytes(n)), *cn = malloc(nf4_code_bytes(n));
+    float *a1 = malloc(sizeof(float) * nf4_blocks(n)), *an = malloc(sizeof(float) * nf4_blocks(n));
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    nf4_quantize_codes(x, n, c1, a1);
+    omp_set_num_threads(4);
+    nf4_quantize_codes(x, n, cn, an);
+    omp_set_num_threads(threads);
+    cr_expect(memcmp(c1, cn, nf4_code_bytes(n)) == 0, "codes differ");
+    cr_expect(same_bits(a1, an, nf4_blocks(n)), "absmax differs");
+    for (size_t i = 64; i < 128; i += 2)
+        cr_expect_eq(c1[i / 2], 0x77, "a zero block's codes: 0x%02x", c1[i / 2]);
+    /* a value on a midpoint takes the lower of its two codes */
+    for (int k = 0; k < 15; k++) {
+        size_t i = 129 + (size_t)k;
+        int code = (i % 2) ? c1[i / 2] & 0x0f : c1[i / 2] >> 4;
+        cr_expect_eq(code, k, "midpoint %d: code %d", k, code);
+    }
+    cr_expect_eq(c1[nf4_code_bytes(n) - 1] & 0x0f, 7, "the odd last nibble pads with 0.0's code");
+    free(x), free(c1), free(cn), free(a1), free(an);
 }
 
 /* bitsandbytes' CPU 8-bit quantization finds the code with an approximate
