@@ -38,7 +38,7 @@ else:
     fits = "no"
     fx = j["fixes"]
     fix = "%s (%.1f)" % (fx[0]["change"], fx[0]["total_gib"]) if fx else "nothing"
-mode = j["mode"] + ("" if j["mode_available"] else " (not yet)")
+mode = j["mode"]
 print("| %s | %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %s | %s | %.0f | %.2f |" % (
     j["model"], mode, g["name"], g["gpus"], m["weights"], state, m["activations"], m["total"],
     fits, fix, j["speed"]["tokens_per_s_gpu"], j["checkpoint"]["bytes"] / 1e9))

@@ -88,8 +88,9 @@ if(SPOTUNE_CUDA)
     ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>")
   # The suites on it, at reduced shapes (the real-shape tests skip: hours on
   # the emulated device), in builds with the CUDA backend (whose loader reads
-  # SPOTUNE_CUDA_MODULE): about 3 minutes here, 2 of them cuda_model's
-  # 50-step training through the spotune binary; test_cuda_comm's one-rank
+  # SPOTUNE_CUDA_MODULE): about 7 minutes here, 3.5 of them cuda_model's
+  # (its 50 LoRA steps and 8 each of QLoRA and DoRA through the spotune
+  # binary, the graphs replays); test_cuda_comm's one-rank
   # NCCL checks on the emulated NCCL (15 s); test_cuda_layer's layer at
   # hidden 512, seq 256 (35 s); test_cuda_ranks' two and three ranks (140 s). Not in
   # the sanitizer build (CPU-only, no module loader; test_cuda_emu runs

@@ -20,7 +20,7 @@ typedef struct graphs_case {
     int packed;    /* packed documents whose boundaries move every step */
     int odd_last;  /* the last micro-batch of step 4 has one window */
     int dora;      /* DoRA (LoRA mode) */
-    int nf4;       /* QLoRA: the projections NF4 (LoRA mode; the CPU backends) */
+    int nf4;       /* QLoRA: the projections NF4 (LoRA mode) */
     int nan_step;  /* this step's gradient gets a NaN before its update, which
                       must change nothing (1-based; 0: none) */
 } graphs_case;

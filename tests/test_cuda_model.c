@@ -5,13 +5,17 @@
  *    the CPU's above 0.999, full fine-tuning and LoRA (with and without LoRA
  *    dropout, whose masks both backends draw identically), logits within
  *    5e-2 of the largest; recomputation on CUDA changes nothing (1e-6);
+ *    DoRA; QLoRA (the projections NF4: every dequantized value the CPU's
+ *    rounded to bf16, bit for bit);
  *  - 50 LoRA steps of `spotune train` with --set runtime.backend=cuda on the
  *    tiny model: every step's loss within 3% of the CPU run's, the mean of
- *    the last 10 within 2%, and the loss falls.
+ *    the last 10 within 2%, and the loss falls; 8 steps of QLoRA (with
+ *    runtime.backend auto choosing the GPU) and of DoRA with dropout, each
+ *    step's loss within 1% of the CPU's;
  *  - runtime.cuda_graphs: 5 steps of 2 micro-batches replayed as one CUDA
  *    graph against eager launches (tests/graphs_util.h): LoRA with dropout
  *    and packed documents, full fine-tuning with recomputation and a
- *    micro-batch of another shape, bit for bit; one capture, every later
+ *    micro-batch of another shape, QLoRA, DoRA, bit for bit; one capture, every later
  *    micro-batch of the usual shape a replay, and of the update;
  *  - deterministic: 5 steps of full fine-tuning twice, the same bits.
  * Paths: fixtures under $SPOTUNE_TEST_SOURCE_DIR/tests/fixtures and the
@@ -181,10 +185,62 @@ Test(cuda_model, llama_gqa_lora_packed_documents)
     compare_step("qwen2_bias", 0, 0.0);
 }
 
-/* DoRA's model path on the device (its ops are in test_cuda_ops.c). Training
- * refuses lora.dora on CUDA until this has passed on a GPU (trainer/config.c). */
+/* DoRA's model path on the device (its ops are in test_cuda_ops_weights.c). */
 Test(cuda_model, llama_gqa_dora) { compare_step("llama_gqa_dora", 1, 0.0); }
 Test(cuda_model, qwen2_biases_dora) { compare_step("qwen2_bias_dora", 1, 0.0); }
+
+/* QLoRA: llama_gqa's projections quantized to NF4 at load on both backends.
+ * The codes are computed on the host, so both hold the same NF4 weights;
+ * CUDA dequantizes into its bf16 workspace, the CPU into fp32: every
+ * dequantized value is the CPU's rounded to bf16, bit for bit. The step
+ * (LoRA on that base) as compare_step's. */
+Test(cuda_model, qlora_llama_gqa)
+{
+    side g, c;
+    sp_err err = {0};
+    const char *dir = fixture("hf/llama_gqa");
+    cr_assert_eq(tu_hf_open_nf4(&c, dir, "cpu", &err), 0, "%s", err.msg);
+    cr_assert_eq(tu_hf_open_nf4(&g, dir, cuda_test_backend(), &err), 0, "%s", err.msg);
+    size_t total = 0;
+    int weights = 0;
+    for (int i = 0; i < g.m->nparams; i++) {
+        param_t *pg = &g.m->params[i], *pc = &c.m->params[i];
+        if (pg->kind != PK_WEIGHT)
+            continue;
+        cr_assert(pg->q_codes.p && pc->q_codes.p && pg->n == pc->n, "%s is not NF4", pg->name);
+        float *a = malloc(sizeof(float) * pg->n), *b = malloc(sizeof(float) * pc->n);
+        model_param_download(g.m, pg, a);
+        model_param_download(c.m, pc, b);
+        size_t off = 0;
+        for (size_t k = 0; k < pg->n; k++)
+            off += a[k] != sp_bf16_to_f32(sp_f32_to_bf16(b[k]));
+        cr_expect_eq(off, 0, "%s: %zu of %zu dequantized values not the CPU's in bf16", pg->name,
+                     off, pg->n);
+        total += pg->n;
+        weights++;
+        free(a), free(b);
+    }
+    cr_expect_eq(weights, 7 * (int)g.mc.layers);
+    float *lg = logits(&g), *lc = logits(&c);
+    double e = tu_rel_err(lg, lc, (size_t)g.B * g.T * g.mc.vocab);
+    cr_expect_lt(e, LOGITS_TOL, "qlora logits: rel err %g", e);
+    free(lg), free(lc);
+    double loss_g, loss_c, wc;
+    float *gg = step(&g, &loss_g), *gc = step(&c, &loss_c);
+    double cs = cosine(gg, gc, g.m->n_trainable);
+    const char *worst = worst_param(g.m, gg, gc, &wc);
+    cr_expect_lt(fabs(loss_g - loss_c), LOSS_TOL * fabs(loss_c), "qlora loss: cuda %.6f, cpu %.6f",
+                 loss_g, loss_c);
+    cr_expect_gt(cs, COSINE_MIN, "qlora gradient cosine %.6f (worst tensor %s: %.6f)", cs, worst,
+                 wc);
+    fprintf(stderr,
+            "llama_gqa QLoRA: %zu NF4 values the CPU's in bf16; logits rel err %.2e; loss cuda "
+            "%.6f cpu %.6f, gradient cosine %.6f (lowest %s %.5f)\n",
+            total, e, loss_g, loss_c, cs, worst, wc);
+    free(gg), free(gc);
+    close_side(&g);
+    close_side(&c);
+}
 
 /* Recomputing (a layer, or attention) on CUDA gives the same step. */
 Test(cuda_model, recompute_changes_nothing)
@@ -283,6 +339,106 @@ Test(cuda_model, lora_training_tracks_the_cpu, .timeout = 900)
     free(dir);
 }
 
+/* QLoRA (runtime.backend auto, which picks the GPU) and DoRA with dropout
+ * (runtime.backend cuda) through `spotune train`: 8 steps each, every
+ * step's loss within 1% of the same run on the CPU backend (measured on the
+ * emulated device: 1.3e-4 and 1.5e-4), and the loss falls. */
+#define SHORT_STEPS 8
+
+static void short_run_tracks_the_cpu(const char *dir, const char *what, const char *extra,
+                                     const char *backend)
+{
+    char *path = sp_strf("%s/%s.yaml", dir, what);
+    char *cfg = sp_strf("run:\n  dir: %s/run\n  seed: 11\nmodel:\n  path: %s/model\n%s"
+                        "train:\n  mode: lora\n  steps: %d\n  seq_len: 64\n  micro_batch: 4\n"
+                        "  lr: 3e-3\n  warmup_steps: 2\n"
+                        "lora:\n  r: 8\n  alpha: 16\n  dropout: 0.05\n"
+                        "  targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                        "down_proj]\n%s"
+                        "data:\n  train: %s/data.train.h5\n"
+                        "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 2\n",
+                        dir, dir, strstr(extra, "quantize") ? extra : "", SHORT_STEPS,
+                        strstr(extra, "dora") ? extra : "", dir);
+    cr_assert_eq(tu_write_file(path, cfg), 0);
+    free(cfg);
+    double curves[2][SHORT_STEPS + 4];
+    const char *backends[] = {"cpu", backend};
+    for (int i = 0; i < 2; i++) {
+        char *out = NULL;
+        int rc = tu_spotune(&out, "train %s --set run.dir=%s/%s-%d --set runtime.backend=%s", path,
+                            dir, what, i, backends[i]);
+        cr_assert_eq(rc, 0, "%s on %s: %s", what, backends[i], out);
+        const char *kind = strstr(extra, "quantize") ? "QLoRA (LoRA on the NF4 base)"
+                                                     : "LoRA with DoRA";
+        cr_expect(tu_contains(out, kind), "%s: the start-up log does not say %s:\n%s", what, kind,
+                  out);
+        if (i == 1)
+            cr_expect(tu_contains(out, "backend cuda"), "%s: runtime.backend %s did not choose "
+                                                        "CUDA:\n%s",
+                      what, backend, out);
+        free(out);
+        char *run = sp_strf("%s/%s-%d", dir, what, i);
+        cr_assert_eq(read_losses(run, curves[i], SHORT_STEPS + 4), SHORT_STEPS,
+                     "%s on %s: %d steps logged", what, backends[i], SHORT_STEPS);
+        free(run);
+    }
+    double worst = 0;
+    for (int s = 0; s < SHORT_STEPS; s++) {
+        double d = fabs(curves[1][s] - curves[0][s]) / fabs(curves[0][s]);
+        worst = fmax(worst, d);
+        cr_expect_lt(d, 0.01, "%s step %d: cuda loss %.5f, cpu %.5f", what, s + 1, curves[1][s],
+                     curves[0][s]);
+    }
+    cr_expect_lt(curves[1][SHORT_STEPS - 1], curves[1][0] - 0.3, "%s: the cuda loss did not fall: "
+                                                                 "%.4f -> %.4f",
+                 what, curves[1][0], curves[1][SHORT_STEPS - 1]);
+    fprintf(stderr, "%s, %d steps: loss cpu %.4f -> %.4f, cuda %.4f -> %.4f; largest step "
+                    "difference %.2e\n",
+            what, SHORT_STEPS, curves[0][0], curves[0][SHORT_STEPS - 1], curves[1][0],
+            curves[1][SHORT_STEPS - 1], worst);
+    free(path);
+}
+
+Test(cuda_model, qlora_and_dora_train_through_the_binary, .timeout = 600)
+{
+    char *dir = tu_tempdir("cuda-qlora-dora");
+    char *out = NULL;
+    int rc = tu_animals_task(dir, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    short_run_tracks_the_cpu(dir, "qlora", "  quantize: nf4\n", "auto");
+    short_run_tracks_the_cpu(dir, "dora", "  dora: true\n", cuda_test_backend());
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* `spotune bench --quantize nf4` on CUDA: QLoRA timed, its step 1 checked
+ * against the CPU backend's (the bench's own check, on by default for the
+ * tiny preset), the JSON saying qlora. */
+Test(cuda_model, qlora_bench_checks_step_one_against_the_cpu)
+{
+    char *out = NULL;
+    int rc = tu_spotune(&out, "bench --backend %s --preset tiny --mode lora --quantize nf4 "
+                              "--steps 2 --warmup 1 --seq-len 64 --json",
+                        cuda_test_backend());
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *line = strstr(out, "{\"preset\"");
+    cr_assert(line, "no JSON line:\n%s", out);
+    json_error_t je;
+    json_t *j = json_loadb(line, strcspn(line, "\n"), 0, &je);
+    cr_assert(j, "%s: %s", je.text, line);
+    cr_expect_str_eq(json_string_value(json_object_get(j, "mode")), "qlora");
+    cr_expect_str_eq(json_string_value(json_object_get(j, "backend")), "cuda");
+    cr_expect_str_eq(json_string_value(json_object_get(j, "check")), "ok");
+    const char *cc = json_string_value(json_object_get(j, "cpu_check"));
+    cr_expect(cc && strstr(cc, "step 1 vs the cpu backend: loss"), "cpu_check: %s", cc);
+    double l = json_number_value(json_object_get(j, "step1_loss")),
+           c = json_number_value(json_object_get(j, "cpu_step1_loss"));
+    cr_expect(c > 0 && fabs(l - c) < 5e-3 * c, "step 1 loss cuda %.6f, cpu %.6f", l, c);
+    json_decref(j);
+    free(out);
+}
+
 /* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */
 
 int main(int argc, char *argv[])
@@ -290,8 +446,6 @@ int main(int argc, char *argv[])
     return cuda_test_main(argc, argv);
 }
 
-/* model.quantize nf4 runs on the CPU backends only: runtime.backend auto
- * choosing the GPU is refused at start, naming the key and the backend. */
 /* runtime.cuda_graphs: the micro-batches and updates replayed as CUDA
  * graphs give what eager launches give, bit for bit (no kernel adds with
  * atomics) */
@@ -316,27 +470,12 @@ Test(cuda_model, graphs_replay_full_with_recompute_and_an_odd_micro_batch)
     graphs_same_as_eager(cuda_test_backend(), &gc, "cuda full recompute odd");
 }
 
-Test(cuda_model, qlora_refused_when_auto_chooses_cuda)
+/* QLoRA and DoRA (with dropout) replayed as CUDA graphs: the dequantization
+ * of each NF4 weight into the workspace and DoRA's norms are in the graph */
+Test(cuda_model, graphs_replay_qlora_and_dora_bit_for_bit)
 {
-    char *dir = tu_tempdir("cuda-qlora");
-    char *out = NULL;
-    int rc = tu_animals_task(dir, &out);
-    cr_assert_eq(rc, 0, "%s", out);
-    free(out);
-    char *path = sp_strf("%s/qlora.yaml", dir);
-    char *cfg = sp_strf("run:\n  dir: %s/run\nmodel:\n  path: %s/model\n  quantize: nf4\n"
-                        "train:\n  steps: 2\n  seq_len: 16\n  micro_batch: 1\n"
-                        "data:\n  train: %s/data.train.h5\nruntime:\n  backend: auto\n",
-                        dir, dir, dir);
-    cr_assert_eq(tu_write_file(path, cfg), 0);
-    free(cfg);
-    rc = tu_spotune(&out, "train %s", path);
-    cr_expect_eq(rc, 2, "%s", out);
-    cr_expect(tu_contains(out, "model.quantize nf4 runs on the CPU backends only") &&
-                  tu_contains(out, "runtime.backend auto chose the CUDA backend"),
-              "%s", out);
-    free(out);
-    free(path);
-    tu_rmtree(dir);
-    free(dir);
+    graphs_case q = {.mode = MODE_LORA, .dropout = 0.05, .nf4 = 1, .odd_last = 1};
+    graphs_same_as_eager(cuda_test_backend(), &q, "cuda qlora dropout odd");
+    graphs_case d = {.mode = MODE_LORA, .dropout = 0.1, .dora = 1, .packed = 1};
+    graphs_same_as_eager(cuda_test_backend(), &d, "cuda dora dropout packed");
 }

@@ -109,11 +109,11 @@ Test(plan, llama_7b_lora_on_24_gb_fits_with_recompute)
                        31.0 * (2048.0 * 4096 * 2 + 65536.0 * 4), 1.0);
     for (int i = 0; i < r.nfixes; i++)
         cr_expect_leq(r.fixes[i].mem.total, r.usable_bytes, "%s", r.fixes[i].what);
-    /* QLoRA is offered last for LoRA, and said to be unavailable */
+    /* QLoRA is offered last for LoRA, naming the key that turns it on */
     const plan_fix *q = &r.fixes[r.nfixes - 1];
     cr_expect_eq(q->mode, PLAN_QLORA);
-    cr_expect_eq(q->available, 0);
-    cr_expect(strstr(q->what, "not available"), "%s", q->what);
+    cr_expect(strstr(q->what, "mode qlora (model.quantize nf4: LoRA r 16 on NF4 weights)"), "%s",
+              q->what);
     char *out = NULL;
     cr_assert_eq(tu_spotune(&out, "plan llama-7b --gpu RTX3090"), 0, "%s", out);
     cr_expect(strstr(out, "fits: NO, 8.4 MiB more than usable"), "%s", out);
@@ -413,11 +413,15 @@ Test(plan, command_table_and_json)
     json_decref(j);
 
     j = plan_json("llama-13b --gpu L4 --mode qlora");
-    cr_expect(json_is_false(json_object_get(j, "mode_available")));
+    cr_expect_str_eq(json_string_value(json_object_get(j, "mode")), "qlora");
     cr_expect(json_is_true(json_object_get(j, "fits")));
+    cr_expect(json_is_false(json_object_get(j, "dora")));
     json_decref(j);
     cr_assert_eq(tu_spotune(&out, "plan llama-13b --gpu L4 --mode qlora"), 0, "%s", out);
-    cr_expect(tu_contains(out, "QLoRA training is not available in spotune yet on GPUs"), "%s", out);
+    cr_expect(tu_contains(out, "note: QLoRA is LoRA on the projections stored as NF4 "
+                               "(model.quantize nf4)") &&
+                  !tu_contains(out, "not available"),
+              "%s", out);
     free(out);
 
     /* --gpu-mem and --gpu-tflops instead of a card of the table */
@@ -429,6 +433,45 @@ Test(plan, command_table_and_json)
 
 /* A model directory, its config.json, a run YAML (its settings, the job from
  * train.steps) and a dataset's token count. */
+/* A DoRA run (lora.dora in the YAML) is planned with its magnitudes: one
+ * trainable value per output feature of each target, on top of LoRA's; a
+ * fix that changes it to QLoRA turns DoRA off and says so. */
+Test(plan, a_dora_run_counts_its_magnitudes)
+{
+    char *d = tu_tempdir("plandora");
+    const char *run = "train:\n  seq_len: 2048\n  micro_batch: 1\nlora:\n  r: 16\n"
+                      "  targets: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]\n";
+    tu_write_file(tu_fmt("%s/lora.yaml", d), run);
+    tu_write_file(tu_fmt("%s/dora.yaml", d), tu_fmt("%s  dora: true\n", run));
+    json_t *l = plan_json(tu_fmt("%s/lora.yaml --model llama-7b --gpu H100", d));
+    json_t *j = plan_json(tu_fmt("%s/dora.yaml --model llama-7b --gpu H100", d));
+    cr_expect(json_is_true(json_object_get(j, "dora")));
+    cr_expect(json_is_false(json_object_get(l, "dora")));
+    /* 32 layers x (q, k, v, o: 4096 each; gate, up: 11008 each; down: 4096) */
+    json_int_t mags = 32 * (4 * 4096 + 2 * 11008 + 4096);
+    cr_expect_eq(json_integer_value(json_object_get(j, "trainable_params")),
+                 json_integer_value(json_object_get(l, "trainable_params")) + mags);
+    cr_expect_eq(json_integer_value(json_object_get(l, "trainable_params")), 39976960);
+    double dm = json_real_value(json_object_get(json_object_get(j, "memory_gib"), "total")),
+           lm = json_real_value(json_object_get(json_object_get(l, "memory_gib"), "total"));
+    cr_expect_gt(dm, lm, "DoRA %.4f GiB, LoRA %.4f GiB", dm, lm);
+    json_decref(j);
+    json_decref(l);
+    char *out = NULL;
+    cr_assert_eq(tu_spotune(&out, "plan %s/dora.yaml --model llama-7b --gpu RTX3090", d), 0,
+                 "%s", out);
+    cr_expect(tu_contains(out, "mode lora with DoRA: r 16 on") &&
+                  tu_contains(out, "(41.3M trainable parameters, a magnitude per output feature "
+                                   "included)") &&
+                  tu_contains(out, "fits: NO") &&
+                  tu_contains(out, "mode qlora (model.quantize nf4: LoRA r 16 on NF4 weights, "
+                                   "lora.dora off)"),
+              "%s", out);
+    free(out);
+    tu_rmtree(d);
+    free(d);
+}
+
 Test(plan, command_inputs)
 {
     char *d = tu_tiny_dir("plan", 1, 1), *out = NULL;
@@ -526,9 +569,10 @@ Test(plan, bad_inputs)
     tu_write_file(tu_fmt("%s/empty/config.json", d), "{\"architectures\": [\"LlamaForCausalLM\"], "
                                                      "\"hidden_size\": 64}");
     refused(3, tu_fmt("%s/empty --gpu H100", d), "vocab_size is missing");
-    /* a DoRA run: the CPU backends only, no GPU plan */
+    /* a DoRA run cannot be planned as QLoRA (the two do not go together) */
     tu_write_file(tu_fmt("%s/dora.yaml", d), "lora:\n  dora: true\n");
-    refused(2, tu_fmt("%s/dora.yaml --gpu H100", d), "lora.dora runs on the CPU backends only");
+    refused(2, tu_fmt("%s/dora.yaml --model llama-7b --gpu H100 --mode qlora", d),
+            "--mode qlora (model.quantize nf4) with lora.dora is not supported");
     /* a GPU not in the table, none at all, a memory too small for anything */
     refused(2, "llama-7b --gpu TPUv5", "--gpu 'TPUv5' is not in the table (RTX3090");
     refused(2, "llama-7b", "which GPU?");

@@ -70,9 +70,9 @@ static double flops_per_token(const model_t *m, int T)
                                  m->o.mode == MODE_LORA ? (double)m->n_trainable : 0.0, T);
 }
 
-static const char *modes_name(int mode)
+static const char *modes_name(const bench_opts *bo, int mode)
 {
-    return mode == MODE_FULL ? "full" : "lora";
+    return mode == MODE_FULL ? "full" : bo->nf4 ? "qlora" : "lora";
 }
 
 double bench_flops_6n(const model_config_t *mc)
@@ -312,13 +312,13 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         double tps = (double)n * world / dt;
         double mfu = peak > 0 ? fpt * tps / world / (peak * 1e12) : -1;
         double mfu6 = peak > 0 ? fpt6 * tps / world / (peak * 1e12) : -1;
-        const char *modes[] = {"lora", "full"};
         const char *check = loss_bad || cpu_bad ? "fail" : "ok";
         if (bo->json) {
             json_t *j = json_pack(
                 "{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, "
                 "s:I, s:f, s:f, s:f, s:s, s:s}",
-                "preset", bo->preset, "mode", modes[mode], "backend", be_name, "device", dev_name,
+                "preset", bo->preset, "mode", modes_name(bo, mode), "backend", be_name, "device",
+                dev_name,
                 "ranks", world, "micro_batch", bo->micro_batch, "seq_len", bo->seq_len, "threads",
                 be_threads, "step_s", dt, "tokens_per_s", tps, "mfu", mfu, "mfu_6n", mfu6,
                 "flops_per_token", fpt, "flops_per_token_6n", fpt6, "peak_mem_bytes", peak_mem,
@@ -354,7 +354,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         } else {
             printf("%-9s %-4s %-5s %-20s ranks %d  mb %d  seq %d  step %.3f s  %10.1f tok/s  "
                    "peak %.2f GiB",
-                   bo->preset, modes[mode], be_name, dev_name, world, bo->micro_batch,
+                   bo->preset, modes_name(bo, mode), be_name, dev_name, world, bo->micro_batch,
                    bo->seq_len, dt, tps, peak_mem / (1 << 30));
             if (mfu >= 0)
                 printf("  MFU %.1f%% (6N: %.1f%%)", 100.0 * mfu, 100.0 * mfu6);
@@ -378,10 +378,10 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         fflush(stdout);
     }
     if (!rc && loss_bad)
-        rc = sp_fail(err, SP_EXIT_OTHER, "bench %s %s on %s: %s", bo->preset, modes_name(mode),
+        rc = sp_fail(err, SP_EXIT_OTHER, "bench %s %s on %s: %s", bo->preset, modes_name(bo, mode),
                      be_name, loss_why);
     else if (!rc && cpu_bad)
-        rc = sp_fail(err, SP_EXIT_OTHER, "bench %s %s on %s: %s", bo->preset, modes_name(mode),
+        rc = sp_fail(err, SP_EXIT_OTHER, "bench %s %s on %s: %s", bo->preset, modes_name(bo, mode),
                      be_name, cpu_why);
     free(in);
     free(tg);
@@ -442,7 +442,7 @@ static void bench_usage(FILE *f)
             "  --plan RANKS         print each rank's memory plan for a run on RANKS ranks\n"
             "                       (full mode: optimizer sharded) and run nothing\n"
             "  --quantize Q         none or nf4 (QLoRA, as model.quantize: the projections in\n"
-            "                       NF4; LoRA mode only; timed on the cpu and cpu-ref backends)\n"
+            "                       NF4; LoRA mode only)\n"
             "  --shard-gradients ON full mode on several ranks: shard the gradients as well\n"
             "                       (on or off, default on, as train.shard_gradients)\n"
             "  --cpu-check WHEN     auto, on or off (default auto: presets tiny and small on a\n"
@@ -562,10 +562,6 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
         return sp_fail(err, SP_EXIT_USAGE,
                        "bench: --quantize nf4 needs --mode lora (QLoRA trains LoRA on frozen NF4 "
                        "weights)");
-    if (bo.nf4 && !bo.plan_ranks && !sp_after(bo.backend, "cpu"))
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "bench: --quantize nf4 is timed on the CPU backends (--backend cpu or "
-                       "cpu-ref) and planned anywhere (--plan)");
     if (bo.nf4)
         bo.mode = 0; /* both: LoRA only */
     for (int mode = 0; mode < 2; mode++) {

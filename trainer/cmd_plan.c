@@ -26,9 +26,8 @@ static void plan_usage(FILE *f)
             "model.quantize (nf4: qlora), lora.* and runtime.recompute; options given here\n"
             "win).\n"
             "  --model DIR|config.json|PRESET  the model, instead of RUN.yaml's model.path\n"
-            "  --mode lora|qlora|full   (default lora; qlora: LoRA on NF4 weights, which\n"
-            "                           spotune trains on the CPU backends only: planned,\n"
-            "                           not trainable on GPUs yet)\n"
+            "  --mode lora|qlora|full   (default lora; qlora: LoRA on NF4 weights,\n"
+            "                           model.quantize nf4)\n"
             "  --lora-r N               LoRA rank (default 16, all 7 projections)\n"
             "  --seq-len N              tokens per window (default 2048)\n"
             "  --micro-batch N          windows per GPU per micro-step (default 1)\n"
@@ -121,8 +120,10 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
                : r->sharded     ? ", optimizer sharded over the GPUs (train.shard_optimizer)"
                                 : "");
     else
-        printf("  mode %s: r %lld on %s (%.1fM trainable parameters)\n", mode_name(in->mode),
-               (long long)in->lora_r, tg, (double)r->trainable_params / 1e6);
+        printf("  mode %s%s: r %lld on %s (%.1fM trainable parameters%s)\n", mode_name(in->mode),
+               in->lora_dora ? " with DoRA" : "", (long long)in->lora_r, tg,
+               (double)r->trainable_params / 1e6,
+               in->lora_dora ? ", a magnitude per output feature included" : "");
     printf("  seq_len %lld, micro_batch %lld, grad_accum %lld, recompute %s\n",
            (long long)in->seq_len, (long long)in->micro_batch, (long long)in->grad_accum,
            recompute_name(in->recompute));
@@ -233,10 +234,9 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
     } else {
         printf("  upload           give --upload-mbps for the time against each cloud's notice\n");
     }
-    if (in->mode == PLAN_QLORA && !in->cpu)
-        printf("\nnote: QLoRA training is not available in spotune yet on GPUs "
-               "(model.quantize nf4 runs on the CPU backends only): this is the plan of LoRA on "
-               "NF4 weights as spotune and bitsandbytes store them (%.3f bits per weight)\n",
+    if (in->mode == PLAN_QLORA)
+        printf("\nnote: QLoRA is LoRA on the projections stored as NF4 (model.quantize nf4), as "
+               "spotune and bitsandbytes store them (%.3f bits per weight)\n",
                PLAN_NF4_BITS);
 }
 
@@ -256,7 +256,7 @@ static void print_json(const plan_input *in, const plan_result *r, const char *t
     json_object_set_new(j, "params", json_integer(r->params));
     json_object_set_new(j, "trainable_params", json_integer(r->trainable_params));
     json_object_set_new(j, "mode", json_string(mode_name(in->mode)));
-    json_object_set_new(j, "mode_available", json_boolean(in->mode != PLAN_QLORA || in->cpu));
+    json_object_set_new(j, "dora", json_boolean(in->mode != PLAN_FULL && in->lora_dora));
     json_object_set_new(j, "lora_r", in->mode == PLAN_FULL ? json_null() : json_integer(in->lora_r));
     json_object_set_new(j, "seq_len", json_integer(in->seq_len));
     json_object_set_new(j, "micro_batch", json_integer(in->micro_batch));
@@ -278,8 +278,8 @@ static void print_json(const plan_input *in, const plan_result *r, const char *t
     for (int i = 0; i < r->nfixes; i++) {
         const plan_fix *f = &r->fixes[i];
         json_array_append_new(
-            fx, json_pack("{s:s, s:s, s:b, s:I, s:I, s:s, s:i, s:i, s:f, s:f}", "change", f->what,
-                          "mode", mode_name(f->mode), "available", f->available, "micro_batch",
+            fx, json_pack("{s:s, s:s, s:I, s:I, s:s, s:i, s:i, s:f, s:f}", "change", f->what,
+                          "mode", mode_name(f->mode), "micro_batch",
                           (json_int_t)f->micro_batch, "grad_accum", (json_int_t)f->grad_accum,
                           "recompute", recompute_name(f->recompute), "gpus_per_node",
                           f->gpus_per_node, "nodes", f->nodes, "total_gib", f->mem.total / GIB,
@@ -353,11 +353,6 @@ static int from_yaml(plan_input *in, const char *path, char **model_path, int64_
         *model_path = c.model_path ? strdup(c.model_path) : NULL;
         if (in->mode != PLAN_FULL && !in->lora_targets)
             rc = sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", path);
-        else if (c.lora_dora)
-            rc = sp_fail(err, SP_EXIT_USAGE,
-                         "%s: lora.dora runs on the CPU backends only, and spotune plan plans "
-                         "GPU runs",
-                         path);
     }
     config_free(&c);
     return rc;

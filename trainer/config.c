@@ -406,12 +406,6 @@ int config_validate(const config_t *c, sp_err *err)
         return sp_fail(err, SP_EXIT_USAGE, "%s: lora.targets is empty", src);
     if (c->lora_dora && c->mode != MODE_LORA)
         return sp_fail(err, SP_EXIT_USAGE, "%s: lora.dora needs train.mode lora, not full", src);
-    if (c->lora_dora && strcmp(config_backend_names[c->backend], "cuda") == 0)
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "
-                       "cpu-ref), not runtime.backend cuda: its CUDA path has not yet run on a "
-                       "GPU (tests/test_cuda_model.c, cuda_model::*_dora)",
-                       src);
     if (c->model_quantize == QUANT_NF4 && c->mode != MODE_LORA)
         return sp_fail(err, SP_EXIT_USAGE, "%s: model.quantize nf4 needs train.mode lora, not full",
                        src);
@@ -419,11 +413,6 @@ int config_validate(const config_t *c, sp_err *err)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s: model.quantize nf4 with lora.dora is not supported (DoRA's weight "
                        "norms would need the dequantized base); set one of them off",
-                       src);
-    if (c->model_quantize == QUANT_NF4 && strcmp(config_backend_names[c->backend], "cuda") == 0)
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "%s: model.quantize nf4 runs on the CPU backends only (runtime.backend cpu "
-                       "or cpu-ref), not runtime.backend cuda",
                        src);
     if (c->mode != MODE_LORA && c->lora_init_from && *c->lora_init_from)
         return sp_fail(err, SP_EXIT_USAGE,

@@ -33,8 +33,8 @@ const key_def config_keys[] = {
      "(blocks of 64, the block maxima quantized to 8 bits in blocks of 256; about 0.5 bytes "
      "per weight), and each product that needs one dequantizes that weight alone into a "
      "workspace; embeddings, lm_head, norms and biases stay dense. The LoRA gradients are "
-     "those of the dequantized base. Needs train.mode lora; not with lora.dora; runs on the "
-     "CPU backends (cpu, cpu-ref) only. A run cannot resume under another value."},
+     "those of the dequantized base (on CUDA dequantized to bf16, the compute dtype). Needs "
+     "train.mode lora; not with lora.dora. A run cannot resume under another value."},
     {"train.mode", K_ENUM, O(mode), "lora", 0, 0, modes, 1,
      "lora: train LoRA adapters on a frozen base. full: train every weight."},
     {"train.steps", K_INT, O(steps), "100", 1, BIG, NULL, 0, "Optimizer steps in total."},
@@ -93,7 +93,7 @@ const key_def config_keys[] = {
      "base weight) and computes y = m / ||W + s B A||_row * (x W^T + s (x A^T) B^T) + b, the "
      "norm taken per output row and treated as a constant in the backward, as PEFT does. With "
      "lora.dropout, as PEFT: the base product sees x and the DoRA term the dropped input. Needs "
-     "train.mode lora, and runs on the CPU backends (cpu, cpu-ref) only."},
+     "train.mode lora."},
     {"lora.init_from", K_STRING, O(lora_init_from), "", 0, 0, NULL, 0,
      "PEFT adapter directory (adapter_config.json + adapter_model.safetensors, as spotune "
      "export --peft or PEFT's save_pretrained writes it) whose A and B replace the initial "

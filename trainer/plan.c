@@ -234,6 +234,10 @@ static int check_input(const plan_input *in, sp_err *err)
     if (in->grad_accum < 1)
         return sp_fail(err, SP_EXIT_USAGE, "plan: train.grad_accum %lld must be at least 1",
                        (long long)in->grad_accum);
+    if (in->mode == PLAN_QLORA && in->lora_dora)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "plan: --mode qlora (model.quantize nf4) with lora.dora is not supported "
+                       "(DoRA's weight norms would need the dequantized base); set one of them off");
     if (in->mode != PLAN_FULL && (in->lora_r < 1 || in->lora_r > 65536))
         return sp_fail(err, SP_EXIT_USAGE,
                        "plan: --lora-r (lora.r) %lld is out of range [1, 65536]",
@@ -315,7 +319,7 @@ static void plan_one(const plan_input *in, plan_result *r)
     dtype_t act = in->cpu ? DT_F32 : DT_BF16;
     model_opts o = {.mode = full ? MODE_FULL : MODE_LORA, .lora_r = in->lora_r,
                     .lora_alpha = 2.0 * (double)in->lora_r, .lora_dropout = in->lora_dropout,
-                    .lora_targets = in->lora_targets, .dora = in->lora_dora,
+                    .lora_targets = in->lora_targets, .dora = !full && in->lora_dora,
                     .nf4 = in->mode == PLAN_QLORA, .max_batch = in->micro_batch,
                     .seq_len = in->seq_len, .recompute = in->recompute, .seed = 1};
     r->params = model_config_params(mc);
@@ -437,7 +441,6 @@ static void add_fix(plan_result *r, const plan_input *v, const plan_result *vr,
     f->nodes = v->nodes;
     f->mem = vr->mem;
     f->tokens_per_s = vr->tokens_per_s;
-    f->available = v->mode != PLAN_QLORA || v->cpu; /* model.quantize nf4: CPU backends */
 }
 
 static int fits(const plan_input *v, plan_result *vr)
@@ -473,12 +476,9 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
         if (k < n)                                                                \
             k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__);                   \
     } while (0)
-    if (v->mode != base->mode && v->mode == PLAN_QLORA && v->cpu)
-        PUT("mode qlora (model.quantize nf4: LoRA r %lld on NF4 weights)", (long long)v->lora_r);
-    else if (v->mode != base->mode && v->mode == PLAN_QLORA)
-        PUT("mode qlora (LoRA r %lld on NF4 weights; QLoRA training is not available in "
-            "spotune yet)",
-            (long long)v->lora_r);
+    if (v->mode != base->mode && v->mode == PLAN_QLORA)
+        PUT("mode qlora (model.quantize nf4: LoRA r %lld on NF4 weights%s)", (long long)v->lora_r,
+            base->lora_dora ? ", lora.dora off" : "");
     else if (v->mode != base->mode)
         PUT("mode lora (r %lld) instead of full fine-tuning", (long long)v->lora_r);
     if (v->recompute != base->recompute)
@@ -494,12 +494,15 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
 }
 
 /* The cheapest variant of mode `mode` that fits: recompute from the given
- * setting up to layer, then smaller micro-batches. */
+ * setting up to layer, then smaller micro-batches (QLoRA without DoRA: the
+ * two do not go together). */
 static int cheapest_in_mode(const plan_input *in, int mode, plan_input *v, plan_result *vr)
 {
     for (int rec = in->recompute; rec <= RECOMPUTE_LAYER; rec++) {
         *v = *in;
         v->mode = mode;
+        if (mode == PLAN_QLORA)
+            v->lora_dora = 0;
         v->recompute = rec;
         if (fits(v, vr) || fitting_micro_batch(v, vr))
             return 1;

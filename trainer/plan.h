@@ -105,7 +105,6 @@ typedef struct plan_fix {
     int gpus_per_node, nodes;
     plan_mem mem;
     double tokens_per_s; /* of the whole job */
-    int available;       /* 0: spotune cannot train it yet (QLoRA on GPUs) */
 } plan_fix;
 
 /* Copy speeds the checkpoint stall is planned with: device to pageable host

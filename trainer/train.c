@@ -209,16 +209,6 @@ static int setup_model(trainer_t *t, sp_err *err)
         log_event(t->out, NULL, "warning",
                   "train.seq_len %lld exceeds the model's max_position_embeddings %lld",
                   (long long)c->seq_len, (long long)t->mc.max_pos);
-    if (c->lora_dora && strcmp(t->be->name, "cuda") == 0)
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "%s: lora.dora runs on the CPU backends only (runtime.backend cpu or "
-                       "cpu-ref); runtime.backend %s chose the CUDA backend",
-                       c->source ? c->source : "config", config_backend_names[c->backend]);
-    if (c->model_quantize == QUANT_NF4 && strcmp(t->be->name, "cuda") == 0)
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "%s: model.quantize nf4 runs on the CPU backends only (runtime.backend cpu "
-                       "or cpu-ref); runtime.backend %s chose the CUDA backend",
-                       c->source ? c->source : "config", config_backend_names[c->backend]);
     model_opts o = {.mode = c->mode,
                     .nf4 = c->model_quantize == QUANT_NF4,
                     .lora_r = c->lora_r,
@@ -257,7 +247,11 @@ static int setup_model(trainer_t *t, sp_err *err)
                 "model: %s, %lld layers, hidden %lld, %.1fM parameters; %s: %.3fM trainable "
                 "(%.3f%%)\n",
                 t->mc.architecture, (long long)t->mc.layers, (long long)t->mc.hidden,
-                (double)total / 1e6, c->mode == MODE_LORA ? "LoRA" : "full fine-tuning",
+                (double)total / 1e6,
+                c->mode != MODE_LORA                ? "full fine-tuning"
+                : c->model_quantize == QUANT_NF4 ? "QLoRA (LoRA on the NF4 base)"
+                : c->lora_dora                   ? "LoRA with DoRA"
+                                                 : "LoRA",
                 (double)t->m->n_trainable / 1e6, 100.0 * (double)t->m->n_trainable / (double)total);
     }
     return be_check(t->be, err);
