@@ -44,6 +44,9 @@
 #                             each step one CUDA graph; FAIL when graphs
 #                             were turned off (the reason) or never
 #                             replayed; its speed against the eager row
+#   bench 13B QLoRA mb1       --quantize nf4 --recompute layer: the 13B
+#                             QLoRA run planned at 9.3 GiB (a 24 GB card);
+#                             its peak memory and speed
 #   spotune doctor            its GPU lines: devices, driver and runtime,
 #                             ECC, clocks, bf16 GEMM TFLOP/s against the
 #                             card's peak, device-memory copy GB/s, P2P
@@ -187,7 +190,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 }
 
 declare -A IDX
-for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs doctor \
+for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
     memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
@@ -206,6 +209,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7mb8) n="bench llama-7b LoRA r16 mb8 seq 2048" ;;
     b7s8k) n="bench llama-7b LoRA r16 mb1 seq 8192" ;;
     graphs) n="bench small LoRA mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)" ;;
+    b13q) n="bench llama-13b QLoRA (NF4) r16 mb1 seq 2048, recompute layer" ;;
     doctor) n="spotune doctor: GPU lines (devices, ECC, clocks, bf16 GEMM, memory copy, P2P)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -335,11 +339,16 @@ bench_figure() { # bench_figure JSON
 
 NO_GPU="" # why no CUDA device is usable, when none is
 bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
+    # MODE lora, full or qlora (LoRA on NF4 weights: --quantize nf4)
     # GRAPHS_VS: with --cuda-graphs on, against that eager row's tokens/s
     local key=$1 box=$2 preset=$3 mode=$4 mb=$5 steps=$6 rcm=${7:-none} seq=${8:-2048}
     local vs=${9:-} i=${IDX[$1]} json
     local extra=()
     [ -n "$vs" ] && extra=(--cuda-graphs on)
+    if [ "$mode" = qlora ]; then
+        mode=lora
+        extra+=(--quantize nf4)
+    fi
     if [ -n "$NO_GPU" ]; then
         row_set "$i" SKIPPED 0 "$NO_GPU"
         return
@@ -600,6 +609,7 @@ if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
 fi
 bench b7s8k 60 llama-7b lora 1 3 none 8192
 bench graphs 45 small lora 1 10 none 2048 small_lora
+bench b13q 75 llama-13b qlora 1 3 layer
 
 # spotune doctor: its GPU lines, each a row of its own (a SKIPPED one is named
 # in the doctor's row, not a row: one GPU has no pairs, one rank no NCCL test)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 19 rows, every GPU step is
+#     run on a GPU machine too): the table has all 20 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA),
 #     the two kernel workbenches' rows too, the test programs report their
 #     own skip, exit 77, and it takes under a minute;
@@ -52,7 +52,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 19 rows" $((n != 19)) "$table"
+check "dry run: the table has the 20 rows" $((n != 20)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -61,7 +61,7 @@ for k in 2 3 4 5; do
         { has "$r" "cudaGetDeviceCount: " || has "$r" "built without the CUDA backend"; }
     check "dry run: test row $k skipped by the program itself, naming why" $? "$r"
 done
-for k in 6 7 8 9 10 11 12 13 14 15 16 17; do
+for k in 6 7 8 9 10 11 12 13 14 15 16 17 18; do
     r=$(row "$table" $k)
     has "$r" "no usable CUDA device: "
     check "dry run: GPU row $k skipped with the reason" $? "$r"
@@ -71,7 +71,7 @@ has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
 check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
 ! has "$table" "full output: out/"
 check "dry run: no workbench table after the main one" $? "$table"
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 19)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 20)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -117,6 +117,8 @@ case "$args" in
 *"--preset llama-7b --mode lora --micro-batch 1 "*)
     json 3300 0.4417 0.4523 11.20 ok |
         sed 's/}$/,"split_ms":{"gemm":80.0,"lora":20.0,"attention":40.0,"elementwise":40.0,"optimizer":10.0,"communication":10.0},"profiled_step_ms":200.0}/' ;;
+*"--preset llama-13b"*"--recompute layer"*"--quantize nf4"*)
+    json 1200 0.30 0.35 11.40 ok | sed 's/"peak_mem_bytes":[0-9.]*/"peak_mem_bytes":9771221811.0/' ;;
 *"--preset llama-13b"*) sleep 1000 ;;
 *"--preset llama-7b --mode lora --micro-batch 4 "*) json 3600 0.48 0.49 11.20 ok ;;
 *"--micro-batch 8"*"--recompute none"*)
@@ -278,17 +280,19 @@ expect_row 15 PASS "bench llama-7b LoRA r16 mb1 seq 8192"
 expect_row 15 PASS "3300 tok/s"
 expect_row 16 PASS "bench small LoRA mb1 seq 2048, CUDA graphs"
 expect_row 16 PASS "graphs: 9 step(s) replayed one (871 ops), 9 update(s) replayed one, 1.25x the eager row's tok/s; 65000 tok/s"
-expect_row 17 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
-expect_row 18 FAIL "exit 3, 3 errors"
-expect_row 19 PASS "NVIDIA H200"
-expect_row 20 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 21 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 22 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 23 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 17 PASS "bench llama-13b QLoRA (NF4) r16 mb1 seq 2048, recompute layer"
+expect_row 17 PASS "1200 tok/s, step 1.707 s, peak 9.1 GiB"
+expect_row 18 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
+expect_row 19 FAIL "exit 3, 3 errors"
+expect_row 20 PASS "NVIDIA H200"
+expect_row 21 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 22 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 23 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 24 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 19 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 23)) "$table"
+check "stand-ins: 20 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 24)) "$table"
 # the workbenches' own tables after the main one, whole
-after=$(sed -n '/^| 23 |/,$p' <<<"$table")
+after=$(sed -n '/^| 24 |/,$p' <<<"$table")
 has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
     has "$after" "device: NVIDIA H200; 3 iterations" &&
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
@@ -361,10 +365,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 19)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-8]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 16)) "$table"
-expect_row 19 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 20)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-9]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 17)) "$table"
+expect_row 20 PASS "NVIDIA H200"
 
 # ---- 4. a run cut short from outside ----------------------------------------------------------
 # (its caller's time limit): the table of the rows reached is in OUT, marked
@@ -376,7 +380,7 @@ table=$(cat "$tmp/cut/gpu_check_table.md" 2>/dev/null)
 has "$table" "PARTIAL: the check was still running after"
 check "cut short: the table in OUT says it is partial" $? "$table"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "cut short: every row present" $((nrows != 19)) "$table"
+check "cut short: every row present" $((nrows != 20)) "$table"
 expect_row 1 PASS "NVIDIA H200"
 has "$(row "$table" 2)" "| SKIPPED | - | not reached"
 check "cut short: the step it was in is 'not reached'" $? "$table"
