@@ -361,6 +361,8 @@ Test(cuda_elementwise, adamw_vector_is_scalar_bit_for_bit)
 
 typedef int (*vec_add_fn)(backend_t *, tensor_t, tensor_t, float, size_t);
 typedef int (*vec_rms_fn)(backend_t *, tensor_t, tensor_t, tensor_t, tensor_t, int, int, float);
+typedef int (*vec_nf4_fn)(backend_t *, tensor_t, tensor_t, tensor_t, tensor_t, tensor_t, float,
+                          size_t);
 
 static void *cuda_symbol(const char *name)
 {
@@ -372,7 +374,8 @@ static void *cuda_symbol(const char *name)
 
 /* The entry points of cuda_vec.cu directly: 1 (taken, and run) on aligned
  * tensors of a multiple of 8 elements, 0 (the scalar kernel's turn) on a
- * misaligned view, an odd size, an RMSNorm row over its shared memory, and
+ * misaligned view (dequant_nf4's codes: not on a word), an odd size, an
+ * RMSNorm row over its shared memory, and
  * under SPOTUNE_CUDA_ELEMENTWISE=scalar: else the bit-for-bit tests above
  * could pass with the vector path never running. */
 Test(cuda_elementwise, the_vector_path_takes_aligned_multiples_of_8_only)
@@ -403,11 +406,28 @@ Test(cuda_elementwise, the_vector_path_takes_aligned_multiples_of_8_only)
     tensor_t big = up(gpu, DT_F32, NULL, 24576);
     cr_expect_eq(rms(gpu, big, rstd, big, tensor_view(big, 0, 24576), 1, 24576, 1e-5f), 0,
                  "a row of 96 KiB: over the shared memory");
+    /* dequant_nf4: 8 elements share 4 code bytes, read as one word */
+    vec_nf4_fn nf4;
+    void *d = cuda_symbol("cuda_vec_dequant_nf4");
+    memcpy(&nf4, &d, sizeof nf4);
+    tensor_t codes = be_alloc(gpu, DT_U8, 2056), qabs = be_alloc(gpu, DT_U8, 65);
+    tensor_t nested = up(gpu, DT_F32, NULL, 1), maps = up(gpu, DT_F32, NULL, 272);
+    be_zero(gpu, codes), be_zero(gpu, qabs);
+    cr_expect_eq(nf4(gpu, y, codes, qabs, nested, maps, 0.0f, 4096), 1, "dequant_nf4 n 4096");
+    cr_expect_eq(nf4(gpu, y32, codes, qabs, nested, maps, 0.0f, 4096), 1, "dequant_nf4 into F32");
+    cr_expect_eq(nf4(gpu, y, codes, qabs, nested, maps, 0.0f, 4100), 0, "dequant_nf4 n 4100");
+    cr_expect_eq(nf4(gpu, tensor_view(y, 1, 4096), codes, qabs, nested, maps, 0.0f, 4096), 0,
+                 "dequant_nf4 into a view one element in");
+    cr_expect_eq(nf4(gpu, y, tensor_view(codes, 2, 2048), qabs, nested, maps, 0.0f, 4096), 0,
+                 "dequant_nf4 from codes 2 bytes in: not a word");
     cr_assert_eq(setenv("SPOTUNE_CUDA_ELEMENTWISE", "scalar", 1), 0);
     cr_expect_eq(add(gpu, y, x, 1.0f, 4096), 0, "SPOTUNE_CUDA_ELEMENTWISE=scalar");
+    cr_expect_eq(nf4(gpu, y, codes, qabs, nested, maps, 0.0f, 4096), 0,
+                 "dequant_nf4 under SPOTUNE_CUDA_ELEMENTWISE=scalar");
     unsetenv("SPOTUNE_CUDA_ELEMENTWISE");
     gpu_ok();
     drop(gpu, &y), drop(gpu, &x), drop(gpu, &y32), drop(gpu, &rstd), drop(gpu, &big);
+    drop(gpu, &codes), drop(gpu, &qabs), drop(gpu, &nested), drop(gpu, &maps);
 }
 
 /* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */

@@ -6,6 +6,7 @@
  * dequant_nf4 (the CPU's values, bit for bit).
  *
  * Tolerances: TOL_BF16 and TOL_F32 (cuda_ops_util.h). */
+#define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -187,13 +188,18 @@ Test(cuda_ops, dora_weight_norm_col_scale_and_col_dot)
 
 /* The F32 output bit-identical to the CPU backend's (every product and the
  * sum rounded once, no fused multiply-add); the BF16 output the F32 value
- * rounded to BF16 (to_bf16). Sizes: one partial block and an odd count, two
- * nested blocks. */
+ * rounded to BF16 (to_bf16); with the scalar kernel and with the vector one
+ * (SPOTUNE_CUDA_ELEMENTWISE; cuda_vec.cu takes a multiple of 8 elements).
+ * Sizes: one partial block and an odd count, two nested blocks (both the
+ * scalar kernel's), and three nested blocks ending in a partial block of 8
+ * (the vector kernel's). */
 Test(cuda_ops, dequant_nf4_bit_identical_to_the_cpu)
 {
-    static const size_t sizes[] = {37, 16384 + 3 * 64 + 37};
-    for (int s = 0; s < 2; s++) {
-        size_t n = sizes[s], nb = nf4_blocks(n), nn = nf4_nested_blocks(n);
+    static const size_t sizes[] = {37, 16384 + 3 * 64 + 37, 2 * 16384 + 3 * 64 + 8};
+    static const char *versions[] = {"scalar", "vector"};
+    for (int s = 0; s < 6; s++) {
+        cr_assert_eq(setenv("SPOTUNE_CUDA_ELEMENTWISE", versions[s % 2], 1), 0);
+        size_t n = sizes[s / 2], nb = nf4_blocks(n), nn = nf4_nested_blocks(n);
         float *x = rnd(n, 0.1f), *absmax = malloc(sizeof(float) * nb);
         float *nested = malloc(sizeof(float) * nn), maps[272];
         uint8_t *codes = malloc(nf4_code_bytes(n)), *q = malloc(nb);
@@ -220,10 +226,15 @@ Test(cuda_ops, dequant_nf4_bit_identical_to_the_cpu)
             drop(bes[k], &tc), drop(bes[k], &tq), drop(bes[k], &tn), drop(bes[k], &tm);
         }
         float *g = down(gpu, out[0]), *c = down(cpu, out[1]), *gb = down(gpu, out[2]);
-        cr_expect(memcmp(g, c, sizeof(float) * n) == 0, "n %zu: F32 not bit-identical", n);
+        cr_expect(memcmp(g, c, sizeof(float) * n) == 0, "n %zu, %s: F32 not bit-identical", n,
+                  versions[s % 2]);
+        size_t off = 0;
         for (size_t i = 0; i < n; i++)
-            cr_expect(gb[i] == to_bf16(c[i]), "n %zu [%zu]: bf16 %g, cpu %g", n, i, gb[i], c[i]);
+            off += gb[i] != to_bf16(c[i]);
+        cr_expect_eq(off, 0, "n %zu, %s: %zu bf16 values not the CPU's rounded", n,
+                     versions[s % 2], off);
         drop(gpu, &out[0]), drop(cpu, &out[1]), drop(gpu, &out[2]);
         free(x), free(absmax), free(nested), free(codes), free(q), free(g), free(c), free(gb);
     }
+    unsetenv("SPOTUNE_CUDA_ELEMENTWISE");
 }

@@ -209,7 +209,7 @@ void cuda_fill_normal(backend_t *be, tensor_t x, size_t n, float mean, float std
  * ops, bit for bit the scalar kernels' results. Each returns 1 when it took
  * the call (launched, or failed with the sticky error set) and 0 when the
  * scalar kernel must run: SPOTUNE_CUDA_ELEMENTWISE=scalar, a pointer not
- * 16-byte aligned, a dtype other than F32/BF16, a size (n, cols, hd/2) not
+ * 16-byte aligned (dequant_nf4's codes: 4-byte), a dtype other than F32/BF16, a size (n, cols, hd/2) not
  * a multiple of 8, or RMSNorm rows over 46 KiB of shared memory. */
 int cuda_elementwise_vector(void);
 int cuda_vec_add(backend_t *be, tensor_t y, tensor_t x, float alpha, size_t n);
@@ -229,6 +229,8 @@ int cuda_vec_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dout, tensor_
                               tensor_t rstd, int rows, int cols);
 int cuda_vec_adamw(backend_t *be, tensor_t param, void *copy, dtype_t cdt, tensor_t grad,
                    tensor_t m, tensor_t v, size_t n, const adamw_k *k);
+int cuda_vec_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
+                         tensor_t nested, tensor_t maps, float offset, size_t n);
 
 /* cuda_attention.cu */
 void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,

@@ -513,7 +513,7 @@ __global__ void dequant_nf4_kernel(void *out, int odt, const uint8_t *codes, con
 extern "C" void cuda_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
                                  tensor_t nested, tensor_t maps, float offset, size_t n)
 {
-    if (be->err.code || !n)
+    if (be->err.code || !n || cuda_vec_dequant_nf4(be, out, codes, absmax, nested, maps, offset, n))
         return;
     LAUNCH(dequant_nf4_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(
         out.p, out.dt, (const uint8_t *)codes.p, (const uint8_t *)absmax.p, (const float *)nested.p,

@@ -1,8 +1,9 @@
 /* kernels/cuda/cuda_vec.cu — 16-byte vector paths of the hot elementwise
  * ops of cuda_ops.cu: add, add_bias, SwiGLU (forward and backward), dropout,
- * RMSNorm (forward and backward), RoPE and AdamW's compute copy. Each thread
- * moves 8 consecutive elements per step: one uint4 of 8 bf16, or two float4
- * of 4 fp32 each, per tensor.
+ * RMSNorm (forward and backward), RoPE, AdamW's compute copy and QLoRA's
+ * NF4 dequantization. Each thread moves 8 consecutive elements per step: one
+ * uint4 of 8 bf16, or two float4 of 4 fp32 each, per tensor (dequant_nf4:
+ * the 8 elements' 4 code bytes as one word).
  *
  * The vector path changes memory access only: every element gets the fp32
  * arithmetic of the scalar kernel in cuda_ops.cu (the same expression, so
@@ -17,9 +18,10 @@
  * Each cuda_vec_* entry returns 1 when it launched (or tried to launch:
  * a failure is the sticky error as usual) and 0 when the scalar kernel must
  * run: SPOTUNE_CUDA_ELEMENTWISE=scalar (read on every call), a tensor not
- * 16-byte aligned (a view at an odd offset), a dtype other than F32 or BF16,
- * or a size that is not a multiple of 8 (elements; columns for add_bias and
- * RMSNorm, half the head dim for RoPE). */
+ * 16-byte aligned (a view at an odd offset; dequant_nf4's codes: 4-byte),
+ * a dtype other than F32 or BF16, or a size that is not a multiple of 8
+ * (elements; columns for add_bias and RMSNorm, half the head dim for
+ * RoPE). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -315,6 +317,35 @@ __global__ void adamw_vec_kernel(float *P, void *copy, int cdt, const float *G, 
     }
 }
 
+/* NF4 with double quantization, 8 elements a step: they share one block of
+ * 64 (and of 16384 for the nested absmax), so one absmax; their 4 code bytes
+ * are one word (byte j: element 2j in the high nibble, 2j+1 in the low).
+ * The tables (the 16 NF4 values, then the 256 of the dynamic map) are staged
+ * in shared memory. The products and the sum rounded one at a time, as
+ * dequant_nf4_kernel (cuda_ops.cu) computes them. */
+__global__ void dequant_nf4_vec_kernel(void *out, int odt, const uint32_t *codes,
+                                       const uint8_t *absmax, const float *nested,
+                                       const float *maps, float offset, size_t nv)
+{
+    __shared__ float map[16 + 256];
+    for (int k = (int)threadIdx.x; k < 16 + 256; k += (int)blockDim.x)
+        map[k] = maps[k];
+    __syncthreads();
+    GRID_STRIDE(v, nv)
+    {
+        float am = __fadd_rn(__fmul_rn(map[16 + absmax[v / 8]], nested[v / 2048]), offset);
+        uint32_t w = codes[v];
+        float f[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t byte = (w >> (8 * j)) & 0xffu;
+            f[2 * j] = __fmul_rn(map[byte >> 4], am);
+            f[2 * j + 1] = __fmul_rn(map[byte & 0x0fu], am);
+        }
+        st8(out, odt, v, f);
+    }
+}
+
 /* ---- host: when the vector path takes a call ---------------------------------------- */
 
 extern "C" int cuda_elementwise_vector(void)
@@ -443,6 +474,19 @@ extern "C" int cuda_vec_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t do
     LAUNCH(rmsnorm_backward_vec_kernel, rows, VEC_ROW_BLOCK, smem, STREAM(be))(
         dx.p, dx.dt, dout.p, dout.dt, x.p, x.dt, w.p, w.dt, (const float *)rstd.p, cols);
     LAUNCHED(be, "rmsnorm_backward_vec_kernel");
+    return 1;
+}
+
+extern "C" int cuda_vec_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
+                                    tensor_t nested, tensor_t maps, float offset, size_t n)
+{
+    tensor_t t[] = {out};
+    if (!vec_takes(n, 1, t) || ((uintptr_t)codes.p & 3u))
+        return 0;
+    LAUNCH(dequant_nf4_vec_kernel, cuda_blocks(n / 8), CUDA_BLOCK, 0, STREAM(be))(
+        out.p, out.dt, (const uint32_t *)codes.p, (const uint8_t *)absmax.p,
+        (const float *)nested.p, (const float *)maps.p, offset, n / 8);
+    LAUNCHED(be, "dequant_nf4_vec_kernel");
     return 1;
 }
 

@@ -8,7 +8,9 @@
  * divides the columns, else 10), adamw (F32 master and moments, a
  * compute copy in the activation dtype), and the strided forms the fused
  * products use: swiglu_gu (gate and up the column halves of one
- * [rows, 2 cols] matrix) and rope_ld (out of its first column block). Versions: "scalar" (cuda_ops.cu, one element a thread
+ * [rows, 2 cols] matrix) and rope_ld (out of its first column block), and
+ * dequant_nf4 (QLoRA: the shape as a weight quantized to NF4 on the host,
+ * dequantized into the activation dtype). Versions: "scalar" (cuda_ops.cu, one element a thread
  * step) and "vector" (cuda_vec.cu, 16-byte loads and stores), chosen
  * through SPOTUNE_CUDA_ELEMENTWISE as the backend reads it on every call.
  * On a shape the vector path declines (columns not a multiple of 8, an
@@ -31,6 +33,7 @@
 
 #include "bench_util.h"
 #include "kernels/backend.h"
+#include "kernels/nf4.h"
 
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-4
@@ -53,12 +56,13 @@ enum {
     ADAMW,
     SWIGLU_GU, /* swiglu_fwd on the two column halves of one [rows, 2 cols] matrix */
     ROPE_LD,   /* rope out of the first column block of [rows, 2 cols] */
+    DEQUANT,   /* dequant_nf4 (QLoRA) of a rows x cols weight quantized on the host */
     NOPS
 };
 
 static const char *op_names[NOPS] = {"add",         "add_bias",  "swiglu_fwd",  "swiglu_bwd",
                                      "dropout",     "rmsnorm_fwd", "rmsnorm_bwd", "rope",
-                                     "adamw",       "swiglu_gu",  "rope_ld"};
+                                     "adamw",       "swiglu_gu",  "rope_ld",     "dequant_nf4"};
 
 typedef struct shape {
     int rows, cols;
@@ -85,6 +89,7 @@ typedef struct op_set {
     tensor_t out[MAX_OUT];
     double tol[MAX_OUT];
     int nout;
+    float nf4_offset; /* DEQUANT: the absmax offset */
 } op_set;
 
 static int fail_be(backend_t *be, const char *what)
@@ -194,6 +199,30 @@ static int make_set(op_set *r, dtype_t dt, const inputs *in, int with_copy)
         put(r, DT_F32, in->c, rows * hh), put(r, DT_F32, in->d, rows * hh);
         break;
     }
+    case DEQUANT: { /* codes, 8-bit absmax, nested absmax, the maps, then the output */
+        size_t nb = nf4_blocks(n), nn = nf4_nested_blocks(n);
+        uint8_t *codes = malloc(nf4_code_bytes(n) + nb);
+        float *am = malloc(sizeof(float) * (nb + nn)), maps[16 + 256];
+        if (!codes || !am) {
+            free(codes), free(am);
+            return -1;
+        }
+        nf4_quantize_codes(in->a, n, codes, am);
+        r->nf4_offset = nf4_absmax_offset(am, nb);
+        nf4_quantize_absmax(am, nb, r->nf4_offset, nf4_dynamic_map, codes + nf4_code_bytes(n),
+                            am + nb);
+        memcpy(maps, nf4_quant_map, sizeof nf4_quant_map);
+        memcpy(maps + 16, nf4_dynamic_map, sizeof nf4_dynamic_map);
+        tensor_t tc = put(r, DT_U8, NULL, nf4_code_bytes(n)), tq = put(r, DT_U8, NULL, nb);
+        if (tc.p && tq.p) {
+            be_upload(r->be, tc, codes, DT_U8);
+            be_upload(r->be, tq, codes + nf4_code_bytes(n), DT_U8);
+        }
+        put(r, DT_F32, am + nb, nn), put(r, DT_F32, maps, 16 + 256);
+        output(r, put(r, dt, NULL, n), ta);
+        free(codes), free(am);
+        break;
+    }
     case ADAMW: { /* P, G, M, V, copy */
         float *v = malloc(sizeof(float) * (n ? n : 1));
         if (!v)
@@ -263,6 +292,9 @@ static void run_op(op_set *r)
         be_rope_ld(be, t[1], t[0], t[2], t[3], none, 1, rows, cols / hd, hd, 0, w, 2 * cols);
         break;
     }
+    case DEQUANT:
+        be_dequant_nf4(be, t[4], t[0], t[1], t[2], t[3], r->nf4_offset, n);
+        break;
     }
 }
 
@@ -291,6 +323,8 @@ static double op_bytes(int op, const shape *s, dtype_t dt)
     }
     case ADAMW:
         return 7 * n * 4 + n * e;
+    case DEQUANT: /* 4-bit codes and an 8-bit absmax per 64 in, the weight out */
+        return n / 2 + n / 64 + n * e;
     }
     return 0;
 }
@@ -302,6 +336,8 @@ static int vector_takes(int op, const shape *s, dtype_t dt)
     size_t e = dt == DT_BF16 ? 2 : 4;
     if (op == ROPE || op == ROPE_LD) /* ROPE_LD's strides: w and 2 cols */
         return (rope_hd(s->cols) / 2) % 8 == 0 && s->cols % 4 == 0;
+    if (op == DEQUANT) /* the elements, not the columns */
+        return (size_t)s->rows * s->cols % 8 == 0;
     if (s->cols % 8)
         return 0;
     if (op == RMSNORM_FWD)
