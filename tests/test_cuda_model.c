@@ -189,16 +189,16 @@ Test(cuda_model, llama_gqa_lora_packed_documents)
 Test(cuda_model, llama_gqa_dora) { compare_step("llama_gqa_dora", 1, 0.0); }
 Test(cuda_model, qwen2_biases_dora) { compare_step("qwen2_bias_dora", 1, 0.0); }
 
-/* QLoRA: llama_gqa's projections quantized to NF4 at load on both backends.
- * The codes are computed on the host, so both hold the same NF4 weights;
- * CUDA dequantizes into its bf16 workspace, the CPU into fp32: every
- * dequantized value is the CPU's rounded to bf16, bit for bit. The step
- * (LoRA on that base) as compare_step's. */
-Test(cuda_model, qlora_llama_gqa)
+/* QLoRA on the case directory dir (model/, lora/, batch.safetensors) on
+ * both backends: both hold the same NF4 weights (quantized on the host at
+ * load, or as bitsandbytes stored them); CUDA dequantizes into its bf16
+ * workspace, the CPU into fp32: every dequantized value is the CPU's
+ * rounded to bf16, bit for bit. The step (LoRA on that base) as
+ * compare_step's. */
+static void compare_qlora(const char *dir, const char *what)
 {
     side g, c;
     sp_err err = {0};
-    const char *dir = fixture("hf/llama_gqa");
     cr_assert_eq(tu_hf_open_nf4(&c, dir, "cpu", &err), 0, "%s", err.msg);
     cr_assert_eq(tu_hf_open_nf4(&g, dir, cuda_test_backend(), &err), 0, "%s", err.msg);
     size_t total = 0;
@@ -223,23 +223,42 @@ Test(cuda_model, qlora_llama_gqa)
     cr_expect_eq(weights, 7 * (int)g.mc.layers);
     float *lg = logits(&g), *lc = logits(&c);
     double e = tu_rel_err(lg, lc, (size_t)g.B * g.T * g.mc.vocab);
-    cr_expect_lt(e, LOGITS_TOL, "qlora logits: rel err %g", e);
+    cr_expect_lt(e, LOGITS_TOL, "%s logits: rel err %g", what, e);
     free(lg), free(lc);
     double loss_g, loss_c, wc;
     float *gg = step(&g, &loss_g), *gc = step(&c, &loss_c);
     double cs = cosine(gg, gc, g.m->n_trainable);
     const char *worst = worst_param(g.m, gg, gc, &wc);
-    cr_expect_lt(fabs(loss_g - loss_c), LOSS_TOL * fabs(loss_c), "qlora loss: cuda %.6f, cpu %.6f",
-                 loss_g, loss_c);
-    cr_expect_gt(cs, COSINE_MIN, "qlora gradient cosine %.6f (worst tensor %s: %.6f)", cs, worst,
-                 wc);
+    cr_expect_lt(fabs(loss_g - loss_c), LOSS_TOL * fabs(loss_c), "%s loss: cuda %.6f, cpu %.6f",
+                 what, loss_g, loss_c);
+    cr_expect_gt(cs, COSINE_MIN, "%s gradient cosine %.6f (worst tensor %s: %.6f)", what, cs,
+                 worst, wc);
     fprintf(stderr,
-            "llama_gqa QLoRA: %zu NF4 values the CPU's in bf16; logits rel err %.2e; loss cuda "
-            "%.6f cpu %.6f, gradient cosine %.6f (lowest %s %.5f)\n",
-            total, e, loss_g, loss_c, cs, worst, wc);
+            "%s: %zu NF4 values the CPU's in bf16; logits rel err %.2e; loss cuda %.6f cpu "
+            "%.6f, gradient cosine %.6f (lowest %s %.5f)\n",
+            what, total, e, loss_g, loss_c, cs, worst, wc);
     free(gg), free(gc);
     close_side(&g);
     close_side(&c);
+}
+
+/* llama_gqa's projections quantized to NF4 at load */
+Test(cuda_model, qlora_llama_gqa) { compare_qlora(fixture("hf/llama_gqa"), "llama_gqa QLoRA"); }
+
+/* a bitsandbytes 4-bit directory (tests/fixtures/nf4/llama_gqa_bnb, saved by
+ * transformers), its NF4 weights loaded as stored, with llama_gqa's adapter
+ * and batch */
+Test(cuda_model, qlora_bitsandbytes_directory_as_stored)
+{
+    char *d = tu_tempdir("cuda-bnb");
+    char *hf = strdup(fixture("hf/llama_gqa")), *bnb = strdup(fixture("nf4/llama_gqa_bnb"));
+    cr_assert_eq(tu_sh(NULL, "ln -s %s %s/model && ln -s %s/lora %s/lora && "
+                             "ln -s %s/batch.safetensors %s/batch.safetensors",
+                       bnb, d, hf, d, hf, d),
+                 0);
+    compare_qlora(d, "llama_gqa_bnb QLoRA (as stored)");
+    tu_rmtree(d);
+    free(d), free(hf), free(bnb);
 }
 
 /* Recomputing (a layer, or attention) on CUDA gives the same step. */
