@@ -19,7 +19,9 @@
 #                           HDF5, OpenBLAS, libyaml, jansson, Criterion, curl
 #                           and their dependencies), unpacked into lib/ on
 #                           first use: unpacked they are over 100 MiB
-#     tests/fixtures/hf/    the Hugging Face fixtures the model test reads
+#     tests/fixtures/       the fixtures the model test reads, as
+#                           tests/fixtures/gpu_bundle.list names them (the
+#                           test fails on a case not listed)
 #     scripts/              bench_hf_peft.py
 #     BUILD.txt             commit, architectures, compiler, build date
 #
@@ -95,14 +97,16 @@ for b in "${BINS[@]}"; do [ -f "$b" ] || die "$b was not built"; done
 # ---- pack ---------------------------------------------------------------------------
 echo "== pack $OUT"
 rm -rf "$OUT"
-mkdir -p "$OUT/bin" "$OUT/scripts" "$OUT/tests/fixtures/hf"
+mkdir -p "$OUT/bin" "$OUT/scripts" "$OUT/tests/fixtures/hf" "$OUT/tests/fixtures/nf4"
 for b in "${BINS[@]}"; do
     cp "$b" "$OUT/bin/"
     strip --strip-unneeded "$OUT/bin/$(basename "$b")"
 done
-for c in llama_gqa llama_tied_llama3 qwen2_bias; do
-    cp -r "tests/fixtures/hf/$c" "$OUT/tests/fixtures/hf/"
-done
+# every case test_cuda_model opens (it asserts that each is listed)
+while read -r c; do
+    [ -n "$c" ] && cp -r "tests/fixtures/$c" "$OUT/tests/fixtures/$(dirname "$c")/"
+done < tests/fixtures/gpu_bundle.list
+cp tests/fixtures/gpu_bundle.list "$OUT/tests/fixtures/"
 cp scripts/gpu_check.sh "$OUT/gpu_check.sh"
 cp scripts/bench_hf_peft.py "$OUT/scripts/"
 chmod +x "$OUT/gpu_check.sh"

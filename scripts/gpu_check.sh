@@ -17,8 +17,9 @@
 #   layer test                test_cuda_layer: a decoder layer at the 7B shape,
 #                             LoRA r 16 on all 7 projections, recompute none,
 #                             attention and layer, against the CPU
-#   model tests               test_cuda_model: HF fixtures one step, 50 LoRA
-#                             steps of spotune train, against the CPU
+#   model tests               test_cuda_model: HF fixtures one step (DoRA and
+#                             QLoRA too), 50 LoRA steps and 8 each of QLoRA
+#                             and DoRA of spotune train, against the CPU
 #   NCCL and overlap tests    test_cuda_comm: grad_sync through a one-rank NCCL
 #                             communicator, overlap on, the sharded collectives
 #   bench small LoRA vs CPU   spotune bench, step 1 checked against the CPU
@@ -196,7 +197,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
     layer) n="layer test (test_cuda_layer: 7B layer, LoRA r16 x7, recompute none/attention/layer)" ;;
-    model) n="model tests (test_cuda_model: HF fixtures, 50 LoRA steps vs CPU)" ;;
+    model) n="model tests (test_cuda_model: HF fixtures incl. DoRA and QLoRA, LoRA/QLoRA/DoRA runs vs CPU)" ;;
     comm) n="NCCL and overlap tests (test_cuda_comm: one-rank NCCL, grad_sync, sharded collectives)" ;;
     small_lora) n="bench small LoRA mb1 seq 2048, step 1 vs CPU" ;;
     small_full) n="bench small full mb1 seq 2048, step 1 vs CPU" ;;

@@ -47,11 +47,32 @@
 
 typedef tu_hf_case side;
 
+/* The fixture directory rel (under tests/fixtures), which must be listed in
+ * tests/fixtures/gpu_bundle.list: scripts/gpu_bundle.sh packs those for the
+ * GPU machine, where a case left out would fail for want of its files. */
+static const char *bundled(const char *rel)
+{
+    char *list = tu_read_file(fixture("gpu_bundle.list"), NULL);
+    cr_assert(list, "no tests/fixtures/gpu_bundle.list");
+    size_t n = strlen(rel);
+    int found = 0;
+    for (const char *l = list; l && *l && !found;) {
+        found = strncmp(l, rel, n) == 0 && (l[n] == '\n' || l[n] == 0);
+        l = strchr(l, '\n');
+        l = l ? l + 1 : NULL;
+    }
+    free(list);
+    cr_assert(found, "tests/fixtures/%s is not in tests/fixtures/gpu_bundle.list, which the GPU "
+                     "bundle packs: add it",
+              rel);
+    return fixture(rel);
+}
+
 static void open_side(side *s, const char *name, int lora, double dropout, const char *backend,
                       int recompute)
 {
     sp_err err = {0};
-    char *dir = sp_strf("%s%s", fixture("hf/"), name);
+    char *dir = strdup(bundled(tu_fmt("hf/%s", name)));
     cr_assert_eq(tu_hf_open(s, dir, lora, dropout, backend, recompute, 100, &err), 0, "%s",
                  err.msg);
     free(dir);
@@ -243,7 +264,7 @@ static void compare_qlora(const char *dir, const char *what)
 }
 
 /* llama_gqa's projections quantized to NF4 at load */
-Test(cuda_model, qlora_llama_gqa) { compare_qlora(fixture("hf/llama_gqa"), "llama_gqa QLoRA"); }
+Test(cuda_model, qlora_llama_gqa) { compare_qlora(bundled("hf/llama_gqa"), "llama_gqa QLoRA"); }
 
 /* a bitsandbytes 4-bit directory (tests/fixtures/nf4/llama_gqa_bnb, saved by
  * transformers), its NF4 weights loaded as stored, with llama_gqa's adapter
@@ -251,7 +272,7 @@ Test(cuda_model, qlora_llama_gqa) { compare_qlora(fixture("hf/llama_gqa"), "llam
 Test(cuda_model, qlora_bitsandbytes_directory_as_stored)
 {
     char *d = tu_tempdir("cuda-bnb");
-    char *hf = strdup(fixture("hf/llama_gqa")), *bnb = strdup(fixture("nf4/llama_gqa_bnb"));
+    char *hf = strdup(bundled("hf/llama_gqa")), *bnb = strdup(bundled("nf4/llama_gqa_bnb"));
     cr_assert_eq(tu_sh(NULL, "ln -s %s %s/model && ln -s %s/lora %s/lora && "
                              "ln -s %s/batch.safetensors %s/batch.safetensors",
                        bnb, d, hf, d, hf, d),
