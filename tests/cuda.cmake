@@ -86,6 +86,12 @@ if(SPOTUNE_CUDA)
     ${CUDAToolkit_INCLUDE_DIRS})
   set_tests_properties(test_nccl_emu PROPERTIES
     ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>")
+  # its guarded memory (SPOTUNE_CUDA_EMU_GUARD, set for the suites below):
+  # an access past a buffer's end, or before its start, is a SIGSEGV
+  spotune_test(test_emu_guard SOURCES cuda_emu/test_emu_guard.c LIBS spotune_kernels
+    LABELS cuda_emu)
+  set_tests_properties(test_emu_guard PROPERTIES
+    ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>")
   # The suites on it, at reduced shapes (the real-shape tests skip: hours on
   # the emulated device), in builds with the CUDA backend (whose loader reads
   # SPOTUNE_CUDA_MODULE): about 7 minutes here, 3.5 of them cuda_model's
@@ -99,7 +105,7 @@ if(SPOTUNE_CUDA)
       test_cuda_model test_cuda_comm test_cuda_ranks)
     add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
     set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
-      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>"
+      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>;SPOTUNE_CUDA_EMU_GUARD=1"
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
   set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)

@@ -5,8 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -181,12 +185,49 @@ cudaError_t cudaDeviceSynchronize(void)
 
 /* ---- memory ------------------------------------------------------------------------ */
 
+/* SPOTUNE_CUDA_EMU_GUARD=1 (the emulated suites set it): every device
+ * allocation is its own mapping, with an inaccessible page before it and
+ * one right after its end (its size rounded up to 256 bytes, the device's
+ * alignment), so a kernel or copy that reads or writes past a buffer stops
+ * the process with SIGSEGV where it happens instead of passing unseen. */
+struct guarded {
+    void *base;
+    size_t len;
+};
+static std::mutex guard_lock;
+static std::unordered_map<void *, guarded> guard_maps;
+
+static int guard_on(void)
+{
+    const char *e = getenv("SPOTUNE_CUDA_EMU_GUARD");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+static void *guarded_alloc(size_t rounded)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (rounded + page - 1) / page * page;
+    size_t len = body + 2 * page;
+    char *base = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                              0);
+    if (base == (char *)MAP_FAILED)
+        return NULL;
+    if (mprotect(base, page, PROT_NONE) || mprotect(base + page + body, page, PROT_NONE)) {
+        munmap(base, len);
+        return NULL;
+    }
+    void *p = base + page + body - rounded;
+    std::lock_guard<std::mutex> hold(guard_lock);
+    guard_maps[p] = guarded{base, len};
+    return p;
+}
+
 cudaError_t cudaMalloc(void **p, size_t bytes)
 {
     *p = NULL;
     if (refused_in_capture())
         return cudaErrorStreamCaptureUnsupported;
-    if (!(*p = aligned_alloc(256, (bytes + 255) & ~(size_t)255)))
+    size_t rounded = bytes ? (bytes + 255) & ~(size_t)255 : 256;
+    if (!(*p = guard_on() ? guarded_alloc(rounded) : aligned_alloc(256, rounded)))
         return fail(cudaErrorMemoryAllocation);
     return cudaSuccess;
 }
@@ -195,6 +236,15 @@ cudaError_t cudaFree(void *p)
 {
     if (refused_in_capture())
         return cudaErrorStreamCaptureUnsupported;
+    {
+        std::lock_guard<std::mutex> hold(guard_lock);
+        auto g = guard_maps.find(p);
+        if (g != guard_maps.end()) {
+            munmap(g->second.base, g->second.len);
+            guard_maps.erase(g);
+            return cudaSuccess;
+        }
+    }
     free(p);
     return cudaSuccess;
 }
