@@ -195,6 +195,7 @@ static float *lora_grads(int fused, double *loss, size_t *n)
     char *dir = sp_strf("%s%s", fixture("hf/"), "qwen2_bias");
     cr_assert_eq(tu_hf_open(&hc, dir, 1, 0.1, "cpu", RECOMPUTE_NONE, 0, &err), 0, "%s", err.msg);
     free(dir);
+    cr_assert_eq(hc.m->fused, fused);
     for (int l = 0; l < hc.m->mc.layers; l++)
         for (int g = 0; g < FUSE_COUNT; g++)
             cr_assert_eq(hc.m->layers[l].fused_w[g].p != NULL, fused, "layer %d group %d", l, g);

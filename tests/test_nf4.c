@@ -377,11 +377,48 @@ static void check_qlora(const char *backend)
 }
 
 Test(qlora, llama_gqa_loss_and_lora_gradients_match_peft) { check_qlora("cpu"); }
+
+/* q, k, v and gate, up are one product each on the NF4 base too (their
+ * weights dequantized together into the workspace): the same loss and
+ * gradients as one product per projection (SPOTUNE_FUSED=0), up to
+ * summation order (1e-5 relative). */
+static float *qlora_grads(int fused, double *loss, size_t *n)
+{
+    tu_hf_case hc;
+    cr_assert_eq(setenv("SPOTUNE_FUSED", fused ? "1" : "0", 1), 0);
+    open_qlora(&hc, "cpu");
+    cr_assert_eq(hc.m->fused, fused);
+    sp_err err = {0};
+    model_batch b = {.inputs = hc.inputs, .targets = hc.targets, .sample_ids = hc.ids,
+                     .B = hc.B, .T = hc.T, .grad_scale = (float)(1.0 / hc.count), .last = 1};
+    model_zero_grads(hc.m);
+    *loss = 0;
+    cr_assert_eq(model_forward_backward(hc.m, &b, loss, &err), 0, "%s", err.msg);
+    *n = hc.m->n_trainable;
+    float *g = malloc(sizeof(float) * *n);
+    be_download(hc.be, g, DT_F32, hc.m->grad);
+    tu_hf_close(&hc);
+    unsetenv("SPOTUNE_FUSED");
+    return g;
+}
+
+Test(qlora, fused_products_match_per_projection)
+{
+    double l1, l2;
+    size_t n1, n2;
+    float *a = qlora_grads(1, &l1, &n1), *b = qlora_grads(0, &l2, &n2);
+    cr_assert_eq(n1, n2);
+    cr_expect_lt(fabs(l1 - l2), 1e-5 * fabs(l2), "loss %.9g vs %.9g", l1, l2);
+    double e = tu_rel_err(a, b, n1);
+    cr_expect_lt(e, 1e-5, "gradients: rel err %g", e);
+    free(a), free(b);
+}
 Test(qlora, reference_backend) { check_qlora("cpu-ref"); }
 
 /* The NF4 base takes nf4_bytes() per projection weight, no dense copy,
  * which is what model_plan_bytes counts; the dequantization workspace is
- * in its scratch. */
+ * in its scratch: the largest fused group's weights (q, k, v or gate, up:
+ * one product each, as for dense weights). */
 Test(qlora, memory_is_what_the_plan_counts)
 {
     tu_hf_case hc;
@@ -390,15 +427,20 @@ Test(qlora, memory_is_what_the_plan_counts)
     model_plan_bytes(&hc.mc, &hc.m->o, hc.be->act_dt, &plan);
     cr_expect_eq(plan.weights, hc.m->bytes_weights);
     model_opts o = hc.m->o;
-    o.nf4 = 0;
-    o.no_fuse = 1; /* the same scratch layout: unfused, as NF4 is */
+    o.nf4 = 0; /* the same scratch layout otherwise: fused as well */
     model_plan_bytes(&hc.mc, &o, hc.be->act_dt, &dense);
-    size_t proj = 0, packed = 0, widest = 0;
+    cr_expect(hc.m->fused);
+    size_t proj = 0, packed = 0, widest = 0, group[FUSE_COUNT] = {0, 0};
     for (int i = 0; i < hc.m->nparams; i++)
         if (hc.m->params[i].kind == PK_WEIGHT) {
-            size_t n = hc.m->params[i].n;
+            const param_t *p = &hc.m->params[i];
+            size_t n = p->n;
             proj += n, packed += nf4_bytes(n), widest = n > widest ? n : widest;
+            if (p->layer == 0 && p->proj != PROJ_O && p->proj != PROJ_DOWN)
+                group[p->proj < PROJ_O ? FUSE_QKV : FUSE_GATE_UP] += n;
         }
+    for (int g = 0; g < FUSE_COUNT; g++)
+        widest = group[g] > widest ? group[g] : widest;
     cr_expect_eq(dense.weights - plan.weights, proj * 4 - packed);
     cr_expect_eq(plan.scratch - dense.scratch, widest * 4 + (16 + 256) * 4);
     tu_hf_close(&hc);

@@ -186,16 +186,18 @@ Test(plan, activations_and_scratch_are_the_models_bytes)
     plan_input_defaults(&in);
     cr_assert_eq(plan_load_model(&in, "tiny", &err), 0, "%s", err.msg);
     static const struct {
-        int mode, recompute, dora;
+        int mode, recompute, dora, nf4;
         double dropout;
         int64_t mb, T;
     } cases[] = {
-        {MODE_LORA, RECOMPUTE_NONE, 0, 0.0, 2, 64},
-        {MODE_LORA, RECOMPUTE_ATTENTION, 0, 0.1, 1, 96},
-        {MODE_LORA, RECOMPUTE_LAYER, 0, 0.0, 3, 32},
-        {MODE_LORA, RECOMPUTE_NONE, 1, 0.0, 1, 64},
-        {MODE_FULL, RECOMPUTE_NONE, 0, 0.0, 2, 64},
-        {MODE_FULL, RECOMPUTE_ATTENTION, 0, 0.0, 1, 128},
+        {MODE_LORA, RECOMPUTE_NONE, 0, 0, 0.0, 2, 64},
+        {MODE_LORA, RECOMPUTE_ATTENTION, 0, 0, 0.1, 1, 96},
+        {MODE_LORA, RECOMPUTE_LAYER, 0, 0, 0.0, 3, 32},
+        {MODE_LORA, RECOMPUTE_NONE, 1, 0, 0.0, 1, 64},
+        {MODE_LORA, RECOMPUTE_NONE, 0, 1, 0.0, 2, 64},  /* QLoRA: the NF4 workspace */
+        {MODE_LORA, RECOMPUTE_LAYER, 0, 1, 0.1, 1, 32}, /* QLoRA with dropout */
+        {MODE_FULL, RECOMPUTE_NONE, 0, 0, 0.0, 2, 64},
+        {MODE_FULL, RECOMPUTE_ATTENTION, 0, 0, 0.0, 1, 128},
     };
     static const dtype_t dts[] = {DT_F32, DT_BF16};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -205,7 +207,7 @@ Test(plan, activations_and_scratch_are_the_models_bytes)
             be->act_dt = dts[d];
             model_opts o = {.mode = cases[i].mode, .lora_r = 8, .lora_alpha = 16,
                             .lora_dropout = cases[i].dropout, .lora_targets = 127,
-                            .dora = cases[i].dora, .max_batch = cases[i].mb,
+                            .dora = cases[i].dora, .nf4 = cases[i].nf4, .max_batch = cases[i].mb,
                             .seq_len = cases[i].T, .recompute = cases[i].recompute, .seed = 1};
             model_t *m;
             cr_assert_eq(model_create(&m, be, &in.mc, &o, &err), 0, "case %zu %s: %s", i,

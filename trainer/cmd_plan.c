@@ -152,7 +152,7 @@ static void print_human(const plan_input *in, const plan_result *r, const char *
     snprintf(act, sizeof act, "bf16, recompute %s", recompute_name(in->recompute));
     printf("  activations      %-44s %8.2f\n", act, m->activations / GIB);
     printf("  workspace        %-44s %8.2f\n",
-           in->mode == PLAN_QLORA ? "scratch, CUDA backend, one dequantized weight"
+           in->mode == PLAN_QLORA ? "scratch, CUDA backend, dequantized NF4 weights"
                                   : "model scratch + CUDA backend",
            m->workspace / GIB);
     printf("  total                                                         %8.2f\n",

@@ -31,8 +31,9 @@ const key_def config_keys[] = {
      "seven projection weights of each layer (q, k, v, o, gate, up, down) are quantized at load "
      "to 4-bit NormalFloat with double quantization, in bitsandbytes' layout and values "
      "(blocks of 64, the block maxima quantized to 8 bits in blocks of 256; about 0.5 bytes "
-     "per weight), and each product that needs one dequantizes that weight alone into a "
-     "workspace; embeddings, lm_head, norms and biases stay dense. The LoRA gradients are "
+     "per weight), and each product dequantizes its weights into a workspace (q, k, v "
+     "together, and gate, up, as their products are one each); embeddings, lm_head, norms "
+     "and biases stay dense. The LoRA gradients are "
      "those of the dequantized base (on CUDA dequantized to bf16, the compute dtype). Needs "
      "train.mode lora; not with lora.dora. A run cannot resume under another value."},
     {"train.mode", K_ENUM, O(mode), "lora", 0, 0, modes, 1,

@@ -54,7 +54,9 @@ typedef struct layer_params {
     param_t *lora_a[PROJ_COUNT], *lora_b[PROJ_COUNT]; /* NULL: not a target */
     param_t *lora_m[PROJ_COUNT];                      /* NULL: not a target or no DoRA */
     /* the concatenated weight [sum of the outs, in] of each fused group
-     * (act_dt); p == NULL: that group's products are made one by one.
+     * (act_dt; model_t.fused); p == NULL: that group's products are made
+     * one by one, or its weights are NF4 and dequantized together into
+     * model_t.nf4_work for the group's product.
      * fused_b: the group's biases concatenated the same way [sum of the
      * outs] (each projection's b->w a view; zeros for a projection without
      * one), so one add_bias serves the group's product; p == NULL when no
@@ -153,6 +155,9 @@ typedef struct model {
     int nparams;
     param_t *embed, *final_norm, *lm_head;
     layer_params *layers;
+    /* q, k, v and gate, up are one product each (LoRA without DoRA:
+     * model_alloc.c fuse_on; layer_params.fused_w) */
+    int fused;
     float lora_scale;
     /* trainable arenas, laid out in the order the backward produces them */
     size_t n_trainable;
@@ -194,8 +199,8 @@ typedef struct model {
     void *scratch;
     size_t bytes_weights, bytes_trainable, bytes_acts;
     /* model.quantize nf4: the NF4 values then the 8-bit dynamic map (F32
-     * [16 + 256]), and the workspace one dequantized projection weight is
-     * written to (act_dt, the largest projection) */
+     * [16 + 256]), and the workspace the dequantized weights of one product
+     * are written to (act_dt: the largest projection, or fused group) */
     tensor_t nf4_maps, nf4_work;
     /* the step's update (model_update): F32 [10], adamw_args.hyper at 0
      * (3 values), the gradient's sum of squares (a double) at 4; the

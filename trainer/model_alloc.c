@@ -130,15 +130,35 @@ static int64_t logits_chunk_rows(const model_config_t *mc, const model_opts *o, 
     return rows < BT ? rows : BT;
 }
 
-/* Products are fused when the projection weights are frozen and dense:
- * LoRA, without NF4 (dequantized one at a time) or DoRA (a norm per
- * projection). */
+/* Products are fused when the projection weights are frozen: LoRA,
+ * without DoRA (a norm per projection). NF4 weights are dequantized a group
+ * at a time into the workspace (nf4_work_elems). */
 static int fuse_on_opts(const model_opts *o)
 {
     const char *env = getenv("SPOTUNE_FUSED");
     if (o->no_fuse || (env && strcmp(env, "0") == 0))
         return 0;
-    return o->mode == MODE_LORA && !o->nf4 && !o->dora;
+    return o->mode == MODE_LORA && !o->dora;
+}
+
+/* Elements of the NF4 workspace: the largest projection weight, or fused
+ * group of them (q, k, v; gate, up); 0 without NF4. */
+static size_t nf4_work_elems(const model_config_t *mc, const model_opts *o)
+{
+    if (o->mode != MODE_LORA || !o->nf4)
+        return 0;
+    size_t work = 0, group[FUSE_COUNT] = {0, 0};
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        int64_t in, out;
+        model_config_proj_dims(mc, p, &in, &out);
+        size_t n = (size_t)in * (size_t)out;
+        work = n > work ? n : work;
+        if (p != PROJ_O && p != PROJ_DOWN)
+            group[p < PROJ_O ? FUSE_QKV : FUSE_GATE_UP] += n;
+    }
+    for (int g = 0; g < FUSE_COUNT && fuse_on_opts(o); g++)
+        work = group[g] > work ? group[g] : work;
+    return work;
 }
 
 /* Whether the fused gate/up product runs in place (model_graph.c
@@ -178,7 +198,7 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
             }
     size_t trainable = o->mode == MODE_FULL ? total : lora;
     plan->weights = (o->mode == MODE_FULL ? 0 : total) * a;
-    size_t nf4_work = 0;
+    size_t nf4_work = nf4_work_elems(mc, o);
     if (o->mode == MODE_LORA && o->nf4)
         for (int p = 0; p < PROJ_COUNT; p++) {
             int64_t in, out;
@@ -186,7 +206,6 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
             size_t n = (size_t)in * (size_t)out;
             plan->weights -= (size_t)mc->layers * n * a;
             plan->weights += (size_t)mc->layers * nf4_bytes(n);
-            nf4_work = n > nf4_work ? n : nf4_work;
         }
     if (o->shard_count > 1) {
         /* compute copy whole (padded); masters, moments, reduced grad per
@@ -439,11 +458,13 @@ static int fuse_on(const model_t *m)
     return fuse_on_opts(&m->o);
 }
 
-/* The fused groups' concatenated weights and biases, each projection's w
- * and b views. */
+/* The fused groups' concatenated weights (none for NF4 weights: they are
+ * dequantized into the workspace) and biases, each projection's w and b
+ * views. */
 static void alloc_fused(model_t *m)
 {
-    if (!fuse_on(m))
+    m->fused = fuse_on(m);
+    if (!m->fused)
         return;
     for (int l = 0; l < m->mc.layers && !m->be->err.code; l++)
         for (int g = 0; g < FUSE_COUNT; g++) {
@@ -453,13 +474,15 @@ static void alloc_fused(model_t *m)
             model_fuse_group(g, &first, &count);
             for (int p = first; p < first + count; p++)
                 n += L->w[p]->n;
-            L->fused_w[g] = be_alloc(m->be, m->be->act_dt, n);
-            if (m->be->err.code)
-                return;
-            m->bytes_weights += n * dtype_size(m->be->act_dt);
-            for (size_t off = 0, p = (size_t)first; p < (size_t)(first + count); p++) {
-                L->w[p]->w = tensor_view(L->fused_w[g], off, L->w[p]->n);
-                off += L->w[p]->n;
+            if (!m->o.nf4) {
+                L->fused_w[g] = be_alloc(m->be, m->be->act_dt, n);
+                if (m->be->err.code)
+                    return;
+                m->bytes_weights += n * dtype_size(m->be->act_dt);
+                for (size_t off = 0, p = (size_t)first; p < (size_t)(first + count); p++) {
+                    L->w[p]->w = tensor_view(L->fused_w[g], off, L->w[p]->n);
+                    off += L->w[p]->n;
+                }
             }
             size_t nb = 0;
             int biased = 0;
@@ -571,7 +594,7 @@ void model_alloc_params(model_t *m)
         alloc_sharded(m);
         return;
     }
-    size_t N = m->n_trainable ? m->n_trainable : 1, work = 0;
+    size_t N = m->n_trainable ? m->n_trainable : 1, work = nf4_work_elems(&m->mc, &m->o);
     m->master = be_alloc(be, DT_F32, N);
     m->grad = be_alloc(be, DT_F32, N);
     m->adam_m = be_alloc(be, DT_F32, N);
@@ -590,7 +613,6 @@ void model_alloc_params(model_t *m)
             p->q_absmax = be_alloc(be, DT_U8, nf4_blocks(p->n));
             p->q_nested = be_alloc(be, DT_F32, nf4_nested_blocks(p->n));
             m->bytes_weights += nf4_bytes(p->n);
-            work = p->n > work ? p->n : work;
         } else if (!p->w.p) {
             p->w = be_alloc(be, be->act_dt, p->n);
             m->bytes_weights += p->n * dtype_size(be->act_dt);
@@ -602,6 +624,7 @@ void model_alloc_params(model_t *m)
         memcpy(maps + 16, nf4_dynamic_map, sizeof nf4_dynamic_map);
         m->nf4_maps = be_alloc(be, DT_F32, 16 + 256);
         m->nf4_work = be_alloc(be, be->act_dt, work ? work : 1);
+        m->bytes_acts += work * dtype_size(be->act_dt) + sizeof maps; /* scratch, as planned */
         if (!be->err.code)
             be_upload(be, m->nf4_maps, maps, DT_F32);
     }

@@ -1,8 +1,9 @@
 /* The computation of the model: a micro-batch's forward, loss and backward,
  * written once against the backend ops. Shapes: rows = B*T token positions,
  * H hidden, qd = heads*head_dim, kvd = kv_heads*head_dim, I intermediate.
- * q, k, v and gate, up are one product each where their weights are fused
- * (layer_params.fused_w, trainer/model.h), one per projection elsewhere. */
+ * q, k, v and gate, up are one product each where the model is fused
+ * (model_t.fused: their weights concatenated in layer_params.fused_w, or
+ * NF4 weights dequantized together), one per projection elsewhere. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 
@@ -150,7 +151,7 @@ static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, int y_ld,
 static int lora_batched(const step_ctx *c, int l, int g)
 {
     const model_t *m = c->m;
-    if (!m->layers[l].fused_w[g].p || m->o.no_lora_batch || dropping(c) ||
+    if (!m->fused || m->o.no_lora_batch || dropping(c) ||
         !MODEL_SCRATCH(m)->lora_acat.p || !m->acts[l].xr_cat[g].p)
         return 0;
     int first, count;
@@ -350,7 +351,7 @@ static int fused_width(const model_t *m, int g)
 static int fused_strided(const model_t *m, int l, int g)
 {
     const layer_params *L = &m->layers[l];
-    if (!L->fused_w[g].p)
+    if (!m->fused)
         return 0;
     if (g == FUSE_GATE_UP)
         return MODEL_SCRATCH(m)->gate_up_in_place;
@@ -372,6 +373,27 @@ static int gate_up(const step_ctx *c, int l, tensor_t *g, tensor_t *u)
     return 2 * I;
 }
 
+/* The weight [sum of outs, in] of fused group g of layer l: the
+ * concatenated dense weights, or the NF4 weights dequantized one after
+ * another into the workspace (valid until the next product's weight). */
+static tensor_t fused_weight(const step_ctx *c, int l, int g)
+{
+    model_t *m = c->m;
+    layer_params *L = &m->layers[l];
+    if (L->fused_w[g].p)
+        return L->fused_w[g];
+    int first, count;
+    size_t n = 0;
+    model_fuse_group(g, &first, &count);
+    for (int p = first; p < first + count; p++) {
+        const param_t *w = L->w[p];
+        be_dequant_nf4(m->be, tensor_view(m->nf4_work, n, w->n), w->q_codes, w->q_absmax,
+                       w->q_nested, m->nf4_maps, w->q_offset, w->n);
+        n += w->n;
+    }
+    return tensor_view(m->nf4_work, 0, n);
+}
+
 /* Fused group g of layer l from the input x the group shares: one product
  * x W_cat^T [rows, sum of outs] into the layer's gu (gate/up strided) or
  * s->bwd (unused in the forward), then each projection's bias and LoRA
@@ -387,7 +409,7 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
                            c->rows, N);
     tensor_t xr = no_tensor();
     int r = (int)m->o.lora_r, batched = lora_batched(c, l, g);
-    be_matmul(m->be, cat, x, m->layers[l].fused_w[g], c->rows, N, in, 0, 1, 1.0f, 0.0f);
+    be_matmul(m->be, cat, x, fused_weight(c, l, g), c->rows, N, in, 0, 1, 1.0f, 0.0f);
     if (strided && m->layers[l].fused_b[g].p) /* the group's biases, one add */
         be_add_bias(m->be, cat, m->layers[l].fused_b[g], c->rows, N);
     if (batched) {
@@ -426,7 +448,7 @@ static void fused_backward(const step_ctx *c, int l, int g, const tensor_t *dys,
         be_copy2d(m->be, from_col(join, col), dys[i], c->rows, out, N, out);
         col += out;
     }
-    be_matmul(m->be, dx, join, m->layers[l].fused_w[g], c->rows, in, N, 0, 0, 1.0f, 0.0f);
+    be_matmul(m->be, dx, join, fused_weight(c, l, g), c->rows, in, N, 0, 0, 1.0f, 0.0f);
     int batched = lora_batched(c, l, g);
     for (int i = 0; i < count; i++) {
         layer_params *L = &m->layers[l];
@@ -522,7 +544,7 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
     int H = (int)mc->hidden;
     be_rmsnorm_forward(m->be, a->h1, a->rstd1, a->x, L->attn_norm->w, c->rows, H,
                        (float)mc->rms_eps);
-    if (L->fused_w[FUSE_QKV].p) {
+    if (m->fused) {
         tensor_t ys[3] = {a->q, a->k, a->v};
         fused_forward(c, l, FUSE_QKV, ys, a->h1);
     } else {
@@ -540,7 +562,7 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
                        (float)mc->rms_eps);
     tensor_t g, u;
     int ld = gate_up(c, l, &g, &u);
-    if (L->fused_w[FUSE_GATE_UP].p) {
+    if (m->fused) {
         tensor_t ys[2] = {g, u};
         fused_forward(c, l, FUSE_GATE_UP, ys, a->h2);
     } else {
@@ -584,7 +606,7 @@ void model_graph_layer_backward(const step_ctx *c, int l)
     }
     linear_backward(c, l, PROJ_DOWN, s->dres, a->a, da, 0);
     be_swiglu_backward(m->be, dg, du, da, g, u, c->rows, (int)I, ld);
-    if (L->fused_w[FUSE_GATE_UP].p) {
+    if (m->fused) {
         tensor_t dys[2] = {dg, du};
         fused_backward(c, l, FUSE_GATE_UP, dys, a->h2, s->dh, a->gu);
     } else {
@@ -606,7 +628,7 @@ void model_graph_layer_backward(const step_ctx *c, int l)
         tensor_t join = qkv_join(c, l, dq, dk, dv);
         tensor_t dys[3] = {join, from_col(join, (int)qd), from_col(join, (int)(qd + kvd))};
         fused_backward(c, l, FUSE_QKV, dys, a->h1, s->dh, join);
-    } else if (L->fused_w[FUSE_QKV].p) {
+    } else if (m->fused) {
         rope_qk(c, dq, dk, 1);
         tensor_t dys[3] = {dq, dk, dv};
         fused_backward(c, l, FUSE_QKV, dys, a->h1, s->dh, a->qkv);
