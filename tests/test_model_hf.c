@@ -199,13 +199,8 @@ static float *lora_grads(int fused, double *loss, size_t *n)
     for (int l = 0; l < hc.m->mc.layers; l++)
         for (int g = 0; g < FUSE_COUNT; g++)
             cr_assert_eq(hc.m->layers[l].fused_w[g].p != NULL, fused, "layer %d group %d", l, g);
-    model_batch b = batch_of(&hc, 0, hc.B);
-    *loss = 0;
-    model_zero_grads(hc.m);
-    cr_assert_eq(model_forward_backward(hc.m, &b, loss, &err), 0, "%s", err.msg);
+    float *g = tu_hf_step(&hc, loss);
     *n = hc.m->n_trainable;
-    float *g = malloc(sizeof(float) * *n);
-    be_download(hc.be, g, DT_F32, hc.m->grad);
     close_case(&hc);
     unsetenv("SPOTUNE_FUSED");
     return g;

@@ -388,15 +388,8 @@ static float *qlora_grads(int fused, double *loss, size_t *n)
     cr_assert_eq(setenv("SPOTUNE_FUSED", fused ? "1" : "0", 1), 0);
     open_qlora(&hc, "cpu");
     cr_assert_eq(hc.m->fused, fused);
-    sp_err err = {0};
-    model_batch b = {.inputs = hc.inputs, .targets = hc.targets, .sample_ids = hc.ids,
-                     .B = hc.B, .T = hc.T, .grad_scale = (float)(1.0 / hc.count), .last = 1};
-    model_zero_grads(hc.m);
-    *loss = 0;
-    cr_assert_eq(model_forward_backward(hc.m, &b, loss, &err), 0, "%s", err.msg);
+    float *g = tu_hf_step(&hc, loss);
     *n = hc.m->n_trainable;
-    float *g = malloc(sizeof(float) * *n);
-    be_download(hc.be, g, DT_F32, hc.m->grad);
     tu_hf_close(&hc);
     unsetenv("SPOTUNE_FUSED");
     return g;

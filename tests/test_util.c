@@ -528,6 +528,22 @@ int tu_hf_open_nf4(tu_hf_case *c, const char *dir, const char *backend, sp_err *
     return hf_open(c, dir, 1, 0.0, backend, RECOMPUTE_NONE, 0, 1, err);
 }
 
+float *tu_hf_step(tu_hf_case *c, double *loss)
+{
+    sp_err err = {0};
+    model_batch b = {.inputs = c->inputs, .targets = c->targets, .sample_ids = c->ids,
+                     .B = c->B, .T = c->T, .grad_scale = (float)(1.0 / c->count), .last = 1};
+    double sum = 0;
+    model_zero_grads(c->m);
+    cr_assert_eq(model_forward_backward(c->m, &b, &sum, &err), 0, "%s", err.msg);
+    *loss = sum / c->count;
+    float *g = malloc(sizeof(float) * (c->m->n_trainable ? c->m->n_trainable : 1));
+    cr_assert(g);
+    be_download(c->be, g, DT_F32, c->m->grad);
+    cr_assert_eq(be_check(c->be, &err), 0, "%s", err.msg);
+    return g;
+}
+
 void tu_hf_close(tu_hf_case *c)
 {
     if (c->m)

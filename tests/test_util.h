@@ -113,6 +113,11 @@ int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const c
  * as NF4 (model.quantize nf4). */
 int tu_hf_open_nf4(tu_hf_case *c, const char *dir, const char *backend, sp_err *err);
 void tu_hf_close(tu_hf_case *c);
+/* One forward/backward of the case's whole batch (gradients zeroed first,
+ * scaled by 1 / trained tokens): the loss summed over the batch's tokens
+ * (times 1 / trained tokens: the mean) into *loss, and the whole gradient
+ * vector (malloc'd, m->n_trainable floats). Asserts that it ran. */
+float *tu_hf_step(tu_hf_case *c, double *loss);
 
 /* ---- the local S3 test server (tests/store.cmake starts it) ------------------ */
 
