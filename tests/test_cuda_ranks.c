@@ -5,6 +5,8 @@
  *    of them) on the second stream while the backward goes on;
  *  - LoRA with runtime.cuda_graphs: the all-reduce after the backward, the
  *    micro-batches replayed; the same sums as the overlapped run's;
+ *  - QLoRA (model.quantize nf4) and DoRA with dropout, their adapters'
+ *    gradients all-reduced;
  *  - full fine-tuning with the optimizer sharded 2 ways (ZeRO-1: the
  *    gradient reduce-scattered, AdamW on this rank's shard, the compute copy
  *    all-gathered);
@@ -192,6 +194,16 @@ Test(cuda_ranks, lora_overlapped_buckets_and_graphs)
     train(2, cuda_test_backend(), "lora-graphs", more, &graphs);
     free(more);
     expect_tracks("lora, 2 ranks, cuda graphs against eager", &graphs, &eager, 1, 1e-5, 1e-5);
+}
+
+Test(cuda_ranks, qlora_and_dora)
+{
+    curve q, d;
+    cpu_and_cuda("qlora", "--set train.mode=lora --set train.lr=3e-3 --set model.quantize=nf4", &q);
+    cpu_and_cuda("dora",
+                 "--set train.mode=lora --set train.lr=3e-3 --set lora.dora=true "
+                 "--set lora.dropout=0.05",
+                 &d);
 }
 
 Test(cuda_ranks, full_sharded_optimizer)
