@@ -95,33 +95,32 @@ Test(config, set_overrides_and_resolved_yaml_round_trips)
     config_free(&d);
 }
 
-/* text loads and validates */
-static void expect_valid(const char *text)
+/* text written to file name, loaded and validated: the exit code (0: valid) */
+static int load_and_validate(const char *name, const char *text, sp_err *err)
 {
     config_t c;
-    sp_err err = {0};
     config_defaults(&c);
-    const char *p = write_cfg("good.yaml", text);
-    int rc = config_load(&c, p, &err);
+    int rc = config_load(&c, write_cfg(name, text), err);
     if (!rc)
-        rc = config_validate(&c, &err);
-    cr_expect_eq(rc, 0, "rc %d (%s) for: %s", rc, err.msg, text);
+        rc = config_validate(&c, err);
     config_free(&c);
+    return rc;
+}
+
+static void expect_valid(const char *text)
+{
+    sp_err err = {0};
+    int rc = load_and_validate("good.yaml", text, &err);
+    cr_expect_eq(rc, 0, "rc %d (%s) for: %s", rc, err.msg, text);
 }
 
 static void expect_error(const char *text, const char *want1, const char *want2)
 {
-    config_t c;
     sp_err err = {0};
-    config_defaults(&c);
-    const char *p = write_cfg("bad.yaml", text);
-    int rc = config_load(&c, p, &err);
-    if (!rc)
-        rc = config_validate(&c, &err);
+    int rc = load_and_validate("bad.yaml", text, &err);
     cr_expect_eq(rc, SP_EXIT_USAGE, "rc %d for: %s", rc, text);
     cr_expect(tu_contains(err.msg, want1), "message '%s' lacks '%s'", err.msg, want1);
     cr_expect(tu_contains(err.msg, want2), "message '%s' lacks '%s'", err.msg, want2);
-    config_free(&c);
 }
 
 Test(config, unknown_key_names_file_line_and_key)
