@@ -45,19 +45,31 @@ if(SPOTUNE_WERROR)
   target_compile_options(test_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
 endif()
 
+# The emulated cuBLAS and cuBLASLt (cuda_emu/emu_cublas.cc, which the
+# emulated module below uses for the backend's products) against the
+# libraries' documented definition and refusals: every build.
+spotune_test(test_emu_cublas_api SOURCES cuda_emu/test_emu_cublas_api.cc cuda_emu/emu_cublas.cc
+  cuda_emu/emu_runtime.cc cuda_emu/cuda_emu.c LABELS cuda_emu)
+target_compile_definitions(test_emu_cublas_api PRIVATE SPOTUNE_CUDA_EMU)
+target_include_directories(test_emu_cublas_api PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu)
+set_target_properties(test_emu_cublas_api PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
+if(SPOTUNE_WERROR)
+  target_compile_options(test_emu_cublas_api PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+endif()
+
 # The CUDA backend itself on the emulated device: its .cu files compiled as
-# C++ for it (the products: emu_matmul.cc in place of cuBLASLt), a module
+# C++ for it (cuBLAS and cuBLASLt: emu_cublas.cc, from their documentation), a module
 # like libspotune_cuda.so that SPOTUNE_CUDA_MODULE points a process at, so
 # that the CUDA suites below run their checks without a GPU ("emu_" + the
 # suite's name). Never loaded unless named. Only in builds with the CUDA
 # backend.
 if(SPOTUNE_CUDA)
-  set(emu_cuda_sources cuda_backend.cu cuda_matmul_ops.cu cuda_ops.cu cuda_vec.cu cuda_attention.cu
-    cuda_flash.cu)
+  set(emu_cuda_sources cuda_backend.cu cuda_matmul.cu cuda_matmul_ops.cu cuda_ops.cu cuda_vec.cu
+    cuda_attention.cu cuda_flash.cu)
   list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
   set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)
   add_library(spotune_cuda_emu MODULE ${emu_cuda_sources} cuda_emu/emu_runtime.cc
-    cuda_emu/emu_matmul.cc cuda_emu/cuda_emu.c)
+    cuda_emu/emu_cublas.cc cuda_emu/cuda_emu.c)
   set_target_properties(spotune_cuda_emu PROPERTIES
     OUTPUT_NAME spotune_cuda_emu PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
     POSITION_INDEPENDENT_CODE ON CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
@@ -92,6 +104,12 @@ if(SPOTUNE_CUDA)
     LABELS cuda_emu)
   set_tests_properties(test_emu_guard PROPERTIES
     ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>")
+  # the backend's products (cuda_matmul.cu) on the emulated cuBLAS and
+  # cuBLASLt through each path: cuBLASLt, no algorithm, refused at run time
+  spotune_test(test_emu_cublas SOURCES cuda_emu/test_emu_cublas.c LIBS spotune_kernels dl
+    LABELS cuda_emu)
+  set_tests_properties(test_emu_cublas PROPERTIES
+    ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_CUDA_EMU_GUARD=1")
   # The suites on it, at reduced shapes (the real-shape tests skip: hours on
   # the emulated device), in builds with the CUDA backend (whose loader reads
   # SPOTUNE_CUDA_MODULE): about 7 minutes here, 3.5 of them cuda_model's
@@ -109,6 +127,16 @@ if(SPOTUNE_CUDA)
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
   set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)
+  # the ops and attention (batched, strided products) with cuBLASLt offering
+  # no algorithm, and refusing at run time: every product on the fallback
+  foreach(mode no-algorithm refuses)
+    foreach(suite test_cuda_ops test_cuda_attention)
+      add_test(NAME emu_${suite}_cublaslt_${mode} COMMAND ${suite} --jobs 1)
+      set_tests_properties(emu_${suite}_cublaslt_${mode} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
+        ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;SPOTUNE_CUDA_EMU_GUARD=1;SPOTUNE_CUDA_EMU_CUBLASLT=${mode}"
+        FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
+    endforeach()
+  endforeach()
 endif()
 
 # scripts/gpu_check.sh without a GPU (here, and in CI): every GPU step is a

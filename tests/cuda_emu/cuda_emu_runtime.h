@@ -1,7 +1,8 @@
 /* tests/cuda_emu/cuda_emu_runtime.h — the host side of the emulated device:
- * the part of the CUDA runtime (and the cuBLAS handles) that the CUDA
- * backend's host code calls (kernels/cuda/cuda_backend.cu and the launchers
- * of the other .cu files), on host memory (emu_runtime.cc). C++ only: the
+ * the part of the CUDA runtime that the CUDA backend's host code calls
+ * (kernels/cuda/cuda_backend.cu and the launchers of the other .cu files),
+ * on host memory (emu_runtime.cc), and of cuBLAS and cuBLASLt
+ * (emu_cublas.cc). C++ only: the
  * backend's .cu files are compiled as C++ with SPOTUNE_CUDA_EMU
  * (cuda_internal.h includes this instead of the CUDA headers).
  *
@@ -79,14 +80,52 @@ typedef struct cudaFuncAttributes {
     int ptxVersion, binaryVersion;
 } cudaFuncAttributes;
 
-/* the cuBLAS handles the backend creates (the products themselves are
- * emu_matmul.cc's) */
+/* cuBLAS and cuBLASLt, the part kernels/cuda/cuda_matmul.cu calls
+ * (emu_cublas.cc): the names and values of the real headers (cublas_api.h,
+ * cublasLt.h, library_types.h), the objects opaque. */
 typedef enum cublasStatus_t {
     CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_EXECUTION_FAILED = 13,
+    CUBLAS_STATUS_INTERNAL_ERROR = 14,
     CUBLAS_STATUS_NOT_SUPPORTED = 15,
 } cublasStatus_t;
 typedef struct emu_blas *cublasHandle_t;
 typedef struct emu_blas *cublasLtHandle_t;
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+typedef enum cublasLtMatmulDescAttributes_t {
+    CUBLASLT_MATMUL_DESC_TRANSA = 3, /* int32_t */
+    CUBLASLT_MATMUL_DESC_TRANSB = 4, /* int32_t */
+} cublasLtMatmulDescAttributes_t;
+typedef enum cublasLtMatrixLayoutAttribute_t {
+    CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,          /* int32_t */
+    CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6, /* int64_t */
+} cublasLtMatrixLayoutAttribute_t;
+typedef enum cublasLtMatmulPreferenceAttributes_t {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,  /* uint64_t */
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5, /* uint32_t, each */
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+} cublasLtMatmulPreferenceAttributes_t;
+typedef struct emu_lt_desc *cublasLtMatmulDesc_t;
+typedef struct emu_lt_layout *cublasLtMatrixLayout_t;
+typedef struct emu_lt_pref *cublasLtMatmulPreference_t;
+typedef struct {
+    uint64_t data[8];
+} cublasLtMatmulAlgo_t;
+typedef struct {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspaceSize;
+    cublasStatus_t state;
+    float wavesCount;
+    int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
 
 const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);
@@ -133,9 +172,46 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
 cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
+const char *cublasGetStatusString(cublasStatus_t s);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType_t Atype,
+                                          int lda, long long strideA, const void *B,
+                                          cudaDataType_t Btype, int ldb, long long strideB,
+                                          const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                                          long long strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t h);
-const char *cublasGetStatusString(cublasStatus_t s);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                        cudaDataType_t scale);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t a, const void *buf,
+                                              size_t bytes);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l);
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
+                                                cublasLtMatrixLayoutAttribute_t a,
+                                                const void *buf, size_t bytes);
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *buf, size_t bytes);
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op,
+                                              cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                              cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t *res, int *found);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
+                              cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t Cdesc, void *D, cublasLtMatrixLayout_t Ddesc,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes,
+                              cudaStream_t stream);
 
 /* Runs fn on stream s now, or records it while s is being captured. */
 void emu_enqueue(cudaStream_t s, std::function<void()> fn);

@@ -30,10 +30,6 @@ struct emu_event {
     double t; /* seconds, when the work before it ran */
 };
 
-struct emu_blas {
-    int unused;
-};
-
 static cudaError_t last_error = cudaSuccess;
 static emu_stream *capturing; /* the stream of the open capture (thread-local mode) */
 
@@ -438,39 +434,4 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x)
 {
     delete x;
     return cudaSuccess;
-}
-
-/* ---- cuBLAS handles ---------------------------------------------------------------- */
-
-cublasStatus_t cublasCreate(cublasHandle_t *h)
-{
-    *h = (emu_blas *)calloc(1, sizeof(emu_blas));
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasDestroy(cublasHandle_t h)
-{
-    free(h);
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
-{
-    (void)h, (void)s;
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
-{
-    return cublasCreate(h);
-}
-
-cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
-{
-    return cublasDestroy(h);
-}
-
-const char *cublasGetStatusString(cublasStatus_t s)
-{
-    return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_NOT_SUPPORTED";
 }
