@@ -68,17 +68,39 @@ if(SPOTUNE_CUDA)
     cuda_attention.cu cuda_flash.cu)
   list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
   set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)
-  add_library(spotune_cuda_emu MODULE ${emu_cuda_sources} cuda_emu/emu_runtime.cc
-    cuda_emu/emu_cublas.cc cuda_emu/cuda_emu.c)
-  set_target_properties(spotune_cuda_emu PROPERTIES
-    OUTPUT_NAME spotune_cuda_emu PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
-    POSITION_INDEPENDENT_CODE ON CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
-  target_compile_definitions(spotune_cuda_emu PRIVATE SPOTUNE_CUDA_EMU)
-  target_include_directories(spotune_cuda_emu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu
-    ${CMAKE_SOURCE_DIR})
-  target_compile_options(spotune_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-unknown-pragmas>)
-  if(SPOTUNE_WERROR)
-    target_compile_options(spotune_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  function(spotune_emu_module name)
+    add_library(${name} MODULE ${emu_cuda_sources} cuda_emu/emu_runtime.cc
+      cuda_emu/emu_cublas.cc cuda_emu/cuda_emu.c)
+    set_target_properties(${name} PROPERTIES
+      OUTPUT_NAME ${name} PREFIX lib LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+      POSITION_INDEPENDENT_CODE ON CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
+    target_compile_definitions(${name} PRIVATE SPOTUNE_CUDA_EMU)
+    target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu
+      ${CMAKE_SOURCE_DIR})
+    target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-unknown-pragmas>)
+    if(SPOTUNE_WERROR)
+      target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+    endif()
+  endfunction()
+  spotune_emu_module(spotune_cuda_emu)
+  # The same module instrumented with AddressSanitizer and
+  # UndefinedBehaviorSanitizer (the backend's host code, its kernels as the
+  # emulated device runs them, the emulated runtime and cuBLAS), loaded by
+  # the uninstrumented test programs with the ASan runtime preloaded: the
+  # suites below that take seconds ("asan_emu_"; about 50 s together, ten
+  # times their emulated time; attention's would take 3 minutes, the
+  # model's and the layer's far more, so they run with the guard pages
+  # only). The sanitizer build proper is CPU-only (no module loader).
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
+    OUTPUT_VARIABLE emu_libasan OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(IS_ABSOLUTE "${emu_libasan}" AND EXISTS "${emu_libasan}")
+    spotune_emu_module(spotune_cuda_emu_asan)
+    target_compile_options(spotune_cuda_emu_asan PRIVATE -fsanitize=address,undefined
+      -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+    target_link_options(spotune_cuda_emu_asan PRIVATE -fsanitize=address,undefined)
+  else()
+    message(STATUS "the emulated CUDA module is not also built with AddressSanitizer: "
+                   "${CMAKE_CXX_COMPILER} has no libasan.so")
   endif()
   # NCCL for ranks on the emulated device (cuda_emu/emu_nccl.c): preloaded
   # (LD_PRELOAD), it stands in for libnccl and the five CUDA runtime calls of
@@ -127,6 +149,14 @@ if(SPOTUNE_CUDA)
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
   set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)
+  if(TARGET spotune_cuda_emu_asan)
+    foreach(suite test_cuda_ops test_cuda_elementwise test_emu_cublas)
+      add_test(NAME asan_emu_${suite} COMMAND ${suite} --jobs 1)
+      set_tests_properties(asan_emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 600
+        ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu_asan>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=${emu_libasan};ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:detect_stack_use_after_return=0;LSAN_OPTIONS=suppressions=${CMAKE_CURRENT_SOURCE_DIR}/lsan.supp:print_suppressions=0;UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
+        FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
+    endforeach()
+  endif()
   # the ops and attention (batched, strided products) with cuBLASLt offering
   # no algorithm, and refusing at run time: every product on the fallback
   foreach(mode no-algorithm refuses)
