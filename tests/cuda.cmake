@@ -48,14 +48,17 @@ endif()
 # The emulated cuBLAS and cuBLASLt (cuda_emu/emu_cublas.cc, which the
 # emulated module below uses for the backend's products) against the
 # libraries' documented definition and refusals: every build.
-spotune_test(test_emu_cublas_api SOURCES cuda_emu/test_emu_cublas_api.cc cuda_emu/emu_cublas.cc
-  cuda_emu/emu_runtime.cc cuda_emu/cuda_emu.c LABELS cuda_emu)
-target_compile_definitions(test_emu_cublas_api PRIVATE SPOTUNE_CUDA_EMU)
-target_include_directories(test_emu_cublas_api PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu)
-set_target_properties(test_emu_cublas_api PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
-if(SPOTUNE_WERROR)
-  target_compile_options(test_emu_cublas_api PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
-endif()
+# And its streams that lag (SPOTUNE_CUDA_EMU_DEFER, emu_runtime.cc).
+foreach(t test_emu_cublas_api test_emu_streams)
+  spotune_test(${t} SOURCES cuda_emu/${t}.cc cuda_emu/emu_cublas.cc cuda_emu/emu_runtime.cc
+    cuda_emu/cuda_emu.c LABELS cuda_emu)
+  target_compile_definitions(${t} PRIVATE SPOTUNE_CUDA_EMU)
+  target_include_directories(${t} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/cuda_emu)
+  set_target_properties(${t} PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON)
+  if(SPOTUNE_WERROR)
+    target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  endif()
+endforeach()
 
 # The CUDA backend itself on the emulated device: its .cu files compiled as
 # C++ for it (cuBLAS and cuBLASLt: emu_cublas.cc, from their documentation), a module
@@ -145,10 +148,21 @@ if(SPOTUNE_CUDA)
       test_cuda_model test_cuda_comm test_cuda_ranks)
     add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
     set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
-      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>;SPOTUNE_CUDA_EMU_GUARD=1"
+      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>;SPOTUNE_CUDA_EMU_GUARD=1;SPOTUNE_CUDA_EMU_DEFER=all"
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
   set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)
+  # with only the communication stream lagging (the compute stream at
+  # once): a kernel reading a collective's result without waiting for it
+  # reads the old values (docs/cuda.md, "Streams that lag")
+  foreach(case lora_overlapped_buckets_and_graphs full_sharded_gradients_on_three_ranks)
+    add_test(NAME emu_test_cuda_ranks_aux_${case} COMMAND test_cuda_ranks --jobs 1
+      --filter "cuda_ranks/${case}")
+    set_tests_properties(emu_test_cuda_ranks_aux_${case} PROPERTIES LABELS "cuda_emu"
+      TIMEOUT 600
+      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>;SPOTUNE_CUDA_EMU_GUARD=1;SPOTUNE_CUDA_EMU_DEFER=aux;SPOTUNE_CUDA_EMU_DEVICES=3"
+      FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
+  endforeach()
   if(TARGET spotune_cuda_emu_asan)
     foreach(suite test_cuda_ops test_cuda_elementwise test_emu_cublas)
       add_test(NAME asan_emu_${suite} COMMAND ${suite} --jobs 1)

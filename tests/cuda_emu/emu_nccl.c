@@ -7,12 +7,14 @@
  * then take the place of libnccl's and libcudart's in comm_nccl.c.
  *
  * Like the emulated device, a collective runs at once, in the calling
- * thread, in the order it is issued: every rank copies its part into its
- * slot of the segment, all meet at a barrier, each reduces the slots in
- * rank order (so every rank gets the same bits: sums in float for bf16,
- * rounded once), all meet again; large buffers go chunk by chunk. Calls
- * inside ncclGroupStart/End are held and run at ncclGroupEnd. A
- * communicator made non-blocking answers ncclInProgress and then
+ * thread, in the order it is issued (after the work the device holds on
+ * its stream; with SPOTUNE_CUDA_EMU_DEFER, on a lagging stream, its result
+ * is written when the stream's work comes to it): every rank copies its
+ * part into its slot of the segment, all meet at a barrier, each reduces
+ * the slots in rank order (so every rank gets the same bits: sums in float
+ * for bf16, rounded once), all meet again; large buffers go chunk by
+ * chunk. Calls inside ncclGroupStart/End are held and run at ncclGroupEnd.
+ * A communicator made non-blocking answers ncclInProgress and then
  * ncclSuccess from ncclCommGetAsyncError, as NCCL may. A peer that never
  * comes (died, or issued other collectives) is an error after
  * SPOTUNE_NCCL_EMU_TIMEOUT_S (default 60) seconds, and a peer's
@@ -108,26 +110,71 @@ ncclResult_t ncclGetVersion(int *v)
 
 /* ---- the emulated device's stream -------------------------------------------------- */
 
-/* spotune_emu_stream_capturing of the module SPOTUNE_CUDA_MODULE names, once
- * the process has loaded it; NULL before or without it. */
-static int (*capturing_fn(void))(void *)
+/* A function of the module SPOTUNE_CUDA_MODULE names, once the process has
+ * loaded it; NULL before or without it. */
+static void *module_fn(const char *name)
 {
-    static int (*fn)(void *);
-    if (!fn) {
-        const char *mod = getenv("SPOTUNE_CUDA_MODULE");
-        void *h = mod ? dlopen(mod, RTLD_LAZY | RTLD_NOLOAD) : NULL;
-        if (h) {
-            *(void **)&fn = dlsym(h, "spotune_emu_stream_capturing");
-            dlclose(h); /* still loaded: the process holds it */
-        }
+    const char *mod = getenv("SPOTUNE_CUDA_MODULE");
+    void *h = mod ? dlopen(mod, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+    void *fn = NULL;
+    if (h) {
+        fn = dlsym(h, name);
+        dlclose(h); /* still loaded: the process holds it */
     }
     return fn;
 }
 
 static int stream_capturing(cudaStream_t s)
 {
-    int (*fn)(void *) = capturing_fn();
+    static int (*fn)(void *);
+    if (!fn)
+        *(void **)&fn = module_fn("spotune_emu_stream_capturing");
     return fn && fn((void *)s);
+}
+
+/* The work the emulated device holds on s (SPOTUNE_CUDA_EMU_DEFER) runs
+ * before what this emulation does at once on s: so a collective sees what
+ * the stream's earlier work, and what that waited for, wrote. */
+static void stream_run(cudaStream_t s)
+{
+    static void (*fn)(void *);
+    if (!fn)
+        *(void **)&fn = module_fn("spotune_emu_stream_run");
+    if (fn)
+        fn((void *)s);
+}
+
+/* With SPOTUNE_CUDA_EMU_DEFER a lagging stream holds its work until it must
+ * run: a collective then writes its result when s's work comes to it, not
+ * when issued (its inputs are read at the call, where every rank meets),
+ * so work of another stream that reads the result without waiting for s
+ * sees the old values (on a stream that does not lag, the write is at
+ * once). NULL without it: the result is written at once. */
+typedef void (*enqueue_fn)(void *s, void (*fn)(void *), void *arg);
+static enqueue_fn deferred_enqueue(void)
+{
+    static enqueue_fn fn;
+    static int looked;
+    if (!looked) {
+        const char *e = getenv("SPOTUNE_CUDA_EMU_DEFER");
+        if (e && *e && strcmp(e, "0") != 0)
+            *(void **)&fn = module_fn("spotune_emu_stream_enqueue");
+        looked = 1;
+    }
+    return fn;
+}
+
+typedef struct late_write {
+    void *dst;
+    size_t bytes;
+    unsigned char data[];
+} late_write;
+
+static void late_write_run(void *arg)
+{
+    late_write *w = arg;
+    memcpy(w->dst, w->data, w->bytes);
+    free(w);
 }
 
 /* The CUDA runtime calls of comm_nccl.c, on the emulated device: its
@@ -143,6 +190,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     (void)kind;
     if (stream_capturing(s))
         return cudaErrorStreamCaptureUnsupported;
+    stream_run(s);
     if (bytes)
         memmove(dst, src, bytes);
     return cudaSuccess;
@@ -150,7 +198,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
 
 cudaError_t cudaStreamQuery(cudaStream_t s)
 {
-    (void)s;
+    stream_run(s); /* asked whether it is done: it is, from now */
     return cudaSuccess;
 }
 
@@ -260,7 +308,7 @@ static ncclResult_t comm_open(ncclComm **out, int nranks, const ncclUniqueId *id
 {
     char name[160];
     *out = NULL;
-    if (!capturing_fn())
+    if (!module_fn("spotune_emu_stream_capturing"))
         return init_fail(ncclInvalidUsage, "the NCCL emulation runs on the emulated CUDA device "
                          "only (SPOTUNE_CUDA_MODULE naming libspotune_cuda_emu.so, loaded)");
     if (strncmp(id->internal, EMU_ID_MAGIC, strlen(EMU_ID_MAGIC)) != 0)
@@ -507,10 +555,22 @@ static unsigned char *slot(ncclComm *c, int rank, int piece)
 static ncclResult_t run(const coll *o)
 {
     ncclComm *c = o->comm;
+    stream_run(o->stream);
     size_t es = type_size(o->type);
     size_t per = EMU_CHUNK / es; /* elements of one piece */
     const unsigned char *send = o->send;
     unsigned char *recv = o->recv;
+    enqueue_fn later = deferred_enqueue();
+    late_write *w = NULL;
+    if (later && !(o->kind == OP_REDUCE && c->rank != o->root)) {
+        size_t bytes = o->count * es * (o->kind == OP_ALLGATHER ? (size_t)c->nranks : 1);
+        w = malloc(sizeof *w + (bytes ? bytes : 1));
+        if (!w)
+            return ncclSystemError;
+        w->dst = o->recv;
+        w->bytes = bytes;
+        recv = w->data;
+    }
     const unsigned char *src[EMU_MAX_RANKS];
     for (size_t off = 0; off < o->count || (off == 0 && o->count == 0); off += per) {
         size_t n = o->count - off < per ? o->count - off : per;
@@ -528,8 +588,10 @@ static ncclResult_t run(const coll *o)
             break;
         }
         ncclResult_t r = barrier(c, kind_name(o->kind));
-        if (r)
+        if (r) {
+            free(w);
             return r;
+        }
         switch (o->kind) { /* take */
         case OP_ALLREDUCE: case OP_REDUCE: case OP_REDUCE_SCATTER: {
             if (o->kind == OP_REDUCE && c->rank != o->root)
@@ -550,11 +612,15 @@ static ncclResult_t run(const coll *o)
             break;
         }
         r = barrier(c, kind_name(o->kind));
-        if (r)
+        if (r) {
+            free(w);
             return r;
+        }
         if (o->count == 0)
             break;
     }
+    if (w)
+        later((void *)o->stream, late_write_run, w);
     return ncclSuccess;
 }
 

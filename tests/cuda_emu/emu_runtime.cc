@@ -1,7 +1,24 @@
 /* tests/cuda_emu/emu_runtime.cc — the emulated device's runtime
  * (cuda_emu_runtime.h): memory on the host, streams that run their work at
  * once (or record it while captured), graphs that replay a record, events
- * on the host clock. Single-threaded, as the backend uses the runtime. */
+ * on the host clock. Single-threaded, as the backend uses the runtime.
+ *
+ * SPOTUNE_CUDA_EMU_DEFER=all: streams hold their work instead, as a GPU
+ * that lags the host as far as it may; =aux: only the streams made while
+ * another is alive (the backend's communication stream lags its compute
+ * stream, which runs its work at once). A held stream's work runs only
+ * when something must see it — a host wait on the stream, on an event recorded on it, or
+ * on the device (cudaStreamSynchronize, cudaEventSynchronize,
+ * cudaDeviceSynchronize, and the calls that synchronize implicitly:
+ * cudaFree, cudaFreeHost, a copy to pageable host memory), or another
+ * stream's work that waits on such an event (cudaStreamWaitEvent) and runs
+ * itself. So a missing wait shows: a kernel that reads what another stream
+ * has not yet written (nothing orders them) reads the old values, a host
+ * read of device results without a wait reads them before they are made,
+ * a pinned host buffer reused before its copy ran sends the new contents.
+ * Copies from pageable host memory are taken at the call, as the driver
+ * stages them; cudaMemcpy and cudaMemset (the legacy default stream) do not
+ * wait for the backend's non-blocking streams, as on a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +26,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -24,14 +45,21 @@ struct emu_stream {
     int capturing; /* a capture is open on this stream */
     int invalid;   /* ... and a call it cannot hold broke it */
     emu_graph *g;
+    int lags;                               /* SPOTUNE_CUDA_EMU_DEFER: it holds its work */
+    std::deque<std::function<void()>> held; /* the work not yet run */
+    uint64_t issued, done;                  /* work items given to it, and run */
 };
 
 struct emu_event {
-    double t; /* seconds, when the work before it ran */
+    double t;       /* seconds, when the work before it ran */
+    int complete;   /* that work has run */
+    emu_stream *s;  /* deferred: the stream it was recorded on, and the */
+    uint64_t pos;   /* count of its items the record follows */
 };
 
 static cudaError_t last_error = cudaSuccess;
 static emu_stream *capturing; /* the stream of the open capture (thread-local mode) */
+static std::vector<emu_stream *> streams; /* every stream alive, for device-wide waits */
 
 static double now_s(void)
 {
@@ -56,6 +84,47 @@ static int refused_in_capture(void)
     return 1;
 }
 
+/* SPOTUNE_CUDA_EMU_DEFER: 0 off, 1 "all", 2 "aux" */
+static int defer_mode(void)
+{
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("SPOTUNE_CUDA_EMU_DEFER");
+        mode = !e || !*e || !strcmp(e, "0") ? 0 : !strcmp(e, "aux") ? 2 : 1;
+    }
+    return mode;
+}
+
+/* Runs s's held work until upto items of it have run. */
+static void run_until(emu_stream *s, uint64_t upto)
+{
+    while (s->done < upto && !s->held.empty()) {
+        std::function<void()> fn = std::move(s->held.front());
+        s->held.pop_front();
+        s->done++;
+        fn();
+    }
+}
+
+static void run_stream(emu_stream *s)
+{
+    if (s)
+        run_until(s, s->issued);
+}
+
+/* every stream's held work (a device-wide wait) */
+static void run_all(void)
+{
+    for (int again = 1; again;) {
+        again = 0;
+        for (size_t i = 0; i < streams.size(); i++)
+            if (!streams[i]->held.empty()) {
+                run_stream(streams[i]);
+                again = 1;
+            }
+    }
+}
+
 void emu_enqueue(cudaStream_t s, std::function<void()> fn)
 {
     if (s && s->capturing) {
@@ -63,7 +132,25 @@ void emu_enqueue(cudaStream_t s, std::function<void()> fn)
             s->g->ops.push_back(fn);
         return;
     }
+    if (s && s->lags) {
+        s->held.push_back(std::move(fn));
+        s->issued++;
+        return;
+    }
     fn();
+}
+
+/* For the NCCL emulation (emu_nccl.c), which runs a collective once issued:
+ * the work held on s before it runs first. */
+extern "C" void spotune_emu_stream_run(void *s)
+{
+    run_stream((emu_stream *)s);
+}
+
+/* ... and work it adds to s: fn(arg) when s's work comes to it */
+extern "C" void spotune_emu_stream_enqueue(void *s, void (*fn)(void *), void *arg)
+{
+    emu_enqueue((emu_stream *)s, [=]() { fn(arg); });
 }
 
 /* For the NCCL emulation (emu_nccl.c), which runs a collective at once
@@ -176,7 +263,10 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
-    return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+    if (refused_in_capture())
+        return cudaErrorStreamCaptureUnsupported;
+    run_all();
+    return cudaSuccess;
 }
 
 /* ---- memory ------------------------------------------------------------------------ */
@@ -232,6 +322,7 @@ cudaError_t cudaFree(void *p)
 {
     if (refused_in_capture())
         return cudaErrorStreamCaptureUnsupported;
+    run_all(); /* cudaFree synchronizes the device */
     {
         std::lock_guard<std::mutex> hold(guard_lock);
         auto g = guard_maps.find(p);
@@ -245,10 +336,25 @@ cudaError_t cudaFree(void *p)
     return cudaSuccess;
 }
 
+/* pinned host memory (cudaMallocHost, cudaHostAlloc): its start and size */
+static std::map<uintptr_t, size_t> pinned;
+
+static int is_pinned(const void *p)
+{
+    auto it = pinned.upper_bound((uintptr_t)p);
+    if (it == pinned.begin())
+        return 0;
+    --it;
+    return (uintptr_t)p < it->first + it->second;
+}
+
 cudaError_t cudaMallocHost(void **p, size_t bytes)
 {
     *p = malloc(bytes ? bytes : 1);
-    return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+    if (!*p)
+        return fail(cudaErrorMemoryAllocation);
+    pinned[(uintptr_t)*p] = bytes ? bytes : 1;
+    return cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags)
@@ -259,6 +365,8 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags)
 
 cudaError_t cudaFreeHost(void *p)
 {
+    run_all(); /* as cudaFree */
+    pinned.erase((uintptr_t)p);
     free(p);
     return cudaSuccess;
 }
@@ -289,8 +397,17 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k,
                             cudaStream_t s)
 {
-    (void)k;
+    int deferred = s && !s->capturing && s->lags;
+    if (deferred && k == cudaMemcpyHostToDevice && !is_pinned(src)) {
+        /* pageable: the driver takes the source before the call returns */
+        std::shared_ptr<std::vector<char>> copy =
+            std::make_shared<std::vector<char>>((const char *)src, (const char *)src + bytes);
+        emu_enqueue(s, [=]() { memmove(dst, copy->data(), bytes); });
+        return cudaSuccess;
+    }
     emu_enqueue(s, [=]() { memmove(dst, src, bytes); });
+    if (deferred && k == cudaMemcpyDeviceToHost && !is_pinned(dst))
+        run_stream(s); /* to pageable memory: the call returns once the copy is done */
     return cudaSuccess;
 }
 
@@ -312,34 +429,66 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
     (void)flags;
-    *s = (emu_stream *)calloc(1, sizeof(emu_stream));
-    return *s ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+    *s = new (std::nothrow) emu_stream();
+    if (!*s)
+        return fail(cudaErrorMemoryAllocation);
+    (*s)->lags = defer_mode() == 1 || (defer_mode() == 2 && !streams.empty());
+    streams.push_back(*s);
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
-    if (s && s->g)
-        delete s->g;
-    free(s);
+    if (!s)
+        return cudaSuccess;
+    run_stream(s); /* its work still runs, as on a GPU */
+    for (size_t i = 0; i < streams.size(); i++)
+        if (streams[i] == s) {
+            streams.erase(streams.begin() + (long)i);
+            break;
+        }
+    delete s->g;
+    delete s;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    (void)s;
-    return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+    if (refused_in_capture())
+        return cudaErrorStreamCaptureUnsupported;
+    run_stream(s);
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s)
 {
     if (s && s->capturing && s->invalid)
         return cudaErrorStreamCaptureInvalidated;
+    if (s && !s->capturing && !s->held.empty()) {
+        run_stream(s); /* not done when asked; done by the time it is asked again */
+        return cudaErrorNotReady;
+    }
     return cudaSuccess;
 }
 
+/* Later work of s waits for what e's record followed: a held item of s
+ * when s lags, else that work runs now (without SPOTUNE_CUDA_EMU_DEFER it
+ * has run: every wait is met). */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
-    (void)s, (void)e, (void)flags; /* work runs in issue order: every wait is met */
+    (void)flags;
+    if (!e)
+        return fail(cudaErrorInvalidValue);
+    emu_stream *t = e->s;
+    uint64_t pos = e->pos;
+    if (!t || t == s || (s && s->capturing))
+        return cudaSuccess;
+    if (s && s->lags) {
+        s->held.push_back([=]() { run_until(t, pos); });
+        s->issued++;
+    } else {
+        run_until(t, pos);
+    }
     return cudaSuccess;
 }
 
@@ -363,18 +512,39 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
-    emu_enqueue(s, [=]() { e->t = now_s(); });
+    if (!e)
+        return fail(cudaErrorInvalidValue);
+    if (!(s && s->capturing))
+        e->complete = 0;
+    emu_enqueue(s, [=]() {
+        e->t = now_s();
+        e->complete = 1;
+    });
+    if (s && !s->capturing && s->lags) {
+        e->s = s;
+        e->pos = s->issued;
+    } else {
+        e->s = NULL;
+    }
     return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
-    (void)e;
-    return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+    if (refused_in_capture())
+        return cudaErrorStreamCaptureUnsupported;
+    if (e && e->s)
+        run_until(e->s, e->pos);
+    return cudaSuccess;
 }
 
+/* as the runtime: cudaErrorNotReady while either event's work has not run */
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
+    if (!a || !b)
+        return fail(cudaErrorInvalidValue);
+    if (!a->complete || !b->complete)
+        return fail(cudaErrorNotReady);
     *ms = (float)((b->t - a->t) * 1e3);
     return cudaSuccess;
 }
