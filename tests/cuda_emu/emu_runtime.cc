@@ -7,9 +7,10 @@
  * that lags the host as far as it may; =aux: only the streams made while
  * another is alive (the backend's communication stream lags its compute
  * stream, which runs its work at once). A held stream's work runs only
- * when something must see it — a host wait on the stream, on an event recorded on it, or
- * on the device (cudaStreamSynchronize, cudaEventSynchronize,
- * cudaDeviceSynchronize, and the calls that synchronize implicitly:
+ * when something must see it — a host wait on the stream, on an event
+ * recorded on it, or on the device (cudaStreamSynchronize,
+ * cudaEventSynchronize, cudaDeviceSynchronize, and the calls that
+ * synchronize implicitly:
  * cudaFree, cudaFreeHost, a copy to pageable host memory), or another
  * stream's work that waits on such an event (cudaStreamWaitEvent) and runs
  * itself. So a missing wait shows: a kernel that reads what another stream
