@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "cuda_emu_runtime.h"
+#include "emu_bf16.h"
 
 #define ALGO_MAGIC 0x656d75636c74616cull /* "emucltal" */
 #define ALGO_WORKSPACE ((size_t)1 << 20) /* what an algorithm needs when offered it */
@@ -85,24 +86,6 @@ static int lt_mode_is(const char *m)
 
 /* ---- values ------------------------------------------------------------------------ */
 
-static float from_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (isnan(f))
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 static size_t type_size(int t)
 {
     return t == CUDA_R_16BF ? 2 : 4;
@@ -110,13 +93,13 @@ static size_t type_size(int t)
 
 static float load(const void *p, int t, size_t i)
 {
-    return t == CUDA_R_16BF ? from_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    return t == CUDA_R_16BF ? emu_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 static void store(void *p, int t, size_t i, float v)
 {
     if (t == CUDA_R_16BF)
-        ((uint16_t *)p)[i] = to_bf16(v);
+        ((uint16_t *)p)[i] = emu_f32_to_bf16(v);
     else
         ((float *)p)[i] = v;
 }

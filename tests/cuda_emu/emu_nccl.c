@@ -43,6 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "emu_bf16.h"
+
 #define EMU_MAX_RANKS 16
 #define EMU_CHUNK ((size_t)1 << 18) /* bytes a rank puts into a slot at a time */
 #define EMU_ID_MAGIC "spotune-nccl-emu"
@@ -444,23 +446,6 @@ static size_t type_size(ncclDataType_t t)
     }
 }
 
-static float bf16_to_f(uint16_t v)
-{
-    uint32_t u = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* The value of element i of slot data p as a double (integers exactly up
  * to 2^53), and back. */
 static double get(const unsigned char *p, size_t i, ncclDataType_t t)
@@ -468,7 +453,7 @@ static double get(const unsigned char *p, size_t i, ncclDataType_t t)
     switch (t) {
     case ncclInt8: return ((const int8_t *)p)[i];
     case ncclUint8: return p[i];
-    case ncclBfloat16: return bf16_to_f(((const uint16_t *)p)[i]);
+    case ncclBfloat16: return emu_bf16_to_f32(((const uint16_t *)p)[i]);
     case ncclInt32: return ((const int32_t *)p)[i];
     case ncclUint32: return ((const uint32_t *)p)[i];
     case ncclFloat32: return ((const float *)p)[i];
@@ -483,7 +468,7 @@ static void put(unsigned char *p, size_t i, ncclDataType_t t, double v)
     switch (t) {
     case ncclInt8: ((int8_t *)p)[i] = (int8_t)v; break;
     case ncclUint8: p[i] = (uint8_t)v; break;
-    case ncclBfloat16: ((uint16_t *)p)[i] = f_to_bf16((float)v); break;
+    case ncclBfloat16: ((uint16_t *)p)[i] = emu_f32_to_bf16((float)v); break;
     case ncclInt32: ((int32_t *)p)[i] = (int32_t)v; break;
     case ncclUint32: ((uint32_t *)p)[i] = (uint32_t)v; break;
     case ncclFloat32: ((float *)p)[i] = (float)v; break;
