@@ -188,10 +188,13 @@ static unsigned long long get_bytes_sent(size_t from, const char *full_key)
 
 Test(store_s3_fault, proxy_killed_mid_range_read_resumes)
 {
-    /* 40 MiB at 4 MiB/s: about 10 s of transfer. The proxy is killed 2 s in
-     * (SIGKILL: SIGTERM would let it finish) and restarted, with a retry
-     * budget far longer than a restart. The range is larger than what the
-     * socket buffers hold (a few MiB each way), so the connection ends early. */
+    /* 40 MiB at 4 MiB/s: about 10 s of transfer. The proxy is killed once
+     * the first MiB has arrived (SIGKILL: SIGTERM would let it finish) and
+     * restarted, with a retry budget far longer than a restart. The range is
+     * larger than what the socket buffers hold (a few MiB each way), so the
+     * connection ends early. Killing after a fixed delay instead was a race:
+     * on a loaded machine the proxy had sometimes not sent a byte yet, and
+     * the retry then asked for the whole range. */
     store_opts o = {.max_recv_bps = 4 * MIB, .max_retries = 30, .retry_base_s = 0.25,
                     .retry_max_s = 2, .timeout_s = 10};
     char *url = NULL;
@@ -205,11 +208,20 @@ Test(store_s3_fault, proxy_killed_mid_range_read_resumes)
                      .rc = -99};
     rr.dst = malloc(rr.n);
     cr_assert_not_null(rr.dst);
+    /* each byte differs from the one the read will put there, so the last
+     * byte of the first MiB says when that MiB has arrived (the read fills
+     * dst in order as the response comes) */
+    for (size_t i = 0; i < rr.n; i++)
+        rr.dst[i] = (uint8_t)(src[rr.off + i] ^ 0xFF);
+    const size_t mark = 1 * MIB - 1;
     pthread_t th;
     size_t from = 0;
     free(tu_proxy_log(&from));
     cr_assert_eq(pthread_create(&th, NULL, run_range, &rr), 0);
-    usleep(2000 * 1000);
+    int arrived = 0;
+    for (double t0 = sp_now(); !arrived && sp_now() - t0 < 60; usleep(20 * 1000))
+        arrived = __atomic_load_n(&rr.dst[mark], __ATOMIC_ACQUIRE) == src[rr.off + mark];
+    cr_assert(arrived, "the first MiB of the read did not arrive in 60 s");
     cr_assert_eq(kill(tu_proxy_pid(), SIGKILL), 0);
     double t_kill = sp_now();
     cr_assert_eq(tu_swift("stop-one", "proxy"), 0); /* waits for it to be gone */
