@@ -29,6 +29,9 @@ spotune_test(test_cuda_ranks SOURCES test_cuda_ranks.c test_util.c LIBS spotune_
   LABELS cuda)
 add_dependencies(test_cuda_ranks spotune)
 set_tests_properties(test_cuda_ranks PROPERTIES TIMEOUT 900)
+spotune_test(test_cuda_doctor SOURCES test_cuda_doctor.c test_util.c LIBS spotune_trainer
+  LABELS cuda)
+add_dependencies(test_cuda_doctor spotune)
 
 # The fused attention kernels' own source (kernels/cuda/cuda_flash_kernels.cuh)
 # on the CPU emulation of the device (tests/cuda_emu: fibers for threads, the
@@ -68,7 +71,7 @@ endforeach()
 # backend.
 if(SPOTUNE_CUDA)
   set(emu_cuda_sources cuda_backend.cu cuda_matmul.cu cuda_matmul_ops.cu cuda_ops.cu cuda_vec.cu
-    cuda_attention.cu cuda_flash.cu)
+    cuda_attention.cu cuda_flash.cu cuda_doctor.cu)
   list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
   set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)
   function(spotune_emu_module name)
@@ -145,13 +148,14 @@ if(SPOTUNE_CUDA)
   # the sanitizer build (CPU-only, no module loader; test_cuda_emu runs
   # there).
   foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_layer
-      test_cuda_model test_cuda_comm test_cuda_ranks)
+      test_cuda_model test_cuda_comm test_cuda_ranks test_cuda_doctor)
     add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
     set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
       ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>;SPOTUNE_CUDA_EMU_GUARD=1;SPOTUNE_CUDA_EMU_DEFER=all"
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
   set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)
+  set_property(TEST emu_test_cuda_doctor APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=2)
   # with only the communication stream lagging (the compute stream at
   # once): a kernel reading a collective's result without waiting for it
   # reads the old values (docs/cuda.md, "Streams that lag")

@@ -250,6 +250,11 @@ static void usage(FILE *f)
             "                      config's checkpoint.endpoint/region/addressing)\n"
             "  --timeout S         longest one store request may take, retries included (10)\n"
             "  --io-mib N          size of the disk write test (64; the upload test: up to 32)\n"
+            "  --gemm-n N          the bf16 GEMM's size, N x N x N (8192; below 4096 it is not\n"
+            "                      compared with the card's peak)\n"
+            "  --gpu-mib N         the memory copy's size (1024; below 256 not compared with the\n"
+            "                      card's bandwidth); P2P copies and NCCL all-reduces up to\n"
+            "                      min(N, 256) MiB. Small values make a quick check\n"
             "  --cloud NAME        auto (probe each, default), aws, gcp, azure, alibaba, none\n"
             "  --metadata-url URL  base URL of the metadata service (as spot-run.sh's)\n"
             "credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY [, AWS_SESSION_TOKEN];\n"
@@ -259,8 +264,22 @@ static void usage(FILE *f)
 typedef struct dr_args {
     const char *config, *remote, *endpoint, *region, *cloud, *meta_url;
     int json, path_style, io_mib;
+    dr_gpu_sizes gpu;
     double timeout_s;
 } dr_args;
+
+/* An integer option in [lo, hi] into *v, or a usage error naming it. */
+static int int_opt(const char *name, const char *arg, long lo, long hi, int *v)
+{
+    char *end;
+    long x = strtol(arg, &end, 10);
+    if (*end || end == arg || x < lo || x > hi) {
+        fprintf(stderr, "spotune doctor: --%s takes %ld to %ld, got '%s'\n", name, lo, hi, arg);
+        return SP_EXIT_USAGE;
+    }
+    *v = (int)x;
+    return 0;
+}
 
 static int parse(int argc, char **argv, dr_args *a)
 {
@@ -268,10 +287,13 @@ static int parse(int argc, char **argv, dr_args *a)
         {"json", 0, 0, 'j'},    {"remote", 1, 0, 'R'},       {"endpoint", 1, 0, 'e'},
         {"region", 1, 0, 'r'},  {"path-style", 0, 0, 'p'},   {"timeout", 1, 0, 't'},
         {"io-mib", 1, 0, 'i'},  {"cloud", 1, 0, 'c'},        {"metadata-url", 1, 0, 'm'},
-        {"help", 0, 0, 'h'},    {0, 0, 0, 0}};
+        {"gemm-n", 1, 0, 'g'},  {"gpu-mib", 1, 0, 'G'},      {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     memset(a, 0, sizeof *a);
     a->cloud = "auto";
     a->io_mib = 64;
+    a->gpu.gemm_n = DR_GEMM_N;
+    a->gpu.mib = DR_GPU_MIB;
     a->timeout_s = 10;
     int ch;
     char *end;
@@ -292,15 +314,18 @@ static int parse(int argc, char **argv, dr_args *a)
                 return SP_EXIT_USAGE;
             }
             break;
-        case 'i': {
-            long v = strtol(optarg, &end, 10);
-            if (*end || v < 1 || v > 4096) {
-                fprintf(stderr, "spotune doctor: --io-mib takes 1 to 4096, got '%s'\n", optarg);
+        case 'i':
+            if (int_opt("io-mib", optarg, 1, 4096, &a->io_mib))
                 return SP_EXIT_USAGE;
-            }
-            a->io_mib = (int)v;
             break;
-        }
+        case 'g':
+            if (int_opt("gemm-n", optarg, 64, 16384, &a->gpu.gemm_n))
+                return SP_EXIT_USAGE;
+            break;
+        case 'G':
+            if (int_opt("gpu-mib", optarg, 1, 4096, &a->gpu.mib))
+                return SP_EXIT_USAGE;
+            break;
         case 'c':
             if (strcmp(optarg, "auto") && strcmp(optarg, "aws") && strcmp(optarg, "gcp") &&
                 strcmp(optarg, "azure") && strcmp(optarg, "alibaba") && strcmp(optarg, "none")) {
@@ -504,7 +529,7 @@ int cmd_doctor(int argc, char **argv)
         if (have_cfg)
             check_inputs(&d, &cfg, size, &gpus);
     }
-    doctor_gpu_checks(&d, &gpus, comm); /* every rank: the NCCL test is collective */
+    doctor_gpu_checks(&d, &gpus, &a.gpu, comm); /* every rank: the NCCL test is collective */
 
     int rc = gather_checks(comm, &d, &err);
     int code = 0;

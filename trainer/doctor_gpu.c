@@ -102,7 +102,7 @@ static int nvml_open(nvml_api *n)
 
 /* ---- NCCL all-reduce over the job's ranks ----------------------------------------- */
 
-static void check_nccl(doctor_t *d, const dr_gpus *g, comm_t *comm)
+static void check_nccl(doctor_t *d, const dr_gpus *g, int most_mib, comm_t *comm)
 {
     const char *name = "gpu.nccl_allreduce";
     const char *expect = "bus bandwidth at 256 MiB near the links' (NVLink: hundreds of GB/s; "
@@ -147,7 +147,7 @@ static void check_nccl(doctor_t *d, const dr_gpus *g, comm_t *comm)
     cuda_doctor_free_fn release =
         (cuda_doctor_free_fn)backend_cuda_symbol("cuda_doctor_free", why, sizeof why);
     void *buf = NULL;
-    size_t most = (size_t)256 << 20;
+    size_t most = (size_t)most_mib << 20;
     int32_t ok = alloc && release && alloc(dev, most, &buf, why, sizeof why) == 0;
     /* every rank agrees before the communicator is made (a collective of
      * all of them), so a rank whose buffer failed does not leave the
@@ -160,14 +160,16 @@ static void check_nccl(doctor_t *d, const dr_gpus *g, comm_t *comm)
     }
     sp_err_clear(&err);
     if (agreed && all_ok) {
-        /* fp32 all-reduces of 1, 16 and 256 MiB: the bus bandwidth of each
-         * (algorithm bandwidth x 2(n-1)/n, as nccl-tests gives it), the
-         * slowest rank's time */
+        /* fp32 all-reduces of 1, 16 and 256 MiB (those within most_mib):
+         * the bus bandwidth of each (algorithm bandwidth x 2(n-1)/n, as
+         * nccl-tests gives it), the slowest rank's time */
         static const int mib_sizes[] = {1, 16, 256};
         char fig[400] = "";
         size_t len = 0;
         int rc = 0;
-        for (size_t k = 0; !rc && k < sizeof mib_sizes / sizeof mib_sizes[0]; k++) {
+        for (size_t k = 0; !rc && k < sizeof mib_sizes / sizeof mib_sizes[0] &&
+                           mib_sizes[k] <= most_mib;
+             k++) {
             size_t bytes = (size_t)mib_sizes[k] << 20, n = bytes / 4;
             int iters = mib_sizes[k] >= 256 ? 10 : 20;
             double t0 = 0;
@@ -209,8 +211,10 @@ static void check_nccl(doctor_t *d, const dr_gpus *g, comm_t *comm)
 
 /* ---- the lines -------------------------------------------------------------------- */
 
-void doctor_gpu_checks(doctor_t *d, const dr_gpus *g, comm_t *comm)
+void doctor_gpu_checks(doctor_t *d, const dr_gpus *g, const dr_gpu_sizes *sz, comm_t *comm)
 {
+    /* P2P copies and the NCCL all-reduces: up to 256 MiB */
+    int pair_mib = sz->mib < 256 ? sz->mib : 256, n = sz->gemm_n;
     int first = comm_local_rank(comm) == 0;
     if (first && g->count == 0) {
         static const char *const names[] = {"gpu.devices", "gpu.gemm_bf16", "gpu.memcopy",
@@ -289,36 +293,44 @@ void doctor_gpu_checks(doctor_t *d, const dr_gpus *g, comm_t *comm)
                     doctor_add(d, nm, DR_PASS, "SM clock up to its maximum under load",
                                "SM %u MHz (max %u), memory %u MHz, idle", sm, smmax, mem);
                 }
-                /* a bf16 GEMM: 8192^3, 50 times (about 0.1 s on an H100) */
+                /* a bf16 GEMM: 8192^3, 50 times (about 0.1 s on an H100), its
+                 * every result checked; smaller ones (--gemm-n) are not
+                 * compared with the peak, which they do not reach */
                 double tf = 0;
                 snprintf(nm, sizeof nm, "gpu%d.gemm_bf16", i);
-                if (gemm(i, 8192, 50, &tf, why, sizeof why) != 0) {
-                    doctor_add(d, nm, DR_FAIL, "", "%s", why);
-                } else if (c < 0) {
-                    doctor_add(d, nm, DR_PASS, "the card's dense bf16 peak (not in the table)",
-                               "%.0f TFLOP/s (8192^3, fp32 accumulation)", tf);
+                if (gemm(i, n, 50, &tf, why, sizeof why) != 0) {
+                    doctor_add(d, nm, DR_FAIL, "right results", "%s", why);
+                } else if (c < 0 || n < 4096) {
+                    doctor_add(d, nm, DR_PASS,
+                               c < 0 ? "the card's dense bf16 peak (not in the table)"
+                                     : "right results (--gemm-n below 4096: not compared with "
+                                       "the peak)",
+                               "%.1f TFLOP/s (%d^3, fp32 accumulation), results right", tf, n);
                 } else {
                     char ex[120];
                     snprintf(ex, sizeof ex, ">= 70%% of %s's %.0f TFLOP/s dense bf16 peak",
                              cards[c].name, cards[c].tflops);
                     doctor_add(d, nm, tf >= 0.7 * cards[c].tflops ? DR_PASS : DR_WARN, ex,
-                               "%.0f TFLOP/s, %.0f%% of peak (8192^3, fp32 accumulation)", tf,
-                               100 * tf / cards[c].tflops);
+                               "%.0f TFLOP/s, %.0f%% of peak (%d^3, fp32 accumulation), results "
+                               "right",
+                               tf, 100 * tf / cards[c].tflops, n);
                 }
                 double gb = 0;
                 snprintf(nm, sizeof nm, "gpu%d.memcopy", i);
-                if (copy(i, (size_t)1 << 30, 10, &gb, why, sizeof why) != 0) {
+                if (copy(i, (size_t)sz->mib << 20, 10, &gb, why, sizeof why) != 0) {
                     doctor_add(d, nm, DR_FAIL, "", "%s", why);
-                } else if (c < 0) {
-                    doctor_add(d, nm, DR_PASS, "the card's memory bandwidth (not in the table)",
-                               "%.0f GB/s (1 GiB device to device, read + write)", gb);
+                } else if (c < 0 || sz->mib < 256) {
+                    doctor_add(d, nm, DR_PASS,
+                               c < 0 ? "the card's memory bandwidth (not in the table)"
+                                     : "(--gpu-mib below 256: not compared with the card's)",
+                               "%.0f GB/s (%d MiB device to device, read + write)", gb, sz->mib);
                 } else {
                     char ex[120];
                     snprintf(ex, sizeof ex, ">= 60%% of %s's %.0f GB/s", cards[c].name,
                              cards[c].gbps);
                     doctor_add(d, nm, gb >= 0.6 * cards[c].gbps ? DR_PASS : DR_WARN, ex,
-                               "%.0f GB/s, %.0f%% (1 GiB device to device, read + write)", gb,
-                               100 * gb / cards[c].gbps);
+                               "%.0f GB/s, %.0f%% (%d MiB device to device, read + write)", gb,
+                               100 * gb / cards[c].gbps, sz->mib);
                 }
             }
             if (have_nvml)
@@ -333,16 +345,16 @@ void doctor_gpu_checks(doctor_t *d, const dr_gpus *g, comm_t *comm)
                     double gb = 0;
                     char nm[48];
                     snprintf(nm, sizeof nm, "gpu.p2p.%d-%d", a, b);
-                    if (p2p(a, b, &can, &gb, why, sizeof why) != 0)
+                    if (p2p(a, b, (size_t)pair_mib << 20, &can, &gb, why, sizeof why) != 0)
                         doctor_add(d, nm, DR_FAIL, "", "%s", why);
                     else
                         doctor_add(d, nm, can ? DR_PASS : DR_WARN,
                                    "peer access (NVLink or PCIe P2P)",
-                                   "%s, %.1f GB/s (256 MiB copies)%s",
-                                   can ? "peer access" : "no peer access", gb,
+                                   "%s, %.1f GB/s (%d MiB copies)%s",
+                                   can ? "peer access" : "no peer access", gb, pair_mib,
                                    can ? "" : ": NCCL goes through host memory between these");
                 }
         }
     }
-    check_nccl(d, g, comm);
+    check_nccl(d, g, pair_mib, comm);
 }

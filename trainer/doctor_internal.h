@@ -71,7 +71,14 @@ typedef struct dr_gpus {
 /* The count (no CUDA context); with detail also the memory and the name,
  * which create a context on each device (the first rank of a host only). */
 void doctor_gpu_probe(dr_gpus *g, int detail);
+/* The sizes of the GPU measurements (spotune doctor --gemm-n, --gpu-mib). */
+typedef struct dr_gpu_sizes {
+    int gemm_n; /* the bf16 GEMM is gemm_n^3 */
+    int mib;    /* the memory copy's MiB; P2P and NCCL up to min(mib, 256) */
+} dr_gpu_sizes;
+enum { DR_GEMM_N = 8192, DR_GPU_MIB = 1024 };
+
 /* The gpu.* lines (SKIPPED with g->why when there is no GPU). */
-void doctor_gpu_checks(doctor_t *d, const dr_gpus *g, comm_t *comm);
+void doctor_gpu_checks(doctor_t *d, const dr_gpus *g, const dr_gpu_sizes *sz, comm_t *comm);
 
 #endif

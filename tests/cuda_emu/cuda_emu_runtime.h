@@ -1,6 +1,7 @@
 /* tests/cuda_emu/cuda_emu_runtime.h — the host side of the emulated device:
  * the part of the CUDA runtime that the CUDA backend's host code calls
- * (kernels/cuda/cuda_backend.cu and the launchers of the other .cu files),
+ * (kernels/cuda/cuda_backend.cu, the launchers of the other .cu files and
+ * the doctor's measurements, cuda_doctor.cu),
  * on host memory (emu_runtime.cc), and of cuBLAS and cuBLASLt
  * (emu_cublas.cc). C++ only: the
  * backend's .cu files are compiled as C++ with SPOTUNE_CUDA_EMU
@@ -12,7 +13,12 @@
  * uses (thread-local) the calls a capture cannot hold fail as the runtime
  * documents and invalidate the capture: cudaMalloc, cudaMemcpy,
  * cudaStreamSynchronize on the captured stream. Events record the host
- * clock. One device, compute capability 9.0, 64 GiB. */
+ * clock. One device (SPOTUNE_CUDA_EMU_DEVICES: up to 8, each a peer of the
+ * others), compute capability 9.0, 64 GiB; driver and runtime CUDA 13.0
+ * (SPOTUNE_CUDA_EMU_DRIVER_VERSION: the driver's, 1000 * major + 10 * minor,
+ * to show an old driver). Faults on demand, for the doctor's checks:
+ * SPOTUNE_CUDA_EMU_COPY=corrupt (device-to-device copies, emu_runtime.cc)
+ * and SPOTUNE_CUDA_EMU_CUBLAS=corrupt (products, emu_cublas.cc). */
 #ifndef SPOTUNE_CUDA_EMU_RUNTIME_H
 #define SPOTUNE_CUDA_EMU_RUNTIME_H
 
@@ -74,6 +80,7 @@ typedef struct cudaDeviceProp {
     cudaUUID_t uuid;
     size_t totalGlobalMem;
     int major, minor, multiProcessorCount;
+    int ECCEnabled, pciDomainID, pciBusID, pciDeviceID;
 } cudaDeviceProp;
 
 typedef struct cudaFuncAttributes {
@@ -136,6 +143,10 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d);
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b);
 cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDriverGetVersion(int *v);
+cudaError_t cudaRuntimeGetVersion(int *v);
+cudaError_t cudaDeviceCanAccessPeer(int *can, int dev, int peer);
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags);
 
 cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaFree(void *p);
@@ -147,6 +158,9 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k,
                             cudaStream_t s);
+cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev, size_t bytes);
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev,
+                                size_t bytes, cudaStream_t s);
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s);
 
@@ -158,7 +172,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaEventCreate(cudaEvent_t *e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+/* stream 0 by default, as the runtime's */
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 
@@ -182,6 +197,11 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
                                           const void *beta, void *C, cudaDataType_t Ctype, int ldc,
                                           long long strideC, int batchCount,
                                           cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb,
+                            int m, int n, int k, const void *alpha, const void *A,
+                            cudaDataType_t Atype, int lda, const void *B, cudaDataType_t Btype,
+                            int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t h);
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,

@@ -1,7 +1,8 @@
 /* tests/cuda_emu/emu_cublas.cc — cuBLAS and cuBLASLt on the emulated
  * device: the calls kernels/cuda/cuda_matmul.cu makes (handles, the
  * workspace, the matmul descriptor, layouts, preferences, the heuristic,
- * cublasLtMatmul, and the fallback cublasGemmStridedBatchedEx), written
+ * cublasLtMatmul, the fallback cublasGemmStridedBatchedEx, and the
+ * doctor's cublasGemmEx), written
  * from their documentation, not from the backend: column-major matrices
  * (the layout's rows, columns and leading dimension, ld >= rows), op(A) is
  * m x k, op(B) k x n, C and D m x n, one batch count for all four with
@@ -26,7 +27,11 @@
  * no kernel takes), so the backend must use the fallback; "refuses",
  * cublasLtMatmul answers CUBLAS_STATUS_NOT_SUPPORTED without running (as
  * the library may for an algorithm at run time). spotune_emu_blas_counts()
- * tells how many products took each path. */
+ * tells how many products took each path.
+ *
+ * SPOTUNE_CUDA_EMU_CUBLAS=corrupt: every product's last element (of each
+ * batch) comes out 1 too large, as from a GPU whose arithmetic fails
+ * silently (for the doctor's check of its GEMM's results). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +69,8 @@ struct emu_lt_pref {
 static long n_lt, n_fallback, n_refused;
 
 /* how many products cublasLtMatmul ran, how many cublasGemmStridedBatchedEx
- * ran, and how many cublasLtMatmul refused ("refuses" mode) */
+ * (or cublasGemmEx) ran, and how many cublasLtMatmul refused ("refuses"
+ * mode) */
 extern "C" void spotune_emu_blas_counts(long counts[3])
 {
     counts[0] = n_lt;
@@ -127,6 +133,8 @@ static void gemm_run(gemm_cm g, float alpha, const void *A, const void *B, float
                      const void *C, void *D)
 {
     size_t k = g.k > 0 ? (size_t)g.k : 0, kk = k ? k : 1;
+    const char *fault = getenv("SPOTUNE_CUDA_EMU_CUBLAS");
+    int corrupt = fault && strcmp(fault, "corrupt") == 0;
     float *ra = (float *)malloc(sizeof(float) * (size_t)g.m * kk);
     float *cb = (float *)malloc(sizeof(float) * (size_t)g.n * kk);
     if (!ra || !cb) {
@@ -155,6 +163,10 @@ static void gemm_run(gemm_cm g, float alpha, const void *A, const void *B, float
                     v += beta * load(C, g.ct, oc + (size_t)i + (size_t)j * g.ldc);
                 store(D, g.ct, od + (size_t)i + (size_t)j * g.ldd, v);
             }
+        if (corrupt && g.m > 0 && g.n > 0) { /* D's last element of each batch off by one */
+            size_t last = od + (size_t)(g.m - 1) + (size_t)(g.n - 1) * g.ldd;
+            store(D, g.ct, last, load(D, g.ct, last) + 1.0f);
+        }
     }
     free(ra);
     free(cb);
@@ -212,20 +224,18 @@ const char *cublasGetStatusString(cublasStatus_t s)
     return "CUBLAS_STATUS_UNKNOWN";
 }
 
-/* cublasGemmStridedBatchedEx as documented: lda >= max(1, m) for A not
- * transposed (max(1, k) transposed), ldb >= max(1, k) (max(1, n)),
- * ldc >= max(1, m); host pointer mode (alpha and beta are floats for
- * CUBLAS_COMPUTE_32F); C is computed in place. */
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t transa,
-                                          cublasOperation_t transb, int m, int n, int k,
-                                          const void *alpha, const void *A, cudaDataType_t Atype,
-                                          int lda, long long strideA, const void *B,
-                                          cudaDataType_t Btype, int ldb, long long strideB,
-                                          const void *beta, void *C, cudaDataType_t Ctype, int ldc,
-                                          long long strideC, int batchCount,
-                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+/* cublasGemmStridedBatchedEx (and cublasGemmEx, one product of it) as
+ * documented: lda >= max(1, m) for A not transposed (max(1, k) transposed),
+ * ldb >= max(1, k) (max(1, n)), ldc >= max(1, m); host pointer mode (alpha
+ * and beta are floats for CUBLAS_COMPUTE_32F); C is computed in place. */
+static cublasStatus_t gemm_ex(const char *call, cublasHandle_t h, cublasOperation_t transa,
+                              cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                              const void *A, cudaDataType_t Atype, int lda, long long strideA,
+                              const void *B, cudaDataType_t Btype, int ldb, long long strideB,
+                              const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                              long long strideC, int batchCount, cublasComputeType_t computeType,
+                              cublasGemmAlgo_t algo)
 {
-    const char *call = "cublasGemmStridedBatchedEx";
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
     if (m < 0 || n < 0 || k < 0 || batchCount < 0 || !alpha || !beta)
@@ -249,6 +259,30 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t tr
     n_fallback++;
     emu_enqueue(h->stream, [=]() { gemm_run(g, al, A, B, be, C, C); });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType_t Atype,
+                                          int lda, long long strideA, const void *B,
+                                          cudaDataType_t Btype, int ldb, long long strideB,
+                                          const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                                          long long strideC, int batchCount,
+                                          cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+{
+    return gemm_ex("cublasGemmStridedBatchedEx", h, transa, transb, m, n, k, alpha, A, Atype, lda,
+                   strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount,
+                   computeType, algo);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb,
+                            int m, int n, int k, const void *alpha, const void *A,
+                            cudaDataType_t Atype, int lda, const void *B, cudaDataType_t Btype,
+                            int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+{
+    return gemm_ex("cublasGemmEx", h, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype,
+                   ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType, algo);
 }
 
 /* ---- cuBLASLt objects -------------------------------------------------------------- */

@@ -225,9 +225,60 @@ cudaError_t cudaGetDeviceCount(int *n)
     return cudaSuccess;
 }
 
+static int current_device; /* cudaSetDevice's */
+static unsigned peer_enabled[8]; /* bit p of [d]: d has enabled access to p */
+
 cudaError_t cudaSetDevice(int d)
 {
-    return valid_device(d) ? cudaSuccess : fail(cudaErrorInvalidDevice);
+    if (!valid_device(d))
+        return fail(cudaErrorInvalidDevice);
+    current_device = d;
+    return cudaSuccess;
+}
+
+/* CUDA 13.0 (the toolkit this is written against); the driver's may be set
+ * lower (SPOTUNE_CUDA_EMU_DRIVER_VERSION) to show an insufficient driver. */
+#define EMU_CUDA_VERSION 13000
+
+cudaError_t cudaDriverGetVersion(int *v)
+{
+    if (!v)
+        return fail(cudaErrorInvalidValue);
+    const char *env = getenv("SPOTUNE_CUDA_EMU_DRIVER_VERSION");
+    *v = env && atoi(env) > 0 ? atoi(env) : EMU_CUDA_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v)
+{
+    if (!v)
+        return fail(cudaErrorInvalidValue);
+    *v = EMU_CUDA_VERSION;
+    return cudaSuccess;
+}
+
+/* Every emulated device reaches every other (one host memory). */
+cudaError_t cudaDeviceCanAccessPeer(int *can, int dev, int peer)
+{
+    if (!valid_device(dev) || !valid_device(peer))
+        return fail(cudaErrorInvalidDevice);
+    *can = dev != peer;
+    return cudaSuccess;
+}
+
+/* As documented: access from the current device to peer; the device itself
+ * is not a peer (cudaErrorInvalidDevice), a second enable is
+ * cudaErrorPeerAccessAlreadyEnabled; flags must be 0. */
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags)
+{
+    if (flags != 0)
+        return fail(cudaErrorInvalidValue);
+    if (!valid_device(peer) || peer == current_device)
+        return fail(cudaErrorInvalidDevice);
+    if (peer_enabled[current_device] & (1u << peer))
+        return fail(cudaErrorPeerAccessAlreadyEnabled);
+    peer_enabled[current_device] |= 1u << peer;
+    return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d)
@@ -253,6 +304,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
     p->totalGlobalMem = EMU_MEMORY;
     p->major = 9;
     p->multiProcessorCount = 1;
+    p->ECCEnabled = 1;
+    p->pciBusID = 0x10 + d;
     return cudaSuccess;
 }
 
@@ -386,18 +439,35 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s)
     return cudaSuccess;
 }
 
+/* SPOTUNE_CUDA_EMU_COPY=corrupt: the last byte of every copy between
+ * device buffers comes out inverted (a device whose copies fail silently,
+ * for the doctor's checks); read at each copy. */
+static void copy_d2d(void *dst, const void *src, size_t bytes)
+{
+    memmove(dst, src, bytes);
+    const char *e = getenv("SPOTUNE_CUDA_EMU_COPY");
+    if (bytes && e && strcmp(e, "corrupt") == 0)
+        ((unsigned char *)dst)[bytes - 1] ^= 0xFF;
+}
+
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k)
 {
-    (void)k;
     if (refused_in_capture())
         return cudaErrorStreamCaptureUnsupported;
-    memmove(dst, src, bytes);
+    if (k == cudaMemcpyDeviceToDevice)
+        copy_d2d(dst, src, bytes);
+    else
+        memmove(dst, src, bytes);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k,
                             cudaStream_t s)
 {
+    if (k == cudaMemcpyDeviceToDevice) {
+        emu_enqueue(s, [=]() { copy_d2d(dst, src, bytes); });
+        return cudaSuccess;
+    }
     int deferred = s && !s->capturing && s->lags;
     if (deferred && k == cudaMemcpyHostToDevice && !is_pinned(src)) {
         /* pageable: the driver takes the source before the call returns */
@@ -410,6 +480,22 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     if (deferred && k == cudaMemcpyDeviceToHost && !is_pinned(dst))
         run_stream(s); /* to pageable memory: the call returns once the copy is done */
     return cudaSuccess;
+}
+
+/* Between devices: one host memory, so a copy like any other. */
+cudaError_t cudaMemcpyPeer(void *dst, int dst_dev, const void *src, int src_dev, size_t bytes)
+{
+    if (!valid_device(dst_dev) || !valid_device(src_dev))
+        return fail(cudaErrorInvalidDevice);
+    return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice);
+}
+
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev,
+                                size_t bytes, cudaStream_t s)
+{
+    if (!valid_device(dst_dev) || !valid_device(src_dev))
+        return fail(cudaErrorInvalidDevice);
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
