@@ -19,6 +19,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,20 @@ static const char *status_of(json_t *doc, const char *name, const char **measure
     return NULL;
 }
 
+/* The report's line name has status want and says each of the texts
+ * (NULL-terminated). */
+static void expect_line(json_t *doc, const char *name, const char *want, ...)
+{
+    const char *m = NULL, *st = status_of(doc, name, &m);
+    cr_assert(st, "no %s", name);
+    cr_expect_str_eq(st, want, "%s: %s", name, m);
+    va_list ap;
+    va_start(ap, want);
+    for (const char *says; (says = va_arg(ap, const char *));)
+        cr_expect(tu_contains(m, says), "%s does not say '%s': %s", name, says, m);
+    va_end(ap);
+}
+
 static json_t *doctor_json(int ranks, const char *env, const char *sizes, int want_rc)
 {
     char *out = NULL;
@@ -168,9 +183,7 @@ Test(cuda_doctor, quick_sizes_one_rank)
     int n = devices();
     json_t *doc = doctor_json(1, "", "--gemm-n 256 --gpu-mib 16", 0);
     every_gpu_line_passes(doc, n, 256, 16);
-    const char *m = NULL;
-    cr_expect_str_eq(status_of(doc, "gpu.nccl_allreduce", &m), "SKIPPED");
-    cr_expect(tu_contains(m, "one rank"), "%s", m);
+    expect_line(doc, "gpu.nccl_allreduce", "SKIPPED", "one rank", NULL);
     json_decref(doc);
 }
 
@@ -180,12 +193,10 @@ Test(cuda_doctor, two_ranks_measure_nccl)
         cr_skip_test("one CUDA device: the NCCL line needs two ranks on two devices");
     json_t *doc = doctor_json(2, "", "--gemm-n 256 --gpu-mib 16", 0);
     every_gpu_line_passes(doc, devices(), 256, 16);
-    const char *m = NULL, *st = status_of(doc, "gpu.nccl_allreduce", &m);
-    cr_assert(st);
-    cr_expect_str_eq(st, "PASS", "%s", m);
-    cr_expect(tu_contains(m, "2 ranks") && tu_contains(m, "1 MiB ") &&
-                  tu_contains(m, "16 MiB ") && !tu_contains(m, "256 MiB"),
-              "%s", m);
+    expect_line(doc, "gpu.nccl_allreduce", "PASS", "2 ranks", "1 MiB ", "16 MiB ", NULL);
+    const char *m = NULL;
+    status_of(doc, "gpu.nccl_allreduce", &m);
+    cr_expect(!tu_contains(m, "256 MiB"), "above --gpu-mib: %s", m);
     json_decref(doc);
 }
 
@@ -194,42 +205,30 @@ Test(cuda_doctor, wrong_results_wrong_copies_and_an_old_driver_fail)
 {
     if (!emulated())
         cr_skip_test("only the emulated device can be made to compute wrong results");
-    json_t *doc = doctor_json(1, "SPOTUNE_CUDA_EMU_CUBLAS=corrupt", "--gemm-n 128 --gpu-mib 2", 1);
-    const char *m = NULL, *st = status_of(doc, "gpu0.gemm_bf16", &m);
-    cr_assert(st);
-    cr_expect_str_eq(st, "FAIL", "%s", m);
-    cr_expect(tu_contains(m, "1 of 16384 results wrong (C[127,127] = ") &&
-                  tu_contains(m, "ask for another machine"),
-              "%s", m);
-    cr_expect_str_eq(status_of(doc, "gpu0.memcopy", NULL), "PASS");
+    const char *sizes = "--gemm-n 128 --gpu-mib 2";
+    json_t *doc = doctor_json(1, "SPOTUNE_CUDA_EMU_CUBLAS=corrupt", sizes, 1);
+    expect_line(doc, "gpu0.gemm_bf16", "FAIL", "1 of 16384 results wrong (C[127,127] = ",
+                "ask for another machine", NULL);
+    expect_line(doc, "gpu0.memcopy", "PASS", NULL);
     json_decref(doc);
 
     /* copies whose last byte comes out wrong: the device copy and the peer
      * copies FAIL naming the byte */
-    doc = doctor_json(1, "SPOTUNE_CUDA_EMU_COPY=corrupt", "--gemm-n 128 --gpu-mib 2", 1);
-    st = status_of(doc, "gpu0.memcopy", &m);
-    cr_assert(st);
-    cr_expect_str_eq(st, "FAIL", "%s", m);
-    cr_expect(tu_contains(m, "cudaMemcpy device to device: byte 2097151 of the destination is "
-                             "0xfe, expected 0x01"),
-              "%s", m);
-    if (devices() >= 2) {
-        st = status_of(doc, "gpu.p2p.0-1", &m);
-        cr_assert(st);
-        cr_expect_str_eq(st, "FAIL", "%s", m);
-        cr_expect(tu_contains(m, "cudaMemcpyPeer: byte 2097151 of the destination is 0xfd, "
-                                 "expected 0x02"),
-                  "%s", m);
-    }
-    cr_expect_str_eq(status_of(doc, "gpu0.gemm_bf16", NULL), "PASS");
+    doc = doctor_json(1, "SPOTUNE_CUDA_EMU_COPY=corrupt", sizes, 1);
+    expect_line(doc, "gpu0.memcopy", "FAIL",
+                "cudaMemcpy device to device: byte 2097151 of the destination is 0xfe, "
+                "expected 0x01",
+                NULL);
+    if (devices() >= 2)
+        expect_line(doc, "gpu.p2p.0-1", "FAIL",
+                    "cudaMemcpyPeer: byte 2097151 of the destination is 0xfd, expected 0x02",
+                    NULL);
+    expect_line(doc, "gpu0.gemm_bf16", "PASS", NULL);
     json_decref(doc);
 
-    doc = doctor_json(1, "SPOTUNE_CUDA_EMU_DRIVER_VERSION=12040", "--gemm-n 128 --gpu-mib 2", 1);
-    st = status_of(doc, "gpu0.device", &m);
-    cr_assert(st);
-    cr_expect_str_eq(st, "FAIL", "%s", m);
-    cr_expect(tu_contains(m, "driver CUDA 12.4") && tu_contains(m, "runtime 13.0"), "%s", m);
-    cr_expect_str_eq(status_of(doc, "gpu0.gemm_bf16", NULL), "PASS");
+    doc = doctor_json(1, "SPOTUNE_CUDA_EMU_DRIVER_VERSION=12040", sizes, 1);
+    expect_line(doc, "gpu0.device", "FAIL", "driver CUDA 12.4", "runtime 13.0", NULL);
+    expect_line(doc, "gpu0.gemm_bf16", "PASS", NULL);
     json_decref(doc);
 }
 
