@@ -410,8 +410,12 @@ int be_prof_stop(backend_t *be, double ms[BE_PROF_GROUPS]);
  * of the other. Barriers are the calls a captured span cannot hold: copies
  * between host and device memory, sync, alloc, free, sumsq (the host reads
  * its result) and stream fences; a trace counts them and names the first
- * with its file:line. dry: the ops are checked and traced but not run
- * (barriers still run). Traces do not nest. */
+ * with its file:line. dry: the ops are checked and traced but not run, and
+ * neither are the barriers that move or wait for data (copies, sync, sumsq,
+ * which then returns 0, stream fences): the span's real run does them. A
+ * dry trace's alloc and free do run, as the host code that calls them
+ * keeps what they give (a buffer allocated on first use stays allocated).
+ * Traces do not nest. */
 typedef struct be_trace {
     uint64_t digest;
     size_t ops;      /* device ops traced */

@@ -154,13 +154,13 @@ tensor_t be_alloc_at(const char *file, int line, backend_t *be, dtype_t dt, size
         tensor_t none = {NULL, 0, dt};
         return none;
     }
-    be_trace_barrier(be, "alloc", file, line);
+    (void)be_trace_barrier(be, "alloc", file, line); /* runs in a dry trace too */
     return be->ops->alloc(be, dt, n);
 }
 
 void be_free_at(const char *file, int line, backend_t *be, tensor_t *t)
 {
-    be_trace_barrier(be, "free", file, line);
+    (void)be_trace_barrier(be, "free", file, line); /* runs in a dry trace too */
     if (t)
         be->ops->free(be, t);
 }
@@ -177,8 +177,7 @@ void be_h2d_at(const char *file, int line, backend_t *be, void *dst, const void 
 {
     call c = begin(be, "h2d", file, line);
     copy_args(&c, dst, src, bytes);
-    be_trace_barrier(be, "h2d", file, line);
-    if (!c.bad)
+    if (be_trace_barrier(be, "h2d", file, line) && !c.bad)
         be->ops->h2d(be, dst, src, bytes);
 }
 
@@ -186,8 +185,7 @@ void be_d2h_at(const char *file, int line, backend_t *be, void *dst, const void 
 {
     call c = begin(be, "d2h", file, line);
     copy_args(&c, dst, src, bytes);
-    be_trace_barrier(be, "d2h", file, line);
-    if (!c.bad)
+    if (be_trace_barrier(be, "d2h", file, line) && !c.bad)
         be->ops->d2h(be, dst, src, bytes);
 }
 
@@ -213,8 +211,7 @@ void be_upload_staged_at(const char *file, int line, backend_t *be, tensor_t t, 
     call c = begin(be, "h2d", file, line);
     size_t bytes = t.n * dtype_size(t.dt);
     copy_args(&c, t.p, src, bytes);
-    be_trace_barrier(be, "upload_staged", file, line);
-    if (c.bad)
+    if (!be_trace_barrier(be, "upload_staged", file, line) || c.bad)
         return;
     if (be->ops->h2d_async)
         be->ops->h2d_async(be, t.p, src, bytes);
@@ -224,8 +221,7 @@ void be_upload_staged_at(const char *file, int line, backend_t *be, tensor_t t, 
 
 void be_staged_wait_at(const char *file, int line, backend_t *be)
 {
-    be_trace_barrier(be, "staged_wait", file, line);
-    if (be->ops->h2d_wait)
+    if (be_trace_barrier(be, "staged_wait", file, line) && be->ops->h2d_wait)
         be->ops->h2d_wait(be);
 }
 
@@ -282,8 +278,8 @@ void be_copy2d_at(const char *file, int line, backend_t *be, tensor_t dst, tenso
 
 void be_sync_at(const char *file, int line, backend_t *be)
 {
-    be_trace_barrier(be, "sync", file, line);
-    be->ops->sync(be);
+    if (be_trace_barrier(be, "sync", file, line))
+        be->ops->sync(be);
 }
 
 /* ---- math ---------------------------------------------------------------------- */
@@ -718,9 +714,9 @@ void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tens
 double be_sumsq_at(const char *file, int line, backend_t *be, tensor_t x, size_t n)
 {
     call c = begin(be, "sumsq", file, line);
-    be_trace_barrier(be, "sumsq (the host reads its result)", file, line);
+    int runs = be_trace_barrier(be, "sumsq (the host reads its result)", file, line);
     tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
-    return c.bad ? 0.0 : be->ops->sumsq(be, x, n);
+    return c.bad || !runs ? 0.0 : be->ops->sumsq(be, x, n);
 }
 
 void be_sumsq_into_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t x,
@@ -789,7 +785,6 @@ void *be_aux_stream_at(const char *file, int line, backend_t *be)
 
 void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter, void *waitee)
 {
-    be_trace_barrier(be, "stream_fence", file, line);
-    if (be->ops->stream_fence)
+    if (be_trace_barrier(be, "stream_fence", file, line) && be->ops->stream_fence)
         be->ops->stream_fence(be, waiter, waitee);
 }

@@ -105,17 +105,18 @@ int be_trace_runs(backend_t *be)
     return !be->trace->dry;
 }
 
-void be_trace_barrier(backend_t *be, const char *what, const char *file, int line)
+int be_trace_barrier(backend_t *be, const char *what, const char *file, int line)
 {
     be_trace *t = be->trace;
     if (!t)
-        return;
+        return 1;
     if (t->barriers++ == 0) {
         if (file)
             snprintf(t->first_barrier, sizeof t->first_barrier, "%s at %s:%d", what, file, line);
         else
             snprintf(t->first_barrier, sizeof t->first_barrier, "%s", what);
     }
+    return !t->dry;
 }
 
 /* ---- the recorded op list, replayed -------------------------------------------- */

@@ -52,8 +52,9 @@ void be_trace_u64ll(backend_t *be, unsigned long long v);
 void be_trace_adamw(backend_t *be, const adamw_args *a);
 /* 1 when the traced op is to run (no trace, or a trace that runs ops) */
 int be_trace_runs(backend_t *be);
-/* A call a captured span cannot hold (what: "h2d", ...). */
-void be_trace_barrier(backend_t *be, const char *what, const char *file, int line);
+/* A call a captured span cannot hold (what: "h2d", ...), counted: 1 when
+ * the call is to run, 0 in a dry trace (backend.h, be_trace). */
+int be_trace_barrier(backend_t *be, const char *what, const char *file, int line);
 
 #define BE_TR_ARG(be, x)                                                                          \
     _Generic((x), tensor_t: be_trace_tensor, int: be_trace_int, float: be_trace_float,            \

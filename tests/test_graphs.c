@@ -3,7 +3,8 @@
  * with the same rules as a CUDA graph:
  *  - a trace's digest is the same for the same launches and changes with
  *    any argument (a scalar, a tensor's address, size or dtype, an op);
- *    a dry trace runs nothing; barriers are counted and named;
+ *    a dry trace runs nothing, at its barriers neither (copies, sync,
+ *    sumsq, fences; alloc and free do run); barriers are counted and named;
  *  - a captured span runs nothing until launched, then runs its ops with the
  *    arguments they were captured with, reading device memory as it is at
  *    launch; a barrier inside a capture fails it with the barrier's name
@@ -125,6 +126,58 @@ Test(trace, barriers_are_counted_and_the_first_is_named)
     be_free(be, &x);
     be_free(be, &y);
     be_free(be, &z);
+    backend_destroy(be);
+}
+
+/* A dry trace counts every barrier but moves no data: copies, downloads,
+ * uploads, sync, sumsq (0) and fences do nothing (the span's real run does
+ * them); alloc and free run, since the host code keeps what they give. */
+Test(trace, a_dry_trace_moves_no_data_at_its_barriers)
+{
+    backend_t *be = cpu();
+    tensor_t x = be_alloc(be, DT_F32, 16), y = be_alloc(be, DT_F32, 16);
+    fill(be, x, 1.0f);
+    fill(be, y, 5.0f);
+    float before_x[16], before_y[16], h[16], after[16];
+    be_download(be, before_x, DT_F32, x);
+    be_download(be, before_y, DT_F32, y);
+    for (int i = 0; i < 16; i++)
+        h[i] = -7.0f;
+    float down[16], down2[16];
+    memset(down, 0x5a, sizeof down);
+    memset(down2, 0x5a, sizeof down2);
+    be_trace t;
+    be_trace_start(be, &t, 1);
+    be_h2d(be, x.p, h, sizeof h);               /* 1 */
+    be_upload(be, y, h, DT_F32);                /* 2 */
+    be_d2h(be, down, x.p, sizeof down);         /* 3 */
+    be_download(be, down2, DT_F32, y);          /* 4 */
+    be_sync(be);                                /* 5 */
+    double ss = be_sumsq(be, x, 16);            /* 6 */
+    be_stream_fence(be, NULL, NULL);            /* 7 */
+    tensor_t z = be_alloc(be, DT_F32, 8);       /* 8 */
+    be_free(be, &z);                            /* 9 */
+    be_trace_stop(be);
+    cr_assert_eq(be->err.code, 0, "%s", be->err.msg);
+    cr_assert_eq(t.barriers, 9, "got %zu", t.barriers);
+    cr_assert(strstr(t.first_barrier, "h2d at "), "first barrier: '%s'", t.first_barrier);
+    cr_expect_eq(ss, 0.0, "a dry sumsq read the device: %g", ss);
+    be_download(be, after, DT_F32, x);
+    cr_expect_eq(memcmp(after, before_x, sizeof after), 0, "a dry h2d wrote x");
+    be_download(be, after, DT_F32, y);
+    cr_expect_eq(memcmp(after, before_y, sizeof after), 0, "a dry upload wrote y");
+    unsigned char pattern[sizeof down];
+    memset(pattern, 0x5a, sizeof pattern);
+    cr_expect_eq(memcmp(down, pattern, sizeof down), 0, "a dry d2h wrote the host buffer");
+    cr_expect_eq(memcmp(down2, pattern, sizeof down2), 0, "a dry download wrote the host buffer");
+    cr_expect(z.p == NULL, "the dry trace's free did not run");
+    /* the same calls outside a trace do move the data */
+    be_h2d(be, x.p, h, sizeof h);
+    be_download(be, after, DT_F32, x);
+    cr_expect_eq(after[3], -7.0f);
+    cr_expect_eq(be_sumsq(be, x, 16), 16 * 49.0);
+    be_free(be, &x);
+    be_free(be, &y);
     backend_destroy(be);
 }
 
