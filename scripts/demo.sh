@@ -5,7 +5,8 @@
 # pushes the checkpoint to an object store (a file:// bucket here) and exits
 # 75; the run directory is then deleted, as a vanished machine's disk would
 # be, and the same command resumes from the bucket and finishes. Finally the
-# adapter is exported in the PEFT layout. Installs what is missing, builds
+# adapter is exported in the PEFT layout. Before training, `spotune doctor`
+# checks the machine and the run's inputs. Installs what is missing, builds
 # (CPU only, for speed), makes the model and the data, and shows the loss
 # falling (about two minutes on 2 cores).
 # usage: scripts/demo.sh [RANKS]        (default 2)
@@ -36,6 +37,12 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 rm -rf runs/demo runs/demo-bucket
 bucket="file://$PWD/runs/demo-bucket"
+# what a user runs first on a machine they just rented: the host, the disk,
+# the store, the model, the data and the memory plan (no GPU here: those
+# lines are SKIPPED with the reason)
+echo "== checking this machine for the run: spotune doctor"
+"$spotune" doctor configs/tiny-cpu.yaml --cloud none --io-mib 16 --remote "$bucket" ||
+  echo "   (the doctor found a FAIL above; the demo goes on)"
 train=(mpirun -np "$ranks" --oversubscribe "$spotune" train configs/tiny-cpu.yaml
        --set checkpoint.remote="$bucket" --set checkpoint.every_steps=25)
 echo "== training: ${train[*]}"
