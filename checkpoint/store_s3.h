@@ -16,12 +16,16 @@
  * role's (a web identity's through STS, a container's, an EC2 instance's),
  * renewed S3_CREDS_REFRESH_S before they expire (tried at most every
  * S3_CREDS_RETRY_S until then) and when the store says they expired.
- * Everything under mu. */
+ * Everything under mu; one request at a time renews (renewing), without
+ * holding mu, and the requests that cannot go on without the renewed ones
+ * wait for renewed. */
 #define S3_CREDS_REFRESH_S 300.0
 #define S3_CREDS_RETRY_S 5.0
 enum { S3_CREDS_ENV = 0, S3_CREDS_INSTANCE, S3_CREDS_CONTAINER, S3_CREDS_WEB_IDENTITY };
 typedef struct s3_creds {
     pthread_mutex_t mu;
+    pthread_cond_t renewed;  /* a renewal ended (broadcast) */
+    int renewing;            /* a request is asking the source now */
     char *access_key, *secret_key, *token_hdr; /* token_hdr: "x-amz-security-token: ..." */
     int kind;                /* S3_CREDS_ENV (never renewed), _INSTANCE, _CONTAINER, ... */
     char *service;           /* the metadata service, the container's endpoint, STS */

@@ -20,9 +20,11 @@
  * though each set of credentials lives a few hours. Token files are read
  * again at each renewal (the platforms rotate them).
  *
- * The source is asked under the credentials' mutex (local services: 1 s
- * to connect, 3 s a request; STS: 5 and 15): requests that need renewed
- * credentials wait for them. Secrets are wiped when replaced or closed (the
+ * One request at a time asks the source (local services: 1 s to connect,
+ * 3 s a request; STS: 5 and 15), outside the credentials' mutex: while the
+ * current credentials hold, the other requests go on with them; once they
+ * have expired (or the store refused them), the others wait for the
+ * renewal. Secrets are wiped when replaced or closed (the
  * body they came in too) and never appear in messages. */
 #define _GNU_SOURCE
 #include "checkpoint/store_s3.h"
@@ -146,9 +148,23 @@ static const char *json_text(json_t *o, const char *key)
     return v && *v ? v : NULL;
 }
 
-/* Credentials a service answered (url): on success they replace c's
- * (under c->mu). code: the answer's Code, NULL when it has none. */
-static int take_fields(s3_creds *c, const char *url, const char *code, const char *id,
+/* Credentials a service gave, until they replace the store's (install). */
+typedef struct fresh_creds {
+    char *access_key, *secret_key, *token_hdr;
+    double expires;
+    char *role; /* an instance role's name, as the service gave it */
+} fresh_creds;
+
+static void fresh_free(fresh_creds *f)
+{
+    wipe(&f->access_key), wipe(&f->secret_key), wipe(&f->token_hdr);
+    free(f->role);
+    f->role = NULL;
+}
+
+/* Credentials a service answered (url), into f. code: the answer's Code,
+ * NULL when it has none. */
+static int take_fields(fresh_creds *f, const char *url, const char *code, const char *id,
                        const char *secret, const char *token, const char *exp, char *why,
                        size_t n)
 {
@@ -169,18 +185,34 @@ static int take_fields(s3_creds *c, const char *url, const char *code, const cha
         wipe(&nid), wipe(&nsecret), wipe(&ntok);
         return -1;
     }
-    wipe(&c->access_key), wipe(&c->secret_key), wipe(&c->token_hdr);
-    c->access_key = nid;
-    c->secret_key = nsecret;
-    c->token_hdr = ntok;
-    c->expires = expires;
-    c->stale = 0;
-    c->generation++;
+    wipe(&f->access_key), wipe(&f->secret_key), wipe(&f->token_hdr);
+    f->access_key = nid;
+    f->secret_key = nsecret;
+    f->token_hdr = ntok;
+    f->expires = expires;
     return 0;
 }
 
+/* f's credentials replace c's (under c->mu, or at open); f is emptied. */
+static void install(s3_creds *c, fresh_creds *f)
+{
+    wipe(&c->access_key), wipe(&c->secret_key), wipe(&c->token_hdr);
+    c->access_key = f->access_key;
+    c->secret_key = f->secret_key;
+    c->token_hdr = f->token_hdr;
+    f->access_key = f->secret_key = f->token_hdr = NULL;
+    c->expires = f->expires;
+    if (f->role) {
+        free(c->role);
+        c->role = f->role;
+        f->role = NULL;
+    }
+    c->stale = 0;
+    c->generation++;
+}
+
 /* The credentials in a service's JSON answer (from url). */
-static int take_json(s3_creds *c, const char *url, const membuf *body, char *why, size_t n)
+static int take_json(fresh_creds *f, const char *url, const membuf *body, char *why, size_t n)
 {
     json_error_t je;
     json_t *j = json_loads((const char *)body->p, 0, &je);
@@ -188,7 +220,7 @@ static int take_json(s3_creds *c, const char *url, const membuf *body, char *why
         return say(why, n, "GET %s: not JSON (%s at line %d)", url, je.text, je.line);
     char where[600];
     snprintf(where, sizeof where, "GET %s", url);
-    int rc = take_fields(c, where, json_text(j, "Code"), json_text(j, "AccessKeyId"),
+    int rc = take_fields(f, where, json_text(j, "Code"), json_text(j, "AccessKeyId"),
                          json_text(j, "SecretAccessKey"), json_text(j, "Token"),
                          json_text(j, "Expiration"), why, n);
     json_decref(j); /* its copies are freed, not wiped: jansson has no such option */
@@ -219,7 +251,7 @@ static char *read_token(const char *var, const char *path, char *why, size_t n)
  * AWS_WEB_IDENTITY_TOKEN_FILE (read again at every renewal: the platform
  * rotates it) exchanged with STS for the credentials of the role
  * AWS_ROLE_ARN (AssumeRoleWithWebIdentity, a request that is not signed). */
-static int sts_fetch(s3_creds *c, membuf *body, char *why, size_t n)
+static int sts_fetch(const s3_creds *c, fresh_creds *f, membuf *body, char *why, size_t n)
 {
     char *tok = read_token("AWS_WEB_IDENTITY_TOKEN_FILE", c->auth_file, why, n);
     if (!tok)
@@ -258,7 +290,7 @@ static int sts_fetch(s3_creds *c, membuf *body, char *why, size_t n)
     char *token = s3_xml_find(body, "SessionToken"), *exp = s3_xml_find(body, "Expiration");
     char where[600];
     snprintf(where, sizeof where, "POST %s (AssumeRoleWithWebIdentity)", c->service);
-    rc = take_fields(c, where, NULL, id, secret, token, exp, why, n);
+    rc = take_fields(f, where, NULL, id, secret, token, exp, why, n);
     wipe(&id), wipe(&secret), wipe(&token);
     free(exp);
     return rc;
@@ -266,7 +298,7 @@ static int sts_fetch(s3_creds *c, membuf *body, char *why, size_t n)
 
 /* An instance role's: the session token, the role's name (the first line),
  * its credentials. */
-static int imds_fetch(s3_creds *c, membuf *body, char *why, size_t n)
+static int imds_fetch(const s3_creds *c, fresh_creds *f, membuf *body, char *why, size_t n)
 {
     char *url = sp_strf("%s/latest/api/token", c->service), *tok_hdr = NULL, *role = NULL;
     int rc = -1;
@@ -296,10 +328,9 @@ static int imds_fetch(s3_creds *c, membuf *body, char *why, size_t n)
     free(url);
     url = sp_strf("%s" IMDS_ROLE_PATH "%s", c->service, role);
     if (!url || cred_call("GET", url, tok_hdr, NULL, 0, body, why, n) ||
-        take_json(c, url, body, why, n))
+        take_json(f, url, body, why, n))
         goto out;
-    free(c->role);
-    c->role = role;
+    f->role = role;
     role = NULL;
     rc = 0;
 out:
@@ -312,7 +343,8 @@ out:
 /* A container's (ECS task role, EKS Pod Identity): one GET of the
  * endpoint, with the authorization token (read from its file each time:
  * the platform rotates it) when there is one. */
-static int container_fetch(s3_creds *c, membuf *body, char *why, size_t n)
+static int container_fetch(const s3_creds *c, fresh_creds *f, membuf *body, char *why,
+                           size_t n)
 {
     char *auth = NULL, *hdr = NULL;
     if (c->auth_file) {
@@ -327,17 +359,21 @@ static int container_fetch(s3_creds *c, membuf *body, char *why, size_t n)
     }
     wipe(&auth);
     int rc = cred_call("GET", c->service, hdr, NULL, 0, body, why, n) ||
-             take_json(c, c->service, body, why, n);
+             take_json(f, c->service, body, why, n);
     wipe(&hdr);
     return rc ? -1 : 0;
 }
 
-static int fetch(s3_creds *c, char *why, size_t n)
+/* Asks c's source for credentials, into f (emptied first). Reads only what
+ * is fixed at open (the kind, the service, the token file, the web
+ * identity's role and session), so it runs without c->mu. */
+static int fetch(const s3_creds *c, fresh_creds *f, char *why, size_t n)
 {
     membuf body = {0};
-    int rc = c->kind == S3_CREDS_CONTAINER     ? container_fetch(c, &body, why, n)
-             : c->kind == S3_CREDS_WEB_IDENTITY ? sts_fetch(c, &body, why, n)
-                                                : imds_fetch(c, &body, why, n);
+    fresh_free(f);
+    int rc = c->kind == S3_CREDS_CONTAINER     ? container_fetch(c, f, &body, why, n)
+             : c->kind == S3_CREDS_WEB_IDENTITY ? sts_fetch(c, f, &body, why, n)
+                                                : imds_fetch(c, f, &body, why, n);
     if (body.p)
         explicit_bzero(body.p, body.n);
     membuf_free(&body);
@@ -434,6 +470,7 @@ int s3_creds_open(store_t *s, s3_creds *c, sp_err *err)
     const char *token = s3_env("AWS_SESSION_TOKEN");
     memset(c, 0, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->renewed, NULL);
     c->ready = 1;
     if (id || secret) {
         if (!id || !secret)
@@ -459,8 +496,12 @@ int s3_creds_open(store_t *s, s3_creds *c, sp_err *err)
                           "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (%s)",
                           why);
     int rc = -1;
+    fresh_creds f = {0};
     for (int attempt = 0; attempt < 2 && rc; attempt++) /* one retry, as the SDKs' default */
-        rc = fetch(c, why, sizeof why);
+        rc = fetch(c, &f, why, sizeof why);
+    if (!rc)
+        install(c, &f);
+    fresh_free(&f);
     c->last_try = sp_now();
     if (rc && c->kind == S3_CREDS_WEB_IDENTITY)
         return store_fail(s, err, STORE_EUSAGE, NULL,
@@ -488,15 +529,35 @@ int s3_creds_use(s3_creds *c, s3_cred_use *u, char *detail, size_t dn)
 {
     memset(u, 0, sizeof *u);
     pthread_mutex_lock(&c->mu);
-    double now_wall = (double)time(NULL), now = sp_now();
-    int expired = c->kind && (c->stale || now_wall >= c->expires);
-    int due = c->kind && (expired || (now_wall >= c->expires - S3_CREDS_REFRESH_S &&
+    double now_wall, now;
+    int expired, due;
+    for (;;) {
+        now_wall = (double)time(NULL), now = sp_now();
+        expired = c->kind && (c->stale || now_wall >= c->expires);
+        due = c->kind && (expired || (now_wall >= c->expires - S3_CREDS_REFRESH_S &&
                                       now - c->last_try >= S3_CREDS_RETRY_S));
-    if (due) {
+        if (!(expired && c->renewing))
+            break;
+        /* nothing valid until the renewal in flight ends */
+        pthread_cond_wait(&c->renewed, &c->mu);
+    }
+    if (due && !c->renewing) {
+        /* one request asks the service, outside the mutex: the others go on
+         * with the current credentials while they hold, or wait above */
         char why[600] = "";
         int refused = c->stale;
+        fresh_creds f = {0};
         c->last_try = now;
-        if (fetch(c, why, sizeof why) && expired) {
+        c->renewing = 1;
+        pthread_mutex_unlock(&c->mu);
+        int rc = fetch(c, &f, why, sizeof why);
+        pthread_mutex_lock(&c->mu);
+        if (!rc)
+            install(c, &f);
+        fresh_free(&f);
+        c->renewing = 0;
+        pthread_cond_broadcast(&c->renewed);
+        if (rc && expired) {
             pthread_mutex_unlock(&c->mu);
             snprintf(detail, dn, "the credentials from %s %s and could not be renewed: %s",
                      c->source, refused ? "were refused as expired" : "have expired", why);
@@ -542,8 +603,10 @@ void s3_creds_close(s3_creds *c)
     free(c->auth_file);
     free(c->role);
     free(c->session);
-    if (c->ready)
+    if (c->ready) {
         pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->renewed);
+    }
     memset(c, 0, sizeof *c);
 }
 

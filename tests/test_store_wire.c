@@ -4,8 +4,8 @@
  * credentials, key encoding, the retry policy (503 SlowDown retried, 403
  * reported at once), and an EC2 instance role's credentials from a fake
  * metadata service (tests/tools/fake_metadata.py): signed with, renewed
- * before they expire and when the store says they have, refused by name
- * when the service cannot give them. */
+ * before they expire (without holding up the other requests) and when the
+ * store says they have, refused by name when the service cannot give them. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -360,6 +360,71 @@ Test(store_wire, a_roles_credentials_are_renewed_before_they_expire)
     expect_signed_by(f.requests[1], "ASIALONG", "token-long");
     char *got = role_fetches(&r);
     cr_expect_str_eq(got, "ASIASHORT\nASIALONG\n");
+    free(got);
+    store_close(s);
+    fake_stop(&f);
+    fake_free(&f);
+    role_stop(&r);
+}
+
+typedef struct put_job {
+    store_t *s;
+    int rc;
+    sp_err err;
+} put_job;
+
+static void *put_a(void *arg)
+{
+    put_job *j = arg;
+    j->rc = store_put_bytes(j->s, "a", "x", 1, 0, &j->err);
+    return NULL;
+}
+
+/* An early renewal does not hold up the other requests: while one request
+ * waits for the service (2 s here), another goes out at once with the
+ * credentials that still hold; the renewing request goes out with the new
+ * ones, and so does the next. */
+Test(store_wire, an_early_renewal_does_not_hold_up_other_requests)
+{
+    role r;
+    role_start(&r, "ASIASHORT", "token-short", 303);
+    fake f = {.answers = {OK_EMPTY, OK_EMPTY, OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {0};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    char *json = sp_strf("{\"role\": \"spotune-test-role\", \"AccessKeyId\": \"ASIALONG\", "
+                         "\"SecretAccessKey\": \"role-secret-never-printed\", \"Token\": "
+                         "\"token-long\", \"expires_in\": 21600, \"delay_s\": 2}");
+    cr_assert_eq(tu_write_file(r.creds, json), 0);
+    free(json);
+    tu_sleep(5.5); /* due: at most every 5 s */
+    put_job a = {.s = s, .rc = -99};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, put_a, &a), 0);
+    /* the renewal is in flight once the service has logged it */
+    char *got = NULL;
+    for (double t0 = sp_now(); sp_now() - t0 < 10; tu_sleep(0.02)) {
+        free(got);
+        got = role_fetches(&r);
+        if (strstr(got, "ASIALONG"))
+            break;
+    }
+    cr_assert(strstr(got, "ASIALONG"), "no renewal asked: %s", got);
+    free(got);
+    sp_err err = {0};
+    cr_assert_eq(store_put_bytes(s, "b", "x", 1, 0, &err), 0, "%s", err.msg);
+    pthread_join(th, NULL);
+    cr_assert_eq(a.rc, 0, "%s", a.err.msg);
+    cr_assert_eq(store_put_bytes(s, "c", "x", 1, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(f.n, 3);
+    /* b first, with the old ones; a after the service answered; c */
+    cr_expect(strstr(f.requests[0], "PUT /bkt/b "), "%s", f.requests[0]);
+    expect_signed_by(f.requests[0], "ASIASHORT", "token-short");
+    cr_expect(strstr(f.requests[1], "PUT /bkt/a "), "%s", f.requests[1]);
+    expect_signed_by(f.requests[1], "ASIALONG", "token-long");
+    expect_signed_by(f.requests[2], "ASIALONG", "token-long");
+    got = role_fetches(&r);
+    cr_expect_str_eq(got, "ASIASHORT\nASIALONG\n", "one renewal");
     free(got);
     store_close(s);
     fake_stop(&f);

@@ -8,7 +8,8 @@ role's credentials (iam/security-credentials/, then /ROLE), and a
 container's at /v1/credentials (Authorization checked against FILE's "auth"
 when it has one), as FILE, a JSON
 object read at each request, says: {"role", "AccessKeyId",
-"SecretAccessKey", "Token", "expires_in" (seconds from now)}, or {"raw":
+"SecretAccessKey", "Token", "expires_in" (seconds from now), "delay_s" (the
+role's credentials answered that late, after the .fetches line)}, or {"raw":
 TEXT} to answer TEXT instead, or {"status": CODE} to answer that; each
 credentials request appends a line to FILE.fetches. Prints the port it
 listens on, then serves until killed. Standard library only.
@@ -42,6 +43,7 @@ def serve_creds(h, creds, path):
     else:
         with open(creds + ".fetches", "a") as f:
             f.write(c.get("AccessKeyId", "") + "\n")
+        time.sleep(float(c.get("delay_s", 0)))
         if "raw" in c:
             h.reply(200, c["raw"].encode(), "application/json")
             return
