@@ -45,6 +45,17 @@ scripts/make_fixtures.py computes them (its helpers, imported):
   grad.KEY       F32  the gradient of adapter tensor KEY (PEFT's name)
 Also needs transformers==5.24.0 and peft==0.21.2.
 
+llama_gqa_qdora.safetensors: the same for QDoRA, DoRA on the NF4 base: the
+model, DoRA adapter (A, B and the magnitude vectors) and batch of
+tests/fixtures/hf/llama_gqa_dora, its projection weights replaced by
+bitsandbytes' dequantize(quantize_4bit(W)) as above; the same keys (grad.KEY
+also for the lora_magnitude_vector tensors). PEFT's DoRA on a bitsandbytes
+4-bit layer computes its weight norm from the dequantized weight, which this
+dense model of dequantized weights computes as well.
+
+llama_gqa_dora_bnb/: llama_gqa_dora's model as a pre-quantized bitsandbytes
+4-bit directory, as llama_gqa_bnb/ below (the base of llama_gqa_qdora).
+
 llama_gqa_bnb/: the same model as a pre-quantized bitsandbytes 4-bit
 directory, written by this script from bitsandbytes' quant states (the same
 quantization as llama_gqa_qlora's base) with the names transformers gives
@@ -182,6 +193,7 @@ def generate(out_dir):
         log.append("note: bitsandbytes' native CPU dequantize_4bit differs from its reference "
                    "kernel for shapes " + ", ".join(f"{r}x{c}" for r, c in NATIVE_DIFFERS))
     log += make_qlora_case(out_dir)
+    log += make_qdora_case(out_dir)
     tensors["dynamic_map"] = F.create_dynamic_map().to(torch.float32)
     # one metadata key: safetensors writes a dict's keys in no fixed order
     save_file(tensors, os.path.join(out_dir, "matrices.safetensors"),
@@ -221,17 +233,21 @@ def write_transformers_saved(dst, model_dir):
     m.save_pretrained(dst)
 
 
-def make_qlora_case(out_dir):
-    """The llama_gqa fixture's LoRA loss and gradients on an NF4 base."""
+def nf4_peft_case(case):
+    """tests/fixtures/hf/CASE's adapter (LoRA or DoRA) on its model with every
+    projection weight NF4-quantized and dequantized by bitsandbytes: the
+    dequantized weights, logits, loss and adapter gradients (float64 math,
+    stored float32), bitsandbytes' quant states, the model's own tensors and
+    the largest |W - dequant|."""
     import warnings
     import torch
     import bitsandbytes.functional as F
     from peft import PeftModel
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
     import make_fixtures as mf
-    case_dir = os.path.join(os.path.dirname(here), "tests", "fixtures", "hf", "llama_gqa")
+    case_dir = os.path.join(os.path.dirname(here), "tests", "fixtures", "hf", case)
     model_dir, lora_dir = os.path.join(case_dir, "model"), os.path.join(case_dir, "lora")
     saved = load_file(os.path.join(model_dir, "model.safetensors"))
     batch = load_file(os.path.join(case_dir, "batch.safetensors"))
@@ -266,8 +282,10 @@ def make_qlora_case(out_dir):
             trainable = {}
             for n, p in p64.named_parameters():
                 if p.requires_grad:
-                    key = n.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.",
-                                                                            ".lora_B.")
+                    key = (n.replace(".lora_A.default.", ".lora_A.")
+                           .replace(".lora_B.default.", ".lora_B.")
+                           .replace(".lora_magnitude_vector.default.weight",
+                                    ".lora_magnitude_vector"))
                     trainable[key] = p
             logits = p64(input_ids=inputs).logits
             loss = mf.masked_loss(logits, tokens, mask)
@@ -276,14 +294,36 @@ def make_qlora_case(out_dir):
     out["loss"] = loss.detach().reshape(1).to(torch.float32)
     for k, p in trainable.items():
         out["grad." + k] = p.grad.detach().to(torch.float32)
-    save_file({k: v.contiguous() for k, v in out.items()},
-              os.path.join(out_dir, "llama_gqa_qlora.safetensors"),
+    return out, bnb_dir, saved, model_dir, worst
+
+
+def save_case(out, out_dir, name):
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(out_dir, name),
               metadata={"generator": "scripts/make_nf4_fixtures.py"})
+
+
+def make_qlora_case(out_dir):
+    """The llama_gqa fixture's LoRA loss and gradients on an NF4 base."""
+    out, bnb_dir, saved, model_dir, worst = nf4_peft_case("llama_gqa")
+    save_case(out, out_dir, "llama_gqa_qlora.safetensors")
     write_bnb_dir(os.path.join(out_dir, "llama_gqa_bnb"), model_dir, saved, bnb_dir)
     write_transformers_saved(os.path.join(out_dir, "llama_gqa_bnb_saved"), model_dir)
-    log.append(f"llama_gqa qlora: loss {loss.item():.6f}, {len(trainable)} adapter tensors, "
-               f"max |W - dequant| {worst:.3g}")
-    return log
+    grads = sum(k.startswith("grad.") for k in out)
+    return [f"llama_gqa qlora: loss {out['loss'].item():.6f}, {grads} adapter tensors, "
+            f"max |W - dequant| {worst:.3g}"]
+
+
+def make_qdora_case(out_dir):
+    """The llama_gqa_dora fixture's DoRA loss and gradients on an NF4 base."""
+    out, bnb_dir, saved, model_dir, worst = nf4_peft_case("llama_gqa_dora")
+    save_case(out, out_dir, "llama_gqa_qdora.safetensors")
+    write_bnb_dir(os.path.join(out_dir, "llama_gqa_dora_bnb"), model_dir, saved, bnb_dir)
+    grads = sum(k.startswith("grad.") for k in out)
+    magnitudes = sum(k.endswith(".lora_magnitude_vector") for k in out)
+    assert magnitudes == 14, magnitudes
+    return [f"llama_gqa_dora qdora: loss {out['loss'].item():.6f}, {grads} adapter tensors "
+            f"({magnitudes} magnitude vectors), max |W - dequant| {worst:.3g}"]
 
 
 def main(argv=None):

@@ -236,7 +236,7 @@ Test(config, quantize_is_a_math_key_and_its_refusals_name_it)
     snprintf(text, sizeof text, "%strain:\n  mode: full\n", base);
     expect_error(text, "model.quantize nf4", "needs train.mode lora");
     snprintf(text, sizeof text, "%slora:\n  dora: true\n", base);
-    expect_error(text, "model.quantize nf4", "lora.dora");
+    expect_valid(text); /* QDoRA: DoRA on the NF4 base (tests/test_nf4.c) */
     snprintf(text, sizeof text, "%sruntime:\n  backend: cuda\n", base);
     expect_valid(text); /* QLoRA on CUDA (tests/test_cuda_model.c) */
     expect_error("model:\n  quantize: int8\n", "bad.yaml:2", "model.quantize");

@@ -282,6 +282,22 @@ Test(cuda_model, qlora_bitsandbytes_directory_as_stored)
     free(d), free(hf), free(bnb);
 }
 
+/* QDoRA: llama_gqa_dora's DoRA adapter on its model as bitsandbytes stored
+ * it (tests/fixtures/nf4/llama_gqa_dora_bnb): each weight norm from the
+ * dequantized bf16 weight on CUDA, the fp32 one on the CPU */
+Test(cuda_model, qdora_bitsandbytes_directory_as_stored)
+{
+    char *d = tu_tempdir("cuda-qdora");
+    char *hf = strdup(bundled("hf/llama_gqa_dora")), *bnb = strdup(bundled("nf4/llama_gqa_dora_bnb"));
+    cr_assert_eq(tu_sh(NULL, "ln -s %s %s/model && ln -s %s/lora %s/lora && "
+                             "ln -s %s/batch.safetensors %s/batch.safetensors",
+                       bnb, d, hf, d, hf, d),
+                 0);
+    compare_qlora(d, "llama_gqa_dora_bnb QDoRA (as stored)");
+    tu_rmtree(d);
+    free(d), free(hf), free(bnb);
+}
+
 /* Recomputing (a layer, or attention) on CUDA gives the same step. */
 Test(cuda_model, recompute_changes_nothing)
 {
@@ -389,10 +405,11 @@ Test(cuda_model, lora_training_tracks_the_cpu, .timeout = 900)
     free(dir);
 }
 
-/* QLoRA (runtime.backend auto, which picks the GPU) and DoRA with dropout
- * (runtime.backend cuda) through `spotune train`: 8 steps each, every
- * step's loss within 1% of the same run on the CPU backend (measured on the
- * emulated device: 1.5e-4 and 1.4e-4), and the loss falls. */
+/* QLoRA (runtime.backend auto, which picks the GPU), DoRA with dropout
+ * (runtime.backend cuda) and QDoRA (DoRA on the NF4 base, with dropout)
+ * through `spotune train`: 8 steps each, every step's loss within 1% of the
+ * same run on the CPU backend (measured on the emulated device: 1.5e-4,
+ * 1.4e-4 and 1.5e-4), and the loss falls. */
 #define SHORT_STEPS 8
 
 /* The short run of write_run_yaml with setting (a --set) on the CPU and on
@@ -447,6 +464,8 @@ Test(cuda_model, qlora_and_dora_train_through_the_binary, .timeout = 600)
     short_run_tracks_the_cpu(dir, "qlora", "model.quantize=nf4", "QLoRA (LoRA on the NF4 base)",
                              "auto");
     short_run_tracks_the_cpu(dir, "dora", "lora.dora=true", "LoRA with DoRA", cuda_test_backend());
+    short_run_tracks_the_cpu(dir, "qdora", "lora.dora=true --set model.quantize=nf4",
+                             "QDoRA (DoRA on the NF4 base)", cuda_test_backend());
     tu_rmtree(dir);
     free(dir);
 }

@@ -164,8 +164,9 @@ static void make_data(int64_t vocab)
 }
 
 /* Trains DIR/run (mode lora or full) for 6 steps on DIR/base; the final
- * checkpoint is DIR/run/checkpoints/step-00000006. */
-static void train_q(const char *mode, const char *targets, int dora, const char *quantize)
+ * checkpoint is DIR/run/checkpoints/step-00000006. The command's output
+ * (the caller frees it). */
+static char *train_q(const char *mode, const char *targets, int dora, const char *quantize)
 {
     char *yaml = sp_strf("run:\n  dir: %s\n  seed: 7\nmodel:\n  path: %s\n  quantize: %s\n"
                          "data:\n  train: %s\n  val: %s\n  val_every: 3\n  val_windows: 4\n"
@@ -181,12 +182,12 @@ static void train_q(const char *mode, const char *targets, int dora, const char 
     char *out = NULL;
     int rc = tu_spotune(&out, "train %s", at("run.yaml"));
     cr_assert_eq(rc, 0, "training failed (%d): %s", rc, out);
-    free(out);
+    return out;
 }
 
 static void train(const char *mode, const char *targets, int dora)
 {
-    train_q(mode, targets, dora, "none");
+    free(train_q(mode, targets, dora, "none"));
 }
 
 /* The merged config.json (path) is the base's with every dtype key the base
@@ -708,6 +709,24 @@ Test(export_hf, model_card_from_metrics)
     cr_expect(!exists(at("README.md.tmp")));
 }
 
+/* spotune's NF4 round trip of w [n] (kernels/nf4.h): what a QLoRA run
+ * computes with in place of w. */
+static float *nf4_round_trip(const float *w, size_t n)
+{
+    size_t nb = nf4_blocks(n);
+    uint8_t *codes = malloc(nf4_code_bytes(n)), *q = malloc(nb);
+    float *absmax = malloc(sizeof(float) * nb), *nested = malloc(sizeof(float) * nf4_nested_blocks(n));
+    float *deq = malloc(sizeof(float) * n);
+    cr_assert(codes && q && absmax && nested && deq);
+    nf4_quantize_codes(w, n, codes, absmax);
+    float offset = nf4_absmax_offset(absmax, nb);
+    nf4_quantize_absmax(absmax, nb, offset, nf4_dynamic_map, q, nested);
+    nf4_dequantize_absmax(q, nested, nf4_dynamic_map, offset, nb, absmax);
+    nf4_dequantize_codes(codes, absmax, nf4_quant_map, n, deq);
+    free(codes), free(q), free(absmax), free(nested);
+    return deq;
+}
+
 /* QLoRA (model.quantize nf4): --merged notes that the base is merged
  * dequantized and writes bf16 by default; in f32 a projection without an
  * adapter is exactly spotune's NF4 round trip of the base weight
@@ -720,7 +739,7 @@ Test(export_hf, qlora_merged_is_the_dequantized_base_plus_adapter)
     cr_assert_eq(tu_sh(NULL, "cp -r %s %s", fixture("hf/llama_gqa/model"), at("base")), 0);
     cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
     make_data(mc.vocab);
-    train_q("lora", "[q_proj, v_proj]", 0, "nf4");
+    free(train_q("lora", "[q_proj, v_proj]", 0, "nf4"));
     char *out = NULL;
     const char *ck = at("run/checkpoints/step-00000006");
     int rc = tu_spotune(&out, "export %s --merged %s --peft %s", ck, at("m"), at("peft"));
@@ -739,15 +758,7 @@ Test(export_hf, qlora_merged_is_the_dequantized_base_plus_adapter)
         float *w = tu_load_f32(at("base/model.safetensors"), names[t], &n);
         float *merged = tu_load_f32(at("m32/model.safetensors"), names[t], &nm);
         cr_assert(w && merged && n == nm, "%s", names[t]);
-        size_t nb = nf4_blocks(n);
-        uint8_t *codes = malloc(nf4_code_bytes(n)), *q = malloc(nb);
-        float *absmax = malloc(sizeof(float) * nb), *nested = malloc(sizeof(float) * nf4_nested_blocks(n));
-        float *deq = malloc(sizeof(float) * n);
-        nf4_quantize_codes(w, n, codes, absmax);
-        float offset = nf4_absmax_offset(absmax, nb);
-        nf4_quantize_absmax(absmax, nb, offset, nf4_dynamic_map, q, nested);
-        nf4_dequantize_absmax(q, nested, nf4_dynamic_map, offset, nb, absmax);
-        nf4_dequantize_codes(codes, absmax, nf4_quant_map, n, deq);
+        float *deq = nf4_round_trip(w, n);
         if (t == 0) {
             cr_expect(memcmp(deq, merged, sizeof(float) * n) == 0,
                       "%s: not the NF4 round trip of the base", names[t]);
@@ -773,8 +784,73 @@ Test(export_hf, qlora_merged_is_the_dequantized_base_plus_adapter)
             cr_expect_gt(moved, 1e-4, "%s: the adapter barely moved the weight", names[t]);
             free(A), free(B), free(want);
         }
-        free(w), free(merged), free(codes), free(q), free(absmax), free(nested), free(deq);
+        free(w), free(merged), free(deq);
     }
+}
+
+/* QDoRA (model.quantize nf4 with lora.dora): trains through the binary
+ * (the start-up log says so); --peft writes a DoRA adapter (use_dora, a
+ * magnitude vector per target) and --merged in f32 has, for a target, each
+ * row of W' + s B A (W' the NF4 round trip of the base) scaled to its
+ * magnitude m[o] / ||row o|| as PEFT merges DoRA (1e-6 relative), and for
+ * a projection without an adapter W' exactly. */
+Test(export_hf, qdora_merged_is_the_dequantized_base_with_dora)
+{
+    model_config_t mc;
+    sp_err err = {0};
+    cr_assert_eq(tu_sh(NULL, "cp -r %s %s", fixture("hf/llama_gqa/model"), at("base")), 0);
+    cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
+    make_data(mc.vocab);
+    char *out = train_q("lora", "[q_proj, v_proj]", 1, "nf4");
+    cr_expect(tu_contains(out, "QDoRA (DoRA on the NF4 base)"), "%s", out);
+    free(out);
+    const char *ck = at("run/checkpoints/step-00000006");
+    int rc = tu_spotune(&out, "export %s --merged %s --dtype f32 --peft %s", ck, at("m32"),
+                        at("peft"));
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "differ from the unquantized base"), "%s", out);
+    free(out);
+    json_t *cfg = load_json(at("peft/adapter_config.json"));
+    cr_expect(json_is_true(json_object_get(cfg, "use_dora")));
+    json_decref(cfg);
+    const char *pre = "base_model.model.model.layers.1.self_attn.q_proj.";
+    size_t n, nm, na, nbm, nmag;
+    float *w = tu_load_f32(at("base/model.safetensors"), "model.layers.1.self_attn.q_proj.weight", &n);
+    float *merged = tu_load_f32(at("m32/model.safetensors"), "model.layers.1.self_attn.q_proj.weight",
+                                &nm);
+    float *A = tu_load_f32(at("peft/adapter_model.safetensors"), tu_fmt("%slora_A.weight", pre), &na);
+    float *B = tu_load_f32(at("peft/adapter_model.safetensors"), tu_fmt("%slora_B.weight", pre), &nbm);
+    float *mag = tu_load_f32(at("peft/adapter_model.safetensors"),
+                             tu_fmt("%slora_magnitude_vector", pre), &nmag);
+    cr_assert(w && merged && A && B && mag && n == nm);
+    size_t r = 4, in = na / r, outd = nbm / r;
+    cr_assert_eq(in * outd, n);
+    cr_assert_eq(nmag, outd);
+    float *deq = nf4_round_trip(w, n), *want = malloc(sizeof(float) * n);
+    double *row = malloc(sizeof(double) * in);
+    for (size_t o = 0; o < outd; o++) {
+        double ss = 0;
+        for (size_t i = 0; i < in; i++) {
+            double s = 0;
+            for (size_t k = 0; k < r; k++)
+                s += (double)B[o * r + k] * A[k * in + i];
+            row[i] = deq[o * in + i] + 2.0 * s; /* alpha 8 / r 4 */
+            ss += row[i] * row[i];
+        }
+        for (size_t i = 0; i < in; i++)
+            want[o * in + i] = (float)(row[i] * mag[o] / sqrt(ss));
+    }
+    double e = tu_rel_err(merged, want, n), moved = tu_rel_err(deq, want, n);
+    cr_expect_lt(e, 1e-6, "merged vs m / ||W' + s B A|| (W' + s B A): rel %g", e);
+    cr_expect_gt(moved, 1e-4, "the adapter barely moved the weight");
+    free(w), free(merged), free(A), free(B), free(mag), free(deq), free(want), free(row);
+    /* k_proj carries no adapter: the NF4 round trip of the base, exactly */
+    w = tu_load_f32(at("base/model.safetensors"), "model.layers.0.self_attn.k_proj.weight", &n);
+    merged = tu_load_f32(at("m32/model.safetensors"), "model.layers.0.self_attn.k_proj.weight", &nm);
+    cr_assert(w && merged && n == nm);
+    deq = nf4_round_trip(w, n);
+    cr_expect(memcmp(deq, merged, sizeof(float) * n) == 0, "k_proj: not the NF4 round trip");
+    free(w), free(merged), free(deq);
 }
 
 /* A QLoRA run on a pre-quantized bitsandbytes directory: --merged writes a
@@ -788,7 +864,7 @@ Test(export_hf, qlora_on_a_bitsandbytes_directory_merges_dense)
     cr_assert_eq(model_config_load(&mc, at("base"), &err), 0, "%s", err.msg);
     cr_assert(mc.bnb_nf4);
     make_data(mc.vocab);
-    train_q("lora", "[q_proj, v_proj]", 0, "nf4");
+    free(train_q("lora", "[q_proj, v_proj]", 0, "nf4"));
     char *out = NULL;
     int rc = tu_spotune(&out, "export %s --merged %s --dtype f32",
                         at("run/checkpoints/step-00000006"), at("m"));

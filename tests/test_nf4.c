@@ -270,18 +270,30 @@ Test(nf4, whole_pipeline_against_bitsandbytes)
 
 TestSuite(qlora);
 
-static const char *qlora_expected(void)
+/* An NF4 case: an hf fixture (its model, adapter and batch) and PEFT's
+ * values on its dequantized base (make_nf4_fixtures.py). */
+typedef struct nf4_case {
+    const char *hf, *expected;
+    int trainable; /* adapter tensors: A and B, and DoRA's magnitudes */
+} nf4_case;
+
+static const nf4_case QLORA = {"llama_gqa", "llama_gqa_qlora", 28};
+static const nf4_case QDORA = {"llama_gqa_dora", "llama_gqa_qdora", 42};
+
+static const char *case_expected(const nf4_case *k)
 {
-    return tu_fmt("%s/tests/fixtures/nf4/llama_gqa_qlora.safetensors", tu_source_dir());
+    return tu_fmt("%s/tests/fixtures/nf4/%s.safetensors", tu_source_dir(), k->expected);
 }
 
-static void open_qlora(tu_hf_case *hc, const char *backend)
+static void open_case(tu_hf_case *hc, const nf4_case *k, const char *backend)
 {
     sp_err err = {0};
-    cr_assert_eq(tu_hf_open_nf4(hc, tu_fmt("%s/tests/fixtures/hf/llama_gqa", tu_source_dir()),
+    cr_assert_eq(tu_hf_open_nf4(hc, tu_fmt("%s/tests/fixtures/hf/%s", tu_source_dir(), k->hf),
                                 backend, &err),
-                 0, "%s", err.msg);
+                 0, "%s: %s", k->hf, err.msg);
 }
+
+static void open_qlora(tu_hf_case *hc, const char *backend) { open_case(hc, &QLORA, backend); }
 
 /* spotune's NF4 base against bitsandbytes': the 4-bit codes and absmax are
  * bnb's (test_nf4 above); the recovered absmax may differ where the offset
@@ -290,10 +302,12 @@ static void open_qlora(tu_hf_case *hc, const char *backend)
  * 0.0071 of the nested absmax <= max |W|). So each value is within 0.0071
  * max |W| of bnb's (measured: 1.3e-4), and more than half are
  * bit-identical (measured: 21901 of 35328). */
-Test(qlora, the_dequantized_base_is_bitsandbytes)
+static void base_is_bitsandbytes(const nf4_case *c)
 {
     tu_hf_case hc;
-    open_qlora(&hc, "cpu");
+    open_case(&hc, c, "cpu");
+    char expected[4096]; /* tu_fmt's buffers are reused */
+    snprintf(expected, sizeof expected, "%s", case_expected(c));
     size_t total = 0, same = 0;
     double worst = 0;
     int weights = 0;
@@ -304,7 +318,7 @@ Test(qlora, the_dequantized_base_is_bitsandbytes)
         cr_expect_null(p->w.p, "%s has a dense copy", p->name);
         cr_expect_not_null(p->q_codes.p, "%s is not NF4", p->name);
         size_t n;
-        float *want = tu_load_f32(qlora_expected(), tu_fmt("dequant.%s", p->name), &n);
+        float *want = tu_load_f32(expected, tu_fmt("dequant.%s", p->name), &n);
         cr_assert(want && n == p->n, "%s", p->name);
         float *got = malloc(sizeof(float) * n);
         model_param_download(hc.m, p, got);
@@ -324,20 +338,25 @@ Test(qlora, the_dequantized_base_is_bitsandbytes)
     cr_expect_eq(weights, 7 * (int)hc.mc.layers);
     cr_expect_leq(worst, 0.0071, "worst difference %g of max |W|", worst);
     cr_expect_geq(same * 2, total, "%zu of %zu values bit-identical", same, total);
-    cr_log_info("qlora base: %zu of %zu values bit-identical to bitsandbytes, worst %.3g of max |W|",
-                same, total, worst);
+    cr_log_info("%s base: %zu of %zu values bit-identical to bitsandbytes, worst %.3g of max |W|",
+                c->hf, same, total, worst);
     tu_hf_close(&hc);
 }
 
-static void check_qlora(const char *backend)
+Test(qlora, the_dequantized_base_is_bitsandbytes) { base_is_bitsandbytes(&QLORA); }
+Test(qlora, the_dequantized_dora_base_is_bitsandbytes) { base_is_bitsandbytes(&QDORA); }
+
+static void check_case(const nf4_case *k, const char *backend)
 {
     tu_hf_case hc;
     sp_err err = {0};
-    open_qlora(&hc, backend);
+    open_case(&hc, k, backend);
+    char expected[4096]; /* tu_fmt's buffers are reused */
+    snprintf(expected, sizeof expected, "%s", case_expected(k));
     model_batch b = {.inputs = hc.inputs, .targets = hc.targets, .sample_ids = hc.ids,
                      .B = hc.B, .T = hc.T, .grad_scale = (float)(1.0 / hc.count), .last = 1};
     size_t n;
-    float *want = tu_load_f32(qlora_expected(), "logits", &n);
+    float *want = tu_load_f32(expected, "logits", &n);
     cr_assert(want && n == (size_t)hc.B * hc.T * hc.mc.vocab);
     float *got = malloc(sizeof(float) * n);
     cr_assert_eq(model_forward_logits(hc.m, &b, got, &err), 0, "%s", err.msg);
@@ -348,7 +367,7 @@ static void check_qlora(const char *backend)
     model_zero_grads(hc.m);
     double loss_sum = 0;
     cr_assert_eq(model_forward_backward(hc.m, &b, &loss_sum, &err), 0, "%s", err.msg);
-    float *wl = tu_load_f32(qlora_expected(), "loss", NULL);
+    float *wl = tu_load_f32(expected, "loss", NULL);
     double loss = loss_sum / hc.count;
     cr_expect_lt(fabs(loss - wl[0]), QLORA_TOL * fabs(wl[0]), "%s loss %.8f vs %.8f", backend, loss,
                  wl[0]);
@@ -358,7 +377,7 @@ static void check_qlora(const char *backend)
         param_t *p = &hc.m->params[i];
         if (!p->trainable)
             continue;
-        float *wg = tu_load_f32(qlora_expected(), tu_fmt("grad.%s", p->name), &n);
+        float *wg = tu_load_f32(expected, tu_fmt("grad.%s", p->name), &n);
         cr_assert(wg && n == p->n, "no expected gradient for %s", p->name);
         float *g = malloc(sizeof(float) * n);
         be_download(hc.be, g, DT_F32, p->grad);
@@ -369,14 +388,14 @@ static void check_qlora(const char *backend)
         free(wg);
         checked++;
     }
-    cr_expect_eq(checked, 28);
-    cr_log_info("qlora %s: loss %.8f vs %.8f, worst LoRA gradient rel err %.3g", backend, loss,
+    cr_expect_eq(checked, k->trainable);
+    cr_log_info("%s %s: loss %.8f vs %.8f, worst adapter gradient rel err %.3g", k->expected, backend, loss,
                 wl[0], worst);
     free(wl);
     tu_hf_close(&hc);
 }
 
-Test(qlora, llama_gqa_loss_and_lora_gradients_match_peft) { check_qlora("cpu"); }
+Test(qlora, llama_gqa_loss_and_lora_gradients_match_peft) { check_case(&QLORA, "cpu"); }
 
 /* q, k, v and gate, up are one product each on the NF4 base too (their
  * weights dequantized together into the workspace): the same loss and
@@ -406,7 +425,9 @@ Test(qlora, fused_products_match_per_projection)
     cr_expect_lt(e, 1e-5, "gradients: rel err %g", e);
     free(a), free(b);
 }
-Test(qlora, reference_backend) { check_qlora("cpu-ref"); }
+Test(qlora, reference_backend) { check_case(&QLORA, "cpu-ref"); }
+
+
 
 /* The NF4 base takes nf4_bytes() per projection weight, no dense copy,
  * which is what model_plan_bytes counts; the dequantization workspace is
@@ -443,31 +464,36 @@ Test(qlora, memory_is_what_the_plan_counts)
  * tests/fixtures/nf4/llama_gqa_bnb: llama_gqa's projections as bitsandbytes
  * quantized them (the base of llama_gqa_qlora.safetensors), in transformers'
  * names. Loaded as stored: the base is bnb's bit for bit, and the loss and
- * LoRA gradients are PEFT's on it (1e-4). */
+ * LoRA gradients are PEFT's on it (1e-4). llama_gqa_dora_bnb likewise for
+ * llama_gqa_dora's model (the base of llama_gqa_qdora.safetensors). */
 
-/* a case directory: model/ -> the bnb directory (or dir_model), lora/ and the
- * batch of hf/llama_gqa */
-static char *bnb_case(const char *dir_model)
+/* a case directory: model/ -> the bnb directory of case c (or dir_model),
+ * lora/ and the batch of hf/<c->hf> */
+static char *bnb_case(const nf4_case *c, const char *dir_model)
 {
     char *d = tu_tempdir("bnb");
-    const char *hf = tu_fmt("%s/tests/fixtures/hf/llama_gqa", tu_source_dir());
+    char hf[4096];
+    snprintf(hf, sizeof hf, "%s/tests/fixtures/hf/%s", tu_source_dir(), c->hf);
     cr_assert_eq(tu_sh(NULL, "ln -s %s %s/model && ln -s %s/lora %s/lora && "
                              "ln -s %s/batch.safetensors %s/batch.safetensors",
                        dir_model ? dir_model
-                                 : tu_fmt("%s/tests/fixtures/nf4/llama_gqa_bnb", tu_source_dir()),
+                                 : tu_fmt("%s/tests/fixtures/nf4/%s_bnb", tu_source_dir(), c->hf),
                        d, hf, d, hf, d),
                  0);
     return d;
 }
 
-/* The case directory d (bnb_case) loaded with model.quantize nf4: every
- * projection weight bnb's dequantization bit for bit, the loss and LoRA
- * gradients PEFT's on it (QLORA_TOL). */
-static void expect_loaded_as_stored(const char *d, const char *what)
+/* The case directory d (bnb_case of case c) loaded with model.quantize nf4
+ * on backend: every projection weight bnb's dequantization bit for bit, the
+ * logits, loss and adapter gradients PEFT's on it (QLORA_TOL). */
+static void expect_loaded_as_stored(const nf4_case *c, const char *d, const char *what,
+                                    const char *backend)
 {
     tu_hf_case hc;
     sp_err err = {0};
-    cr_assert_eq(tu_hf_open_nf4(&hc, d, "cpu", &err), 0, "%s: %s", what, err.msg);
+    char expected[4096]; /* tu_fmt's buffers are reused */
+    snprintf(expected, sizeof expected, "%s", case_expected(c));
+    cr_assert_eq(tu_hf_open_nf4(&hc, d, backend, &err), 0, "%s: %s", what, err.msg);
     cr_expect(hc.mc.bnb_nf4);
     int weights = 0;
     for (int i = 0; i < hc.m->nparams; i++) {
@@ -475,7 +501,7 @@ static void expect_loaded_as_stored(const char *d, const char *what)
         if (p->kind != PK_WEIGHT)
             continue;
         size_t n;
-        float *want = tu_load_f32(qlora_expected(), tu_fmt("dequant.%s", p->name), &n);
+        float *want = tu_load_f32(expected, tu_fmt("dequant.%s", p->name), &n);
         float *got = malloc(sizeof(float) * n);
         cr_assert(want && n == p->n);
         model_param_download(hc.m, p, got);
@@ -488,19 +514,29 @@ static void expect_loaded_as_stored(const char *d, const char *what)
     cr_expect_eq(weights, 7 * (int)hc.mc.layers);
     model_batch b = {.inputs = hc.inputs, .targets = hc.targets, .sample_ids = hc.ids,
                      .B = hc.B, .T = hc.T, .grad_scale = (float)(1.0 / hc.count), .last = 1};
+    size_t nl;
+    float *want_logits = tu_load_f32(expected, "logits", &nl);
+    cr_assert(want_logits && nl == (size_t)hc.B * hc.T * hc.mc.vocab);
+    float *logits = malloc(sizeof(float) * nl);
+    cr_assert_eq(model_forward_logits(hc.m, &b, logits, &err), 0, "%s", err.msg);
+    double le = tu_rel_err(logits, want_logits, nl);
+    cr_expect_lt(le, QLORA_TOL, "%s logits: rel err %g", what, le);
+    free(want_logits);
+    free(logits);
     model_zero_grads(hc.m);
     double loss_sum = 0;
     cr_assert_eq(model_forward_backward(hc.m, &b, &loss_sum, &err), 0, "%s", err.msg);
-    float *wl = tu_load_f32(qlora_expected(), "loss", NULL);
+    float *wl = tu_load_f32(expected, "loss", NULL);
     double loss = loss_sum / hc.count;
     cr_expect_lt(fabs(loss - wl[0]), QLORA_TOL * fabs(wl[0]), "loss %.8f vs %.8f", loss, wl[0]);
     double worst = 0;
+    int checked = 0;
     for (int i = 0; i < hc.m->nparams; i++) {
         param_t *p = &hc.m->params[i];
         if (!p->trainable)
             continue;
         size_t n;
-        float *wg = tu_load_f32(qlora_expected(), tu_fmt("grad.%s", p->name), &n);
+        float *wg = tu_load_f32(expected, tu_fmt("grad.%s", p->name), &n);
         float *g = malloc(sizeof(float) * n);
         cr_assert(wg && n == p->n);
         be_download(hc.be, g, DT_F32, p->grad);
@@ -509,19 +545,21 @@ static void expect_loaded_as_stored(const char *d, const char *what)
         cr_expect_lt(ge, QLORA_TOL, "grad %s rel err %g", p->name, ge);
         free(g);
         free(wg);
+        checked++;
     }
-    cr_log_info("%s: loss %.8f vs %.8f, worst LoRA gradient rel err %.3g", what, loss, wl[0],
-                worst);
+    cr_expect_eq(checked, c->trainable, "%s", what);
+    cr_log_info("%s: logits rel err %.3g, loss %.8f vs %.8f, worst adapter gradient rel err %.3g",
+                what, le, loss, wl[0], worst);
     free(wl);
     tu_hf_close(&hc);
 }
 
 Test(qlora, prequantized_bitsandbytes_directory_is_loaded_as_stored)
 {
-    char *d = bnb_case(NULL);
+    char *d = bnb_case(&QLORA, NULL);
     tu_hf_case hc;
     sp_err err = {0};
-    expect_loaded_as_stored(d, "bnb directory");
+    expect_loaded_as_stored(&QLORA, d, "bnb directory", "cpu");
     /* without model.quantize nf4: refused, naming the key */
     cr_assert_neq(tu_hf_open(&hc, d, 1, 0.0, "cpu", RECOMPUTE_NONE, 0, &err), 0);
     cr_expect_eq(err.code, SP_EXIT_USAGE);
@@ -531,6 +569,26 @@ Test(qlora, prequantized_bitsandbytes_directory_is_loaded_as_stored)
     tu_rmtree(d);
     free(d);
 }
+
+/* QDoRA: DoRA on the NF4 base, each weight norm ||W + s B A|| taken from the
+ * dequantized weight as PEFT's DoRA on a bitsandbytes 4-bit layer takes it:
+ * llama_gqa_dora's adapter on its model as bitsandbytes quantized it,
+ * against PEFT's DoRA on bnb's dequantized weights (llama_gqa_qdora): the
+ * logits, the loss and the gradients of A, B and the magnitude vectors
+ * within QLORA_TOL, on both CPU backends. (From the dense model spotune's
+ * own quantization is within one 8-bit absmax step of bnb's, above, which
+ * moves DoRA's outputs by a few 1e-4: so the exact check is on bnb's base.) */
+static void qdora_as_stored(const char *backend)
+{
+    char *d = bnb_case(&QDORA, NULL), what[64];
+    snprintf(what, sizeof what, "QDoRA on %s", backend);
+    expect_loaded_as_stored(&QDORA, d, what, backend);
+    tu_rmtree(d);
+    free(d);
+}
+
+Test(qlora, qdora_on_the_bitsandbytes_base_matches_peft) { qdora_as_stored("cpu"); }
+Test(qlora, qdora_reference_backend) { qdora_as_stored("cpu-ref"); }
 
 /* tests/fixtures/nf4/llama_gqa_bnb_saved: the same float32 model loaded by
  * transformers itself with BitsAndBytesConfig(load_in_4bit, nf4, double
@@ -546,8 +604,8 @@ Test(qlora, transformers_save_pretrained_4bit_directory_loads)
                   strstr(cfg, "\"transformers_version\""),
               "not a config.json transformers wrote for a 4-bit model");
     free(cfg);
-    char *d = bnb_case(saved);
-    expect_loaded_as_stored(d, "transformers' save_pretrained");
+    char *d = bnb_case(&QLORA, saved);
+    expect_loaded_as_stored(&QLORA, d, "transformers' save_pretrained", "cpu");
     tu_rmtree(d);
     free(d);
 }
@@ -608,7 +666,7 @@ Test(qlora, another_blocksize_is_refused_by_tensor_field_and_value)
                        "b\"\\\"blocksize\\\": 32\", 1))' %s/model.safetensors %s/model.safetensors",
                        src, src, m, src, m),
                  0);
-    char *d = bnb_case(m);
+    char *d = bnb_case(&QLORA, m);
     tu_hf_case hc;
     sp_err err = {0};
     cr_assert_neq(tu_hf_open_nf4(&hc, d, "cpu", &err), 0);

@@ -434,8 +434,9 @@ Test(plan, command_table_and_json)
 /* A model directory, its config.json, a run YAML (its settings, the job from
  * train.steps) and a dataset's token count. */
 /* A DoRA run (lora.dora in the YAML) is planned with its magnitudes: one
- * trainable value per output feature of each target, on top of LoRA's; a
- * fix that changes it to QLoRA turns DoRA off and says so. */
+ * trainable value per output feature of each target, on top of LoRA's; as
+ * QLoRA (--mode qlora, or a fix that changes it to QLoRA) it stays DoRA on
+ * the NF4 base (QDoRA): the same trainable values, the base in 4 bits. */
 Test(plan, a_dora_run_counts_its_magnitudes)
 {
     char *d = tu_tempdir("plandora");
@@ -455,6 +456,15 @@ Test(plan, a_dora_run_counts_its_magnitudes)
     double dm = json_real_value(json_object_get(json_object_get(j, "memory_gib"), "total")),
            lm = json_real_value(json_object_get(json_object_get(l, "memory_gib"), "total"));
     cr_expect_gt(dm, lm, "DoRA %.4f GiB, LoRA %.4f GiB", dm, lm);
+    json_t *q = plan_json(tu_fmt("%s/dora.yaml --model llama-7b --gpu H100 --mode qlora", d));
+    cr_expect(json_is_true(json_object_get(q, "dora")));
+    cr_expect_str_eq(json_string_value(json_object_get(q, "mode")), "qlora");
+    cr_expect_eq(json_integer_value(json_object_get(q, "trainable_params")),
+                 json_integer_value(json_object_get(j, "trainable_params")));
+    double qm = json_real_value(json_object_get(json_object_get(q, "memory_gib"), "total"));
+    /* 6.5G projection weights: 13 GB in bf16, about 3.4 in NF4 */
+    cr_expect(qm < dm - 8.0, "QDoRA %.4f GiB, DoRA %.4f GiB", qm, dm);
+    json_decref(q);
     json_decref(j);
     json_decref(l);
     char *out = NULL;
@@ -464,8 +474,7 @@ Test(plan, a_dora_run_counts_its_magnitudes)
                   tu_contains(out, "(41.3M trainable parameters, a magnitude per output feature "
                                    "included)") &&
                   tu_contains(out, "fits: NO") &&
-                  tu_contains(out, "mode qlora (model.quantize nf4: LoRA r 16 on NF4 weights, "
-                                   "lora.dora off)"),
+                  tu_contains(out, "mode qlora (model.quantize nf4: DoRA r 16 on NF4 weights)"),
               "%s", out);
     free(out);
     tu_rmtree(d);
@@ -569,10 +578,6 @@ Test(plan, bad_inputs)
     tu_write_file(tu_fmt("%s/empty/config.json", d), "{\"architectures\": [\"LlamaForCausalLM\"], "
                                                      "\"hidden_size\": 64}");
     refused(3, tu_fmt("%s/empty --gpu H100", d), "vocab_size is missing");
-    /* a DoRA run cannot be planned as QLoRA (the two do not go together) */
-    tu_write_file(tu_fmt("%s/dora.yaml", d), "lora:\n  dora: true\n");
-    refused(2, tu_fmt("%s/dora.yaml --model llama-7b --gpu H100 --mode qlora", d),
-            "--mode qlora (model.quantize nf4) with lora.dora is not supported");
     /* a GPU not in the table, none at all, a memory too small for anything */
     refused(2, "llama-7b --gpu TPUv5", "--gpu 'TPUv5' is not in the table (RTX3090");
     refused(2, "llama-7b", "which GPU?");

@@ -196,6 +196,8 @@ Test(plan, activations_and_scratch_are_the_models_bytes)
         {MODE_LORA, RECOMPUTE_NONE, 1, 0, 0.0, 1, 64},
         {MODE_LORA, RECOMPUTE_NONE, 0, 1, 0.0, 2, 64},  /* QLoRA: the NF4 workspace */
         {MODE_LORA, RECOMPUTE_LAYER, 0, 1, 0.1, 1, 32}, /* QLoRA with dropout */
+        {MODE_LORA, RECOMPUTE_NONE, 1, 1, 0.0, 2, 64},  /* QDoRA */
+        {MODE_LORA, RECOMPUTE_ATTENTION, 1, 1, 0.1, 1, 32}, /* QDoRA with dropout */
         {MODE_FULL, RECOMPUTE_NONE, 0, 0, 0.0, 2, 64},
         {MODE_FULL, RECOMPUTE_ATTENTION, 0, 0, 0.0, 1, 128},
     };

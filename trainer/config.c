@@ -409,11 +409,6 @@ int config_validate(const config_t *c, sp_err *err)
     if (c->model_quantize == QUANT_NF4 && c->mode != MODE_LORA)
         return sp_fail(err, SP_EXIT_USAGE, "%s: model.quantize nf4 needs train.mode lora, not full",
                        src);
-    if (c->model_quantize == QUANT_NF4 && c->lora_dora)
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "%s: model.quantize nf4 with lora.dora is not supported (DoRA's weight "
-                       "norms would need the dequantized base); set one of them off",
-                       src);
     if (c->mode != MODE_LORA && c->lora_init_from && *c->lora_init_from)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s: lora.init_from (%s) needs train.mode lora, not full", src,

@@ -142,8 +142,8 @@ int model_create(model_t **out, backend_t *be, const model_config_t *mc, const m
                  sp_err *err)
 {
     *out = NULL;
-    if (o->nf4 && (o->mode != MODE_LORA || o->dora))
-        return sp_fail(err, SP_EXIT_USAGE, "model.quantize nf4 needs train.mode lora and no lora.dora");
+    if (o->nf4 && o->mode != MODE_LORA)
+        return sp_fail(err, SP_EXIT_USAGE, "model.quantize nf4 needs train.mode lora");
     if (o->shard_count > 1 && o->mode != MODE_FULL)
         return sp_fail(err, SP_EXIT_USAGE,
                        "a sharded optimizer (model_opts.shard_count %d) is for train.mode full; "
@@ -377,18 +377,19 @@ void model_init_lora(model_t *m, uint64_t seed)
     for (int i = 0; i < m->nparams; i++) {
         param_t *p = &m->params[i];
         if (p->kind == PK_LORA_M) {
-            model_dora_norm(m, p->layer, p->proj, fill_target(m, p));
+            const param_t *w = m->layers[p->layer].w[p->proj];
+            model_dora_norm(m, p->layer, p->proj, model_weight(m, w), fill_target(m, p));
             sync_copy(m, p);
         }
     }
 }
 
-void model_dora_norm(model_t *m, int l, int p, tensor_t n)
+void model_dora_norm(model_t *m, int l, int p, tensor_t w, tensor_t n)
 {
     const layer_params *L = &m->layers[l];
     int64_t in, out;
     model_config_proj_dims(&m->mc, p, &in, &out);
-    be_weight_norm(m->be, n, L->w[p]->w, L->lora_a[p]->w, L->lora_b[p]->w, m->lora_scale,
+    be_weight_norm(m->be, n, w, L->lora_a[p]->w, L->lora_b[p]->w, m->lora_scale,
                    (int)out, (int)in, (int)m->o.lora_r);
 }
 

@@ -305,7 +305,8 @@ void model_lora_name(char *buf, size_t n, int layer, int proj, int b_matrix);
 /* PEFT's name of DoRA's magnitude vector: ...q_proj.lora_magnitude_vector */
 void model_dora_name(char *buf, size_t n, int layer, int proj);
 /* DoRA: n[o] = ||W[o,:] + s (B A)[o,:]||_2 of target p of layer l into the
- * F32 tensor n [out] (from the compute copies of W, A, B). */
-void model_dora_norm(model_t *m, int l, int p, tensor_t n);
+ * F32 tensor n [out], from w (W's compute copy: model_weight(), for an NF4
+ * weight its dequantized value) and the compute copies of A and B. */
+void model_dora_norm(model_t *m, int l, int p, tensor_t w, tensor_t n);
 
 #endif

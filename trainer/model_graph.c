@@ -68,12 +68,13 @@ static proj proj_of(const model_t *m, int l, int p)
 }
 
 /* z = x W^T + scale * (x A^T) B^T into z (DoRA's unscaled output; the LoRA
- * branch's activation xr from the forward). */
-static void dora_unscaled(const step_ctx *c, int l, int p, tensor_t z, tensor_t x)
+ * branch's activation xr from the forward); w is W's compute copy
+ * (model_weight: an NF4 weight dequantized). */
+static void dora_unscaled(const step_ctx *c, int l, int p, tensor_t w, tensor_t z, tensor_t x)
 {
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
-    be_matmul(m->be, z, x, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, 1.0f, 0.0f);
+    be_matmul(m->be, z, x, w, c->rows, j.out, j.in, 0, 1, 1.0f, 0.0f);
     be_matmul(m->be, z, m->acts[l].xr[p], j.L->lora_b[p]->w, c->rows, j.out, (int)m->o.lora_r, 0,
               1, m->lora_scale, 1.0f);
 }
@@ -93,21 +94,20 @@ static void dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x
     model_t *m = c->m;
     proj j = proj_of(m, l, p);
     be_prof_lora(m->be, 1); /* a DoRA projection counts whole as LoRA's */
-    tensor_t n = m->acts[l].wnorm[p];
-    model_dora_norm(m, l, p, n);
+    tensor_t n = m->acts[l].wnorm[p], w = model_weight(m, j.L->w[p]);
+    model_dora_norm(m, l, p, w, n);
     lora_down(c, l, p, x, j.in);
     if (dropping(c)) {
         tensor_t z = rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out);
         tensor_t xd = lora_input(c, l, p, x, j.in);
-        dora_unscaled(c, l, p, z, xd);
+        dora_unscaled(c, l, p, w, z, xd);
         be_col_scale(m->be, z, j.L->lora_m[p]->w, n, c->rows, j.out);
-        be_matmul(m->be, z, xd, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, -1.0f, 1.0f);
-        be_matmul(m->be, y, x, j.L->w[p]->w, c->rows, j.out, j.in, 0, 1, 1.0f,
-                  accumulate ? 1.0f : 0.0f);
+        be_matmul(m->be, z, xd, w, c->rows, j.out, j.in, 0, 1, -1.0f, 1.0f);
+        be_matmul(m->be, y, x, w, c->rows, j.out, j.in, 0, 1, 1.0f, accumulate ? 1.0f : 0.0f);
         be_add(m->be, y, z, 1.0f, z.n);
     } else {
         tensor_t z = accumulate ? rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out) : y;
-        dora_unscaled(c, l, p, z, x);
+        dora_unscaled(c, l, p, w, z, x);
         be_col_scale(m->be, z, j.L->lora_m[p]->w, n, c->rows, j.out);
         if (accumulate)
             be_add(m->be, y, z, 1.0f, z.n);
@@ -272,16 +272,16 @@ static void dora_dropout_backward(const step_ctx *c, int l, int p, tensor_t dy, 
     proj j = proj_of(m, l, p);
     model_scratch *s = MODEL_SCRATCH(m);
     tensor_t g = rows_of(s->dora, c->rows, j.out), n = m->acts[l].wnorm[p];
+    tensor_t w = model_weight(m, j.L->w[p]);
     be_prof_lora(m->be, 1);
-    dora_unscaled(c, l, p, g, lora_input(c, l, p, x, j.in));
+    dora_unscaled(c, l, p, w, g, lora_input(c, l, p, x, j.in));
     be_col_dot(m->be, j.L->lora_m[p]->grad, dy, g, n, c->rows, j.out);
     be_copy(m->be, g, rows_of(dy, c->rows, j.out));
     be_col_scale(m->be, g, j.L->lora_m[p]->w, n, c->rows, j.out);
-    be_matmul(m->be, dx, dy, j.L->w[p]->w, c->rows, j.in, j.out, 0, 0, 1.0f,
-              accumulate ? 1.0f : 0.0f);
+    be_matmul(m->be, dx, dy, w, c->rows, j.in, j.out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
     tensor_t d = rows_of(s->drop, c->rows, j.in); /* x_d is not needed any more */
-    be_matmul(m->be, d, g, j.L->w[p]->w, c->rows, j.in, j.out, 0, 0, 1.0f, 0.0f);
-    be_matmul(m->be, d, dy, j.L->w[p]->w, c->rows, j.in, j.out, 0, 0, -1.0f, 1.0f);
+    be_matmul(m->be, d, g, w, c->rows, j.in, j.out, 0, 0, 1.0f, 0.0f);
+    be_matmul(m->be, d, dy, w, c->rows, j.in, j.out, 0, 0, -1.0f, 1.0f);
     lora_input(c, l, p, d, j.in); /* the forward's mask */
     be_add(m->be, dx, d, 1.0f, d.n);
     lora_backward(c, l, p, g, j.out, x, dx);
@@ -302,19 +302,19 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
         dora_dropout_backward(c, l, p, dy, x, dx, accumulate);
         return;
     }
+    tensor_t w = model_weight(m, W); /* dequantized once (NF4) */
     if (j.L->lora_m[p]) {
         /* DoRA: dm += sum_rows dy * z / n; the rest sees dy * m / n */
         tensor_t g = rows_of(MODEL_SCRATCH(m)->dora, c->rows, j.out), n = m->acts[l].wnorm[p];
         be_prof_lora(m->be, 1);
-        dora_unscaled(c, l, p, g, x);
+        dora_unscaled(c, l, p, w, g, x);
         be_col_dot(m->be, j.L->lora_m[p]->grad, dy, g, n, c->rows, j.out);
         be_copy(m->be, g, rows_of(dy, c->rows, j.out));
         be_col_scale(m->be, g, j.L->lora_m[p]->w, n, c->rows, j.out);
         be_prof_lora(m->be, 0);
         dy = g;
     }
-    be_matmul(m->be, dx, dy, model_weight(m, W), c->rows, j.in, j.out, 0, 0, 1.0f,
-              accumulate ? 1.0f : 0.0f);
+    be_matmul(m->be, dx, dy, w, c->rows, j.in, j.out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
     if (W->trainable)
         be_matmul(m->be, W->grad, dy, x, j.out, j.in, c->rows, 1, 0, 1.0f, 1.0f);
     if (j.L->lora_a[p])
@@ -574,7 +574,8 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
         if (L->lora_a[PROJ_DOWN])
             lora_down(c, l, PROJ_DOWN, a->a, mc->intermediate);
         if (L->lora_m[PROJ_DOWN])
-            model_dora_norm(m, l, PROJ_DOWN, a->wnorm[PROJ_DOWN]);
+            model_dora_norm(m, l, PROJ_DOWN, model_weight(m, L->w[PROJ_DOWN]),
+                            a->wnorm[PROJ_DOWN]);
         return;
     }
     linear_forward(c, l, PROJ_DOWN, out, a->a, a->x_mid); /* out = x_mid + down(a) */

@@ -234,10 +234,6 @@ static int check_input(const plan_input *in, sp_err *err)
     if (in->grad_accum < 1)
         return sp_fail(err, SP_EXIT_USAGE, "plan: train.grad_accum %lld must be at least 1",
                        (long long)in->grad_accum);
-    if (in->mode == PLAN_QLORA && in->lora_dora)
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "plan: --mode qlora (model.quantize nf4) with lora.dora is not supported "
-                       "(DoRA's weight norms would need the dequantized base); set one of them off");
     if (in->mode != PLAN_FULL && (in->lora_r < 1 || in->lora_r > 65536))
         return sp_fail(err, SP_EXIT_USAGE,
                        "plan: --lora-r (lora.r) %lld is out of range [1, 65536]",
@@ -477,8 +473,8 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
             k += (size_t)snprintf(buf + k, n - k, __VA_ARGS__);                   \
     } while (0)
     if (v->mode != base->mode && v->mode == PLAN_QLORA)
-        PUT("mode qlora (model.quantize nf4: LoRA r %lld on NF4 weights%s)", (long long)v->lora_r,
-            base->lora_dora ? ", lora.dora off" : "");
+        PUT("mode qlora (model.quantize nf4: %s r %lld on NF4 weights)",
+            v->lora_dora ? "DoRA" : "LoRA", (long long)v->lora_r);
     else if (v->mode != base->mode)
         PUT("mode lora (r %lld) instead of full fine-tuning", (long long)v->lora_r);
     if (v->recompute != base->recompute)
@@ -494,15 +490,13 @@ static void describe(char *buf, size_t n, const plan_input *base, const plan_inp
 }
 
 /* The cheapest variant of mode `mode` that fits: recompute from the given
- * setting up to layer, then smaller micro-batches (QLoRA without DoRA: the
- * two do not go together). */
+ * setting up to layer, then smaller micro-batches (a DoRA run stays DoRA on
+ * the NF4 base). */
 static int cheapest_in_mode(const plan_input *in, int mode, plan_input *v, plan_result *vr)
 {
     for (int rec = in->recompute; rec <= RECOMPUTE_LAYER; rec++) {
         *v = *in;
         v->mode = mode;
-        if (mode == PLAN_QLORA)
-            v->lora_dora = 0;
         v->recompute = rec;
         if (fits(v, vr) || fitting_micro_batch(v, vr))
             return 1;

@@ -249,9 +249,10 @@ static int setup_model(trainer_t *t, sp_err *err)
                 t->mc.architecture, (long long)t->mc.layers, (long long)t->mc.hidden,
                 (double)total / 1e6,
                 c->mode != MODE_LORA                ? "full fine-tuning"
-                : c->model_quantize == QUANT_NF4 ? "QLoRA (LoRA on the NF4 base)"
-                : c->lora_dora                   ? "LoRA with DoRA"
-                                                 : "LoRA",
+                : c->model_quantize == QUANT_NF4
+                    ? (c->lora_dora ? "QDoRA (DoRA on the NF4 base)" : "QLoRA (LoRA on the NF4 base)")
+                : c->lora_dora ? "LoRA with DoRA"
+                               : "LoRA",
                 (double)t->m->n_trainable / 1e6, 100.0 * (double)t->m->n_trainable / (double)total);
     }
     return be_check(t->be, err);
