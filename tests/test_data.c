@@ -128,7 +128,7 @@ static void expect_open_error(const char *name, int64_t seq, int64_t vocab, cons
 Test(data, token_not_below_vocab)
 {
     make_mod("v.h5", 300, 250, 300); /* claims 250 ids, holds 300 */
-    expect_open_error("v.h5", 10, 250, "token 250 at position 250 is not below");
+    expect_open_error("v.h5", 10, 250, "token 250 at position 250 is not a token id of the model (0 to vocab_size - 1 = 249)");
 }
 
 /* Each part scans only its slice: with the tokens at positions 250..299 of
@@ -148,7 +148,7 @@ Test(data, token_scan_split_between_parts)
             cr_expect_eq(d.n_windows, 29, "part %d", part);
         } else {
             cr_expect_eq(rc, SP_EXIT_INPUT, "part %d: rc %d", part, rc);
-            cr_expect(tu_contains(err.msg, "token 250 at position 250 is not below"), "%s",
+            cr_expect(tu_contains(err.msg, "token 250 at position 250 is not a token id of the model (0 to vocab_size - 1 = 249)"), "%s",
                       err.msg);
         }
         dataset_close(&d);
@@ -196,6 +196,57 @@ Test(data, loss_mask_length_differs)
     H5Dclose(d1), H5Dclose(d2), H5Dclose(d3), H5Sclose(s1), H5Sclose(s2), H5Sclose(s3);
     H5Fclose(f);
     expect_open_error("m.h5", 10, 100, "/loss_mask has 49 entries but /tokens has 50");
+}
+
+/* 200 tokens (i mod 90) stored as file type ftype, value v at position at;
+ * all in the loss */
+static void make_typed(const char *name, hid_t ftype, int64_t v, int at)
+{
+    hid_t f = H5Fcreate(path_of(name), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t n1 = 200, n3 = 2;
+    int64_t tok[200];
+    uint8_t msk[200];
+    uint64_t off[2] = {0, 200};
+    for (int i = 0; i < 200; i++)
+        tok[i] = i % 90, msk[i] = 1;
+    tok[at] = v;
+    hid_t s1 = H5Screate_simple(1, &n1, NULL), s3 = H5Screate_simple(1, &n3, NULL);
+    hid_t d1 = H5Dcreate2(f, "tokens", ftype, s1, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t d2 = H5Dcreate2(f, "loss_mask", H5T_STD_U8LE, s1, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t d3 = H5Dcreate2(f, "doc_offsets", H5T_STD_U64LE, s3, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    cr_assert_geq(H5Dwrite(d1, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, tok), 0);
+    H5Dwrite(d2, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, msk);
+    H5Dwrite(d3, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, off);
+    H5Dclose(d1), H5Dclose(d2), H5Dclose(d3), H5Sclose(s1), H5Sclose(s3);
+    hid_t sa = H5Screate(H5S_SCALAR);
+    long long attrs[2] = {100, 0}; /* vocab_size, eos_id */
+    const char *names[2] = {"vocab_size", "eos_id"};
+    for (int i = 0; i < 2; i++) {
+        hid_t a = H5Acreate2(f, names[i], H5T_STD_I64LE, sa, H5P_DEFAULT, H5P_DEFAULT);
+        H5Awrite(a, H5T_NATIVE_LLONG, &attrs[i]);
+        H5Aclose(a);
+    }
+    H5Sclose(sa);
+    H5Fclose(f);
+}
+
+/* A signed /tokens (int32, as numpy writes a plain int array) with a
+ * negative id, or an int64 one beyond 32 bits, is refused by value and
+ * position: the run reads tokens unsigned, which would make -7 a 0 and
+ * 2^32 + 5 a 5 and train on them silently. The same files with valid ids
+ * open. */
+Test(data, negative_or_wide_token_ids_are_refused)
+{
+    make_typed("neg.h5", H5T_STD_I32LE, -7, 3);
+    expect_open_error("neg.h5", 10, 100, "token -7 at position 3 is not a token id of the model "
+                                         "(0 to vocab_size - 1 = 99)");
+    make_typed("wide.h5", H5T_STD_I64LE, (int64_t)1 << 32 | 5, 150);
+    expect_open_error("wide.h5", 10, 100, "token 4294967301 at position 150 is not a token id");
+    make_typed("ok.h5", H5T_STD_I32LE, 89, 3);
+    dataset_t d;
+    sp_err err = {0};
+    cr_expect_eq(dataset_open(&d, path_of("ok.h5"), 10, 100, 1, &err), 0, "%s", err.msg);
+    dataset_close(&d);
 }
 
 Test(data, missing_dataset_and_not_hdf5)

@@ -525,7 +525,7 @@ Test(train, dataset_token_not_below_vocab)
     bad_dataset("tok.h5", 1000, 300, 1000);
     char sets[4096];
     snprintf(sets, sizeof sets, "--set data.train=%s/tok.h5", dir);
-    expect_fail(sets, 3, "tok.h5", "token 300 at position 100 is not below the model's vocab_size 260");
+    expect_fail(sets, 3, "tok.h5", "token 300 at position 100 is not a token id of the model (0 to vocab_size - 1 = 259)");
 }
 
 Test(train, dataset_empty)

@@ -130,11 +130,13 @@ static int check_offsets(dataset_t *d, hid_t off_ds, int64_t n_off, sp_err *err)
 }
 
 /* Every token must be a valid id of the model: found here, not mid-run.
- * Part `part` of `parts` scans its own contiguous slice, so ranks that
- * open the same file together read it once between them. */
+ * Read as signed 64-bit, so that a negative id of a signed /tokens (which
+ * the run's unsigned read would clamp to 0) or one beyond 32 bits is seen
+ * as what it is. Part `part` of `parts` scans its own contiguous slice, so
+ * ranks that open the same file together read it once between them. */
 static int scan_tokens(dataset_t *d, int64_t model_vocab, int part, int parts, sp_err *err)
 {
-    uint32_t *buf = malloc(sizeof(uint32_t) * SCAN_CHUNK);
+    int64_t *buf = malloc(sizeof(int64_t) * SCAN_CHUNK);
     if (!buf)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     int rc = 0;
@@ -142,17 +144,17 @@ static int scan_tokens(dataset_t *d, int64_t model_vocab, int part, int parts, s
     uint64_t hi = part == parts - 1 ? d->n_tokens : d->n_tokens / (uint64_t)parts * (uint64_t)(part + 1);
     for (uint64_t off = lo; off < hi && !rc; off += SCAN_CHUNK) {
         uint64_t n = hi - off < SCAN_CHUNK ? hi - off : SCAN_CHUNK;
-        if (read_range((hid_t)d->tokens, H5T_NATIVE_UINT32, off, n, buf)) {
+        if (read_range((hid_t)d->tokens, H5T_NATIVE_INT64, off, n, buf)) {
             rc = bad(err, d->path, "cannot read /tokens");
             break;
         }
         for (uint64_t i = 0; i < n; i++)
-            if ((int64_t)buf[i] >= model_vocab) {
+            if (buf[i] < 0 || buf[i] >= model_vocab) {
                 rc = sp_fail(err, SP_EXIT_INPUT,
-                             "%s: token %u at position %llu is not below the model's vocab_size "
-                             "%lld",
-                             d->path, buf[i], (unsigned long long)(off + i),
-                             (long long)model_vocab);
+                             "%s: token %lld at position %llu is not a token id of the model "
+                             "(0 to vocab_size - 1 = %lld)",
+                             d->path, (long long)buf[i], (unsigned long long)(off + i),
+                             (long long)model_vocab - 1);
                 break;
             }
     }
