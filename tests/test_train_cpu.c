@@ -14,6 +14,7 @@
 
 #include "test_util.h"
 #include "trainer/data.h"
+#include "trainer/safetensors.h"
 
 static char *dir;
 
@@ -421,6 +422,65 @@ Test(train, safetensors_header_not_json)
     char sets[4096];
     snprintf(sets, sizeof sets, "--set model.path=%s/notjson", dir);
     expect_fail(sets, 3, "notjson/model.safetensors", "not valid JSON");
+}
+
+/* The data section as the format defines it: the tensors' byte ranges
+ * follow one another with no overlap (one tensor read as another's bytes,
+ * which the probe's lm_head pointed at the embeddings showed training on
+ * silently), no gap and no trailing bytes; each refused naming the file and
+ * the tensor. A zero-size tensor anywhere, and keys in any order, are fine. */
+static int st_layout(const char *name, const char *header, size_t data, sp_err *err)
+{
+    unsigned char buf[512];
+    size_t n;
+    st_bytes(header, buf, &n, data);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.safetensors", dir, name);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f && fwrite(buf, 1, n, f) == n);
+    fclose(f);
+    st_file st;
+    int rc = st_open(&st, path, err);
+    st_close(&st);
+    return rc;
+}
+
+Test(train, safetensors_data_overlap_gap_or_trailing_bytes)
+{
+    static const struct {
+        const char *name, *header;
+        size_t data;
+        const char *want;
+    } bad[] = {
+        {"overlap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         12, "tensor 'b': data [4, 12) overlaps tensor 'a' (which ends at 8)"},
+        {"same", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                 "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         8, "overlaps tensor"},
+        {"gap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+         20, "tensor 'b': data [12, 20) leaves bytes [8, 12) that no tensor holds"},
+        {"trailing", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 16,
+         "data ends at byte 8 of the 16 after the header"},
+        {"nothing", "{\"__metadata__\":{\"format\":\"pt\"}}", 4, "4 bytes of data but no tensors"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sp_err err = {0};
+        cr_expect_eq(st_layout(bad[i].name, bad[i].header, bad[i].data, &err), SP_EXIT_INPUT,
+                     "%s: %s", bad[i].name, err.msg);
+        cr_expect(tu_contains(err.msg, tu_fmt("%s.safetensors", bad[i].name)) &&
+                      tu_contains(err.msg, bad[i].want),
+                  "%s: '%s' lacks '%s'", bad[i].name, err.msg, bad[i].want);
+    }
+    sp_err err = {0};
+    cr_expect_eq(st_layout("fine",
+                           "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+                           "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},"
+                           "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                           16, &err),
+                 0, "%s", err.msg);
+    cr_expect_eq(st_layout("empty", "{}", 0, &err), 0, "%s", err.msg);
 }
 
 Test(train, safetensors_unknown_dtype)

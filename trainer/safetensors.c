@@ -88,6 +88,63 @@ static int parse_entry(st_file *f, st_tensor *t, const char *name, json_t *v, si
     return 0;
 }
 
+/* qsort order of tensors by where their data starts (then ends) */
+static int by_offset(const void *a, const void *b)
+{
+    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    const char *xe = (const char *)x->data + x->numel * dtype_size(x->dt);
+    const char *ye = (const char *)y->data + y->numel * dtype_size(y->dt);
+    if (x->data != y->data)
+        return (const char *)x->data < (const char *)y->data ? -1 : 1;
+    return xe < ye ? -1 : xe > ye;
+}
+
+/* The data section as the format defines it (and the reference library
+ * checks): the tensors' byte ranges, in offset order, follow one another
+ * from 0 to the end of the file, with no overlap, gap or trailing bytes.
+ * Two tensors sharing bytes would load one as the other's values. */
+static int check_layout(const st_file *f, size_t data_len, sp_err *err)
+{
+    if (!f->n)
+        return data_len ? sp_fail(err, SP_EXIT_INPUT,
+                                  "%s: %zu bytes of data but no tensors in the header", f->path,
+                                  data_len)
+                        : 0;
+    const st_tensor **order = malloc(sizeof *order * f->n);
+    if (!order)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    for (size_t i = 0; i < f->n; i++)
+        order[i] = &f->tensors[i];
+    qsort(order, f->n, sizeof *order, by_offset);
+    const char *base = (const char *)f->map + (f->size - data_len);
+    size_t at = 0;
+    const st_tensor *prev = NULL;
+    int rc = 0;
+    for (size_t i = 0; i < f->n && !rc; i++) {
+        const st_tensor *t = order[i];
+        size_t begin = (size_t)((const char *)t->data - base);
+        size_t end = begin + t->numel * dtype_size(t->dt);
+        if (begin < at)
+            rc = sp_fail(err, SP_EXIT_INPUT,
+                         "%s: tensor '%s': data [%zu, %zu) overlaps tensor '%s' (which ends at "
+                         "%zu): bad data_offsets",
+                         f->path, t->name, begin, end, prev->name, at);
+        else if (begin > at)
+            rc = sp_fail(err, SP_EXIT_INPUT,
+                         "%s: tensor '%s': data [%zu, %zu) leaves bytes [%zu, %zu) that no "
+                         "tensor holds: bad data_offsets",
+                         f->path, t->name, begin, end, at, begin);
+        at = end, prev = t;
+    }
+    if (!rc && at != data_len)
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "%s: the tensors' data ends at byte %zu of the %zu after the header: the "
+                     "file has trailing bytes no tensor holds",
+                     f->path, at, data_len);
+    free(order);
+    return rc;
+}
+
 static int parse_header(st_file *f, const char *hdr, size_t hlen, size_t data_len, sp_err *err)
 {
     json_error_t je;
@@ -118,6 +175,7 @@ static int parse_header(st_file *f, const char *hdr, size_t hlen, size_t data_le
             goto out;
         f->n++;
     }
+    rc = check_layout(f, data_len, err);
 out:
     json_decref(root);
     return rc;
