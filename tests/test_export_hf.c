@@ -182,6 +182,8 @@ static char *train_q(const char *mode, const char *targets, int dora, const char
     char *out = NULL;
     int rc = tu_spotune(&out, "train %s", at("run.yaml"));
     cr_assert_eq(rc, 0, "training failed (%d): %s", rc, out);
+    /* every tensor of the fixture's files is one the model reads */
+    cr_expect(!tu_contains(out, "not part of this model"), "%s", out);
     return out;
 }
 

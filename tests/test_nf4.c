@@ -19,6 +19,7 @@
 #include "kernels/nf4.h"
 #include "test_util.h"
 #include "trainer/model.h"
+#include "trainer/model_io.h"
 #include "trainer/safetensors.h"
 
 static st_file fx;
@@ -495,6 +496,11 @@ static void expect_loaded_as_stored(const nf4_case *c, const char *d, const char
     snprintf(expected, sizeof expected, "%s", case_expected(c));
     cr_assert_eq(tu_hf_open_nf4(&hc, d, backend, &err), 0, "%s: %s", what, err.msg);
     cr_expect(hc.mc.bnb_nf4);
+    char unused[512];
+    size_t n_unused;
+    cr_assert_eq(model_io_unused(hc.m, tu_fmt("%s/model", d), unused, sizeof unused, &n_unused, &err),
+                 0, "%s", err.msg);
+    cr_expect_eq(n_unused, 0, "%s: quant-state tensors counted as unused: %s", what, unused);
     int weights = 0;
     for (int i = 0; i < hc.m->nparams; i++) {
         param_t *p = &hc.m->params[i];

@@ -483,6 +483,55 @@ Test(train, safetensors_data_overlap_gap_or_trailing_bytes)
     cr_expect_eq(st_layout("empty", "{}", 0, &err), 0, "%s", err.msg);
 }
 
+/* A model directory whose weights hold tensors the model (as config.json
+ * describes it) does not read: a layer past num_hidden_layers and a q_proj
+ * bias on an architecture without biases train as Hugging Face would, the
+ * tensors ignored, and the start-up log and metrics.jsonl warn naming them
+ * and their count; rotary_emb.inv_freq buffers (older checkpoints) are not
+ * counted. The plain model gets no such warning. */
+Test(train, unused_tensors_in_the_weights_are_named)
+{
+    char src[4096], dst[4096];
+    snprintf(src, sizeof src, "%s/model/model.safetensors", dir);
+    tu_sh(NULL, "mkdir -p %s/extra && cp %s/model/config.json %s/extra/", dir, dir, dir);
+    snprintf(dst, sizeof dst, "%s/extra/model.safetensors", dir);
+    st_file f;
+    sp_err err = {0};
+    cr_assert_eq(st_open(&f, src, &err), 0, "%s", err.msg);
+    st_entry *e = calloc(f.n + 3, sizeof *e);
+    for (size_t i = 0; i < f.n; i++) {
+        e[i] = (st_entry){f.tensors[i].name, f.tensors[i].dt, f.tensors[i].ndim, {0}, f.tensors[i].data};
+        memcpy(e[i].shape, f.tensors[i].shape, sizeof e[i].shape);
+    }
+    static const float extra[4] = {1, 2, 3, 4};
+    const char *names[3] = {"model.layers.9.mlp.up_proj.weight", "model.layers.0.self_attn.q_proj.bias",
+                            "model.layers.0.self_attn.rotary_emb.inv_freq"};
+    for (int k = 0; k < 3; k++)
+        e[f.n + k] = (st_entry){names[k], DT_F32, 1, {4}, extra};
+    cr_assert_eq(st_write(dst, e, f.n + 3, NULL, 0, &err), 0, "%s", err.msg);
+    free(e);
+    st_close(&f);
+    char *out = NULL;
+    int rc = train(&out, tu_fmt("--set model.path=%s/extra --set train.steps=1 --set run.dir=%s/r-extra",
+                                dir, dir));
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "2 tensors of the weight files are not part of this model") &&
+                  tu_contains(out, "model.layers.0.self_attn.q_proj.bias") &&
+                  tu_contains(out, "model.layers.9.mlp.up_proj.weight") &&
+                  !tu_contains(out, "inv_freq"),
+              "%s", out);
+    free(out);
+    char *metrics = tu_read_file(tu_fmt("%s/r-extra/metrics.jsonl", dir), NULL);
+    cr_expect(metrics && tu_contains(metrics, "\"event\":\"warning\"") &&
+                  tu_contains(metrics, "model.layers.9.mlp.up_proj.weight"),
+              "%s", metrics ? metrics : "no metrics.jsonl");
+    free(metrics);
+    rc = train(&out, tu_fmt("--set train.steps=1 --set run.dir=%s/r-plain", dir));
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(!tu_contains(out, "not part of this model"), "%s", out);
+    free(out);
+}
+
 Test(train, safetensors_unknown_dtype)
 {
     unsigned char buf[256];

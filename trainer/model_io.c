@@ -286,6 +286,58 @@ int model_io_load_base(model_t *m, const char *dir, sp_err *err)
     return rc;
 }
 
+/* 1 when tensor `name` of the model's files is one model m reads */
+static int used_by(const model_t *m, const char *name)
+{
+    size_t len = strlen(name);
+    static const char inv_freq[] = ".rotary_emb.inv_freq";
+    if (len >= sizeof inv_freq - 1 && strcmp(name + len - (sizeof inv_freq - 1), inv_freq) == 0)
+        return 1;
+    if (m->mc.tie_embeddings && strcmp(name, "lm_head.weight") == 0)
+        return 1;
+    for (int i = 0; i < m->nparams; i++) {
+        const param_t *p = &m->params[i];
+        if (p->kind == PK_LORA_A || p->kind == PK_LORA_B || p->kind == PK_LORA_M)
+            continue;
+        size_t pl = strlen(p->name);
+        if (strncmp(name, p->name, pl) == 0 &&
+            (name[pl] == 0 || (m->mc.bnb_nf4 && p->kind == PK_WEIGHT && name[pl] == '.')))
+            return 1;
+    }
+    return 0;
+}
+
+int model_io_unused(const model_t *m, const char *dir, char *buf, size_t n, size_t *count,
+                    sp_err *err)
+{
+    char **files;
+    int nf;
+    *count = 0;
+    if (n)
+        buf[0] = 0;
+    if (model_io_weight_files(dir, &files, &nf, err))
+        return err->code;
+    size_t k = 0;
+    int rc = 0;
+    for (int i = 0; i < nf && !rc; i++) {
+        char *path = sp_strf("%s/%s", dir, files[i]);
+        st_file f = {0};
+        rc = path ? st_open(&f, path, err) : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        free(path);
+        for (size_t j = 0; !rc && j < f.n; j++) {
+            if (used_by(m, f.tensors[j].name))
+                continue;
+            if (*count < 8 && k < n)
+                k += (size_t)snprintf(buf + k, n - k, "%s%s", *count ? ", " : "",
+                                      f.tensors[j].name);
+            ++*count;
+        }
+        st_close(&f);
+    }
+    free_files(files, nf);
+    return rc;
+}
+
 /* ---- writing ------------------------------------------------------------- */
 
 typedef struct save_ctx {

@@ -42,6 +42,14 @@ int model_io_identity(const char *dir, char out[17], sp_err *err);
 /* The dtype a model directory stores its weights in (F32, BF16 or F16),
  * read from its first tensor; an exported model keeps it unless told. */
 int model_io_weights_dtype(const char *dir, dtype_t *dt, sp_err *err);
+/* The tensors of model directory dir that model m does not use (as its
+ * config.json describes it: a layer past num_hidden_layers, a bias the
+ * architecture has not, a stray name), which loading ignores as Hugging
+ * Face does: how many, and the first of them, comma-separated, into buf
+ * (buf[0] = 0 when none). Not counted: rotary_emb.inv_freq buffers, a tied
+ * model's lm_head.weight, and a bitsandbytes weight's quant-state tensors. */
+int model_io_unused(const model_t *m, const char *dir, char *buf, size_t n, size_t *count,
+                    sp_err *err);
 /* Lists the safetensors files of a model directory (index shards or the
  * single file). Caller frees each string and the array. */
 int model_io_weight_files(const char *dir, char ***files, int *n, sp_err *err);

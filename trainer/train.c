@@ -232,6 +232,20 @@ static int setup_model(trainer_t *t, sp_err *err)
         model_io_load_base(t->m, c->model_path, err) ||
         stop_before_training(t, "after loading the model", err))
         return err->code;
+    if (t->out) { /* what the model's files hold that this model does not read */
+        char names[1024];
+        size_t unused;
+        if (model_io_unused(t->m, c->model_path, names, sizeof names, &unused, err))
+            return err->code;
+        if (unused)
+            log_event(t->out, &t->metrics, "warning",
+                      "%s: %zu tensor%s of the weight files %s not part of this model as its "
+                      "config.json describes it, and %s ignored (as Hugging Face ignores them): "
+                      "%s%s; if the model should have them, config.json does not match the "
+                      "weights",
+                      c->model_path, unused, unused == 1 ? "" : "s", unused == 1 ? "is" : "are",
+                      unused == 1 ? "is" : "are", names, unused > 8 ? ", ..." : "");
+    }
     if (c->mode == MODE_LORA)
         model_init_lora(t->m, (uint64_t)c->seed);
     char identity[17];
