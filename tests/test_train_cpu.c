@@ -587,6 +587,57 @@ Test(train, unsupported_architecture_and_rope_refused_by_name)
     expect_fail(sets, 3, "rope type 'yarn'", "not supported");
 }
 
+/* config.json's rotary settings are checked at load, naming the key: a
+ * rope_theta of 0 or below (every angle NaN: the run failed at step 1 on a
+ * non-finite loss naming nothing) and a llama3 rope_scaling that lacks one of
+ * the four numbers transformers requires (spotune took Llama 3.1's values
+ * silently) or has them out of order; train and plan both refuse (exit 3).
+ * A complete llama3 rope_scaling loads. */
+Test(train, rope_settings_checked_by_key)
+{
+    static const struct {
+        const char *name, *sed, *want;
+    } bad[] = {
+        {"theta0", "s/\"rope_theta\": 10000.0/\"rope_theta\": 0/",
+         "rope_theta must be a positive number, not 0"},
+        {"thetaneg", "s/\"rope_theta\": 10000.0/\"rope_theta\": -10000/",
+         "rope_theta must be a positive number, not -10000"},
+        {"l3bare", "s/\"rope_scaling\": null/\"rope_scaling\": {\"rope_type\": \"llama3\"}/",
+         "rope_scaling (rope_type llama3) lacks factor"},
+        {"l3nomax",
+         "s/\"rope_scaling\": null/\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 1, \"high_freq_factor\": 4}/",
+         "lacks original_max_position_embeddings"},
+        {"l3order",
+         "s/\"rope_scaling\": null/\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+         "\"low_freq_factor\": 4, \"high_freq_factor\": 1, \"original_max_position_embeddings\": 16}/",
+         "rope_scaling (llama3) is out of range: factor 8, low_freq_factor 4, high_freq_factor 1"},
+    };
+    char sets[4096];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tu_sh(NULL, "mkdir -p %s/%s && cp %s/model/model.safetensors %s/%s/ && sed '%s' "
+                    "%s/model/config.json > %s/%s/config.json",
+              dir, bad[i].name, dir, dir, bad[i].name, bad[i].sed, dir, dir, bad[i].name);
+        snprintf(sets, sizeof sets, "--set model.path=%s/%s", dir, bad[i].name);
+        expect_fail(sets, 3, tu_fmt("%s/config.json", bad[i].name), bad[i].want);
+        char *out = NULL;
+        int rc = tu_spotune(&out, "plan %s/%s --gpu H100", dir, bad[i].name);
+        cr_expect_eq(rc, 3, "plan %s: exit %d: %s", bad[i].name, rc, out);
+        cr_expect(tu_contains(out, bad[i].want), "plan %s: %s", bad[i].name, out);
+        free(out);
+    }
+    tu_sh(NULL, "mkdir -p %s/l3 && cp %s/model/model.safetensors %s/l3/ && sed "
+                "'s/\"rope_scaling\": null/\"rope_scaling\": {\"rope_type\": \"llama3\", "
+                "\"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                "\"original_max_position_embeddings\": 16}/' %s/model/config.json > %s/l3/config.json",
+          dir, dir, dir, dir, dir);
+    char *out = NULL;
+    int rc = train(&out, tu_fmt("--set model.path=%s/l3 --set train.steps=1 --set run.dir=%s/r-l3",
+                                dir, dir));
+    cr_expect_eq(rc, 0, "%s", out);
+    free(out);
+}
+
 Test(train, sliding_window_shorter_than_seq_len_refused)
 {
     tu_sh(NULL, "mkdir -p %s/sw && cp %s/model/model.safetensors %s/sw/ && sed "

@@ -54,19 +54,25 @@ static int read_rope(model_config_t *mc, json_t *root, const char *path, sp_err 
 {
     /* transformers >= 5 writes rope_parameters (with rope_theta inside);
      * older versions rope_theta at the top and rope_scaling (or null). */
-    json_t *rp = json_object_get(root, "rope_parameters");
+    const char *rp_name = "rope_parameters";
+    json_t *rp = json_object_get(root, rp_name);
     if (!rp || json_is_null(rp))
-        rp = json_object_get(root, "rope_scaling");
+        rp = json_object_get(root, rp_name = "rope_scaling");
     if (get_num(root, "rope_theta", 10000.0, &mc->rope_theta))
         return sp_fail(err, SP_EXIT_INPUT, "%s: rope_theta is not a number", path);
     mc->rope_type = ROPE_DEFAULT;
+    if (rp && !json_is_null(rp) && !json_is_object(rp))
+        return sp_fail(err, SP_EXIT_INPUT, "%s: %s is not an object", path, rp_name);
+    if (rp && json_object_get(rp, "rope_theta") &&
+        get_num(rp, "rope_theta", mc->rope_theta, &mc->rope_theta))
+        return sp_fail(err, SP_EXIT_INPUT, "%s: %s.rope_theta is not a number", path, rp_name);
+    /* the base of the rotary frequencies theta^(-2i/d): 0, a negative or a
+     * non-finite one makes every position's angle NaN or infinite */
+    if (!(isfinite(mc->rope_theta) && mc->rope_theta > 0))
+        return sp_fail(err, SP_EXIT_INPUT, "%s: rope_theta must be a positive number, not %g",
+                       path, mc->rope_theta);
     if (!rp || json_is_null(rp))
         return 0;
-    if (!json_is_object(rp))
-        return sp_fail(err, SP_EXIT_INPUT, "%s: rope_parameters is not an object", path);
-    if (json_object_get(rp, "rope_theta") &&
-        get_num(rp, "rope_theta", mc->rope_theta, &mc->rope_theta))
-        return sp_fail(err, SP_EXIT_INPUT, "%s: rope_parameters.rope_theta is not a number", path);
     json_t *t = json_object_get(rp, "rope_type");
     if (!t)
         t = json_object_get(rp, "type");
@@ -78,14 +84,30 @@ static int read_rope(model_config_t *mc, json_t *root, const char *path, sp_err 
                        "%s: rope type '%s' is not supported (supported: default, llama3)", path,
                        type);
     mc->rope_type = ROPE_LLAMA3;
+    /* transformers requires all four (its llama3 rope validation): a
+     * default here would silently be Llama 3.1's numbers */
+    static const char *const need[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings"};
+    for (int i = 0; i < 4; i++)
+        if (!json_object_get(rp, need[i]) || json_is_null(json_object_get(rp, need[i])))
+            return sp_fail(err, SP_EXIT_INPUT,
+                           "%s: %s (rope_type llama3) lacks %s (llama3 rope needs factor, "
+                           "low_freq_factor, high_freq_factor and "
+                           "original_max_position_embeddings)",
+                           path, rp_name, need[i]);
     if (get_num(rp, "factor", 8.0, &mc->rope_factor) ||
         get_num(rp, "low_freq_factor", 1.0, &mc->rope_low_freq) ||
         get_num(rp, "high_freq_factor", 4.0, &mc->rope_high_freq) ||
         get_int(rp, "original_max_position_embeddings", 8192, &mc->rope_original_max_pos))
         return sp_fail(err, SP_EXIT_INPUT, "%s: llama3 rope parameters are not numbers", path);
-    if (mc->rope_factor <= 0 || mc->rope_high_freq <= mc->rope_low_freq ||
-        mc->rope_original_max_pos <= 0)
-        return sp_fail(err, SP_EXIT_INPUT, "%s: llama3 rope parameters are out of range", path);
+    if (!(mc->rope_factor > 0) || !(mc->rope_low_freq > 0) || !isfinite(mc->rope_high_freq) ||
+        !(mc->rope_high_freq > mc->rope_low_freq) || mc->rope_original_max_pos <= 0)
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: %s (llama3) is out of range: factor %g, low_freq_factor %g, "
+                       "high_freq_factor %g, original_max_position_embeddings %lld (need factor "
+                       "> 0, 0 < low_freq_factor < high_freq_factor, a positive length)",
+                       path, rp_name, mc->rope_factor, mc->rope_low_freq, mc->rope_high_freq,
+                       (long long)mc->rope_original_max_pos);
     return 0;
 }
 
