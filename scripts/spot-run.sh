@@ -24,6 +24,10 @@
 #            crashes in a row; a run that lasted --healthy-after seconds resets
 #            the count and the backoff. Graceful stops (75) are not crashes.
 # SIGTERM or SIGINT to this script become SIGUSR1 to COMMAND (a graceful stop).
+# Once asked to stop, the signal is sent again every --resend seconds until
+# COMMAND exits: a notice that is already up when COMMAND starts reaches mpirun
+# before its ranks exist (or a rank before its handlers are in), and one signal
+# would be lost; spotune takes any number of them as the one request.
 # Before a restart, the processes of the previous launch still running on this
 # machine are waited for (after SIGKILL to mpirun its ranks can run on for a
 # moment, long enough to write into the run directory): each launch carries
@@ -41,6 +45,8 @@
 #   --healthy-after SECONDS  a run this long resets the crash count (default 600)
 #   --orphan-wait SECONDS before a restart, wait this long for the previous
 #                         launch's processes to exit, then kill them (default 30)
+#   --resend SECONDS      after a notice or a stop, send SIGUSR1 again this often
+#                         until COMMAND exits (default 2)
 #   --check-notice        poll once, print "notice" or "none", exit 0/1 (diagnostics)
 set -uo pipefail
 
@@ -52,12 +58,14 @@ backoff=10
 max_backoff=300
 healthy_after=600
 orphan_wait=30
+resend=2
 check_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cloud) cloud=$2; shift 2 ;;
     --metadata-url) meta_url=$2; shift 2 ;;
     --poll) poll=$2; shift 2 ;;
+    --resend) resend=$2; shift 2 ;;
     --max-restarts) max_restarts=$2; shift 2 ;;
     --backoff) backoff=$2; shift 2 ;;
     --max-backoff) max_backoff=$2; shift 2 ;;
@@ -150,10 +158,15 @@ fi
 state=$(mktemp -d "${TMPDIR:-/tmp}/spot-run.XXXXXX")
 trap 'rm -rf "$state"' EXIT
 child=""
+resender=""
+# SIGUSR1 to pid $1 now and every --resend seconds while it runs
+keep_asking() {
+  while kill -USR1 "$1" 2>/dev/null; do sleep "$resend"; done
+}
 on_signal() {
   say "$1 received: asking the run to checkpoint and stop (SIGUSR1)"
   touch "$state/stopping"
-  [ -n "$child" ] && kill -USR1 "$child" 2>/dev/null
+  if [ -n "$child" ] && [ -z "$resender" ]; then keep_asking "$child" & resender=$!; fi
 }
 trap 'on_signal SIGTERM' TERM
 trap 'on_signal SIGINT' INT
@@ -163,7 +176,7 @@ watch() { # $1: pid to signal
     if notice_for "$cloud"; then
       say "spot termination notice from $cloud: sending SIGUSR1 to the run (pid $1)"
       touch "$state/notice"
-      kill -USR1 "$1" 2>/dev/null
+      keep_asking "$1"
       return
     fi
     sleep "$poll"
@@ -223,7 +236,9 @@ while :; do
     kill -0 "$child" 2>/dev/null || break
   done
   [ -n "$watcher" ] && kill "$watcher" 2>/dev/null && wait "$watcher" 2>/dev/null
+  [ -n "$resender" ] && kill "$resender" 2>/dev/null && wait "$resender" 2>/dev/null
   child=""
+  resender=""
   if [ $((SECONDS - started)) -ge "$healthy_after" ]; then crashes=0; delay=$backoff; fi
   case "$rc" in
     0) say "finished"; exit 0 ;;

@@ -10,7 +10,9 @@
 #     crash loop gives up after --max-restarts, and the backoff doubles up to
 #     --max-backoff;
 #   - a launch that leaves a process behind: the restart waits for it, and
-#     kills one that outlives --orphan-wait.
+#     kills one that outlives --orphan-wait;
+#   - a stop signal that is lost (a notice up at launch, a stop to the
+#     supervisor) is sent again every --resend seconds until the run exits.
 # usage: tests/test_spot_run.sh BUILD_DIR
 set -uo pipefail
 build=$(cd "${1:?usage: test_spot_run.sh BUILD_DIR}" && pwd)
@@ -198,6 +200,40 @@ gone() { # every pid the supervisor said it killed has exited
   grep -q 'after 1s: pids [0-9]' "$work/orph2.log"
 }
 check "stubborn orphan: it is gone" gone
+
+# a notice already up when the command starts, or a stop to the supervisor:
+# the first SIGUSR1 can be lost (mpirun forwards it before its ranks exist,
+# a rank gets it before its handler is in), so the supervisor sends it again
+# every --resend seconds until the command exits. deaf.sh loses the first
+# one and exits 75 on the second.
+cat > "$work/deaf.sh" <<'SH'
+#!/usr/bin/env bash
+# deaf.sh DIR: counts SIGUSR1s in DIR/usr1; exits 75 after the second
+n=0
+trap 'n=$((n + 1)); echo $n > "$1/usr1"' USR1
+while [ "$n" -lt 2 ]; do sleep 0.05; done
+exit 75
+SH
+chmod +x "$work/deaf.sh"
+mkdir -p "$work/deaf1" "$work/deaf2"
+touch "$work/notice"
+timeout 30 "$spot" --cloud aws --metadata-url "$url" --poll 0.1 --resend 0.3 -- "$work/deaf.sh" \
+  "$work/deaf1" > "$work/deaf1.log" 2>&1
+echo $? > "$work/deaf1.rc"
+rm -f "$work/notice"
+check "notice at launch, first signal lost: the supervisor exits 75" rc_is deaf1 75
+check "notice at launch: the signal was sent again" test "$(cat "$work/deaf1/usr1" 2>/dev/null)" = 2
+"$spot" --cloud none --resend 0.3 -- "$work/deaf.sh" "$work/deaf2" > "$work/deaf2.log" 2>&1 &
+sup=$!
+for _ in $(seq 100); do pgrep -P "$sup" -f deaf.sh >/dev/null && break; sleep 0.05; done
+kill -TERM "$sup"
+( sleep 30; kill -KILL "$sup" 2>/dev/null ) & guard=$!
+wait "$sup"
+echo $? > "$work/deaf2.rc"
+kill "$guard" 2>/dev/null
+check "SIGTERM to the supervisor, first signal lost: exit 75" rc_is deaf2 75
+check "SIGTERM to the supervisor: the signal was sent again" \
+  test "$(cat "$work/deaf2/usr1" 2>/dev/null)" = 2
 
 if [ "$fails" -gt 0 ]; then echo "$fails check(s) failed"; cat "$work"/*.log; exit 1; fi
 echo "all spot-run checks passed"

@@ -638,6 +638,28 @@ Test(train, rope_settings_checked_by_key)
     free(out);
 }
 
+/* A stop signal that comes while spotune starts is a request, not the
+ * default action: main installs the handler first, and a signal held
+ * (blocked) across an exec, as main's own re-exec for OpenBLAS holds it, is
+ * delivered to the handler once it is in. Here the signal is pending and
+ * blocked when the spotune image starts (a wrapper blocks SIGTERM, sends it
+ * to itself, then execs spotune): the run stops before training, exit 75,
+ * saying so. Before, the handler never unblocked it and the run trained to
+ * the end as if no signal had come. */
+Test(train, a_stop_signal_held_across_exec_stops_the_run)
+{
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "python3 -c 'import os, signal, sys; "
+                   "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}); "
+                   "os.kill(os.getpid(), signal.SIGTERM); os.execv(sys.argv[1], sys.argv[1:])' "
+                   "%s/spotune train %s/base.yaml --set run.dir=%s/r-early 2>&1",
+                   tu_binary_dir(), dir, dir);
+    cr_expect_eq(rc, 75, "exit %d: %s", rc, out);
+    cr_expect(tu_contains(out, "stopped by SIGTERM before training started"), "%s", out);
+    free(out);
+}
+
 Test(train, sliding_window_shorter_than_seq_len_refused)
 {
     tu_sh(NULL, "mkdir -p %s/sw && cp %s/model/model.safetensors %s/sw/ && sed "

@@ -305,10 +305,13 @@ static int cmd_bench(int argc, char **argv)
 int cli_main(int argc, char **argv)
 {
     if (argc < 2) {
+        signals_default();
         usage(stderr);
         return SP_EXIT_USAGE;
     }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "train") != 0)
+        signals_default(); /* only a training run turns stop signals into requests */
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

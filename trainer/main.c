@@ -6,6 +6,7 @@
 #include "../checkpoint/ckpt.h"
 #include "../kernels/backend.h"
 #include "cli.h"
+#include "signals.h"
 
 /* OpenBLAS picks its kernels when it loads, before main, and on a CPU model
  * it does not know it falls back to generic ones that run several times
@@ -32,7 +33,9 @@ static void blas_kernels(char **argv)
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
         self[n] = 0;
+        signals_hold(); /* a stop signal during the exec waits for the new image's handler */
         execv(self, argv);
+        signals_install();
     }
     /* not re-executed: run on with OpenBLAS's choice, which doctor reports */
     unsetenv("OPENBLAS_CORETYPE");
@@ -41,6 +44,7 @@ static void blas_kernels(char **argv)
 
 int main(int argc, char **argv)
 {
+    signals_install(); /* first: a stop signal while starting is a request (signals.h) */
     blas_kernels(argv);
     ckpt_hdf5_setup(); /* before any other HDF5 call: see checkpoint/ckpt.h */
     int rc = cli_main(argc, argv);

@@ -20,6 +20,15 @@ static void on_signal(int sig)
         received++;
 }
 
+static const int stop_signals[] = {SIGTERM, SIGINT, SIGUSR1};
+
+static void stop_set(sigset_t *set)
+{
+    sigemptyset(set);
+    for (int i = 0; i < 3; i++)
+        sigaddset(set, stop_signals[i]);
+}
+
 void signals_install(void)
 {
     struct sigaction sa;
@@ -27,9 +36,30 @@ void signals_install(void)
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    for (int i = 0; i < 3; i++)
+        sigaction(stop_signals[i], &sa, NULL);
+    sigset_t set; /* one held across an exec (signals_hold) arrives now */
+    stop_set(&set);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+}
+
+void signals_hold(void)
+{
+    sigset_t set;
+    stop_set(&set);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+}
+
+void signals_default(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; i++)
+        sigaction(stop_signals[i], &sa, NULL);
+    if (received)
+        raise(first_signal);
 }
 
 int signals_received(void)

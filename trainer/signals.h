@@ -8,7 +8,17 @@
 #ifndef SPOTUNE_SIGNALS_H
 #define SPOTUNE_SIGNALS_H
 
+/* Installs the handler on the three signals and unblocks them (one held
+ * by signals_hold, even across an exec, is delivered to it then). main
+ * calls it first of all, so a signal that comes while the process starts
+ * is a request too, not the default action. */
 void signals_install(void);
+/* Blocks the three signals in the calling thread (the mask survives exec,
+ * and threads created later inherit it): before main re-executes itself. */
+void signals_hold(void);
+/* For the commands that do not train: the default actions again, and a
+ * signal already received acts as it would have (the process ends). */
+void signals_default(void);
 /* Signals received so far, and the name of the first. */
 int signals_received(void);
 const char *signals_first_name(void);
