@@ -128,6 +128,20 @@ Test(config, unknown_key_names_file_line_and_key)
     expect_error("run:\n  dir: x\ntrain:\n  stepz: 3\n", "bad.yaml:4", "train.stepz");
 }
 
+/* A config is one YAML document: a second one (after ---) would have its
+ * keys ignored (the first document's train.steps trained, not the second's),
+ * so it is refused naming the file and its line. A document that opens
+ * with --- and closes with ... is one document. */
+Test(config, a_second_yaml_document_is_refused)
+{
+    const char *base = "run:\n  dir: x\nmodel:\n  path: m\ndata:\n  train: d\n";
+    char text[512];
+    snprintf(text, sizeof text, "%s---\ntrain:\n  steps: 1\n", base);
+    expect_error(text, "bad.yaml:7", "a second YAML document");
+    snprintf(text, sizeof text, "---\n%s...\n", base);
+    expect_valid(text);
+}
+
 /* YAML keys are unique: a repeated key or section is refused with the
  * file:line of both, never resolved silently (last value wins). */
 Test(config, duplicate_key_or_section_names_both_lines)

@@ -256,7 +256,7 @@ Test(data, missing_dataset_and_not_hdf5)
     expect_open_error("x.h5", 10, 100, "dataset /tokens is missing");
     tu_write_file(path_of("t.h5"), "this is text, not HDF5\n");
     expect_open_error("t.h5", 10, 100, "not an HDF5 file");
-    expect_open_error("absent.h5", 10, 100, "cannot read");
+    expect_open_error("absent.h5", 10, 100, "cannot read the dataset file: No such file or directory");
 }
 
 Test(data, prepare_text_paragraphs_and_split)
@@ -292,6 +292,13 @@ Test(data, prepare_text_paragraphs_and_split)
     sp_err_clear(&err);
     cr_expect_eq(prepare_text(txt, prefix, 0.1, 3, &st, &err), SP_EXIT_INPUT);
     cr_expect(tu_contains(err.msg, "empty"));
+    /* an output directory that does not exist: the reason is named */
+    tu_write_file(txt, "some text\n");
+    sp_err_clear(&err);
+    cr_expect_neq(prepare_text(txt, path_of("no-such-dir/out"), 0.0, 3, &st, &err), 0);
+    cr_expect(tu_contains(err.msg, "no-such-dir/out") &&
+                  tu_contains(err.msg, "No such file or directory"),
+              "%s", err.msg);
 }
 
 /* ---- data.packing ---------------------------------------------------------------- */

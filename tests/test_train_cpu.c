@@ -847,6 +847,22 @@ Test(train, help_for_every_command)
     free(out);
     cr_expect_eq(tu_spotune(&out, "init-model --no-such-option"), 2, "%s", out);
     free(out);
+    /* option values are parsed whole and named when bad (a seed "abc" was 0,
+     * a val-fraction "nan" was no validation set) */
+    static const struct {
+        const char *args, *want;
+    } bad[] = {
+        {"init-model --preset tiny --seed abc x", "init-model: --seed 'abc' is not a whole number"},
+        {"init-model --preset tiny --seed -3 x", "--seed '-3' is not a whole number in [0, "},
+        {"prepare-text a b --val-fraction nan", "prepare-text: --val-fraction 'nan' is not a number in [0, 1)"},
+        {"prepare-text a b --val-fraction 1.5", "--val-fraction '1.5' is not a number in [0, 1)"},
+        {"prepare-text a b --seed 7x", "prepare-text: --seed '7x' is not a whole number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_expect_eq(tu_spotune(&out, "%s", bad[i].args), 2, "%s: %s", bad[i].args, out);
+        cr_expect(tu_contains(out, bad[i].want), "%s: %s", bad[i].args, out);
+        free(out);
+    }
 }
 
 /* `init-model --dtype bf16` writes every tensor in BF16 (the f32 model's

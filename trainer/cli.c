@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,6 +176,37 @@ static int cmd_train(int argc, char **argv)
 
 /* ---- init-model ----------------------------------------------------------------- */
 
+/* An option's value as a whole integer in [lo, hi] or a finite number in
+ * [lo, hi) (hi_open): 0, or an error naming the command, the option and the
+ * value (exit 2). */
+static int opt_int(const char *cmd, const char *opt, const char *s, long long lo, long long hi,
+                   long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "spotune: error: %s: %s '%s' is not a whole number in [%lld, %lld]\n", cmd,
+                opt, s, lo, hi);
+        return SP_EXIT_USAGE;
+    }
+    *out = v;
+    return 0;
+}
+
+static int opt_frac(const char *cmd, const char *opt, const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(v) || v < 0 || v >= 1) {
+        fprintf(stderr, "spotune: error: %s: %s '%s' is not a number in [0, 1)\n", cmd, opt, s);
+        return SP_EXIT_USAGE;
+    }
+    *out = v;
+    return 0;
+}
+
 static void init_usage(FILE *f)
 {
     fprintf(f, "usage: spotune init-model --preset NAME --seed S [--dtype f32|bf16] OUT_DIR\n"
@@ -195,7 +228,10 @@ static int cmd_init_model(int argc, char **argv)
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'p': preset = optarg; break;
-        case 's': seed = strtoll(optarg, NULL, 10); break;
+        case 's':
+            if (opt_int("init-model", "--seed", optarg, 0, LLONG_MAX, &seed))
+                return SP_EXIT_USAGE;
+            break;
         case 'd': dtype = optarg; break;
         case 'h': init_usage(stdout); return 0;
         default: init_usage(stderr); return SP_EXIT_USAGE;
@@ -257,8 +293,14 @@ static int cmd_prepare_text(int argc, char **argv)
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (ch) {
-        case 'v': frac = atof(optarg); break;
-        case 's': seed = strtoll(optarg, NULL, 10); break;
+        case 'v':
+            if (opt_frac("prepare-text", "--val-fraction", optarg, &frac))
+                return SP_EXIT_USAGE;
+            break;
+        case 's':
+            if (opt_int("prepare-text", "--seed", optarg, 0, LLONG_MAX, &seed))
+                return SP_EXIT_USAGE;
+            break;
         case 'h': prep_usage(stdout); return 0;
         default: prep_usage(stderr); return SP_EXIT_USAGE;
         }

@@ -322,6 +322,20 @@ static int load_parser(config_t *cfg, yaml_parser_t *parser, const char *name, s
         rc = load_mapping(cfg, &doc, name, err);
         yaml_document_delete(&doc);
     }
+    /* one document: the keys of a second (after ---) would be ignored */
+    if (!rc && !yaml_parser_load(parser, &doc)) {
+        rc = sp_fail(err, SP_EXIT_USAGE, "%s:%lu:%lu: YAML error: %s", name,
+                     (unsigned long)parser->problem_mark.line + 1,
+                     (unsigned long)parser->problem_mark.column + 1,
+                     parser->problem ? parser->problem : "unknown");
+    } else if (!rc) {
+        if (yaml_document_get_root_node(&doc))
+            rc = sp_fail(err, SP_EXIT_USAGE,
+                         "%s:%lu: a second YAML document: a config is one document (its keys "
+                         "would be ignored); merge it into the first or remove the '---'",
+                         name, (unsigned long)doc.start_mark.line + 1);
+        yaml_document_delete(&doc);
+    }
     if (!rc) {
         free(cfg->source);
         cfg->source = strdup(name);

@@ -180,7 +180,8 @@ int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t m
     d->seed = seed;
     d->path = strdup(path);
     if (access(path, R_OK) != 0)
-        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot read the dataset file", path);
+        return sp_fail(err, SP_EXIT_INPUT, "%s: cannot read the dataset file: %s", path,
+                       strerror(errno));
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* errors are reported by us, once */
     if (H5Fis_hdf5(path) <= 0)
         return bad(err, path, "not an HDF5 file");
@@ -509,9 +510,11 @@ int dataset_write(const char *path, const uint32_t *tokens, const uint8_t *mask,
     if (!tmp)
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     int fd;
+    errno = 0;
     hid_t f = (hid_t)ckpt_hdf5_create(tmp, &fd);
     if (f < 0) {
-        sp_fail(err, SP_EXIT_OTHER, "%s: cannot create", tmp);
+        sp_fail(err, SP_EXIT_OTHER, "%s: cannot create%s%s", tmp, errno ? ": " : "",
+                errno ? strerror(errno) : "");
         free(tmp);
         return err->code;
     }
