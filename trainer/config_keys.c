@@ -35,7 +35,9 @@ const key_def config_keys[] = {
      "together, and gate, up, as their products are one each); embeddings, lm_head, norms "
      "and biases stay dense. The LoRA gradients are "
      "those of the dequantized base (on CUDA dequantized to bf16, the compute dtype). Needs "
-     "train.mode lora; not with lora.dora. A run cannot resume under another value."},
+     "train.mode lora. With lora.dora: QDoRA, each DoRA weight norm taken from the "
+     "dequantized weight, as PEFT's DoRA on a bitsandbytes 4-bit layer. A run cannot resume "
+     "under another value."},
     {"train.mode", K_ENUM, O(mode), "lora", 0, 0, modes, 1,
      "lora: train LoRA adapters on a frozen base. full: train every weight."},
     {"train.steps", K_INT, O(steps), "100", 1, BIG, NULL, 0, "Optimizer steps in total."},
@@ -93,8 +95,8 @@ const key_def config_keys[] = {
      "magnitude vector m (one value per output feature, initialised to the row norms of the "
      "base weight) and computes y = m / ||W + s B A||_row * (x W^T + s (x A^T) B^T) + b, the "
      "norm taken per output row and treated as a constant in the backward, as PEFT does. With "
-     "lora.dropout, as PEFT: the base product sees x and the DoRA term the dropped input. Needs "
-     "train.mode lora."},
+     "lora.dropout, as PEFT: the base product sees x and the DoRA term the dropped input. With "
+     "model.quantize nf4 (QDoRA) W is the dequantized weight. Needs train.mode lora."},
     {"lora.init_from", K_STRING, O(lora_init_from), "", 0, 0, NULL, 0,
      "PEFT adapter directory (adapter_config.json + adapter_model.safetensors, as spotune "
      "export --peft or PEFT's save_pretrained writes it) whose A and B replace the initial "
