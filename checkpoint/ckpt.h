@@ -131,9 +131,11 @@ typedef struct ckpt_manifest {
 } ckpt_manifest;
 void ckpt_manifest_free(ckpt_manifest *m);
 
-/* Checks MANIFEST.json and every file it names (size, SHA-256). Errors are
- * SP_EXIT_INPUT and say what is wrong (no such directory, missing MANIFEST,
- * missing file, truncated file, checksum mismatch). m is filled as far as
+/* Checks MANIFEST.json and every file it names (size, SHA-256), and that it
+ * names every file the checkpoint is read from (state.h5, and each shard
+ * file of its layout). Errors are SP_EXIT_INPUT and say what is wrong (no
+ * such directory, missing MANIFEST, a file MANIFEST does not list, missing
+ * file, truncated file, checksum mismatch). m is filled as far as
  * MANIFEST.json could be read. */
 int ckpt_verify(const char *dir, ckpt_manifest *m, sp_err *err);
 /* The same, but with shards_in_store the shard files of a sharded
@@ -294,6 +296,9 @@ int ckpt_pull_unsharded(struct store *st, const char *prefix, const char *manife
 /* The tensor's elements (0: not in the checkpoint), and its shape. */
 uint64_t ckpt_sharded_tensor(const ckpt_sharded *r, const char *name, int *ndim,
                              int64_t shape[2]);
+/* The name of r's i-th tensor and its elements (*n, may be NULL); NULL when
+ * i is past the last. */
+const char *ckpt_sharded_tensor_at(const ckpt_sharded *r, int i, uint64_t *n);
 /* Elements [start, start + count) of tensor name's values in group g (0
  * params, 1 adam_m, 2 adam_v) into dst, from whichever files hold them. */
 int ckpt_sharded_read(ckpt_sharded *r, int g, const char *name, uint64_t start, uint64_t count,

@@ -201,6 +201,51 @@ static int store_only(const char *layout, const char *file)
     return yes;
 }
 
+static int manifest_lists(const ckpt_manifest *m, const char *file)
+{
+    for (int i = 0; i < m->nfiles; i++)
+        if (strcmp(m->files[i].name, file) == 0)
+            return 1;
+    return 0;
+}
+
+/* Every file the checkpoint is read from must be in MANIFEST with its
+ * checksum: state.h5, and each shard file of a sharded checkpoint's layout.
+ * A file that is there but unlisted would be read without ever being
+ * checked. */
+static int manifest_complete(const char *dir, const ckpt_manifest *m, sp_err *err)
+{
+    if (!manifest_lists(m, CKPT_STATE_FILE))
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: MANIFEST.json does not list %s, so its checksum cannot be checked "
+                       "(a damaged or hand-edited MANIFEST)",
+                       dir, CKPT_STATE_FILE);
+    if (!m->layout)
+        return 0;
+    json_t *lay = json_loads(m->layout, 0, NULL), *shards = json_object_get(lay, "shards"), *e;
+    size_t i;
+    int rc = 0;
+    if (!json_is_array(shards) || json_array_size(shards) == 0)
+        rc = sp_fail(err, SP_EXIT_INPUT, "%s: MANIFEST.json's layout lists no shard files", dir);
+    json_array_foreach(shards, i, e)
+    {
+        const char *file = json_string_value(json_object_get(e, "file"));
+        if (rc)
+            break;
+        if (!file)
+            rc = sp_fail(err, SP_EXIT_INPUT,
+                         "%s: MANIFEST.json's layout has a shard (%zu) without a file name", dir,
+                         i);
+        else if (!manifest_lists(m, file))
+            rc = sp_fail(err, SP_EXIT_INPUT,
+                         "%s: MANIFEST.json's layout names the shard file %s, which its files "
+                         "do not list, so its checksum cannot be checked",
+                         dir, file);
+    }
+    json_decref(lay);
+    return rc;
+}
+
 int ckpt_verify_ex(const char *dir, ckpt_manifest *m, int shards_in_store, sp_err *err)
 {
     struct stat dsb;
@@ -223,6 +268,7 @@ int ckpt_verify_ex(const char *dir, ckpt_manifest *m, int shards_in_store, sp_er
         sp_err_prefix(err, "%s: ", dir);
         return rc;
     }
+    rc = manifest_complete(dir, m, err);
     for (int i = 0; i < m->nfiles && !rc; i++)
         if (!(shards_in_store && m->layout && sp_after(m->files[i].name, "shard-")) &&
             !store_only(m->layout, m->files[i].name)) /* written on another machine */

@@ -384,6 +384,15 @@ uint64_t ckpt_sharded_tensor(const ckpt_sharded *r, const char *name, int *ndim,
     return t->n;
 }
 
+const char *ckpt_sharded_tensor_at(const ckpt_sharded *r, int i, uint64_t *n)
+{
+    if (i < 0 || i >= r->ntensors)
+        return NULL;
+    if (n)
+        *n = r->tensors[i].n;
+    return r->tensors[i].name;
+}
+
 static int64_t read_i64_attr(hid_t f, const char *name)
 {
     int64_t v = -1;

@@ -5,6 +5,7 @@
  * MANIFEST first. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -573,4 +574,28 @@ Test(ckpt, damaged_state_matching_its_manifest_is_refused)
     ck = crafted_checkpoint(14, make_huge_dataset);
     expect_refused(ck, "dataset 'params.x' claims more data than the file holds");
     free(ck);
+}
+
+/* A MANIFEST that does not list state.h5 would leave it unchecked: such a
+ * checkpoint is refused, naming the file, even though state.h5 is there. */
+Test(ckpt, manifest_that_does_not_list_state_is_refused)
+{
+    char *p = write_step(15);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/MANIFEST.json", p);
+    json_error_t je;
+    json_t *m = json_load_file(path, 0, &je);
+    cr_assert(m, "%s", je.text);
+    cr_assert_eq(json_object_del(json_object_get(m, "files"), "state.h5"), 0);
+    /* (another file listed, so that MANIFEST still names some: an empty one) */
+    const char *empty_sha = "e3b0c44298fc1c149afbf4c8996fb924"
+                            "27ae41e4649b934ca495991b7852b855";
+    cr_assert_eq(json_object_set_new(json_object_get(m, "files"), "metrics.jsonl",
+                                     json_pack("{s:i, s:s}", "size", 0, "sha256", empty_sha)),
+                 0);
+    cr_assert_eq(json_dump_file(m, path, JSON_INDENT(2)), 0);
+    json_decref(m);
+    cr_assert_eq(tu_write_file(tu_fmt("%s/metrics.jsonl", p), ""), 0);
+    expect_bad(p, "MANIFEST.json does not list state.h5");
+    free(p);
 }

@@ -477,3 +477,30 @@ Test(ckpt_shard, store_only_shards_are_not_looked_for_locally)
     ckpt_manifest_free(&m);
     free(p);
 }
+
+/* MANIFEST.json without the entry of one shard file its layout names (nor,
+ * then, its checksum) is refused by verify naming that file, also when the
+ * shard is store-only; without state.h5's, naming state.h5. */
+Test(ckpt_shard, manifest_that_does_not_list_every_shard_is_refused)
+{
+    const char *files[3] = {"shard-00002-of-00004.h5", "shard-00000-of-00004.h5", "state.h5"};
+    for (int i = 0; i < 3; i++) {
+        char *p = write_sharded(20 + i);
+        ckpt_manifest m;
+        sp_err err = {0};
+        cr_assert_eq(ckpt_verify(p, &m, &err), 0, "%s", err.msg);
+        ckpt_manifest_free(&m);
+        cr_assert_eq(tu_sh(NULL,
+                           "cd %s && %s/.venv/bin/python -c \"import json; "
+                           "m = json.load(open('MANIFEST.json')); del m['files']['%s']; "
+                           "json.dump(m, open('MANIFEST.json', 'w'))\"",
+                           p, SPOTUNE_SOURCE_DIR, files[i]),
+                     0);
+        cr_expect_eq(ckpt_verify(p, &m, &err), SP_EXIT_INPUT, "%s: %s", files[i], err.msg);
+        cr_expect(tu_contains(err.msg, p) && tu_contains(err.msg, files[i]) &&
+                      tu_contains(err.msg, "its checksum cannot be checked"),
+                  "%s", err.msg);
+        ckpt_manifest_free(&m);
+        free(p);
+    }
+}
