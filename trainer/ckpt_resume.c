@@ -166,52 +166,16 @@ static int choose(ckpt_ctl *c, const char *resume, char **path, sp_err *err)
     return 0;
 }
 
-/* The attributes a resume reads, each of the type and range this writer
- * gives it: state.h5 can be damaged and still match its MANIFEST. */
-static int check_state(const ckpt_snapshot *s, const char *path, sp_err *err)
-{
-    static const struct {
-        const char *name;
-        int type;
-        double min;
-    } need[] = {{"step", CKPT_ATTR_INT, 0},         {"cursor", CKPT_ATTR_INT, 0},
-                {"global_batch", CKPT_ATTR_INT, 1}, {"world_size", CKPT_ATTR_INT, 1},
-                {"elapsed_s", CKPT_ATTR_REAL, 0},   {"config", CKPT_ATTR_STR, 0},
-                {"mode", CKPT_ATTR_STR, 0}};
-    static const char *const types[] = {"an integer", "a number", "a string"};
-    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
-        const ckpt_attr *a = ckpt_get(s, need[i].name);
-        if (!a)
-            return sp_fail(err, SP_EXIT_INPUT, "%s/%s lacks the attribute '%s'", path,
-                           CKPT_STATE_FILE, need[i].name);
-        double v = a->type == CKPT_ATTR_INT ? (double)a->i : a->d;
-        if (a->type != need[i].type || (a->type != CKPT_ATTR_STR && !(v >= need[i].min)) ||
-            (a->type == CKPT_ATTR_REAL && !isfinite(v)))
-            return sp_fail(err, SP_EXIT_INPUT,
-                           "%s/%s: the attribute '%s' is not %s of at least %g (damaged?)", path,
-                           CKPT_STATE_FILE, need[i].name, types[need[i].type], need[i].min);
-    }
-    if (ckpt_get(s, "step")->i != s->step)
-        return sp_fail(err, SP_EXIT_INPUT, "%s/%s says step %lld, its MANIFEST step %lld", path,
-                       CKPT_STATE_FILE, (long long)ckpt_get(s, "step")->i, (long long)s->step);
-    return 0;
-}
-
-static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const char *path,
-                            int64_t micro_batch, int64_t *ga, sp_err *err)
+/* Whether checkpoint s (its config was, checked by state_check_contents)
+ * fits this run. */
+static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const config_t *was,
+                            const char *path, int64_t micro_batch, int64_t *ga, sp_err *err)
 {
     const config_t *cfg = c->cfg;
-    if (check_state(s, path, err))
-        return err->code;
-    const ckpt_attr *conf = ckpt_get(s, "config"), *gb = ckpt_get(s, "global_batch");
+    const ckpt_attr *gb = ckpt_get(s, "global_batch");
     if (strcmp(s->config_hash, c->config_hash) != 0) {
-        config_t was;
         char diff[1200] = "";
-        config_defaults(&was);
-        if (config_load_text(&was, conf->s, "checkpoint config", err) == 0)
-            config_diff_math(&was, cfg, diff, sizeof diff);
-        config_free(&was);
-        sp_err_clear(err);
+        config_diff_math(was, cfg, diff, sizeof diff);
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s was trained with different settings: %s. Resuming would change the "
                        "math of the run; restore them, or start afresh with --resume none or a "
@@ -342,9 +306,17 @@ static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micr
         c->ranged_url = NULL;
         int rc = choose(c, resume, &path, &e);
         if (!rc && path) {
+            /* the checks of ckpt verify: attributes, config, tensors, the
+             * values state.h5 holds (a sharded checkpoint's: as every rank
+             * reads them, src_read in ckpt_state.c) */
+            config_t was;
             rc = state_read_checked(path, c->ranged_url != NULL, &s, &e);
-            if (!rc)
-                rc = check_compatible(c, &s, path, micro_batch, &ga, &e);
+            if (!rc) {
+                rc = state_check_contents(path, &s, 0, &was, &e);
+                if (!rc)
+                    rc = check_compatible(c, &s, &was, path, micro_batch, &ga, &e);
+                config_free(&was);
+            }
         }
         h->code = rc;
         h->found = !rc && path;

@@ -8,6 +8,7 @@
 
 #include "checkpointing_internal.h"
 #include "grad_sync.h"
+#include "state_check.h"
 
 #define VERSION_TAG "spotune " SPOTUNE_VERSION /* from CMake (trainer/CMakeLists.txt) */
 #define RNG_TAG "splitmix64-counter-v1"
@@ -193,6 +194,7 @@ typedef struct restore_src {
     const ckpt_snapshot *s;
     ckpt_sharded *r;
     int every_rank;
+    const char *where; /* the sharded checkpoint (messages) */
 } restore_src;
 
 /* Elements [a, b) of p's group g into buf + a. */
@@ -210,11 +212,13 @@ static int src_read(const restore_src *src, int g, const param_t *p, size_t a, s
     if (n != p->n)
         return sp_fail(err, SP_EXIT_INPUT, "the checkpoint %s %s",
                        n ? "has the wrong size of" : "lacks", name);
-    if (x) {
+    if (x) { /* its values were checked when it was read (state_check_contents) */
         memcpy(buf + a, x->data + a, sizeof(float) * (b - a));
         return 0;
     }
-    return ckpt_sharded_read(src->r, g, p->name, a, b - a, buf + a, err);
+    if (ckpt_sharded_read(src->r, g, p->name, a, b - a, buf + a, err))
+        return err->code;
+    return state_check_values(src->where, name, buf + a, b - a, a, err);
 }
 
 /* The part [a, b) of p's group g that this rank keeps: all of it, but in a
@@ -293,7 +297,7 @@ int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *
 
 int ckpt_shards_restore(ckpt_ctl *c, model_t *m, const char *dir, sp_err *err)
 {
-    restore_src src = {0};
+    restore_src src = {.where = dir};
     sp_err mine = {0};
     int32_t cannot = ckpt_sharded_open(&src.r, dir, &mine) != 0;
     int32_t flags[2] = {cannot, c->rank == 0 && cannot};
@@ -364,7 +368,8 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
     store_opts so;
     ckpt_remote_opts(c->cfg, 0, &so);
     store_t *st = NULL;
-    restore_src src = {.every_rank = 1};
+    char *where = sp_strf("%s/%s", url, name);
+    restore_src src = {.every_rank = 1, .where = where ? where : url};
     sp_err mine = {0};
     int32_t code = store_open(&st, url, &so, &mine) ? (mine.code ? mine.code : SP_EXIT_OTHER)
                    : ckpt_sharded_open_mixed(&src.r, text, local_copy ? local_dir : NULL, st,
@@ -414,5 +419,6 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
 out:
     ckpt_sharded_close(src.r);
     store_close(st);
+    free(where);
     return err->code;
 }

@@ -334,15 +334,30 @@ int cmd_ckpt(int argc, char **argv)
     if (!strcmp(sub, "verify") && nargs == 1) {
         char *dir, *tmp;
         ckpt_manifest m = {0};
+        ckpt_snapshot s;
+        config_t c;
+        ckpt_snapshot_init(&s);
+        config_defaults(&c);
         int rc = local_checkpoint(args[0], &o, &dir, &tmp, &err);
         if (!rc)
             rc = ckpt_verify(dir, &m, &err);
         if (!rc)
             rc = state_check_isolated(dir, &err);
-        local_checkpoint_done(dir, tmp);
-        int away = rc ? 0 : ckpt_layout_store_only(m.layout, NULL, 0);
         if (!rc)
-            printf("%s: ok (step %lld, %d file(s) verified, state readable, world size %d%s)\n",
+            rc = ckpt_read_verified(dir, &m, &s, &err);
+        int away = rc ? 0 : ckpt_layout_store_only(m.layout, NULL, 0);
+        /* what resume and export check, verify checks: the attributes, the
+         * config, the tensors and every value (of the shards at hand) */
+        if (!rc) {
+            config_free(&c);
+            rc = state_check_contents(dir, &s, !away, &c, &err);
+        }
+        ckpt_snapshot_free(&s);
+        config_free(&c);
+        local_checkpoint_done(dir, tmp);
+        if (!rc)
+            printf("%s: ok (step %lld, %d file(s) verified, state readable and consistent, "
+                   "values finite, world size %d%s)\n",
                    args[0], (long long)m.step, m.nfiles - away, m.world_size,
                    m.layout ? ", sharded: a shard file per rank" : "");
         if (!rc && away)
@@ -408,11 +423,16 @@ static int dtype_of_option(const char *v, dtype_t *dt, sp_err *err)
 }
 
 static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *base,
-                       const char *ckpt_dir, const char *out, sp_err *err)
+                       const char *model, const char *ckpt_dir, const char *out, sp_err *err)
 {
     if (c->mode != MODE_LORA)
         return sp_fail(err, SP_EXIT_USAGE,
                        "--peft: this checkpoint is a full fine-tune; use --merged");
+    /* --model names the base the adapter is for: it must fit that model */
+    model_config_t mc;
+    if (model && (model_config_load(&mc, model, err) ||
+                  state_check_tensors(ckpt_dir, s, c, &mc, model, err)))
+        return err->code;
     adapter_tensor *t = calloc((size_t)s->narrays + 1, sizeof *t);
     size_t n = 0;
     if (!t)
@@ -450,7 +470,8 @@ static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *ba
 }
 
 static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *base,
-                         const char *out, const char *dtype_opt, sp_err *err)
+                         const char *ckpt_dir, const char *out, const char *dtype_opt,
+                         sp_err *err)
 {
     struct stat sb, so;
     if (stat(base, &sb) == 0 && stat(out, &so) == 0 && sb.st_dev == so.st_dev &&
@@ -471,6 +492,8 @@ static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *
                            "%s is not the base model this checkpoint was trained on (identity %s, "
                            "expected %s)",
                            base, identity, s->base_model);
+        if (state_check_tensors(ckpt_dir, s, c, &mc, base, err))
+            return err->code;
     }
     backend_t *be;
     model_t *m = NULL;
@@ -498,8 +521,12 @@ static int export_merged(const ckpt_snapshot *s, const config_t *c, const char *
         char name[256];
         snprintf(name, sizeof name, "params/%s", p->name);
         const ckpt_array *a = ckpt_find_array(s, name);
-        if (!a || a->n != p->n)
-            rc = sp_fail(err, SP_EXIT_INPUT, "the checkpoint lacks %s", name);
+        if (!a)
+            rc = sp_fail(err, SP_EXIT_INPUT, "%s: the checkpoint lacks %s", ckpt_dir, name);
+        else if (a->n != p->n)
+            rc = sp_fail(err, SP_EXIT_INPUT,
+                         "%s: %s has %zu values, but the model %s's %s has %zu (another model?)",
+                         ckpt_dir, name, a->n, base, p->name, p->n);
         else
             model_param_upload(m, p, a->data, DT_F32);
     }
@@ -563,17 +590,16 @@ int cmd_export(int argc, char **argv)
                      argv[optind], ckpt_layout_store_only(s.layout, NULL, 0), (long long)s.step);
     if (!rc && s.layout)
         rc = ckpt_sharded_load(dir, &s, 0, "params/", &err);
-    const ckpt_attr *conf = rc ? NULL : ckpt_get(&s, "config");
-    if (!rc && (!conf || conf->type != CKPT_ATTR_STR))
-        rc = sp_fail(&err, SP_EXIT_INPUT, "%s: the checkpoint lacks its config", dir);
-    if (!rc && config_load_text(&c, conf->s, "checkpoint config", &err)) {
-        sp_err_prefix(&err, "%s: ", dir);
-        rc = err.code = SP_EXIT_INPUT; /* a damaged checkpoint, not the user's config */
+    /* the checks of ckpt verify and resume: attributes, config (every key
+     * export needs), tensors against it, values (the weights it writes) */
+    if (!rc) {
+        config_free(&c);
+        rc = state_check_contents(dir, &s, 0, &c, &err);
     }
     const char *base = model ? model : c.model_path;
-    if (!rc && peft && (rc = export_peft(&s, &c, base, dir, peft, &err)) == 0)
+    if (!rc && peft && (rc = export_peft(&s, &c, base, model, dir, peft, &err)) == 0)
         printf("adapter (PEFT layout): %s\n", peft);
-    if (!rc && merged && (rc = export_merged(&s, &c, base, merged, dtype, &err)) == 0)
+    if (!rc && merged && (rc = export_merged(&s, &c, base, dir, merged, dtype, &err)) == 0)
         printf("merged model (Hugging Face layout): %s\n", merged);
     ckpt_snapshot_free(&s);
     config_free(&c);
