@@ -373,11 +373,48 @@ Test(resume, changed_math_refused_changed_steps_allowed)
     cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step 6"), "%s", out);
     free(out);
     cr_expect_eq(last_step("chg"), 8);
-    /* --resume none starts afresh */
-    rc = run(NULL, "chg", "--set train.steps=3 --resume none", &out);
+    /* --resume none starts afresh; the earlier run's checkpoints (up to step
+     * 8) and metrics move aside into run.dir/previous-*: left in
+     * checkpoints/, retention pruned the new run's lower steps in their favour
+     * and the next start resumed the old step 8 */
+    rc = run(NULL, "chg", "--set train.steps=3 --set checkpoint.keep=1 --resume none", &out);
     cr_expect_eq(rc, 0, "%s", out);
     cr_expect(!tu_contains(out, "resumed from"), "%s", out);
+    cr_expect(tu_contains(out, "--resume none: run.dir held an earlier run's") &&
+                  tu_contains(out, "(newest step-00000008)") && tu_contains(out, "/previous-"),
+              "%s", out);
     free(out);
+    char *moved = NULL;
+    cr_expect_eq(tu_sh(&moved, "ls -d %s/chg/previous-*/checkpoints/step-00000008 "
+                               "%s/chg/previous-*/metrics.jsonl",
+                       dir, dir),
+                 0, "%s", moved);
+    free(moved);
+    cr_expect_eq(last_step("chg"), 3, "the fresh run's metrics hold its own 3 steps");
+    cr_expect(access(tu_fmt("%s/chg/checkpoints/step-00000003", dir), F_OK) == 0,
+              "its checkpoint kept");
+    rc = run(NULL, "chg", "--set train.steps=4", &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step 3"), "%s", out);
+    free(out);
+    cr_expect_eq(last_step("chg"), 4);
+    /* with checkpoint.remote holding checkpoints, --resume none is refused
+     * (exit 2, naming the store and its newest step) and nothing moves: the
+     * store's copies would be mixed with the new run's the same way */
+    const char *remote = tu_fmt("--set checkpoint.remote=file://%s/chg-bucket", dir);
+    snprintf(sets, sizeof sets, "%s --set train.steps=5", remote);
+    rc = run(NULL, "chgr", sets, &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    free(out);
+    snprintf(sets, sizeof sets, "%s --set train.steps=2 --resume none", remote);
+    rc = run(NULL, "chgr", sets, &out);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "--resume none: checkpoint.remote file://") &&
+                  tu_contains(out, "holds checkpoints of an earlier run (newest step 5)"),
+              "%s", out);
+    free(out);
+    cr_expect(access(tu_fmt("%s/chgr/checkpoints/step-00000005", dir), F_OK) == 0,
+              "nothing moved when refused");
 }
 
 /* Whether process pid has a handler for SIGTERM yet (/proc/PID/status,

@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -58,6 +61,99 @@ static void on_written(void *ctx, const char *dir, const ckpt_snapshot *s, doubl
 }
 
 /* ---- open / close ------------------------------------------------------------------ */
+
+/* The newest step of checkpoint.remote with a MANIFEST (-1: none); a store
+ * that cannot be listed is an error. */
+static int remote_newest(const config_t *cfg, int64_t *newest, sp_err *err)
+{
+    store_opts quick;
+    ckpt_remote_opts(cfg, 1, &quick);
+    store_t *st = NULL;
+    store_listing l = {0};
+    *newest = -1;
+    if (store_open(&st, cfg->ckpt_remote, &quick, err) || store_list(st, "step-", &l, err)) {
+        store_close(st);
+        return err->code;
+    }
+    for (size_t i = 0; i < l.n; i++) {
+        long long step;
+        if (sscanf(l.items[i].key, "step-%lld/", &step) == 1 &&
+            strstr(l.items[i].key, "/" CKPT_MANIFEST) && step > *newest)
+            *newest = step;
+    }
+    store_list_free(&l);
+    store_close(st);
+    return 0;
+}
+
+int ckpt_start_afresh(const config_t *cfg, char *note, size_t n, sp_err *err)
+{
+    note[0] = 0;
+    if (cfg->ckpt_remote && *cfg->ckpt_remote) {
+        int64_t newest;
+        if (remote_newest(cfg, &newest, err))
+            return sp_fail(err, err->code,
+                           "--resume none: cannot tell whether checkpoint.remote holds an earlier "
+                           "run's checkpoints: %s",
+                           err->msg);
+        if (newest >= 0)
+            return sp_fail(err, SP_EXIT_USAGE,
+                           "--resume none: checkpoint.remote %s holds checkpoints of an earlier "
+                           "run (newest step %lld); a fresh start there would be mixed with "
+                           "them (retention and the next resume would take theirs). Set "
+                           "checkpoint.remote (and run.dir) to a new prefix, or delete those "
+                           "checkpoints first",
+                           cfg->ckpt_remote, (long long)newest);
+    }
+    char *root = sp_strf("%s/checkpoints", cfg->run_dir);
+    if (!root)
+        return sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    int found = 0;
+    char newest[PATH_MAX] = "";
+    DIR *d = opendir(root);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strncmp(e->d_name, "step-", 5) == 0) {
+            found++;
+            if (strcmp(e->d_name, newest) > 0) /* fixed-width step numbers sort as text */
+                snprintf(newest, sizeof newest, "%s", e->d_name);
+        }
+    if (d)
+        closedir(d);
+    if (!found) {
+        free(root);
+        return 0;
+    }
+    char stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+    char *prev = sp_strf("%s/previous-%s", cfg->run_dir, stamp);
+    int rc = prev ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of memory");
+    if (!rc && mkdir(prev, 0755) != 0)
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", prev, strerror(errno));
+    static const char *const moved[] = {"checkpoints", "metrics.jsonl", "samples"};
+    for (int i = 0; i < 3 && !rc; i++) {
+        char *from = sp_strf("%s/%s", cfg->run_dir, moved[i]);
+        char *to = sp_strf("%s/%s", prev, moved[i]);
+        if (!from || !to)
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        else if (rename(from, to) != 0 && errno != ENOENT)
+            rc = sp_fail(err, SP_EXIT_OTHER, "--resume none: cannot move %s to %s: %s", from, to,
+                         strerror(errno));
+        free(from);
+        free(to);
+    }
+    if (!rc)
+        snprintf(note, n,
+                 "--resume none: run.dir held an earlier run's %d checkpoint%s (newest %s); "
+                 "they, its metrics.jsonl and samples are kept in %s, and this run starts "
+                 "afresh",
+                 found, found == 1 ? "" : "s", newest, prev);
+    free(prev);
+    free(root);
+    return rc;
+}
 
 int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char *base_identity,
                   FILE *log, metrics_t *metrics, sp_err *err)

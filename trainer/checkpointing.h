@@ -26,6 +26,16 @@ typedef struct train_progress {
 
 typedef struct ckpt_ctl ckpt_ctl;
 
+/* Rank 0, for --resume none, before the run writes anything in run.dir (the
+ * metrics file included): a run.dir that holds an earlier run's checkpoints
+ * keeps them, but moved aside with its metrics.jsonl and samples/ into
+ * run.dir/previous-YYYYmmddTHHMMSSZ/ (renames: nothing is deleted or
+ * copied). Left in place, retention would prune this run's checkpoints in
+ * favour of their higher steps, and the next start would resume theirs. A
+ * checkpoint.remote that holds checkpoints is refused (exit 2): it would mix
+ * the two runs the same way, and a store has no rename. *note: what was done,
+ * for the log ("" when nothing). */
+int ckpt_start_afresh(const config_t *cfg, char *note, size_t n, sp_err *err);
 int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char *base_identity,
                   FILE *log, metrics_t *metrics, sp_err *err);
 /* Collective. resume: "auto" (newest valid checkpoint, if any), "none", or a

@@ -549,10 +549,14 @@ static int open_samples(trainer_t *t, sp_err *err)
 static int setup(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
-    if (t->rank == 0 && (mkdir_p(c->run_dir, err) || lock_run_dir(t, err) ||
-                         write_resolved_config(t, err) ||
-                         metrics_open(&t->metrics, c->run_dir, err)))
+    char afresh[8192] = "";
+    if (t->rank == 0 &&
+        (mkdir_p(c->run_dir, err) || lock_run_dir(t, err) ||
+         (strcmp(t->resume, "none") == 0 && ckpt_start_afresh(c, afresh, sizeof afresh, err)) ||
+         write_resolved_config(t, err) || metrics_open(&t->metrics, c->run_dir, err)))
         return err->code;
+    if (afresh[0])
+        log_event(t->out, &t->metrics, "warning", "%s", afresh);
     int threads = (int)c->threads;
     const char *backend = config_backend_names[c->backend];
     if (threads == 0 && strcmp(backend, "cuda") != 0)
