@@ -340,6 +340,42 @@ Test(resume, damaged_newest_checkpoint_is_skipped_with_a_message)
     free(out);
 }
 
+/* A checkpoint records its data.train's identity (dataset_identity: its
+ * length, counts and sampled tokens, masks and offsets): the same path
+ * holding other contents (a dataset prepared again into the same file) is
+ * refused on resume (exit 2, naming the path and both identities), where it
+ * used to train on other windows in another order without a word; the
+ * original file back, the run resumes. */
+Test(resume, the_same_data_path_with_other_contents_is_refused)
+{
+    char *out = NULL;
+    cr_assert_eq(run(NULL, "dsw", "--set train.steps=4", &out), 0, "%s", out);
+    free(out);
+    const char *data = tu_fmt("%s/data.train.h5", dir);
+    cr_assert_eq(tu_sh(NULL, "cp %s %s/data.keep.h5", data, dir), 0);
+    enum { N = 6000 };
+    uint32_t *tok = malloc(sizeof(uint32_t) * N);
+    uint8_t *msk = malloc(N);
+    for (int i = 0; i < N; i++)
+        tok[i] = (uint32_t)(i * 7 % 250), msk[i] = 1;
+    uint64_t off[2] = {0, N};
+    sp_err err = {0};
+    cr_assert_eq(dataset_write(data, tok, msk, N, off, 1, 258, 257, "other", &err), 0, "%s",
+                 err.msg);
+    free(tok), free(msk);
+    int rc = run(NULL, "dsw", "--set train.steps=6", &out);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "was trained on other data: data.train") &&
+                  tu_contains(out, "data.train.h5 now holds other contents"),
+              "%s", out);
+    free(out);
+    cr_assert_eq(tu_sh(NULL, "cp %s/data.keep.h5 %s", dir, data), 0);
+    rc = run(NULL, "dsw", "--set train.steps=6", &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step 4"), "%s", out);
+    free(out);
+}
+
 Test(resume, changed_math_refused_changed_steps_allowed)
 {
     char *out = NULL;

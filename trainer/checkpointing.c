@@ -156,7 +156,7 @@ int ckpt_start_afresh(const config_t *cfg, char *note, size_t n, sp_err *err)
 }
 
 int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char *base_identity,
-                  FILE *log, metrics_t *metrics, sp_err *err)
+                  const char *data_identity, FILE *log, metrics_t *metrics, sp_err *err)
 {
     ckpt_ctl *c = calloc(1, sizeof *c);
     if (!c)
@@ -189,6 +189,7 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
                                              : stat(mpath, &msb) != 0 || msb.st_size == 0;
     free(mpath);
     snprintf(c->base_identity, sizeof c->base_identity, "%s", base_identity);
+    snprintf(c->data_identity, sizeof c->data_identity, "%s", data_identity);
     snprintf(c->config_hash, sizeof c->config_hash, "%016llx",
              (unsigned long long)config_math_hash(cfg));
     *out = c;

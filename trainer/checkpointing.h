@@ -36,8 +36,11 @@ typedef struct ckpt_ctl ckpt_ctl;
  * the two runs the same way, and a store has no rename. *note: what was done,
  * for the log ("" when nothing). */
 int ckpt_start_afresh(const config_t *cfg, char *note, size_t n, sp_err *err);
+/* base_identity: the base model's (model_io_identity); data_identity:
+ * data.train's (dataset_identity), which checkpoints record and a resume
+ * compares. */
 int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char *base_identity,
-                  FILE *log, metrics_t *metrics, sp_err *err);
+                  const char *data_identity, FILE *log, metrics_t *metrics, sp_err *err);
 /* Collective. resume: "auto" (newest valid checkpoint, if any), "none", or a
  * checkpoint directory or s3://.../step-N. On success *resumed says whether
  * state was restored into m and p, and *grad_accum may have been adjusted to

@@ -23,6 +23,7 @@ struct ckpt_ctl {
     metrics_t *metrics;
     char *root; /* RUN_DIR/checkpoints */
     char base_identity[17], config_hash[17];
+    char data_identity[17]; /* data.train's (dataset_identity) */
     ckpt_writer *writer;
     store_t *store;
     uploader_t *up;

@@ -182,6 +182,16 @@ static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const config_t 
                        "new run.dir",
                        path, diff[0] ? diff : "(the config hash differs)");
     }
+    /* the same data.train path holding other contents: other windows in
+     * another order (checkpoints written before the identity have none) */
+    const ckpt_attr *di = ckpt_get(s, "data_identity");
+    if (di && di->type == CKPT_ATTR_STR && strcmp(di->s, c->data_identity) != 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "%s was trained on other data: data.train %s now holds other contents "
+                       "(identity %s; the checkpoint's run read %s), so resuming would train on "
+                       "other windows in another order; restore the file, or start afresh with "
+                       "--resume none or a new run.dir",
+                       path, cfg->data_train, c->data_identity, di->s);
     if (cfg->mode == MODE_LORA && strcmp(s->base_model, c->base_identity) != 0)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s was trained on another base model (identity %s; %s is %s): a LoRA "

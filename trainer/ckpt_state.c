@@ -149,6 +149,7 @@ int ckpt_state_snapshot(ckpt_ctl *c, model_t *m, const train_progress *p, ckpt_s
               ckpt_set_int(s, "world_size", c->world) || ckpt_set_int(s, "seed", cfg->seed) ||
               ckpt_set_str(s, "config", yaml) || ckpt_set_str(s, "config_hash", c->config_hash) ||
               ckpt_set_str(s, "base_model", c->base_identity) ||
+              ckpt_set_str(s, "data_identity", c->data_identity) ||
               ckpt_set_str(s, "mode", cfg->mode == MODE_LORA ? "lora" : "full") ||
               ckpt_set_str(s, "rng", RNG_TAG) || ckpt_set_str(s, "writer", VERSION_TAG);
     free(yaml);

@@ -306,6 +306,66 @@ static int dataset_set_packing(dataset_t *d, int packing, sp_err *err)
     return 0;
 }
 
+#define ID_RUNS 64
+#define ID_RUN 64
+
+/* FNV-1a over runs of dataset name (n elements of mem_type, size bytes
+ * each): ID_RUNS runs of up to ID_RUN elements, evenly spaced. */
+static int hash_runs(hid_t file, const char *name, hid_t mem_type, size_t size, uint64_t n,
+                     uint64_t *h)
+{
+    hid_t ds = H5Dopen2(file, name, H5P_DEFAULT);
+    if (ds < 0)
+        return -1;
+    unsigned char buf[ID_RUN * 8];
+    int rc = 0;
+    for (uint64_t r = 0; r < ID_RUNS && n && !rc; r++) {
+        uint64_t at = n <= ID_RUN ? 0 : (n - ID_RUN) / (ID_RUNS - 1) * r;
+        uint64_t len = n - at < ID_RUN ? n - at : ID_RUN;
+        rc = read_range(ds, mem_type, at, len, buf);
+        *h = sp_fnv1a(*h, &at, sizeof at);
+        *h = sp_fnv1a(*h, buf, (size_t)len * size);
+    }
+    H5Dclose(ds);
+    return rc;
+}
+
+int dataset_identity(const char *path, char out[17], sp_err *err)
+{
+    out[0] = 0;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return bad(err, path, "cannot open as HDF5 to identify it");
+    hid_t t = -1, m = -1, o = -1;
+    int64_t n = dataset_len(f, "/tokens", path, &t, err), nm = -1, no = -1;
+    if (n >= 0)
+        nm = dataset_len(f, "/loss_mask", path, &m, err);
+    if (nm >= 0)
+        no = dataset_len(f, "/doc_offsets", path, &o, err);
+    int64_t vocab = -1, eos = -1;
+    read_attr_int(f, "vocab_size", &vocab);
+    read_attr_int(f, "eos_id", &eos);
+    int rc = err->code;
+    uint64_t h = SP_FNV_INIT;
+    int64_t head[5] = {n, nm, no, vocab, eos};
+    h = sp_fnv1a(h, head, sizeof head);
+    if (!rc && (hash_runs(f, "/tokens", H5T_NATIVE_UINT32, 4, (uint64_t)n, &h) ||
+                hash_runs(f, "/loss_mask", H5T_NATIVE_UINT8, 1, (uint64_t)nm, &h) ||
+                hash_runs(f, "/doc_offsets", H5T_NATIVE_UINT64, 8, (uint64_t)no, &h)))
+        rc = bad(err, path, "cannot read it to identify it");
+    if (t >= 0)
+        H5Dclose(t);
+    if (m >= 0)
+        H5Dclose(m);
+    if (o >= 0)
+        H5Dclose(o);
+    H5Fclose(f);
+    if (!rc)
+        snprintf(out, 17, "%016llx", (unsigned long long)h);
+    return rc;
+}
+
 void dataset_close(dataset_t *d)
 {
     if (d->mask >= 0)

@@ -55,6 +55,13 @@ int dataset_open(dataset_t *d, const char *path, int64_t seq_len, int64_t model_
 int dataset_open_part(dataset_t *d, const char *path, int64_t seq_len, int64_t model_vocab,
                       uint64_t seed, int packing, int part, int parts, sp_err *err);
 void dataset_close(dataset_t *d);
+/* 16 hex digits identifying the dataset file path by its content: its
+ * length, document count, vocab_size and eos_id, and 64 evenly spaced runs
+ * of 64 tokens with their loss_mask and 64 document offsets, read as
+ * stored. A checkpoint records it, and a resume whose data.train holds
+ * other contents than the checkpoint's run read is refused (the windows and
+ * their order would be others). Errors name the file (SP_EXIT_INPUT). */
+int dataset_identity(const char *path, char out[17], sp_err *err);
 /* Window index of global sample s (and its epoch). */
 int dataset_window_of(dataset_t *d, uint64_t sample, uint64_t *window, uint64_t *epoch,
                       sp_err *err);

@@ -248,9 +248,10 @@ static int setup_model(trainer_t *t, sp_err *err)
     }
     if (c->mode == MODE_LORA)
         model_init_lora(t->m, (uint64_t)c->seed);
-    char identity[17];
+    char identity[17], data_identity[17];
     if (model_io_identity(c->model_path, identity, err) ||
-        ckpt_ctl_open(&t->ck, c, t->comm, identity, t->out, &t->metrics, err) ||
+        dataset_identity(c->data_train, data_identity, err) ||
+        ckpt_ctl_open(&t->ck, c, t->comm, identity, data_identity, t->out, &t->metrics, err) ||
         ckpt_ctl_resume(t->ck, t->m, t->resume, t->mb, &t->ga, &t->p, &t->resumed, err) ||
         init_from(t, identity, err))
         return err->code;
