@@ -338,6 +338,30 @@ Test(resume, damaged_newest_checkpoint_is_skipped_with_a_message)
               "%s", out);
     cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step-00000005"), "%s", out);
     free(out);
+    /* every checkpoint damaged: each named, and the start from step 0 said
+     * once (it used to follow the per-checkpoint warnings without a word) */
+    tu_sh(NULL, "for s in %s/dmg/checkpoints/step-*; do printf 'Z' | dd of=$s/state.h5 bs=1 "
+                "seek=4000 conv=notrunc 2>/dev/null; done",
+          dir);
+    cr_assert_eq(run(NULL, "dmg", "--set checkpoint.every_steps=5 --set train.steps=2", &out), 0,
+                 "%s", out);
+    cr_expect(!tu_contains(out, "resumed from") &&
+                  tu_contains(out, "can be resumed (each named above): the run starts again "
+                                   "from step 0") &&
+                  tu_contains(out, "unusable checkpoints moved to"),
+              "%s", out);
+    free(out);
+    /* ... and they moved aside (kept, outside checkpoints/), so retention
+     * keeps the new run's checkpoint, which the next start resumes; left in
+     * place (checkpoint.keep 2) they outranked it and it was deleted at once */
+    char *ls = NULL;
+    cr_expect_eq(tu_sh(&ls, "ls %s/dmg/previous-*/checkpoints/ | grep -c step-", dir), 0);
+    cr_expect(ls && atoi(ls) >= 2, "moved aside: %s", ls ? ls : "");
+    free(ls);
+    cr_assert_eq(run(NULL, "dmg", "--set checkpoint.every_steps=5 --set train.steps=3", &out), 0,
+                 "%s", out);
+    cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step-00000002"), "%s", out);
+    free(out);
 }
 
 /* A checkpoint records its data.train's identity (dataset_identity: its
@@ -409,6 +433,12 @@ Test(resume, changed_math_refused_changed_steps_allowed)
     cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step 6"), "%s", out);
     free(out);
     cr_expect_eq(last_step("chg"), 8);
+    /* train.steps below the checkpoint's step: nothing to train, said so */
+    rc = run(NULL, "chg", "--set train.steps=7", &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "train.steps is 7 but the checkpoint resumed is at step 8"), "%s",
+              out);
+    free(out);
     /* --resume none starts afresh; the earlier run's checkpoints (up to step
      * 8) and metrics move aside into run.dir/previous-*: left in
      * checkpoints/, retention pruned the new run's lower steps in their favour

@@ -86,6 +86,65 @@ static int remote_newest(const config_t *cfg, int64_t *newest, sp_err *err)
     return 0;
 }
 
+/* Makes run_dir/previous-YYYYmmddTHHMMSSZ (the time now) and returns its
+ * path (heap), or NULL with err set. */
+static char *previous_dir(const char *run_dir, sp_err *err)
+{
+    char stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+    char *prev = sp_strf("%s/previous-%s", run_dir, stamp);
+    if (!prev) {
+        sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        return NULL;
+    }
+    if (mkdir(prev, 0755) != 0 && errno != EEXIST) {
+        sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", prev, strerror(errno));
+        free(prev);
+        return NULL;
+    }
+    return prev;
+}
+
+int ckpt_move_unusable_aside(const config_t *cfg, const char *root, char *note, size_t n,
+                             sp_err *err)
+{
+    note[0] = 0;
+    char *prev = previous_dir(cfg->run_dir, err);
+    char *to_root = prev ? sp_strf("%s/checkpoints", prev) : NULL;
+    int rc = err->code;
+    if (!rc && (!to_root || (mkdir(to_root, 0755) != 0 && errno != EEXIST)))
+        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot create", to_root ? to_root : prev);
+    int moved = 0;
+    DIR *d = rc ? NULL : opendir(root);
+    for (struct dirent *e; d && !rc && (e = readdir(d));) {
+        if (strncmp(e->d_name, "step-", 5) != 0)
+            continue;
+        char *from = sp_strf("%s/%s", root, e->d_name), *to = sp_strf("%s/%s", to_root, e->d_name);
+        if (!from || !to)
+            rc = sp_fail(err, SP_EXIT_OTHER, "out of memory");
+        else if (rename(from, to) != 0)
+            rc = sp_fail(err, SP_EXIT_OTHER, "cannot move %s to %s: %s", from, to,
+                         strerror(errno));
+        else
+            moved++;
+        free(from);
+        free(to);
+    }
+    if (d)
+        closedir(d);
+    if (!rc)
+        snprintf(note, n,
+                 "the %d unusable checkpoint%s moved to %s (kept for inspection; left in place, "
+                 "retention would delete this run's new checkpoints in their favour)",
+                 moved, moved == 1 ? "" : "s", to_root);
+    free(to_root);
+    free(prev);
+    return rc;
+}
+
 int ckpt_start_afresh(const config_t *cfg, char *note, size_t n, sp_err *err)
 {
     note[0] = 0;
@@ -123,15 +182,8 @@ int ckpt_start_afresh(const config_t *cfg, char *note, size_t n, sp_err *err)
         free(root);
         return 0;
     }
-    char stamp[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
-    char *prev = sp_strf("%s/previous-%s", cfg->run_dir, stamp);
-    int rc = prev ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of memory");
-    if (!rc && mkdir(prev, 0755) != 0)
-        rc = sp_fail(err, SP_EXIT_OTHER, "%s: cannot create: %s", prev, strerror(errno));
+    char *prev = previous_dir(cfg->run_dir, err);
+    int rc = err->code;
     static const char *const moved[] = {"checkpoints", "metrics.jsonl", "samples"};
     for (int i = 0; i < 3 && !rc; i++) {
         char *from = sp_strf("%s/%s", cfg->run_dir, moved[i]);

@@ -24,6 +24,7 @@ struct ckpt_ctl {
     char *root; /* RUN_DIR/checkpoints */
     char base_identity[17], config_hash[17];
     char data_identity[17]; /* data.train's (dataset_identity) */
+    int skipped_local;      /* --resume auto: local checkpoints found unusable */
     ckpt_writer *writer;
     store_t *store;
     uploader_t *up;
@@ -111,6 +112,11 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
 
 /* ckpt_remote.c, rank 0. quick: the store options for what decides whether
  * and where the job starts. */
+/* Rank 0: moves every step-* directory of root (the checkpoints --resume
+ * auto found unusable) into run.dir/previous-<UTC>/checkpoints/; *note says
+ * what moved where. */
+int ckpt_move_unusable_aside(const config_t *cfg, const char *root, char *note, size_t n,
+                             sp_err *err);
 void ckpt_remote_opts(const config_t *cfg, int quick, store_opts *so);
 /* The store, the job's lease (the probe that it takes writes) and the uploader. */
 int ckpt_remote_open(ckpt_ctl *c, sp_err *err);

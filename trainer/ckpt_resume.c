@@ -28,6 +28,7 @@ typedef struct resume_header {
 static void report_bad(void *ctx, const ckpt_info *bad)
 {
     ckpt_ctl *c = ctx;
+    c->skipped_local++;
     log_event(c->log, c->metrics, "warning", "skipping checkpoint %s: %s", bad->name,
               bad->problem);
 }
@@ -121,6 +122,7 @@ static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
     char local[PATH_MAX]; /* a path the system can open fits */
     int found = 0;
     c->store_needed = 0;
+    c->skipped_local = 0;
     if (ckpt_find_latest_if(c->root, local, sizeof local, &found, accept_local, report_bad, c,
                             err))
         return err->code;
@@ -143,6 +145,15 @@ static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
                        "whose other shards are only in the remote store they were pushed to: "
                        "set checkpoint.remote to it, or start afresh with --resume none",
                        c->root);
+    if (!*path && c->skipped_local) { /* said once, beside each checkpoint's own warning */
+        char note[2 * PATH_MAX];
+        if (ckpt_move_unusable_aside(c->cfg, c->root, note, sizeof note, err))
+            return err->code;
+        log_event(c->log, c->metrics, "warning",
+                  "none of the %d checkpoint%s in %s can be resumed (each named above): the run "
+                  "starts again from step 0; %s",
+                  c->skipped_local, c->skipped_local == 1 ? "" : "s", c->root, note);
+    }
     return 0;
 }
 

@@ -597,8 +597,15 @@ static int train_loop(trainer_t *t, sp_err *err)
 {
     const config_t *c = t->cfg;
     int stop = 0;
-    if (t->p.step >= c->steps) /* a resumed run that had already finished */
+    if (t->p.step >= c->steps) { /* a resumed run that had already finished */
+        if (t->p.step > c->steps && t->rank == 0)
+            log_event(t->out, &t->metrics, "warning",
+                      "train.steps is %lld but the checkpoint resumed is at step %lld: nothing "
+                      "to train (a checkpoint is never rolled back; raise train.steps to go on, "
+                      "or start afresh with --resume none)",
+                      (long long)c->steps, (long long)t->p.step);
         return ckpt_ctl_boundary(t->ck, t->m, &t->p, 1, &stop, err);
+    }
     if (c->cuda_graphs && t->world > 1 && t->rank == 0 && strcmp(t->be->name, "cuda") == 0)
         log_event(t->out, &t->metrics, "info", "%s",
                   t->m->shard_grads
