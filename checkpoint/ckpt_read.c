@@ -341,7 +341,14 @@ static herr_t read_attr_value(hid_t a, hid_t ty, const char *name, read_ctx *c)
     hid_t mem = H5Tcopy(H5T_C_S1);
     H5Tset_size(mem, H5T_VARIABLE);
     H5Tset_cset(mem, H5Tget_cset(ty));
+    errno = 0;
     herr_t rc = H5Aread(a, mem, &v);
+    if (rc < 0 && errno == ENOMEM) { /* e.g. the checker's memory limit (cmd_ckpt.c) */
+        H5Tclose(mem);
+        return refuse(c, "attribute '%s': reading it asks for more memory than there is to "
+                         "give (its datatype or length claims gigabytes)",
+                      name);
+    }
     if (rc >= 0 && (!v || ckpt_set_str(c->s, name, v)))
         rc = -1;
     if (v)

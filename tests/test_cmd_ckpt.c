@@ -684,6 +684,57 @@ Test(cmd_ckpt, damaged_state_matching_its_manifest_never_crashes_a_command)
 /* A state.h5 whose attributes hold what this writer never writes (here the
  * global batch as a string), MANIFEST matching: resuming from it exits 3
  * naming the file and the attribute. */
+/* A string attribute whose datatype claims characters of 3.5 GB each (the
+ * "mode" attribute's base type size overwritten, MANIFEST rewritten to
+ * match): libhdf5 asked for 14 GB to read "lora" and the checker took 40 s
+ * to say the file was readable. The checker process may map 1 GiB more
+ * than it holds at start (checker_memory_limit), so the read fails and
+ * verify and resume refuse the file (exit 3, naming it and the attribute)
+ * at once. */
+Test(cmd_ckpt, a_datatype_claiming_gigabytes_is_refused_not_allocated)
+{
+#ifdef __SANITIZE_ADDRESS__
+    /* the limit is off under AddressSanitizer (its shadow memory counts as
+     * data), where libhdf5 would really take the 14 GB */
+    cr_skip_test("the checker's memory limit is not applied in a sanitizer build");
+#endif
+    train("run", NULL);
+    const char *src = at("run/checkpoints/step-00000012");
+    char state[4300];
+    snprintf(state, sizeof state, "%s/state.h5", src);
+    size_t n = 0;
+    char *b = tu_read_file(state, &n);
+    cr_assert(b);
+    char *mode = NULL;
+    for (size_t k = 0; k + 8 <= n && !mode; k++)
+        if (!memcmp(b + k, "mode\0\0\0\0", 8))
+            mode = b + k;
+    cr_assert(mode, "no 'mode' attribute in %s", state);
+    size_t at_size = (size_t)(mode - b) + 20; /* the string type's base: its size in bytes */
+    cr_assert(at_size + 4 < n && !memcmp(b + at_size, "\x01\0\0\0", 4),
+              "the 'mode' attribute's layout is not the one this test knows");
+    free(b);
+    const char *ck = at("huge");
+    cr_assert_eq(tu_sh(NULL, "rm -rf %s && cp -r %s %s", ck, src, ck), 0);
+    FILE *f = fopen(tu_fmt("%s/state.h5", ck), "r+b");
+    static const unsigned char claim[5] = {0x01, 0x5c, 0xb5, 0xd4, 0x2f}; /* 0xd4b55c01 bytes */
+    cr_assert(f && fseek(f, (long)at_size, SEEK_SET) == 0 && fwrite(claim, 1, 5, f) == 5);
+    fclose(f);
+    cr_assert_eq(tu_remanifest(ck), 0);
+    char *out = NULL;
+    int rc = tu_spotune(&out, "ckpt verify %s", ck);
+    cr_expect_eq(rc, 3, "%s", out);
+    cr_expect(tu_contains(out, tu_fmt("%s/state.h5", ck)) &&
+                  tu_contains(out, "attribute 'mode': reading it asks for more memory than there "
+                                   "is to give"),
+              "%s", out);
+    free(out);
+    rc = tu_spotune(&out, "train %s/run.yaml --set run.dir=%s --resume %s", dir, at("resumed-huge"),
+                    ck);
+    cr_expect_eq(rc, 3, "%s", out);
+    free(out);
+}
+
 Test(cmd_ckpt, resume_refuses_a_state_with_a_wrong_attribute)
 {
     train("run", NULL);
