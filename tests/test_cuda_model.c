@@ -266,20 +266,30 @@ static void compare_qlora(const char *dir, const char *what)
 /* llama_gqa's projections quantized to NF4 at load */
 Test(cuda_model, qlora_llama_gqa) { compare_qlora(bundled("hf/llama_gqa"), "llama_gqa QLoRA"); }
 
-/* a bitsandbytes 4-bit directory (tests/fixtures/nf4/llama_gqa_bnb, saved by
- * transformers), its NF4 weights loaded as stored, with llama_gqa's adapter
- * and batch */
-Test(cuda_model, qlora_bitsandbytes_directory_as_stored)
+/* compare_qlora on a case directory made of fixture hf/<hf>'s adapter and
+ * batch and the bitsandbytes 4-bit model directory nf4/<bnb>, its NF4
+ * weights loaded as stored */
+static void compare_as_stored(const char *hf_case, const char *bnb_dir, const char *what)
 {
+    char rel_hf[256], rel_bnb[256];
+    snprintf(rel_hf, sizeof rel_hf, "hf/%s", hf_case);
+    snprintf(rel_bnb, sizeof rel_bnb, "nf4/%s", bnb_dir);
     char *d = tu_tempdir("cuda-bnb");
-    char *hf = strdup(bundled("hf/llama_gqa")), *bnb = strdup(bundled("nf4/llama_gqa_bnb"));
+    char *hf = strdup(bundled(rel_hf)), *bnb = strdup(bundled(rel_bnb));
     cr_assert_eq(tu_sh(NULL, "ln -s %s %s/model && ln -s %s/lora %s/lora && "
                              "ln -s %s/batch.safetensors %s/batch.safetensors",
                        bnb, d, hf, d, hf, d),
                  0);
-    compare_qlora(d, "llama_gqa_bnb QLoRA (as stored)");
+    compare_qlora(d, what);
     tu_rmtree(d);
     free(d), free(hf), free(bnb);
+}
+
+/* a bitsandbytes 4-bit directory (tests/fixtures/nf4/llama_gqa_bnb, saved by
+ * transformers) with llama_gqa's adapter and batch */
+Test(cuda_model, qlora_bitsandbytes_directory_as_stored)
+{
+    compare_as_stored("llama_gqa", "llama_gqa_bnb", "llama_gqa_bnb QLoRA (as stored)");
 }
 
 /* QDoRA: llama_gqa_dora's DoRA adapter on its model as bitsandbytes stored
@@ -287,15 +297,7 @@ Test(cuda_model, qlora_bitsandbytes_directory_as_stored)
  * dequantized bf16 weight on CUDA, the fp32 one on the CPU */
 Test(cuda_model, qdora_bitsandbytes_directory_as_stored)
 {
-    char *d = tu_tempdir("cuda-qdora");
-    char *hf = strdup(bundled("hf/llama_gqa_dora")), *bnb = strdup(bundled("nf4/llama_gqa_dora_bnb"));
-    cr_assert_eq(tu_sh(NULL, "ln -s %s %s/model && ln -s %s/lora %s/lora && "
-                             "ln -s %s/batch.safetensors %s/batch.safetensors",
-                       bnb, d, hf, d, hf, d),
-                 0);
-    compare_qlora(d, "llama_gqa_dora_bnb QDoRA (as stored)");
-    tu_rmtree(d);
-    free(d), free(hf), free(bnb);
+    compare_as_stored("llama_gqa_dora", "llama_gqa_dora_bnb", "llama_gqa_dora_bnb QDoRA (as stored)");
 }
 
 /* Recomputing (a layer, or attention) on CUDA gives the same step. */

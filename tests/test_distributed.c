@@ -363,7 +363,7 @@ static void bad_token_found_by(uint64_t position, int rank)
     cr_expect_eq(rc, 3, "exit %d: %s", rc, out);
     snprintf(want, sizeof want, "spotune: rank %d on ", rank);
     cr_expect(tu_contains(out, want), "expected %s: %s", want, out);
-    snprintf(want, sizeof want, "token 300 at position %llu is not below",
+    snprintf(want, sizeof want, "token 300 at position %llu is not a token id of the model",
              (unsigned long long)position);
     cr_expect(tu_contains(out, want), "%s", out);
     free(out);

@@ -223,14 +223,16 @@ echo $? > "$work/deaf1.rc"
 rm -f "$work/notice"
 check "notice at launch, first signal lost: the supervisor exits 75" rc_is deaf1 75
 check "notice at launch: the signal was sent again" test "$(cat "$work/deaf1/usr1" 2>/dev/null)" = 2
-"$spot" --cloud none --resend 0.3 -- "$work/deaf.sh" "$work/deaf2" > "$work/deaf2.log" 2>&1 &
-sup=$!
-for _ in $(seq 100); do pgrep -P "$sup" -f deaf.sh >/dev/null && break; sleep 0.05; done
+# (the supervisor runs in a subshell that records its pid and exit status:
+# no wait on it in this shell)
+( timeout 60 "$spot" --cloud none --resend 0.3 -- "$work/deaf.sh" "$work/deaf2" \
+    > "$work/deaf2.log" 2>&1 &
+  echo $! > "$work/deaf2.pid"; wait $!; echo $? > "$work/deaf2.rc" ) &
+for _ in $(seq 200); do [ -s "$work/deaf2.pid" ] && break; sleep 0.05; done
+sup=$(pgrep -P "$(cat "$work/deaf2.pid")" -f spot-run.sh | head -n 1)
+for _ in $(seq 200); do pgrep -P "$sup" -f deaf.sh >/dev/null && break; sleep 0.05; done
 kill -TERM "$sup"
-( sleep 30; kill -KILL "$sup" 2>/dev/null ) & guard=$!
-wait "$sup"
-echo $? > "$work/deaf2.rc"
-kill "$guard" 2>/dev/null
+for _ in $(seq 700); do [ -s "$work/deaf2.rc" ] && break; sleep 0.1; done
 check "SIGTERM to the supervisor, first signal lost: exit 75" rc_is deaf2 75
 check "SIGTERM to the supervisor: the signal was sent again" \
   test "$(cat "$work/deaf2/usr1" 2>/dev/null)" = 2

@@ -462,10 +462,16 @@ static int export_peft(const ckpt_snapshot *s, const config_t *c, const char *ba
     if (c->mode != MODE_LORA)
         return sp_fail(err, SP_EXIT_USAGE,
                        "--peft: this checkpoint is a full fine-tune; use --merged");
-    /* --model names the base the adapter is for: it must fit that model */
+    /* --model names the base the adapter is for: when it is a model directory
+     * at hand, the adapter must fit it (else it is a name, as a hub id, that
+     * base_model_name_or_path records as it is) */
     model_config_t mc;
-    if (model && (model_config_load(&mc, model, err) ||
-                  state_check_tensors(ckpt_dir, s, c, &mc, model, err)))
+    char *cfg_json = model ? sp_strf("%s/config.json", model) : NULL;
+    struct stat sb;
+    int at_hand = cfg_json && stat(cfg_json, &sb) == 0;
+    free(cfg_json);
+    if (at_hand && (model_config_load(&mc, model, err) ||
+                    state_check_tensors(ckpt_dir, s, c, &mc, model, err)))
         return err->code;
     adapter_tensor *t = calloc((size_t)s->narrays + 1, sizeof *t);
     size_t n = 0;
@@ -587,7 +593,9 @@ static void export_usage(FILE *f)
                "  only the dtype changed, its tokenizer files and generation_config.json.\n"
                "--dtype bf16|f16|f32: the merged weights' dtype (default: the base's; bf16 for\n"
                "  a model.quantize nf4 run, whose base is merged dequantized).\n"
-               "--model: the base model directory (default: model.path of the run).\n"
+               "--model: the base model directory (default: model.path of the run); with\n"
+               "  --peft, a directory at hand is checked against the adapter, and another\n"
+               "  name (a hub id) is recorded as base_model_name_or_path as it is.\n"
                "options for s3://: --endpoint URL --region R --path-style --timeout S\n");
 }
 
