@@ -347,6 +347,24 @@ static void base_is_bitsandbytes(const nf4_case *c)
 Test(qlora, the_dequantized_base_is_bitsandbytes) { base_is_bitsandbytes(&QLORA); }
 Test(qlora, the_dequantized_dora_base_is_bitsandbytes) { base_is_bitsandbytes(&QDORA); }
 
+/* The logits of batch b against file expected's "logits" (QLORA_TOL,
+ * relative to the largest); returns the relative error. */
+static double expect_logits(tu_hf_case *hc, const model_batch *b, const char *expected,
+                            const char *what)
+{
+    sp_err err = {0};
+    size_t n;
+    float *want = tu_load_f32(expected, "logits", &n);
+    cr_assert(want && n == (size_t)hc->B * hc->T * hc->mc.vocab);
+    float *got = malloc(sizeof(float) * n);
+    cr_assert_eq(model_forward_logits(hc->m, b, got, &err), 0, "%s", err.msg);
+    double e = tu_rel_err(got, want, n);
+    cr_expect_lt(e, QLORA_TOL, "%s logits: rel err %g", what, e);
+    free(want);
+    free(got);
+    return e;
+}
+
 static void check_case(const nf4_case *k, const char *backend)
 {
     tu_hf_case hc;
@@ -357,14 +375,7 @@ static void check_case(const nf4_case *k, const char *backend)
     model_batch b = {.inputs = hc.inputs, .targets = hc.targets, .sample_ids = hc.ids,
                      .B = hc.B, .T = hc.T, .grad_scale = (float)(1.0 / hc.count), .last = 1};
     size_t n;
-    float *want = tu_load_f32(expected, "logits", &n);
-    cr_assert(want && n == (size_t)hc.B * hc.T * hc.mc.vocab);
-    float *got = malloc(sizeof(float) * n);
-    cr_assert_eq(model_forward_logits(hc.m, &b, got, &err), 0, "%s", err.msg);
-    double e = tu_rel_err(got, want, n);
-    cr_expect_lt(e, QLORA_TOL, "%s logits: rel err %g", backend, e);
-    free(want);
-    free(got);
+    expect_logits(&hc, &b, expected, backend);
     model_zero_grads(hc.m);
     double loss_sum = 0;
     cr_assert_eq(model_forward_backward(hc.m, &b, &loss_sum, &err), 0, "%s", err.msg);
@@ -520,15 +531,7 @@ static void expect_loaded_as_stored(const nf4_case *c, const char *d, const char
     cr_expect_eq(weights, 7 * (int)hc.mc.layers);
     model_batch b = {.inputs = hc.inputs, .targets = hc.targets, .sample_ids = hc.ids,
                      .B = hc.B, .T = hc.T, .grad_scale = (float)(1.0 / hc.count), .last = 1};
-    size_t nl;
-    float *want_logits = tu_load_f32(expected, "logits", &nl);
-    cr_assert(want_logits && nl == (size_t)hc.B * hc.T * hc.mc.vocab);
-    float *logits = malloc(sizeof(float) * nl);
-    cr_assert_eq(model_forward_logits(hc.m, &b, logits, &err), 0, "%s", err.msg);
-    double le = tu_rel_err(logits, want_logits, nl);
-    cr_expect_lt(le, QLORA_TOL, "%s logits: rel err %g", what, le);
-    free(want_logits);
-    free(logits);
+    double le = expect_logits(&hc, &b, expected, what);
     model_zero_grads(hc.m);
     double loss_sum = 0;
     cr_assert_eq(model_forward_backward(hc.m, &b, &loss_sum, &err), 0, "%s", err.msg);
