@@ -409,6 +409,27 @@ int tu_animals_task(const char *dir, char **out)
                       dir, tu_binary_dir(), dir, dir);
 }
 
+char *tu_tiny_train_dir(const char *tag)
+{
+    char *dir = tu_tempdir(tag);
+    cr_assert(dir);
+    char *out = NULL;
+    int rc = tu_animals_task(dir, &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    const char *cfg = tu_fmt(
+        "run:\n  dir: %s/run\n  seed: 11\nmodel:\n  path: %s/model\n"
+        "train:\n  mode: lora\n  steps: 8\n  seq_len: 32\n  micro_batch: 4\n  lr: 3e-3\n"
+        "  warmup_steps: 2\n"
+        "lora:\n  r: 4\n  alpha: 8\n  targets: [q_proj, v_proj, down_proj]\n"
+        "data:\n  train: %s/data.train.h5\n  val: %s/data.val.h5\n  val_windows: 16\n"
+        "log:\n  every: 1\nruntime:\n  backend: cpu\n  threads: 2\n",
+        dir, dir, dir, dir);
+    cr_assert_eq(tu_write_file(tu_fmt("%s/base.yaml", dir), cfg), 0, "cannot write %s/base.yaml",
+                 dir);
+    return dir;
+}
+
 int tu_remanifest(const char *ck)
 {
     char hex[65];

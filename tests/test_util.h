@@ -85,6 +85,11 @@ void tu_run_yaml(const char *dir, const char *fmt, ...) SP_PRINTF(2, 3);
  * data.val.h5), and the tiny model (model/, seed 3). Returns the exit
  * status; *out receives the tools' output. */
 int tu_animals_task(const char *dir, char **out);
+/* A fresh temporary directory (named after tag) holding tu_animals_task's
+ * task and base.yaml: LoRA r 4 on q/v/down, 8 steps of 4 x 32 tokens, seed
+ * 11, validation on 16 windows, the CPU backend with 2 threads, run.dir
+ * DIR/run. Asserts each part was made; the caller frees and tu_rmtree's it. */
+char *tu_tiny_train_dir(const char *tag);
 /* The mpirun prefix for N ranks over TCP (environment for root and for
  * sanitizer builds included). */
 const char *tu_mpirun(int ranks);

@@ -2,9 +2,14 @@
 spotune_test(test_ops SOURCES test_ops.c test_ops_step.c ops_util.c op_checks.c op_specs.c op_replay.c
   LIBS spotune_kernels)
 spotune_test(test_ops_attention SOURCES test_ops_attention.c ops_util.c LIBS spotune_kernels)
-foreach(suite config model_hf model_io data train_cpu ckpt_shard cmd_ckpt distributed export_hf init_from nf4
-              packing)
+foreach(suite config model_hf model_io data train_cpu train_inputs ckpt_shard distributed export_hf
+              init_from nf4 packing)
   spotune_test(test_${suite} SOURCES test_${suite}.c test_util.c LIBS spotune_trainer)
+endforeach()
+# the checkpoint commands and what a checkpoint must hold: one fixture (cmd_ckpt_util)
+foreach(suite cmd_ckpt ckpt_contents)
+  spotune_test(test_${suite} SOURCES test_${suite}.c cmd_ckpt_util.c test_util.c
+               LIBS spotune_trainer)
 endforeach()
 # the checkpoint directory protocol; a rank's shard puts into the store
 spotune_test(test_ckpt SOURCES test_ckpt.c test_ckpt_put.c test_util.c LIBS spotune_trainer)
