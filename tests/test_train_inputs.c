@@ -53,6 +53,22 @@ static void expect_fail(const char *sets, int code, const char *want1, const cha
     free(out);
 }
 
+/* expect_fail with model.path DIR/name */
+static void expect_model_fail(const char *name, int code, const char *want1, const char *want2)
+{
+    expect_fail(tu_fmt("--set model.path=%s/%s", dir, name), code, want1, want2);
+}
+
+/* DIR/name: the tiny model's weights with its config.json edited by the sed
+ * expression expr */
+static void config_variant(const char *name, const char *expr)
+{
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s/%s && cp %s/model/model.safetensors %s/%s/ && sed '%s' "
+                             "%s/model/config.json > %s/%s/config.json",
+                       dir, name, dir, dir, name, expr, dir, dir, name),
+                 0, "cannot make %s/%s", dir, name);
+}
+
 /* A copy of the tiny model whose model.safetensors is replaced by bytes. */
 static void bad_model(const char *name, const void *bytes, size_t n)
 {
@@ -123,9 +139,7 @@ Test(train_inputs, a_loss_that_is_not_finite_stops_the_run_before_any_update)
 Test(train_inputs, model_dir_without_config_json)
 {
     tu_sh(NULL, "mkdir -p %s/empty", dir);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/empty", dir);
-    expect_fail(sets, 3, "empty/config.json", "missing");
+    expect_model_fail("empty", 3, "empty/config.json", "missing");
 }
 
 Test(train_inputs, safetensors_truncated)
@@ -133,18 +147,14 @@ Test(train_inputs, safetensors_truncated)
     tu_sh(NULL, "mkdir -p %s/trunc && cp %s/model/config.json %s/trunc/ && head -c 100000 "
                 "%s/model/model.safetensors > %s/trunc/model.safetensors",
           dir, dir, dir, dir, dir);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/trunc", dir);
-    expect_fail(sets, 3, "trunc/model.safetensors", "past the end of the file");
+    expect_model_fail("trunc", 3, "trunc/model.safetensors", "past the end of the file");
 }
 
 Test(train_inputs, safetensors_header_length_past_end)
 {
     unsigned char buf[64] = {0xff, 0xff, 0xff, 0x0f, 0, 0, 0, 0, '{', '}'};
     bad_model("hlen", buf, 10);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/hlen", dir);
-    expect_fail(sets, 3, "hlen/model.safetensors", "header length");
+    expect_model_fail("hlen", 3, "hlen/model.safetensors", "header length");
 }
 
 Test(train_inputs, safetensors_header_not_json)
@@ -153,9 +163,7 @@ Test(train_inputs, safetensors_header_not_json)
     size_t n;
     st_bytes("{\"a\": [1, 2", buf, &n, 0);
     bad_model("notjson", buf, n);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/notjson", dir);
-    expect_fail(sets, 3, "notjson/model.safetensors", "not valid JSON");
+    expect_model_fail("notjson", 3, "notjson/model.safetensors", "not valid JSON");
 }
 
 /* The data section as the format defines it: the tensors' byte ranges
@@ -273,9 +281,7 @@ Test(train_inputs, safetensors_unknown_dtype)
     st_bytes("{\"model.norm.weight\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}", buf,
              &n, 8);
     bad_model("dtype", buf, n);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/dtype", dir);
-    expect_fail(sets, 3, "dtype/model.safetensors", "unknown dtype 'Q7'");
+    expect_model_fail("dtype", 3, "dtype/model.safetensors", "unknown dtype 'Q7'");
 }
 
 Test(train_inputs, safetensors_tensor_missing)
@@ -288,37 +294,23 @@ Test(train_inputs, safetensors_tensor_missing)
     memcpy(big, buf, n);
     bad_model("missing", big, n + 512);
     free(big);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/missing", dir);
-    expect_fail(sets, 3, "model.embed_tokens.weight", "is missing");
+    expect_model_fail("missing", 3, "model.embed_tokens.weight", "is missing");
 }
 
 Test(train_inputs, safetensors_wrong_shape)
 {
     /* the real tiny model with config.json claiming a larger hidden size */
-    tu_sh(NULL, "mkdir -p %s/shape && cp %s/model/model.safetensors %s/shape/ && sed "
-                "'s/\"intermediate_size\": 448/\"intermediate_size\": 512/' %s/model/config.json "
-                "> %s/shape/config.json",
-          dir, dir, dir, dir, dir);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/shape", dir);
-    expect_fail(sets, 3, "has shape [448, 128]", "config.json implies [512, 128]");
+    config_variant("shape", "s/\"intermediate_size\": 448/\"intermediate_size\": 512/");
+    expect_model_fail("shape", 3, "has shape [448, 128]", "config.json implies [512, 128]");
 }
 
 Test(train_inputs, unsupported_architecture_and_rope_refused_by_name)
 {
-    tu_sh(NULL, "mkdir -p %s/arch && cp %s/model/model.safetensors %s/arch/ && sed "
-                "'s/LlamaForCausalLM/GPT2LMHeadModel/' %s/model/config.json > %s/arch/config.json",
-          dir, dir, dir, dir, dir);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/arch", dir);
-    expect_fail(sets, 3, "GPT2LMHeadModel", "not supported");
-    tu_sh(NULL, "mkdir -p %s/rope && cp %s/model/model.safetensors %s/rope/ && sed "
-                "'s/\"rope_scaling\": null/\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}/' "
-                "%s/model/config.json > %s/rope/config.json",
-          dir, dir, dir, dir, dir);
-    snprintf(sets, sizeof sets, "--set model.path=%s/rope", dir);
-    expect_fail(sets, 3, "rope type 'yarn'", "not supported");
+    config_variant("arch", "s/LlamaForCausalLM/GPT2LMHeadModel/");
+    expect_model_fail("arch", 3, "GPT2LMHeadModel", "not supported");
+    config_variant("rope", "s/\"rope_scaling\": null/"
+                           "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}/");
+    expect_model_fail("rope", 3, "rope type 'yarn'", "not supported");
 }
 
 /* config.json's rotary settings are checked at load, naming the key: a
@@ -347,24 +339,18 @@ Test(train_inputs, rope_settings_checked_by_key)
          "\"low_freq_factor\": 4, \"high_freq_factor\": 1, \"original_max_position_embeddings\": 16}/",
          "rope_scaling (llama3) is out of range: factor 8, low_freq_factor 4, high_freq_factor 1"},
     };
-    char sets[4096];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        tu_sh(NULL, "mkdir -p %s/%s && cp %s/model/model.safetensors %s/%s/ && sed '%s' "
-                    "%s/model/config.json > %s/%s/config.json",
-              dir, bad[i].name, dir, dir, bad[i].name, bad[i].sed, dir, dir, bad[i].name);
-        snprintf(sets, sizeof sets, "--set model.path=%s/%s", dir, bad[i].name);
-        expect_fail(sets, 3, tu_fmt("%s/config.json", bad[i].name), bad[i].want);
+        config_variant(bad[i].name, bad[i].sed);
+        expect_model_fail(bad[i].name, 3, tu_fmt("%s/config.json", bad[i].name), bad[i].want);
         char *out = NULL;
         int rc = tu_spotune(&out, "plan %s/%s --gpu H100", dir, bad[i].name);
         cr_expect_eq(rc, 3, "plan %s: exit %d: %s", bad[i].name, rc, out);
         cr_expect(tu_contains(out, bad[i].want), "plan %s: %s", bad[i].name, out);
         free(out);
     }
-    tu_sh(NULL, "mkdir -p %s/l3 && cp %s/model/model.safetensors %s/l3/ && sed "
-                "'s/\"rope_scaling\": null/\"rope_scaling\": {\"rope_type\": \"llama3\", "
-                "\"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
-                "\"original_max_position_embeddings\": 16}/' %s/model/config.json > %s/l3/config.json",
-          dir, dir, dir, dir, dir);
+    config_variant("l3", "s/\"rope_scaling\": null/\"rope_scaling\": {\"rope_type\": \"llama3\", "
+                         "\"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                         "\"original_max_position_embeddings\": 16}/");
     char *out = NULL;
     int rc = train(&out, tu_fmt("--set model.path=%s/l3 --set train.steps=1 --set run.dir=%s/r-l3",
                                 dir, dir));
@@ -374,14 +360,9 @@ Test(train_inputs, rope_settings_checked_by_key)
 
 Test(train_inputs, sliding_window_shorter_than_seq_len_refused)
 {
-    tu_sh(NULL, "mkdir -p %s/sw && cp %s/model/model.safetensors %s/sw/ && sed "
-                "'s/\"LlamaForCausalLM\"/\"MistralForCausalLM\"/; s/\"model_type\": \"llama\"/"
-                "\"model_type\": \"mistral\", \"sliding_window\": 16/' "
-                "%s/model/config.json > %s/sw/config.json",
-          dir, dir, dir, dir, dir);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set model.path=%s/sw", dir);
-    expect_fail(sets, 2, "sliding_window 16", "train.seq_len 32");
+    config_variant("sw", "s/\"LlamaForCausalLM\"/\"MistralForCausalLM\"/; s/\"model_type\": "
+                         "\"llama\"/\"model_type\": \"mistral\", \"sliding_window\": 16/");
+    expect_model_fail("sw", 2, "sliding_window 16", "train.seq_len 32");
 }
 
 static void bad_dataset(const char *name, uint64_t n, uint32_t bad_token, uint64_t mask_n)
@@ -417,25 +398,19 @@ static void bad_dataset(const char *name, uint64_t n, uint32_t bad_token, uint64
 Test(train_inputs, dataset_token_not_below_vocab)
 {
     bad_dataset("tok.h5", 1000, 300, 1000);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set data.train=%s/tok.h5", dir);
-    expect_fail(sets, 3, "tok.h5", "token 300 at position 100 is not a token id of the model (0 to vocab_size - 1 = 259)");
+    expect_fail(tu_fmt("--set data.train=%s/tok.h5", dir), 3, "tok.h5", "token 300 at position 100 is not a token id of the model (0 to vocab_size - 1 = 259)");
 }
 
 Test(train_inputs, dataset_empty)
 {
     bad_dataset("empty.h5", 0, 0, 0);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set data.train=%s/empty.h5", dir);
-    expect_fail(sets, 3, "empty.h5", "empty");
+    expect_fail(tu_fmt("--set data.train=%s/empty.h5", dir), 3, "empty.h5", "empty");
 }
 
 Test(train_inputs, dataset_loss_mask_length_differs)
 {
     bad_dataset("mask.h5", 1000, 5, 999);
-    char sets[4096];
-    snprintf(sets, sizeof sets, "--set data.val=%s/mask.h5", dir);
-    expect_fail(sets, 3, "mask.h5", "/loss_mask has 999 entries but /tokens has 1000");
+    expect_fail(tu_fmt("--set data.val=%s/mask.h5", dir), 3, "mask.h5", "/loss_mask has 999 entries but /tokens has 1000");
 }
 
 Test(train_inputs, config_errors_exit_2)
