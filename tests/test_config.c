@@ -211,8 +211,11 @@ Test(config, dora_is_a_math_key_and_its_refusals_name_it)
     cr_expect_eq(d.lora_dora, 1);
     cr_expect_neq(config_math_hash(&d), off);
     char diff[512];
-    cr_expect_eq(config_diff_math(&c, &d, diff, sizeof diff), 1);
+    cr_expect_eq(config_diff_math(&c, &d, NULL, diff, sizeof diff), 1);
     cr_expect(tu_contains(diff, "lora.dora (false, now true)"), "%s", diff);
+    /* a key skipped is not listed (a moved data.train is checked by contents) */
+    cr_expect_eq(config_diff_math(&c, &d, "lora.dora", diff, sizeof diff), 0, "%s", diff);
+    cr_expect_eq(diff[0], 0, "%s", diff);
     config_free(&c);
     config_free(&d);
     const char *base = "run:\n  dir: x\nmodel:\n  path: m\ndata:\n  train: d\n";
@@ -226,7 +229,8 @@ Test(config, dora_is_a_math_key_and_its_refusals_name_it)
 
 /* model.quantize: a math key (a resume that changes it is refused by name),
  * none leaves the hash of the configs that predate it; nf4 refused with full
- * fine-tuning and with DoRA, an unknown value named; valid on the CUDA backend. */
+ * fine-tuning, an unknown value named; valid with DoRA (QDoRA) and on the CUDA
+ * backend. */
 Test(config, quantize_is_a_math_key_and_its_refusals_name_it)
 {
     config_t c, d;
@@ -241,7 +245,7 @@ Test(config, quantize_is_a_math_key_and_its_refusals_name_it)
     cr_expect_eq(d.model_quantize, QUANT_NF4);
     cr_expect_neq(config_math_hash(&d), none);
     char diff[512];
-    cr_expect_eq(config_diff_math(&c, &d, diff, sizeof diff), 1);
+    cr_expect_eq(config_diff_math(&c, &d, NULL, diff, sizeof diff), 1);
     cr_expect(tu_contains(diff, "model.quantize (none, now nf4)"), "%s", diff);
     config_free(&c);
     config_free(&d);

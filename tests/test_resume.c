@@ -364,6 +364,22 @@ Test(resume, damaged_newest_checkpoint_is_skipped_with_a_message)
     free(out);
 }
 
+/* path: a dataset of other contents than the tiny task's (6000 tokens, one
+ * document, the tiny model's vocabulary) */
+static void write_other_data(const char *path)
+{
+    enum { N = 6000 };
+    uint32_t *tok = malloc(sizeof(uint32_t) * N);
+    uint8_t *msk = malloc(N);
+    for (int i = 0; i < N; i++)
+        tok[i] = (uint32_t)(i * 7 % 250), msk[i] = 1;
+    uint64_t off[2] = {0, N};
+    sp_err err = {0};
+    cr_assert_eq(dataset_write(path, tok, msk, N, off, 1, 258, 257, "other", &err), 0, "%s",
+                 err.msg);
+    free(tok), free(msk);
+}
+
 /* A checkpoint records its data.train's identity (dataset_identity: its
  * length, counts and sampled tokens, masks and offsets): the same path
  * holding other contents (a dataset prepared again into the same file) is
@@ -377,16 +393,7 @@ Test(resume, the_same_data_path_with_other_contents_is_refused)
     free(out);
     const char *data = tu_fmt("%s/data.train.h5", dir);
     cr_assert_eq(tu_sh(NULL, "cp %s %s/data.keep.h5", data, dir), 0);
-    enum { N = 6000 };
-    uint32_t *tok = malloc(sizeof(uint32_t) * N);
-    uint8_t *msk = malloc(N);
-    for (int i = 0; i < N; i++)
-        tok[i] = (uint32_t)(i * 7 % 250), msk[i] = 1;
-    uint64_t off[2] = {0, N};
-    sp_err err = {0};
-    cr_assert_eq(dataset_write(data, tok, msk, N, off, 1, 258, 257, "other", &err), 0, "%s",
-                 err.msg);
-    free(tok), free(msk);
+    write_other_data(data);
     int rc = run(NULL, "dsw", "--set train.steps=6", &out);
     cr_expect_eq(rc, 2, "%s", out);
     cr_expect(tu_contains(out, "was trained on other data: data.train") &&
@@ -398,6 +405,73 @@ Test(resume, the_same_data_path_with_other_contents_is_refused)
     cr_expect_eq(rc, 0, "%s", out);
     cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step 4"), "%s", out);
     free(out);
+}
+
+/* A new machine may mount the dataset at another path: data.train moved
+ * (the old path gone) with the same contents resumes, saying so, and trains
+ * the same steps bit for bit as a run that never stopped; other contents at
+ * a new path are refused (exit 2) naming both paths and identities; and a
+ * checkpoint without the data identity (written before it was recorded)
+ * resumes only at its own path, the refusal saying why. It used to be
+ * refused by the path in the config hash, whatever the file held. */
+Test(resume, the_same_data_at_another_path_resumes)
+{
+    char *out = NULL;
+    cr_assert_eq(run(NULL, "mvref", "--set train.steps=6", &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(run(NULL, "mv", "--set train.steps=4", &out), 0, "%s", out);
+    free(out);
+    const char *ck4 = tu_fmt("%s/mv/checkpoints/step-00000004", dir);
+    cr_assert_eq(tu_sh(NULL, "cp -r %s %s/noid", ck4, dir), 0);
+    cr_assert_eq(tu_sh(&out,
+                       "%s/.venv/bin/python -c \"import h5py; h = h5py.File('%s/noid/state.h5', "
+                       "'r+'); del h.attrs['data_identity']; h.close()\"",
+                       SPOTUNE_SOURCE_DIR, dir),
+                 0, "%s", out);
+    free(out);
+    cr_assert_eq(tu_remanifest(tu_fmt("%s/noid", dir)), 0);
+    cr_assert_eq(tu_sh(NULL, "mkdir -p %s/mnt %s/other-mnt && mv %s/data.train.h5 %s/mnt/", dir,
+                       dir, dir, dir),
+                 0);
+    write_other_data(tu_fmt("%s/other-mnt/data.train.h5", dir));
+
+    /* other contents at a new path */
+    int rc = run(NULL, "mv",
+                 tu_fmt("--set train.steps=6 --set data.train=%s/other-mnt/data.train.h5", dir),
+                 &out);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "was trained on other data: data.train ") &&
+                  tu_contains(out, "other-mnt/data.train.h5 holds other contents") &&
+                  tu_contains(out, tu_fmt("at %s/data.train.h5)", dir)),
+              "%s", out);
+    free(out);
+    /* a checkpoint without the identity, at a new path */
+    rc = run(NULL, "noid-run",
+             tu_fmt("--set train.steps=6 --set data.train=%s/mnt/data.train.h5 --resume %s/noid",
+                    dir, dir),
+             &out);
+    cr_expect_eq(rc, 2, "%s", out);
+    cr_expect(tu_contains(out, "was trained with different settings: data.train (") &&
+                  tu_contains(out, "records no identity of its data"),
+              "%s", out);
+    free(out);
+    /* the same contents at the new path */
+    rc = run(NULL, "mv", tu_fmt("--set train.steps=6 --set data.train=%s/mnt/data.train.h5", dir),
+             &out);
+    cr_expect_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step-00000004") &&
+                  tu_contains(out, tu_fmt("data.train is now %s/mnt/data.train.h5 (the "
+                                          "checkpoint's run read %s/data.train.h5): the same "
+                                          "contents",
+                                          dir, dir)),
+              "%s", out);
+    free(out);
+    double a[16], b[16];
+    int na = read_losses("mvref", a, 16), nb = read_losses("mv", b, 16);
+    cr_assert_eq(na, 6, "mvref logged %d steps", na);
+    cr_assert_eq(nb, 6, "mv logged %d steps", nb);
+    for (int i = 0; i < 6; i++)
+        cr_expect_eq(a[i], b[i], "step %d: %.17g vs %.17g", i + 1, a[i], b[i]);
 }
 
 Test(resume, changed_math_refused_changed_steps_allowed)

@@ -184,30 +184,48 @@ static int check_compatible(ckpt_ctl *c, const ckpt_snapshot *s, const config_t 
 {
     const config_t *cfg = c->cfg;
     const ckpt_attr *gb = ckpt_get(s, "global_batch");
+    /* checkpoints written before the data identity have none */
+    const ckpt_attr *di = ckpt_get(s, "data_identity");
+    int has_identity = di && di->type == CKPT_ATTR_STR;
+    /* data.train at another path (the dataset where the new machine mounts
+     * it) is the same data when its contents are: the identity decides */
+    int moved = strcmp(was->data_train, cfg->data_train) != 0;
     if (strcmp(s->config_hash, c->config_hash) != 0) {
         char diff[1200] = "";
-        config_diff_math(was, cfg, diff, sizeof diff);
-        return sp_fail(err, SP_EXIT_USAGE,
-                       "%s was trained with different settings: %s. Resuming would change the "
-                       "math of the run; restore them, or start afresh with --resume none or a "
-                       "new run.dir",
-                       path, diff[0] ? diff : "(the config hash differs)");
+        int others = config_diff_math(was, cfg, "data.train", diff, sizeof diff);
+        if (others || !moved || !has_identity) {
+            config_diff_math(was, cfg, NULL, diff, sizeof diff);
+            return sp_fail(err, SP_EXIT_USAGE,
+                           "%s was trained with different settings: %s. Resuming would change "
+                           "the math of the run; restore them, or start afresh with --resume "
+                           "none or a new run.dir%s",
+                           path, diff[0] ? diff : "(the config hash differs)",
+                           moved && !others
+                               ? " (this checkpoint records no identity of its data, so "
+                                 "data.train cannot be recognised at another path: it was "
+                                 "written before spotune recorded one)"
+                               : "");
+        }
     }
-    /* the same data.train path holding other contents: other windows in
-     * another order (checkpoints written before the identity have none) */
-    const ckpt_attr *di = ckpt_get(s, "data_identity");
-    if (di && di->type == CKPT_ATTR_STR && strcmp(di->s, c->data_identity) != 0)
+    /* data.train holding other contents: other windows in another order */
+    if (has_identity && strcmp(di->s, c->data_identity) != 0)
         return sp_fail(err, SP_EXIT_USAGE,
-                       "%s was trained on other data: data.train %s now holds other contents "
-                       "(identity %s; the checkpoint's run read %s), so resuming would train on "
-                       "other windows in another order; restore the file, or start afresh with "
-                       "--resume none or a new run.dir",
-                       path, cfg->data_train, c->data_identity, di->s);
+                       "%s was trained on other data: data.train %s %sholds other contents "
+                       "(identity %s; the checkpoint's run read %s%s%s), so resuming would "
+                       "train on other windows in another order; restore the file, or start "
+                       "afresh with --resume none or a new run.dir",
+                       path, cfg->data_train, moved ? "" : "now ", c->data_identity, di->s,
+                       moved ? " at " : "", moved ? was->data_train : "");
     if (cfg->mode == MODE_LORA && strcmp(s->base_model, c->base_identity) != 0)
         return sp_fail(err, SP_EXIT_USAGE,
                        "%s was trained on another base model (identity %s; %s is %s): a LoRA "
                        "checkpoint only fits the model it was trained on",
                        path, s->base_model, cfg->model_path, c->base_identity);
+    if (moved)
+        log_event(c->log, c->metrics, "info",
+                  "data.train is now %s (the checkpoint's run read %s): the same contents "
+                  "(identity %s), so the run resumes on the same windows in the same order",
+                  cfg->data_train, was->data_train, c->data_identity);
     int64_t G = gb->i, per = (int64_t)c->world * micro_batch;
     if (per * *ga == G)
         return 0;

@@ -557,13 +557,14 @@ uint64_t config_math_hash(const config_t *cfg)
     return h;
 }
 
-int config_diff_math(const config_t *a, const config_t *b, char *buf, size_t n)
+int config_diff_math(const config_t *a, const config_t *b, const char *skip, char *buf,
+                     size_t n)
 {
     int count = 0;
     buf[0] = 0;
     for (size_t i = 0; i < config_nkeys; i++) {
         const key_def *k = &config_keys[i];
-        if (!k->math || strcmp(k->name, "model.path") == 0)
+        if (!k->math || strcmp(k->name, "model.path") == 0 || (skip && strcmp(k->name, skip) == 0))
             continue;
         char abuf[VALUE_TEXT_MAX], bbuf[VALUE_TEXT_MAX];
         const char *va = value_text(a, k, abuf), *vb = value_text(b, k, bbuf);
@@ -598,7 +599,10 @@ void config_write_reference(FILE *f)
             }
         fprintf(f, "| `%s` | %s | %s | %s | %s | %s |\n", k->name, types[k->type],
                 k->def ? (*k->def ? k->def : "(empty)") : "**required**", range,
-                k->math ? "must match" : "may change", k->doc);
+                k->math == MATH_CONTENT ? "same contents"
+                : k->math           ? "must match"
+                                    : "may change",
+                k->doc);
     }
 }
 

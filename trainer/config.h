@@ -90,8 +90,9 @@ int config_load(config_t *cfg, const char *path, sp_err *err);
 /* Loads YAML text (a saved resolved config); name is used in messages. */
 int config_load_text(config_t *cfg, const char *text, const char *name, sp_err *err);
 /* Lists the math keys whose values differ ("lora.r (8, now 16), ..."), returns
- * how many. */
-int config_diff_math(const config_t *was, const config_t *now, char *buf, size_t n);
+ * how many; skip: a key left out (NULL: none). */
+int config_diff_math(const config_t *was, const config_t *now, const char *skip, char *buf,
+                     size_t n);
 /* Applies "section.key=value" (value parsed as YAML). */
 int config_set(config_t *cfg, const char *assignment, sp_err *err);
 /* Cross-key checks once everything is loaded (required keys, ranges that

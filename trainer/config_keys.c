@@ -23,9 +23,11 @@ const key_def config_keys[] = {
      "One job per run directory (a lock on RUN_DIR/.lock, held by rank 0): wait at most this "
      "long for another job holding it to end (e.g. ranks of a killed launch still exiting), "
      "then refuse to start (exit 2)."},
-    {"model.path", K_STRING, O(model_path), NULL, 0, 0, NULL, 1,
+    {"model.path", K_STRING, O(model_path), NULL, 0, 0, NULL, MATH_CONTENT,
      "Hugging Face model directory: config.json and model.safetensors (or shards listed in "
-     "model.safetensors.index.json)."},
+     "model.safetensors.index.json). A resume may find it at another path: a LoRA checkpoint "
+     "records the base model's identity (a hash of config.json and of the tensors' headers and "
+     "sampled bytes), which must match."},
     {"model.quantize", K_ENUM, O(model_quantize), "none", 0, 0, quantizes, MATH_SINCE,
      "none: the frozen base weights are kept as loaded (in the compute dtype). nf4: QLoRA: the "
      "seven projection weights of each layer (q, k, v, o, gate, up, down) are quantized at load "
@@ -108,8 +110,11 @@ const key_def config_keys[] = {
      "Only a fresh start reads it: a run that resumes takes its weights from the checkpoint "
      "(which holds what init_from gave, trained on), so the key may change or go on resume. "
      "Empty: start from the random initialisation."},
-    {"data.train", K_STRING, O(data_train), NULL, 0, 0, NULL, 1,
-     "Training dataset (HDF5, the format of docs/formats.md)."},
+    {"data.train", K_STRING, O(data_train), NULL, 0, 0, NULL, MATH_CONTENT,
+     "Training dataset (HDF5, the format of docs/formats.md). A resume may find it at another "
+     "path (where a new machine mounts it): the checkpoint records the file's identity (its "
+     "lengths and sampled contents), and the same contents at a new path resume; other "
+     "contents, at any path, are refused."},
     {"data.val", K_STRING, O(data_val), "", 0, 0, NULL, 0,
      "Validation dataset (HDF5). Empty: no validation."},
     {"data.packing", K_ENUM, O(data_packing), "stream", 0, 0, packings, MATH_SINCE,

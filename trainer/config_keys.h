@@ -22,12 +22,19 @@ typedef struct key_def {
                                  MATH_SINCE: the same, for a key added after checkpoints
                                  existed: hashed only when set away from its default, so the
                                  checkpoints of earlier versions (which ran at the default)
-                                 keep their hash and still resume */
+                                 keep their hash and still resume; MATH_CONTENT: a path
+                                 whose file is recognised by its contents, which must
+                                 match on resume while the path may change */
     const char *doc;
 } key_def;
 
 /* A key added after checkpoints existed (key_def.math) */
 #define MATH_SINCE 2
+/* A path recognised by its file's contents (key_def.math): model.path (the
+ * base model's identity; not hashed) and data.train (the data identity;
+ * hashed as a path, as checkpoints of earlier versions were, the identity
+ * deciding a resume at another path: trainer/ckpt_resume.c) */
+#define MATH_CONTENT 3
 /* key_def.max of a number without an upper bound */
 #define BIG 9.0e15
 
