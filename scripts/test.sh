@@ -45,7 +45,13 @@ echo "== build: build/"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 ninja -C build
 echo "== tests: build/"
-(cd build && ctest --output-on-failure --timeout 1500 "${filter[@]}")
+# The suites on the emulated CUDA device (label cuda_emu) are computation
+# alone, one process each (those with several ranks ask for the cores they
+# use: PROCESSORS, tests/cuda.cmake), and have nothing timed: two run at
+# once. The rest, some of which measure how fast something ends, one at a
+# time.
+(cd build && ctest --output-on-failure --timeout 1500 -L cuda_emu -j 2 "${filter[@]}")
+(cd build && ctest --output-on-failure --timeout 1500 -LE cuda_emu "${filter[@]}")
 
 if [ "$asan" = 1 ]; then
   echo "== build: build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer)"

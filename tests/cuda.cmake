@@ -156,6 +156,12 @@ if(SPOTUNE_CUDA)
   endforeach()
   set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)
   set_property(TEST emu_test_cuda_doctor APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=2)
+  # scripts/test.sh runs two cuda_emu suites at once: those with two or three
+  # ranks run alone (a rank waits at most 60 s for its peers in the emulated
+  # NCCL), and so does the emulated NCCL's own suite, whose ranks come late on
+  # purpose
+  set_tests_properties(emu_test_cuda_ranks emu_test_cuda_doctor test_nccl_emu PROPERTIES
+    PROCESSORS 3)
   # with only the communication stream lagging (the compute stream at
   # once): a kernel reading a collective's result without waiting for it
   # reads the old values (docs/cuda.md, "Streams that lag")
@@ -163,7 +169,7 @@ if(SPOTUNE_CUDA)
     add_test(NAME emu_test_cuda_ranks_aux_${case} COMMAND test_cuda_ranks --jobs 1
       --filter "cuda_ranks/${case}")
     set_tests_properties(emu_test_cuda_ranks_aux_${case} PROPERTIES LABELS "cuda_emu"
-      TIMEOUT 600
+      TIMEOUT 600 PROCESSORS 3
       ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>;SPOTUNE_CUDA_EMU_GUARD=1;SPOTUNE_CUDA_EMU_DEFER=aux;SPOTUNE_CUDA_EMU_DEVICES=3"
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
