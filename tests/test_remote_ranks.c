@@ -2,8 +2,9 @@
  * mpirun and the spotune binary: a 2-rank LoRA run and a sharded full
  * fine-tune stopped and resumed from the bucket on a fresh machine (the
  * shards read in ranges, never pulled whole) to the bit-identical result; a
- * damaged shard in the bucket found by its block checksum, that checkpoint
- * retired and the previous one used. */
+ * damaged shard in the bucket found by its block checksum, or a state.h5
+ * whose contents are refused, that checkpoint retired and the previous one
+ * used. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -128,7 +129,8 @@ Test(remote, sharded_full_run_resumes_from_the_bucket_on_a_fresh_machine)
  * and block, retires that checkpoint's MANIFEST, resumes from the previous
  * one and trains to the bit-identical model; the step is pushed again. On
  * one rank, the 2-shard checkpoint read in ranges across both files gives
- * the same model. */
+ * the same model; with its state.h5 damaged before its checksum, the run
+ * falls back to step 10 the same way. */
 Test(remote, a_damaged_shard_in_the_bucket_falls_back_to_the_previous_checkpoint)
 {
     const char *full = "--set train.mode=full --set train.steps=15 --set checkpoint.keep=3";
@@ -177,4 +179,43 @@ Test(remote, a_damaged_shard_in_the_bucket_falls_back_to_the_previous_checkpoint
     free(out);
     cr_expect_eq(tu_sh(NULL, "cmp %s/whole.st %s/dmg/model/model.safetensors", dir, dir), 0,
                  "one rank reading the 2-shard checkpoint from the bucket gives another model");
+
+    /* step 15's state.h5 damaged before its checksum (global_batch 0, the
+     * MANIFEST matching): its contents are refused before any shard is read,
+     * its MANIFEST retired, and the run resumes from step 10 */
+    char *ck = sp_strf("%s/ck15", dir);
+    cr_assert(ck && tu_sh(NULL, "mkdir -p %s", ck) == 0);
+    st = open_store();
+    const char *names[2] = {"state.h5", "MANIFEST.json"};
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(store_get_file(st, tu_fmt("step-00000015/%s", names[i]),
+                                    tu_fmt("%s/%s", ck, names[i]), &err),
+                     0, "%s", err.msg);
+    cr_assert_eq(tu_sh(&out, "%s/.venv/bin/python -c \"import h5py, sys; "
+                             "h = h5py.File(sys.argv[1], 'r+'); "
+                             "h.attrs['global_batch'] = h.attrs['global_batch'] * 0; "
+                             "h.close()\" %s/state.h5",
+                       SPOTUNE_SOURCE_DIR, ck),
+                 0, "%s", out);
+    free(out);
+    cr_assert_eq(tu_remanifest(ck), 0);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(store_put_file(st, tu_fmt("step-00000015/%s", names[i]),
+                                    tu_fmt("%s/%s", ck, names[i]), 0, &err),
+                     0, "%s", err.msg);
+    store_close(st);
+    free(ck);
+    tu_sh(NULL, "rm -rf %s/dmg", dir);
+    cr_assert_eq(run("dmg", full, &out), 0, "%s", out);
+    cr_expect(tu_contains(out, "skipping checkpoint step-00000015") &&
+                  tu_contains(out, "global_batch") &&
+                  tu_contains(out, "its MANIFEST was removed from s3://"),
+              "%s", out);
+    cr_expect(tu_contains(out, "step 10, sample") && tu_contains(out, "done: 15 steps"), "%s",
+              out);
+    free(out);
+    cr_expect_eq(tu_spotune(&v, "ckpt verify %s/step-00000015 --endpoint %s --path-style", url,
+                            tu_s3_endpoint()),
+                 0, "step 15 was not pushed again: %s", v);
+    free(v);
 }

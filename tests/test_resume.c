@@ -364,6 +364,83 @@ Test(resume, damaged_newest_checkpoint_is_skipped_with_a_message)
     free(out);
 }
 
+/* Sets the first second moment of checkpoint ck's state.h5 negative (h5py)
+ * and rewrites its MANIFEST to match: damage from before the checksum, which
+ * only the checks of what a checkpoint holds see. */
+static void negative_moment(const char *ck)
+{
+    const char *script = tu_fmt("%s/negative_moment.py", dir);
+    cr_assert_eq(tu_write_file(script, "import h5py, sys\n"
+                                       "h = h5py.File(sys.argv[1] + '/state.h5', 'r+')\n"
+                                       "d = h['adam_v'][sorted(h['adam_v'])[0]]\n"
+                                       "d[(0,) * d.ndim] = -1.0\n"
+                                       "h.close()\n"),
+                 0);
+    char *out = NULL;
+    cr_assert_eq(tu_sh(&out, "%s/.venv/bin/python %s %s", SPOTUNE_SOURCE_DIR, script, ck), 0,
+                 "%s: %s", ck, out);
+    free(out);
+    cr_assert_eq(tu_remanifest(ck), 0);
+}
+
+/* A checkpoint damaged before its checksum was taken (it matches its
+ * MANIFEST; its contents are refused) is, under --resume auto, passed over
+ * like one that fails its checksums: the local one moved aside, the store's
+ * MANIFEST removed, and the newest older checkpoint resumed, to the
+ * bit-identical end of the uninterrupted run, which pushes that step again.
+ * It used to stop every restart with exit 3 until someone removed it by
+ * hand. When every checkpoint is refused the run starts from step 0, saying
+ * so. (Named by --resume PATH such a checkpoint is refused with exit 3:
+ * test_ckpt_contents.) */
+Test(resume, a_checkpoint_refused_for_its_contents_is_set_aside_under_auto)
+{
+    char extra[4200];
+    snprintf(extra, sizeof extra,
+             "--set checkpoint.every_steps=10 --set checkpoint.remote=file://%s/cd-bucket", dir);
+    char *out = NULL;
+    cr_assert_eq(run(NULL, "cd", extra, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(tu_sh(NULL, "cp -r %s/cd %s/cd-ref", dir, dir), 0);
+    /* step 40 damaged before its checksum, here and (the same bytes) in the store */
+    const char *local40 = tu_fmt("%s/cd/checkpoints/step-00000040", dir);
+    negative_moment(local40);
+    cr_assert_eq(tu_sh(NULL, "cp %s/cd/checkpoints/step-00000040/state.h5 "
+                             "%s/cd/checkpoints/step-00000040/MANIFEST.json "
+                             "%s/cd-bucket/step-00000040/",
+                       dir, dir, dir),
+                 0);
+    cr_assert_eq(run(NULL, "cd", extra, &out), 0, "%s", out);
+    cr_expect(tu_contains(out, "skipping checkpoint step-00000040") &&
+                  tu_contains(out, "holds a negative second moment") &&
+                  tu_contains(out, "(kept for inspection)") &&
+                  tu_contains(out, "its MANIFEST was removed from file://"),
+              "%s", out);
+    cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step-00000030"), "%s", out);
+    free(out);
+    expect_same_run("cd", "cd-ref", 1);
+    cr_expect_eq(tu_sh(NULL, "ls -d %s/cd/previous-*/checkpoints/step-00000040", dir), 0,
+                 "the local one was not moved aside");
+    cr_expect_eq(tu_spotune(&out, "ckpt verify %s/cd-bucket/step-00000040", dir), 0,
+                 "the store did not get step 40 again: %s", out);
+    free(out);
+    cr_expect_eq(tu_spotune(&out, "ckpt verify %s", local40), 0, "%s", out);
+    free(out);
+
+    /* every checkpoint refused (a new machine: only the store's) */
+    for (int step = 30; step <= 40; step += 10)
+        negative_moment(tu_fmt("%s/cd-bucket/step-%08d", dir, step));
+    cr_assert_eq(run(NULL, "cd-new", tu_fmt("%s --set train.steps=2", extra), &out), 0, "%s",
+                 out);
+    cr_expect(tu_contains(out, "skipping checkpoint step-00000040") &&
+                  tu_contains(out, "skipping checkpoint step-00000030") &&
+                  tu_contains(out, "none of the 2 checkpoints in") &&
+                  tu_contains(out, "the run starts again from step 0") &&
+                  !tu_contains(out, "resumed from"),
+              "%s", out);
+    free(out);
+    cr_expect_eq(last_step("cd-new"), 2);
+}
+
 /* path: a dataset of other contents than the tiny task's (6000 tokens, one
  * document, the tiny model's vocabulary) */
 static void write_other_data(const char *path)

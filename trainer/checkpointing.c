@@ -108,8 +108,8 @@ static char *previous_dir(const char *run_dir, sp_err *err)
     return prev;
 }
 
-int ckpt_move_unusable_aside(const config_t *cfg, const char *root, char *note, size_t n,
-                             sp_err *err)
+int ckpt_move_unusable_aside(const config_t *cfg, const char *root, const char *only,
+                             char *note, size_t n, sp_err *err)
 {
     note[0] = 0;
     char *prev = previous_dir(cfg->run_dir, err);
@@ -120,7 +120,7 @@ int ckpt_move_unusable_aside(const config_t *cfg, const char *root, char *note, 
     int moved = 0;
     DIR *d = rc ? NULL : opendir(root);
     for (struct dirent *e; d && !rc && (e = readdir(d));) {
-        if (strncmp(e->d_name, "step-", 5) != 0)
+        if (strncmp(e->d_name, "step-", 5) != 0 || (only && strcmp(e->d_name, only) != 0))
             continue;
         char *from = sp_strf("%s/%s", root, e->d_name), *to = sp_strf("%s/%s", to_root, e->d_name);
         if (!from || !to)
@@ -135,7 +135,9 @@ int ckpt_move_unusable_aside(const config_t *cfg, const char *root, char *note, 
     }
     if (d)
         closedir(d);
-    if (!rc)
+    if (!rc && only)
+        snprintf(note, n, "moved to %s/%s (kept for inspection)", to_root, only);
+    else if (!rc)
         snprintf(note, n,
                  "the %d unusable checkpoint%s moved to %s (kept for inspection; left in place, "
                  "retention would delete this run's new checkpoints in their favour)",
@@ -223,6 +225,7 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->last_step = -1;
     c->remote_step = -1;
     c->remote_skip_from = INT64_MAX;
+    c->remote_refused_from = INT64_MAX;
     c->pending_step = -1;
     c->pid0 = (int)getpid();
     pthread_mutex_init(&c->remote_mu, NULL);

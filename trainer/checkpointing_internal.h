@@ -25,6 +25,7 @@ struct ckpt_ctl {
     char base_identity[17], config_hash[17];
     char data_identity[17]; /* data.train's (dataset_identity) */
     int skipped_local;      /* --resume auto: local checkpoints found unusable */
+    int refused;            /* ... and checkpoints set aside, their contents refused */
     ckpt_writer *writer;
     store_t *store;
     uploader_t *up;
@@ -45,9 +46,12 @@ struct ckpt_ctl {
     int fresh_metrics; /* the run directory had no metrics yet (a new machine) */
     /* rank 0, resuming: the store whose shards the checkpoint just pulled
      * left there for every rank's ranged reads (NULL: pulled whole); remote
-     * checkpoints from remote_skip_from on are not chosen (found damaged) */
+     * checkpoints from remote_skip_from on are not chosen (found damaged),
+     * nor from remote_refused_from on (their contents refused: nothing of
+     * them was restored); chosen_remote: --resume auto took one from the store */
     char *ranged_url;
-    int64_t remote_skip_from;
+    int64_t remote_skip_from, remote_refused_from;
+    int chosen_remote;
     int store_needed; /* a local checkpoint was passed over for want of the store */
     /* sharded checkpoints (checkpoint.layout; ckpt_shards.c): every rank has
      * a writer for its shard; a checkpoint's shards are pending until every
@@ -113,10 +117,10 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
 /* ckpt_remote.c, rank 0. quick: the store options for what decides whether
  * and where the job starts. */
 /* Rank 0: moves every step-* directory of root (the checkpoints --resume
- * auto found unusable) into run.dir/previous-<UTC>/checkpoints/; *note says
- * what moved where. */
-int ckpt_move_unusable_aside(const config_t *cfg, const char *root, char *note, size_t n,
-                             sp_err *err);
+ * auto found unusable), or only the one named `only`, into
+ * run.dir/previous-<UTC>/checkpoints/; *note says what moved where. */
+int ckpt_move_unusable_aside(const config_t *cfg, const char *root, const char *only,
+                             char *note, size_t n, sp_err *err);
 void ckpt_remote_opts(const config_t *cfg, int quick, store_opts *so);
 /* The store, the job's lease (the probe that it takes writes) and the uploader. */
 int ckpt_remote_open(ckpt_ctl *c, sp_err *err);

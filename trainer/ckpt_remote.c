@@ -306,7 +306,7 @@ int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err)
         long long step;
         char name[64];
         if (sscanf(k, "step-%lld/", &step) != 1 || !strstr(k, "/" CKPT_MANIFEST) ||
-            step <= local_step || step >= c->remote_skip_from)
+            step <= local_step || step >= c->remote_skip_from || step >= c->remote_refused_from)
             continue;
         ckpt_dir_name(name, sizeof name, step);
         log_event(c->log, c->metrics, "info", "downloading %s/%s", store_url(c->store), name);

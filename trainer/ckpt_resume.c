@@ -19,6 +19,7 @@ typedef struct resume_header {
     char remote[PATH_MAX]; /* sharded, its shards read from this store (else "") */
     char name[64];         /* ... under this prefix (step-N) */
     int32_t local_copy;    /* ... except those that path holds on a rank's machine */
+    int32_t refused;       /* --resume auto: its contents refused, it was set aside */
     int64_t step, grad_accum;
     uint64_t cursor;
     double elapsed_s;
@@ -135,6 +136,7 @@ static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
     char *remote = NULL;
     if (c->store && ckpt_remote_find(c, local_step, &remote, err))
         return err->code;
+    c->chosen_remote = remote != NULL;
     if (remote) {
         free(*path);
         *path = remote;
@@ -145,14 +147,17 @@ static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
                        "whose other shards are only in the remote store they were pushed to: "
                        "set checkpoint.remote to it, or start afresh with --resume none",
                        c->root);
-    if (!*path && c->skipped_local) { /* said once, beside each checkpoint's own warning */
-        char note[2 * PATH_MAX];
-        if (ckpt_move_unusable_aside(c->cfg, c->root, note, sizeof note, err))
+    if (!*path && (c->skipped_local || c->refused)) { /* said once, beside each one's warning */
+        char note[2 * PATH_MAX] = "";
+        if (c->skipped_local &&
+            ckpt_move_unusable_aside(c->cfg, c->root, NULL, note, sizeof note, err))
             return err->code;
+        int n = c->skipped_local + c->refused;
         log_event(c->log, c->metrics, "warning",
-                  "none of the %d checkpoint%s in %s can be resumed (each named above): the run "
-                  "starts again from step 0; %s",
-                  c->skipped_local, c->skipped_local == 1 ? "" : "s", c->root, note);
+                  "none of the %d checkpoint%s in %s%s%s can be resumed (each named above): the "
+                  "run starts again from step 0%s%s",
+                  n, n == 1 ? "" : "s", c->root, c->store ? " and " : "",
+                  c->store ? store_url(c->store) : "", note[0] ? "; " : "", note);
     }
     return 0;
 }
@@ -326,6 +331,54 @@ static int restore(ckpt_ctl *c, model_t *m, const resume_header *h, const char *
     return 0;
 }
 
+/* --resume auto, rank 0: checkpoint path (step), whose contents were refused
+ * (why), is set aside, so that no later start chooses it and retention does
+ * not keep it over this run's new checkpoints: a local one is moved into
+ * run.dir/previous-<UTC>/checkpoints/ (kept for inspection); one taken from
+ * the store loses its MANIFEST there, as one with a damaged block does (its
+ * files stay), so that this run can push that step again, and the copy
+ * pulled from it is removed. */
+static int set_aside(ckpt_ctl *c, const char *path, int64_t step, const char *why, sp_err *err)
+{
+    char name[64], note[2 * PATH_MAX] = "", retired[PATH_MAX + 160] = "";
+    ckpt_dir_name(name, sizeof name, step);
+    sp_err merr = {0};
+    if (c->chosen_remote) /* a copy pulled a moment ago (the store keeps its files) */
+        ckpt_remove_tree(path);
+    else if (ckpt_move_unusable_aside(c->cfg, c->root, name, note, sizeof note, &merr))
+        return sp_fail(err, merr.code, "%s: its contents are refused (%s), and %s", path, why,
+                       merr.msg);
+    if (c->chosen_remote && c->store) {
+        if (step < c->remote_refused_from)
+            c->remote_refused_from = step;
+        char key[128];
+        snprintf(key, sizeof key, "%s/%s", name, CKPT_MANIFEST);
+        sp_err derr = {0};
+        if (store_delete(c->store, key, &derr) == 0)
+            sp_cutf(retired, sizeof retired,
+                    "; its MANIFEST was removed from %s (its files are kept there)",
+                    store_url(c->store));
+        else
+            sp_cutf(retired, sizeof retired, "; its MANIFEST in %s could not be removed (%s)",
+                    store_url(c->store), derr.msg);
+    }
+    c->refused++;
+    log_event(c->log, c->metrics, "warning",
+              "skipping checkpoint %s: %s%s%s%s; the newest older checkpoint is taken instead",
+              name, why, note[0] ? "; " : "", note, retired);
+    return 0;
+}
+
+/* The step of checkpoint directory path (.../step-N or .../.remote-step-N). */
+static int64_t dir_step(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    if (sp_after(b, ".remote-"))
+        b += SP_LEN(".remote-");
+    return sp_after(b, "step-") ? strtoll(b + SP_LEN("step-"), NULL, 10) : -1;
+}
+
 /* One attempt: rank 0 chooses, every rank restores. *damaged: the chosen
  * checkpoint's shards, read from the store, did not match their checksums. */
 static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
@@ -352,9 +405,25 @@ static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micr
             rc = state_read_checked(path, c->ranged_url != NULL, &s, &e);
             if (!rc) {
                 rc = state_check_contents(path, &s, 0, &was, &e);
+                /* damaged before its checksum was taken: under auto it is
+                 * passed over like one that fails its checksums (a content
+                 * refusal, unlike a config mismatch, is this checkpoint's own) */
+                h->refused = rc == SP_EXIT_INPUT;
                 if (!rc)
                     rc = check_compatible(c, &s, &was, path, micro_batch, &ga, &e);
                 config_free(&was);
+            } else {
+                h->refused = rc == SP_EXIT_INPUT;
+            }
+            h->refused = h->refused && strcmp(resume, "auto") == 0;
+            if (h->refused) {
+                sp_err aside = {0};
+                h->step = dir_step(path);
+                if (set_aside(c, path, h->step, e.msg, &aside)) {
+                    h->refused = 0;
+                    e = aside;
+                    rc = aside.code;
+                }
             }
         }
         h->code = rc;
@@ -427,9 +496,14 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
                     int64_t *grad_accum, train_progress *p, int *resumed, sp_err *err)
 {
     resume_header h;
-    int damaged = 0, rc;
+    int damaged = 0, rc, refusals = 0;
     for (int attempt = 0;; attempt++) {
         rc = resume_once(c, m, resume, micro_batch, grad_accum, p, resumed, &damaged, &h, err);
+        if (h.refused && ++refusals <= 64) { /* set aside on rank 0, nothing restored */
+            sp_err_clear(err);
+            attempt--;
+            continue;
+        }
         if (!damaged)
             break;
         /* A checkpoint whose stored shards do not match their checksums does
