@@ -5,7 +5,8 @@
  * 2 -> 1 -> 2, 4 -> 2 -> 3 -> 4) must record that batch in every checkpoint,
  * train every global sample exactly once, and follow the uninterrupted run's
  * losses and final adapter within 1e-5 (relative; the summation order over
- * ranks differs, so bit-identity is not expected). */
+ * ranks differs, so bit-identity is not expected). A sharded checkpoint
+ * refused as its shards are read falls back to the previous one. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <math.h>
@@ -232,4 +233,84 @@ Test(rank_change, full_gathered_then_sharded)
     expect_layout("fg", 4, 3);
     expect_layout("fg", 6, 2);
     expect_layout("fg", 8, 4);
+}
+
+/* Overwrites the first master weight of `shard` in checkpoint DIR/ck with a
+ * NaN and rewrites the MANIFEST to match (the file's size and SHA-256, its
+ * blocks' SHA-256): damage from before the checksums, which only the check
+ * of each value as a rank reads it sees. */
+static void nan_in_shard(const char *ck, const char *shard)
+{
+    const char *script = tu_fmt("%s/nan_in_shard.py", dir);
+    cr_assert_eq(
+        tu_write_file(script,
+                      "import hashlib, json, struct, sys\n"
+                      "ck, name = sys.argv[1], sys.argv[2]\n"
+                      "m = json.load(open(ck + '/MANIFEST.json'))\n"
+                      "x = [s for s in m['layout']['shards'] if s['file'] == name][0]\n"
+                      "b = bytearray(open(ck + '/' + name, 'rb').read())\n"
+                      "at = x['data_offsets'][0]\n"
+                      "b[at:at + 4] = struct.pack('<f', float('nan'))\n"
+                      "open(ck + '/' + name, 'wb').write(b)\n"
+                      "m['files'][name] = {'size': len(b), 'sha256': hashlib.sha256(b).hexdigest()}\n"
+                      "B = x['block_bytes']\n"
+                      "x['block_sha256'] = [hashlib.sha256(b[i:i + B]).hexdigest()\n"
+                      "                     for i in range(0, len(b), B)]\n"
+                      "json.dump(m, open(ck + '/MANIFEST.json', 'w'), indent=2)\n"),
+        0);
+    char *out = NULL;
+    cr_assert_eq(tu_sh(&out, "python3 %s %s/%s %s", script, dir, ck, shard), 0, "%s", out);
+    free(out);
+}
+
+/* A sharded checkpoint whose shard holds a value that is not finite (damaged
+ * before its checksums: they match) is refused as the ranks read it, after
+ * part of it was restored. Under --resume auto it is set aside and the
+ * previous checkpoint restored over everything the refused one wrote: the
+ * run ends as the uninterrupted one (1e-5). When no older checkpoint is
+ * left, the run stops (exit 3) rather than train from a model that holds
+ * part of a refused restore, and the next start begins afresh. */
+Test(rank_change, a_shard_refused_as_it_is_read_falls_back_under_auto)
+{
+    const char *extra = "--set train.mode=full --set train.steps=6 --set train.micro_batch=1 "
+                        "--set train.grad_accum=2 --set checkpoint.every_steps=2 "
+                        "--set checkpoint.keep=3";
+    char *out = NULL;
+    cr_assert_eq(run(tu_mpirun(2), "sv", extra, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(tu_sh(NULL, "cp -r %s/sv %s/sv-ref", dir, dir), 0);
+    expect_layout("sv", 6, 2);
+    nan_in_shard("sv/checkpoints/step-00000006", "shard-00001-of-00002.h5");
+    cr_assert_eq(run(tu_mpirun(2), "sv", extra, &out), 0, "%s", out);
+    cr_expect(tu_contains(out, "skipping checkpoint step-00000006") &&
+                  tu_contains(out, "holds a value that is not finite") &&
+                  tu_contains(out, "(kept for inspection)"),
+              "%s", out);
+    cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step-00000004"), "%s", out);
+    free(out);
+    double la[16], lb[16];
+    int na = read_losses("sv", la, 16), nb = read_losses("sv-ref", lb, 16);
+    cr_assert(na == 6 && nb == 6, "%d and %d steps logged", na, nb);
+    for (int i = 0; i < na; i++)
+        cr_expect_lt(fabs(la[i] - lb[i]), 1e-5 * fabs(lb[i]), "step %d: %.9g vs %.9g", i + 1,
+                     la[i], lb[i]);
+    final_file = "model/model.safetensors";
+    expect_adapters_close("sv", "sv-ref", 1e-5);
+    expect_layout("sv", 6, 2); /* written again */
+
+    /* the only checkpoint left is refused as it is read */
+    cr_assert_eq(tu_sh(NULL, "rm -rf %s/sv/checkpoints/step-00000002 %s/sv/checkpoints/step-00000006",
+                       dir, dir),
+                 0);
+    nan_in_shard("sv/checkpoints/step-00000004", "shard-00000-of-00002.h5");
+    int rc = run(tu_mpirun(2), "sv", extra, &out);
+    cr_expect_eq(rc, 3, "%s", out);
+    cr_expect(tu_contains(out, "skipping checkpoint step-00000004") &&
+                  tu_contains(out, "holds part of a refused restore") &&
+                  !tu_contains(out, "starts again from step 0"),
+              "%s", out);
+    free(out);
+    cr_assert_eq(run(tu_mpirun(2), "sv", extra, &out), 0, "%s", out);
+    cr_expect(!tu_contains(out, "resumed from"), "%s", out);
+    free(out);
 }

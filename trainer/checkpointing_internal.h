@@ -26,6 +26,7 @@ struct ckpt_ctl {
     char data_identity[17]; /* data.train's (dataset_identity) */
     int skipped_local;      /* --resume auto: local checkpoints found unusable */
     int refused;            /* ... and checkpoints set aside, their contents refused */
+    int refused_partly;     /* ... one of them after part of it was restored */
     ckpt_writer *writer;
     store_t *store;
     uploader_t *up;

@@ -19,7 +19,8 @@ typedef struct resume_header {
     char remote[PATH_MAX]; /* sharded, its shards read from this store (else "") */
     char name[64];         /* ... under this prefix (step-N) */
     int32_t local_copy;    /* ... except those that path holds on a rank's machine */
-    int32_t refused;       /* --resume auto: its contents refused, it was set aside */
+    int32_t refused;       /* --resume auto: its contents refused, it was set aside
+                            * (found: after part of it was restored) */
     int64_t step, grad_accum;
     uint64_t cursor;
     double elapsed_s;
@@ -154,10 +155,11 @@ static int choose_auto(ckpt_ctl *c, char **path, sp_err *err)
             return err->code;
         int n = c->skipped_local + c->refused;
         log_event(c->log, c->metrics, "warning",
-                  "none of the %d checkpoint%s in %s%s%s can be resumed (each named above): the "
-                  "run starts again from step 0%s%s",
+                  "none of the %d checkpoint%s in %s%s%s can be resumed (each named above)%s%s%s",
                   n, n == 1 ? "" : "s", c->root, c->store ? " and " : "",
-                  c->store ? store_url(c->store) : "", note[0] ? "; " : "", note);
+                  c->store ? store_url(c->store) : "",
+                  c->refused_partly ? "" : ": the run starts again from step 0",
+                  note[0] ? "; " : "", note);
     }
     return 0;
 }
@@ -379,6 +381,35 @@ static int64_t dir_step(const char *path)
     return sp_after(b, "step-") ? strtoll(b + SP_LEN("step-"), NULL, 10) : -1;
 }
 
+/* --resume auto, every rank: the restore of h's checkpoint (rank 0's path)
+ * failed with err after part of it was restored: a value of a sharded
+ * checkpoint's shard file, checked as each rank reads its ranges, refused.
+ * When every rank failed so (SP_EXIT_INPUT), the first rank whose own
+ * finding it was says what it found, rank 0 sets the checkpoint aside, and
+ * 1 is returned: choose again (the older checkpoint restored then overwrites
+ * every value this attempt wrote). */
+static int refused_late(ckpt_ctl *c, const resume_header *h, const char *path, sp_err *err)
+{
+    sp_err e2 = {0};
+    int32_t all = 1, who = sp_after(err->msg, "another rank") || sp_after(err->msg, "rank 0 cannot")
+                               ? c->world
+                               : c->rank;
+    if (comm_allreduce(c->comm, &all, 1, COMM_I32, COMM_MIN, &e2) || !all ||
+        comm_allreduce(c->comm, &who, 1, COMM_I32, COMM_MIN, &e2))
+        return 0;
+    char msg[SP_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    if (who < c->world && comm_bcast(c->comm, msg, sizeof msg, who, &e2))
+        return 0;
+    int32_t aside = c->rank == 0 && set_aside(c, path, h->step, msg, &e2) == 0;
+    if (c->rank == 0 && !aside)
+        *err = e2;
+    if (comm_bcast(c->comm, &aside, sizeof aside, 0, &e2))
+        return 0;
+    c->refused_partly |= aside;
+    return aside;
+}
+
 /* One attempt: rank 0 chooses, every rank restores. *damaged: the chosen
  * checkpoint's shards, read from the store, did not match their checksums. */
 static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
@@ -429,8 +460,6 @@ static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micr
         h->code = rc;
         h->found = !rc && path;
         sp_cutf(h->msg, sizeof h->msg, "%s", e.msg); /* for the other ranks */
-        if (h->found && !c->ranged_url) /* a checkpoint pulled without its shards stays there */
-            ckpt_remote_push_if_missing(c, path, s.step);
         if (h->found) {
             const ckpt_attr *cur = ckpt_get(&s, "cursor"), *el = ckpt_get(&s, "elapsed_s");
             h->step = s.step;
@@ -469,6 +498,12 @@ static int resume_once(ckpt_ctl *c, model_t *m, const char *resume, int64_t micr
                      resumed, damaged, err);
     else
         ckpt_snapshot_free(&s);
+    if (rc == SP_EXIT_INPUT && h->found && !*damaged && strcmp(resume, "auto") == 0)
+        h->refused = refused_late(c, h, path, err);
+    /* restored: a local checkpoint the store lacks is pushed (one pulled
+     * without its shards stays where it is) */
+    if (!rc && *resumed && c->rank == 0 && !c->ranged_url)
+        ckpt_remote_push_if_missing(c, path, h->step);
     if (!rc && !*resumed && c->rank == 0)
         trim_metrics(c, NULL, 0);
     if (!rc && *resumed && c->rank == 0) {
@@ -497,9 +532,12 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
 {
     resume_header h;
     int damaged = 0, rc, refusals = 0;
+    int64_t partial_from = INT64_MAX; /* a refused checkpoint was partly restored */
     for (int attempt = 0;; attempt++) {
         rc = resume_once(c, m, resume, micro_batch, grad_accum, p, resumed, &damaged, &h, err);
-        if (h.refused && ++refusals <= 64) { /* set aside on rank 0, nothing restored */
+        if (h.refused && ++refusals <= 64) { /* set aside on rank 0 */
+            if (h.found && h.step < partial_from)
+                partial_from = h.step;
             sp_err_clear(err);
             attempt--;
             continue;
@@ -536,6 +574,13 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
                      "exists: the model holds part of a damaged restore, so this run stops "
                      "rather than train from it; run it again to start from the beginning",
                      (long long)c->remote_skip_from);
+    if (!rc && *resumed == 0 && partial_from != INT64_MAX)
+        rc = sp_fail(err, SP_EXIT_INPUT,
+                     "the checkpoint of step %lld was refused (named above) after part of it had "
+                     "been restored, and no older one exists: the model holds part of a refused "
+                     "restore, so this run stops rather than train from it; run it again to start "
+                     "from the beginning",
+                     (long long)partial_from);
     if (!rc) /* the trainable arrays and their two AdamW moments, fp32 */
         ckpt_remote_budget_check(c, (uint64_t)m->n_trainable * 12u);
     return rc;
