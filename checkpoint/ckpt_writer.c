@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +36,16 @@ struct ckpt_writer {
     int64_t kept_step;
 };
 
+/* path while it exists, else committed when that holds a file of the
+ * shard's size (the same checkpoint, renamed). */
+static const char *committed_or(const char *path, const char *committed, uint64_t size)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 || !committed)
+        return path;
+    return stat(committed, &sb) == 0 && (uint64_t)sb.st_size == size ? committed : path;
+}
+
 /* The written shard into the store, unless a complete checkpoint of its
  * step is there (never overwrite one). The ranks do not wait for uploads;
  * rank 0's push of MANIFEST.json waits for every shard, up to
@@ -44,7 +55,11 @@ struct ckpt_writer {
  * fault must not leave the checkpoint incomplete in the store while rank 0
  * waits for it. A gate's "not yet" counts as such a failure, its "never"
  * ends the tries. The last failure is printed. Returns 0 when the shard is
- * in the store (or need not be). */
+ * in the store (or need not be). dir is the checkpoint's .tmp- directory:
+ * where the ranks share it, rank 0 commits the checkpoint (renames it to
+ * step-N) once every shard is written, without waiting for the puts, so a
+ * put that has not opened its file by then (a loaded machine) reads it
+ * from the committed directory. */
 static int upload_shard(ckpt_writer *w, const char *dir, int64_t step_no,
                         const ckpt_shard_info *info, double deadline_s, sp_err *out)
 {
@@ -52,6 +67,9 @@ static int upload_shard(ckpt_writer *w, const char *dir, int64_t step_no,
     ckpt_dir_name(step, sizeof step, step_no);
     char *key = sp_strf("%s/%s", step, info->name), *mkey = sp_strf("%s/%s", step, CKPT_MANIFEST);
     char *path = sp_strf("%s/%s", dir, info->name);
+    const char *slash = strrchr(dir, '/');
+    char *committed = slash ? sp_strf("%.*s/%s/%s", (int)(slash - dir), dir, step, info->name)
+                            : sp_strf("%s/%s", step, info->name);
     sp_err e = {0};
     double until = sp_now() + deadline_s, pause = 0.25;
     int tries = 0;
@@ -63,7 +81,7 @@ static int upload_shard(ckpt_writer *w, const char *dir, int64_t step_no,
             sp_fail(&e, SP_EXIT_OTHER, "out of memory");
         else if ((go = w->may_put ? w->may_put(w->may_put_arg, &e) : 1) > 0 &&
                  store_exists(w->store, mkey, &there, NULL, &e) == 0 && !there)
-            store_put_file(w->store, key, path, 0, &e);
+            store_put_file(w->store, key, committed_or(path, committed, info->size), 0, &e);
         if (go <= 0 && !e.code) /* a gate that gives no reason */
             sp_fail(&e, SP_EXIT_OTHER, go ? "the put is not allowed" : "the put is held");
         if (!e.code || go < 0 || !key || !mkey || !path || sp_now() + pause > until)
@@ -85,6 +103,7 @@ static int upload_shard(ckpt_writer *w, const char *dir, int64_t step_no,
     free(key);
     free(mkey);
     free(path);
+    free(committed);
     return e.code ? -1 : 0;
 }
 

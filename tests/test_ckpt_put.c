@@ -1,7 +1,8 @@
 /* A rank's shard puts into the remote store (ckpt_writer with a store):
  * tried again until the deadline, kept on disk when they fail for good and
- * tried again at the run's end, one kept shard at most, and held by the gate
- * (the job's lease) until the prefix is this job's. */
+ * tried again at the run's end, one kept shard at most, held by the gate
+ * (the job's lease) until the prefix is this job's, and read from the
+ * committed checkpoint when rank 0 renamed it first. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -307,4 +308,50 @@ Test(ckpt_put, the_gate_holds_a_shard_until_the_prefix_is_the_jobs)
     cr_expect(stat(tu_fmt("%s/%s", tmp, name), &sb) == 0, "the refused shard left the disk");
     ckpt_writer_stop(w);
     free(sd), free(tmp);
+}
+
+/* Rank 0 commits a checkpoint (renames its .tmp- directory to step-N) once
+ * every rank's shard is written, without waiting for their puts: a put that
+ * had not opened its file by then (the gate below renames the directory
+ * before the first put, as a loaded machine lets rank 0 do) failed on every
+ * try, and the stop checkpoint of a preempted job never reached the store
+ * whole. The put reads the shard from the committed directory. */
+typedef struct commit_first {
+    const char *tmp, *committed;
+    int renamed;
+} commit_first;
+
+static int commit_before_put(void *arg, sp_err *why)
+{
+    commit_first *c = arg;
+    if (!c->renamed && rename(c->tmp, c->committed) != 0)
+        return sp_fail(why, SP_EXIT_OTHER, "rename failed (test gate)"), 0;
+    c->renamed = 1;
+    return 1;
+}
+
+Test(ckpt_put, a_shard_committed_before_its_put_is_put_from_the_checkpoint)
+{
+    char name[64];
+    ckpt_shard_name(name, sizeof name, 0, 1);
+    char *sd = sp_strf("%s/committed-store", dir), *tmp = sp_strf("%s/.tmp-step-00000007-1", dir),
+         *fin = sp_strf("%s/step-00000007", dir);
+    cr_assert_eq(mkdir(sd, 0755), 0);
+    commit_first c = {.tmp = tmp, .committed = fin};
+    ckpt_writer *w = put_writer(sd, 2.0, commit_before_put, &c);
+    ckpt_writer_drop_shards(w, 0); /* run.dir shared: the shard stays in the checkpoint */
+    submit(w, tmp, 7);
+    sp_err err = {0};
+    cr_assert_eq(ckpt_writer_wait(w, &err), 0, "%s", err.msg);
+    ckpt_writer_stop(w);
+    cr_assert(c.renamed, "the gate was never asked");
+    size_t a = 0, b = 0;
+    char *put = tu_read_file(tu_fmt("%s/step-00000007/%s", sd, name), &a);
+    char *mine = tu_read_file(tu_fmt("%s/%s", fin, name), &b);
+    cr_expect(put != NULL, "the shard is not in the store");
+    cr_expect(mine != NULL, "the committed shard left the checkpoint");
+    cr_expect(put && mine && a == b && a > 0 && memcmp(put, mine, a) == 0,
+              "the store's shard (%zu bytes) is not the committed one (%zu)", a, b);
+    free(put), free(mine);
+    free(sd), free(tmp), free(fin);
 }
