@@ -441,6 +441,59 @@ Test(resume, a_checkpoint_refused_for_its_contents_is_set_aside_under_auto)
     cr_expect_eq(last_step("cd-new"), 2);
 }
 
+/* A job on a new machine whose start could not list checkpoint.remote
+ * (here a directory under step-* nested past PATH_MAX: listing fails, the
+ * lease and the puts work) starts from step 0, as a start with the store
+ * down does. It lists the store again at its step boundaries (10 s after a
+ * failed try) and, once it can, finds there a checkpoint newer than its own
+ * step: it commits a checkpoint and stops with exit 75, so that the restart
+ * resumes the newer one rather than this job train on from step 0. */
+Test(resume, a_newer_checkpoint_in_a_store_that_could_not_be_listed_stops_the_job)
+{
+    char bucket[4200], extra[4400];
+    snprintf(bucket, sizeof bucket, "%s/nw-bucket", dir);
+    snprintf(extra, sizeof extra,
+             "--set checkpoint.every_steps=5 --set checkpoint.remote=file://%s", bucket);
+    char *out = NULL;
+    cr_assert_eq(run(NULL, "nw-old", extra, &out), 0, "%s", out);
+    free(out);
+    cr_assert_eq(tu_sh(NULL, "test -f %s/step-00000040/MANIFEST.json", bucket), 0);
+    cr_assert_eq(tu_sh(NULL, "mkdir %s/step-blocker && cd %s/step-blocker && "
+                             "n=$(printf 'd%%0200d' 0) && for i in $(seq 30); do "
+                             "mkdir $n && cd -P $n || exit 1; done",
+                       bucket, bucket),
+                 0);
+    const char *log = tu_fmt("%s/nw-new.log", dir);
+    int pid = tu_spawn(log, "%s",
+                       train_cmd(NULL, "nw-new", tu_fmt("%s --set train.steps=100000", extra)));
+    wait_step("nw-new", 3, pid);
+    cr_assert_eq(kill(pid, SIGSTOP), 0);
+    char *text = read_log("nw-new");
+    cr_expect(tu_contains(text, "cannot list file://") &&
+                  tu_contains(text, "File name too long") &&
+                  tu_contains(text, "resuming from local checkpoints only"),
+              "%s", text);
+    free(text);
+    cr_assert_eq(tu_sh(NULL, "rm -rf %s/step-blocker", bucket), 0);
+    tu_sleep(10.5); /* past the next listing's time */
+    cr_assert_eq(kill(pid, SIGCONT), 0);
+    int rc = tu_wait(pid, 300);
+    text = read_log("nw-new");
+    cr_expect_eq(rc, 75, "%s", text);
+    cr_expect(tu_contains(text, "holds checkpoint step 40, newer than this job's step") &&
+                  tu_contains(text, "holds a newer checkpoint of this run (step 40)"),
+              "%s", text);
+    free(text);
+    int stopped = last_step("nw-new");
+    cr_expect_lt(stopped, 40, "the job trained to step %d", stopped);
+    /* the restart resumes the store's step 40 */
+    cr_assert_eq(run(NULL, "nw-new", tu_fmt("%s --set train.steps=42", extra), &out), 0, "%s",
+                 out);
+    cr_expect(tu_contains(out, "resumed from") && tu_contains(out, "step-00000040: step 40"),
+              "%s", out);
+    free(out);
+}
+
 /* path: a dataset of other contents than the tiny task's (6000 tokens, one
  * document, the tiny model's vocabulary) */
 static void write_other_data(const char *path)

@@ -226,6 +226,7 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
     c->remote_step = -1;
     c->remote_skip_from = INT64_MAX;
     c->remote_refused_from = INT64_MAX;
+    c->newer_in_store = -1;
     c->pending_step = -1;
     c->pid0 = (int)getpid();
     pthread_mutex_init(&c->remote_mu, NULL);
@@ -537,12 +538,17 @@ static int log_stop_budget(ckpt_ctl *c, const train_progress *p, const stop_budg
     return 0;
 }
 
+int64_t ckpt_ctl_newer_in_store(const ckpt_ctl *c)
+{
+    return c->newer_in_store;
+}
+
 int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int final, int *stop,
                       sp_err *err)
 {
     const config_t *cfg = c->cfg;
     *stop = 0;
-    int32_t flags[3] = {signals_received() > 0, 0, 0};
+    int32_t flags[4] = {signals_received() > 0, 0, 0, 0};
     double t_flags = sp_now();
     sp_err lost = {0};
     if (c->rank == 0 && cfg->ckpt_every_minutes > 0 &&
@@ -550,7 +556,10 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         flags[1] = 1;
     if (c->rank == 0)
         flags[2] = lease_lost(c->lease, &lost);
-    if (comm_allreduce(c->comm, flags, 3, COMM_I32, COMM_MAX, err))
+    if (c->rank == 0 && !flags[2] && c->newer_in_store < 0 &&
+        (c->newer_in_store = ckpt_remote_newer(c, p->step)) >= 0)
+        flags[3] = 1;
+    if (comm_allreduce(c->comm, flags, 4, COMM_I32, COMM_MAX, err))
         return err->code;
     /* the shards of a sharded checkpoint are all written: rank 0 commits it */
     if (ckpt_shards_complete(c, 0, err))
@@ -559,8 +568,11 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         return c->rank == 0 ? sp_fail(err, SP_EXIT_USAGE, "%s; this job stops", lost.msg)
                             : sp_fail(err, SP_EXIT_USAGE, "rank 0 lost the remote prefix");
     int every = cfg->ckpt_every_steps > 0 && p->step % cfg->ckpt_every_steps == 0;
-    const char *reason = flags[0] ? "signal" : final ? "end" : every ? "every_steps"
-                         : flags[1] ? "every_minutes" : NULL;
+    /* flags[3]: the store, which the start could not list, holds a newer
+     * checkpoint of this run: stop as on a signal, so that a restart resumes
+     * it rather than this job train on from an older start */
+    const char *reason = flags[0] ? "signal" : flags[3] ? "newer_in_store" : final ? "end"
+                         : every ? "every_steps" : flags[1] ? "every_minutes" : NULL;
     if (!reason)
         return 0;
     if (p->step != c->last_step) {
@@ -570,9 +582,9 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         c->last_time = sp_now();
     }
     /* at the end and on a stop the checkpoint is committed before anything else */
-    if ((final || flags[0]) && ckpt_shards_complete(c, 1, err))
+    if ((final || flags[0] || flags[3]) && ckpt_shards_complete(c, 1, err))
         return err->code;
-    if (!flags[0])
+    if (!flags[0] && !flags[3])
         return 0;
     /* stop: commit, push up to the deadline, and only then let every rank go */
     int32_t code = 0;
@@ -580,9 +592,17 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
     if (b.t_signal < 0) /* the signal reached another rank: from when this one learnt it */
         b.t_signal = t_flags;
     if (c->rank == 0) {
-        if (c->log) {
+        if (c->log && flags[0]) {
             fprintf(c->log, "stop requested (%s): committing checkpoint step %lld\n",
                     signals_received() ? signals_first_name() : "another rank",
+                    (long long)p->step);
+            fflush(c->log);
+        } else if (c->log) {
+            fprintf(c->log,
+                    "stop: %s holds checkpoint step %lld, newer than this job's step %lld (it "
+                    "could not be listed when the job started): committing checkpoint step "
+                    "%lld\n",
+                    store_url(c->store), (long long)c->newer_in_store, (long long)p->step,
                     (long long)p->step);
             fflush(c->log);
         }
@@ -608,8 +628,8 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         return rc;
     if (code)
         return c->rank == 0 ? code : sp_fail(err, code, "rank 0 could not commit the checkpoint");
-    if (log_stop_budget(c, p, &b, err))
+    if (flags[0] && log_stop_budget(c, p, &b, err))
         return err->code;
-    *stop = 1;
+    *stop = flags[0] ? 1 : 2;
     return 0;
 }

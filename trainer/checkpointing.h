@@ -48,9 +48,13 @@ int ckpt_ctl_open(ckpt_ctl **out, const config_t *cfg, comm_t *comm, const char 
 int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_batch,
                     int64_t *grad_accum, train_progress *p, int *resumed, sp_err *err);
 /* Collective, after every optimizer step. final: the last step. Sets *stop
- * when a stop signal was agreed and the checkpoint is committed. */
+ * when a stop signal was agreed and the checkpoint is committed (1), or, the
+ * same way, when the remote store, which the start could not list, holds a
+ * checkpoint newer than this job's step (2; ckpt_ctl_newer_in_store says
+ * which, on rank 0): a restart resumes that one. */
 int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int final, int *stop,
                       sp_err *err);
+int64_t ckpt_ctl_newer_in_store(const ckpt_ctl *c);
 /* Checkpoints the remote store has not received yet (-1: no remote). */
 int ckpt_ctl_remote_behind(ckpt_ctl *c);
 /* Waits for the writer and, up to checkpoint.final_upload_timeout_s, the

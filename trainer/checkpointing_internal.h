@@ -53,6 +53,12 @@ struct ckpt_ctl {
     char *ranged_url;
     int64_t remote_skip_from, remote_refused_from;
     int chosen_remote;
+    /* the start could not list the store: rank 0 lists it once it answers
+     * (ckpt_remote_newer); newer_in_store: the step found there, newer than
+     * this job's, that stopped it (-1: none) */
+    int list_pending;
+    double list_next, list_wait;
+    int64_t newer_in_store;
     int store_needed; /* a local checkpoint was passed over for want of the store */
     /* sharded checkpoints (checkpoint.layout; ckpt_shards.c): every rank has
      * a writer for its shard; a checkpoint's shards are pending until every
@@ -134,6 +140,12 @@ int ckpt_remote_final_pushed(ckpt_ctl *c, sp_err *err);
  * into the local root (*path, a heap string; NULL when none). A store that
  * cannot be listed is a warning: the local checkpoints are used. */
 int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err);
+/* Rank 0, at a step boundary of a job whose start could not list the store
+ * (list_pending): once the store answers (this job's lease written, or
+ * without a lease a push done), lists it once (after a failed try again
+ * 10 s later, then 20, ... up to 320); the step of its newest checkpoint
+ * when that is newer than step, else -1. */
+int64_t ckpt_remote_newer(ckpt_ctl *c, int64_t step);
 /* Downloads st's step `name` into the local root and verifies it (*path: a
  * heap string; NULL on failure); *corrupt (may be NULL): it downloaded but
  * does not match its MANIFEST. A sharded checkpoint with block checksums is

@@ -273,24 +273,65 @@ int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char **path, in
 }
 
 /* The newest remote checkpoint newer than local_step that verifies. */
-int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err)
+/* The store's checkpoints, listed with few, short retries: a store that is
+ * down must not hold the start of training (or a step) for minutes (the
+ * uploads, in the background, keep the patient defaults). */
+static int list_quick(ckpt_ctl *c, store_listing *l, sp_err *err)
 {
-    store_listing l;
-    *path = NULL;
-    /* The listing gets few, short retries: a store that is down must not hold
-     * the start of training for minutes (the uploads, in the background, keep
-     * the patient defaults). */
     store_opts quick;
     ckpt_remote_opts(c->cfg, 1, &quick);
     store_t *lister = NULL;
     int lrc = store_open(&lister, c->cfg->ckpt_remote, &quick, err) ||
-              store_list(lister, "step-", &l, err);
+              store_list(lister, "step-", l, err);
     store_close(lister);
-    if (lrc) {
+    return lrc;
+}
+
+int64_t ckpt_remote_newer(ckpt_ctl *c, int64_t step)
+{
+    if (!c->list_pending || sp_now() < c->list_next)
+        return -1;
+    pthread_mutex_lock(&c->remote_mu);
+    int pushed = c->remote_step >= 0;
+    pthread_mutex_unlock(&c->remote_mu);
+    if (c->lease ? !lease_held(c->lease) : !pushed) /* the store has not answered yet */
+        return -1;
+    store_listing l;
+    sp_err err = {0};
+    if (list_quick(c, &l, &err)) { /* the quick listing can hold a step: 10 s, 20, ... 320 */
+        c->list_wait = c->list_wait > 0 ? (c->list_wait < 320 ? 2 * c->list_wait : 320) : 10;
+        c->list_next = sp_now() + c->list_wait;
+        return -1;
+    }
+    c->list_pending = 0;
+    int64_t newest = -1;
+    for (size_t i = 0; i < l.n; i++) {
+        long long s;
+        if (sscanf(l.items[i].key, "step-%lld/", &s) == 1 &&
+            strstr(l.items[i].key, "/" CKPT_MANIFEST) && s > newest)
+            newest = s;
+    }
+    store_list_free(&l);
+    log_event(c->log, c->metrics, "info",
+              "%s answers: its newest checkpoint is %s%lld (this job is at step %lld)",
+              store_url(c->store), newest < 0 ? "none, " : "step ", (long long)newest,
+              (long long)step);
+    return newest > step ? newest : -1;
+}
+
+int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err)
+{
+    store_listing l;
+    *path = NULL;
+    if (list_quick(c, &l, err)) {
         log_event(c->log, c->metrics, "warning",
-                  "cannot list %s (%s); resuming from local checkpoints only",
+                  "cannot list %s (%s); resuming from local checkpoints only, and listing it "
+                  "again once it answers: a newer checkpoint there then stops this job so "
+                  "that a restart resumes it",
                   store_url(c->store), err->msg);
         sp_err_clear(err);
+        c->list_pending = 1;
+        c->list_next = 0;
         return 0;
     }
     pthread_mutex_lock(&c->remote_mu);

@@ -633,6 +633,12 @@ static int train_loop(trainer_t *t, sp_err *err)
             return err->code;
         if (ckpt_ctl_boundary(t->ck, t->m, &t->p, t->p.step == c->steps, &stop, err))
             return err->code;
+        if (stop == 2)
+            return sp_fail(err, SP_EXIT_PREEMPTED,
+                           "stopped after committing checkpoint step %lld: checkpoint.remote "
+                           "holds a newer checkpoint of this run (step %lld), which the start "
+                           "could not see; run the same command to resume from it",
+                           (long long)t->p.step, (long long)ckpt_ctl_newer_in_store(t->ck));
         if (stop)
             return sp_fail(err, SP_EXIT_PREEMPTED,
                            "stopped by a signal after committing checkpoint step %lld; run the "
