@@ -140,20 +140,31 @@ if(SPOTUNE_CUDA)
     ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_CUDA_EMU_GUARD=1")
   # The suites on it, at reduced shapes (the real-shape tests skip: hours on
   # the emulated device), in builds with the CUDA backend (whose loader reads
-  # SPOTUNE_CUDA_MODULE): about 7 minutes here, 3.5 of them cuda_model's
-  # (its 50 LoRA steps and 8 each of QLoRA and DoRA through the spotune
-  # binary, the graphs replays); test_cuda_comm's one-rank
-  # NCCL checks on the emulated NCCL (15 s); test_cuda_layer's layer at
-  # hidden 512, seq 256 (35 s); test_cuda_ranks' two and three ranks (140 s). Not in
+  # SPOTUNE_CUDA_MODULE): cuda_model about 5 minutes here (its 50 LoRA
+  # steps 2.8 of them; 8 each of QLoRA and DoRA through the spotune binary,
+  # the graphs replays); test_cuda_comm's one-rank NCCL checks on the
+  # emulated NCCL (15-30 s); test_cuda_layer's layer at hidden 512, seq 256
+  # (35-70 s); test_cuda_ranks' two and three ranks (about 5 minutes). Not in
   # the sanitizer build (CPU-only, no module loader; test_cuda_emu runs
   # there).
+  set(emu_env "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>;SPOTUNE_CUDA_EMU_GUARD=1;SPOTUNE_CUDA_EMU_DEFER=all")
   foreach(suite test_cuda_elementwise test_cuda_ops test_cuda_attention test_cuda_layer
-      test_cuda_model test_cuda_comm test_cuda_ranks test_cuda_doctor)
+      test_cuda_comm test_cuda_ranks test_cuda_doctor)
     add_test(NAME emu_${suite} COMMAND ${suite} --jobs 1)
     set_tests_properties(emu_${suite} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
-      ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;LD_PRELOAD=$<TARGET_FILE:spotune_nccl_emu>;SPOTUNE_CUDA_EMU_GUARD=1;SPOTUNE_CUDA_EMU_DEFER=all"
+      ENVIRONMENT "${emu_env}"
       FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   endforeach()
+  # cuda_model in two, so that scripts/test.sh runs its halves side by side:
+  # the 50-step LoRA run against the CPU (more than half of its time), and
+  # every other case
+  add_test(NAME emu_test_cuda_model COMMAND test_cuda_model --jobs 1
+    --filter "cuda_model/!(lora_training_tracks_the_cpu)")
+  add_test(NAME emu_test_cuda_model_lora_training COMMAND test_cuda_model --jobs 1
+    --filter "cuda_model/lora_training_tracks_the_cpu")
+  set_tests_properties(emu_test_cuda_model emu_test_cuda_model_lora_training PROPERTIES
+    LABELS "cuda_emu" TIMEOUT 900 ENVIRONMENT "${emu_env}"
+    FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)
   set_property(TEST emu_test_cuda_doctor APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=2)
   # scripts/test.sh runs two cuda_emu suites at once: those with two or three
