@@ -18,7 +18,7 @@ spotune_test(test_graphs SOURCES test_graphs.c graphs_util.c test_util.c LIBS sp
 # spotune plan: memory, speed and cost before renting
 spotune_test(test_plan SOURCES test_plan.c test_plan_model.c test_util.c LIBS spotune_trainer)
 # preemption and resume, the checkpoint policy, long paths: one fixture (resume_util)
-foreach(suite resume ckpt_policy rank_change long_paths)
+foreach(suite resume resume_choice ckpt_policy rank_change long_paths)
   spotune_test(test_${suite} SOURCES test_${suite}.c resume_util.c test_util.c
                LIBS spotune_trainer)
 endforeach()

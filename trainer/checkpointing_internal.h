@@ -140,6 +140,10 @@ int ckpt_remote_final_pushed(ckpt_ctl *c, sp_err *err);
  * into the local root (*path, a heap string; NULL when none). A store that
  * cannot be listed is a warning: the local checkpoints are used. */
 int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err);
+/* Retires checkpoint name (step-N) in the store: its MANIFEST deleted, its
+ * files kept. It no longer exists by the protocol, so no reader takes it,
+ * and this run may push that step again. */
+int ckpt_remote_retire(ckpt_ctl *c, const char *name, sp_err *err);
 /* Rank 0, at a step boundary of a job whose start could not list the store
  * (list_pending): once the store answers (this job's lease written, or
  * without a lease a push done), lists it once (after a failed try again

@@ -273,6 +273,13 @@ int ckpt_remote_pull(ckpt_ctl *c, store_t *st, const char *name, char **path, in
 }
 
 /* The newest remote checkpoint newer than local_step that verifies. */
+int ckpt_remote_retire(ckpt_ctl *c, const char *name, sp_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s/%s", name, CKPT_MANIFEST);
+    return store_delete(c->store, key, err);
+}
+
 /* The store's checkpoints, listed with few, short retries: a store that is
  * down must not hold the start of training (or a step) for minutes (the
  * uploads, in the background, keep the patient defaults). */
@@ -361,10 +368,8 @@ int ckpt_remote_find(ckpt_ctl *c, int64_t local_step, char **path, sp_err *err)
             continue;
         /* It does not exist by the protocol; retiring its MANIFEST says so to
          * every reader and lets this run push the step again when it gets there. */
-        char key[128];
-        snprintf(key, sizeof key, "%s/%s", name, CKPT_MANIFEST);
         sp_err derr = {0};
-        if (store_delete(c->store, key, &derr) == 0)
+        if (ckpt_remote_retire(c, name, &derr) == 0)
             log_event(c->log, c->metrics, "warning",
                       "removed the MANIFEST of %s/%s from the store: its files do not match it",
                       store_url(c->store), name);

@@ -353,10 +353,8 @@ static int set_aside(ckpt_ctl *c, const char *path, int64_t step, const char *wh
     if (c->chosen_remote && c->store) {
         if (step < c->remote_refused_from)
             c->remote_refused_from = step;
-        char key[128];
-        snprintf(key, sizeof key, "%s/%s", name, CKPT_MANIFEST);
         sp_err derr = {0};
-        if (store_delete(c->store, key, &derr) == 0)
+        if (ckpt_remote_retire(c, name, &derr) == 0)
             sp_cutf(retired, sizeof retired,
                     "; its MANIFEST was removed from %s (its files are kept there)",
                     store_url(c->store));
@@ -550,11 +548,9 @@ int ckpt_ctl_resume(ckpt_ctl *c, model_t *m, const char *resume, int64_t micro_b
          * overwrites all the trainable state this attempt wrote. Only --resume
          * auto chooses again, and only while there is one to choose. */
         if (c->rank == 0) {
-            char key[128];
-            snprintf(key, sizeof key, "%s/%s", h.name, CKPT_MANIFEST);
             sp_err derr = {0};
             int gone = c->store && strcmp(store_url(c->store), h.remote) == 0 &&
-                       store_delete(c->store, key, &derr) == 0;
+                       ckpt_remote_retire(c, h.name, &derr) == 0;
             log_event(c->log, c->metrics, "warning",
                       "skipping remote checkpoint %s: %s%s", h.name, err->msg,
                       gone ? "; its MANIFEST was removed from the store" : "");
