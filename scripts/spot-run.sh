@@ -16,9 +16,10 @@
 # Exit codes of COMMAND decide what happens next:
 #   0        finished: stop, exit 0
 #   2, 3     config or input error: restarting cannot help; stop with that code
-#   75       checkpointed on a signal: restart at once (unless it was the spot
-#            notice or a signal to this script, which means the machine or the
-#            user is stopping us)
+#   75       checkpointed and stopped (on a signal, or because checkpoint.remote
+#            holds a newer checkpoint of the run than the job could see at its
+#            start): restart at once (unless it was the spot notice or a signal
+#            to this script, which means the machine or the user is stopping us)
 #   other    a crash (a rank died, out of memory, ...): restart after a backoff
 #            (doubling from --backoff up to --max-backoff), at most --max-restarts
 #            crashes in a row; a run that lasted --healthy-after seconds resets
@@ -248,7 +249,7 @@ while :; do
         say "checkpointed and stopped (exit 75); this machine is going away"
         exit 75
       fi
-      say "checkpointed on a signal (exit 75): restarting" ;;
+      say "checkpointed and stopped (exit 75): restarting to resume" ;;
     *)
       if [ -e "$state/stopping" ]; then say "stopped (exit $rc)"; exit "$rc"; fi
       if [ "$crashes" -ge "$max_restarts" ]; then

@@ -124,7 +124,7 @@ supervise ckpt75 "75 75 0" --cloud aws --metadata-url "$url" --poll 0.1 --backof
 check "exit 75, no notice: restarted until exit 0" rc_is ckpt75 0
 check "exit 75, no notice: 3 runs" runs_are ckpt75 "75 75 0"
 check "exit 75, no notice: restarted at once" \
-  bash -c "[ \$(grep -c 'checkpointed on a signal (exit 75): restarting' '$work/ckpt75.log') = 2 ] &&
+  bash -c "[ \$(grep -c 'checkpointed and stopped (exit 75): restarting to resume' '$work/ckpt75.log') = 2 ] &&
            ! grep -q 'restarting in' '$work/ckpt75.log'"
 supervise finish "0 1" --cloud none --backoff 0
 check "exit 0: the supervisor exits 0" rc_is finish 0
