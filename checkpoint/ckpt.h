@@ -299,6 +299,11 @@ uint64_t ckpt_sharded_tensor(const ckpt_sharded *r, const char *name, int *ndim,
 /* The name of r's i-th tensor and its elements (*n, may be NULL); NULL when
  * i is past the last. */
 const char *ckpt_sharded_tensor_at(const ckpt_sharded *r, int i, uint64_t *n);
+/* The shard file (its name in the checkpoint) that holds the given element of
+ * tensor name; NULL when there is no such element. */
+const char *ckpt_sharded_file_of(const ckpt_sharded *r, const char *name, uint64_t element);
+/* Where r reads from: its directory, or the store's URL/PREFIX (messages). */
+const char *ckpt_sharded_where(const ckpt_sharded *r);
 /* Elements [start, start + count) of tensor name's values in group g (0
  * params, 1 adam_m, 2 adam_v) into dst, from whichever files hold them. */
 int ckpt_sharded_read(ckpt_sharded *r, int g, const char *name, uint64_t start, uint64_t count,

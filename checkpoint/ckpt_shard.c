@@ -393,6 +393,23 @@ const char *ckpt_sharded_tensor_at(const ckpt_sharded *r, int i, uint64_t *n)
     return r->tensors[i].name;
 }
 
+const char *ckpt_sharded_file_of(const ckpt_sharded *r, const char *name, uint64_t element)
+{
+    const shard_tensor *t = find_tensor(r, name);
+    if (!t || element >= t->n)
+        return NULL;
+    uint64_t at = t->offset + element;
+    for (int i = 0; i < r->nfiles; i++)
+        if (at >= r->files[i].lo && at < r->files[i].hi)
+            return r->files[i].name;
+    return NULL;
+}
+
+const char *ckpt_sharded_where(const ckpt_sharded *r)
+{
+    return r->dir;
+}
+
 static int64_t read_i64_attr(hid_t f, const char *name)
 {
     int64_t v = -1;

@@ -281,8 +281,15 @@ Test(rank_change, a_shard_refused_as_it_is_read_falls_back_under_auto)
     cr_assert_eq(tu_sh(NULL, "cp -r %s/sv %s/sv-ref", dir, dir), 0);
     expect_layout("sv", 6, 2);
     nan_in_shard("sv/checkpoints/step-00000006", "shard-00001-of-00002.h5");
+    /* the message names the shard file that holds the value, offline too */
+    const char *named = "step-00000006/shard-00001-of-00002.h5: params/";
+    cr_expect_eq(tu_spotune(&out, "ckpt verify %s/sv/checkpoints/step-00000006", dir), 3, "%s",
+                 out);
+    cr_expect(tu_contains(out, named) && tu_contains(out, "holds a value that is not finite"),
+              "%s", out);
+    free(out);
     cr_assert_eq(run(tu_mpirun(2), "sv", extra, &out), 0, "%s", out);
-    cr_expect(tu_contains(out, "skipping checkpoint step-00000006") &&
+    cr_expect(tu_contains(out, "skipping checkpoint step-00000006") && tu_contains(out, named) &&
                   tu_contains(out, "holds a value that is not finite") &&
                   tu_contains(out, "(kept for inspection)"),
               "%s", out);

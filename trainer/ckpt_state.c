@@ -195,7 +195,6 @@ typedef struct restore_src {
     const ckpt_snapshot *s;
     ckpt_sharded *r;
     int every_rank;
-    const char *where; /* the sharded checkpoint (messages) */
 } restore_src;
 
 /* Elements [a, b) of p's group g into buf + a. */
@@ -219,7 +218,7 @@ static int src_read(const restore_src *src, int g, const param_t *p, size_t a, s
     }
     if (ckpt_sharded_read(src->r, g, p->name, a, b - a, buf + a, err))
         return err->code;
-    return state_check_values(src->where, name, buf + a, b - a, a, err);
+    return state_check_shard_values(src->r, g, p->name, buf + a, b - a, a, err);
 }
 
 /* The part [a, b) of p's group g that this rank keeps: all of it, but in a
@@ -298,7 +297,7 @@ int ckpt_state_restore(ckpt_ctl *c, model_t *m, const ckpt_snapshot *s, sp_err *
 
 int ckpt_shards_restore(ckpt_ctl *c, model_t *m, const char *dir, sp_err *err)
 {
-    restore_src src = {.where = dir};
+    restore_src src = {0};
     sp_err mine = {0};
     int32_t cannot = ckpt_sharded_open(&src.r, dir, &mine) != 0;
     int32_t flags[2] = {cannot, c->rank == 0 && cannot};
@@ -369,8 +368,7 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
     store_opts so;
     ckpt_remote_opts(c->cfg, 0, &so);
     store_t *st = NULL;
-    char *where = sp_strf("%s/%s", url, name);
-    restore_src src = {.every_rank = 1, .where = where ? where : url};
+    restore_src src = {.every_rank = 1};
     sp_err mine = {0};
     int32_t code = store_open(&st, url, &so, &mine) ? (mine.code ? mine.code : SP_EXIT_OTHER)
                    : ckpt_sharded_open_mixed(&src.r, text, local_copy ? local_dir : NULL, st,
@@ -420,6 +418,5 @@ int ckpt_shards_restore_store(ckpt_ctl *c, model_t *m, const char *url, const ch
 out:
     ckpt_sharded_close(src.r);
     store_close(st);
-    free(where);
     return err->code;
 }

@@ -447,22 +447,49 @@ int state_check_tensors(const char *dir, const ckpt_snapshot *s, const config_t 
     return s->layout ? 0 : check_groups(dir, s, err);
 }
 
+/* The first of v's n values that a checkpoint may not hold (not finite; for
+ * a second moment, negative), or n. */
+static size_t first_refused(const char *array, const float *v, size_t n)
+{
+    int second = sp_after(array, "adam_v/") != NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]) || (second && v[i] < 0))
+            return i;
+    return n;
+}
+
+static int refuse_value(const char *where, const char *array, size_t at, float v, sp_err *err)
+{
+    if (!isfinite(v))
+        return sp_fail(err, SP_EXIT_INPUT,
+                       "%s: %s holds a value that is not finite (element %zu: %g)", where, array,
+                       at, (double)v);
+    return sp_fail(err, SP_EXIT_INPUT,
+                   "%s: %s holds a negative second moment (element %zu: %g), which AdamW never "
+                   "writes",
+                   where, array, at, (double)v);
+}
+
 int state_check_values(const char *where, const char *array, const float *v, size_t n,
                        size_t first, sp_err *err)
 {
-    int second = sp_after(array, "adam_v/") != NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(v[i]))
-            return sp_fail(err, SP_EXIT_INPUT,
-                           "%s: %s holds a value that is not finite (element %zu: %g)", where,
-                           array, first + i, (double)v[i]);
-        if (second && v[i] < 0)
-            return sp_fail(err, SP_EXIT_INPUT,
-                           "%s: %s holds a negative second moment (element %zu: %g), which "
-                           "AdamW never writes",
-                           where, array, first + i, (double)v[i]);
-    }
-    return 0;
+    size_t i = first_refused(array, v, n);
+    return i < n ? refuse_value(where, array, first + i, v[i], err) : 0;
+}
+
+int state_check_shard_values(const ckpt_sharded *r, int g, const char *name, const float *v,
+                             size_t n, size_t first, sp_err *err)
+{
+    char array[512];
+    snprintf(array, sizeof array, "%s%s", groups[g], name);
+    size_t i = first_refused(array, v, n);
+    if (i == n)
+        return 0;
+    const char *file = ckpt_sharded_file_of(r, name, first + i);
+    char *where = sp_strf("%s/%s", ckpt_sharded_where(r), file ? file : "(a shard file)");
+    int rc = refuse_value(where ? where : ckpt_sharded_where(r), array, first + i, v[i], err);
+    free(where);
+    return rc;
 }
 
 /* Every value of a sharded checkpoint's shard files in dir, a piece at a time. */
@@ -474,21 +501,15 @@ static int check_shard_values(const char *dir, sp_err *err)
     size_t piece = (size_t)1 << 20;
     float *buf = malloc(sizeof(float) * piece);
     int rc = buf ? 0 : sp_fail(err, SP_EXIT_OTHER, "out of memory");
-    char where[64];
     uint64_t n;
     const char *name;
-    snprintf(where, sizeof where, "the shard files");
     for (int i = 0; !rc && (name = ckpt_sharded_tensor_at(r, i, &n)) != NULL; i++)
         for (int g = 0; g < CKPT_SHARD_GROUPS && !rc; g++)
             for (uint64_t at = 0; at < n && !rc; at += piece) {
                 size_t k = n - at < piece ? (size_t)(n - at) : piece;
-                char array[512];
-                snprintf(array, sizeof array, "%s%s", groups[g], name);
-                rc = ckpt_sharded_read(r, g, name, at, k, buf, err);
-                if (!rc && state_check_values(where, array, buf, k, at, err)) {
-                    sp_err_prefix(err, "%s: ", dir);
-                    rc = err->code;
-                }
+                rc = ckpt_sharded_read(r, g, name, at, k, buf, err) ||
+                     state_check_shard_values(r, g, name, buf, k, at, err);
+                rc = rc ? err->code : 0;
             }
     free(buf);
     ckpt_sharded_close(r);

@@ -47,6 +47,11 @@ int state_check_tensors(const char *dir, const ckpt_snapshot *s, const config_t 
  * and for adam_v/ (second moments) not negative. where names the file. */
 int state_check_values(const char *where, const char *array, const float *v, size_t n,
                        size_t first, sp_err *err);
+/* The same for n values of tensor name in group g (0 params, 1 adam_m, 2
+ * adam_v) of a sharded checkpoint read by r, from element `first` on; the
+ * message names the shard file that holds the refused value. */
+int state_check_shard_values(const ckpt_sharded *r, int g, const char *name, const float *v,
+                             size_t n, size_t first, sp_err *err);
 /* All of the above for a checkpoint read by state_read_checked (c: as
  * state_load_config): the values of every array s holds and, with
  * shard_values, of a sharded checkpoint's shard files in dir (a resume
