@@ -4,7 +4,9 @@
 # gets the signal a spot-termination notice brings (SIGUSR1), checkpoints,
 # pushes the checkpoint to an object store (a file:// bucket here) and exits
 # 75; the run directory is then deleted, as a vanished machine's disk would
-# be, and the same command resumes from the bucket and finishes. Finally the
+# be, and the same command on a "new machine" with half the ranks (a spot
+# machine with fewer GPUs) resumes from the bucket, keeps the global batch
+# (each rank accumulates more micro-batches) and finishes. Finally the
 # adapter is exported in the PEFT layout. Before training, `spotune doctor`
 # checks the machine and the run's inputs. Installs what is missing, builds
 # (CPU only, for speed), makes the model and the data, and shows the loss
@@ -43,8 +45,11 @@ bucket="file://$PWD/runs/demo-bucket"
 echo "== checking this machine for the run: spotune doctor"
 "$spotune" doctor configs/tiny-cpu.yaml --cloud none --io-mib 16 --remote "$bucket" ||
   echo "   (the doctor found a FAIL above; the demo goes on)"
-train=(mpirun -np "$ranks" --oversubscribe "$spotune" train configs/tiny-cpu.yaml
-       --set checkpoint.remote="$bucket" --set checkpoint.every_steps=25)
+args=("$spotune" train configs/tiny-cpu.yaml
+      --set checkpoint.remote="$bucket" --set checkpoint.every_steps=25)
+train=(mpirun -np "$ranks" --oversubscribe "${args[@]}")
+# the new machine: half the ranks (1 rank: 2)
+again=$(( ranks > 1 ? ranks / 2 : 2 ))
 echo "== training: ${train[*]}"
 "${train[@]}" &
 job=$!
@@ -59,8 +64,10 @@ wait "$job" || rc=$?
 echo "== the job exited $rc (75: stopped after a complete checkpoint)"
 echo "== the machine is gone: deleting runs/demo; the checkpoints in $bucket remain"
 rm -rf runs/demo
-echo "== the same command on a new machine"
-"${train[@]}"
+echo "== the same command on a new machine with $again rank(s) instead of $ranks"
+resume=(mpirun -np "$again" --oversubscribe "${args[@]}")
+echo "   ${resume[*]}"
+"${resume[@]}"
 echo "== the checkpoints left in the bucket"
 "$spotune" ckpt list "$bucket"
 echo "== the adapter of the last checkpoint, exported again from the bucket"

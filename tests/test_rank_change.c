@@ -134,8 +134,8 @@ static void run_chain(const char *name, const leg *legs, int nlegs, int mb, int 
         if (i > 0)
             cr_expect(tu_contains(out, "resumed from"), "leg %d did not resume:\n%s", i, out);
         char want[128];
-        snprintf(want, sizeof want, "global batch %d windows (%d ranks x %d x %d)", G,
-                 legs[i].ranks, mb, G / (legs[i].ranks * mb));
+        snprintf(want, sizeof want, "global batch %d windows (%d rank%s x %d x %d)", G,
+                 legs[i].ranks, legs[i].ranks > 1 ? "s" : "", mb, G / (legs[i].ranks * mb));
         cr_expect(tu_contains(out, want), "leg %d: expected '%s' in\n%s", i, want, out);
         if (resume_packing != DATA_PACK_STREAM) {
             snprintf(want, sizeof want, "data: packing %s:", dataset_packing_names[resume_packing]);

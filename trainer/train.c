@@ -300,10 +300,11 @@ static int setup_data(trainer_t *t, sp_err *err)
     if (t->out)
         fprintf(t->out,
                 "data: %s: %llu tokens, %llu documents, %llu windows of %lld; global batch %lld "
-                "windows (%d ranks x %lld x %lld) = %lld tokens; %.2f epochs in %lld steps\n",
+                "windows (%d rank%s x %lld x %lld) = %lld tokens; %.2f epochs in %lld steps\n",
                 c->data_train, (unsigned long long)t->train.n_tokens,
                 (unsigned long long)t->train.n_docs, (unsigned long long)t->train.n_windows,
-                (long long)t->T, (long long)t->global_batch, t->world, (long long)t->mb,
+                (long long)t->T, (long long)t->global_batch, t->world, t->world > 1 ? "s" : "",
+                (long long)t->mb,
                 (long long)t->ga, (long long)(t->global_batch * t->T),
                 (double)(t->global_batch * c->steps) / (double)t->train.n_windows,
                 (long long)c->steps);
@@ -578,8 +579,9 @@ static int setup(trainer_t *t, sp_err *err)
             memcpy(blas, ", ", 3);
             backend_cpu_blas_describe(blas + 2, sizeof blas - 2);
         }
-        fprintf(t->out, "spotune: %d rank%s, backend %s (%s, %d threads per rank%s)\n", t->world,
-                t->world > 1 ? "s" : "", t->be->name, t->be->device_name, t->be->threads, blas);
+        fprintf(t->out, "spotune: %d rank%s, backend %s (%s, %d thread%s per rank%s)\n", t->world,
+                t->world > 1 ? "s" : "", t->be->name, t->be->device_name, t->be->threads,
+                t->be->threads == 1 ? "" : "s", blas);
         const char *better = strcmp(t->be->name, "cuda") != 0 ? backend_cpu_blas_better() : NULL;
         if (better) /* only where the user's OPENBLAS_CORETYPE keeps it (trainer/main.c) */
             log_event(t->out, &t->metrics, "warning",
