@@ -4,7 +4,10 @@
 #      the local S3 test server's packages);
 #   2. the normal build (the CUDA backend compiled and linked when nvcc is
 #      found; its tests report "skipped" without a GPU) and every test;
-#   3. a build with AddressSanitizer + UndefinedBehaviorSanitizer and every
+#   3. a Release build (-O3, CPU backend), compiled only: GCC's warnings
+#      (errors here) depend on the optimization level, and the GPU bundle
+#      (scripts/gpu_bundle.sh) builds Release;
+#   4. a build with AddressSanitizer + UndefinedBehaviorSanitizer and every
 #      CPU test again.
 # usage: scripts/test.sh [--no-asan] [-R REGEX]   (-R: only the ctest tests matching)
 set -euo pipefail
@@ -44,6 +47,9 @@ unset AWS_CONTAINER_CREDENTIALS_FULL_URI AWS_CONTAINER_CREDENTIALS_RELATIVE_URI 
 echo "== build: build/"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 ninja -C build
+echo "== build: build-release/ (Release, -O3, CPU backend; compiled only)"
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=OFF >/dev/null
+ninja -C build-release >/dev/null || { ninja -C build-release; exit 1; }
 echo "== tests: build/"
 # The suites on the emulated CUDA device (label cuda_emu) are computation
 # alone, one process each (those with several ranks ask for the cores they

@@ -285,7 +285,7 @@ static const char *const dim_names[DIM_COUNT] = {"hidden size", "attention width
 
 typedef struct lora_dims {
     int64_t v[DIM_COUNT];
-    char from[DIM_COUNT][256]; /* what set it (messages) */
+    char from[DIM_COUNT][8 + 256]; /* what set it: params/ and a tensor name (messages) */
 } lora_dims;
 
 /* features must be dims' k, or set it */
