@@ -962,8 +962,8 @@ checkpoint:
                     self.fail("resume", where, "resumed at sample %s after %d steps of %d"
                               % (m.group(3), got, GLOBAL_BATCH))
             ga = GLOBAL_BATCH // att["ranks"]
-            want = "global batch %d windows (%d ranks x 1 x %d)" % (GLOBAL_BATCH,
-                                                                    att["ranks"], ga)
+            want = "global batch %d windows (%d rank%s x 1 x %d)" % (
+                GLOBAL_BATCH, att["ranks"], "" if att["ranks"] == 1 else "s", ga)
             if "\ndata: " in text and want not in text:
                 g = re.search(r"global batch .*?\)", text)
                 self.fail("resume", where, "expected '%s', the log says '%s'"

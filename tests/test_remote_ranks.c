@@ -122,6 +122,17 @@ Test(remote, sharded_full_run_resumes_from_the_bucket_on_a_fresh_machine)
     cr_expect_eq(tu_sh(NULL, "cmp %s/wholef/model/model.safetensors %s/spotf/model/model.safetensors",
                        dir, dir),
                  0, "the model after a resume of the sharded checkpoint from the bucket differs");
+    /* finished, pushed, and then the machine is lost anyway (a supervisor
+     * restarts the job): the restart resumes from the final step's sharded
+     * checkpoint in the bucket, trains nothing, and ends 0 with the model */
+    tu_sh(NULL, "rm -rf %s/spotf", dir);
+    cr_assert_eq(tu_sh(&out, "%s %s %s", tu_mpirun(2), cmd("spotf", NULL), full), 0,
+                 "a restart after the final step failed: %s", out);
+    cr_expect(tu_contains(out, "resumed from s3://") && tu_contains(out, "step 40,"), "%s", out);
+    free(out);
+    cr_expect_eq(tu_sh(NULL, "cmp %s/wholef/model/model.safetensors %s/spotf/model/model.safetensors",
+                       dir, dir),
+                 0, "the model exported by the restart after the final step differs");
 }
 
 /* A byte changed in a shard in the bucket (its size kept): the ranks reading

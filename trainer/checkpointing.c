@@ -323,9 +323,13 @@ int ckpt_ctl_remote_behind(ckpt_ctl *c)
 }
 
 /* Sharded: the last checkpoint exists only if every rank wrote its shard
- * (rank 0's writer alone does not know). */
+ * (rank 0's writer alone does not know). One this job only resumed from,
+ * read from the store in ranges (a restart after the final step, on a new
+ * machine), is complete there and was never written here. */
 static int last_committed(ckpt_ctl *c, sp_err *err)
 {
+    if (c->last_only_in_store)
+        return 0;
     char name[32];
     ckpt_dir_name(name, sizeof name, c->last_step);
     char *m = sp_strf("%s/%s/%s", c->root, name, CKPT_MANIFEST);
@@ -579,6 +583,7 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
         if (write_now(c, m, p, reason, err))
             return err->code;
         c->last_step = p->step;
+        c->last_only_in_store = 0;
         c->last_time = sp_now();
     }
     /* at the end and on a stop the checkpoint is committed before anything else */

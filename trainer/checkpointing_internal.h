@@ -43,6 +43,9 @@ struct ckpt_ctl {
     int upload_slow_said;      /* a push took longer than checkpoint.upload_deadline_s */
     double last_time;
     int64_t last_step;
+    /* last_step is the checkpoint this job resumed from, read from the store
+     * in ranges and not kept here: it is complete there, not in root */
+    int last_only_in_store;
     int64_t global_batch; /* windows per step: this run's, after any resume re-split */
     int fresh_metrics; /* the run directory had no metrics yet (a new machine) */
     /* rank 0, resuming: the store whose shards the checkpoint just pulled

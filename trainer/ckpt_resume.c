@@ -330,6 +330,7 @@ static int restore(ckpt_ctl *c, model_t *m, const resume_header *h, const char *
     c->global_batch = (int64_t)c->world * micro_batch * h->grad_accum;
     *resumed = 1;
     c->last_step = h->step;
+    c->last_only_in_store = h->remote[0] && !h->local_copy;
     return 0;
 }
 
