@@ -223,6 +223,13 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     }
     size_t n = (size_t)bo->micro_batch * (size_t)bo->seq_len;
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+    if (!in || !tg) {
+        free(in);
+        free(tg);
+        model_destroy(m);
+        backend_destroy(be);
+        return sp_fail(err, SP_EXIT_OTHER, "bench: out of host memory for %zu tokens", n);
+    }
     uint64_t ids[4096];
     for (size_t i = 0; i < n; i++) {
         in[i] = (int32_t)(sp_rng_u64(7, i) % (uint64_t)mc.vocab);

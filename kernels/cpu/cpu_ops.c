@@ -114,21 +114,24 @@ static float dotf(const float *a, const float *b, int n)
 void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
                            tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
-    (void)be;
     const float *Q = F(q), *K = F(k), *V = F(v);
     const int32_t *SG = seg.p;
     float *O = F(out), *L = F(lse);
-    int group = nh / nkv;
+    int group = nh / nkv, failed = 0;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel
     {
         float *p = malloc(sizeof(float) * (size_t)T);
         double *acc = malloc(sizeof(double) * (size_t)hd);
+        if (!p || !acc) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < nh; h++) {
                 int kh = h / group;
-                for (int t = 0; t < T; t++) {
+                for (int t = 0; t < T && p && acc; t++) {
                     const float *qt = Q + (((size_t)b * T + t) * nh + h) * hd;
                     int lo = cpu_seg_lo(SG, (size_t)b * T + t, t);
                     float m = -INFINITY;
@@ -157,23 +160,28 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
         free(p);
         free(acc);
     }
+    if (failed)
+        be_fail(be, __FILE__, __LINE__, "out of memory for attention scores (T=%d)", T);
 }
 
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                             tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
                             tensor_t seg, int B, int T, int nh, int nkv, int hd)
 {
-    (void)be;
     const float *Q = F(q), *K = F(k), *V = F(v), *O = F(out), *DO = F(dout), *L = F(lse);
     const int32_t *SG = seg.p;
     float *DQ = F(dq), *DK = F(dk), *DV = F(dv);
-    int group = nh / nkv;
+    int group = nh / nkv, failed = 0;
     float scale = 1.0f / sqrtf((float)hd);
     /* One task per (batch, kv head): it owns dk, dv of that head, and dq of
      * the query heads that share it, so no two tasks write the same output. */
 #pragma omp parallel
     {
         float *ds = malloc(sizeof(float) * (size_t)T);
+        if (!ds) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < nkv; kh++) {
@@ -182,7 +190,7 @@ void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv
                     memset(DK + kvo, 0, sizeof(float) * hd);
                     memset(DV + kvo, 0, sizeof(float) * hd);
                 }
-                for (int h = kh * group; h < (kh + 1) * group; h++) {
+                for (int h = kh * group; h < (kh + 1) * group && ds; h++) {
                     for (int t = 0; t < T; t++) {
                         size_t qo = (((size_t)b * T + t) * nh + h) * hd;
                         const float *qt = Q + qo, *dot_ = DO + qo;
@@ -215,6 +223,8 @@ void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv
             }
         free(ds);
     }
+    if (failed)
+        be_fail(be, __FILE__, __LINE__, "out of memory for attention scores (T=%d)", T);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------- */
