@@ -137,7 +137,7 @@ __global__ void rmsnorm_forward_kernel(void *out, int odt, float *rstd, const vo
     float ss = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float v = ld_f(x, xdt, base + c);
-        ss += v * v;
+        ss = __fadd_rn(ss, __fmul_rn(v, v)); /* no contraction: the vector kernel's bits */
     }
     ss = block_sum(ss, sh);
     float s = 1.0f / sqrtf(ss / (float)cols + eps);
@@ -157,12 +157,11 @@ __global__ void rmsnorm_backward_kernel(void *dx, int dxdt, const void *dout, in
     float s = rstd[blockIdx.x];
     float dot = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
-        dot += ld_f(dout, ddt, base + c) * ld_f(w, wdt, c) * (ld_f(x, xdt, base + c) * s);
+        dot = rms_dot_step(dot, ld_f(dout, ddt, base + c), ld_f(w, wdt, c), ld_f(x, xdt, base + c), s);
     float mean = block_sum(dot, sh) / (float)cols;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         size_t i = base + c;
-        float g = ld_f(dout, ddt, i) * ld_f(w, wdt, c);
-        st_f(dx, dxdt, i, ld_f(dx, dxdt, i) + s * (g - (ld_f(x, xdt, i) * s) * mean));
+        st_f(dx, dxdt, i, rms_dx(ld_f(dx, dxdt, i), ld_f(dout, ddt, i), ld_f(w, wdt, c), ld_f(x, xdt, i), s, mean));
     }
 }
 

@@ -231,7 +231,7 @@ __global__ void rmsnorm_forward_vec_kernel(void *out, int odt, float *rstd, cons
     float ss = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float v = ld_f(stage, xdt, c);
-        ss += v * v;
+        ss = __fadd_rn(ss, __fmul_rn(v, v));
     }
     ss = block_sum(ss, sh);
     float s = 1.0f / sqrtf(ss / (float)cols + eps);
@@ -268,7 +268,7 @@ __global__ void rmsnorm_backward_vec_kernel(void *dx, int dxdt, const void *dout
     float s = rstd[blockIdx.x];
     float dot = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
-        dot += ld_f(sd, ddt, c) * ld_f(w, wdt, c) * (ld_f(sx, xdt, c) * s);
+        dot = rms_dot_step(dot, ld_f(sd, ddt, c), ld_f(w, wdt, c), ld_f(sx, xdt, c), s);
     float mean = block_sum(dot, sh) / (float)cols;
     int nv = cols / 8;
     for (int v = threadIdx.x; v < nv; v += blockDim.x) {
@@ -278,10 +278,8 @@ __global__ void rmsnorm_backward_vec_kernel(void *dx, int dxdt, const void *dout
         ld8(w, wdt, v, wv);
         ld8(sx, xdt, v, xv);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float g = dd[j] * wv[j];
-            a[j] = a[j] + s * (g - (xv[j] * s) * mean);
-        }
+        for (int j = 0; j < 8; j++)
+            a[j] = rms_dx(a[j], dd[j], wv[j], xv[j], s, mean);
         st8(dx, dxdt, base / 8 + v, a);
     }
 }
