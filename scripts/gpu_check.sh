@@ -377,7 +377,10 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
     fi
     case $RC in
     0) BENCH[$key]=$json; row_set "$i" PASS "$DT" "$note$(bench_figure "$json")" ;;
-    124) row_set "$i" TIMEOUT "$DT" "${note}killed after ${LIMIT}s" ;;
+    124) # how far it got: bench's last progress line (stderr)
+        local last
+        last=$(grep '^bench: ' "$PARTS/$key.out" | tail -1)
+        row_set "$i" TIMEOUT "$DT" "${note}killed after ${LIMIT}s${last:+; last: ${last#bench: }}" ;;
     *) row_set "$i" FAIL "$DT" "${note}exit $RC: $(why_failed "$PARTS/$key.out")${json:+; $(bench_figure "$json")}" ;;
     esac
 }

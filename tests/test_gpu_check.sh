@@ -119,7 +119,8 @@ case "$args" in
         sed 's/}$/,"split_ms":{"gemm":80.0,"lora":20.0,"attention":40.0,"elementwise":40.0,"optimizer":10.0,"communication":10.0},"profiled_step_ms":200.0}/' ;;
 *"--preset llama-13b"*"--recompute layer"*"--quantize nf4"*)
     json 1200 0.30 0.35 11.40 ok | sed 's/"peak_mem_bytes":[0-9.]*/"peak_mem_bytes":9771221811.0/' ;;
-*"--preset llama-13b"*) sleep 1000 ;;
+*"--preset llama-13b"*) echo "bench: building llama-13b (lora, random weights)..." >&2
+    echo "bench: built in 31.4 s" >&2; sleep 1000 ;;
 *"--preset llama-7b --mode lora --micro-batch 4 "*) json 3600 0.48 0.49 11.20 ok ;;
 *"--micro-batch 8"*"--recompute none"*)
     echo "spotune: error: cuda backend: device 0 (NVIDIA H200): cudaMalloc of 268435456 bytes: out of memory" >&2
@@ -271,7 +272,7 @@ expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 8 row
 expect_row 11 PASS "elementwise workbench (elem_bench"
 expect_row 11 PASS "vector/scalar geometric-mean speedup 4.00x over 2 op-shapes (from 2.00x, add 2048 x 4096, to 8.00x, rmsnorm_fwd 2048 x 4096)"
 expect_row 11 PASS "1 vector rows fell back (not counted); bit-identical to scalar (3 vector rows); worst rel err 3.00e-03; 6 rows: 6 ok, 0 FAIL"
-expect_row 12 TIMEOUT "killed after 8s"
+expect_row 12 TIMEOUT "killed after 8s; last: built in 31.4 s"
 expect_row 13 PASS "bench llama-7b LoRA r16 mb4 seq 2048"
 expect_row 13 PASS "3600 tok/s"
 expect_row 14 PASS "recompute layer; 3000 tok/s"

@@ -216,11 +216,20 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         return err->code;
     }
     model_t *m;
+    int talk = comm_rank(comm) == 0; /* progress on stderr: a 13B build takes a while */
+    double tb = sp_now();
+    if (talk)
+        fprintf(stderr, "bench: building %s (%s, random weights)...\n", bo->preset,
+                modes_name(bo, mode));
     if (build(bo, mode, be, comm, &mc, &m, err)) {
         model_destroy(m);
         backend_destroy(be);
         return err->code;
     }
+    be_sync(be);
+    double build_s = sp_now() - tb;
+    if (talk)
+        fprintf(stderr, "bench: built in %.1f s\n", build_s);
     size_t n = (size_t)bo->micro_batch * (size_t)bo->seq_len;
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
     if (!in || !tg) {
@@ -254,8 +263,11 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             rc = comm_barrier(comm, err);
             t0 = sp_now();
         }
-        double loss = 0, gnorm = 0;
+        double loss = 0, gnorm = 0, ts = sp_now();
         rc = rc || bench_step(m, comm, &batch, &a, s, &loss, &gnorm, err);
+        if (talk && !rc)
+            fprintf(stderr, "bench: step %d/%d%s: %.3f s\n", s + 1, bo->warmup + bo->steps,
+                    s < bo->warmup ? " (warm-up)" : "", sp_now() - ts);
         if (!rc && s == 0) { /* before any update: what the checks compare */
             step1_loss = loss / (double)n;
             step1_gnorm = gnorm / comm_size(comm); /* every rank ran the same batch */
@@ -340,6 +352,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                 json_object_set_new(j, "split_ms", sp);
                 json_object_set_new(j, "profiled_step_ms", json_real(split_total));
             }
+            json_object_set_new(j, "build_s", json_real(build_s));
             json_object_set_new(j, "cuda_graphs", json_boolean(bo->graphs));
             if (bo->graphs) {
                 json_object_set_new(j, "graph_replays", json_integer((json_int_t)replays));
