@@ -53,6 +53,14 @@
 #define FA_PAD 8   /* shared-memory row padding (bf16): conflict-free fragment loads */
 #define FA_THREADS 128
 
+/* Full unrolling of the fragment loops (the register arrays need
+ * compile-time indices); nothing under the emulation. */
+#if defined(SPOTUNE_CUDA_EMU)
+#define FA_UNROLL
+#else
+#define FA_UNROLL _Pragma("unroll")
+#endif
+
 typedef struct flash_args {
     const uint16_t *q, *k, *v, *o, *dout;
     uint16_t *out, *dq, *dk, *dv;
@@ -75,29 +83,85 @@ static __device__ __forceinline__ uint32_t ld32(const uint16_t *p)
     return *(const uint32_t *)p;
 }
 
-/* Two bf16 of a column: p[0] (low half) and p[ld] (high half). */
-static __device__ __forceinline__ uint32_t ld_col2(const uint16_t *p, int ld)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[ld] << 16);
-}
-
 /* c += a b: A 16x16 bf16 row-major, B 16x8 bf16 column-major, C 16x8 fp32.
  * Lane (g = lane/4, t = lane%4) holds a = rows g, g+8 x cols 2t..2t+1 and
  * 2t+8..2t+9; b = rows 2t..2t+1 and 2t+8..2t+9 of column g; c = rows g,
- * g+8 x cols 2t, 2t+1. */
+ * g+8 x cols 2t, 2t+1. Not volatile: the compiler may interleave
+ * independent products (and the loads feeding them). */
 static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
                                                 uint32_t b1)
 {
 #if defined(SPOTUNE_CUDA_EMU)
     emu_mma_m16n8k16_bf16(c, a, b0, b1);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
     (void)c, (void)a, (void)b0, (void)b1;
     __trap(); /* never launched: the host checks for compute capability 8.0 */
+#endif
+}
+
+/* Four 8x8 bf16 matrices from shared memory (ldmatrix.x4): lane l gives
+ * the address of row l%8 of matrix l/8 (16 bytes, 16-byte aligned); r[i]
+ * is this lane's part of matrix i: row lane/4, columns 2(lane%4) and +1,
+ * or with trans the same of its transpose (rows 2(lane%4) and +1 of
+ * column lane/4): exactly an mma B fragment half, either way round. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *row, int trans)
+{
+#if defined(SPOTUNE_CUDA_EMU)
+    emu_ldmatrix_x4(r, row, trans);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+#else
+    (void)r, (void)row, (void)trans;
+    __trap();
+#endif
+}
+
+/* 16 bytes from global to shared memory without passing through registers
+ * (cp.async, sm_80), or 16 zero bytes when !valid (src is then not read,
+ * but must still be a mapped address). Complete after cp_async_wait and a
+ * barrier. */
+static __device__ __forceinline__ void cp_async16(uint16_t *dst, const uint16_t *src, int valid)
+{
+#if defined(SPOTUNE_CUDA_EMU)
+    if (valid)
+        memcpy(dst, src, 16);
+    else
+        memset(dst, 0, 16);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+#else
+    *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+static __device__ __forceinline__ void cp_async_commit(void)
+{
+#if !defined(SPOTUNE_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits until at most n of this thread's committed groups are in flight. */
+template <int N> static __device__ __forceinline__ void cp_async_wait(void)
+{
+#if !defined(SPOTUNE_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -109,6 +173,7 @@ static __device__ __forceinline__ void load_a_rows(uint32_t a[HD / 16][4], const
 {
     int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     int rA = r0 + g, rB = rA + 8;
+FA_UNROLL
     for (int ks = 0; ks < HD / 16; ks++) {
         int c = ks * 16 + 2 * t;
         a[ks][0] = rA < nrows ? ld32(base + (size_t)rA * ld + c) : 0u;
@@ -128,19 +193,67 @@ static __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], 
     a[3] = pack2(c1[2], c1[3]);
 }
 
-/* Stages rows [r0, r0 + nrows) of a [.., HD] slice (row r at src + r * ld)
- * into dst (row stride HD + FA_PAD), zeros past T; the whole block helps. */
+/* Starts copying rows [r0, r0 + nrows) of a [.., HD] slice (row r at src +
+ * r * ld) into dst (row stride HD + FA_PAD), zeros past T; the whole block
+ * helps, and one commit closes the group. */
 template <int HD>
-static __device__ void stage_rows(uint16_t *dst, const uint16_t *src, size_t ld, int r0,
-                                  int nrows, int T)
+static __device__ __forceinline__ void stage_rows_async(uint16_t *dst, const uint16_t *src,
+                                                        size_t ld, int r0, int nrows, int T)
 {
     const int chunks = HD / 8; /* 16-byte pieces per row */
     for (int i = threadIdx.x; i < nrows * chunks; i += blockDim.x) {
-        int r = i / chunks, c = (i % chunks) * 8;
-        uint4 val = make_uint4(0u, 0u, 0u, 0u);
-        if (r0 + r < T)
-            val = *(const uint4 *)(src + (size_t)(r0 + r) * ld + c);
-        *(uint4 *)(dst + r * (HD + FA_PAD) + c) = val;
+        int r = i / chunks, c = (i % chunks) * 8, row = r0 + r, ok = row < T;
+        cp_async16(dst + r * (HD + FA_PAD) + c, src + (size_t)(ok ? row : 0) * ld + c, ok);
+    }
+}
+
+/* x[16 x 8 NT] = A[16 x HD] Y^T, A in registers (a[ks], k-steps of 16), Y
+ * NT x 8 rows staged (row stride HD + FA_PAD): S = Q K^T, dP = dO V^T,
+ * S^T = K Q^T, dP^T = V dO^T. Every product of a k-step pair is issued
+ * before the next pair's (NT independent accumulators in flight). */
+template <int HD, int NT>
+static __device__ __forceinline__ void a_times_staged_t(float x[NT][4],
+                                                        const uint32_t a[HD / 16][4],
+                                                        const uint16_t *Y)
+{
+    int lane = threadIdx.x & 31;
+    const uint16_t *yr = Y + (lane & 7) * (HD + FA_PAD) + (lane >> 3) * 8;
+FA_UNROLL
+    for (int nt = 0; nt < NT; nt++)
+        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
+FA_UNROLL
+    for (int k2 = 0; k2 < HD / 32; k2++)
+FA_UNROLL
+        for (int nt = 0; nt < NT; nt++) {
+            uint32_t b[4]; /* k-steps 2 k2 (b0, b1) and 2 k2 + 1 (b2, b3) of key rows nt */
+            ldsm_x4(b, yr + nt * 8 * (HD + FA_PAD) + k2 * 32, 0);
+            mma16816(x[nt], a[2 * k2], b[0], b[1]);
+            mma16816(x[nt], a[2 * k2 + 1], b[2], b[3]);
+        }
+}
+
+/* acc[16 x HD] += X[16 x 16 KK] Y[16 KK x HD], X from C fragments (rounded
+ * to bf16), Y staged (row stride HD + FA_PAD): O += P V, dQ += dS K,
+ * dV += P^T dO, dK += dS^T Q. */
+template <int HD, int KK>
+static __device__ __forceinline__ void c_times_staged(float acc[HD / 8][4], const float x[2 * KK][4],
+                                                      const uint16_t *Y)
+{
+    int lane = threadIdx.x & 31;
+    const int ld = HD + FA_PAD;
+    /* matrix m = lane/8: rows +8 (m odd), columns +8 (m >= 2) */
+    const uint16_t *yr = Y + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
+FA_UNROLL
+    for (int kk = 0; kk < KK; kk++) {
+        uint32_t a[4];
+        c_to_a(a, x[2 * kk], x[2 * kk + 1]);
+FA_UNROLL
+        for (int n2 = 0; n2 < HD / 16; n2++) {
+            uint32_t b[4]; /* columns 16 n2.. (b0, b1) and 16 n2 + 8.. (b2, b3) */
+            ldsm_x4(b, yr + kk * 16 * ld + n2 * 16, 1);
+            mma16816(acc[2 * n2], a, b[0], b[1]);
+            mma16816(acc[2 * n2 + 1], a, b[2], b[3]);
+        }
     }
 }
 
@@ -158,6 +271,15 @@ static __device__ __forceinline__ int warp_min_i(int v)
     for (int o = 16; o > 0; o >>= 1) {
         int w = __shfl_xor_sync(0xffffffffu, v, o);
         v = w < v ? w : v;
+    }
+    return v;
+}
+
+static __device__ __forceinline__ int warp_max_i(int v)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        int w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
     }
     return v;
 }
@@ -191,72 +313,71 @@ static __device__ int block_min_lo(const int *seg, int r0, int r1, int *sh)
     return *sh;
 }
 
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+
 /* ---- forward ---------------------------------------------------------------------- */
 
-/* Scores of the warp's 16 rows against the 64 staged keys: s = Q K^T
- * (fp32), then scaled, -inf where masked. rowA, rowB: this lane's rows. */
+/* Scores of the warp's 16 rows against the 64 staged keys in log2 units:
+ * s = Q K^T scale log2(e), -inf where masked. Only a tile that crosses the
+ * diagonal, a document start or T (mask) is masked element by element.
+ * rowA: this lane's first row; loA, loB: its rows' first keys. */
 template <int HD>
 static __device__ __forceinline__ void scores_tile(float s[8][4], const uint32_t qa[HD / 16][4],
                                                    const uint16_t *Ks, int j0, int rowA, int loA,
-                                                   int loB, int T, float scale)
+                                                   int loB, int T, float sl2, int mask)
 {
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    for (int nt = 0; nt < 8; nt++) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-        const uint16_t *kr = Ks + (nt * 8 + g) * (HD + FA_PAD) + 2 * t;
-        for (int ks = 0; ks < HD / 16; ks++)
-            mma16816(s[nt], qa[ks], ld32(kr + ks * 16), ld32(kr + ks * 16 + 8));
+    int t = threadIdx.x & 3;
+    a_times_staged_t<HD, 8>(s, qa, Ks);
+    if (!mask) {
+FA_UNROLL
+        for (int nt = 0; nt < 8; nt++)
+FA_UNROLL
+            for (int e = 0; e < 4; e++)
+                s[nt][e] *= sl2;
+        return;
     }
+FA_UNROLL
     for (int nt = 0; nt < 8; nt++)
+FA_UNROLL
         for (int e = 0; e < 4; e++) {
             int row = e < 2 ? rowA : rowA + 8, lo = e < 2 ? loA : loB;
             int j = j0 + nt * 8 + 2 * t + (e & 1);
             int ok = row < T && j <= row && j >= lo;
-            s[nt][e] = ok ? s[nt][e] * scale : -INFINITY;
+            s[nt][e] = ok ? s[nt][e] * sl2 : -INFINITY;
         }
 }
 
-/* Online softmax over one tile for this lane's two rows: s becomes P (fp32,
- * 0 where masked), m and l (lane-partial sums) are updated, o rescaled. */
+/* Online softmax over one tile for this lane's two rows (log2 units): s
+ * becomes P (fp32, 0 where masked), m and l (lane-partial sums) are
+ * updated, o rescaled. */
 template <int HD>
 static __device__ __forceinline__ void online_tile(float s[8][4], float m[2], float l[2],
                                                    float o[HD / 8][4])
 {
+FA_UNROLL
     for (int r = 0; r < 2; r++) {
         float mx = m[r];
+FA_UNROLL
         for (int nt = 0; nt < 8; nt++)
             mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         mx = quad_max(mx);
-        float corr = mx == -INFINITY ? 1.0f : m[r] == -INFINITY ? 0.0f : expf(m[r] - mx);
+        float corr = mx == -INFINITY ? 1.0f : m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx);
         float sum = 0.0f;
+FA_UNROLL
         for (int nt = 0; nt < 8; nt++)
+FA_UNROLL
             for (int e = 2 * r; e < 2 * r + 2; e++) {
-                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - mx);
+                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - mx);
                 sum += s[nt][e];
             }
         m[r] = mx;
         l[r] = l[r] * corr + sum;
+FA_UNROLL
         for (int nt = 0; nt < HD / 8; nt++) {
             o[nt][2 * r] *= corr;
             o[nt][2 * r + 1] *= corr;
         }
-    }
-}
-
-/* acc[16 x HD] += X[16 x 64] Y[64 x HD], X from C fragments, Y staged
- * (row stride HD + FA_PAD). */
-template <int HD>
-static __device__ __forceinline__ void c_times_staged(float acc[HD / 8][4], const float x[8][4],
-                                                      const uint16_t *Y)
-{
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    const int ld = HD + FA_PAD;
-    for (int kk = 0; kk < 4; kk++) {
-        uint32_t a[4];
-        c_to_a(a, x[2 * kk], x[2 * kk + 1]);
-        const uint16_t *yr = Y + (kk * 16 + 2 * t) * ld + g;
-        for (int nt = 0; nt < HD / 8; nt++)
-            mma16816(acc[nt], a, ld_col2(yr + nt * 8, ld), ld_col2(yr + 8 * ld + nt * 8, ld));
     }
 }
 
@@ -266,15 +387,33 @@ static __device__ __forceinline__ void store_rows(uint16_t *base, size_t ld, int
                                                   const float acc[HD / 8][4], const float mul[2])
 {
     int t = threadIdx.x & 3;
+FA_UNROLL
     for (int r = 0; r < 2; r++) {
         int row = rowA + 8 * r;
         if (row >= T)
             continue;
         uint16_t *dst = base + (size_t)row * ld + 2 * t;
+FA_UNROLL
         for (int nt = 0; nt < HD / 8; nt++)
             *(uint32_t *)(dst + nt * 8) =
                 pack2(acc[nt][2 * r] * mul[r], acc[nt][2 * r + 1] * mul[r]);
     }
+}
+
+/* The query-row block of this forward or dQ block: the last rows first
+ * (they see the most keys), so the long blocks do not trail at the end. */
+static __device__ __forceinline__ int fa_row_block(void)
+{
+    return (int)(gridDim.x - 1 - blockIdx.x);
+}
+
+/* Whether a warp's 16 rows [w0, w0 + 16) against keys [j0, j0 + nk) need
+ * the element mask: some key past some row (the diagonal), a row past T,
+ * or a row whose document starts after j0 (hi_lo: the warp's largest
+ * first key). */
+static __device__ __forceinline__ int fa_needs_mask(int w0, int j0, int nk, int T, int hi_lo)
+{
+    return j0 + nk - 1 > w0 || w0 + 15 >= T || hi_lo > j0;
 }
 
 template <int HD>
@@ -285,7 +424,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(flash_args a)
     __shared__ int sh_lo;
     int b = blockIdx.y / a.nh, h = blockIdx.y % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
-    int q0 = blockIdx.x * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
+    int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
     size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
     const uint16_t *qb = a.q + (size_t)b * T * ldq + (size_t)h * HD;
     const uint16_t *kb = a.k + (size_t)b * T * ldk + (size_t)kh * HD;
@@ -293,25 +432,42 @@ __global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(flash_args a)
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
     int rowA = w0 + g;
     int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
-    int wlo = warp_min_i(min(loA, loB)), kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    int wlo = warp_min_i(min(loA, loB));
+    int whi = warp_max_i(max(rowA < T ? loA : 0, rowA + 8 < T ? loB : 0));
+    int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    float sl2 = a.scale * FA_LOG2E;
 
+    stage_rows_async<HD>(Ks, kb, ldk, kstart, FA_BC, T);
+    cp_async_commit();
     uint32_t qa[HD / 16][4];
     load_a_rows<HD>(qa, qb, ldq, w0, T);
     float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    /* K of a tile is copied while the previous tile's P V runs, V while
+     * its own scores and softmax run */
     for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
-        __syncthreads(); /* the previous tile's readers are done */
-        stage_rows<HD>(Ks, kb, ldk, j0, FA_BC, T);
-        stage_rows<HD>(Vs, vb, ldk, j0, FA_BC, T);
-        __syncthreads();
+        cp_async_wait<0>();
+        __syncthreads(); /* K(j0) is in; every warp is done with V(j0 - 64) */
+        stage_rows_async<HD>(Vs, vb, ldk, j0, FA_BC, T);
+        cp_async_commit();
         /* warp-uniform: some row of the warp sees some key of the tile */
-        if (w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1)
-            continue;
+        int act = !(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1);
         float s[8][4];
-        scores_tile<HD>(s, qa, Ks, j0, rowA, loA, loB, T, a.scale);
-        online_tile<HD>(s, m, l, o);
-        c_times_staged<HD>(o, s, Vs);
+        if (act) {
+            scores_tile<HD>(s, qa, Ks, j0, rowA, loA, loB, T, sl2,
+                            fa_needs_mask(w0, j0, FA_BC, T, whi));
+            online_tile<HD>(s, m, l, o);
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* V(j0) is in; every warp is done with K(j0) */
+        if (j0 + FA_BC < q1) {
+            stage_rows_async<HD>(Ks, kb, ldk, j0 + FA_BC, FA_BC, T);
+            cp_async_commit();
+        }
+        if (act)
+            c_times_staged<HD, 4>(o, s, Vs);
     }
     float inv[2];
     for (int r = 0; r < 2; r++) {
@@ -321,8 +477,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(flash_args a)
     store_rows<HD>(a.out + (size_t)b * T * ldq + (size_t)h * HD, ldq, rowA, T, o, inv);
     if ((threadIdx.x & 3) == 0)
         for (int r = 0; r < 2; r++)
-            if (rowA + 8 * r < T)
-                a.lse[((size_t)b * a.nh + h) * T + rowA + 8 * r] = m[r] + logf(l[r]);
+            if (rowA + 8 * r < T) /* natural log: m is in log2 units */
+                a.lse[((size_t)b * a.nh + h) * T + rowA + 8 * r] = m[r] * FA_LN2 + logf(l[r]);
 }
 
 /* ---- backward: D ------------------------------------------------------------------ */
@@ -347,99 +503,123 @@ __global__ void flash_rowdot_kernel(flash_args a, int hd)
 
 /* ---- backward: dK, dV ------------------------------------------------------------- */
 
-/* x[16 keys x 32 queries] = A[16 x HD] Y^T, Y the staged query rows (fp32). */
-template <int HD>
-static __device__ __forceinline__ void keys_by_rows(float x[4][4], const uint32_t ka[HD / 16][4],
-                                                    const uint16_t *Y)
-{
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    for (int nt = 0; nt < 4; nt++) {
-        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
-        const uint16_t *yr = Y + (nt * 8 + g) * (HD + FA_PAD) + 2 * t;
-        for (int ks = 0; ks < HD / 16; ks++)
-            mma16816(x[nt], ka[ks], ld32(yr + ks * 16), ld32(yr + ks * 16 + 8));
-    }
-}
-
-/* acc[16 keys x HD] += X[16 x 32] Y[32 x HD] (Y staged query rows). */
-template <int HD>
-static __device__ __forceinline__ void keys_accumulate(float acc[HD / 8][4], const float x[4][4],
-                                                       const uint16_t *Y)
-{
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    const int ld = HD + FA_PAD;
-    for (int kk = 0; kk < 2; kk++) {
-        uint32_t a[4];
-        c_to_a(a, x[2 * kk], x[2 * kk + 1]);
-        const uint16_t *yr = Y + (kk * 16 + 2 * t) * ld + g;
-        for (int nt = 0; nt < HD / 8; nt++)
-            mma16816(acc[nt], a, ld_col2(yr + nt * 8, ld), ld_col2(yr + 8 * ld + nt * 8, ld));
-    }
-}
-
-/* P^T of the warp's 16 keys x 32 staged queries from S^T: exp(scale s -
- * lse[i]) where query i sees the key, else 0; then dS^T = P (dP - D) scale
- * into dp. */
+/* P^T of the warp's 16 keys x 32 staged queries from S^T: exp2(s scale
+ * log2(e) - lse[i] log2(e)) where query i sees the key, else 0; then dS^T =
+ * P (dP - D) scale into dp. lse2_s: the staged lse times log2(e). */
 static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4], int keyA,
-                                                    int i0, const float *lse_s, const float *D_s,
-                                                    const int *lo_s, int T, float scale)
+                                                    int i0, const float *lse2_s, const float *D_s,
+                                                    const int *lo_s, int T, float scale,
+                                                    float sl2, int mask)
 {
     int t = threadIdx.x & 3;
+FA_UNROLL
     for (int nt = 0; nt < 4; nt++)
+FA_UNROLL
         for (int e = 0; e < 4; e++) {
             int key = e < 2 ? keyA : keyA + 8, r = nt * 8 + 2 * t + (e & 1), i = i0 + r;
-            int ok = i < T && key <= i && key >= lo_s[r];
-            float p = ok ? expf(s[nt][e] * scale - lse_s[r]) : 0.0f;
+            int ok = !mask || (i < T && key <= i && key >= lo_s[r]);
+            float p = ok ? exp2f(s[nt][e] * sl2 - lse2_s[r]) : 0.0f;
             s[nt][e] = p;
             dp[nt][e] = p * (dp[nt][e] - D_s[r]) * scale;
         }
 }
 
+/* The dK/dV block's work items, in order: every query head of the kv
+ * group, and for each the 32-row query tiles at and after its keys. */
+typedef struct fa_item {
+    int h, i0;
+} fa_item;
+
+static __device__ __forceinline__ fa_item fa_dkdv_item(int n, int kh, int group, int i_first,
+                                                       int ntiles)
+{
+    fa_item it;
+    it.h = kh * group + n / ntiles;
+    it.i0 = i_first + (n % ntiles) * FA_BQ;
+    return it;
+}
+
+/* Starts staging item n of the dK/dV block (batch row b, kv head kh) into
+ * one buffer: Q and dO rows by cp.async (one group), lse (times log2(e)),
+ * D and each query's first key by the threads. */
+template <int HD>
+static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, int kh, int i_first,
+                                                  int ntiles, int n, const int *seg, uint16_t *Qs,
+                                                  uint16_t *dOs, float *lse2_s, float *D_s,
+                                                  int *lo_s)
+{
+    int T = a.T;
+    fa_item it = fa_dkdv_item(n, kh, a.nh / a.nkv, i_first, ntiles);
+    size_t ldq = (size_t)a.nh * HD, qoff = (size_t)b * T * ldq + (size_t)it.h * HD;
+    stage_rows_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
+    stage_rows_async<HD>(dOs, a.dout + qoff, ldq, it.i0, FA_BQ, T);
+    cp_async_commit();
+    const float *lse = a.lse + ((size_t)b * a.nh + it.h) * T;
+    const float *D = a.D + ((size_t)b * a.nh + it.h) * T;
+    for (int r = threadIdx.x; r < FA_BQ; r += blockDim.x) {
+        int i = it.i0 + r;
+        lse2_s[r] = i < T ? lse[i] * FA_LOG2E : 0.0f;
+        D_s[r] = i < T ? D[i] : 0.0f;
+        lo_s[r] = i < T ? fa_lo(seg, i) : INT_MAX;
+    }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
 {
-    __shared__ __align__(16) uint16_t Qs[FA_BQ * (HD + FA_PAD)];
-    __shared__ __align__(16) uint16_t dOs[FA_BQ * (HD + FA_PAD)];
-    __shared__ float lse_s[FA_BQ], D_s[FA_BQ];
-    __shared__ int lo_s[FA_BQ];
+    /* two buffers: item n + 1 is copied in while item n is computed */
+    __shared__ __align__(16) uint16_t Qs[2][FA_BQ * (HD + FA_PAD)];
+    __shared__ __align__(16) uint16_t dOs[2][FA_BQ * (HD + FA_PAD)];
+    __shared__ float lse2_s[2][FA_BQ], D_s[2][FA_BQ];
+    __shared__ int lo_s[2][FA_BQ];
     int b = blockIdx.y / a.nkv, kh = blockIdx.y % a.nkv, T = a.T, group = a.nh / a.nkv;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int k0 = blockIdx.x * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g;
-    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t ldk = (size_t)a.nkv * HD;
     size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    float sl2 = a.scale * FA_LOG2E;
+    int i_first = k0 / FA_BQ * FA_BQ, ntiles = (T - i_first + FA_BQ - 1) / FA_BQ;
+    int nitems = group * ntiles;
+
+    if (nitems > 0)
+        dkdv_stage<HD>(a, b, kh, i_first, ntiles, 0, seg, Qs[0], dOs[0], lse2_s[0], D_s[0], lo_s[0]);
     uint32_t ka[HD / 16][4], va[HD / 16][4];
     load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
     load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
     float dk[HD / 8][4], dv[HD / 8][4];
+FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
+FA_UNROLL
         for (int e = 0; e < 4; e++)
             dk[nt][e] = dv[nt][e] = 0.0f;
-    for (int h = kh * group; h < (kh + 1) * group; h++) {
-        size_t qoff = (size_t)b * T * ldq + (size_t)h * HD;
-        const float *lse = a.lse + ((size_t)b * a.nh + h) * T, *D = a.D + ((size_t)b * a.nh + h) * T;
-        for (int i0 = k0 / FA_BQ * FA_BQ; i0 < T; i0 += FA_BQ) {
-            __syncthreads();
-            stage_rows<HD>(Qs, a.q + qoff, ldq, i0, FA_BQ, T);
-            stage_rows<HD>(dOs, a.dout + qoff, ldq, i0, FA_BQ, T);
-            for (int r = threadIdx.x; r < FA_BQ; r += blockDim.x) {
-                int i = i0 + r;
-                lse_s[r] = i < T ? lse[i] : 0.0f;
-                D_s[r] = i < T ? D[i] : 0.0f;
-                lo_s[r] = i < T ? fa_lo(seg, i) : INT_MAX;
-            }
-            __syncthreads();
-            /* warp-uniform: some query of the tile sees some key of the warp */
-            int tlo = warp_min_i(lo_s[lane]);
-            if (w0 >= T || i0 + FA_BQ - 1 < w0 || tlo > min(w0 + 15, T - 1))
-                continue;
-            float s[4][4], dp[4][4];
-            keys_by_rows<HD>(s, ka, Qs);  /* S^T = K Q^T */
-            keys_by_rows<HD>(dp, va, dOs); /* dP^T = V dO^T */
-            probs_and_ds(s, dp, keyA, i0, lse_s, D_s, lo_s, T, a.scale);
-            keys_accumulate<HD>(dv, s, dOs); /* dV += P^T dO */
-            keys_accumulate<HD>(dk, dp, Qs); /* dK += dS^T Q */
+    for (int n = 0; n < nitems; n++) {
+        int bf = n & 1;
+        if (n + 1 < nitems) {
+            /* buffer bf ^ 1: its readers passed the barrier at the end of item n - 1 */
+            dkdv_stage<HD>(a, b, kh, i_first, ntiles, n + 1, seg, Qs[bf ^ 1], dOs[bf ^ 1],
+                           lse2_s[bf ^ 1], D_s[bf ^ 1], lo_s[bf ^ 1]);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
+        __syncthreads(); /* item n is in */
+        int i0 = fa_dkdv_item(n, kh, group, i_first, ntiles).i0;
+        /* warp-uniform: some query of the tile sees some key of the warp */
+        int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
+        int tlo = warp_min_i(lo), thi = warp_max_i(lo == INT_MAX ? 0 : lo);
+        if (!(w0 >= T || i0 + FA_BQ - 1 < w0 || tlo > min(w0 + 15, T - 1))) {
+            /* the element mask: a key past some query, a query or key past
+             * T, or a query whose document starts after the warp's first key */
+            int mask = w0 + 15 > i0 || i0 + FA_BQ - 1 >= T || w0 + 15 >= T || thi > w0;
+            float s[4][4], dp[4][4];
+            a_times_staged_t<HD, 4>(s, ka, Qs[bf]);   /* S^T = K Q^T */
+            a_times_staged_t<HD, 4>(dp, va, dOs[bf]); /* dP^T = V dO^T */
+            probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, a.scale, sl2, mask);
+            c_times_staged<HD, 2>(dv, s, dOs[bf]); /* dV += P^T dO */
+            c_times_staged<HD, 2>(dk, dp, Qs[bf]); /* dK += dS^T Q */
+        }
+        __syncthreads(); /* every warp is done with buffer bf */
     }
     const float one[2] = {1.0f, 1.0f};
     store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
@@ -447,20 +627,6 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
 }
 
 /* ---- backward: dQ ----------------------------------------------------------------- */
-
-/* dp[16 x 64] = dO V^T against the staged keys' V rows. */
-template <int HD>
-static __device__ __forceinline__ void rows_by_keys(float x[8][4], const uint32_t ra[HD / 16][4],
-                                                    const uint16_t *Y)
-{
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    for (int nt = 0; nt < 8; nt++) {
-        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
-        const uint16_t *yr = Y + (nt * 8 + g) * (HD + FA_PAD) + 2 * t;
-        for (int ks = 0; ks < HD / 16; ks++)
-            mma16816(x[nt], ra[ks], ld32(yr + ks * 16), ld32(yr + ks * 16 + 8));
-    }
-}
 
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
@@ -470,42 +636,64 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
     __shared__ int sh_lo;
     int b = blockIdx.y / a.nh, h = blockIdx.y % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
-    int q0 = blockIdx.x * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16, rowA = w0 + g;
+    int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16, rowA = w0 + g;
     size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
     size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
     int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
-    int wlo = warp_min_i(min(loA, loB)), kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    int wlo = warp_min_i(min(loA, loB));
+    int whi = warp_max_i(max(rowA < T ? loA : 0, rowA + 8 < T ? loB : 0));
+    int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    float sl2 = a.scale * FA_LOG2E;
+    stage_rows_async<HD>(Ks, a.k + koff, ldk, kstart, FA_BC, T);
+    stage_rows_async<HD>(Vs, a.v + koff, ldk, kstart, FA_BC, T);
+    cp_async_commit();
     const float *lse = a.lse + ((size_t)b * a.nh + h) * T, *D = a.D + ((size_t)b * a.nh + h) * T;
     float lr[2], dr[2];
     for (int r = 0; r < 2; r++) {
         int row = rowA + 8 * r;
-        lr[r] = row < T ? lse[row] : 0.0f;
+        lr[r] = row < T ? lse[row] * FA_LOG2E : 0.0f;
         dr[r] = row < T ? D[row] : 0.0f;
     }
     uint32_t qa[HD / 16][4], da[HD / 16][4];
     load_a_rows<HD>(qa, a.q + qoff, ldq, w0, T);
     load_a_rows<HD>(da, a.dout + qoff, ldq, w0, T);
     float dq[HD / 8][4];
+FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
         dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    /* V of the next tile is copied while dS and dQ += dS K run */
     for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
-        __syncthreads();
-        stage_rows<HD>(Ks, a.k + koff, ldk, j0, FA_BC, T);
-        stage_rows<HD>(Vs, a.v + koff, ldk, j0, FA_BC, T);
-        __syncthreads();
-        if (w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1)
-            continue;
+        cp_async_wait<0>();
+        __syncthreads(); /* K(j0) and V(j0) are in */
+        int act = !(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1);
         float s[8][4], dp[8][4];
-        scores_tile<HD>(s, qa, Ks, j0, rowA, loA, loB, T, a.scale); /* -inf where masked */
-        rows_by_keys<HD>(dp, da, Vs);                               /* dP = dO V^T */
-        for (int nt = 0; nt < 8; nt++)
-            for (int e = 0; e < 4; e++) {
-                int r = e >> 1;
-                float p = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - lr[r]);
-                s[nt][e] = p * (dp[nt][e] - dr[r]) * a.scale; /* dS */
-            }
-        c_times_staged<HD>(dq, s, Ks); /* dQ += dS K */
+        if (act) {
+            scores_tile<HD>(s, qa, Ks, j0, rowA, loA, loB, T, sl2,
+                            fa_needs_mask(w0, j0, FA_BC, T, whi)); /* -inf where masked */
+            a_times_staged_t<HD, 8>(dp, da, Vs);                 /* dP = dO V^T */
+        }
+        __syncthreads(); /* every warp is done with V(j0) */
+        if (j0 + FA_BC < q1) {
+            stage_rows_async<HD>(Vs, a.v + koff, ldk, j0 + FA_BC, FA_BC, T);
+            cp_async_commit();
+        }
+        if (act) {
+FA_UNROLL
+            for (int nt = 0; nt < 8; nt++)
+FA_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1;
+                    float p = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - lr[r]);
+                    s[nt][e] = p * (dp[nt][e] - dr[r]) * a.scale; /* dS */
+                }
+            c_times_staged<HD, 4>(dq, s, Ks); /* dQ += dS K */
+        }
+        __syncthreads(); /* every warp is done with K(j0) */
+        if (j0 + FA_BC < q1) {
+            stage_rows_async<HD>(Ks, a.k + koff, ldk, j0 + FA_BC, FA_BC, T);
+            cp_async_commit();
+        }
     }
     const float one[2] = {1.0f, 1.0f};
     store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, one);

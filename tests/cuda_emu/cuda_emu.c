@@ -285,6 +285,33 @@ void emu_mma_m16n8k16_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_
     warp_meet(); /* every lane has its result: the slots may be reused */
 }
 
+void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans)
+{
+    fiber *f = cur_fiber();
+    warp_whole("ldmatrix");
+    if ((uintptr_t)row & 15u) {
+        fprintf(stderr, "cuda_emu: ldmatrix row address %p is not 16-byte aligned\n", row);
+        abort();
+    }
+    warp_slots *w = warp_of(f);
+    int lane = lane_of(f), g = lane >> 2, t = lane & 3;
+    w->word[lane] = (uint64_t)(uintptr_t)row;
+    warp_meet(); /* every lane's row address is in */
+    for (int i = 0; i < 4; i++) {
+        uint16_t lo, hi;
+        if (!trans) {
+            const uint16_t *p = (const uint16_t *)(uintptr_t)w->word[8 * i + g];
+            lo = p[2 * t];
+            hi = p[2 * t + 1];
+        } else {
+            lo = ((const uint16_t *)(uintptr_t)w->word[8 * i + 2 * t])[g];
+            hi = ((const uint16_t *)(uintptr_t)w->word[8 * i + 2 * t + 1])[g];
+        }
+        r[i] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    warp_meet(); /* every lane has read: the slots may be reused */
+}
+
 void emu_trap(void)
 {
     fiber *f = cur_fiber();

@@ -59,6 +59,11 @@ void *emu_dynamic_shared(void);
 void emu_syncthreads(void);
 uint64_t emu_shfl_xor(unsigned mask, uint64_t v, int lane_mask);
 void emu_mma_m16n8k16_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the
+ * address of row l%8 of matrix l/8 (16 bytes, 16-byte aligned: checked);
+ * r[i] gets matrix i's row lane/4, columns 2(lane%4) and +1 (trans: rows
+ * 2(lane%4) and +1 of column lane/4). */
+void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
 /* A device-side __trap: the launch reports it and aborts the process. */
 void emu_trap(void);
 
