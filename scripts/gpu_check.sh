@@ -86,6 +86,11 @@
 #   --budget SECONDS  the wall-time budget (default $GPU_CHECK_BUDGET_S or 360)
 #   --dry-run         hide every GPU (CUDA_VISIBLE_DEVICES=""): the whole
 #                     script runs, every GPU step a SKIPPED row with its reason
+#   --only KEYS       run only these steps (comma-separated: ops layer model
+#                     comm small_lora small_full b7 hf7 attn_bench elem_bench
+#                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor memcheck), e.g.
+#                     a rerun after a fix; the others are OMITTED rows, which
+#                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
 #   GPU_CHECK_BOX_SCALE (multiplies every step's box; tests use it).
 # Exit: 0 every step passed; 1 a step failed or timed out; 77 nothing failed
@@ -96,6 +101,7 @@ START=$(date +%s)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUILD=""
 DRY=0
+ONLY=""
 BUDGET=${GPU_CHECK_BUDGET_S:-360}
 PY=${GPU_CHECK_PYTHON:-python3}
 SCALE=${GPU_CHECK_BOX_SCALE:-1}
@@ -109,6 +115,8 @@ while [ $# -gt 0 ]; do
     --budget) BUDGET=$2; shift 2 ;;
     --budget=*) BUDGET=${1#*=}; shift ;;
     --dry-run) DRY=1; shift ;;
+    --only) ONLY=$2; shift 2 ;;
+    --only=*) ONLY=${1#*=}; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
@@ -218,6 +226,27 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     row_new "$n"
     IDX[$s]=$ROW
 done
+# --only: every key known; the rest OMITTED from the start
+if [ -n "$ONLY" ]; then
+    for k in ${ONLY//,/ }; do
+        case $k in smi_start | smi_end) k="" ;; esac
+        if [ -n "$k" ] && [ -z "${IDX[$k]:-}" ]; then
+            echo "gpu_check.sh: --only: no step '$k' (the keys are in --help)" >&2
+            exit 2
+        fi
+    done
+    for k in "${!IDX[@]}"; do
+        case ",$ONLY,smi_start,smi_end," in
+        *",$k,"*) ;;
+        *) R_RES[${IDX[$k]}]=OMITTED R_FIG[${IDX[$k]}]="not selected (--only $ONLY)" ;;
+        esac
+    done
+fi
+want() { # want KEY: whether the step KEY is to run
+    [ -z "$ONLY" ] && return 0
+    case ",$ONLY," in *",$1,"*) return 0 ;; esac
+    return 1
+}
 write_table
 
 # ---- running one step ---------------------------------------------------------------------
@@ -559,17 +588,19 @@ say "CUDA: $(if [ -n "$NO_GPU" ]; then echo "$NO_GPU"; else cat "$PARTS/probe.ou
 
 # the CUDA op tests: every op, the elementwise vector paths, then RoPE and attention
 OP_TESTS=("$TESTS/test_cuda_ops" "$TESTS/test_cuda_elementwise" "$TESTS/test_cuda_attention")
-suite ops 120 "${OP_TESTS[@]}"
-suite layer 90 "$TESTS/test_cuda_layer"
-suite model 90 "$TESTS/test_cuda_model"
-suite comm 45 "$TESTS/test_cuda_comm"
-bench small_lora 45 small lora 1 10
-bench small_full 45 small full 1 10
-bench b7 60 llama-7b lora 1 5
+want ops && suite ops 120 "${OP_TESTS[@]}"
+want layer && suite layer 90 "$TESTS/test_cuda_layer"
+want model && suite model 90 "$TESTS/test_cuda_model"
+want comm && suite comm 45 "$TESTS/test_cuda_comm"
+want small_lora && bench small_lora 45 small lora 1 10
+want small_full && bench small_full 45 small full 1 10
+want b7 && bench b7 60 llama-7b lora 1 5
 
 # HF PEFT on the same GPU, with this machine's own library path
 i=${IDX[hf7]}
-if [ -n "$NO_GPU" ]; then
+if ! want hf7; then
+    :
+elif [ -n "$NO_GPU" ]; then
     row_set "$i" SKIPPED 0 "$NO_GPU"
 else
     if [ "$ORIG_LD_SET" = set ]; then PYENV=(env "LD_LIBRARY_PATH=$ORIG_LD"); else PYENV=(env -u LD_LIBRARY_PATH); fi
@@ -598,12 +629,12 @@ else
 fi
 
 # the kernel workbenches: attention versions, then elementwise versions
-workbench attn_bench 45 attn_figure "$DEV/attn_bench" --iters 3
-workbench elem_bench 30 elem_figure "$DEV/elem_bench" --iters 3
+want attn_bench && workbench attn_bench 45 attn_figure "$DEV/attn_bench" --iters 3
+want elem_bench && workbench elem_bench 30 elem_figure "$DEV/elem_bench" --iters 3
 
-bench b13 75 llama-13b lora 1 5
-bench b7mb4 45 llama-7b lora 4 5
-bench b7mb8 90 llama-7b lora 8 5
+want b13 && bench b13 75 llama-13b lora 1 5
+want b7mb4 && bench b7mb4 45 llama-7b lora 4 5
+want b7mb8 && bench b7mb8 90 llama-7b lora 8 5
 if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
     say "   llama-7b micro-batch 8 failed: again with --recompute layer"
     mv "$PARTS/b7mb8.out" "$PARTS/b7mb8-recompute-none.out"
@@ -611,14 +642,16 @@ if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
     bench b7mb8 90 llama-7b lora 8 5 layer
     R_FIG[${IDX[b7mb8]}]="${R_FIG[${IDX[b7mb8]}]}; recompute none had failed: ${first:0:150}"
 fi
-bench b7s8k 60 llama-7b lora 1 3 none 8192
-bench graphs 45 small lora 1 10 none 2048 small_lora
-bench b13q 75 llama-13b qlora 1 3 layer
+want b7s8k && bench b7s8k 60 llama-7b lora 1 3 none 8192
+want graphs && bench graphs 45 small lora 1 10 none 2048 small_lora
+want b13q && bench b13q 75 llama-13b qlora 1 3 layer
 
 # spotune doctor: its GPU lines, each a row of its own (a SKIPPED one is named
 # in the doctor's row, not a row: one GPU has no pairs, one rank no NCCL test)
 i=${IDX[doctor]}
-if [ -n "$NO_GPU" ]; then
+if ! want doctor; then
+    :
+elif [ -n "$NO_GPU" ]; then
     row_set "$i" SKIPPED 0 "$NO_GPU"
 else
     # with two GPUs or more and mpirun, a rank per GPU: the NCCL line too
@@ -657,7 +690,9 @@ fi
 # compute-sanitizer's memcheck with what is left
 i=${IDX[memcheck]}
 SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-if [ -n "$NO_GPU" ]; then
+if ! want memcheck; then
+    :
+elif [ -n "$NO_GPU" ]; then
     row_set "$i" SKIPPED 0 "$NO_GPU"
 elif [ -z "$SAN" ]; then
     row_set "$i" SKIPPED 0 "compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"

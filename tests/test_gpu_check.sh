@@ -20,6 +20,8 @@
 #     $OUT/gpu_check_table.md, exit 1; the workbenches again as FAIL rows
 #     (exit 1, a FAIL row each), then as TIMEOUT (a hung one) and SKIPPED
 #     (one that exits 77);
+#     --only runs the chosen steps, the rest OMITTED rows (exit 0), and
+#     refuses an unknown key;
 #  3. the budget enforced: a step that hangs is cut at what is left of a
 #     30 s budget, every later step is a "not started" row, and the whole
 #     run stays within the budget;
@@ -349,6 +351,28 @@ table=$(cat "$tmp/mixed3/gpu_check_table.md" 2>/dev/null)
 expect_row 10 TIMEOUT "killed after 2s; so far: fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): - "
 expect_row 10 TIMEOUT "1 rows: 1 ok, 0 FAIL"
 expect_row 11 SKIPPED "elem_bench: runtime.backend: cuda requested but no CUDA device is usable: cudaGetDeviceCount: no CUDA-capable device"
+
+# --only: the chosen steps run, the others are OMITTED rows (neither failed
+# nor skipped: exit 0 when the chosen ones pass); an unknown key is refused
+out=$(env -u LD_LIBRARY_PATH OUT="$tmp/only" PATH="$tmp/path:/usr/bin:/bin" GPU_CHECK_BOX_SCALE=0.1 \
+    GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv5" \
+    bash "$bundle/gpu_check.sh" --only b7,attn_bench 2>&1)
+rc=$?
+table=$(cat "$tmp/only/gpu_check_table.md" 2>/dev/null)
+check "--only: exit 0 (the chosen steps passed)" $((rc != 0)) "exit $rc: $out"
+expect_row 8 PASS "3300 tok/s"
+expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048"
+expect_row 1 PASS "NVIDIA H200"
+expect_row 2 OMITTED "not selected (--only b7,attn_bench)"
+expect_row 19 OMITTED "not selected (--only b7,attn_bench)"
+n=$(grep -cE '^\| [0-9]+ \| .* \| OMITTED \|' <<<"$table")
+check "--only: the 16 other steps OMITTED" $((n != 16)) "$table"
+! has "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)" "-- ops:"
+check "--only: an omitted step does not run" $? "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)"
+out=$(OUT="$tmp/only2" bash "$bundle/gpu_check.sh" --only b7,bogus 2>&1)
+rc=$?
+has "$out" "--only: no step 'bogus'"
+check "--only: an unknown step is refused (exit 2)" $(($? != 0 || rc != 2)) "exit $rc: $out"
 
 # ---- 3. the budget ----------------------------------------------------------------------------
 t0=$(date +%s)
