@@ -218,6 +218,17 @@ typedef struct backend_ops {
      * dynamic map). */
     void (*dequant_nf4)(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
                         tensor_t nested, tensor_t maps, float offset, size_t n);
+    /* QLoRA's quantization where the weights are (kernels/nf4.h
+     * nf4_quantize_codes, bit for bit): the first n values of x in blocks
+     * of 64, absmax[b] the block's largest |x| (a partial last block's at
+     * least 1e-38), each value scaled by it and given the code of the
+     * nearest NF4 value of maps[0..15] (ties to the lower; two codes a
+     * byte, the first in the high nibble; an odd n pads with 0.0's code).
+     * codes U8 [(n+1)/2], absmax F32 [ceil(n/64)], x F32 or BF16 [n], maps
+     * as dequant_nf4's. The double quantization of absmax stays the
+     * host's (nf4_quantize_absmax): its offset is a sum in order. */
+    void (*quantize_nf4)(backend_t *be, tensor_t codes, tensor_t absmax, tensor_t x,
+                         tensor_t maps, size_t n);
 
     /* out = in * keep / (1 - p), keep = uniform(s, offset + i) >= p, s = seed
      * plus (mod 2^64), when seed_dev is given, the 64-bit value it holds (I32
@@ -541,6 +552,8 @@ void be_col_dot_at(const char *file, int line, backend_t *be, tensor_t out, tens
                    tensor_t y, tensor_t den, int rows, int cols);
 void be_dequant_nf4_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t codes,
                        tensor_t absmax, tensor_t nested, tensor_t maps, float offset, size_t n);
+void be_quantize_nf4_at(const char *file, int line, backend_t *be, tensor_t codes, tensor_t absmax,
+                        tensor_t x, tensor_t maps, size_t n);
 void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
                    float p, uint64_t seed, tensor_t seed_dev, uint64_t offset);
 /* 0.0 when the call is refused */
@@ -590,6 +603,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_col_scale(...) be_col_scale_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_col_dot(...) be_col_dot_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_dequant_nf4(...) be_dequant_nf4_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_quantize_nf4(...) be_quantize_nf4_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_dropout(...) be_dropout_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_sumsq(...) be_sumsq_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_sumsq_into(...) be_sumsq_into_at(__FILE__, __LINE__, __VA_ARGS__)

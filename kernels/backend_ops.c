@@ -697,6 +697,17 @@ void be_dequant_nf4_at(const char *file, int line, backend_t *be, tensor_t out, 
     BE_DISPATCH(c.bad, be, dequant_nf4, out, codes, absmax, nested, maps, offset, n);
 }
 
+void be_quantize_nf4_at(const char *file, int line, backend_t *be, tensor_t codes, tensor_t absmax,
+                        tensor_t x, tensor_t maps, size_t n)
+{
+    call c = begin(be, "quantize_nf4", file, line);
+    tensor_arg(&c, "codes", codes, n / 2 + n % 2, "(n+1)/2", TAKES_U8);
+    tensor_arg(&c, "absmax", absmax, n / 64 + (n % 64 != 0), "ceil(n/64)", TAKES_F32);
+    tensor_arg(&c, "x", x, n, "n", TAKES_FLOAT);
+    tensor_arg(&c, "maps", maps, n ? 16 + 256 : 0, "16 + 256", TAKES_F32);
+    BE_DISPATCH(c.bad, be, quantize_nf4, codes, absmax, x, maps, n);
+}
+
 void be_dropout_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t in, size_t n,
                    float p, uint64_t seed, tensor_t seed_dev, uint64_t offset)
 {

@@ -303,6 +303,12 @@ static int replay_one(backend_t *be, reader *r)
         o->dequant_nf4(be, out, codes, am, nest, maps, off, n);
         return 0;
     }
+    case OP_quantize_nf4: {
+        tensor_t codes = rt(r), am = rt(r), x = rt(r), maps = rt(r);
+        size_t n = (size_t)rw(r);
+        o->quantize_nf4(be, codes, am, x, maps, n);
+        return 0;
+    }
     case OP_dropout: {
         tensor_t out = rt(r), in = rt(r);
         size_t n = (size_t)rw(r);

@@ -39,6 +39,7 @@ enum be_op_id {
     OP_sum_add,
     OP_fill_uniform,
     OP_fill_normal,
+    OP_quantize_nf4,
     OP_COUNT
 };
 

@@ -74,6 +74,11 @@ static void c_dequant_nf4(backend_t *be, const tensor_t *t, const int *d)
     (void)d;
     be_dequant_nf4(be, t[0], t[1], t[2], t[3], t[4], 0.5f, N_ELEM);
 }
+static void c_quantize_nf4(backend_t *be, const tensor_t *t, const int *d)
+{
+    (void)d;
+    be_quantize_nf4(be, t[0], t[1], t[2], t[3], N_ELEM);
+}
 static void c_col_scale(backend_t *be, const tensor_t *t, const int *d)
 {
     be_col_scale(be, t[0], t[1], t[2], d[0], d[1]);
@@ -215,6 +220,10 @@ const op_spec op_specs[] = {
      {T_("out", E_, "n", TAKES_FLOAT), T_("codes", 5, "(n+1)/2", TAKES_U8),
       T_("absmax", 1, "ceil(n/64)", TAKES_U8), T_("nested", 1, "ceil(n/16384)", TAKES_F32),
       T_("maps", 272, "16 + 256", TAKES_F32)},
+     0, {NULL}, {0}},
+    {"quantize_nf4", c_quantize_nf4, 4,
+     {T_("codes", 5, "(n+1)/2", TAKES_U8), T_("absmax", 1, "ceil(n/64)", TAKES_F32),
+      T_("x", E_, "n", TAKES_FLOAT), T_("maps", 272, "16 + 256", TAKES_F32)},
      0, {NULL}, {0}},
     {"dropout", c_dropout, 3,
      {T_("out", E_, "n", TAKES_FLOAT), T_("in", E_, "n", TAKES_FLOAT),

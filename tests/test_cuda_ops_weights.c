@@ -3,7 +3,7 @@
  * main are test_cuda_ops.c's): matmul (every transpose, alpha and beta, F32
  * operands, K = 0, strided column blocks, separate C and D, bit-for-bit
  * repeats), DoRA's weight norm, column scale and column dot, and
- * dequant_nf4 (the CPU's values, bit for bit).
+ * dequant_nf4 and quantize_nf4 (the CPU's values, bit for bit).
  *
  * Tolerances: TOL_BF16 and TOL_F32 (cuda_ops_util.h). */
 #define _POSIX_C_SOURCE 200809L
@@ -181,6 +181,52 @@ Test(cuda_ops, dora_weight_norm_col_scale_and_col_dot)
         for (int i = 0; i < 9; i++)
             drop(gpu, g[i]), drop(cpu, c[i]);
         free(W), free(A), free(B), free(Y), free(X), free(num), free(den), free(acc);
+    }
+}
+
+/* ---- quantize_nf4: the host's codes and maxima, bit for bit ------------------------------ */
+
+/* From F32 and from BF16 values (the activation dtype: what the model
+ * quantizes from its workspace), against nf4_quantize_codes and the CPU
+ * backend: one partial block (n 37), two nested blocks and a partial block
+ * with an odd count, and 64 x 4103 + 8 (many warps a launch); a block of
+ * zeros, a NaN and an infinity among the values. */
+Test(cuda_ops, quantize_nf4_bit_identical_to_the_host)
+{
+    static const size_t sizes[] = {37, 16384 + 3 * 64 + 37, 64 * 4103 + 8};
+    float maps[272];
+    memcpy(maps, nf4_quant_map, sizeof nf4_quant_map);
+    memcpy(maps + 16, nf4_dynamic_map, sizeof nf4_dynamic_map);
+    for (int s = 0; s < 6; s++) {
+        size_t n = sizes[s / 2], nb = nf4_blocks(n), cb = nf4_code_bytes(n);
+        dtype_t dt = s % 2 ? gpu->act_dt : DT_F32;
+        float *x = rnd(n, 0.1f), *am = malloc(sizeof(float) * nb);
+        uint8_t *codes = malloc(cb), *got = malloc(cb);
+        cr_assert(am && codes && got);
+        if (n > 128)
+            memset(x + 64, 0, sizeof(float) * 64);
+        x[n / 3] = NAN;
+        x[n / 2] = -INFINITY;
+        if (dt != DT_F32)
+            for (size_t i = 0; i < n; i++)
+                x[i] = to_bf16(x[i]);
+        nf4_quantize_codes(x, n, codes, am);
+        backend_t *bes[2] = {gpu, cpu};
+        for (int k = 0; k < 2; k++) {
+            tensor_t tx = up(bes[k], k ? DT_F32 : dt, x, n), tm = up(bes[k], DT_F32, maps, 272);
+            tensor_t tc = be_alloc(bes[k], DT_U8, cb), ta = up(bes[k], DT_F32, NULL, nb);
+            be_quantize_nf4(bes[k], tc, ta, tx, tm, n);
+            be_download(bes[k], got, DT_U8, tc);
+            float *gam = down(bes[k], ta);
+            gpu_ok();
+            cr_expect(memcmp(got, codes, cb) == 0, "n %zu, %s values, %s: codes differ", n,
+                      dtype_name(dt), bes[k]->name);
+            cr_expect(memcmp(gam, am, sizeof(float) * nb) == 0,
+                      "n %zu, %s values, %s: block maxima differ", n, dtype_name(dt), bes[k]->name);
+            free(gam);
+            drop(bes[k], &tx), drop(bes[k], &tm), drop(bes[k], &tc), drop(bes[k], &ta);
+        }
+        free(x), free(am), free(codes), free(got);
     }
 }
 

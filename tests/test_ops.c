@@ -608,7 +608,7 @@ Test(ops, every_op_replays_as_recorded_on_cpu_and_cpu_ref)
         sp_err err = {0};
         cr_assert_eq(backend_create(&b, kinds[k], 0, 2, &err), 0, "%s", err.msg);
         int n = op_checks_replay(b);
-        cr_expect_eq(n, 30, "%s: %d ops checked", kinds[k], n);
+        cr_expect_eq(n, 31, "%s: %d ops checked", kinds[k], n);
         backend_destroy(b);
     }
 }
@@ -641,6 +641,55 @@ Test(ops, the_cpu_refuses_other_float_dtypes)
     be_copy(be, f16, h);
     sp_err err = {0};
     cr_expect_eq(be_check(be, &err), 0, "%s", err.msg);
+}
+
+/* quantize_nf4 on cpu and cpu-ref: the codes and block maxima of
+ * nf4_quantize_codes bit for bit, from F32 and from BF16 values (those
+ * converted on upload), n = 16384 + 3 * 64 + 37 (a partial block,
+ * an odd count) with a block of zeros and a NaN and an infinity in others. */
+Test(ops, quantize_nf4_is_the_host_quantization)
+{
+    const char *kinds[] = {"cpu", "cpu-ref"};
+    size_t n = 16384 + 3 * 64 + 37, nb = nf4_blocks(n), cb = nf4_code_bytes(n);
+    float *x = rnd(n, 0.1f), *want_am = malloc(sizeof(float) * nb);
+    float *got_am = malloc(sizeof(float) * nb), *xb = malloc(sizeof(float) * n), maps[272];
+    uint8_t *want = malloc(cb), *got = malloc(cb), *bf = malloc(2 * n);
+    cr_assert(want_am && got_am && xb && want && got && bf);
+    memset(x + 64, 0, sizeof(float) * 64); /* block 1: zeros */
+    x[200] = NAN;
+    x[300] = INFINITY;
+    memcpy(maps, nf4_quant_map, sizeof nf4_quant_map);
+    memcpy(maps + 16, nf4_dynamic_map, sizeof nf4_dynamic_map);
+    cr_assert_eq(dtype_convert(bf, DT_BF16, x, DT_F32, n), 0);
+    cr_assert_eq(dtype_convert(xb, DT_F32, bf, DT_BF16, n), 0);
+    for (int kind = 0; kind < 2; kind++)
+        for (int src = 0; src < 2; src++) { /* F32, BF16 */
+            backend_t *b2;
+            sp_err err = {0};
+            cr_assert_eq(backend_create(&b2, kinds[kind], 0, 2, &err), 0, "%s", err.msg);
+            nf4_quantize_codes(src ? xb : x, n, want, want_am);
+            /* the CPU's tensors are F32: BF16 values arrive converted */
+            tensor_t tx = be_alloc(b2, DT_F32, n), tm = be_alloc(b2, DT_F32, 272);
+            tensor_t tc = be_alloc(b2, DT_U8, cb), ta = be_alloc(b2, DT_F32, nb);
+            be_upload(b2, tx, src ? (const void *)bf : (const void *)x, src ? DT_BF16 : DT_F32);
+            be_upload(b2, tm, maps, DT_F32);
+            be_quantize_nf4(b2, tc, ta, tx, tm, n);
+            be_download(b2, got, DT_U8, tc);
+            be_download(b2, got_am, DT_F32, ta);
+            cr_assert_eq(be_check(b2, &err), 0, "%s", err.msg);
+            cr_expect(memcmp(got, want, cb) == 0, "%s, %s values: codes differ", kinds[kind],
+                      src ? "BF16" : "F32");
+            cr_expect(memcmp(got_am, want_am, sizeof(float) * nb) == 0,
+                      "%s, %s values: block maxima differ", kinds[kind], src ? "BF16" : "F32");
+            cr_expect(want_am[1] == 0.0f && want[64 / 2] == (7 << 4 | 7),
+                      "the zero block: maximum 0 and 0.0's code (7)");
+            be_free(b2, &tx);
+            be_free(b2, &tm);
+            be_free(b2, &tc);
+            be_free(b2, &ta);
+            backend_destroy(b2);
+        }
+    free(x), free(want_am), free(got_am), free(xb), free(want), free(got), free(bf);
 }
 
 /* dequant_nf4 on cpu and cpu-ref: a matrix quantized by kernels/nf4.h

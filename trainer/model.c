@@ -138,6 +138,34 @@ static void nf4_store(model_t *m, param_t *p, const float *x)
     free(nested);
 }
 
+/* Quantizes the first p->n values of x (a device tensor, F32 or BF16: the
+ * NF4 workspace) into NF4 weight p: the codes and block maxima where the
+ * values are (quantize_nf4: no copy of the weight to the host, which for
+ * 13B took over a minute), the double quantization of the maxima (1/64 of
+ * the values) on the host. Bit for bit nf4_store of the same values. */
+static void nf4_store_dev(model_t *m, param_t *p, tensor_t x)
+{
+    size_t nb = nf4_blocks(p->n), nn = nf4_nested_blocks(p->n);
+    float *absmax = malloc(sizeof(float) * nb), *nested = malloc(sizeof(float) * nn);
+    uint8_t *q = malloc(nb);
+    tensor_t am = be_alloc(m->be, DT_F32, nb);
+    if (!absmax || !nested || !q) {
+        be_fail(m->be, __FILE__, __LINE__, "out of memory quantizing %s", p->name);
+    } else {
+        be_quantize_nf4(m->be, p->q_codes, am, x, m->nf4_maps, p->n);
+        be_download(m->be, absmax, DT_F32, am);
+        p->q_offset = nf4_absmax_offset(absmax, nb);
+        nf4_quantize_absmax(absmax, nb, p->q_offset, nf4_dynamic_map, q, nested);
+        be_upload(m->be, p->q_absmax, q, DT_U8);
+        be_upload(m->be, p->q_nested, nested, DT_F32);
+    }
+    if (am.p)
+        be_free(m->be, &am);
+    free(absmax);
+    free(nested);
+    free(q);
+}
+
 int model_create(model_t **out, backend_t *be, const model_config_t *mc, const model_opts *o,
                  sp_err *err)
 {
@@ -333,15 +361,8 @@ void model_init_base_random(model_t *m, uint64_t seed)
             fill_const(m, p, 0.0f);
         } else if (nf4_param(p)) { /* drawn as a dense weight, then quantized */
             tensor_t w = tensor_view(m->nf4_work, 0, p->n);
-            float *x = malloc(sizeof(float) * p->n);
             be_fill_normal(m->be, w, p->n, 0.0f, 0.02f, sp_rng_stream(s, (uint64_t)i), 0);
-            if (!x) {
-                be_fail(m->be, __FILE__, __LINE__, "out of memory quantizing %s", p->name);
-                return;
-            }
-            be_download(m->be, x, DT_F32, w);
-            nf4_store(m, p, x);
-            free(x);
+            nf4_store_dev(m, p, w);
         } else if (p->kind == PK_EMBED || p->kind == PK_WEIGHT || p->kind == PK_LM_HEAD) {
             uint64_t ps = sp_rng_stream(s, (uint64_t)i);
             size_t lo, hi;
@@ -395,7 +416,14 @@ void model_dora_norm(model_t *m, int l, int p, tensor_t w, tensor_t n)
 
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt)
 {
-    if (nf4_param(p)) {
+    if (nf4_param(p) && (src_dt == m->be->act_dt || m->be->act_dt == DT_F32)) {
+        /* the workspace holds the values exactly: quantized where they are */
+        tensor_t w = tensor_view(m->nf4_work, 0, p->n);
+        be_upload(m->be, w, src, src_dt);
+        nf4_store_dev(m, p, w);
+        return;
+    }
+    if (nf4_param(p)) { /* e.g. F32 values and BF16 activations: the host quantizes them exactly */
         float *x = malloc(sizeof(float) * p->n);
         if (!x || dtype_convert(x, DT_F32, src, src_dt, p->n)) {
             be_fail(m->be, __FILE__, __LINE__, "%s: cannot quantize %s values to NF4", p->name,

@@ -196,6 +196,7 @@ static const backend_ops cpu_ops = {
     .col_scale = cpu_col_scale,
     .col_dot = cpu_col_dot,
     .dequant_nf4 = cpu_dequant_nf4,
+    .quantize_nf4 = cpu_quantize_nf4,
     .dropout = cpu_dropout,
     .sumsq = cpu_sumsq,
     .sumsq_into = cpu_sumsq_into,

@@ -70,6 +70,8 @@ void cpu_weight_norm(backend_t *be, tensor_t n, tensor_t W, tensor_t A, tensor_t
                      int out, int in, int r);
 void cpu_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax, tensor_t nested,
                      tensor_t maps, float offset, size_t n);
+void cpu_quantize_nf4(backend_t *be, tensor_t codes, tensor_t absmax, tensor_t x, tensor_t maps,
+                      size_t n);
 void cpu_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int rows, int cols);
 void cpu_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t den, int rows,
                  int cols);

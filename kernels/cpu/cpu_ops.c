@@ -441,6 +441,25 @@ void cpu_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absma
     }
 }
 
+/* nf4_quantize_codes itself, on the values as F32 (maps: its own table,
+ * the same values) */
+void cpu_quantize_nf4(backend_t *be, tensor_t codes, tensor_t absmax, tensor_t x, tensor_t maps,
+                      size_t n)
+{
+    (void)maps;
+    if (x.dt == DT_F32) {
+        nf4_quantize_codes(F(x), n, codes.p, F(absmax));
+        return;
+    }
+    float *v = malloc(sizeof(float) * (n ? n : 1));
+    if (!v || dtype_convert(v, DT_F32, x.p, x.dt, n)) {
+        be_fail(be, __FILE__, __LINE__, "quantize_nf4: out of memory for %zu values", n);
+    } else {
+        nf4_quantize_codes(v, n, codes.p, F(absmax));
+    }
+    free(v);
+}
+
 void cpu_col_scale(backend_t *be, tensor_t y, tensor_t num, tensor_t den, int rows, int cols)
 {
     (void)be;

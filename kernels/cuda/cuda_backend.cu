@@ -460,6 +460,7 @@ static const backend_ops cuda_ops_table = {
     .col_scale = cuda_col_scale,
     .col_dot = cuda_col_dot,
     .dequant_nf4 = cuda_dequant_nf4,
+    .quantize_nf4 = cuda_quantize_nf4,
     .dropout = cuda_dropout,
     .sumsq = cuda_sumsq,
     .sumsq_into = cuda_sumsq_into,

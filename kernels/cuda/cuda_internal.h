@@ -211,6 +211,8 @@ void cuda_col_dot(backend_t *be, tensor_t out, tensor_t x, tensor_t y, tensor_t 
                   int cols);
 void cuda_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
                       tensor_t nested, tensor_t maps, float offset, size_t n);
+void cuda_quantize_nf4(backend_t *be, tensor_t codes, tensor_t absmax, tensor_t x, tensor_t maps,
+                       size_t n);
 void cuda_dropout(backend_t *be, tensor_t out, tensor_t in, size_t n, float p, uint64_t seed,
                   tensor_t seed_dev, uint64_t offset);
 double cuda_sumsq(backend_t *be, tensor_t x, size_t n);

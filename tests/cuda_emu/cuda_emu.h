@@ -128,6 +128,11 @@ static inline float __fsub_rn(float a, float b)
     return a - b;
 }
 
+static inline float __fdiv_rn(float a, float b)
+{
+    return a / b;
+}
+
 typedef struct float4 {
     float x, y, z, w;
 } float4;
