@@ -99,8 +99,10 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
                                     tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
                                     int nkv, int hd)
 {
-    size_t nrows = (size_t)B * T * nh;
-    float *D = (float *)cuda_scratch(be, sizeof(float) * nrows);
+    size_t nrows = (size_t)B * T * nh, nshare = nrows * hd;
+    int split = fa_dkdv_split(B, T, nh, nkv, hd);
+    float *D = (float *)cuda_scratch(
+        be, sizeof(float) * (fa_align64(nrows) + (split ? 2 * fa_align64(nshare) : 0)));
     if (!D)
         return;
     flash_args a = args_of(B, T, nh, nkv, hd, seg);
@@ -114,11 +116,15 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
     a.dv = (uint16_t *)dv.p;
     a.lse = (float *)lse.p;
     a.D = D;
+    if (split) {
+        a.dk_part = D + fa_align64(nrows);
+        a.dv_part = a.dk_part + fa_align64(nshare);
+    }
     cudaStream_t st = CUDA_IMPL(be)->stream;
     LAUNCH(flash_rowdot_kernel, fa_rowdot_blocks(nrows), FA_ROWDOT_THREADS, 0, st)(a, hd);
     if (LAUNCHED(be, "flash_rowdot_kernel"))
         return;
-    dim3 kgrid(fa_key_blocks(T), (unsigned)(B * nkv));
+    dim3 kgrid(fa_key_blocks(T), (unsigned)(B * (split ? nh : nkv)));
     dim3 qgrid(fa_row_blocks(T), (unsigned)(B * nh));
     if (hd == 64)
         LAUNCH(flash_dkdv_kernel<64>, kgrid, FA_THREADS, 0, st)(a);
@@ -126,6 +132,12 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
         LAUNCH(flash_dkdv_kernel<128>, kgrid, FA_THREADS, 0, st)(a);
     if (LAUNCHED(be, "flash_dkdv_kernel"))
         return;
+    if (split) {
+        LAUNCH(flash_dkdv_reduce_kernel, fa_reduce_blocks((size_t)B * T * nkv * hd),
+               FA_REDUCE_THREADS, 0, st)(a, hd);
+        if (LAUNCHED(be, "flash_dkdv_reduce_kernel"))
+            return;
+    }
     if (hd == 64)
         LAUNCH(flash_dq_kernel<64>, qgrid, FA_THREADS, 0, st)(a);
     else

@@ -67,6 +67,10 @@ typedef struct flash_args {
     float *lse;      /* [B, nh, T] */
     float *D;        /* [B, nh, T], backward */
     const int *seg;  /* [B, T] or NULL */
+    /* the split dK/dV of grouped-query attention (fa_dkdv_split): each
+     * query head's share, fp32 [B, T, nh, hd], summed over the group by
+     * flash_dkdv_reduce_kernel; NULL: a block sums its whole group */
+    float *dk_part, *dv_part;
     int B, T, nh, nkv;
     float scale;
 } flash_args;
@@ -400,6 +404,26 @@ FA_UNROLL
     }
 }
 
+/* The same as fp32 (the split dK/dV shares). */
+template <int HD>
+static __device__ __forceinline__ void store_rows_f32(float *base, size_t ld, int rowA, int T,
+                                                      const float acc[HD / 8][4])
+{
+    int t = threadIdx.x & 3;
+    FA_UNROLL
+    for (int r = 0; r < 2; r++) {
+        int row = rowA + 8 * r;
+        if (row >= T)
+            continue;
+        float *dst = base + (size_t)row * ld + 2 * t;
+        FA_UNROLL
+        for (int nt = 0; nt < HD / 8; nt++) {
+            dst[nt * 8] = acc[nt][2 * r];
+            dst[nt * 8 + 1] = acc[nt][2 * r + 1];
+        }
+    }
+}
+
 /* The query-row block of this forward or dQ block: the last rows first
  * (they see the most keys), so the long blocks do not trail at the end. */
 static __device__ __forceinline__ int fa_row_block(void)
@@ -530,26 +554,27 @@ typedef struct fa_item {
     int h, i0;
 } fa_item;
 
-static __device__ __forceinline__ fa_item fa_dkdv_item(int n, int kh, int group, int i_first,
+static __device__ __forceinline__ fa_item fa_dkdv_item(int n, int h_first, int i_first,
                                                        int ntiles)
 {
     fa_item it;
-    it.h = kh * group + n / ntiles;
+    it.h = h_first + n / ntiles;
     it.i0 = i_first + (n % ntiles) * FA_BQ;
     return it;
 }
 
 /* Starts staging item n of the dK/dV block (batch row b, kv head kh) into
- * one buffer: Q and dO rows by cp.async (one group), lse (times log2(e)),
+ * one buffer (the block's query heads from h_first): Q and dO rows by
+ * cp.async (one group), lse (times log2(e)),
  * D and each query's first key by the threads. */
 template <int HD>
-static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, int kh, int i_first,
+static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, int h_first, int i_first,
                                                   int ntiles, int n, const int *seg, uint16_t *Qs,
                                                   uint16_t *dOs, float *lse2_s, float *D_s,
                                                   int *lo_s)
 {
     int T = a.T;
-    fa_item it = fa_dkdv_item(n, kh, a.nh / a.nkv, i_first, ntiles);
+    fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
     size_t ldq = (size_t)a.nh * HD, qoff = (size_t)b * T * ldq + (size_t)it.h * HD;
     stage_rows_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
     stage_rows_async<HD>(dOs, a.dout + qoff, ldq, it.i0, FA_BQ, T);
@@ -572,7 +597,10 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
     __shared__ __align__(16) uint16_t dOs[2][FA_BQ * (HD + FA_PAD)];
     __shared__ float lse2_s[2][FA_BQ], D_s[2][FA_BQ];
     __shared__ int lo_s[2][FA_BQ];
-    int b = blockIdx.y / a.nkv, kh = blockIdx.y % a.nkv, T = a.T, group = a.nh / a.nkv;
+    /* a block per kv head and its whole group, or (split) per query head */
+    int T = a.T, group = a.nh / a.nkv, split = a.dk_part != NULL;
+    int b = blockIdx.y / (split ? a.nh : a.nkv), hy = blockIdx.y % (split ? a.nh : a.nkv);
+    int kh = split ? hy / group : hy, h_first = split ? hy : hy * group, nheads = split ? 1 : group;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int k0 = blockIdx.x * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g;
     size_t ldk = (size_t)a.nkv * HD;
@@ -580,10 +608,11 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
     float sl2 = a.scale * FA_LOG2E;
     int i_first = k0 / FA_BQ * FA_BQ, ntiles = (T - i_first + FA_BQ - 1) / FA_BQ;
-    int nitems = group * ntiles;
+    int nitems = nheads * ntiles;
 
     if (nitems > 0)
-        dkdv_stage<HD>(a, b, kh, i_first, ntiles, 0, seg, Qs[0], dOs[0], lse2_s[0], D_s[0], lo_s[0]);
+        dkdv_stage<HD>(a, b, h_first, i_first, ntiles, 0, seg, Qs[0], dOs[0], lse2_s[0], D_s[0],
+                       lo_s[0]);
     uint32_t ka[HD / 16][4], va[HD / 16][4];
     load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
     load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
@@ -597,14 +626,14 @@ FA_UNROLL
         int bf = n & 1;
         if (n + 1 < nitems) {
             /* buffer bf ^ 1: its readers passed the barrier at the end of item n - 1 */
-            dkdv_stage<HD>(a, b, kh, i_first, ntiles, n + 1, seg, Qs[bf ^ 1], dOs[bf ^ 1],
+            dkdv_stage<HD>(a, b, h_first, i_first, ntiles, n + 1, seg, Qs[bf ^ 1], dOs[bf ^ 1],
                            lse2_s[bf ^ 1], D_s[bf ^ 1], lo_s[bf ^ 1]);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads(); /* item n is in */
-        int i0 = fa_dkdv_item(n, kh, group, i_first, ntiles).i0;
+        int i0 = fa_dkdv_item(n, h_first, i_first, ntiles).i0;
         /* warp-uniform: some query of the tile sees some key of the warp */
         int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
         int tlo = warp_min_i(lo), thi = warp_max_i(lo == INT_MAX ? 0 : lo);
@@ -622,8 +651,35 @@ FA_UNROLL
         __syncthreads(); /* every warp is done with buffer bf */
     }
     const float one[2] = {1.0f, 1.0f};
+    if (split) { /* this query head's share, fp32 */
+        size_t ldp = (size_t)a.nh * HD, poff = (size_t)b * T * ldp + (size_t)h_first * HD;
+        store_rows_f32<HD>(a.dk_part + poff, ldp, keyA, T, dk);
+        store_rows_f32<HD>(a.dv_part + poff, ldp, keyA, T, dv);
+        return;
+    }
     store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
     store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
+}
+
+/* dK, dV [B, T, nkv, hd] (bf16) = the sums over each group's query heads
+ * of the split shares, head by head in order (deterministic). */
+__global__ void flash_dkdv_reduce_kernel(flash_args a, int hd)
+{
+    int group = a.nh / a.nkv;
+    size_t n = (size_t)a.B * a.T * a.nkv * hd;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t d = e % hd, r = e / hd; /* r = (b*T + t)*nkv + kh */
+        size_t kh = r % a.nkv, bt = r / a.nkv;
+        size_t p = (bt * a.nh + kh * group) * hd + d;
+        float sk = 0.0f, sv = 0.0f;
+        for (int g = 0; g < group; g++, p += hd) {
+            sk += a.dk_part[p];
+            sv += a.dv_part[p];
+        }
+        a.dk[e] = f32_to_bf16(sk);
+        a.dv[e] = f32_to_bf16(sv);
+    }
 }
 
 /* ---- backward: dQ ----------------------------------------------------------------- */
@@ -706,7 +762,17 @@ static inline unsigned fa_row_blocks(int T) /* forward and dQ: grid.x; grid.y B 
     return (unsigned)((T + FA_BR - 1) / FA_BR);
 }
 
-static inline unsigned fa_key_blocks(int T) /* dK, dV: grid.x; grid.y B * nkv */
+/* Whether the dK/dV kernel splits grouped-query attention by query head
+ * (a block per query head instead of per kv head: group times the blocks,
+ * for a GPU full of them) into fp32 shares of 2 x B x T x nh x hd floats
+ * that flash_dkdv_reduce_kernel sums: when there is a group and the shares
+ * take at most 256 MiB. */
+static inline int fa_dkdv_split(int B, int T, int nh, int nkv, int hd)
+{
+    return nh > nkv && 2.0 * 4.0 * B * T * nh * hd <= 256.0 * 1024 * 1024;
+}
+
+static inline unsigned fa_key_blocks(int T) /* dK, dV: grid.x; grid.y B * nkv (split: B * nh) */
 {
     return (unsigned)((T + FA_BC - 1) / FA_BC);
 }
@@ -716,6 +782,21 @@ static inline unsigned fa_key_blocks(int T) /* dK, dV: grid.x; grid.y B * nkv */
 static inline unsigned fa_rowdot_blocks(size_t nrows)
 {
     return (unsigned)((nrows + FA_ROWDOT_THREADS / 32 - 1) / (FA_ROWDOT_THREADS / 32));
+}
+
+#define FA_REDUCE_THREADS 256 /* flash_dkdv_reduce_kernel: a grid-stride loop */
+
+static inline unsigned fa_reduce_blocks(size_t n)
+{
+    size_t b = (n + FA_REDUCE_THREADS - 1) / FA_REDUCE_THREADS;
+    return (unsigned)(b < 65536 ? (b ? b : 1) : 65536);
+}
+
+/* Offsets in the backward's scratch buffer (floats, each 256-byte aligned):
+ * D [B, nh, T], then with the split the dK and dV shares. */
+static inline size_t fa_align64(size_t n)
+{
+    return (n + 63) / 64 * 64;
 }
 
 #endif

@@ -79,6 +79,14 @@ static void rowdot_fn(void *p)
     flash_rowdot_kernel(r->a, r->hd);
 }
 
+typedef rowdot_arg reduce_arg; /* the same arguments */
+
+static void reduce_fn(void *p)
+{
+    reduce_arg *r = (reduce_arg *)p;
+    flash_dkdv_reduce_kernel(r->a, r->hd);
+}
+
 static emu_dim3 dim(unsigned x, unsigned y)
 {
     emu_dim3 d = {x, y, 1};
@@ -247,8 +255,26 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     rowdot_arg ra = {a, hd};
     size_t nrows = (size_t)B * T * nh;
     launch(fa_rowdot_blocks(nrows), 1, FA_ROWDOT_THREADS, rowdot_fn, &ra, "flash_rowdot_kernel");
-    launch(fa_key_blocks(T), (unsigned)(B * nkv), FA_THREADS,
+    /* grouped-query attention: by query head into fp32 shares, then summed
+     * (fa_dkdv_split), as the backend launches it; also by kv head (the
+     * other path), both checked */
+    int split = fa_dkdv_split(B, T, nh, nkv, hd);
+    float *shares = split ? nan_f32(2 * nq) : NULL;
+    uint16_t *dk2 = nan_bf16(nk), *dv2 = nan_bf16(nk);
+    if (split) {
+        flash_args a2 = a;
+        a2.dk = dk2, a2.dv = dv2;
+        launch(fa_key_blocks(T), (unsigned)(B * nkv), FA_THREADS,
+               hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a2, "flash_dkdv_kernel (by kv head)");
+        a.dk_part = shares, a.dv_part = shares + nq;
+    }
+    launch(fa_key_blocks(T), (unsigned)(B * (split ? nh : nkv)), FA_THREADS,
            hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a, "flash_dkdv_kernel");
+    if (split) {
+        reduce_arg rd = {a, hd};
+        launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rd,
+               "flash_dkdv_reduce_kernel");
+    }
     launch(fa_row_blocks(T), (unsigned)(B * nh), FA_THREADS, hd == 64 ? dq_fn<64> : dq_fn<128>,
            &a, "flash_dq_kernel");
     tensor_t cdo = up(dout, nq), cdq = up(NULL, nq), cdk = up(NULL, nk), cdv = up(NULL, nk);
@@ -268,6 +294,13 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     }
     snprintf(w2, sizeof w2, "%s dv", what);
     expect_close(w2, dv, NULL, wdv, nk, TOL_BF16);
+    if (split) {
+        snprintf(w2, sizeof w2, "%s dk (by kv head)", what);
+        expect_close(w2, dk2, NULL, wdk, nk, TOL_BF16);
+        snprintf(w2, sizeof w2, "%s dv (by kv head)", what);
+        expect_close(w2, dv2, NULL, wdv, nk, TOL_BF16);
+    }
+    free(shares), free(dk2), free(dv2);
 
     tensor_t ts[] = {cq, ck, cv, co, cl, cdo, cdq, cdk, cdv, cseg};
     for (int i = 0; i < 10; i++)
