@@ -88,6 +88,25 @@ Test(plan, llama_7b_lora_by_hand)
                  r.mem.total);
 }
 
+/* The MFU measured on a card (docs/perf.md's GPU rows, plan.c measured[])
+ * replaces the assumed one for that card and mode only, and says so. */
+Test(plan, a_measured_mfu_is_used_for_its_card_and_mode)
+{
+    plan_input in;
+    plan_result r;
+    sp_err err = {0};
+    input_for(&in, "llama-7b", PLAN_LORA, "H200");
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_eq(r.mfu_measured, 1);
+    cr_expect_float_eq(r.mfu, 0.439, 1e-12);
+    cr_expect(strstr(r.mfu_source, "measured: docs/perf.md"), "%s", r.mfu_source);
+    cr_expect_float_eq(r.tokens_per_s_gpu, 0.439 * 989e12 / r.flops_per_token, 1e-6);
+    input_for(&in, "llama-7b", PLAN_FULL, "H200"); /* another mode: assumed */
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_eq(r.mfu_measured, 0);
+    cr_expect(strstr(r.mfu_source, "assumed"), "%s", r.mfu_source);
+}
+
 /* The same run on a 24 GB card: 21.808 GiB do not fit the 21.8 usable (the
  * text says by how many MiB, not "0.00 GiB");
  * recomputing attention (its output in bf16 and softmax statistics in fp32
