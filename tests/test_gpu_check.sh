@@ -312,6 +312,10 @@ has "$memcheck_out" "test_cuda_ops --jobs 1" && has "$memcheck_out" "test_cuda_a
     has "$memcheck_out" "test_cuda_elementwise --jobs 1"
 check "memcheck runs the three CUDA op suites (test_cuda_ops, test_cuda_elementwise, test_cuda_attention)" \
     $? "$memcheck_out"
+la=$(grep -n "test_cuda_attention --jobs 1" <<<"$memcheck_out" | head -1 | cut -d: -f1)
+lo=$(grep -n "test_cuda_ops --jobs 1" <<<"$memcheck_out" | head -1 | cut -d: -f1)
+[ -n "$la" ] && [ -n "$lo" ] && [ "$la" -lt "$lo" ]
+check "memcheck runs the attention suite first, the other ops last" $? "$memcheck_out"
 list=$(tar -tzf "$tmp/mixed/gpu_check_outputs.tar.gz" 2>&1)
 has "$list" "smi_start-q.out" && has "$list" "smi_end-q.out"
 check "nvidia-smi -q kept at start and end" $? "$list"
