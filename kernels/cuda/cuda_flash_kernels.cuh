@@ -177,7 +177,7 @@ static __device__ __forceinline__ void load_a_rows(uint32_t a[HD / 16][4], const
 {
     int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     int rA = r0 + g, rB = rA + 8;
-FA_UNROLL
+    FA_UNROLL
     for (int ks = 0; ks < HD / 16; ks++) {
         int c = ks * 16 + 2 * t;
         a[ks][0] = rA < nrows ? ld32(base + (size_t)rA * ld + c) : 0u;
@@ -222,12 +222,12 @@ static __device__ __forceinline__ void a_times_staged_t(float x[NT][4],
 {
     int lane = threadIdx.x & 31;
     const uint16_t *yr = Y + (lane & 7) * (HD + FA_PAD) + (lane >> 3) * 8;
-FA_UNROLL
+    FA_UNROLL
     for (int nt = 0; nt < NT; nt++)
         x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
-FA_UNROLL
+    FA_UNROLL
     for (int k2 = 0; k2 < HD / 32; k2++)
-FA_UNROLL
+        FA_UNROLL
         for (int nt = 0; nt < NT; nt++) {
             uint32_t b[4]; /* k-steps 2 k2 (b0, b1) and 2 k2 + 1 (b2, b3) of key rows nt */
             ldsm_x4(b, yr + nt * 8 * (HD + FA_PAD) + k2 * 32, 0);
@@ -247,11 +247,11 @@ static __device__ __forceinline__ void c_times_staged(float acc[HD / 8][4], cons
     const int ld = HD + FA_PAD;
     /* matrix m = lane/8: rows +8 (m odd), columns +8 (m >= 2) */
     const uint16_t *yr = Y + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
-FA_UNROLL
+    FA_UNROLL
     for (int kk = 0; kk < KK; kk++) {
         uint32_t a[4];
         c_to_a(a, x[2 * kk], x[2 * kk + 1]);
-FA_UNROLL
+        FA_UNROLL
         for (int n2 = 0; n2 < HD / 16; n2++) {
             uint32_t b[4]; /* columns 16 n2.. (b0, b1) and 16 n2 + 8.. (b2, b3) */
             ldsm_x4(b, yr + kk * 16 * ld + n2 * 16, 1);
@@ -334,16 +334,16 @@ static __device__ __forceinline__ void scores_tile(float s[8][4], const uint32_t
     int t = threadIdx.x & 3;
     a_times_staged_t<HD, 8>(s, qa, Ks);
     if (!mask) {
-FA_UNROLL
+        FA_UNROLL
         for (int nt = 0; nt < 8; nt++)
-FA_UNROLL
+            FA_UNROLL
             for (int e = 0; e < 4; e++)
                 s[nt][e] *= sl2;
         return;
     }
-FA_UNROLL
+    FA_UNROLL
     for (int nt = 0; nt < 8; nt++)
-FA_UNROLL
+        FA_UNROLL
         for (int e = 0; e < 4; e++) {
             int row = e < 2 ? rowA : rowA + 8, lo = e < 2 ? loA : loB;
             int j = j0 + nt * 8 + 2 * t + (e & 1);
@@ -359,25 +359,25 @@ template <int HD>
 static __device__ __forceinline__ void online_tile(float s[8][4], float m[2], float l[2],
                                                    float o[HD / 8][4])
 {
-FA_UNROLL
+    FA_UNROLL
     for (int r = 0; r < 2; r++) {
         float mx = m[r];
-FA_UNROLL
+        FA_UNROLL
         for (int nt = 0; nt < 8; nt++)
             mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         mx = quad_max(mx);
         float corr = mx == -INFINITY ? 1.0f : m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx);
         float sum = 0.0f;
-FA_UNROLL
+        FA_UNROLL
         for (int nt = 0; nt < 8; nt++)
-FA_UNROLL
+            FA_UNROLL
             for (int e = 2 * r; e < 2 * r + 2; e++) {
                 s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - mx);
                 sum += s[nt][e];
             }
         m[r] = mx;
         l[r] = l[r] * corr + sum;
-FA_UNROLL
+        FA_UNROLL
         for (int nt = 0; nt < HD / 8; nt++) {
             o[nt][2 * r] *= corr;
             o[nt][2 * r + 1] *= corr;
@@ -391,13 +391,13 @@ static __device__ __forceinline__ void store_rows(uint16_t *base, size_t ld, int
                                                   const float acc[HD / 8][4], const float mul[2])
 {
     int t = threadIdx.x & 3;
-FA_UNROLL
+    FA_UNROLL
     for (int r = 0; r < 2; r++) {
         int row = rowA + 8 * r;
         if (row >= T)
             continue;
         uint16_t *dst = base + (size_t)row * ld + 2 * t;
-FA_UNROLL
+        FA_UNROLL
         for (int nt = 0; nt < HD / 8; nt++)
             *(uint32_t *)(dst + nt * 8) =
                 pack2(acc[nt][2 * r] * mul[r], acc[nt][2 * r + 1] * mul[r]);
@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(flash_args a)
     uint32_t qa[HD / 16][4];
     load_a_rows<HD>(qa, qb, ldq, w0, T);
     float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-FA_UNROLL
+    FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     /* K of a tile is copied while the previous tile's P V runs, V while
@@ -536,9 +536,9 @@ static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4
                                                     float sl2, int mask)
 {
     int t = threadIdx.x & 3;
-FA_UNROLL
+    FA_UNROLL
     for (int nt = 0; nt < 4; nt++)
-FA_UNROLL
+        FA_UNROLL
         for (int e = 0; e < 4; e++) {
             int key = e < 2 ? keyA : keyA + 8, r = nt * 8 + 2 * t + (e & 1), i = i0 + r;
             int ok = !mask || (i < T && key <= i && key >= lo_s[r]);
@@ -617,9 +617,9 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
     load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
     load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
     float dk[HD / 8][4], dv[HD / 8][4];
-FA_UNROLL
+    FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
-FA_UNROLL
+        FA_UNROLL
         for (int e = 0; e < 4; e++)
             dk[nt][e] = dv[nt][e] = 0.0f;
     for (int n = 0; n < nitems; n++) {
@@ -715,7 +715,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
     load_a_rows<HD>(qa, a.q + qoff, ldq, w0, T);
     load_a_rows<HD>(da, a.dout + qoff, ldq, w0, T);
     float dq[HD / 8][4];
-FA_UNROLL
+    FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
         dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
     /* V of the next tile is copied while dS and dQ += dS K run */
@@ -735,9 +735,9 @@ FA_UNROLL
             cp_async_commit();
         }
         if (act) {
-FA_UNROLL
+            FA_UNROLL
             for (int nt = 0; nt < 8; nt++)
-FA_UNROLL
+                FA_UNROLL
                 for (int e = 0; e < 4; e++) {
                     int r = e >> 1;
                     float p = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - lr[r]);
