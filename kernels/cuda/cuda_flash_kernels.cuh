@@ -36,6 +36,9 @@
  * run to run on one GPU model). The price: S is computed twice in the
  * backward (once per kernel).
  *
+ * The tensor-core primitives (the product, ldmatrix, cp.async, the staged
+ * tile products): cuda_mma.cuh.
+ *
  * GQA by indexing: query head h reads kv head h / (nh / nkv) in place.
  * Packed rows (seg) are handled per element (no mask tensor); any T (rows
  * and keys past T are zero in the staged tiles and masked). */
@@ -46,20 +49,12 @@
 #include <stdint.h>
 
 #include "cuda_device.h"
+#include "cuda_mma.cuh"
 
 #define FA_BR 64   /* query rows per forward / dQ block (four warps of 16) */
 #define FA_BC 64   /* keys per tile; keys per dK/dV block */
 #define FA_BQ 32   /* query rows per tile of the dK/dV kernel */
-#define FA_PAD 8   /* shared-memory row padding (bf16): conflict-free fragment loads */
 #define FA_THREADS 128
-
-/* Full unrolling of the fragment loops (the register arrays need
- * compile-time indices); nothing under the emulation. */
-#if defined(SPOTUNE_CUDA_EMU)
-#define FA_UNROLL
-#else
-#define FA_UNROLL _Pragma("unroll")
-#endif
 
 typedef struct flash_args {
     const uint16_t *q, *k, *v, *o, *dout;
@@ -75,191 +70,7 @@ typedef struct flash_args {
     float scale;
 } flash_args;
 
-/* ---- fragments -------------------------------------------------------------------- */
-
-static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
-{
-    return (uint32_t)f32_to_bf16(lo) | ((uint32_t)f32_to_bf16(hi) << 16);
-}
-
-static __device__ __forceinline__ uint32_t ld32(const uint16_t *p)
-{
-    return *(const uint32_t *)p;
-}
-
-/* c += a b: A 16x16 bf16 row-major, B 16x8 bf16 column-major, C 16x8 fp32.
- * Lane (g = lane/4, t = lane%4) holds a = rows g, g+8 x cols 2t..2t+1 and
- * 2t+8..2t+9; b = rows 2t..2t+1 and 2t+8..2t+9 of column g; c = rows g,
- * g+8 x cols 2t, 2t+1. Not volatile: the compiler may interleave
- * independent products (and the loads feeding them). */
-static __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0,
-                                                uint32_t b1)
-{
-#if defined(SPOTUNE_CUDA_EMU)
-    emu_mma_m16n8k16_bf16(c, a, b0, b1);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    (void)c, (void)a, (void)b0, (void)b1;
-    __trap(); /* never launched: the host checks for compute capability 8.0 */
-#endif
-}
-
-/* Four 8x8 bf16 matrices from shared memory (ldmatrix.x4): lane l gives
- * the address of row l%8 of matrix l/8 (16 bytes, 16-byte aligned); r[i]
- * is this lane's part of matrix i: row lane/4, columns 2(lane%4) and +1,
- * or with trans the same of its transpose (rows 2(lane%4) and +1 of
- * column lane/4): exactly an mma B fragment half, either way round. */
-static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *row, int trans)
-{
-#if defined(SPOTUNE_CUDA_EMU)
-    emu_ldmatrix_x4(r, row, trans);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned addr = (unsigned)__cvta_generic_to_shared(row);
-    if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(addr));
-#else
-    (void)r, (void)row, (void)trans;
-    __trap();
-#endif
-}
-
-/* 16 bytes from global to shared memory without passing through registers
- * (cp.async, sm_80), or 16 zero bytes when !valid (src is then not read,
- * but must still be a mapped address). Complete after cp_async_wait and a
- * barrier. */
-static __device__ __forceinline__ void cp_async16(uint16_t *dst, const uint16_t *src, int valid)
-{
-#if defined(SPOTUNE_CUDA_EMU)
-    if (valid)
-        memcpy(dst, src, 16);
-    else
-        memset(dst, 0, 16);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-#else
-    *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
-#endif
-}
-
-static __device__ __forceinline__ void cp_async_commit(void)
-{
-#if !defined(SPOTUNE_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-/* Waits until at most n of this thread's committed groups are in flight. */
-template <int N> static __device__ __forceinline__ void cp_async_wait(void)
-{
-#if !defined(SPOTUNE_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-/* The A fragments of 16 rows x HD columns of a global row-major matrix
- * (row r at base + r * ld); rows at or past nrows read as zero. */
-template <int HD>
-static __device__ __forceinline__ void load_a_rows(uint32_t a[HD / 16][4], const uint16_t *base,
-                                                   size_t ld, int r0, int nrows)
-{
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    int rA = r0 + g, rB = rA + 8;
-    FA_UNROLL
-    for (int ks = 0; ks < HD / 16; ks++) {
-        int c = ks * 16 + 2 * t;
-        a[ks][0] = rA < nrows ? ld32(base + (size_t)rA * ld + c) : 0u;
-        a[ks][1] = rB < nrows ? ld32(base + (size_t)rB * ld + c) : 0u;
-        a[ks][2] = rA < nrows ? ld32(base + (size_t)rA * ld + c + 8) : 0u;
-        a[ks][3] = rB < nrows ? ld32(base + (size_t)rB * ld + c + 8) : 0u;
-    }
-}
-
-/* The A fragment of k-step kk from C fragments of 8-column tiles 2kk, 2kk+1
- * (rounded to bf16): P or dS reused as the left operand. */
-static __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const float c1[4])
-{
-    a[0] = pack2(c0[0], c0[1]);
-    a[1] = pack2(c0[2], c0[3]);
-    a[2] = pack2(c1[0], c1[1]);
-    a[3] = pack2(c1[2], c1[3]);
-}
-
-/* Starts copying rows [r0, r0 + nrows) of a [.., HD] slice (row r at src +
- * r * ld) into dst (row stride HD + FA_PAD), zeros past T; the whole block
- * helps, and one commit closes the group. */
-template <int HD>
-static __device__ __forceinline__ void stage_rows_async(uint16_t *dst, const uint16_t *src,
-                                                        size_t ld, int r0, int nrows, int T)
-{
-    const int chunks = HD / 8; /* 16-byte pieces per row */
-    for (int i = threadIdx.x; i < nrows * chunks; i += blockDim.x) {
-        int r = i / chunks, c = (i % chunks) * 8, row = r0 + r, ok = row < T;
-        cp_async16(dst + r * (HD + FA_PAD) + c, src + (size_t)(ok ? row : 0) * ld + c, ok);
-    }
-}
-
-/* x[16 x 8 NT] = A[16 x HD] Y^T, A in registers (a[ks], k-steps of 16), Y
- * NT x 8 rows staged (row stride HD + FA_PAD): S = Q K^T, dP = dO V^T,
- * S^T = K Q^T, dP^T = V dO^T. Every product of a k-step pair is issued
- * before the next pair's (NT independent accumulators in flight). */
-template <int HD, int NT>
-static __device__ __forceinline__ void a_times_staged_t(float x[NT][4],
-                                                        const uint32_t a[HD / 16][4],
-                                                        const uint16_t *Y)
-{
-    int lane = threadIdx.x & 31;
-    const uint16_t *yr = Y + (lane & 7) * (HD + FA_PAD) + (lane >> 3) * 8;
-    FA_UNROLL
-    for (int nt = 0; nt < NT; nt++)
-        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
-    FA_UNROLL
-    for (int k2 = 0; k2 < HD / 32; k2++)
-        FA_UNROLL
-        for (int nt = 0; nt < NT; nt++) {
-            uint32_t b[4]; /* k-steps 2 k2 (b0, b1) and 2 k2 + 1 (b2, b3) of key rows nt */
-            ldsm_x4(b, yr + nt * 8 * (HD + FA_PAD) + k2 * 32, 0);
-            mma16816(x[nt], a[2 * k2], b[0], b[1]);
-            mma16816(x[nt], a[2 * k2 + 1], b[2], b[3]);
-        }
-}
-
-/* acc[16 x HD] += X[16 x 16 KK] Y[16 KK x HD], X from C fragments (rounded
- * to bf16), Y staged (row stride HD + FA_PAD): O += P V, dQ += dS K,
- * dV += P^T dO, dK += dS^T Q. */
-template <int HD, int KK>
-static __device__ __forceinline__ void c_times_staged(float acc[HD / 8][4], const float x[2 * KK][4],
-                                                      const uint16_t *Y)
-{
-    int lane = threadIdx.x & 31;
-    const int ld = HD + FA_PAD;
-    /* matrix m = lane/8: rows +8 (m odd), columns +8 (m >= 2) */
-    const uint16_t *yr = Y + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
-    FA_UNROLL
-    for (int kk = 0; kk < KK; kk++) {
-        uint32_t a[4];
-        c_to_a(a, x[2 * kk], x[2 * kk + 1]);
-        FA_UNROLL
-        for (int n2 = 0; n2 < HD / 16; n2++) {
-            uint32_t b[4]; /* columns 16 n2.. (b0, b1) and 16 n2 + 8.. (b2, b3) */
-            ldsm_x4(b, yr + kk * 16 * ld + n2 * 16, 1);
-            mma16816(acc[2 * n2], a, b[0], b[1]);
-            mma16816(acc[2 * n2 + 1], a, b[2], b[3]);
-        }
-    }
-}
+/* ---- masks and reductions ---------------------------------------------------------- */
 
 /* The first key query t sees (seg row of this batch row, or NULL). */
 static __device__ __forceinline__ int fa_lo(const int *seg, int t)
