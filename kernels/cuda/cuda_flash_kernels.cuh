@@ -55,6 +55,14 @@
 #define FA_BC 64   /* keys per tile; keys per dK/dV block */
 #define FA_BQ 32   /* query rows per tile of the dK/dV kernel */
 #define FA_THREADS 128
+/* Forward blocks an SM must hold (the register cap: 3 x 128 threads is 168
+ * registers a thread, 12 warps a multiprocessor instead of 8). */
+#ifndef FA_FWD_MIN_BLOCKS
+#define FA_FWD_MIN_BLOCKS 3
+#endif
+#ifndef FA_DQ_MIN_BLOCKS /* the same for the dQ kernel */
+#define FA_DQ_MIN_BLOCKS 1
+#endif
 
 typedef struct flash_args {
     const uint16_t *q, *k, *v, *o, *dout;
@@ -129,46 +137,57 @@ static __device__ int block_min_lo(const int *seg, int r0, int r1, int *sh)
 }
 
 #define FA_LOG2E 1.4426950408889634f
-#define FA_LN2 0.6931471805599453f
+
+/* 2^x for the softmax: one ex2.approx.ftz on the device (about 2 ulp; a
+ * result below 2^-126 is 0, far under what a bf16 P or an fp32 sum of
+ * probabilities keeps), where exp2f also scales and squares to keep
+ * subnormal results (three more instructions an element). exp2(-inf) = 0. */
+static __device__ __forceinline__ float fa_exp2(float x)
+{
+#if !defined(SPOTUNE_CUDA_EMU) && defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
 
 /* ---- forward ---------------------------------------------------------------------- */
 
-/* Scores of the warp's 16 rows against the 64 staged keys in log2 units:
- * s = Q K^T scale log2(e), -inf where masked. Only a tile that crosses the
- * diagonal, a document start or T (mask) is masked element by element.
- * rowA: this lane's first row; loA, loB: its rows' first keys. */
-template <int HD>
-static __device__ __forceinline__ void scores_tile(float s[8][4], const uint32_t qa[HD / 16][4],
+/* Raw scores of the warp's 16 rows against the 64 staged keys: s = Q K^T
+ * (unscaled: the scale is folded into the exponent, below), -inf where
+ * masked. Only a tile that crosses the diagonal, a document start or T
+ * (mask) is masked element by element. rowA: this lane's first row; loA,
+ * loB: its rows' first keys. */
+template <int HD, int NT>
+static __device__ __forceinline__ void scores_tile(float s[NT][4], const uint32_t qa[HD / 16][4],
                                                    const uint16_t *Ks, int j0, int rowA, int loA,
-                                                   int loB, int T, float sl2, int mask)
+                                                   int loB, int T, int mask)
 {
     int t = threadIdx.x & 3;
-    a_times_staged_t<HD, 8>(s, qa, Ks);
-    if (!mask) {
-        FA_UNROLL
-        for (int nt = 0; nt < 8; nt++)
-            FA_UNROLL
-            for (int e = 0; e < 4; e++)
-                s[nt][e] *= sl2;
+    a_times_staged_t<HD, NT>(s, qa, Ks);
+    if (!mask)
         return;
-    }
     FA_UNROLL
-    for (int nt = 0; nt < 8; nt++)
+    for (int nt = 0; nt < NT; nt++)
         FA_UNROLL
         for (int e = 0; e < 4; e++) {
             int row = e < 2 ? rowA : rowA + 8, lo = e < 2 ? loA : loB;
             int j = j0 + nt * 8 + 2 * t + (e & 1);
-            int ok = row < T && j <= row && j >= lo;
-            s[nt][e] = ok ? s[nt][e] * sl2 : -INFINITY;
+            if (!(row < T && j <= row && j >= lo))
+                s[nt][e] = -INFINITY;
         }
 }
 
-/* Online softmax over one tile for this lane's two rows (log2 units): s
- * becomes P (fp32, 0 where masked), m and l (lane-partial sums) are
- * updated, o rescaled. */
+/* Online softmax over one tile of raw scores for this lane's two rows: s
+ * becomes P = exp2(s sl2 - m sl2) (fp32, 0 where masked: exp2(-inf)), m
+ * (the raw running max) and l (lane-partial sums) are updated, o
+ * rescaled. One FFMA and one exp2 an element (FlashAttention-2's folding
+ * of the scale); a row that has seen no key yet (m = -inf) subtracts 0. */
 template <int HD>
 static __device__ __forceinline__ void online_tile(float s[8][4], float m[2], float l[2],
-                                                   float o[HD / 8][4])
+                                                   float o[HD / 8][4], float sl2)
 {
     FA_UNROLL
     for (int r = 0; r < 2; r++) {
@@ -177,13 +196,14 @@ static __device__ __forceinline__ void online_tile(float s[8][4], float m[2], fl
         for (int nt = 0; nt < 8; nt++)
             mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         mx = quad_max(mx);
-        float corr = mx == -INFINITY ? 1.0f : m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx);
+        float mxs = mx == -INFINITY ? 0.0f : mx * sl2;
+        float corr = fa_exp2(m[r] * sl2 - mxs); /* 0 when m was -inf */
         float sum = 0.0f;
         FA_UNROLL
         for (int nt = 0; nt < 8; nt++)
             FA_UNROLL
             for (int e = 2 * r; e < 2 * r + 2; e++) {
-                s[nt][e] = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - mx);
+                s[nt][e] = fa_exp2(fmaf(s[nt][e], sl2, -mxs));
                 sum += s[nt][e];
             }
         m[r] = mx;
@@ -252,7 +272,7 @@ static __device__ __forceinline__ int fa_needs_mask(int w0, int j0, int nk, int 
 }
 
 template <int HD>
-__global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(flash_args a)
+__global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS) flash_forward_kernel(flash_args a)
 {
     __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
     __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
@@ -291,9 +311,9 @@ __global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(flash_args a)
         int act = !(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1);
         float s[8][4];
         if (act) {
-            scores_tile<HD>(s, qa, Ks, j0, rowA, loA, loB, T, sl2,
-                            fa_needs_mask(w0, j0, FA_BC, T, whi));
-            online_tile<HD>(s, m, l, o);
+            scores_tile<HD, 8>(s, qa, Ks, j0, rowA, loA, loB, T,
+                               fa_needs_mask(w0, j0, FA_BC, T, whi));
+            online_tile<HD>(s, m, l, o, sl2);
         }
         cp_async_wait<0>();
         __syncthreads(); /* V(j0) is in; every warp is done with K(j0) */
@@ -312,8 +332,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_forward_kernel(flash_args a)
     store_rows<HD>(a.out + (size_t)b * T * ldq + (size_t)h * HD, ldq, rowA, T, o, inv);
     if ((threadIdx.x & 3) == 0)
         for (int r = 0; r < 2; r++)
-            if (rowA + 8 * r < T) /* natural log: m is in log2 units */
-                a.lse[((size_t)b * a.nh + h) * T + rowA + 8 * r] = m[r] * FA_LN2 + logf(l[r]);
+            if (rowA + 8 * r < T) /* m: the raw max score */
+                a.lse[((size_t)b * a.nh + h) * T + rowA + 8 * r] = m[r] * a.scale + logf(l[r]);
 }
 
 /* ---- backward: D ------------------------------------------------------------------ */
@@ -339,23 +359,28 @@ __global__ void flash_rowdot_kernel(flash_args a, int hd)
 /* ---- backward: dK, dV ------------------------------------------------------------- */
 
 /* P^T of the warp's 16 keys x 32 staged queries from S^T: exp2(s scale
- * log2(e) - lse[i] log2(e)) where query i sees the key, else 0; then dS^T =
- * P (dP - D) scale into dp. lse2_s: the staged lse times log2(e). */
+ * log2(e) - lse[i] log2(e)) where query i sees the key, else 0 (only a
+ * masked tile tests each element); then dS^T / scale = P (dP - D) into dp
+ * (the scale is applied to dK once, at the end). lse2_s: the staged lse
+ * times log2(e). */
 static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4], int keyA,
                                                     int i0, const float *lse2_s, const float *D_s,
-                                                    const int *lo_s, int T, float scale,
-                                                    float sl2, int mask)
+                                                    const int *lo_s, int T, float sl2, int mask)
 {
     int t = threadIdx.x & 3;
     FA_UNROLL
     for (int nt = 0; nt < 4; nt++)
         FA_UNROLL
         for (int e = 0; e < 4; e++) {
-            int key = e < 2 ? keyA : keyA + 8, r = nt * 8 + 2 * t + (e & 1), i = i0 + r;
-            int ok = !mask || (i < T && key <= i && key >= lo_s[r]);
-            float p = ok ? exp2f(s[nt][e] * sl2 - lse2_s[r]) : 0.0f;
+            int r = nt * 8 + 2 * t + (e & 1);
+            float p = fa_exp2(fmaf(s[nt][e], sl2, -lse2_s[r]));
+            if (mask) {
+                int key = e < 2 ? keyA : keyA + 8, i = i0 + r;
+                if (!(i < T && key <= i && key >= lo_s[r]))
+                    p = 0.0f;
+            }
             s[nt][e] = p;
-            dp[nt][e] = p * (dp[nt][e] - D_s[r]) * scale;
+            dp[nt][e] = p * (dp[nt][e] - D_s[r]);
         }
 }
 
@@ -455,12 +480,17 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
             float s[4][4], dp[4][4];
             a_times_staged_t<HD, 4>(s, ka, Qs[bf]);   /* S^T = K Q^T */
             a_times_staged_t<HD, 4>(dp, va, dOs[bf]); /* dP^T = V dO^T */
-            probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, a.scale, sl2, mask);
+            probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
             c_times_staged<HD, 2>(dv, s, dOs[bf]); /* dV += P^T dO */
             c_times_staged<HD, 2>(dk, dp, Qs[bf]); /* dK += dS^T Q */
         }
         __syncthreads(); /* every warp is done with buffer bf */
     }
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++) /* dK = scale (dS / scale)^T Q */
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dk[nt][e] *= a.scale;
     const float one[2] = {1.0f, 1.0f};
     if (split) { /* this query head's share, fp32 */
         size_t ldp = (size_t)a.nh * HD, poff = (size_t)b * T * ldp + (size_t)h_first * HD;
@@ -496,7 +526,7 @@ __global__ void flash_dkdv_reduce_kernel(flash_args a, int hd)
 /* ---- backward: dQ ----------------------------------------------------------------- */
 
 template <int HD>
-__global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
+__global__ void __launch_bounds__(FA_THREADS, FA_DQ_MIN_BLOCKS) flash_dq_kernel(flash_args a)
 {
     __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
     __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
@@ -536,9 +566,9 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
         int act = !(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1);
         float s[8][4], dp[8][4];
         if (act) {
-            scores_tile<HD>(s, qa, Ks, j0, rowA, loA, loB, T, sl2,
-                            fa_needs_mask(w0, j0, FA_BC, T, whi)); /* -inf where masked */
-            a_times_staged_t<HD, 8>(dp, da, Vs);                 /* dP = dO V^T */
+            scores_tile<HD, 8>(s, qa, Ks, j0, rowA, loA, loB, T,
+                               fa_needs_mask(w0, j0, FA_BC, T, whi)); /* -inf where masked */
+            a_times_staged_t<HD, 8>(dp, da, Vs);                    /* dP = dO V^T */
         }
         __syncthreads(); /* every warp is done with V(j0) */
         if (j0 + FA_BC < q1) {
@@ -551,8 +581,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
                 FA_UNROLL
                 for (int e = 0; e < 4; e++) {
                     int r = e >> 1;
-                    float p = s[nt][e] == -INFINITY ? 0.0f : exp2f(s[nt][e] - lr[r]);
-                    s[nt][e] = p * (dp[nt][e] - dr[r]) * a.scale; /* dS */
+                    float p = fa_exp2(fmaf(s[nt][e], sl2, -lr[r])); /* 0 where masked */
+                    s[nt][e] = p * (dp[nt][e] - dr[r]); /* dS / scale */
                 }
             c_times_staged<HD, 4>(dq, s, Ks); /* dQ += dS K */
         }
@@ -562,8 +592,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
             cp_async_commit();
         }
     }
-    const float one[2] = {1.0f, 1.0f};
-    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, one);
+    const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
+    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
 }
 
 /* ---- launch shapes (the host code and the emulation tests) ----------------------- */

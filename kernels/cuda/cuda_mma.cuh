@@ -31,9 +31,20 @@
 
 /* ---- fragments -------------------------------------------------------------------- */
 
+/* Two floats as a bf16 pair (lo in the low half), rounded to nearest even:
+ * one cvt.rn.bf16x2.f32 on the device (the integer rounding of
+ * f32_to_bf16 costs about seven instructions a value, and the kernels
+ * round every P and dS they multiply); the same bits but for a NaN's
+ * payload (the instruction gives the canonical NaN). */
 static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 {
+#if !defined(SPOTUNE_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
     return (uint32_t)f32_to_bf16(lo) | ((uint32_t)f32_to_bf16(hi) << 16);
+#endif
 }
 
 static __device__ __forceinline__ uint32_t ld32(const uint16_t *p)
