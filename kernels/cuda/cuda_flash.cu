@@ -49,7 +49,7 @@ extern "C" int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int n
 {
     if (unfused_requested() || dt != DT_BF16 || (hd != 64 && hd != 128))
         return 0;
-    if ((size_t)B * nh > 65535) /* gridDim.y */
+    if (fa_row_blocks(T) > 65535 || (size_t)B * nh > 0x7fffffffu) /* gridDim.y, .x */
         return 0;
     for (int i = 0; i < nptrs; i++)
         if (!aligned16(ptrs[i]))
@@ -58,7 +58,7 @@ extern "C" int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int n
     if (CUDA_OK(be, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
                                            CUDA_IMPL(be)->device)))
         return 0;
-    (void)T, (void)nkv; /* any T, any group size */
+    (void)nkv; /* any group size */
     return major >= 8 && built_with_mma();
 }
 
@@ -85,7 +85,7 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
     a.v = (const uint16_t *)v.p;
     a.out = (uint16_t *)out.p;
     a.lse = (float *)lse.p;
-    dim3 grid(fa_row_blocks(T), (unsigned)(B * nh));
+    dim3 grid((unsigned)(B * nh), fa_row_blocks(T));
     cudaStream_t st = CUDA_IMPL(be)->stream;
     if (hd == 64)
         LAUNCH(flash_forward_kernel<64>, grid, FA_THREADS, 0, st)(a);
@@ -124,8 +124,8 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
     LAUNCH(flash_rowdot_kernel, fa_rowdot_blocks(nrows), FA_ROWDOT_THREADS, 0, st)(a, hd);
     if (LAUNCHED(be, "flash_rowdot_kernel"))
         return;
-    dim3 kgrid(fa_key_blocks(T), (unsigned)(B * (split ? nh : nkv)));
-    dim3 qgrid(fa_row_blocks(T), (unsigned)(B * nh));
+    dim3 kgrid((unsigned)(B * (split ? nh : nkv)), fa_key_blocks(T));
+    dim3 qgrid((unsigned)(B * nh), fa_row_blocks(T));
     if (hd == 64)
         LAUNCH(flash_dkdv_kernel<64>, kgrid, FA_THREADS, 0, st)(a);
     else

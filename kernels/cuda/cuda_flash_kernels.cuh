@@ -255,11 +255,17 @@ static __device__ __forceinline__ void store_rows_f32(float *base, size_t ld, in
     }
 }
 
-/* The query-row block of this forward or dQ block: the last rows first
- * (they see the most keys), so the long blocks do not trail at the end. */
+/* The grids: blockIdx.x the (batch row, head) pair, blockIdx.y the block
+ * of query rows or keys, so that blocks start (x fastest) in order of
+ * their work, the longest first for every head before any shorter one
+ * (with the pair as y, the first wave held every block of a few heads,
+ * long and short, and the long ones trailed at the end).
+ *
+ * The query-row block of this forward or dQ block: the last rows first
+ * (they see the most keys). */
 static __device__ __forceinline__ int fa_row_block(void)
 {
-    return (int)(gridDim.x - 1 - blockIdx.x);
+    return (int)(gridDim.y - 1 - blockIdx.y);
 }
 
 /* Whether a warp's 16 rows [w0, w0 + 16) against keys [j0, j0 + nk) need
@@ -277,7 +283,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS) flash_forward_k
     __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
     __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
     __shared__ int sh_lo;
-    int b = blockIdx.y / a.nh, h = blockIdx.y % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
     size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
@@ -435,10 +441,10 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
     __shared__ int lo_s[2][FA_BQ];
     /* a block per kv head and its whole group, or (split) per query head */
     int T = a.T, group = a.nh / a.nkv, split = a.dk_part != NULL;
-    int b = blockIdx.y / (split ? a.nh : a.nkv), hy = blockIdx.y % (split ? a.nh : a.nkv);
+    int b = blockIdx.x / (split ? a.nh : a.nkv), hy = blockIdx.x % (split ? a.nh : a.nkv);
     int kh = split ? hy / group : hy, h_first = split ? hy : hy * group, nheads = split ? 1 : group;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
-    int k0 = blockIdx.x * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g;
+    int k0 = blockIdx.y * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g; /* the first keys first */
     size_t ldk = (size_t)a.nkv * HD;
     size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
@@ -531,7 +537,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_DQ_MIN_BLOCKS) flash_dq_kernel(
     __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
     __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
     __shared__ int sh_lo;
-    int b = blockIdx.y / a.nh, h = blockIdx.y % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16, rowA = w0 + g;
     size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
@@ -598,7 +604,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_DQ_MIN_BLOCKS) flash_dq_kernel(
 
 /* ---- launch shapes (the host code and the emulation tests) ----------------------- */
 
-static inline unsigned fa_row_blocks(int T) /* forward and dQ: grid.x; grid.y B * nh */
+static inline unsigned fa_row_blocks(int T) /* forward and dQ: grid.y; grid.x B * nh */
 {
     return (unsigned)((T + FA_BR - 1) / FA_BR);
 }
@@ -613,7 +619,7 @@ static inline int fa_dkdv_split(int B, int T, int nh, int nkv, int hd)
     return nh > nkv && 2.0 * 4.0 * B * T * nh * hd <= 256.0 * 1024 * 1024;
 }
 
-static inline unsigned fa_key_blocks(int T) /* dK, dV: grid.x; grid.y B * nkv (split: B * nh) */
+static inline unsigned fa_key_blocks(int T) /* dK, dV: grid.y; grid.x B * nkv (split: B * nh) */
 {
     return (unsigned)((T + FA_BC - 1) / FA_BC);
 }

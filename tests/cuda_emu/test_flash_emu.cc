@@ -234,7 +234,7 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     uint16_t *out = nan_bf16(nq), *dq = nan_bf16(nq), *dk = nan_bf16(nk), *dv = nan_bf16(nk);
     float *lse = nan_f32(nl), *D = nan_f32(nl);
     a.out = out, a.lse = lse;
-    launch(fa_row_blocks(T), (unsigned)(B * nh), FA_THREADS, hd == 64 ? fwd_fn<64> : fwd_fn<128>,
+    launch((unsigned)(B * nh), fa_row_blocks(T), FA_THREADS, hd == 64 ? fwd_fn<64> : fwd_fn<128>,
            &a, "flash_forward_kernel");
     tensor_t cq = up(q, nq), ck = up(k, nk), cv = up(v, nk), co = up(NULL, nq), cl = up(NULL, nl);
     be_attention_forward(cpu, co, cl, cq, ck, cv, cseg, B, T, nh, nkv, hd);
@@ -264,18 +264,18 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     if (split) {
         flash_args a2 = a;
         a2.dk = dk2, a2.dv = dv2;
-        launch(fa_key_blocks(T), (unsigned)(B * nkv), FA_THREADS,
+        launch((unsigned)(B * nkv), fa_key_blocks(T), FA_THREADS,
                hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a2, "flash_dkdv_kernel (by kv head)");
         a.dk_part = shares, a.dv_part = shares + nq;
     }
-    launch(fa_key_blocks(T), (unsigned)(B * (split ? nh : nkv)), FA_THREADS,
+    launch((unsigned)(B * (split ? nh : nkv)), fa_key_blocks(T), FA_THREADS,
            hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a, "flash_dkdv_kernel");
     if (split) {
         reduce_arg rd = {a, hd};
         launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rd,
                "flash_dkdv_reduce_kernel");
     }
-    launch(fa_row_blocks(T), (unsigned)(B * nh), FA_THREADS, hd == 64 ? dq_fn<64> : dq_fn<128>,
+    launch((unsigned)(B * nh), fa_row_blocks(T), FA_THREADS, hd == 64 ? dq_fn<64> : dq_fn<128>,
            &a, "flash_dq_kernel");
     tensor_t cdo = up(dout, nq), cdq = up(NULL, nq), cdk = up(NULL, nk), cdv = up(NULL, nk);
     be_attention_backward(cpu, cdq, cdk, cdv, cdo, co, cl, cq, ck, cv, cseg, B, T, nh, nkv, hd);
