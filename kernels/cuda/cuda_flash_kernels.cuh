@@ -11,16 +11,20 @@
  * Math: backend.h (scale 1/sqrt(hd), query t sees keys [lo(t), t] with
  * lo(t) = seg[b,t] clamped to [0, t], or 0 without seg). Products on tensor
  * cores, mma.sync m16n8k16 (bf16 in, fp32 accumulate; sm_80 and later), P
- * and dS rounded to bf16 before their products (as the unfused path does);
- * row statistics, lse and D in fp32.
+ * and dS / scale rounded to bf16 before their products (one cvt.rn.bf16x2
+ * a pair; the unfused path rounds P and dS too), the scale applied to dQ
+ * and dK in fp32 at the end; exponentials in base 2 with the scale folded
+ * into one FFMA an element (ex2.approx.ftz); row statistics, lse and D in
+ * fp32.
  *
  * Forward: one block of four warps per (64 query rows, batch row, head);
  * each warp owns 16 rows, keeps its Q fragments and fp32 output accumulator
  * in registers, and walks the 64-key tiles of K and V (staged in shared
  * memory) from the first tile any row of the block sees (the smallest
  * document start) to the diagonal, with a running max and sum per row
- * (online softmax). Tiles wholly above the diagonal or before every
- * document of the warp's rows are skipped. lse = m + log(l) is saved.
+ * (online softmax; m the raw max score). Tiles wholly above the diagonal
+ * or before every document of the warp's rows are skipped. lse = m scale +
+ * log(l) is saved.
  *
  * Backward: D = rowsum(dO * O) (fp32, [B, nh, T] in the backend's scratch),
  * then two kernels that each recompute P = exp(S - lse) from Q, K and lse:
@@ -31,6 +35,8 @@
  *    dK += dS^T Q.
  *  - dQ: one block per (64 query rows, batch row, head), as the forward:
  *    dP = dO V^T, dS = P (dP - D) scale, dQ += dS K.
+ * Grids: blockIdx.x the (batch row, head) pair, y the block of rows or
+ * keys, so the longest blocks of every head start first (fa_row_block).
  * No atomics: every output element has one writer, and its sums run in a
  * fixed order, so forward and backward are deterministic (bit for bit from
  * run to run on one GPU model). The price: S is computed twice in the
@@ -55,14 +61,15 @@
 #define FA_BC 64   /* keys per tile; keys per dK/dV block */
 #define FA_BQ 32   /* query rows per tile of the dK/dV kernel */
 #define FA_THREADS 128
-/* Forward blocks an SM must hold (the register cap: 3 x 128 threads is 168
- * registers a thread, 12 warps a multiprocessor instead of 8). */
-#ifndef FA_FWD_MIN_BLOCKS
+/* Forward blocks a multiprocessor must hold: the register cap (3 x 128
+ * threads is 168 registers a thread) gives 12 warps instead of 8, and the
+ * forward 11% more speed on an H200 (16 bytes spilled, outside the loop).
+ * The backward kernels stay at 2 (about 250 registers: their dK, dV or dQ
+ * accumulators and two fragment sets): capped at 3, the dK/dV kernel
+ * spilled 300 bytes in its loop and ran 18% slower, and a dQ kernel
+ * rearranged to fit 3 (dO staged, half tiles) gained under 2%
+ * (docs/perf.md). */
 #define FA_FWD_MIN_BLOCKS 3
-#endif
-#ifndef FA_DQ_MIN_BLOCKS /* the same for the dQ kernel */
-#define FA_DQ_MIN_BLOCKS 1
-#endif
 
 typedef struct flash_args {
     const uint16_t *q, *k, *v, *o, *dout;
@@ -532,7 +539,7 @@ __global__ void flash_dkdv_reduce_kernel(flash_args a, int hd)
 /* ---- backward: dQ ----------------------------------------------------------------- */
 
 template <int HD>
-__global__ void __launch_bounds__(FA_THREADS, FA_DQ_MIN_BLOCKS) flash_dq_kernel(flash_args a)
+__global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
 {
     __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
     __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
