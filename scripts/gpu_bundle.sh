@@ -6,7 +6,7 @@
 #
 #   gpu-bundle/
 #     gpu_check.sh          run this there: tests, benchmarks, one table, at
-#                           most 6 minutes (--dry-run: every GPU step skipped)
+#                           most 8 minutes (--dry-run: every GPU step skipped)
 #     run                   ./run CMD ARGS: CMD with the bundle's environment
 #     env.sh                the same environment for `source`
 #     bin/                  spotune, test_cuda_ops, test_cuda_elementwise,
@@ -193,7 +193,7 @@ chmod +x "$OUT/run"
     echo "nvcc: $(nvcc --version | tail -1)"
     echo "libraries packed: $NLIBS"
     echo
-    echo "On the GPU machine, from this folder:  OUT=dir ./gpu_check.sh   (at most 6 minutes)"
+    echo "On the GPU machine, from this folder:  OUT=dir ./gpu_check.sh   (at most 8 minutes)"
     echo "or ./run spotune --help, ./run test_cuda_ops (test_cuda_elementwise, test_cuda_attention, test_cuda_layer, test_cuda_model, test_cuda_comm)"
     echo "or ./run attn_bench, ./run elem_bench (the kernel workbenches: kernels/cuda/dev/README.md)"
 } > "$OUT/BUILD.txt"

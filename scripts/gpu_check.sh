@@ -2,7 +2,8 @@
 # gpu_check.sh — the one-shot check of spotune's CUDA backend on a GPU
 # machine: run from the folder scripts/gpu_bundle.sh packs (copied there as
 # gpu_check.sh), or from a build tree with --build. At most GPU_CHECK_BUDGET_S
-# seconds of wall time (default 360, six minutes), enforced here: every step
+# seconds of wall time (default 480, eight minutes: on an H200 everything
+# but memcheck takes about 300 s, memcheck 130 s), enforced here: every step
 # has its own time box, cut to what is left of the budget, and a step that
 # cannot get at least 10 s is not started. Steps, most valuable first:
 #
@@ -54,6 +55,10 @@
 #                             between pairs, and with 2 GPUs or more (under
 #                             mpirun, a rank per GPU) NCCL all-reduce bus
 #                             bandwidth; each line a row of its own
+#   HF PEFT 7B LoRA mb4       bench_hf_peft.py with the settings of the
+#   HF PEFT 13B LoRA mb1      spotune rows 13, 12 and 15, each figure with
+#   HF PEFT 7B LoRA seq 8192  spotune's ratio to it (after the doctor: the
+#                             spotune rows and the checks come first)
 #   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
 #                             test_cuda_ops, test_cuda_elementwise and
 #                             test_cuda_attention, reduced shapes; each error
@@ -83,12 +88,13 @@
 #   --build DIR       take spotune, the test programs and the workbenches
 #                     (DIR/dev) from the build tree DIR (scripts and
 #                     fixtures from this source tree)
-#   --budget SECONDS  the wall-time budget (default $GPU_CHECK_BUDGET_S or 360)
+#   --budget SECONDS  the wall-time budget (default $GPU_CHECK_BUDGET_S or 480)
 #   --dry-run         hide every GPU (CUDA_VISIBLE_DEVICES=""): the whole
 #                     script runs, every GPU step a SKIPPED row with its reason
 #   --only KEYS       run only these steps (comma-separated: ops layer model
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
-#                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor memcheck), e.g.
+#                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
+#                     hf7s8k memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -102,7 +108,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 BUILD=""
 DRY=0
 ONLY=""
-BUDGET=${GPU_CHECK_BUDGET_S:-360}
+BUDGET=${GPU_CHECK_BUDGET_S:-480}
 PY=${GPU_CHECK_PYTHON:-python3}
 SCALE=${GPU_CHECK_BOX_SCALE:-1}
 RESERVE=15 # for nvidia-smi at the end, the table and the archive
@@ -200,7 +206,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -220,6 +226,9 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     graphs) n="bench small LoRA mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)" ;;
     b13q) n="bench llama-13b QLoRA (NF4) r16 mb1 seq 2048, recompute layer" ;;
     doctor) n="spotune doctor: GPU lines (devices, ECC, clocks, bf16 GEMM, memory copy, P2P)" ;;
+    hf7mb4) n="HF PEFT llama-7b LoRA r16 mb4 seq 2048 (bench_hf_peft.py)" ;;
+    hf13) n="HF PEFT llama-13b LoRA r16 mb1 seq 2048 (bench_hf_peft.py)" ;;
+    hf7s8k) n="HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
     esac
@@ -596,37 +605,41 @@ want small_lora && bench small_lora 45 small lora 1 10
 want small_full && bench small_full 45 small full 1 10
 want b7 && bench b7 60 llama-7b lora 1 5
 
-# HF PEFT on the same GPU, with this machine's own library path
-i=${IDX[hf7]}
-if ! want hf7; then
-    :
-elif [ -n "$NO_GPU" ]; then
-    row_set "$i" SKIPPED 0 "$NO_GPU"
-else
+# HF PEFT on the same GPU, with this machine's own library path: hf KEY BOX
+# PRESET MB SEQ OURS (OURS: the spotune bench row of the same settings,
+# whose tokens/s the figure divides by HF's)
+hf() {
+    local key=$1 box=$2 preset=$3 mb=$4 seq=$5 ours_key=$6 i=${IDX[$1]} json ours fig
+    if [ -n "$NO_GPU" ]; then
+        row_set "$i" SKIPPED 0 "$NO_GPU"
+        return
+    fi
     if [ "$ORIG_LD_SET" = set ]; then PYENV=(env "LD_LIBRARY_PATH=$ORIG_LD"); else PYENV=(env -u LD_LIBRARY_PATH); fi
-    step hf7 90 "${PYENV[@]}" PYTHONUNBUFFERED=1 "$PY" "$HF_SCRIPT" --preset llama-7b --mode lora \
-        --micro-batch 1 --seq-len 2048 --steps 5 --warmup 1 --lora-r 16 --device cuda \
+    step "$key" "$box" "${PYENV[@]}" PYTHONUNBUFFERED=1 "$PY" "$HF_SCRIPT" --preset "$preset" --mode lora \
+        --micro-batch "$mb" --seq-len "$seq" --steps 5 --warmup 1 --lora-r 16 --device cuda \
         --dtype bfloat16
-    json=$(grep '^{' "$PARTS/hf7.out" | tail -1)
+    json=$(grep '^{' "$PARTS/$key.out" | tail -1)
     case $RC in
     125) row_set "$i" SKIPPED 0 "not started: the budget ran out" ;;
     124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s" ;;
     0)
-        ours=${BENCH[b7]:-}
+        ours=${BENCH[$ours_key]:-}
         fig=$(awk -v t="$(jget tokens_per_s "$json")" -v s="$(jget step_s "$json")" \
             -v p="$(jget peak_mem_bytes "$json")" -v l="$(jget step1_loss "$json")" \
             -v tv="$(jget torch "$json")" -v pv="$(jget peft "$json")" \
             -v ot="$(jget tokens_per_s "$ours")" -v om="$(jget mfu "$ours")" \
-            -v om6="$(jget mfu_6n "$ours")" 'BEGIN {
+            -v om6="$(jget mfu_6n "$ours")" -v row="$((${IDX[$ours_key]} + 1))" 'BEGIN {
             printf "%.0f tok/s, step %.3f s, peak %.1f GiB", t, s, p / 2^30
             if (ot > 0 && om >= 0) printf ", MFU honest %.1f%% / 6N %.1f%% (spotune'"'"'s FLOPs per token)", 100 * om * t / ot, 100 * om6 * t / ot
-            if (ot > 0) printf "; spotune 7B is %.2fx this", ot / t
+            if (ot > 0) printf "; spotune (row %d) is %.2fx this", row, ot / t
+            else printf "; no spotune row %d to compare", row
             printf "; step 1 loss %.4f; torch %s, peft %s", l, tv, pv }')
         row_set "$i" PASS "$DT" "$fig"
         ;;
-    *) row_set "$i" FAIL "$DT" "exit $RC: $(why_failed "$PARTS/hf7.out")" ;;
+    *) row_set "$i" FAIL "$DT" "exit $RC: $(why_failed "$PARTS/$key.out")" ;;
     esac
-fi
+}
+want hf7 && hf hf7 90 llama-7b 1 2048 b7
 
 # the kernel workbenches: attention versions, then elementwise versions
 want attn_bench && workbench attn_bench 45 attn_figure "$DEV/attn_bench" --iters 3
@@ -686,6 +699,12 @@ else
     *) row_set "$i" FAIL "$DT" "exit $RC: $(why_failed "$PARTS/doctor.out")" ;;
     esac
 fi
+
+# HF PEFT at the other settings the issue's table compares (after the
+# checks: a short budget spends itself on spotune first)
+want hf7mb4 && hf hf7mb4 60 llama-7b 4 2048 b7mb4
+want hf13 && hf hf13 90 llama-13b 1 2048 b13
+want hf7s8k && hf hf7s8k 75 llama-7b 1 8192 b7s8k
 
 # compute-sanitizer's memcheck with what is left
 i=${IDX[memcheck]}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 20 rows, every GPU step is
+#     run on a GPU machine too): the table has all 23 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA),
 #     the two kernel workbenches' rows too, the test programs report their
 #     own skip, exit 77, and it takes under a minute;
@@ -54,7 +54,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 20 rows" $((n != 20)) "$table"
+check "dry run: the table has the 23 rows" $((n != 23)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -63,7 +63,7 @@ for k in 2 3 4 5; do
         { has "$r" "cudaGetDeviceCount: " || has "$r" "built without the CUDA backend"; }
     check "dry run: test row $k skipped by the program itself, naming why" $? "$r"
 done
-for k in 6 7 8 9 10 11 12 13 14 15 16 17 18; do
+for k in 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21; do
     r=$(row "$table" $k)
     has "$r" "no usable CUDA device: "
     check "dry run: GPU row $k skipped with the reason" $? "$r"
@@ -73,7 +73,7 @@ has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
 check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
 ! has "$table" "full output: out/"
 check "dry run: no workbench table after the main one" $? "$table"
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 20)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 23)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -235,6 +235,17 @@ EOF
 cat > "$tmp/path/fakepython" <<'EOF'
 #!/usr/bin/env bash
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH-<unset>}" > "$FAKE_PY_ENV"
+echo "args: $*" >> "$FAKE_PY_ENV"
+if [ -n "${FAKE_PY_OK:-}" ]; then # bench_hf_peft.py's JSON line, tokens/s by settings
+    case "$*" in
+    *"--preset llama-13b"*) t=900 ;;
+    *"--micro-batch 4"*) t=1500 ;;
+    *"--seq-len 8192"*) t=1100 ;;
+    *) t=1650 ;;
+    esac
+    printf '{"tokens_per_s":%s,"step_s":1.0,"peak_mem_bytes":32212254720.0,"step1_loss":11.19,"torch":"2.11.0","peft":"0.21.0"}\n' "$t"
+    exit 0
+fi
 echo "error: import torch: OSError: libcudnn.so.9: cannot open shared object file: No such file or directory" >&2
 exit 2
 EOF
@@ -267,6 +278,9 @@ expect_row 7 FAIL "step 1 vs the cpu backend: loss 10.52 vs 10.91"
 expect_row 8 PASS "MFU honest 44.2% / 6N 45.2%; step 1 loss 11.2000"
 expect_row 8 PASS "one step 200.0 ms: GEMM 40%, LoRA 10%, attention 20%, elementwise 20%, optimizer 5%, comm 5%"
 expect_row 9 FAIL "error: import torch: OSError: libcudnn.so.9"
+expect_row 19 FAIL "exit 2: error: import torch: OSError: libcudnn.so.9"
+expect_row 20 FAIL "HF PEFT llama-13b LoRA r16 mb1 seq 2048 (bench_hf_peft.py) | FAIL"
+expect_row 21 FAIL "HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py) | FAIL"
 expect_row 10 PASS "attention workbench (attn_bench"
 expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms)"
 expect_row 10 PASS "other shapes: 1,2048,32,8,128 2.50x, 1,4096,32,8,64 3.00x, 2,1031,8,2,64 1.00x"
@@ -286,16 +300,16 @@ expect_row 16 PASS "graphs: 9 step(s) replayed one (871 ops), 9 update(s) replay
 expect_row 17 PASS "bench llama-13b QLoRA (NF4) r16 mb1 seq 2048, recompute layer"
 expect_row 17 PASS "1200 tok/s, step 1.707 s, peak 9.1 GiB"
 expect_row 18 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
-expect_row 19 FAIL "exit 3, 3 errors"
-expect_row 20 PASS "NVIDIA H200"
-expect_row 21 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 22 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 23 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 24 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 22 FAIL "exit 3, 3 errors"
+expect_row 23 PASS "NVIDIA H200"
+expect_row 24 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 25 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 26 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 27 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 20 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 24)) "$table"
+check "stand-ins: 23 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 27)) "$table"
 # the workbenches' own tables after the main one, whole
-after=$(sed -n '/^| 24 |/,$p' <<<"$table")
+after=$(sed -n '/^| 27 |/,$p' <<<"$table")
 has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
     has "$after" "device: NVIDIA H200; 3 iterations" &&
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
@@ -368,11 +382,27 @@ expect_row 8 PASS "3300 tok/s"
 expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048"
 expect_row 1 PASS "NVIDIA H200"
 expect_row 2 OMITTED "not selected (--only b7,attn_bench)"
-expect_row 19 OMITTED "not selected (--only b7,attn_bench)"
+expect_row 22 OMITTED "not selected (--only b7,attn_bench)"
 n=$(grep -cE '^\| [0-9]+ \| .* \| OMITTED \|' <<<"$table")
-check "--only: the 16 other steps OMITTED" $((n != 16)) "$table"
+check "--only: the 19 other steps OMITTED" $((n != 19)) "$table"
 ! has "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)" "-- ops:"
 check "--only: an omitted step does not run" $? "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)"
+# the HF peer at the issue's other settings: its ratio to the spotune row of
+# the same settings, or that there is none to compare
+out=$(env -u LD_LIBRARY_PATH OUT="$tmp/onlyhf" PATH="$tmp/path:/usr/bin:/bin" GPU_CHECK_BOX_SCALE=0.1 \
+    GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv6" FAKE_PY_OK=1 \
+    bash "$bundle/gpu_check.sh" --only b7mb4,hf7mb4,hf13,hf7s8k,b7s8k 2>&1)
+rc=$?
+table=$(cat "$tmp/onlyhf/gpu_check_table.md" 2>/dev/null)
+check "--only HF rows: exit 0" $((rc != 0)) "exit $rc: $out"
+expect_row 19 PASS "1500 tok/s, step 1.000 s, peak 30.0 GiB, MFU honest 20.0% / 6N 20.4% (spotune's FLOPs per token); spotune (row 13) is 2.40x this; step 1 loss 11.1900; torch 2.11.0, peft 0.21.0"
+expect_row 20 PASS "900 tok/s"
+expect_row 20 PASS "no spotune row 12 to compare"
+expect_row 21 PASS "1100 tok/s"
+expect_row 21 PASS "spotune (row 15) is 3.00x this"
+pyargs=$(cat "$tmp/pyenv6" 2>/dev/null)
+has "$pyargs" "--preset llama-7b --mode lora --micro-batch 1 --seq-len 8192 --steps 5 --warmup 1 --lora-r 16 --device cuda --dtype bfloat16"
+check "--only HF rows: the peer gets the row's settings" $? "$pyargs"
 out=$(OUT="$tmp/only2" bash "$bundle/gpu_check.sh" --only b7,bogus 2>&1)
 rc=$?
 has "$out" "--only: no step 'bogus'"
@@ -394,10 +424,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 20)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-9]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 17)) "$table"
-expect_row 20 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 23)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-9]|2[0-2]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 20)) "$table"
+expect_row 23 PASS "NVIDIA H200"
 
 # ---- 4. a run cut short from outside ----------------------------------------------------------
 # (its caller's time limit): the table of the rows reached is in OUT, marked
@@ -409,7 +439,7 @@ table=$(cat "$tmp/cut/gpu_check_table.md" 2>/dev/null)
 has "$table" "PARTIAL: the check was still running after"
 check "cut short: the table in OUT says it is partial" $? "$table"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "cut short: every row present" $((nrows != 20)) "$table"
+check "cut short: every row present" $((nrows != 23)) "$table"
 expect_row 1 PASS "NVIDIA H200"
 has "$(row "$table" 2)" "| SKIPPED | - | not reached"
 check "cut short: the step it was in is 'not reached'" $? "$table"
