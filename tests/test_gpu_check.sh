@@ -372,11 +372,16 @@ expect_row 11 SKIPPED "elem_bench: runtime.backend: cuda requested but no CUDA d
 
 # --only: the chosen steps run, the others are OMITTED rows (neither failed
 # nor skipped: exit 0 when the chosen ones pass); an unknown key is refused
-out=$(env -u LD_LIBRARY_PATH OUT="$tmp/only" PATH="$tmp/path:/usr/bin:/bin" GPU_CHECK_BOX_SCALE=0.1 \
-    GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv5" \
-    bash "$bundle/gpu_check.sh" --only b7,attn_bench 2>&1)
-rc=$?
-table=$(cat "$tmp/only/gpu_check_table.md" 2>/dev/null)
+only_run() { # only_run NAME KEYS [VAR=VALUE ...]: the stand-ins with --only KEYS; sets out, rc, table
+    local name=$1 keys=$2
+    shift 2
+    out=$(env -u LD_LIBRARY_PATH OUT="$tmp/$name" PATH="$tmp/path:/usr/bin:/bin" GPU_CHECK_BOX_SCALE=0.1 \
+        GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/$name.pyenv" "$@" \
+        bash "$bundle/gpu_check.sh" --only "$keys" 2>&1)
+    rc=$?
+    table=$(cat "$tmp/$name/gpu_check_table.md" 2>/dev/null)
+}
+only_run only b7,attn_bench
 check "--only: exit 0 (the chosen steps passed)" $((rc != 0)) "exit $rc: $out"
 expect_row 8 PASS "3300 tok/s"
 expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048"
@@ -389,18 +394,14 @@ check "--only: the 19 other steps OMITTED" $((n != 19)) "$table"
 check "--only: an omitted step does not run" $? "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)"
 # the HF peer at the issue's other settings: its ratio to the spotune row of
 # the same settings, or that there is none to compare
-out=$(env -u LD_LIBRARY_PATH OUT="$tmp/onlyhf" PATH="$tmp/path:/usr/bin:/bin" GPU_CHECK_BOX_SCALE=0.1 \
-    GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv6" FAKE_PY_OK=1 \
-    bash "$bundle/gpu_check.sh" --only b7mb4,hf7mb4,hf13,hf7s8k,b7s8k 2>&1)
-rc=$?
-table=$(cat "$tmp/onlyhf/gpu_check_table.md" 2>/dev/null)
+only_run onlyhf b7mb4,hf7mb4,hf13,hf7s8k,b7s8k FAKE_PY_OK=1
 check "--only HF rows: exit 0" $((rc != 0)) "exit $rc: $out"
 expect_row 19 PASS "1500 tok/s, step 1.000 s, peak 30.0 GiB, MFU honest 20.0% / 6N 20.4% (spotune's FLOPs per token); spotune (row 13) is 2.40x this; step 1 loss 11.1900; torch 2.11.0, peft 0.21.0"
 expect_row 20 PASS "900 tok/s"
 expect_row 20 PASS "no spotune row 12 to compare"
 expect_row 21 PASS "1100 tok/s"
 expect_row 21 PASS "spotune (row 15) is 3.00x this"
-pyargs=$(cat "$tmp/pyenv6" 2>/dev/null)
+pyargs=$(cat "$tmp/onlyhf.pyenv" 2>/dev/null)
 has "$pyargs" "--preset llama-7b --mode lora --micro-batch 1 --seq-len 8192 --steps 5 --warmup 1 --lora-r 16 --device cuda --dtype bfloat16"
 check "--only HF rows: the peer gets the row's settings" $? "$pyargs"
 out=$(OUT="$tmp/only2" bash "$bundle/gpu_check.sh" --only b7,bogus 2>&1)
