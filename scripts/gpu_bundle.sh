@@ -22,7 +22,10 @@
 #     tests/fixtures/       the fixtures the model test reads, as
 #                           tests/fixtures/gpu_bundle.list names them (the
 #                           test fails on a case not listed)
-#     scripts/              bench_hf_peft.py
+#     gpu_profile.sh        where Nsight Compute is installed: where the
+#                           time goes (the attention kernels, a step kernel
+#                           by kernel, other builds of the CUDA module)
+#     scripts/              bench_hf_peft.py, kernel_shares.py
 #     BUILD.txt             commit, architectures, compiler, build date
 #
 # Left out: glibc, libstdc++/libgcc_s, the CUDA runtime, cuBLAS/cuBLASLt,
@@ -108,8 +111,9 @@ while read -r c; do
 done < tests/fixtures/gpu_bundle.list
 cp tests/fixtures/gpu_bundle.list "$OUT/tests/fixtures/"
 cp scripts/gpu_check.sh "$OUT/gpu_check.sh"
-cp scripts/bench_hf_peft.py "$OUT/scripts/"
-chmod +x "$OUT/gpu_check.sh"
+cp scripts/gpu_profile.sh "$OUT/gpu_profile.sh"
+cp scripts/bench_hf_peft.py scripts/kernel_shares.py "$OUT/scripts/"
+chmod +x "$OUT/gpu_check.sh" "$OUT/gpu_profile.sh"
 
 # What the machine provides: the C library, the C++ runtime, CUDA, NCCL, the driver.
 SYSTEM_LIBS='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec\.so|libpthread\.so|libdl\.so|librt\.so|libresolv\.so|libutil\.so|libanl\.so|libnsl\.so|libBrokenLocale\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libnccl\.so|libnvidia-)'

@@ -213,3 +213,11 @@ spotune_require(test_gpu_check.sh check.sh)
 add_test(NAME gpu_check_sh COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_check.sh
   ${CMAKE_BINARY_DIR})
 set_tests_properties(gpu_check_sh PROPERTIES TIMEOUT 300 LABELS "cuda;gpu_check")
+
+# scripts/gpu_profile.sh with a stand-in ncu printing real Nsight Compute
+# output (tests/fixtures/ncu_*): the attention kernels' table, a step's
+# kernel shares, attn_bench under other CUDA modules, exit 77 without ncu
+# (tests/test_gpu_profile.sh).
+spotune_require(test_gpu_profile.sh fixtures/ncu_dkdv_details.txt fixtures/ncu_step_durations.csv)
+add_test(NAME gpu_profile_sh COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_gpu_profile.sh)
+set_tests_properties(gpu_profile_sh PROPERTIES TIMEOUT 120 LABELS "cuda;gpu_check")

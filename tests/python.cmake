@@ -1,5 +1,6 @@
-# Python-side tests: data preparation (scripts/prepare_data.py) and the plot
-# of a run's metrics (scripts/plot_metrics.py).
+# Python-side tests: data preparation (scripts/prepare_data.py), the plot of
+# a run's metrics (scripts/plot_metrics.py), a step's GPU time by kernel
+# (scripts/kernel_shares.py) and the merged export under PEFT.
 # Needs: pip install -r scripts/requirements-data.txt
 find_program(SPOTUNE_PYTHON3 python3 REQUIRED)
 spotune_require(test_prepare_data.py test_plot_metrics.py)
@@ -8,6 +9,11 @@ set_tests_properties(prepare_data_py PROPERTIES LABELS "python" TIMEOUT 300)
 # scripts/plot_metrics.py (needs scripts/requirements-plot.txt: matplotlib)
 add_test(NAME plot_metrics_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_plot_metrics.py)
 set_tests_properties(plot_metrics_py PROPERTIES LABELS "python" TIMEOUT 300)
+# scripts/kernel_shares.py (the standard library only): a step's GPU time by
+# kernel from Nsight Compute's CSV, on an excerpt of a real one
+spotune_require(test_kernel_shares.py fixtures/ncu_step_durations.csv)
+add_test(NAME kernel_shares_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_kernel_shares.py)
+set_tests_properties(kernel_shares_py PROPERTIES LABELS "python" TIMEOUT 120)
 # scripts/check_merged_export.py --fixtures: spotune trains and exports every
 # tests/fixtures/hf architecture; the merged model must generate and score as
 # base + adapter under PEFT. Needs torch, transformers 5.24, peft 0.21.2 and
