@@ -26,7 +26,8 @@
 # Output: in $OUT (or a temporary folder, printed): the ncu files,
 #   step.csv, and gpu_profile.md with every summary (also printed).
 # Environment: OUT; GPU_PROFILE_NCU (the ncu to run; set and empty: none).
-# Exit: 0 done; 1 a part failed; 2 usage; 77 no ncu (nothing measured).
+# Exit: 0 done; 1 a part failed; 2 usage; 77 no ncu, or attn_bench found
+#   no usable GPU (nothing measured).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -75,7 +76,7 @@ mkdir -p "$DEST"
 MD="$DEST/gpu_profile.md"
 : > "$MD"
 say() { echo "$*" | tee -a "$MD"; }
-FAILED=0
+FAILED=0 SKIPPED=0
 
 # the value of an ncu details line ("    Duration   us   586.50" -> "586.50 us")
 metric() { awk -v k="$1" 'index($0, k) && !seen { n = NF; print $n, $(n - 1); seen = 1 }' "$2"; }
@@ -143,7 +144,10 @@ for part in "${PARTS[@]}"; do
                 timeout "$BOX" "$ATTN" --shape "$SHAPE" --iters 20 --no-check > "$DEST/modules.out" 2>&1
             rc=$?
             grep '| fused' "$DEST/modules.out" | tee -a "$MD"
-            if [ $rc -ne 0 ]; then
+            if [ $rc -eq 77 ]; then # no usable device: its reason
+                say "SKIPPED: $(tail -n 1 "$DEST/modules.out")"
+                SKIPPED=1
+            elif [ $rc -ne 0 ]; then
                 say "FAIL: attn_bench exited $rc: $(tail -n 1 "$DEST/modules.out")"
                 FAILED=1
             fi
@@ -153,4 +157,6 @@ for part in "${PARTS[@]}"; do
     esac
 done
 echo "gpu_profile: $MD" >&2
-exit $FAILED
+[ $FAILED = 1 ] && exit 1
+[ $SKIPPED = 1 ] && exit 77
+exit 0

@@ -11,7 +11,8 @@
 #     in $OUT/gpu_profile.md, exit 0;
 #  3. --modules: attn_bench run with each module as SPOTUNE_CUDA_MODULE
 #     (an absolute path) and its fused rows kept; a missing module a FAIL
-#     line and exit 1; an ncu that fails: a FAIL row, exit 1;
+#     line and exit 1; no usable GPU a SKIPPED line with attn_bench's
+#     reason, exit 77; an ncu that fails: a FAIL row, exit 1;
 #  4. a bad argument: exit 2.
 # usage: tests/test_gpu_profile.sh
 set -uo pipefail
@@ -26,6 +27,10 @@ cp "$here/scripts/kernel_shares.py" "$b/scripts/"
 echo 'export PATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/bin:$PATH"' > "$b/env.sh"
 cat > "$b/bin/attn_bench" <<'EOS'
 #!/usr/bin/env bash
+if [ -n "${FAKE_NO_GPU:-}" ]; then
+    echo "attn_bench: runtime.backend: cuda requested but no CUDA device is usable: cudaGetDeviceCount: no CUDA-capable device"
+    exit 77
+fi
 echo "device: stand-in"
 echo "| $2 | fused    |     0.166 |     0.606 | module ${SPOTUNE_CUDA_MODULE:-none} |"
 echo "| $2 | unfused  |     0.919 |     3.902 |"
@@ -85,6 +90,10 @@ out=$(GPU_PROFILE_NCU="" OUT="$tmp/mods2" bash "$b/gpu_profile.sh" --modules "$t
 rc=$?
 has "$out" "FAIL: $tmp/absent.so: no such file" && [ $rc -eq 1 ]
 check "modules: a missing module is a FAIL line, exit 1" $? "exit $rc: $out"
+out=$(GPU_PROFILE_NCU="" FAKE_NO_GPU=1 OUT="$tmp/mods3" bash "$b/gpu_profile.sh" --modules "$tmp/a.so" 2>&1)
+rc=$?
+has "$out" "SKIPPED: attn_bench: runtime.backend: cuda requested but no CUDA device is usable" && [ $rc -eq 77 ]
+check "modules: no usable GPU is SKIPPED with attn_bench's reason, exit 77" $? "exit $rc: $out"
 out=$(GPU_PROFILE_NCU="$tmp/ncu" FAKE_NCU_FAIL=1 OUT="$tmp/fail" bash "$b/gpu_profile.sh" --attention 2>&1)
 rc=$?
 has "$out" "| flash_dq_kernel | FAIL (exit 9: ==ERROR== the profiler could not start) |" && [ $rc -eq 1 ]
