@@ -4,7 +4,11 @@
 # environment in .venv for the data-preparation scripts (pip). Idempotent and
 # quick when everything is present. Needs root or sudo for apt-get.
 #
-# usage: scripts/install-deps.sh [--python]      (--python: also the .venv)
+# usage: scripts/install-deps.sh [--python [--hf]]
+#   --python: also the .venv (scripts/requirements-data.txt, -plot.txt)
+#   --hf:     and in it the Hugging Face reference stack the tests compare
+#             against (scripts/requirements-hf.txt: torch, PEFT, bitsandbytes;
+#             about 5 GB; scripts/test.sh asks for it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +29,18 @@ if [ -n "$missing" ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
 fi
 
-if [ "${1:-}" = "--python" ]; then
+python=0 hf=0
+for a in "$@"; do
+  case "$a" in
+    --python) python=1 ;;
+    --hf) hf=1 ;;
+    *) echo "usage: scripts/install-deps.sh [--python [--hf]]" >&2; exit 2 ;;
+  esac
+done
+if [ "$hf" = 1 ] && [ "$python" = 0 ]; then
+  echo "install-deps: --hf installs into the .venv: give --python too" >&2; exit 2
+fi
+if [ "$python" = 1 ]; then
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
@@ -35,5 +50,14 @@ if [ "${1:-}" = "--python" ]; then
     .venv/bin/pip install -q --disable-pip-version-check \
       -r scripts/requirements-data.txt -r scripts/requirements-plot.txt
     echo "$want" > .venv/.installed
+  fi
+  if [ "$hf" = 1 ]; then
+    want=$(sha256sum < scripts/requirements-hf.txt | cut -c1-16)
+    if [ "$(cat .venv/.installed-hf 2>/dev/null || true)" != "$want" ]; then
+      echo "install-deps: pip install into .venv (torch, PEFT, bitsandbytes: the tests' reference)"
+      .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements-hf.txt \
+        -r scripts/requirements-data.txt
+      echo "$want" > .venv/.installed-hf
+    fi
   fi
 fi

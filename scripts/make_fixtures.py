@@ -545,10 +545,10 @@ def generate(root):
     return log
 
 
-# Files another script writes into the case directories
-# (scripts/make_packed_fixtures.py): not compared here, and kept when a case
-# directory is rewritten.
-OTHER_SCRIPTS_FILES = ("packed.safetensors",)
+# Files other scripts write into the case directories
+# (scripts/make_packed_fixtures.py, scripts/make_dropout_fixtures.py): not
+# compared here, and kept when a case directory is rewritten.
+OTHER_SCRIPTS_FILES = ("packed.safetensors", "lora_dropout_expected.safetensors")
 
 
 def compare_trees(a, b):

@@ -136,11 +136,15 @@ def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
     fixtures = os.path.join(os.path.dirname(here), "tests", "fixtures", "hf")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=fixtures,
+                    help="the hf fixtures directory: reads each case's model and adapter "
+                         "there, writes its packed.safetensors (default: tests/fixtures/hf)")
     ap.add_argument("--check", action="store_true",
                     help="write into a temporary copy and compare byte for byte; exit 1 if "
                          "anything differs")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    fixtures = args.out
     if not args.check:
         for line in generate(fixtures):
             print(line)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh — builds spotune and runs the whole suite, as CI does:
-#   1. installs what is missing (Debian packages, the .venv for Python tests,
-#      the local S3 test server's packages);
+#   1. installs what is missing (Debian packages, the .venv for Python tests
+#      with the Hugging Face stack the fixtures and exports are checked
+#      against, the local S3 test server's packages);
 #   2. the normal build (the CUDA backend compiled and linked when nvcc is
 #      found; its tests report "skipped" without a GPU) and every test;
 #   3. a Release build (-O3, CPU backend), compiled only: GCC's warnings
@@ -31,7 +32,10 @@ stop_s3() { if [ -x scripts/swift-s3.sh ]; then scripts/swift-s3.sh stop >/dev/n
 trap stop_s3 EXIT
 trap 'stop_s3; exit 130' INT TERM
 
-scripts/install-deps.sh --python
+scripts/install-deps.sh --python --hf
+# Installed just above: a test that finds torch, PEFT or bitsandbytes missing
+# fails here instead of reporting itself skipped.
+export SPOTUNE_REQUIRE_HF_TESTS=1
 if [ -x scripts/install-s3-test-deps.sh ]; then scripts/install-s3-test-deps.sh; fi
 export PATH="$root/.venv/bin:$PATH"
 if [ -d /usr/local/cuda/bin ]; then export PATH="$PATH:/usr/local/cuda/bin"; fi

@@ -14,10 +14,20 @@ set_tests_properties(plot_metrics_py PROPERTIES LABELS "python" TIMEOUT 300)
 spotune_require(test_kernel_shares.py fixtures/ncu_step_durations.csv)
 add_test(NAME kernel_shares_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_kernel_shares.py)
 set_tests_properties(kernel_shares_py PROPERTIES LABELS "python" TIMEOUT 120)
+# tests/check_fixtures.py: every golden-value fixture of tests/fixtures/ made
+# again by its scripts/make_*.py generator from torch, transformers, PEFT and
+# bitsandbytes (scripts/requirements-hf.txt) and compared with the committed
+# one (float32 within rel 1e-6, the rest exact). Without the packages exit 77:
+# skipped (scripts/test.sh installs them and makes that a failure).
+spotune_require(check_fixtures.py)
+add_test(NAME fixtures_reproduce_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/check_fixtures.py)
+set_tests_properties(fixtures_reproduce_py PROPERTIES LABELS "python" TIMEOUT 900
+                     SKIP_RETURN_CODE 77)
 # scripts/check_merged_export.py --fixtures: spotune trains and exports every
 # tests/fixtures/hf architecture; the merged model must generate and score as
 # base + adapter under PEFT. Needs torch, transformers 5.24, peft 0.21.2 and
-# h5py; without them the script exits 77 and ctest reports the test skipped.
+# h5py; without them the script exits 77 and ctest reports the test skipped
+# (scripts/test.sh installs them: scripts/install-deps.sh --python --hf).
 add_test(NAME check_merged_export_py
          COMMAND python3 ${CMAKE_SOURCE_DIR}/scripts/check_merged_export.py --fixtures
                  --spotune $<TARGET_FILE:spotune>)
