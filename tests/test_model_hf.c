@@ -224,9 +224,10 @@ Test(model_hf, fused_products_match_per_projection)
  * the A gradients and the input gradient's LoRA part. Against the branches
  * one by one (SPOTUNE_LORA_BATCHED=0): the same loss and gradients up to
  * summation order (1e-5 relative). That the batched path ran is seen in its
- * scratch: after the backward it holds layer 0's stacked [A_q; A_k; A_v]
- * (the last group the backward reaches), which the one-by-one path never
- * writes. */
+ * scratch: after the backward it holds layer 0's stacked [A_gate; A_up] (the
+ * last group whose dx the backward makes: layer 0's q/k/v dx is not made,
+ * as the frozen embedding wants no gradient), which the one-by-one path
+ * never writes. */
 static float *batched_grads(int batched, double *loss, size_t *n)
 {
     hf_case hc;
@@ -246,13 +247,13 @@ static float *batched_grads(int batched, double *loss, size_t *n)
     float *g = malloc(sizeof(float) * *n);
     be_download(hc.be, g, DT_F32, hc.m->grad);
     size_t an = (size_t)hc.m->o.lora_r * (size_t)hc.mc.hidden, same = 0;
-    float *cat = malloc(sizeof(float) * 3 * an), *a = malloc(sizeof(float) * an);
-    be_download(hc.be, cat, DT_F32, tensor_view(s->lora_acat, 0, 3 * an));
-    for (int p = PROJ_Q; p <= PROJ_V; p++) {
+    float *cat = malloc(sizeof(float) * 2 * an), *a = malloc(sizeof(float) * an);
+    be_download(hc.be, cat, DT_F32, tensor_view(s->lora_acat, 0, 2 * an));
+    for (int p = PROJ_GATE; p <= PROJ_UP; p++) {
         be_download(hc.be, a, DT_F32, hc.m->layers[0].lora_a[p]->w);
-        same += memcmp(a, cat + (size_t)(p - PROJ_Q) * an, sizeof(float) * an) == 0;
+        same += memcmp(a, cat + (size_t)(p - PROJ_GATE) * an, sizeof(float) * an) == 0;
     }
-    cr_expect_eq(same, batched ? 3u : 0u, "%zu of layer 0's A_q, A_k, A_v stacked in the scratch",
+    cr_expect_eq(same, batched ? 2u : 0u, "%zu of layer 0's A_gate, A_up stacked in the scratch",
                  same);
     free(cat), free(a);
     close_case(&hc);

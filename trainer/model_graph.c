@@ -183,9 +183,9 @@ static tensor_t from_col(tensor_t t, int col)
  * gradients dys (row stride dy_ld; 0: each its projection's width): each
  * B gradient and d(xr) (into the columns of one [rows, count r] matrix),
  * then one product for the stacked A gradients and one for
- * dx += d(xr) [A_1; ...]. */
+ * dx = d(xr) [A_1; ...] + dx_beta dx (none when dx.p is NULL). */
 static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, int dy_ld,
-                                tensor_t x, tensor_t dx)
+                                tensor_t x, tensor_t dx, float dx_beta)
 {
     model_t *m = c->m;
     model_scratch *s = MODEL_SCRATCH(m);
@@ -210,8 +210,9 @@ static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t 
         param_t *A = m->layers[l].lora_a[first + i];
         be_add(m->be, A->grad, tensor_view(dA, (size_t)i * n, n), 1.0f, n);
     }
-    be_matmul(m->be, dx, dxr, lora_a_stacked(c, l, first, count, in), c->rows, in, R, 0, 0, 1.0f,
-              1.0f);
+    if (dx.p)
+        be_matmul(m->be, dx, dxr, lora_a_stacked(c, l, first, count, in), c->rows, in, R, 0, 0,
+                  1.0f, dx_beta);
     be_prof_lora(m->be, 0);
 }
 
@@ -234,9 +235,10 @@ static void linear_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t
 }
 
 /* The LoRA path's gradients given dy (row stride dy_ld): those of A and B,
- * and dx += the gradient through drop(x) A^T B^T. */
+ * and dx = the gradient through drop(x) A^T B^T + dx_beta dx (dx_beta 0 or
+ * 1; no dx when dx.p is NULL). */
 static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, int dy_ld, tensor_t x,
-                          tensor_t dx)
+                          tensor_t dx, float dx_beta)
 {
     model_t *m = c->m;
     be_prof_lora(m->be, 1);
@@ -251,13 +253,18 @@ static void lora_backward(const step_ctx *c, int l, int p, tensor_t dy, int dy_l
                  r);
     tensor_t xin = lora_input(c, l, p, x, j.in);
     be_matmul(m->be, A->grad, s->dxr, xin, r, j.in, c->rows, 1, 0, 1.0f, 1.0f);
-    if (m->o.lora_dropout > 0) {
+    if (!dx.p) {
+        /* nothing upstream wants the input's gradient */
+    } else if (m->o.lora_dropout > 0) {
         tensor_t d = rows_of(s->drop, c->rows, j.in);
         be_matmul(m->be, d, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 0.0f);
         lora_input(c, l, p, d, j.in); /* the same mask applied to the gradient */
-        be_add(m->be, dx, d, 1.0f, d.n);
+        if (dx_beta != 0.0f)
+            be_add(m->be, dx, d, 1.0f, d.n);
+        else
+            be_copy(m->be, rows_of(dx, c->rows, j.in), d);
     } else {
-        be_matmul(m->be, dx, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, 1.0f);
+        be_matmul(m->be, dx, s->dxr, A->w, c->rows, j.in, r, 0, 0, 1.0f, dx_beta);
     }
     be_prof_lora(m->be, 0);
 }
@@ -278,18 +285,24 @@ static void dora_dropout_backward(const step_ctx *c, int l, int p, tensor_t dy, 
     be_col_dot(m->be, j.L->lora_m[p]->grad, dy, g, n, c->rows, j.out);
     be_copy(m->be, g, rows_of(dy, c->rows, j.out));
     be_col_scale(m->be, g, j.L->lora_m[p]->w, n, c->rows, j.out);
-    be_matmul(m->be, dx, dy, w, c->rows, j.in, j.out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
-    tensor_t d = rows_of(s->drop, c->rows, j.in); /* x_d is not needed any more */
-    be_matmul(m->be, d, g, w, c->rows, j.in, j.out, 0, 0, 1.0f, 0.0f);
-    be_matmul(m->be, d, dy, w, c->rows, j.in, j.out, 0, 0, -1.0f, 1.0f);
-    lora_input(c, l, p, d, j.in); /* the forward's mask */
-    be_add(m->be, dx, d, 1.0f, d.n);
-    lora_backward(c, l, p, g, j.out, x, dx);
+    if (dx.p) {
+        be_matmul(m->be, dx, dy, w, c->rows, j.in, j.out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
+        tensor_t d = rows_of(s->drop, c->rows, j.in); /* x_d is not needed any more */
+        be_matmul(m->be, d, g, w, c->rows, j.in, j.out, 0, 0, 1.0f, 0.0f);
+        be_matmul(m->be, d, dy, w, c->rows, j.in, j.out, 0, 0, -1.0f, 1.0f);
+        lora_input(c, l, p, d, j.in); /* the forward's mask */
+        be_add(m->be, dx, d, 1.0f, d.n);
+    }
+    lora_backward(c, l, p, g, j.out, x, dx, 1.0f);
     be_prof_lora(m->be, 0);
 }
 
-/* Given dy: dx (+)= dy W (+ the LoRA path), and the gradients of whatever
- * is trainable (W, b, A, B, DoRA's magnitude). */
+/* Given dy: dx (+)= dy W (+ the LoRA path; no dx when dx.p is NULL), and
+ * the gradients of whatever is trainable (W, b, A, B, DoRA's magnitude).
+ * The LoRA path writes (or
+ * adds to) dx first and the base product adds to it: the small product
+ * writes dx once instead of reading and writing it, the large one reads it
+ * while it computes (lora_first). */
 static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x, tensor_t dx,
                             int accumulate)
 {
@@ -314,11 +327,15 @@ static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor
         be_prof_lora(m->be, 0);
         dy = g;
     }
-    be_matmul(m->be, dx, dy, w, c->rows, j.in, j.out, 0, 0, 1.0f, accumulate ? 1.0f : 0.0f);
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (j.L->lora_a[p]) {
+        lora_backward(c, l, p, dy, j.out, x, dx, beta);
+        beta = 1.0f;
+    }
+    if (dx.p)
+        be_matmul(m->be, dx, dy, w, c->rows, j.in, j.out, 0, 0, 1.0f, beta);
     if (W->trainable)
         be_matmul(m->be, W->grad, dy, x, j.out, j.in, c->rows, 1, 0, 1.0f, 1.0f);
-    if (j.L->lora_a[p])
-        lora_backward(c, l, p, dy, j.out, x, dx);
 }
 
 /* Output columns of fused group g (the sum of its projections' outs). */
@@ -398,7 +415,13 @@ static tensor_t fused_weight(const step_ctx *c, int l, int g)
  * x W_cat^T [rows, sum of outs] into the layer's gu (gate/up strided) or
  * s->bwd (unused in the forward), then each projection's bias and LoRA
  * branch. Strided (fused_strided), the outputs are the product's column
- * blocks; else it is split into ys (projection first + i's in ys[i]). */
+ * blocks; else it is split into ys (projection first + i's in ys[i]).
+ * Strided with batched LoRA, the branches come first: each B product
+ * writes its block (beta 0) and the base product adds to the whole
+ * (beta 1), which it reads while it computes; in the other order each B
+ * product would read and write its block, a pass over the group's output
+ * in memory-bound small products (7B: 3 x 16 MB for q/k/v, 2 x 45 MB for
+ * gate/up, each way, a layer). */
 static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, tensor_t x)
 {
     model_t *m = c->m;
@@ -409,16 +432,28 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
                            c->rows, N);
     tensor_t xr = no_tensor();
     int r = (int)m->o.lora_r, batched = lora_batched(c, l, g);
-    be_matmul(m->be, cat, x, fused_weight(c, l, g), c->rows, N, in, 0, 1, 1.0f, 0.0f);
-    if (strided && m->layers[l].fused_b[g].p) /* the group's biases, one add */
-        be_add_bias(m->be, cat, m->layers[l].fused_b[g], c->rows, N);
     if (batched) {
         be_prof_lora(m->be, 1);
         xr = rows_of(m->acts[l].xr_cat[g], c->rows, count * r);
         be_matmul(m->be, xr, x, lora_a_stacked(c, l, first, count, in), c->rows, count * r, in,
                   0, 1, 1.0f, 0.0f);
+        if (strided) /* the B products first, each writing its block */
+            for (int i = 0, col = 0; i < count; i++) {
+                int p = first + i, out = proj_of(m, l, p).out;
+                be_matmul_ld(m->be, from_col(cat, col), from_col(xr, i * r),
+                             m->layers[l].lora_b[p]->w, c->rows, out, r, 0, 1, m->lora_scale,
+                             0.0f, count * r, r, N);
+                col += out;
+            }
         be_prof_lora(m->be, 0);
     }
+    int lora_first = batched && strided;
+    be_matmul(m->be, cat, x, fused_weight(c, l, g), c->rows, N, in, 0, 1, 1.0f,
+              lora_first ? 1.0f : 0.0f);
+    if (strided && m->layers[l].fused_b[g].p) /* the group's biases, one add */
+        be_add_bias(m->be, cat, m->layers[l].fused_b[g], c->rows, N);
+    if (lora_first)
+        return;
     for (int i = 0, col = 0; i < count; i++) {
         int out = proj_of(m, l, first + i).out;
         tensor_t y = strided ? from_col(cat, col) : ys[i];
@@ -448,18 +483,24 @@ static void fused_backward(const step_ctx *c, int l, int g, const tensor_t *dys,
         be_copy2d(m->be, from_col(join, col), dys[i], c->rows, out, N, out);
         col += out;
     }
-    be_matmul(m->be, dx, join, fused_weight(c, l, g), c->rows, in, N, 0, 0, 1.0f, 0.0f);
     int batched = lora_batched(c, l, g);
+    float beta = 0.0f; /* the LoRA paths write dx first (linear_backward) */
     for (int i = 0; i < count; i++) {
         layer_params *L = &m->layers[l];
         int p = first + i, out = proj_of(m, l, p).out;
         if (L->b[p] && L->b[p]->trainable)
             be_bias_backward(m->be, L->b[p]->grad, dys[i], c->rows, out);
-        if (L->lora_a[p] && !batched)
-            lora_backward(c, l, p, dys[i], strided ? N : out, x, dx);
+        if (L->lora_a[p] && !batched) {
+            lora_backward(c, l, p, dys[i], strided ? N : out, x, dx, beta);
+            beta = 1.0f;
+        }
     }
-    if (batched)
-        lora_group_backward(c, l, g, dys, strided ? N : 0, x, dx);
+    if (batched) {
+        lora_group_backward(c, l, g, dys, strided ? N : 0, x, dx, 0.0f);
+        beta = 1.0f;
+    }
+    if (dx.p)
+        be_matmul(m->be, dx, join, fused_weight(c, l, g), c->rows, in, N, 0, 0, 1.0f, beta);
 }
 
 /* The batch's packed-document positions and segment starts on the device
@@ -581,7 +622,11 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
     linear_forward(c, l, PROJ_DOWN, out, a->a, a->x_mid); /* out = x_mid + down(a) */
 }
 
-/* s->dres holds d(layer output) on entry and d(layer input) on return. */
+/* s->dres holds d(layer output) on entry and d(layer input) on return,
+ * except for layer 0 when neither the embedding nor its first norm trains
+ * (LoRA): nothing wants d(input) there, so the q/k/v products' dx and the
+ * norm's backward are not made (7B: one [rows, 4096] x [4096, 12288]
+ * product and a pass), and s->dres is left holding d(x_mid). */
 void model_graph_layer_backward(const step_ctx *c, int l)
 {
     model_t *m = c->m;
@@ -619,6 +664,8 @@ void model_graph_layer_backward(const step_ctx *c, int l)
     /* attention: x_mid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x) */
     if (m->o.recompute == RECOMPUTE_ATTENTION)
         attention(c, a);
+    int dx_wanted = l > 0 || m->embed->trainable || L->attn_norm->trainable;
+    tensor_t dh = dx_wanted ? s->dh : no_tensor();
     tensor_t dq = tensor_view(s->bwd, 0, rows * qd), datt = tensor_view(s->bwd, rows * qd, rows * qd);
     tensor_t dk = tensor_view(s->bwd, 2 * rows * qd, rows * kvd);
     tensor_t dv = tensor_view(s->bwd, 2 * rows * qd + rows * kvd, rows * kvd);
@@ -628,20 +675,21 @@ void model_graph_layer_backward(const step_ctx *c, int l)
     if (fused_strided(m, l, FUSE_QKV)) {
         tensor_t join = qkv_join(c, l, dq, dk, dv);
         tensor_t dys[3] = {join, from_col(join, (int)qd), from_col(join, (int)(qd + kvd))};
-        fused_backward(c, l, FUSE_QKV, dys, a->h1, s->dh, join);
+        fused_backward(c, l, FUSE_QKV, dys, a->h1, dh, join);
     } else if (m->fused) {
         rope_qk(c, dq, dk, 1);
         tensor_t dys[3] = {dq, dk, dv};
-        fused_backward(c, l, FUSE_QKV, dys, a->h1, s->dh, a->qkv);
+        fused_backward(c, l, FUSE_QKV, dys, a->h1, dh, a->qkv);
     } else {
         rope_qk(c, dq, dk, 1);
-        linear_backward(c, l, PROJ_Q, dq, a->h1, s->dh, 0);
-        linear_backward(c, l, PROJ_K, dk, a->h1, s->dh, 1);
-        linear_backward(c, l, PROJ_V, dv, a->h1, s->dh, 1);
+        linear_backward(c, l, PROJ_Q, dq, a->h1, dh, 0);
+        linear_backward(c, l, PROJ_K, dk, a->h1, dh, 1);
+        linear_backward(c, l, PROJ_V, dv, a->h1, dh, 1);
     }
-    be_rmsnorm_backward(m->be, s->dres,
-                        L->attn_norm->trainable ? L->attn_norm->grad : no_tensor(), s->dh, a->x,
-                        L->attn_norm->w, a->rstd1, c->rows, H);
+    if (dx_wanted)
+        be_rmsnorm_backward(m->be, s->dres,
+                            L->attn_norm->trainable ? L->attn_norm->grad : no_tensor(), s->dh,
+                            a->x, L->attn_norm->w, a->rstd1, c->rows, H);
 }
 
 /* Final norm, LM head and loss, a chunk of rows at a time so the logits of
