@@ -33,10 +33,9 @@ static void softmax_rows(float *S, float *lse, const int32_t *seg, int T)
         double l = 0.0;
         for (int j = 0; j < lo; j++)
             s[j] = 0.0f;
-        for (int j = lo; j <= t; j++) {
-            s[j] = expf(s[j] - m);
+        cpu_vexp(s + lo, s + lo, (size_t)(t + 1 - lo), 1.0f, -m);
+        for (int j = lo; j <= t; j++)
             l += s[j];
-        }
         float inv = (float)(1.0 / l);
         for (int j = lo; j <= t; j++)
             s[j] *= inv;
@@ -122,8 +121,7 @@ void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor
                         int lo = cpu_seg_lo(SG, (size_t)b * T + t, t);
                         for (int j = 0; j < lo; j++)
                             p[j] = 0.0f; /* dS is 0 there too: p (dP - D) */
-                        for (int j = lo; j <= t; j++)
-                            p[j] = expf(p[j] - lh[t]);
+                        cpu_vexp(p + lo, p + lo, (size_t)(t + 1 - lo), 1.0f, -lh[t]);
                         for (int j = t + 1; j < T; j++)
                             p[j] = 0.0f;
                         const float *ot = O + qo + (size_t)t * ldq, *dot = DO + qo + (size_t)t * ldq;

@@ -83,10 +83,9 @@ static float online_row(float *s, int n, float *m, float *l)
         return 1.0f;
     }
     float corr = *m == -INFINITY ? 0.0f : expf(*m - mx), sum = 0.0f;
-    for (int j = 0; j < n; j++) {
-        s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mx);
+    cpu_vexp(s, s, (size_t)n, 1.0f, -mx); /* mx is finite: exp(-inf - mx) = 0 */
+    for (int j = 0; j < n; j++)
         sum += s[j];
-    }
     *m = mx;
     *l = *l * corr + sum;
     return corr;
@@ -196,6 +195,10 @@ static void backward_pair(const flash_head *f, const flash_grads *g, int i0, int
     tile_scores(P, f, i0, i1, j0, j1);
     for (int r = 0; r < rows; r++) {
         float *p = P + (size_t)r * FLASH_BC, lt = g->lse[i0 + r];
+        if (isfinite(lt)) {
+            cpu_vexp(p, p, (size_t)cols, 1.0f, -lt); /* exp(-inf - lt) = 0 */
+            continue;
+        }
         for (int c = 0; c < cols; c++)
             p[c] = p[c] == -INFINITY ? 0.0f : expf(p[c] - lt);
     }

@@ -22,9 +22,9 @@ typedef struct cpu_impl {
     cpu_attn_kind attn; /* the attention this backend runs */
 } cpu_impl;
 
-static int cpu_reference(backend_t *be)
+int cpu_is_reference(const backend_t *be)
 {
-    return ((cpu_impl *)be->impl)->reference;
+    return ((const cpu_impl *)be->impl)->reference;
 }
 
 static tensor_t cpu_alloc(backend_t *be, dtype_t dt, size_t n)
@@ -118,7 +118,7 @@ static void cpu_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M,
 {
     if (M == 0 || N == 0)
         return;
-    if (cpu_reference(be) || K == 0) {
+    if (cpu_is_reference(be) || K == 0) {
         matmul_plain(C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc);
         return;
     }

@@ -12,6 +12,19 @@
 
 int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err);
 
+/* Whether be is the reference backend ("cpu-ref": plain loops). */
+int cpu_is_reference(const backend_t *be);
+
+/* dst[i] = exp(a src[i] + b) for i < n (dst may be src): libmvec's vector
+ * expf where the CPU has AVX-512 or AVX2 (within 2 ulp), expf elsewhere
+ * (cpu_vmath.c); cpu_vexp_kind() says which ("libmvec avx512", ...). The
+ * fast path's softmax, loss and SwiGLU; the reference keeps expf. */
+void cpu_vexp(float *dst, const float *src, size_t n, float a, float b);
+const char *cpu_vexp_kind(void);
+/* The same through one routine, "avx512", "avx2" or "expf" (tests); -1 when
+ * the CPU or the build has not got it. */
+int cpu_vexp_with(const char *isa, float *dst, const float *src, size_t n, float a, float b);
+
 /* The math ops, shared by the fast and reference tables (cpu_ops.c). */
 void cpu_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
                          int rows, int cols, float eps);

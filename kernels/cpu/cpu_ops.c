@@ -229,37 +229,65 @@ void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv
 
 /* ---- SwiGLU ------------------------------------------------------------- */
 
+/* SwiGLU's rows are taken in chunks of SILU_CHUNK columns: e = exp(-g) for
+ * a chunk at once (cpu_vexp on the fast path, expf on the reference), then
+ * s = 1 / (1 + e). */
+#define SILU_CHUNK 256
+
+static void neg_exp(float *e, const float *g, int n, int fast)
+{
+    if (fast) {
+        cpu_vexp(e, g, (size_t)n, -1.0f, 0.0f);
+        return;
+    }
+    for (int k = 0; k < n; k++)
+        e[k] = expf(-g[k]);
+}
+
 void cpu_swiglu_forward(backend_t *be, tensor_t out, tensor_t g, tensor_t u, int rows, int cols,
                         int ld)
 {
-    (void)be;
+    int fast = !cpu_is_reference(be);
     const float *G = F(g), *U = F(u);
     float *O = F(out);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            size_t i = (size_t)r * (size_t)ld + (size_t)c;
-            float gv = G[i], s = 1.0f / (1.0f + expf(-gv));
-            O[(size_t)r * (size_t)cols + (size_t)c] = gv * s * U[i];
+        for (int c0 = 0; c0 < cols; c0 += SILU_CHUNK) {
+            int n = cols - c0 < SILU_CHUNK ? cols - c0 : SILU_CHUNK;
+            size_t i0 = (size_t)r * (size_t)ld + (size_t)c0;
+            float e[SILU_CHUNK];
+            neg_exp(e, G + i0, n, fast);
+            float *o = O + (size_t)r * (size_t)cols + (size_t)c0;
+            for (int k = 0; k < n; k++) {
+                float gv = G[i0 + k], s = 1.0f / (1.0f + e[k]);
+                o[k] = gv * s * U[i0 + k];
+            }
         }
 }
 
 void cpu_swiglu_backward(backend_t *be, tensor_t dg, tensor_t du, tensor_t dout, tensor_t g,
                          tensor_t u, int rows, int cols, int ld)
 {
-    (void)be;
+    int fast = !cpu_is_reference(be);
     const float *G = F(g), *U = F(u), *DO = F(dout);
     float *DG = F(dg), *DU = F(du);
-    /* silu'(g) = s (1 + g (1 - s)); g and u read before dg and du are
-     * written: they may be the same memory */
+    /* silu'(g) = s (1 + g (1 - s)); each element's g and u read before its
+     * dg and du are written: they may be the same memory */
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            size_t i = (size_t)r * (size_t)ld + (size_t)c;
-            float gv = G[i], uv = U[i], d = DO[(size_t)r * (size_t)cols + (size_t)c];
-            float s = 1.0f / (1.0f + expf(-gv));
-            DG[i] = d * uv * s * (1.0f + gv * (1.0f - s));
-            DU[i] = d * gv * s;
+        for (int c0 = 0; c0 < cols; c0 += SILU_CHUNK) {
+            int n = cols - c0 < SILU_CHUNK ? cols - c0 : SILU_CHUNK;
+            size_t i0 = (size_t)r * (size_t)ld + (size_t)c0;
+            float e[SILU_CHUNK];
+            neg_exp(e, G + i0, n, fast);
+            const float *d0 = DO + (size_t)r * (size_t)cols + (size_t)c0;
+            for (int k = 0; k < n; k++) {
+                size_t i = i0 + (size_t)k;
+                float gv = G[i], uv = U[i], d = d0[k];
+                float s = 1.0f / (1.0f + e[k]);
+                DG[i] = d * uv * s * (1.0f + gv * (1.0f - s));
+                DU[i] = d * gv * s;
+            }
         }
 }
 
@@ -340,7 +368,7 @@ void cpu_embedding_backward(backend_t *be, tensor_t dtable, tensor_t dout, tenso
 void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t targets, int rows,
                        int V, float grad_scale, tensor_t scale)
 {
-    (void)be;
+    int fast = !cpu_is_reference(be);
     if (scale.p)
         grad_scale *= *(const float *)scale.p;
     float *X = F(logits), *Lo = F(loss);
@@ -355,14 +383,26 @@ void cpu_cross_entropy(backend_t *be, tensor_t logits, tensor_t loss, tensor_t t
             continue;
         }
         float m = -INFINITY, xt = x[t];
-        for (int i = 0; i < V; i++)
-            if (x[i] > m)
-                m = x[i];
         double s = 0.0;
-        for (int i = 0; i < V; i++) { /* one exp per logit, kept for the gradient */
-            float e = expf(x[i] - m);
-            x[i] = e;
-            s += e;
+        if (fast) { /* one exp per logit, kept for the gradient; the max and
+                     * the sum over vector lanes (another order, the same
+                     * every run) */
+#pragma omp simd reduction(max : m)
+            for (int i = 0; i < V; i++)
+                m = x[i] > m ? x[i] : m;
+            cpu_vexp(x, x, (size_t)V, 1.0f, -m);
+#pragma omp simd reduction(+ : s)
+            for (int i = 0; i < V; i++)
+                s += x[i];
+        } else {
+            for (int i = 0; i < V; i++)
+                if (x[i] > m)
+                    m = x[i];
+            for (int i = 0; i < V; i++) {
+                float e = expf(x[i] - m);
+                x[i] = e;
+                s += e;
+            }
         }
         Lo[r] = (float)(m + log(s) - xt);
         float g = (float)(grad_scale / s);
