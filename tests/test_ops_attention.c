@@ -405,21 +405,24 @@ static void free_run(attn_run *r)
     free(r->out), free(r->lse), free(r->dq), free(r->dk), free(r->dv);
 }
 
-/* The fast backend with the blocked attention at every length (by default
- * only from 2048 tokens). */
-static backend_t *make_flash(void)
+/* The fast backend with one attention at every length: "flash", the
+ * blocked one (by default only from 2048 tokens), or "blas", the sgemm one
+ * over causal row blocks (by default under 2048). */
+static backend_t *make_fast(const char *kind)
 {
     backend_t *fl = NULL;
     sp_err err = {0};
-    setenv("SPOTUNE_CPU_ATTENTION", "flash", 1);
+    setenv("SPOTUNE_CPU_ATTENTION", kind, 1);
     cr_assert_eq(backend_create(&fl, "cpu", 0, 2, &err), 0, "%s", err.msg);
     unsetenv("SPOTUNE_CPU_ATTENTION");
     return fl;
 }
 
-/* Blocked (the fast backend forced to it) against plain loops (ref) on one shape, with or without
- * packed documents of up to 50 tokens (they cross the 64-row tiles). */
-static void check_flash(backend_t *ref, int B, int T, int nh, int nkv, int hd, int packed)
+/* The fast backend forced to attention `kind` against plain loops (ref) on
+ * one shape, with or without packed documents of up to 50 tokens (they
+ * cross the 64-row tiles and row blocks). */
+static void check_fast(backend_t *ref, const char *kind, int B, int T, int nh, int nkv, int hd,
+                       int packed)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
@@ -428,7 +431,7 @@ static void check_flash(backend_t *ref, int B, int T, int nh, int nkv, int hd, i
         seg = malloc(sizeof(int32_t) * (size_t)B * T);
         flash_packed_rows(B, T, 50, seg);
     }
-    backend_t *fl = make_flash();
+    backend_t *fl = make_fast(kind);
     attn_run a = run_attention(fl, q, k, v, dout, seg, B, T, nh, nkv, hd);
     attn_run w = run_attention(ref, q, k, v, dout, seg, B, T, nh, nkv, hd);
     backend_destroy(fl);
@@ -437,8 +440,8 @@ static void check_flash(backend_t *ref, int B, int T, int nh, int nkv, int hd, i
     size_t ns[5] = {nq, nl, nq, nk, nk};
     for (int i = 0; i < 5; i++) {
         double e = rel_err_f(got[i], want[i], ns[i]);
-        cr_expect(e <= FLASH_TOL, "flash B%d T%d nh%d nkv%d hd%d%s %s: rel err %.3g > %.0e", B, T,
-                  nh, nkv, hd, packed ? " packed" : "", names[i], e, FLASH_TOL);
+        cr_expect(e <= FLASH_TOL, "%s B%d T%d nh%d nkv%d hd%d%s %s: rel err %.3g > %.0e", kind, B,
+                  T, nh, nkv, hd, packed ? " packed" : "", names[i], e, FLASH_TOL);
     }
     free_run(&a), free_run(&w);
     free(q), free(k), free(v), free(dout), free(seg);
@@ -453,15 +456,20 @@ static backend_t *make_ref(void)
     return ref;
 }
 
-static void check_flash_shapes(int hd, int packed)
+static void check_fast_shapes(const char *kind, int hd, int packed)
 {
     static const int Ts[] = {1, 7, 37, 130};
     static const int heads[][2] = {{2, 2}, {4, 1}, {8, 1}}; /* groups 1, 4, 8 */
     backend_t *ref = make_ref();
     for (int i = 0; i < 4; i++)
         for (int g = 0; g < 3; g++)
-            check_flash(ref, 2, Ts[i], heads[g][0], heads[g][1], hd, packed);
+            check_fast(ref, kind, 2, Ts[i], heads[g][0], heads[g][1], hd, packed);
     backend_destroy(ref);
+}
+
+static void check_flash_shapes(int hd, int packed)
+{
+    check_fast_shapes("flash", hd, packed);
 }
 
 Test(ops, flash_attention_matches_plain_hd64)
@@ -486,17 +494,17 @@ Test(ops, flash_attention_matches_plain_packed_documents)
 Test(ops, flash_attention_matches_plain_small_heads_and_long_documents)
 {
     backend_t *ref = make_ref();
-    check_flash(ref, 2, 5, 4, 2, 4, 0);
-    check_flash(ref, 1, 9, 3, 3, 6, 0);
-    check_flash(ref, 1, 3, 4, 1, 2, 0);
-    check_flash(ref, 2, 67, 8, 2, 16, 1);
+    check_fast(ref, "flash", 2, 5, 4, 2, 4, 0);
+    check_fast(ref, "flash", 1, 9, 3, 3, 6, 0);
+    check_fast(ref, "flash", 1, 3, 4, 1, 2, 0);
+    check_fast(ref, "flash", 2, 67, 8, 2, 16, 1);
     int T = 250, nh = 2, nkv = 1, hd = 64;
     int32_t seg[250];
     for (int t = 0; t < T; t++)
         seg[t] = t < 100 ? 0 : 100;
     size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd;
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
-    backend_t *fl = make_flash();
+    backend_t *fl = make_fast("flash");
     attn_run a = run_attention(fl, q, k, v, dout, seg, 1, T, nh, nkv, hd);
     attn_run w = run_attention(ref, q, k, v, dout, seg, 1, T, nh, nkv, hd);
     backend_destroy(fl);
@@ -506,6 +514,23 @@ Test(ops, flash_attention_matches_plain_small_heads_and_long_documents)
     cr_expect(rel_err_f(a.dv, w.dv, nk) <= FLASH_TOL, "dv %g", rel_err_f(a.dv, w.dv, nk));
     free_run(&a), free_run(&w);
     free(q), free(k), free(v), free(dout);
+    backend_destroy(ref);
+}
+
+/* The sgemm attention (the fast path's under 2048 tokens) takes its query
+ * rows in causal blocks of 64 (cpu_attention_blas.c): against the plain
+ * loops at 1e-5 on lengths within one block and across several, the last
+ * one partial (1, 7, 37, 130, 200), groups 1, 4, 8, head dims 64 and 128,
+ * with and without packed documents that cross the blocks. */
+Test(ops, blas_attention_matches_plain_row_blocks)
+{
+    check_fast_shapes("blas", 64, 0);
+    check_fast_shapes("blas", 128, 1);
+    backend_t *ref = make_ref();
+    check_fast(ref, "blas", 2, 200, 8, 2, 64, 0);
+    check_fast(ref, "blas", 2, 200, 4, 1, 64, 1);
+    check_fast(ref, "blas", 1, 64, 2, 2, 16, 0);
+    check_fast(ref, "blas", 1, 65, 2, 2, 16, 1);
     backend_destroy(ref);
 }
 
