@@ -37,8 +37,9 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                             tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
                             tensor_t seg, int B, int T, int nh, int nkv, int hd);
-/* The previous fast-path attention (sgemm per head over T x T scores,
- * cpu_attention_blas.c): windows under 2048 tokens, or SPOTUNE_CPU_ATTENTION=blas. */
+/* The previous fast-path attention (sgemm per head over T x T scores, in
+ * causal row blocks, cpu_attention_blas.c): windows under 2048 tokens, or
+ * SPOTUNE_CPU_ATTENTION=blas. */
 void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
                                 tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
 void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
