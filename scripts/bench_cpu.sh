@@ -3,22 +3,31 @@
 # PyTorch with transformers + PEFT on the same number of threads, same model
 # (the `small` preset: vocabulary 32000, hidden 768, 12 layers, 12 heads / 4 KV
 # heads), micro_batch 4 x seq_len 256, LoRA r=16 on all 7 projections and full
-# fine-tuning. Prints a table and the ratio. A benchmark, not a test.
-# The peer needs: pip install torch transformers peft (the CPU build of torch
-# is enough); without it only spotune's figures are printed.
-# usage: scripts/bench_cpu.sh [--threads N] [--steps N] [--warmup N] [--python PY]
+# fine-tuning. Each mode runs --runs times (3), spotune and the peer
+# alternated; prints every pair and a median line whose ratio is the median
+# of spotune over the median of the peer (a shared machine moves either by
+# 10-20% from run to run: one pair's ratio is mostly noise). A benchmark, not
+# a test.
+# The peer needs torch, transformers and PEFT (scripts/install-deps.sh
+# --python --hf puts them in .venv, the default PY when it exists); without
+# them only spotune's figures are printed.
+# usage: scripts/bench_cpu.sh [--threads N] [--steps N] [--warmup N] [--runs N] [--python PY]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=$(nproc) steps=3 warmup=1 py=python3
+threads=$(nproc) steps=3 warmup=1 runs=3 py=python3
+[ -x .venv/bin/python ] && py=.venv/bin/python
+usage="usage: scripts/bench_cpu.sh [--threads N] [--steps N] [--warmup N] [--runs N] [--python PY]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --threads) threads=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
-    *) echo "usage: scripts/bench_cpu.sh [--threads N] [--steps N] [--warmup N] [--python PY]" >&2; exit 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
+case "$runs" in ''|*[!0-9]*|0) echo "bench_cpu: --runs wants a whole number from 1 ($runs)" >&2; exit 2 ;; esac
 scripts/install-deps.sh >/dev/null
 cmake -S . -B build-cpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPOTUNE_CUDA=OFF >/dev/null
 ninja -C build-cpu spotune >/dev/null
@@ -26,21 +35,36 @@ model=runs/bench/small
 [ -f "$model/config.json" ] || build-cpu/spotune init-model --preset small --seed 1 "$model" >/dev/null
 
 field() { sed -E "s/.*\"$1\": ?([0-9.eE+-]+).*/\1/"; }
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 peer_ok=1
 "$py" -c "import torch, transformers, peft" 2>/dev/null || peer_ok=0
-echo "CPU training step, small preset (110M), micro_batch 4 x seq_len 256, $threads thread(s), $steps timed step(s)"
-printf "%-6s %16s %16s %8s\n" mode "spotune tok/s" "HF+PEFT tok/s" ratio
+echo "CPU training step, small preset (110M), micro_batch 4 x seq_len 256, $threads thread(s), $steps timed step(s), $runs run(s) a mode"
+printf "%-6s %6s %16s %16s %8s\n" mode run "spotune tok/s" "HF+PEFT tok/s" ratio
 for mode in lora full; do
-  ours=$(build-cpu/spotune bench --preset small --mode "$mode" --micro-batch 4 --seq-len 256 \
-    --steps "$steps" --warmup "$warmup" --threads "$threads" --backend cpu --json | field tokens_per_s)
+  ours_all="" theirs_all=""
+  for run in $(seq 1 "$runs"); do
+    ours=$(build-cpu/spotune bench --preset small --mode "$mode" --micro-batch 4 --seq-len 256 \
+      --steps "$steps" --warmup "$warmup" --threads "$threads" --backend cpu --json | field tokens_per_s)
+    ours_all="$ours_all $ours"
+    if [ "$peer_ok" = 1 ]; then
+      theirs=$("$py" scripts/bench_hf_peft.py --model "$model" --mode "$mode" --micro-batch 4 \
+        --seq-len 256 --threads "$threads" --steps "$steps" --warmup "$warmup" 2>/dev/null | field tokens_per_s)
+      theirs_all="$theirs_all $theirs"
+      ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2fx", a / b }')
+      theirs=$(printf "%.1f" "$theirs")
+    else
+      theirs="(no torch)" ratio="-"
+    fi
+    printf "%-6s %6s %16.1f %16s %8s\n" "$mode" "$run" "$ours" "$theirs" "$ratio"
+  done
+  om=$(echo "$ours_all" | tr ' ' '\n' | grep . | median)
   if [ "$peer_ok" = 1 ]; then
-    theirs=$("$py" scripts/bench_hf_peft.py --model "$model" --mode "$mode" --micro-batch 4 \
-      --seq-len 256 --threads "$threads" --steps "$steps" --warmup "$warmup" 2>/dev/null | field tokens_per_s)
-    ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2fx", a / b }')
+    tm=$(echo "$theirs_all" | tr ' ' '\n' | grep . | median)
+    ratio=$(awk -v a="$om" -v b="$tm" 'BEGIN { printf "%.2fx", a / b }')
+    tm=$(printf "%.1f" "$tm")
   else
-    theirs="(no torch)" ratio="-"
+    tm="(no torch)" ratio="-"
   fi
-  [ "$peer_ok" = 1 ] && theirs=$(printf "%.1f" "$theirs")
-  printf "%-6s %16.1f %16s %8s\n" "$mode" "$ours" "$theirs" "$ratio"
+  printf "%-6s %6s %16.1f %16s %8s\n" "$mode" median "$om" "$tm" "$ratio"
 done
-[ "$peer_ok" = 1 ] || echo "the peer needs: pip install torch transformers peft"
+[ "$peer_ok" = 1 ] || echo "the peer needs torch, transformers and PEFT: scripts/install-deps.sh --python --hf"
