@@ -302,7 +302,7 @@ static void dora_dropout_backward(const step_ctx *c, int l, int p, tensor_t dy, 
  * The LoRA path writes (or
  * adds to) dx first and the base product adds to it: the small product
  * writes dx once instead of reading and writing it, the large one reads it
- * while it computes (lora_first). */
+ * while it computes (as in fused_forward). */
 static void linear_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x, tensor_t dx,
                             int accumulate)
 {
