@@ -94,6 +94,16 @@ static int has_status(const char *out, const char *name, const char *status)
     cr_expect(has_status(out, name, st), "%s should be %s: '%s'\n%s", name, st,                \
               line_of(out, name), out)
 
+/* storage.write wrote and fsync'ed its file and measured the rate. PASS or
+ * WARN is the disk's speed against 100 MB/s, which a shared test machine's
+ * disk straddles: a test asserts that the check ran, not how fast. */
+#define EXPECT_WRITE_MEASURED(out)                                                             \
+    cr_expect((has_status(out, "storage.write", "PASS") ||                                     \
+               has_status(out, "storage.write", "WARN")) &&                                    \
+                  tu_contains(line_of(out, "storage.write"), " MB/s (") &&                     \
+                  tu_contains(line_of(out, "storage.write"), "written and fsync'ed"),          \
+              "storage.write: '%s'\n%s", line_of(out, "storage.write"), out)
+
 Test(doctor, no_config_host_storage_and_gpu_skipped)
 {
     char *out = NULL;
@@ -103,7 +113,7 @@ Test(doctor, no_config_host_storage_and_gpu_skipped)
                           "host.network", "host.mpi", "storage.free", "storage.write"};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         cr_expect(line_of(out, host[i])[0], "no %s line:\n%s", host[i], out);
-    EXPECT_STATUS(out, "storage.write", "PASS");
+    EXPECT_WRITE_MEASURED(out);
     const char *gpu[] = {"gpu.devices", "gpu.gemm_bf16", "gpu.memcopy", "gpu.p2p",
                          "gpu.nccl_allreduce"};
     for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++) {
@@ -226,7 +236,7 @@ Test(doctor, store_good_credentials_pass)
     EXPECT_STATUS(out, "config.model", "PASS");
     EXPECT_STATUS(out, "config.data_train", "PASS");
     EXPECT_STATUS(out, "config.memory_plan", "PASS");
-    EXPECT_STATUS(out, "storage.write", "PASS");
+    EXPECT_WRITE_MEASURED(out);
     cr_expect(tu_contains(line_of(out, "storage.free"), "does not exist yet"), "%s", out);
     cr_expect(!tu_contains(out, getenv("AWS_SECRET_ACCESS_KEY")), "the secret is shown:\n%s",
               out);

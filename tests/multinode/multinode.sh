@@ -553,12 +553,24 @@ case_storage_partition() {
     inputs
     storage_up 400000 # bytes/s: a checkpoint's state.h5 (0.2 MiB) takes ~0.5 s
     printf 'node-a slots=1\nnode-b slots=1\n' >"$work/hosts"
-    launch_bg "$work/sp.log" -g 1 -- $(train_cmd sp --set train.steps=150 \
+    # Steps take ~6 ms here, and a checkpoint taken while an upload is under
+    # way supersedes the one waiting: the run is long enough that the second
+    # upload (the first after step 10's) starts well before its end on a
+    # machine several times faster, whichever step it picks.
+    local steps=400
+    launch_bg "$work/sp.log" -g 1 -- $(train_cmd sp --set train.steps=$steps \
         --set checkpoint.every_steps=10 --set checkpoint.keep=3 --set comm.timeout_s=60)
     # the link goes down right after the upload of a checkpoint's state began
+    # (one from step 20 on, that leaves 40 steps or more to train)
     local put step t_down t_up s_down
-    wait_until 120 grep -qE "> PUT /spotune-mn/run-$id/step-000000([2-9]|1[0-9])0/state.h5" "$work/forward.log"
-    put=$(grep -E "> PUT /spotune-mn/run-$id/step-000000([2-9]|1[0-9])0/state.h5" "$work/forward.log" | head -1)
+    mid_put() {
+        grep -oE "> PUT /spotune-mn/run-$id/step-[0-9]{8}/state.h5" "$work/forward.log" 2>/dev/null |
+            awk -v last=$((steps - 40)) '{ s = substr($0, index($0, "/step-") + 6, 8) + 0
+                if (s >= 20 && s <= last) { print; exit } }'
+    }
+    mid_put_seen() { [[ -n $(mid_put) ]] || ! kill -0 "$job" 2>/dev/null; }
+    wait_until 120 mid_put_seen
+    put=$(mid_put)
     link s down
     t_down=$(now)
     check "an upload was under way when the storage node was cut off" $([[ -n $put ]]; echo $?) \
@@ -589,7 +601,7 @@ case_storage_partition() {
     [[ -n $min ]] && ((min >= 1 && last >= 2))
     check "every step meanwhile says the remote is behind (at least 1; $last at the end)" $? \
         "remote_behind: $(tr '\n' ' ' <<<"$during")"
-    grep -qE "^step +[0-9]+/150 \|.*\| remote behind [1-9]" "$work/sp.log"
+    grep -qE "^step +[0-9]+/$steps \|.*\| remote behind [1-9]" "$work/sp.log"
     check "the progress line says the remote is behind" $? "$(grep '^step' "$work/sp.log" | tail -3)"
     local up_at
     up_at=$(metrics sp | grep "\"event\":\"checkpoint_uploaded\"" | grep "step-$(printf %08d "$step")" |
@@ -603,13 +615,13 @@ case_storage_partition() {
         if (t > a + 1 && t < b) n++ } END { print n + 0 }')
     ((early == 0))
     check "nothing reached the bucket while it was cut off" $? "$early uploads"
-    grep -q "checkpoint_uploaded: $url/step-00000150" "$work/sp.log"
+    grep -q "checkpoint_uploaded: $url/step-$(printf %08d $steps)" "$work/sp.log"
     check "the final checkpoint reached the bucket" $? "$(grep -i upload "$work/sp.log" | tail -5)"
     local ls ok=0 ck v
     ls=$(on_node a "$spotune" ckpt list "$url" --endpoint "$endpoint" --path-style 2>&1)
     keep "$ls"
-    has "$ls" "step-00000150.*complete"
-    check "the bucket lists step 150 complete" $? "$ls"
+    has "$ls" "step-$(printf %08d $steps).*complete"
+    check "the bucket lists step $steps complete" $? "$ls"
     for ck in $(grep -oE 'step-[0-9]{8}' <<<"$ls" | sort -u); do
         v=$(on_node a "$spotune" ckpt verify "$url/$ck" --endpoint "$endpoint" --path-style 2>&1) ||
             { ok=1; echo "$v"; }
