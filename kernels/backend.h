@@ -128,6 +128,14 @@ typedef struct backend_ops {
      * optional: without it be_matmul_into copies C into D and runs matmul */
     void (*matmul_cd)(backend_t *be, tensor_t D, tensor_t C, tensor_t A, tensor_t B, int M, int N,
                       int K, int transA, int transB, float alpha, float beta);
+    /* batch products as matmul's, product b on the matrices that start
+     * sa, sb, sc elements of A, B, C after product b - 1's (the LoRA
+     * branches of a fused group, one call); optional: without it
+     * be_matmul_batched runs matmul once per product */
+    void (*matmul_batched)(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
+                           int transA, int transB, float alpha, float beta, int lda, int ldb,
+                           int ldc, int batch, unsigned long sa, unsigned long sb,
+                           unsigned long sc);
 
     /* out = w * (x * rstd), rstd[r] = 1/sqrt(mean(x[r]^2) + eps) (F32) */
     void (*rmsnorm_forward)(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
@@ -507,6 +515,13 @@ void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, te
 void be_matmul_ld_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A,
                      tensor_t B, int M, int N, int K, int transA, int transB, float alpha,
                      float beta, int lda, int ldb, int ldc);
+/* be_matmul_ld batch times: product b reads and writes the matrices that
+ * start sa, sb, sc elements of A, B, C after product b - 1's (each checked
+ * as be_matmul_ld checks one); one call where the backend has it. */
+void be_matmul_batched_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A,
+                          tensor_t B, int M, int N, int K, int transA, int transB, float alpha,
+                          float beta, int lda, int ldb, int ldc, int batch, size_t sa, size_t sb,
+                          size_t sc);
 void be_rmsnorm_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t rstd,
                            tensor_t x, tensor_t w, int rows, int cols, float eps);
 void be_rmsnorm_backward_at(const char *file, int line, backend_t *be, tensor_t dx, tensor_t dw,
@@ -585,6 +600,7 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_matmul(...) be_matmul_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_matmul_ld(...) be_matmul_ld_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_matmul_into(...) be_matmul_into_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_matmul_batched(...) be_matmul_batched_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_forward(...) be_rmsnorm_forward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rmsnorm_backward(...) be_rmsnorm_backward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_rope(...) be_rope_at(__FILE__, __LINE__, __VA_ARGS__)

@@ -52,7 +52,7 @@ void be_prof_op(backend_t *be, const char *op)
         g = BE_PROF_COMM;
     else if (p->lora)
         g = BE_PROF_LORA;
-    else if (!strcmp(op, "matmul"))
+    else if (!strcmp(op, "matmul") || !strcmp(op, "matmul_batched"))
         g = BE_PROF_GEMM;
     else if (!strcmp(op, "attention_forward") || !strcmp(op, "attention_backward"))
         g = BE_PROF_ATTENTION;

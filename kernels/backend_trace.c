@@ -187,6 +187,16 @@ static int replay_one(backend_t *be, reader *r)
         o->matmul(be, C, A, B, M, N, K, ta, tb, al, bt, lda, ldb, ldc);
         return 0;
     }
+    case OP_matmul_batched: {
+        tensor_t C = rt(r), A = rt(r), B = rt(r);
+        int M = ri(r), N = ri(r), K = ri(r), ta = ri(r), tb = ri(r);
+        float al = rf(r), bt = rf(r);
+        int lda = ri(r), ldb = ri(r), ldc = ri(r), batch = ri(r);
+        unsigned long sa = (unsigned long)rw(r), sb = (unsigned long)rw(r);
+        unsigned long sc = (unsigned long)rw(r);
+        o->matmul_batched(be, C, A, B, M, N, K, ta, tb, al, bt, lda, ldb, ldc, batch, sa, sb, sc);
+        return 0;
+    }
     case OP_matmul_cd: {
         tensor_t D = rt(r), C = rt(r), A = rt(r), B = rt(r);
         int M = ri(r), N = ri(r), K = ri(r), ta = ri(r), tb = ri(r);

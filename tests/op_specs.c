@@ -11,6 +11,14 @@ static void c_matmul(backend_t *be, const tensor_t *t, const int *d)
 {
     be_matmul(be, t[0], t[1], t[2], d[0], d[1], d[2], 0, 0, 1.0f, 0.0f);
 }
+/* batch products M x K by K x N stored one after another */
+static void c_matmul_batched(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_matmul_batched(be, t[0], t[1], t[2], d[0], d[1], d[2], 0, 0, 1.0f, 0.0f, d[2], d[1], d[1],
+                      d[3], (size_t)(d[0] > 0 && d[2] > 0 ? d[0] * d[2] : 0),
+                      (size_t)(d[2] > 0 && d[1] > 0 ? d[2] * d[1] : 0),
+                      (size_t)(d[0] > 0 && d[1] > 0 ? d[0] * d[1] : 0));
+}
 static void c_rmsnorm_forward(backend_t *be, const tensor_t *t, const int *d)
 {
     be_rmsnorm_forward(be, t[0], t[1], t[2], t[3], d[0], d[1], 1e-5f);
@@ -143,6 +151,11 @@ const op_spec op_specs[] = {
      {T_("C", 16, "M x N", TAKES_FLOAT), T_("A", 12, "M x K", TAKES_FLOAT),
       T_("B", 12, "K x N", TAKES_FLOAT)},
      3, {"M", "N", "K"}, {4, 4, 3}},
+    {"matmul_batched", c_matmul_batched, 3,
+     {T_("C", 18, "(batch-1) x sc + M x N", TAKES_FLOAT),
+      T_("A", 12, "(batch-1) x sa + M x K", TAKES_FLOAT),
+      T_("B", 18, "(batch-1) x sb + K x N", TAKES_FLOAT)},
+     4, {"M", "N", "K", "batch"}, {2, 3, 2, 3}},
     {"rmsnorm_forward", c_rmsnorm_forward, 4,
      {T_("out", 12, "rows x cols", TAKES_FLOAT), T_("rstd", 3, "rows", TAKES_F32),
       T_("x", 12, "rows x cols", TAKES_FLOAT), T_("w", 4, "cols", TAKES_FLOAT)},

@@ -88,6 +88,52 @@ Test(cuda_ops, matmul_f32_operands_and_empty_k)
     check_matmul(5, 6, 0, 0, 1, 1.0f, 0.5f, DT_BF16, DT_BF16);
 }
 
+/* count products through be_matmul_batched, one strided batched product on
+ * the GPU and one product at a time on the CPU: batched LoRA's B products,
+ * whose operands are the column blocks of wider matrices (blocked: A, B and
+ * C product b's columns b w .. of matrices count w wide; else one matrix
+ * after another), compared whole */
+static void check_matmul_batched(int M, int N, int K, int ta, int tb, float beta, dtype_t cdt,
+                                 int count, int blocked)
+{
+    int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int lda = blocked ? count * ac : ac, ldb = blocked ? count * bc : bc;
+    int ldc = blocked ? count * N : N;
+    size_t sa = blocked ? (size_t)ac : (size_t)ar * ac, sb = blocked ? (size_t)bc : (size_t)br * bc;
+    size_t sc = blocked ? (size_t)N : (size_t)M * N;
+    size_t na = (size_t)ar * lda * (blocked ? 1 : count), nb = (size_t)br * ldb * (blocked ? 1 : count);
+    size_t nc = (size_t)M * ldc * (blocked ? 1 : count);
+    float *A = rnd(na, 1.0f), *B = rnd(nb, 1.0f), *C = rnd(nc, 1.0f);
+    tensor_t gA = up(gpu, DT_BF16, A, na), gB = up(gpu, DT_BF16, B, nb), gC = up(gpu, cdt, C, nc);
+    tensor_t cA = up(cpu, DT_F32, A, na), cB = up(cpu, DT_F32, B, nb), cC = up(cpu, DT_F32, C, nc);
+    be_matmul_batched(gpu, gC, gA, gB, M, N, K, ta, tb, 0.5f, beta, lda, ldb, ldc, count, sa, sb,
+                      sc);
+    be_matmul_batched(cpu, cC, cA, cB, M, N, K, ta, tb, 0.5f, beta, lda, ldb, ldc, count, sa, sb,
+                      sc);
+    gpu_ok();
+    char what[160];
+    snprintf(what, sizeof what, "batched matmul %d x (%dx%dx%d) ta%d tb%d beta %g -> %s %s", count,
+             M, N, K, ta, tb, beta, dtype_name(cdt), blocked ? "column blocks" : "one after another");
+    expect_close(what, gC, cC, nc, tol_for(cdt));
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &gC);
+    drop(cpu, &cA), drop(cpu, &cB), drop(cpu, &cC);
+    free(A), free(B), free(C);
+}
+
+/* the shapes batched LoRA gives it (rows 37, r 16, outs 40): the forward's
+ * B products (xr_i B_i^T into blocks of the group's output), the
+ * backward's B gradients (dy_i^T xr_i, accumulated in F32) and d(xr)
+ * (dy_i B_i into blocks of [rows, count r]) */
+Test(cuda_ops, matmul_batched_strided_and_on_column_blocks)
+{
+    for (int t = 0; t < 4; t++)
+        for (int blocked = 0; blocked < 2; blocked++) {
+            check_matmul_batched(37, 40, 16, t & 1, t >> 1, 0.0f, DT_BF16, 3, blocked);
+            check_matmul_batched(40, 16, 37, t & 1, t >> 1, 1.0f, DT_F32, 2, blocked);
+            check_matmul_batched(37, 16, 40, t & 1, t >> 1, 0.0f, DT_BF16, 3, blocked);
+        }
+}
+
 /* D = A B^T + C with C and D distinct (be_matmul_into, the residual add:
  * cuBLASLt reads C and writes D) against the CPU; C unchanged (exact) */
 Test(cuda_ops, matmul_into_reads_c_and_writes_d)

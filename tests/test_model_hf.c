@@ -218,27 +218,51 @@ Test(model_hf, fused_products_match_per_projection)
     free(a), free(b);
 }
 
-/* Batched LoRA (trainer/model_graph.c, lora_batched): on llama_gqa (LoRA
- * on all seven projections, GQA so k and v are narrower than q) the down
- * products of q, k, v and of gate, up are one product per group, and so are
- * the A gradients and the input gradient's LoRA part. Against the branches
- * one by one (SPOTUNE_LORA_BATCHED=0): the same loss and gradients up to
- * summation order (1e-5 relative). That the batched path ran is seen in its
- * scratch: after the backward it holds layer 0's stacked [A_gate; A_up] (the
- * last group whose dx the backward makes: layer 0's q/k/v dx is not made,
- * as the frozen embedding wants no gradient), which the one-by-one path
- * never writes. */
-static float *batched_grads(int batched, double *loss, size_t *n)
+/* Batched LoRA (trainer/model_graph.c, lora_batched): with LoRA on all
+ * seven projections the down products of q, k, v and of gate, up are one
+ * product per group, and so are the A gradients and the input gradient's
+ * LoRA part; where a group's projections are one width (gate, up; q, k, v
+ * without GQA) its B products and B gradients are one strided batched
+ * product each too (lora_uniform). On llama_gqa (k and v narrower than q),
+ * against the branches one by one
+ * (SPOTUNE_LORA_BATCHED=0): the same loss and gradients up to summation
+ * order (1e-5 relative). The stacked A matrices are views of the arenas: a
+ * group's A matrices, their gradients and its B matrices follow one another
+ * in memory, in projection order. That the batched paths ran is seen in the
+ * model's counts: every layer's two groups batched, in the forward and in
+ * the backward, and the groups of one width among them. */
+static void expect_adjacent(const hf_case *hc, int l, int first, int count)
+{
+    const layer_params *L = &hc->m->layers[l];
+    for (int i = 1; i < count; i++)
+        for (int k = 0; k < 3; k++) {
+            const param_t *p = k == 2 ? L->lora_b[first + i - 1] : L->lora_a[first + i - 1];
+            const param_t *q = k == 2 ? L->lora_b[first + i] : L->lora_a[first + i];
+            tensor_t a = k == 1 ? p->grad : p->w, b = k == 1 ? q->grad : q->w;
+            cr_expect((char *)b.p == (char *)a.p + a.n * dtype_size(a.dt),
+                      "layer %d: %s's %s does not follow %s's", l, q->name,
+                      k == 1 ? "gradient" : "values", p->name);
+        }
+}
+
+static float *batched_grads(const char *name, int batched, double *loss, size_t *n)
 {
     hf_case hc;
     sp_err err = {0};
     setenv("SPOTUNE_LORA_BATCHED", batched ? "1" : "0", 1);
-    char *dir = sp_strf("%s%s", fixture("hf/"), "llama_gqa");
+    char *dir = sp_strf("%s%s", fixture("hf/"), name);
     cr_assert_eq(tu_hf_open(&hc, dir, 1, 0.0, "cpu", RECOMPUTE_NONE, 0, &err), 0, "%s", err.msg);
     free(dir);
     cr_assert(hc.m->layers[0].fused_w[FUSE_QKV].p && hc.m->layers[0].fused_w[FUSE_GATE_UP].p);
+    int L = (int)hc.mc.layers, gqa = hc.mc.kv_heads != hc.mc.heads;
+    for (int l = 0; l < L; l++) {
+        for (int p = 0; p < PROJ_COUNT; p++)
+            cr_assert(hc.m->layers[l].lora_a[p], "%s: no LoRA on projection %d", name, p);
+        expect_adjacent(&hc, l, PROJ_Q, 3);
+        expect_adjacent(&hc, l, PROJ_GATE, 2);
+    }
     model_scratch *s = MODEL_SCRATCH(hc.m);
-    be_zero(hc.be, s->lora_acat);
+    s->lora_batched_fwd = s->lora_batched_bwd = s->lora_uniform_fwd = s->lora_uniform_bwd = 0;
     model_batch b = batch_of(&hc, 0, hc.B);
     *loss = 0;
     model_zero_grads(hc.m);
@@ -246,30 +270,91 @@ static float *batched_grads(int batched, double *loss, size_t *n)
     *n = hc.m->n_trainable;
     float *g = malloc(sizeof(float) * *n);
     be_download(hc.be, g, DT_F32, hc.m->grad);
-    size_t an = (size_t)hc.m->o.lora_r * (size_t)hc.mc.hidden, same = 0;
-    float *cat = malloc(sizeof(float) * 2 * an), *a = malloc(sizeof(float) * an);
-    be_download(hc.be, cat, DT_F32, tensor_view(s->lora_acat, 0, 2 * an));
-    for (int p = PROJ_GATE; p <= PROJ_UP; p++) {
-        be_download(hc.be, a, DT_F32, hc.m->layers[0].lora_a[p]->w);
-        same += memcmp(a, cat + (size_t)(p - PROJ_GATE) * an, sizeof(float) * an) == 0;
-    }
-    cr_expect_eq(same, batched ? 2u : 0u, "%zu of layer 0's A_gate, A_up stacked in the scratch",
-                 same);
-    free(cat), free(a);
+    long groups = batched ? 2L * L : 0L, uniform = batched ? (gqa ? 1L : 2L) * L : 0L;
+    cr_expect_eq(s->lora_batched_fwd, groups, "%s forward: %ld groups batched", name,
+                 s->lora_batched_fwd);
+    cr_expect_eq(s->lora_batched_bwd, groups, "%s backward: %ld groups batched", name,
+                 s->lora_batched_bwd);
+    cr_expect_eq(s->lora_uniform_fwd, uniform, "%s forward: %ld groups' B products batched", name,
+                 s->lora_uniform_fwd);
+    cr_expect_eq(s->lora_uniform_bwd, uniform, "%s backward: %ld groups' B products batched",
+                 name, s->lora_uniform_bwd);
     close_case(&hc);
+    unsetenv("SPOTUNE_LORA_BATCHED");
+    return g;
+}
+
+static void expect_batched_matches(const char *name)
+{
+    double l1, l2;
+    size_t n1, n2;
+    float *a = batched_grads(name, 1, &l1, &n1), *b = batched_grads(name, 0, &l2, &n2);
+    cr_assert_eq(n1, n2);
+    cr_expect_lt(fabs(l1 - l2), 1e-5 * fabs(l2), "%s: loss %.9g vs %.9g", name, l1, l2);
+    double e = tu_rel_err(a, b, n1);
+    cr_expect_lt(e, 1e-5, "%s: gradients: rel err %g", name, e);
+    free(a), free(b);
+}
+
+/* The same on the tiny preset made without GQA (the fixtures with LoRA on
+ * every projection all have it), random weights and B matrices (not
+ * PEFT's zeros, so that every gradient is made of nonzero parts): here q, k
+ * and v are one width, and their B products are batched too. */
+static float *preset_grads(int batched, double *loss, size_t *n)
+{
+    sp_err err = {0};
+    setenv("SPOTUNE_LORA_BATCHED", batched ? "1" : "0", 1);
+    model_config_t mc;
+    cr_assert_eq(model_config_preset(&mc, "tiny"), 0);
+    mc.layers = 2;
+    mc.kv_heads = mc.heads;
+    backend_t *be;
+    model_t *m;
+    cr_assert_eq(backend_create(&be, "cpu", 0, 1, &err), 0, "%s", err.msg);
+    model_opts o = {.mode = MODE_LORA, .lora_r = 4, .lora_alpha = 8,
+                    .lora_targets = (1 << PROJ_COUNT) - 1, .max_batch = 2, .seq_len = 12,
+                    .seed = 1};
+    cr_assert_eq(model_create(&m, be, &mc, &o, &err), 0, "%s", err.msg);
+    cr_assert(m->layers[0].fused_w[FUSE_QKV].p && m->layers[0].fused_w[FUSE_GATE_UP].p);
+    model_init_base_random(m, 3);
+    model_init_lora(m, 3);
+    for (int l = 0; l < 2; l++)
+        for (int p = 0; p < PROJ_COUNT; p++) {
+            param_t *B = m->layers[l].lora_b[p];
+            be_fill_uniform(be, B->w, B->n, -0.5f, 0.5f, (uint64_t)(l * PROJ_COUNT + p + 7), 0);
+        }
+    int32_t in[24], tg[24];
+    uint64_t ids[2] = {0, 1};
+    for (int i = 0; i < 24; i++)
+        in[i] = (int32_t)((i * 37 + 11) % mc.vocab), tg[i] = (int32_t)((i * 53 + 5) % mc.vocab);
+    model_batch b = {.inputs = in, .targets = tg, .sample_ids = ids, .B = 2, .T = 12,
+                     .grad_scale = 0.5f, .last = 1};
+    model_scratch *s = MODEL_SCRATCH(m);
+    s->lora_uniform_fwd = s->lora_uniform_bwd = 0;
+    *loss = 0;
+    model_zero_grads(m);
+    cr_assert_eq(model_forward_backward(m, &b, loss, &err), 0, "%s", err.msg);
+    *n = m->n_trainable;
+    float *g = malloc(sizeof(float) * *n);
+    be_download(be, g, DT_F32, m->grad);
+    cr_expect_eq(s->lora_uniform_fwd, batched ? 4L : 0L, "forward: %ld", s->lora_uniform_fwd);
+    cr_expect_eq(s->lora_uniform_bwd, batched ? 4L : 0L, "backward: %ld", s->lora_uniform_bwd);
+    model_destroy(m);
+    backend_destroy(be);
     unsetenv("SPOTUNE_LORA_BATCHED");
     return g;
 }
 
 Test(model_hf, batched_lora_matches_one_by_one)
 {
+    expect_batched_matches("llama_gqa");
     double l1, l2;
     size_t n1, n2;
-    float *a = batched_grads(1, &l1, &n1), *b = batched_grads(0, &l2, &n2);
+    float *a = preset_grads(1, &l1, &n1), *b = preset_grads(0, &l2, &n2);
     cr_assert_eq(n1, n2);
-    cr_expect_lt(fabs(l1 - l2), 1e-5 * fabs(l2), "loss %.9g vs %.9g", l1, l2);
+    cr_expect_lt(fabs(l1 - l2), 1e-5 * fabs(l2), "tiny: loss %.9g vs %.9g", l1, l2);
     double e = tu_rel_err(a, b, n1);
-    cr_expect_lt(e, 1e-5, "gradients: rel err %g", e);
+    cr_expect_lt(e, 1e-5, "tiny: gradients: rel err %g", e);
     free(a), free(b);
 }
 

@@ -296,8 +296,7 @@ void model_destroy(model_t *m)
     model_scratch *s = m->scratch;
     if (s) {
         tensor_t *fields[] = {&s->x_final, &s->rstd_f, &s->hf, &s->dres, &s->dh,
-                              &s->bwd, &s->dxr, &s->drop, &s->dora, &s->lora_acat,
-                              &s->lora_dacat, &s->logits, &s->loss,
+                              &s->bwd, &s->dxr, &s->drop, &s->dora, &s->logits, &s->loss,
                               &s->tokens, &s->targets, &s->pos, &s->seg, &s->seeds, &s->gscale,
                               &s->emb_order, &s->emb_runs, &s->rope_cos, &s->rope_sin};
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)

@@ -28,7 +28,7 @@ static long backward_rank(const model_t *m, const param_t *p)
 
 typedef struct ranked {
     long rank;
-    int index;
+    int slot, sub, index;
 } ranked;
 
 static int cmp_ranked(const void *a, const void *b)
@@ -36,7 +36,35 @@ static int cmp_ranked(const void *a, const void *b)
     const ranked *x = a, *y = b;
     if (x->rank != y->rank)
         return x->rank < y->rank ? -1 : 1;
-    return x->index - y->index;
+    if (x->slot != y->slot)
+        return x->slot - y->slot;
+    return x->sub - y->sub;
+}
+
+/* Where p goes among the parameters of its rank: at its place in the
+ * table, except that the LoRA A matrices of a fused group's projections
+ * (q, k, v; gate, up) follow one another, and so do their B matrices, in
+ * projection order: the group's stacked [A_1; ...; A_count] and its
+ * gradient are then views of the arenas (model_lora_run), which batched
+ * LoRA reads and writes without copies. */
+static void arena_slot(const model_t *m, const param_t *p, int *slot, int *sub)
+{
+    *slot = (int)(p - m->params);
+    *sub = 0;
+    if ((p->kind != PK_LORA_A && p->kind != PK_LORA_B) || p->layer < 0)
+        return;
+    for (int g = 0; g < FUSE_COUNT; g++) {
+        int first, count;
+        model_fuse_group(g, &first, &count);
+        if (p->proj < first || p->proj >= first + count)
+            continue;
+        const layer_params *L = &m->layers[p->layer];
+        const param_t *head = p->kind == PK_LORA_A ? L->lora_a[first] : L->lora_b[first];
+        if (head) {
+            *slot = (int)(head - m->params);
+            *sub = p->proj - first;
+        }
+    }
 }
 
 /* Assigns arena offsets and the AdamW runs (adjacent params sharing a decay
@@ -51,8 +79,12 @@ int model_layout_arenas(model_t *m, sp_err *err)
     }
     int n = 0;
     for (int i = 0; i < m->nparams; i++)
-        if (m->params[i].trainable)
-            order[n++] = (ranked){backward_rank(m, &m->params[i]), i};
+        if (m->params[i].trainable) {
+            ranked *o = &order[n++];
+            o->rank = backward_rank(m, &m->params[i]);
+            o->index = i;
+            arena_slot(m, &m->params[i], &o->slot, &o->sub);
+        }
     qsort(order, (size_t)n, sizeof *order, cmp_ranked);
     size_t off = 0;
     long L = (long)m->mc.layers;
@@ -232,11 +264,9 @@ void model_plan_bytes(const model_config_t *mc, const model_opts *o, dtype_t act
     if (o->mode == MODE_LORA && o->dora)
         drop += BT * max_in_features(mc);
     size_t chunk = (size_t)logits_chunk_rows(mc, o, act_dt);
-    /* batched LoRA: the stacked A matrices and their gradients */
-    size_t acat = o->mode == MODE_LORA && !o->dora ? 3 * (size_t)o->lora_r * H : 0;
     size_t dxr = o->mode == MODE_LORA ? 3 * BT * (size_t)o->lora_r : 0;
     plan->scratch = (3 * BT * H + bwd + dxr + drop +
-                     chunk * (size_t)mc->vocab + nf4_work + acat) * a + acat * 4 +
+                     chunk * (size_t)mc->vocab + nf4_work) * a +
                     /* rstd_f, loss, tokens, targets, pos, seg; seeds; gscale */
                     BT * 4 * 6 + 2 * (size_t)o->max_batch * 4 + 4 +
                     (size_t)o->seq_len * (size_t)mc->head_dim * 4 +
@@ -343,10 +373,6 @@ void model_alloc_activations(model_t *m)
         const char *env = getenv("SPOTUNE_LORA_BATCHED");
         if (env && strcmp(env, "0") == 0)
             m->o.no_lora_batch = 1;
-        if (!m->o.dora) {
-            s->lora_acat = act_alloc(m, 3 * (size_t)m->o.lora_r * H, d);
-            s->lora_dacat = act_alloc(m, 3 * (size_t)m->o.lora_r * H, DT_F32);
-        }
         if (m->o.lora_dropout > 0)
             s->drop = act_alloc(m, BT * max_in_features(mc), d);
         if (m->o.dora)

@@ -141,36 +141,52 @@ static void linear_extras(const step_ctx *c, int l, int p, tensor_t y, int y_ld,
     }
 }
 
+/* The tensors w (grad 0) or grad (grad 1) of the LoRA A (b_matrix 0) or B
+ * (1) matrices of projections first .. first + count - 1 of layer l as one
+ * view, when they follow one another in memory (the arenas' order puts a
+ * fused group's so: model_alloc.c arena_slot); else no tensor. */
+static tensor_t lora_run(const model_t *m, int l, int first, int count, int b_matrix, int grad)
+{
+    const layer_params *L = &m->layers[l];
+    param_t *const *ps = b_matrix ? L->lora_b : L->lora_a;
+    if (!ps[first])
+        return no_tensor();
+    tensor_t t = grad ? ps[first]->grad : ps[first]->w;
+    if (!t.p)
+        return no_tensor();
+    size_t esz = dtype_size(t.dt), n = t.n;
+    for (int i = 1; i < count; i++) {
+        const param_t *q = ps[first + i];
+        tensor_t u = q ? (grad ? q->grad : q->w) : no_tensor();
+        if (!u.p || u.dt != t.dt || (char *)u.p != (char *)t.p + n * esz)
+            return no_tensor();
+        n += u.n;
+    }
+    t.n = n;
+    return t;
+}
+
 /* Batched LoRA: the down products of a fused group's projections, which
  * read one input, are one product x [A_1; ...; A_count]^T into the
  * group's xr block [rows, count r] (projection i's xr its columns i r ..);
- * the backward makes the A gradients and dx one product each. Taken when
- * every projection of the group carries LoRA (not DoRA) and no dropout
- * draws a mask per projection (each would see another input); else, and
- * with SPOTUNE_LORA_BATCHED=0 (model_opts.no_lora_batch), one by one. */
+ * the backward makes the A gradients and dx one product each. The stacked
+ * A matrices and their gradients are views of the arenas (lora_run), so
+ * nothing is copied or added. Taken when every projection of the group
+ * carries LoRA (not DoRA), their A matrices and gradients follow one
+ * another, and no dropout draws a mask per projection (each would see
+ * another input); else, and with SPOTUNE_LORA_BATCHED=0
+ * (model_opts.no_lora_batch), one by one. */
 static int lora_batched(const step_ctx *c, int l, int g)
 {
     const model_t *m = c->m;
-    if (!m->fused || m->o.no_lora_batch || dropping(c) ||
-        !MODEL_SCRATCH(m)->lora_acat.p || !m->acts[l].xr_cat[g].p)
+    if (!m->fused || m->o.no_lora_batch || dropping(c) || !m->acts[l].xr_cat[g].p)
         return 0;
     int first, count;
     model_fuse_group(g, &first, &count);
     for (int p = first; p < first + count; p++)
         if (!m->layers[l].lora_a[p] || m->layers[l].lora_m[p])
             return 0;
-    return 1;
-}
-
-/* The group's A matrices stacked [count r, in] (in the scratch). */
-static tensor_t lora_a_stacked(const step_ctx *c, int l, int first, int count, int in)
-{
-    model_t *m = c->m;
-    tensor_t cat = MODEL_SCRATCH(m)->lora_acat;
-    size_t n = (size_t)m->o.lora_r * (size_t)in;
-    for (int i = 0; i < count; i++)
-        be_copy(m->be, tensor_view(cat, (size_t)i * n, n), m->layers[l].lora_a[first + i]->w);
-    return tensor_view(cat, 0, (size_t)count * n);
+    return lora_run(m, l, first, count, 0, 0).p && lora_run(m, l, first, count, 0, 1).p;
 }
 
 /* columns from col on of a row-major matrix t (a view to its end) */
@@ -179,10 +195,43 @@ static tensor_t from_col(tensor_t t, int col)
     return tensor_view(t, (size_t)col, t.n - (size_t)col);
 }
 
+/* The width every projection of group g has, when they have one and the
+ * group's B matrices and their gradients follow one another (lora_run);
+ * else 0. With the group's outputs (or their gradients) the column blocks
+ * of one strided matrix (fused_strided), the B products of such a group
+ * are one strided batched product each way (be_matmul_batched): q, k, v of
+ * a model without GQA, and gate, up. */
+static int lora_uniform(const step_ctx *c, int l, int g)
+{
+    const model_t *m = c->m;
+    int first, count;
+    model_fuse_group(g, &first, &count);
+    int out = proj_of(m, l, first).out;
+    for (int i = 1; i < count; i++)
+        if (proj_of(m, l, first + i).out != out)
+            return 0;
+    if (!lora_run(m, l, first, count, 1, 0).p || !lora_run(m, l, first, count, 1, 1).p)
+        return 0;
+    return out;
+}
+
+/* Whether ts[0 .. count - 1] are the column blocks, width out each, of one
+ * matrix with row stride ld, one after another. */
+static int blocks_of_one(const tensor_t *ts, int count, int out, int ld)
+{
+    size_t esz = dtype_size(ts[0].dt);
+    for (int i = 1; i < count; i++)
+        if (ts[i].dt != ts[0].dt ||
+            (char *)ts[i].p != (char *)ts[0].p + (size_t)i * (size_t)out * esz)
+            return 0;
+    return ld > 0;
+}
+
 /* The batched backward of group g's LoRA branches given the outputs'
  * gradients dys (row stride dy_ld; 0: each its projection's width): each
- * B gradient and d(xr) (into the columns of one [rows, count r] matrix),
- * then one product for the stacked A gradients and one for
+ * B gradient and d(xr) (into the columns of one [rows, count r] matrix;
+ * one strided batched product each when the widths are one:
+ * lora_uniform), then one product for the stacked A gradients and one for
  * dx = d(xr) [A_1; ...] + dx_beta dx (none when dx.p is NULL). */
 static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, int dy_ld,
                                 tensor_t x, tensor_t dx, float dx_beta)
@@ -193,8 +242,22 @@ static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t 
     model_fuse_group(g, &first, &count);
     int R = count * r;
     be_prof_lora(m->be, 1);
+    s->lora_batched_bwd++;
     tensor_t xr = rows_of(m->acts[l].xr_cat[g], c->rows, R), dxr = rows_of(s->dxr, c->rows, R);
-    for (int i = 0; i < count; i++) {
+    int out1 = lora_uniform(c, l, g);
+    if (out1 && !blocks_of_one(dys, count, out1, dy_ld))
+        out1 = 0;
+    size_t on = (size_t)out1 * (size_t)r;
+    if (out1) { /* dB_i += s dy_i^T xr_i; d(xr)_i = s dy_i B_i */
+        s->lora_uniform_bwd++;
+        be_matmul_batched(m->be, lora_run(m, l, first, count, 1, 1), dys[0], xr, out1, r,
+                          c->rows, 1, 0, m->lora_scale, 1.0f, dy_ld, R, r, count, (size_t)out1,
+                          (size_t)r, on);
+        be_matmul_batched(m->be, dxr, dys[0], lora_run(m, l, first, count, 1, 0), c->rows, r,
+                          out1, 0, 0, m->lora_scale, 0.0f, dy_ld, r, R, count, (size_t)out1, on,
+                          (size_t)r);
+    }
+    for (int i = 0; i < count && !out1; i++) {
         int out = proj_of(m, l, first + i).out;
         param_t *B = m->layers[l].lora_b[first + i];
         int ld = dy_ld ? dy_ld : out;
@@ -203,15 +266,11 @@ static void lora_group_backward(const step_ctx *c, int l, int g, const tensor_t 
         be_matmul_ld(m->be, from_col(dxr, i * r), dys[i], B->w, c->rows, r, out, 0, 0,
                      m->lora_scale, 0.0f, ld, r, R);
     }
-    size_t n = (size_t)r * (size_t)in;
-    tensor_t dA = tensor_view(s->lora_dacat, 0, (size_t)count * n);
-    be_matmul(m->be, dA, dxr, x, R, in, c->rows, 1, 0, 1.0f, 0.0f);
-    for (int i = 0; i < count; i++) {
-        param_t *A = m->layers[l].lora_a[first + i];
-        be_add(m->be, A->grad, tensor_view(dA, (size_t)i * n, n), 1.0f, n);
-    }
+    /* the stacked A gradients accumulate in place; dx reads the stacked A */
+    be_matmul(m->be, lora_run(m, l, first, count, 0, 1), dxr, x, R, in, c->rows, 1, 0, 1.0f,
+              1.0f);
     if (dx.p)
-        be_matmul(m->be, dx, dxr, lora_a_stacked(c, l, first, count, in), c->rows, in, R, 0, 0,
+        be_matmul(m->be, dx, dxr, lora_run(m, l, first, count, 0, 0), c->rows, in, R, 0, 0,
                   1.0f, dx_beta);
     be_prof_lora(m->be, 0);
 }
@@ -434,10 +493,17 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
     int r = (int)m->o.lora_r, batched = lora_batched(c, l, g);
     if (batched) {
         be_prof_lora(m->be, 1);
+        MODEL_SCRATCH(m)->lora_batched_fwd++;
         xr = rows_of(m->acts[l].xr_cat[g], c->rows, count * r);
-        be_matmul(m->be, xr, x, lora_a_stacked(c, l, first, count, in), c->rows, count * r, in,
-                  0, 1, 1.0f, 0.0f);
-        if (strided) /* the B products first, each writing its block */
+        be_matmul(m->be, xr, x, lora_run(m, l, first, count, 0, 0), c->rows, count * r, in, 0,
+                  1, 1.0f, 0.0f);
+        int out1 = strided ? lora_uniform(c, l, g) : 0; /* the blocks: cat's columns */
+        MODEL_SCRATCH(m)->lora_uniform_fwd += out1 != 0;
+        if (out1) /* the B products first, one batched product writing the blocks */
+            be_matmul_batched(m->be, cat, xr, lora_run(m, l, first, count, 1, 0), c->rows, out1,
+                              r, 0, 1, m->lora_scale, 0.0f, count * r, r, N, count, (size_t)r,
+                              (size_t)out1 * (size_t)r, (size_t)out1);
+        else if (strided) /* the B products first, each writing its block */
             for (int i = 0, col = 0; i < count; i++) {
                 int p = first + i, out = proj_of(m, l, p).out;
                 be_matmul_ld(m->be, from_col(cat, col), from_col(xr, i * r),

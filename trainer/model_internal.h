@@ -30,9 +30,6 @@ typedef struct model_scratch {
     tensor_t bwd;                 /* union: MLP (dg, du, da) or attention (dq, dk, dv, datt);
                                      in the forward, a fused product's output */
     tensor_t dxr, drop;           /* LoRA: d(x.A^T) [BT, 3r], dropped input */
-    /* batched LoRA of a fused group: its A matrices stacked [count r, H]
-     * (act_dt) and their gradients (F32) */
-    tensor_t lora_acat, lora_dacat;
     tensor_t dora;                /* DoRA: a projection's unscaled output, then its
                                      gradient times m / n [BT, widest projection] */
     tensor_t logits, loss, tokens, targets;
@@ -53,6 +50,11 @@ typedef struct model_scratch {
     tensor_t rope_cos, rope_sin;
     int64_t chunk_rows; /* rows of logits materialised at once */
     int gate_up_in_place; /* the fused gate/up product in place (s->bwd sized for it) */
+    /* fused groups whose LoRA ran batched, forward and backward counted
+     * apart, and of those, the ones whose B products were one strided
+     * batched product each (lora_uniform) (as the host issued them: a
+     * graph's replays do not count) */
+    long lora_batched_fwd, lora_batched_bwd, lora_uniform_fwd, lora_uniform_bwd;
 } model_scratch;
 
 #define MODEL_SCRATCH(m) ((model_scratch *)(m)->scratch)

@@ -443,6 +443,7 @@ static const backend_ops cuda_ops_table = {
     .copy2d = cuda_copy2d,
     .matmul = cuda_matmul,
     .matmul_cd = cuda_matmul_cd,
+    .matmul_batched = cuda_matmul_batched,
     .rmsnorm_forward = cuda_rmsnorm_forward,
     .rmsnorm_backward = cuda_rmsnorm_backward,
     .rope = cuda_rope,

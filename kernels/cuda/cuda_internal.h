@@ -169,7 +169,7 @@ static inline int gemm_dtypes_ok_at(backend_t *be, const gemm_desc *d, const cha
 }
 
 extern "C" {
-/* cuda_matmul.cu (cuda_matmul_ops.cu: matmul and matmul_cd) */
+/* cuda_matmul.cu (cuda_matmul_ops.cu: matmul, matmul_cd and matmul_batched) */
 int cuda_mm_init(backend_t *be);
 void cuda_mm_destroy(backend_t *be);
 void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B, void *C,
@@ -181,6 +181,10 @@ void cuda_matmul_cd(backend_t *be, tensor_t D, tensor_t C, tensor_t A, tensor_t 
                     int K, int transA, int transB, float alpha, float beta);
 void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
                  int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc);
+void cuda_matmul_batched(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
+                         int transA, int transB, float alpha, float beta, int lda, int ldb,
+                         int ldc, int batch, unsigned long sa, unsigned long sb,
+                         unsigned long sc);
 
 /* cuda_ops.cu */
 void cuda_convert(backend_t *be, void *dst, dtype_t ddt, const void *src, dtype_t sdt, size_t n);
