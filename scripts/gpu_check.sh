@@ -59,6 +59,10 @@
 #   HF PEFT 13B LoRA mb1      spotune rows 13, 12 and 15, each figure with
 #   HF PEFT 7B LoRA seq 8192  spotune's ratio to it (after the doctor: the
 #                             spotune rows and the checks come first)
+#   bench 7B LoRA one by one  row 8 with SPOTUNE_LORA_BATCHED=0: each LoRA
+#                             branch its own products, no batched group;
+#                             row 8's speed against it says what batching
+#                             the fused groups' LoRA gives
 #   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
 #                             test_cuda_ops, test_cuda_elementwise and
 #                             test_cuda_attention, reduced shapes; each error
@@ -206,7 +210,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k b7one memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -229,6 +233,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     hf7mb4) n="HF PEFT llama-7b LoRA r16 mb4 seq 2048 (bench_hf_peft.py)" ;;
     hf13) n="HF PEFT llama-13b LoRA r16 mb1 seq 2048 (bench_hf_peft.py)" ;;
     hf7s8k) n="HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py)" ;;
+    b7one) n="bench llama-7b LoRA r16 mb1 seq 2048, LoRA one by one (SPOTUNE_LORA_BATCHED=0)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
     esac
@@ -377,11 +382,13 @@ bench_figure() { # bench_figure JSON
 }
 
 NO_GPU="" # why no CUDA device is usable, when none is
+BENCH_ENV="" BENCH_VS="" # one bench: a VAR=value it runs with, the row it is compared with
 bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
     # MODE lora, full or qlora (LoRA on NF4 weights: --quantize nf4)
     # GRAPHS_VS: with --cuda-graphs on, against that eager row's tokens/s
     local key=$1 box=$2 preset=$3 mode=$4 mb=$5 steps=$6 rcm=${7:-none} seq=${8:-2048}
-    local vs=${9:-} i=${IDX[$1]} json
+    local vs=${9:-} i=${IDX[$1]} json env_set=$BENCH_ENV env_vs=$BENCH_VS
+    BENCH_ENV="" BENCH_VS=""
     local extra=()
     [ -n "$vs" ] && extra=(--cuda-graphs on)
     if [ "$mode" = qlora ]; then
@@ -392,13 +399,23 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
         row_set "$i" SKIPPED 0 "$NO_GPU"
         return
     fi
-    step "$key" "$box" "$SPOTUNE" bench --backend cuda --preset "$preset" --mode "$mode" \
-        --micro-batch "$mb" --seq-len "$seq" --steps "$steps" --warmup 1 --lora-r 16 \
-        --recompute "$rcm" --json "${extra[@]}"
+    step "$key" "$box" env ${env_set:+"$env_set"} "$SPOTUNE" bench --backend cuda \
+        --preset "$preset" --mode "$mode" --micro-batch "$mb" --seq-len "$seq" --steps "$steps" \
+        --warmup 1 --lora-r 16 --recompute "$rcm" --json "${extra[@]}"
     [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
     json=$(grep '^{' "$PARTS/$key.out" | tail -1)
     local note=""
     [ "$rcm" != none ] && note="recompute $rcm; "
+    if [ -n "$env_vs" ] && [ $RC -eq 0 ]; then
+        local other
+        other=$(jget tokens_per_s "${BENCH[$env_vs]:-}")
+        if [ -n "$other" ]; then
+            note="$env_set; row $((${IDX[$env_vs]} + 1)) is $(awk -v a="$other" \
+                -v b="$(jget tokens_per_s "$json")" 'BEGIN { printf "%.3fx", a / b }') this; "
+        else
+            note="$env_set; no row $((${IDX[$env_vs]} + 1)) to compare; "
+        fi
+    fi
     if [ -n "$vs" ] && [ $RC -eq 0 ]; then
         local off reps base upd
         off=$(jget graph_off "$json") reps=$(jget graph_replays "$json")
@@ -705,6 +722,11 @@ fi
 want hf7mb4 && hf hf7mb4 60 llama-7b 4 2048 b7mb4
 want hf13 && hf hf13 90 llama-13b 1 2048 b13
 want hf7s8k && hf hf7s8k 75 llama-7b 1 8192 b7s8k
+# row 8 with each LoRA branch on its own: what batching gives
+if want b7one; then
+    BENCH_ENV=SPOTUNE_LORA_BATCHED=0 BENCH_VS=b7
+    bench b7one 60 llama-7b lora 1 5
+fi
 
 # compute-sanitizer's memcheck with what is left
 i=${IDX[memcheck]}
