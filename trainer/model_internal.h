@@ -1,7 +1,8 @@
 /* trainer/model_internal.h — private to model.c, model_alloc.c,
- * model_graph.c and model_step.c: the activation and scratch buffers of the
- * model, the steps of model_create that model_alloc.c implements, and what
- * model_step.c asks of model_graph.c. */
+ * model_graph.c, model_lora.c and model_step.c: the activation and scratch
+ * buffers of the model, the steps of model_create that model_alloc.c
+ * implements, what model_step.c asks of model_graph.c, and what
+ * model_graph.c asks of model_lora.c. */
 #ifndef SPOTUNE_MODEL_INTERNAL_H
 #define SPOTUNE_MODEL_INTERNAL_H
 
@@ -86,6 +87,54 @@ typedef struct step_ctx {
 void model_graph_forward(const step_ctx *c);
 void model_graph_head(const step_ctx *c, int backward);
 void model_graph_layer_backward(const step_ctx *c, int l);
+
+/* model_graph.c and model_lora.c: a matrix's first rows, columns from col
+ * on of a row-major matrix (a view to its end), no tensor, and projection p
+ * of layer l (its parameters, the w, b, lora_a and lora_b of L, and its
+ * input and output widths). */
+static inline tensor_t rows_of(tensor_t t, int rows, int64_t cols)
+{
+    return tensor_view(t, 0, (size_t)rows * (size_t)cols);
+}
+
+static inline tensor_t from_col(tensor_t t, int col)
+{
+    return tensor_view(t, (size_t)col, t.n - (size_t)col);
+}
+
+static inline tensor_t no_tensor(void)
+{
+    tensor_t t = {0};
+    return t;
+}
+
+typedef struct proj_view {
+    layer_params *L;
+    int in, out;
+} proj_view;
+
+static inline proj_view proj_of(const model_t *m, int l, int p)
+{
+    int64_t in, out;
+    model_config_proj_dims(&m->mc, p, &in, &out);
+    proj_view j = {&m->layers[l], (int)in, (int)out};
+    return j;
+}
+
+/* model_lora.c: the LoRA and DoRA branches (their comments there) */
+int model_lora_dropping(const step_ctx *c);
+tensor_t model_lora_down(const step_ctx *c, int l, int p, tensor_t x, int64_t in);
+void model_lora_backward(const step_ctx *c, int l, int p, tensor_t dy, int dy_ld, tensor_t x,
+                         tensor_t dx, float dx_beta);
+tensor_t model_lora_run(const model_t *m, int l, int first, int count, int b_matrix, int grad);
+int model_lora_batched(const step_ctx *c, int l, int g);
+int model_lora_uniform(const step_ctx *c, int l, int g);
+void model_lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, int dy_ld,
+                               tensor_t x, tensor_t dx, float dx_beta);
+void model_dora_unscaled(const step_ctx *c, int l, int p, tensor_t w, tensor_t z, tensor_t x);
+void model_dora_forward(const step_ctx *c, int l, int p, tensor_t y, tensor_t x, int accumulate);
+void model_dora_dropout_backward(const step_ctx *c, int l, int p, tensor_t dy, tensor_t x,
+                                 tensor_t dx, int accumulate);
 /* Whether p's compute copy is a view into a fused weight (not freed alone). */
 int model_fused_view(const model_t *m, const param_t *p);
 
