@@ -218,12 +218,13 @@ Test(model_hf, fused_products_match_per_projection)
     free(a), free(b);
 }
 
-/* Batched LoRA (trainer/model_graph.c, lora_batched): with LoRA on all
- * seven projections the down products of q, k, v and of gate, up are one
- * product per group, and so are the A gradients and the input gradient's
- * LoRA part; where a group's projections are one width (gate, up; q, k, v
- * without GQA) its B products and B gradients are one strided batched
- * product each too (lora_uniform). On llama_gqa (k and v narrower than q),
+/* Batched LoRA (trainer/model_lora.c, model_lora_batched): with LoRA on
+ * all seven projections the down products of q, k, v and of gate, up are
+ * one product per group, and so are the A gradients and the input
+ * gradient's LoRA part; the projections of a group that are one width and
+ * follow one another (gate, up; k, v; q, k, v without GQA:
+ * model_lora_width_run) make their B products and B gradients one strided
+ * batched product each too. On llama_gqa (k and v narrower than q),
  * against the branches one by one
  * (SPOTUNE_LORA_BATCHED=0): the same loss and gradients up to summation
  * order (1e-5 relative). The stacked A matrices are views of the arenas: a
@@ -270,15 +271,16 @@ static float *batched_grads(const char *name, int batched, double *loss, size_t 
     *n = hc.m->n_trainable;
     float *g = malloc(sizeof(float) * *n);
     be_download(hc.be, g, DT_F32, hc.m->grad);
-    long groups = batched ? 2L * L : 0L, uniform = batched ? (gqa ? 1L : 2L) * L : 0L;
+    /* the projections in batched B products: gate, up and k, v (GQA) or q, k, v */
+    long groups = batched ? 2L * L : 0L, uniform = batched ? (gqa ? 4L : 5L) * L : 0L;
     cr_expect_eq(s->lora_batched_fwd, groups, "%s forward: %ld groups batched", name,
                  s->lora_batched_fwd);
     cr_expect_eq(s->lora_batched_bwd, groups, "%s backward: %ld groups batched", name,
                  s->lora_batched_bwd);
-    cr_expect_eq(s->lora_uniform_fwd, uniform, "%s forward: %ld groups' B products batched", name,
+    cr_expect_eq(s->lora_uniform_fwd, uniform, "%s forward: %ld B products batched", name,
                  s->lora_uniform_fwd);
-    cr_expect_eq(s->lora_uniform_bwd, uniform, "%s backward: %ld groups' B products batched",
-                 name, s->lora_uniform_bwd);
+    cr_expect_eq(s->lora_uniform_bwd, uniform, "%s backward: %ld B products batched", name,
+                 s->lora_uniform_bwd);
     close_case(&hc);
     unsetenv("SPOTUNE_LORA_BATCHED");
     return g;
@@ -299,7 +301,7 @@ static void expect_batched_matches(const char *name)
 /* The same on the tiny preset made without GQA (the fixtures with LoRA on
  * every projection all have it), random weights and B matrices (not
  * PEFT's zeros, so that every gradient is made of nonzero parts): here q, k
- * and v are one width, and their B products are batched too. */
+ * and v are one width, and their B products are one batched product. */
 static float *preset_grads(int batched, double *loss, size_t *n)
 {
     sp_err err = {0};
@@ -337,8 +339,8 @@ static float *preset_grads(int batched, double *loss, size_t *n)
     *n = m->n_trainable;
     float *g = malloc(sizeof(float) * *n);
     be_download(be, g, DT_F32, m->grad);
-    cr_expect_eq(s->lora_uniform_fwd, batched ? 4L : 0L, "forward: %ld", s->lora_uniform_fwd);
-    cr_expect_eq(s->lora_uniform_bwd, batched ? 4L : 0L, "backward: %ld", s->lora_uniform_bwd);
+    cr_expect_eq(s->lora_uniform_fwd, batched ? 10L : 0L, "forward: %ld", s->lora_uniform_fwd);
+    cr_expect_eq(s->lora_uniform_bwd, batched ? 10L : 0L, "backward: %ld", s->lora_uniform_bwd);
     model_destroy(m);
     backend_destroy(be);
     unsetenv("SPOTUNE_LORA_BATCHED");

@@ -193,20 +193,27 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
         xr = rows_of(m->acts[l].xr_cat[g], c->rows, count * r);
         be_matmul(m->be, xr, x, model_lora_run(m, l, first, count, 0, 0), c->rows, count * r, in, 0,
                   1, 1.0f, 0.0f);
-        int out1 = strided ? model_lora_uniform(c, l, g) : 0; /* the blocks: cat's columns */
-        MODEL_SCRATCH(m)->lora_uniform_fwd += out1 != 0;
-        if (out1) /* the B products first, one batched product writing the blocks */
-            be_matmul_batched(m->be, cat, xr, model_lora_run(m, l, first, count, 1, 0), c->rows, out1,
-                              r, 0, 1, m->lora_scale, 0.0f, count * r, r, N, count, (size_t)r,
-                              (size_t)out1 * (size_t)r, (size_t)out1);
-        else if (strided) /* the B products first, each writing its block */
-            for (int i = 0, col = 0; i < count; i++) {
-                int p = first + i, out = proj_of(m, l, p).out;
-                be_matmul_ld(m->be, from_col(cat, col), from_col(xr, i * r),
-                             m->layers[l].lora_b[p]->w, c->rows, out, r, 0, 1, m->lora_scale,
-                             0.0f, count * r, r, N);
-                col += out;
+        /* strided: the B products first, each writing its block of cat's
+         * columns; a run of one width (model_lora_width_run) one batched
+         * product */
+        for (int i = 0, j, col = 0; strided && i < count; i = j) {
+            int p0 = first + i, out = proj_of(m, l, p0).out, n;
+            j = model_lora_width_run(m, l, first, count, i);
+            n = j - i;
+            tensor_t bw = model_lora_run(m, l, p0, n, 1, 0);
+            if (n > 1 && bw.p) {
+                MODEL_SCRATCH(m)->lora_uniform_fwd += n;
+                be_matmul_batched(m->be, from_col(cat, col), from_col(xr, i * r), bw, c->rows, out,
+                                  r, 0, 1, m->lora_scale, 0.0f, count * r, r, N, n, (size_t)r,
+                                  (size_t)out * (size_t)r, (size_t)out);
+                col += n * out;
+                continue;
             }
+            for (int k = i; k < j; k++, col += out)
+                be_matmul_ld(m->be, from_col(cat, col), from_col(xr, k * r),
+                             m->layers[l].lora_b[first + k]->w, c->rows, out, r, 0, 1,
+                             m->lora_scale, 0.0f, count * r, r, N);
+        }
         be_prof_lora(m->be, 0);
     }
     int lora_first = batched && strided;

@@ -52,9 +52,9 @@ typedef struct model_scratch {
     int64_t chunk_rows; /* rows of logits materialised at once */
     int gate_up_in_place; /* the fused gate/up product in place (s->bwd sized for it) */
     /* fused groups whose LoRA ran batched, forward and backward counted
-     * apart, and of those, the ones whose B products were one strided
-     * batched product each (lora_uniform) (as the host issued them: a
-     * graph's replays do not count) */
+     * apart, and the projections whose B products ran in a strided
+     * batched product with others (model_lora_width_run) (as the host
+     * issued them: a graph's replays do not count) */
     long lora_batched_fwd, lora_batched_bwd, lora_uniform_fwd, lora_uniform_bwd;
 } model_scratch;
 
@@ -128,7 +128,7 @@ void model_lora_backward(const step_ctx *c, int l, int p, tensor_t dy, int dy_ld
                          tensor_t dx, float dx_beta);
 tensor_t model_lora_run(const model_t *m, int l, int first, int count, int b_matrix, int grad);
 int model_lora_batched(const step_ctx *c, int l, int g);
-int model_lora_uniform(const step_ctx *c, int l, int g);
+int model_lora_width_run(const model_t *m, int l, int first, int count, int i);
 void model_lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, int dy_ld,
                                tensor_t x, tensor_t dx, float dx_beta);
 void model_dora_unscaled(const step_ctx *c, int l, int p, tensor_t w, tensor_t z, tensor_t x);

@@ -140,24 +140,19 @@ int model_lora_batched(const step_ctx *c, int l, int g)
     return model_lora_run(m, l, first, count, 0, 0).p && model_lora_run(m, l, first, count, 0, 1).p;
 }
 
-/* The width every projection of group g has, when they have one and the
- * group's B matrices and their gradients follow one another (lora_run);
- * else 0. With the group's outputs (or their gradients) the column blocks
- * of one strided matrix (fused_strided), the B products of such a group
- * are one strided batched product each way (be_matmul_batched): q, k, v of
- * a model without GQA, and gate, up. */
-int model_lora_uniform(const step_ctx *c, int l, int g)
+/* The end j of the run of projections i .. j - 1 of a fused group
+ * (projections first .. first + count - 1) that have projection first + i's
+ * width. With the group's outputs (or their gradients) the column blocks of
+ * one strided matrix (fused_strided) and the run's B matrices one after
+ * another (model_lora_run), the B products of a run of two or more are one
+ * strided batched product each way (be_matmul_batched): q, k, v of a model
+ * without GQA, k, v of one with it, and gate, up. */
+int model_lora_width_run(const model_t *m, int l, int first, int count, int i)
 {
-    const model_t *m = c->m;
-    int first, count;
-    model_fuse_group(g, &first, &count);
-    int out = proj_of(m, l, first).out;
-    for (int i = 1; i < count; i++)
-        if (proj_of(m, l, first + i).out != out)
-            return 0;
-    if (!model_lora_run(m, l, first, count, 1, 0).p || !model_lora_run(m, l, first, count, 1, 1).p)
-        return 0;
-    return out;
+    int out = proj_of(m, l, first + i).out, j = i + 1;
+    while (j < count && proj_of(m, l, first + j).out == out)
+        j++;
+    return j;
 }
 
 /* Whether ts[0 .. count - 1] are the column blocks, width out each, of one
@@ -175,9 +170,9 @@ static int blocks_of_one(const tensor_t *ts, int count, int out, int ld)
 /* The batched backward of group g's LoRA branches given the outputs'
  * gradients dys (row stride dy_ld; 0: each its projection's width): each
  * B gradient and d(xr) (into the columns of one [rows, count r] matrix;
- * one strided batched product each when the widths are one:
- * lora_uniform), then one product for the stacked A gradients and one for
- * dx = d(xr) [A_1; ...] + dx_beta dx (none when dx.p is NULL). */
+ * one strided batched product each for a run of one width:
+ * model_lora_width_run), then one product for the stacked A gradients and
+ * one for dx = d(xr) [A_1; ...] + dx_beta dx (none when dx.p is NULL). */
 void model_lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *dys, int dy_ld,
                                 tensor_t x, tensor_t dx, float dx_beta)
 {
@@ -189,27 +184,29 @@ void model_lora_group_backward(const step_ctx *c, int l, int g, const tensor_t *
     be_prof_lora(m->be, 1);
     s->lora_batched_bwd++;
     tensor_t xr = rows_of(m->acts[l].xr_cat[g], c->rows, R), dxr = rows_of(s->dxr, c->rows, R);
-    int out1 = model_lora_uniform(c, l, g);
-    if (out1 && !blocks_of_one(dys, count, out1, dy_ld))
-        out1 = 0;
-    size_t on = (size_t)out1 * (size_t)r;
-    if (out1) { /* dB_i += s dy_i^T xr_i; d(xr)_i = s dy_i B_i */
-        s->lora_uniform_bwd++;
-        be_matmul_batched(m->be, model_lora_run(m, l, first, count, 1, 1), dys[0], xr, out1, r,
-                          c->rows, 1, 0, m->lora_scale, 1.0f, dy_ld, R, r, count, (size_t)out1,
-                          (size_t)r, on);
-        be_matmul_batched(m->be, dxr, dys[0], model_lora_run(m, l, first, count, 1, 0), c->rows, r,
-                          out1, 0, 0, m->lora_scale, 0.0f, dy_ld, r, R, count, (size_t)out1, on,
-                          (size_t)r);
-    }
-    for (int i = 0; i < count && !out1; i++) {
-        int out = proj_of(m, l, first + i).out;
-        param_t *B = m->layers[l].lora_b[first + i];
-        int ld = dy_ld ? dy_ld : out;
-        be_matmul_ld(m->be, B->grad, dys[i], from_col(xr, i * r), out, r, c->rows, 1, 0,
-                     m->lora_scale, 1.0f, ld, R, r);
-        be_matmul_ld(m->be, from_col(dxr, i * r), dys[i], B->w, c->rows, r, out, 0, 0,
-                     m->lora_scale, 0.0f, ld, r, R);
+    for (int i = 0, j; i < count; i = j) {
+        int p0 = first + i, out = proj_of(m, l, p0).out, n;
+        j = model_lora_width_run(m, l, first, count, i);
+        n = j - i;
+        tensor_t bw = model_lora_run(m, l, p0, n, 1, 0), bg = model_lora_run(m, l, p0, n, 1, 1);
+        if (n > 1 && bw.p && bg.p && blocks_of_one(dys + i, n, out, dy_ld)) {
+            /* dB_k += s dy_k^T xr_k; d(xr)_k = s dy_k B_k, k in the run */
+            size_t on = (size_t)out * (size_t)r;
+            s->lora_uniform_bwd += n;
+            be_matmul_batched(m->be, bg, dys[i], from_col(xr, i * r), out, r, c->rows, 1, 0,
+                              m->lora_scale, 1.0f, dy_ld, R, r, n, (size_t)out, (size_t)r, on);
+            be_matmul_batched(m->be, from_col(dxr, i * r), dys[i], bw, c->rows, r, out, 0, 0,
+                              m->lora_scale, 0.0f, dy_ld, r, R, n, (size_t)out, on, (size_t)r);
+            continue;
+        }
+        for (int k = i; k < j; k++) {
+            param_t *B = m->layers[l].lora_b[first + k];
+            int ld = dy_ld ? dy_ld : out;
+            be_matmul_ld(m->be, B->grad, dys[k], from_col(xr, k * r), out, r, c->rows, 1, 0,
+                         m->lora_scale, 1.0f, ld, R, r);
+            be_matmul_ld(m->be, from_col(dxr, k * r), dys[k], B->w, c->rows, r, out, 0, 0,
+                         m->lora_scale, 0.0f, ld, r, R);
+        }
     }
     /* the stacked A gradients accumulate in place; dx reads the stacked A */
     be_matmul(m->be, model_lora_run(m, l, first, count, 0, 1), dxr, x, R, in, c->rows, 1, 0, 1.0f,
