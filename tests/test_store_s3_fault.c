@@ -402,9 +402,11 @@ Test(store_s3_fault, multipart_upload_failing_on_a_hung_store_is_aborted)
      * after its speed window of some seconds), the part thread ends, and the
      * upload's own thread sends the abort, which waits up to 10 s (twice) for
      * an answer: let the proxy run again then. */
-    int workers_seen = 0, workers_gone = 0;
-    for (double t0 = sp_now(); began && !workers_gone && !atomic_load(&up.done);) {
+    int workers_seen = 0, workers_gone = 0, threads_max = base;
+    double t0 = sp_now(), waited = 0;
+    for (; began && !workers_gone && !atomic_load(&up.done); waited = sp_now() - t0) {
         int n = thread_count();
+        threads_max = n > threads_max ? n : threads_max;
         workers_gone = workers_seen && n <= base + 1;
         workers_seen |= n > base + 1;
         if (sp_now() - t0 > 60)
@@ -414,8 +416,12 @@ Test(store_s3_fault, multipart_upload_failing_on_a_hung_store_is_aborted)
     tu_proxy_thaw();
     pthread_join(th, NULL);
     cr_assert(began, "CreateMultipartUpload never reached the store");
-    cr_assert(workers_seen && workers_gone, "the part threads were %s",
-              workers_seen ? "never done" : "never seen");
+    /* (what the upload said, to tell a race of this test from the store's) */
+    cr_assert(workers_seen && workers_gone,
+              "the part threads were %s (%d threads before, %d at most; watched %.2f s; "
+              "the upload: %s, %d %s)",
+              workers_seen ? "never done" : "never seen", base, threads_max, waited,
+              atomic_load(&up.done) ? "done" : "running", up.rc, up.err.msg);
     cr_assert_eq(up.rc, STORE_EFAIL, "the upload did not fail on the hung store: %d %s", up.rc,
                  up.err.msg);
     cr_assert(strstr(up.err.msg, "UploadPart"), "%s", up.err.msg);
