@@ -83,11 +83,9 @@ static call matmul_checks(backend_t *be, const char *op, const char *file, int l
 void be_matmul_at(const char *file, int line, backend_t *be, tensor_t C, tensor_t A, tensor_t B,
                   int M, int N, int K, int transA, int transB, float alpha, float beta)
 {
-    int lda = transA ? M : K, ldb = transB ? K : N;
-    tensor_t none = {0};
-    call c = matmul_checks(be, "matmul", file, line, C, none, A, B, M, N, K, transA, transB, lda,
-                           ldb, N, NULL);
-    BE_DISPATCH(c.bad, be, matmul, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, N);
+    /* the natural row strides */
+    be_matmul_ld_at(file, line, be, C, A, B, M, N, K, transA, transB, alpha, beta,
+                    transA ? M : K, transB ? K : N, N);
 }
 
 void be_matmul_into_at(const char *file, int line, backend_t *be, tensor_t D, tensor_t A,
