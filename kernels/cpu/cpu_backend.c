@@ -1,4 +1,5 @@
-/* CPU backend: memory, copies and the matmul (OpenBLAS or plain loops).
+/* CPU backend: memory, copies and the matmul (OpenBLAS, cpu_skinny.c for
+ * products with a side of at most 64, or plain loops).
  * Every op's arguments have been checked (kernels/backend_ops.c): sizes,
  * element counts and dtypes are what the op needs, floats F32 (act_dt). */
 #include "cpu_backend.h"
@@ -20,6 +21,7 @@ typedef enum { ATTN_AUTO = 0, ATTN_FLASH = 1, ATTN_BLAS = 2, ATTN_PLAIN = 3 } cp
 typedef struct cpu_impl {
     int reference;
     cpu_attn_kind attn; /* the attention this backend runs */
+    int skinny;         /* products with a side of <= 64 by cpu_skinny.c */
 } cpu_impl;
 
 int cpu_is_reference(const backend_t *be)
@@ -122,6 +124,9 @@ static void cpu_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M,
         matmul_plain(C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc);
         return;
     }
+    if (((cpu_impl *)be->impl)->skinny &&
+        cpu_skinny_matmul(C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc))
+        return;
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
                 transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A.p, lda, B.p, ldb, beta,
                 C.p, ldc);
@@ -221,6 +226,8 @@ int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
         threads = n > 0 ? (int)n : 1;
     }
     impl->reference = reference;
+    const char *skinny = getenv("SPOTUNE_CPU_SKINNY");
+    impl->skinny = !reference && !(skinny && strcmp(skinny, "0") == 0);
     const char *attn = getenv("SPOTUNE_CPU_ATTENTION");
     impl->attn = reference                             ? ATTN_PLAIN
                  : attn && strcmp(attn, "blas") == 0  ? ATTN_BLAS

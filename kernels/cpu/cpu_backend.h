@@ -25,6 +25,18 @@ const char *cpu_vexp_kind(void);
  * the CPU or the build has not got it. */
 int cpu_vexp_with(const char *isa, float *dst, const float *src, size_t n, float a, float b);
 
+/* Products with one side of at most CPU_SKINNY_MAX (LoRA's rank-r ones) by
+ * AVX-512 register tiles (cpu_skinny.c): C = alpha op(A) op(B) + beta C as
+ * cblas_sgemm row-major. Returns 1 when it computed C, 0 when the shape is
+ * not skinny or the CPU has no AVX-512 (the caller then runs sgemm). The
+ * fast path uses it unless SPOTUNE_CPU_SKINNY=0 at the backend's creation. */
+#define CPU_SKINNY_MAX 64
+int cpu_skinny_matmul(float *C, const float *A, const float *B, int M, int N, int K, int transA,
+                      int transB, float alpha, float beta, int lda, int ldb, int ldc);
+int cpu_skinny_available(void);
+/* Products this process has computed there (tests). */
+unsigned long cpu_skinny_count(void);
+
 /* The math ops, shared by the fast and reference tables (cpu_ops.c). */
 void cpu_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
                          int rows, int cols, float eps);

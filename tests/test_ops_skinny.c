@@ -1,0 +1,182 @@
+/* The CPU fast path's products with a side of at most 64 (LoRA's rank-r
+ * ones, kernels/cpu/cpu_skinny.c), in the ops suite: every way in (a small
+ * N with op(A) as A or A^T, a small M with op(B) as B or B^T, a small K
+ * with a wide output), each tile height and its remainders, column tails
+ * of 1 to 15, row strides wider than the matrices, alpha and beta 0, 1 and
+ * -0.25, against double loops (within FWD_TOL of the largest value); beta
+ * 0 never reads C (it holds NaN); columns of C outside the product are
+ * left as they were; the same bits on 1 and 2 threads; the backend's
+ * matmul takes this path unless SPOTUNE_CPU_SKINNY=0 (counted), and the
+ * answer is within FWD_TOL of double loops either way. */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "ops_util.h"
+
+typedef struct {
+    int M, N, K, ta, tb;
+} shape;
+
+/* C (M x ldc, ldc = N + 3) holds fill; the product goes in its first N
+ * columns. Returns what cpu_skinny_matmul returned; *err the relative
+ * error against double loops, *kept whether columns N..ldc kept fill. */
+static int run_one(shape s, float alpha, float beta, float *C, float fill, double *err,
+                   int *kept)
+{
+    int ar = s.ta ? s.K : s.M, ac = s.ta ? s.M : s.K, br = s.tb ? s.N : s.K,
+        bc = s.tb ? s.K : s.N;
+    int lda = ac + 2, ldb = bc + 5, ldc = s.N + 3;
+    float *A = rnd((size_t)ar * lda, 1), *B = rnd((size_t)br * ldb, 1);
+    float *C0 = rnd((size_t)s.M * ldc, 1);
+    if (beta == 0.0f)
+        for (size_t i = 0; i < (size_t)s.M * ldc; i++)
+            C0[i] = fill;
+    memcpy(C, C0, sizeof(float) * (size_t)s.M * ldc);
+    int done = cpu_skinny_matmul(C, A, B, s.M, s.N, s.K, s.ta, s.tb, alpha, beta, lda, ldb, ldc);
+    double *want = malloc(sizeof(double) * (size_t)s.M * s.N);
+    float *got = malloc(sizeof(float) * (size_t)s.M * s.N);
+    for (int i = 0; i < s.M; i++)
+        for (int j = 0; j < s.N; j++) {
+            double acc = 0;
+            for (int k = 0; k < s.K; k++)
+                acc += (double)(s.ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                       (s.tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+            want[(size_t)i * s.N + j] =
+                alpha * acc + (beta == 0.0f ? 0.0 : beta * (double)C0[(size_t)i * ldc + j]);
+            got[(size_t)i * s.N + j] = C[(size_t)i * ldc + j];
+        }
+    *err = rel_err(got, want, (size_t)s.M * s.N);
+    *kept = 1;
+    for (int i = 0; i < s.M; i++)
+        for (int j = s.N; j < ldc; j++)
+            if (memcmp(&C[(size_t)i * ldc + j], &C0[(size_t)i * ldc + j], sizeof(float)) != 0)
+                *kept = 0;
+    free(A), free(B), free(C0), free(want), free(got);
+    return done;
+}
+
+static const shape shapes[] = {
+    /* N small, op(A) = A: tiles of 8 x 16, 6 x 32, 4 x 48 and 4 x 64 rows, remainders */
+    {61, 16, 300, 0, 0},  {61, 16, 300, 0, 1}, {45, 17, 77, 0, 0},  {23, 32, 40, 0, 1},
+    {26, 33, 9, 0, 0},    {13, 48, 100, 0, 0}, {9, 64, 70, 0, 1},   {7, 1, 200, 0, 0},
+    {1, 5, 1, 0, 1},      {130, 16, 1, 0, 0},
+    /* N small, op(A) = A^T: the transposed product through a scratch */
+    {150, 16, 200, 1, 0}, {97, 48, 65, 1, 1},  {70, 3, 129, 1, 0},  {5, 64, 66, 1, 0},
+    /* M small, op(B) = B: a few rows of a wide output, by column chunks */
+    {16, 150, 200, 1, 0}, {48, 97, 130, 1, 0}, {3, 200, 70, 0, 0},  {64, 65, 65, 0, 0},
+    /* M small, op(B) = B^T */
+    {16, 150, 200, 1, 1}, {33, 129, 80, 0, 1},
+    /* K small, a wide output */
+    {100, 150, 16, 0, 1}, {77, 300, 48, 0, 0}, {90, 65, 1, 1, 0},   {66, 200, 64, 1, 1},
+};
+
+Test(ops, skinny_products_against_double_loops)
+{
+    if (!cpu_skinny_available()) {
+        /* no AVX-512: the kernel declines and sgemm runs (the next test) */
+        float c = 0.0f;
+        cr_expect_eq(cpu_skinny_matmul(&c, &c, &c, 1, 1, 1, 0, 0, 1.0f, 0.0f, 1, 1, 1), 0);
+        cr_log_info("no AVX-512 on this CPU: cpu_skinny_matmul declines every product");
+        return;
+    }
+    const float ab[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.5f, -0.25f}};
+    size_t n = sizeof(shapes) / sizeof(shapes[0]);
+    for (size_t i = 0; i < n; i++)
+        for (int v = 0; v < 3; v++) {
+            shape s = shapes[i];
+            float *C = malloc(sizeof(float) * (size_t)s.M * (s.N + 3));
+            double err;
+            int kept;
+            int done = run_one(s, ab[v][0], ab[v][1], C, NAN, &err, &kept);
+            cr_expect_eq(done, 1, "%dx%dx%d ta=%d tb=%d: not taken", s.M, s.N, s.K, s.ta, s.tb);
+            cr_expect_lt(err, FWD_TOL, "%dx%dx%d ta=%d tb=%d alpha %g beta %g: rel err %g", s.M,
+                         s.N, s.K, s.ta, s.tb, ab[v][0], ab[v][1], err);
+            cr_expect(kept, "%dx%dx%d ta=%d tb=%d: columns outside C's block changed", s.M, s.N,
+                      s.K, s.ta, s.tb);
+            free(C);
+        }
+    /* no side of 64 or less: declined, C untouched */
+    float *C = malloc(sizeof(float) * 65 * 68);
+    double err;
+    int kept;
+    cr_expect_eq(run_one((shape){65, 65, 65, 0, 0}, 1.0f, 1.0f, C, 0.0f, &err, &kept), 0);
+    free(C);
+}
+
+Test(ops, skinny_products_do_not_depend_on_the_thread_count)
+{
+    if (!cpu_skinny_available()) {
+        cr_log_info("no AVX-512 on this CPU: nothing of cpu_skinny.c runs");
+        return;
+    }
+    const shape big[] = {{1024, 16, 768, 0, 1}, {768, 16, 1024, 1, 0}, {16, 768, 1024, 1, 0},
+                         {1024, 768, 16, 0, 1}, {48, 200, 300, 0, 1}};
+    int saved = omp_get_max_threads();
+    for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
+        shape s = big[i];
+        size_t nc = (size_t)s.M * (s.N + 3);
+        float *C1 = malloc(sizeof(float) * nc), *C2 = malloc(sizeof(float) * nc);
+        double e1, e2;
+        int k1, k2;
+        uint64_t seed = g_seed;
+        omp_set_num_threads(1);
+        cr_assert_eq(run_one(s, 1.0f, 1.0f, C1, 0.0f, &e1, &k1), 1);
+        g_seed = seed;
+        omp_set_num_threads(2);
+        cr_assert_eq(run_one(s, 1.0f, 1.0f, C2, 0.0f, &e2, &k2), 1);
+        cr_expect_eq(memcmp(C1, C2, sizeof(float) * nc), 0,
+                     "%dx%dx%d: different bits on 1 and 2 threads", s.M, s.N, s.K);
+        cr_expect_lt(e1, FWD_TOL);
+        free(C1), free(C2);
+    }
+    omp_set_num_threads(saved);
+}
+
+/* The cpu backend's matmul with the path on (the default) and off
+ * (SPOTUNE_CPU_SKINNY=0 at creation: sgemm): both within FWD_TOL of double
+ * loops; the path's count of products grows by one with it on (where the
+ * CPU has AVX-512), not at all with it off. */
+Test(ops, skinny_path_is_the_cpu_backends_unless_switched_off)
+{
+    const int M = 200, N = 16, K = 300;
+    float *A = rnd((size_t)M * K, 1), *B = rnd((size_t)K * N, 1);
+    double *want = malloc(sizeof(double) * M * N);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++)
+                acc += (double)A[i * K + k] * B[k * N + j];
+            want[i * N + j] = acc;
+        }
+    float *got = malloc(sizeof(float) * M * N);
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            setenv("SPOTUNE_CPU_SKINNY", "0", 1);
+        else
+            unsetenv("SPOTUNE_CPU_SKINNY");
+        backend_t *b2;
+        sp_err err = {0};
+        cr_assert_eq(backend_create(&b2, "cpu", 0, 2, &err), 0);
+        tensor_t tA = be_alloc(b2, DT_F32, (size_t)M * K), tB = be_alloc(b2, DT_F32, (size_t)K * N),
+                 tC = be_alloc(b2, DT_F32, (size_t)M * N);
+        be_upload(b2, tA, A, DT_F32);
+        be_upload(b2, tB, B, DT_F32);
+        unsigned long before = cpu_skinny_count();
+        be_matmul(b2, tC, tA, tB, M, N, K, 0, 0, 1.0f, 0.0f);
+        unsigned long ran = cpu_skinny_count() - before;
+        cr_expect_eq(ran, off || !cpu_skinny_available() ? 0ul : 1ul,
+                     "skinny %s: %lu products on the path", off ? "off" : "on", ran);
+        be_download(b2, got, DT_F32, tC);
+        cr_expect_lt(rel_err(got, want, (size_t)M * N), FWD_TOL, "skinny %s",
+                     off ? "off" : "on");
+        be_free(b2, &tA), be_free(b2, &tB), be_free(b2, &tC);
+        backend_destroy(b2);
+    }
+    unsetenv("SPOTUNE_CPU_SKINNY");
+    free(A), free(B), free(want), free(got);
+}
