@@ -52,6 +52,9 @@ enum {
 enum { STORE_ADDR_AUTO = 0, STORE_ADDR_PATH = 1, STORE_ADDR_VHOST = 2 };
 
 /* Zero or NULL fields take the default shown. */
+/* The name of the threads a multipart upload or ranged GET adds (top -H, gdb). */
+#define STORE_PART_THREAD "store-part"
+
 typedef struct store_opts {
     const char *endpoint;  /* "https://host[:port]"; else AWS_ENDPOINT_URL_S3, else
                               AWS_ENDPOINT_URL, else AWS's regional endpoint */
@@ -62,7 +65,9 @@ typedef struct store_opts {
                               STORE_ADDR_PATH: endpoint/bucket/key;
                               STORE_ADDR_VHOST: bucket.endpoint/key */
     size_t part_bytes;     /* multipart part and ranged-GET chunk size: >= 5 MiB, default 16 MiB */
-    int parallel;          /* connections per multipart upload / ranged GET, default 4 */
+    int parallel;          /* connections per multipart upload / ranged GET, default 4
+                              (the calling thread and parallel - 1 threads named
+                              STORE_PART_THREAD) */
     int max_retries;       /* retries after the first attempt, default 8; < 0: none */
     double timeout_s;      /* longest transfer stall (no byte either way), default 30;
                               connecting: at most 10 */

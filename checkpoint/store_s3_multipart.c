@@ -89,8 +89,10 @@ static int run_parallel(par_job *j, sp_err *err)
     pthread_mutex_init(&j->mu, NULL);
     atomic_init(&j->stop, 0);
     for (size_t i = 1; i < want && i < 64; i++)
-        if (pthread_create(&tids[made], NULL, worker, j) == 0)
+        if (pthread_create(&tids[made], NULL, worker, j) == 0) {
+            pthread_setname_np(tids[made], STORE_PART_THREAD);
             made++; /* fewer threads is slower, not wrong */
+        }
     worker(j);
     for (size_t i = 0; i < made; i++)
         pthread_join(tids[i], NULL);
