@@ -75,6 +75,10 @@ float sp_rng_normal(uint64_t seed, uint64_t ctr);
 double sp_now(void);
 double sp_wall_time(void);
 
+/* Names the calling thread (at most 15 characters shown: top -H, ps -L,
+ * gdb, /proc/self/task/N/comm); spotune's own threads call it first. */
+void sp_name_thread(const char *name);
+
 /* Strings. Paths and messages whose length depends on the input are built
  * with sp_strf, a printf into a new heap string: no fixed buffer, nothing
  * cut. Where an interface keeps a caller's buffer, sp_fitf fills it only

@@ -554,6 +554,12 @@ static void *fetch_worker(void *arg)
     }
 }
 
+static void *fetch_thread(void *arg) /* the ones added; the caller fetches too */
+{
+    sp_name_thread("ckpt-fetch");
+    return fetch_worker(arg);
+}
+
 static int fetch_blocks(ckpt_sharded *r, shard_file *x, uint64_t k0, uint64_t k1,
                         unsigned char *dst, sp_err *err)
 {
@@ -563,7 +569,7 @@ static int fetch_blocks(ckpt_sharded *r, shard_file *x, uint64_t k0, uint64_t k1
     int n = 0;
     for (uint64_t want = k1 - k0 < FETCH_THREADS ? k1 - k0 : FETCH_THREADS; n < (int)want - 1;
          n++)
-        if (pthread_create(&th[n], NULL, fetch_worker, &j) != 0)
+        if (pthread_create(&th[n], NULL, fetch_thread, &j) != 0)
             break;
     fetch_worker(&j); /* this thread fetches too */
     for (int t = 0; t < n; t++)

@@ -169,6 +169,7 @@ static void write_shard(ckpt_writer *w, char *dir, ckpt_shard *sh)
 static void *writer_main(void *arg)
 {
     ckpt_writer *w = arg;
+    sp_name_thread("ckpt-writer");
     pthread_mutex_lock(&w->mu);
     for (;;) {
         while (!w->has_job && !w->stop)

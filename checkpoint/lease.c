@@ -264,6 +264,7 @@ static int refuse_store(lease_t *l, const sp_err *e, sp_err *err)
 static void *renew_main(void *arg)
 {
     lease_t *l = arg;
+    sp_name_thread("lease-renew");
     pthread_mutex_lock(&l->mu);
     while (!l->stop && !l->lost) {
         double every = l->written ? l->o.ttl_s / 3.0 : 2.0;

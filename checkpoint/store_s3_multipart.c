@@ -79,6 +79,13 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* The threads run_parallel adds (the caller runs worker itself) */
+static void *part_thread(void *arg)
+{
+    sp_name_thread(STORE_PART_THREAD);
+    return worker(arg);
+}
+
 /* Runs fn over every chunk on up to `parallel` threads (this one included). */
 static int run_parallel(par_job *j, sp_err *err)
 {
@@ -89,10 +96,8 @@ static int run_parallel(par_job *j, sp_err *err)
     pthread_mutex_init(&j->mu, NULL);
     atomic_init(&j->stop, 0);
     for (size_t i = 1; i < want && i < 64; i++)
-        if (pthread_create(&tids[made], NULL, worker, j) == 0) {
-            pthread_setname_np(tids[made], STORE_PART_THREAD);
+        if (pthread_create(&tids[made], NULL, part_thread, j) == 0)
             made++; /* fewer threads is slower, not wrong */
-        }
     worker(j);
     for (size_t i = 0; i < made; i++)
         pthread_join(tids[i], NULL);

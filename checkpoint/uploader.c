@@ -241,6 +241,7 @@ static int next_job(uploader_t *u, job *out)
 static void *uploader_main(void *arg)
 {
     uploader_t *u = arg;
+    sp_name_thread("ckpt-upload");
     for (;;) {
         job j;
         pthread_mutex_lock(&u->mu);

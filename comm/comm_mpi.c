@@ -130,6 +130,7 @@ static _Noreturn void watchdog_fire(comm_t *c, const char *what, int64_t timeout
 static void *watchdog_main(void *arg)
 {
     comm_t *c = arg;
+    sp_name_thread("comm-watchdog");
     struct comm_watchdog *w = &c->wd;
     pthread_mutex_lock(&w->mu);
     while (!w->stop) {

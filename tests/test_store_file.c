@@ -1,7 +1,7 @@
 /* tests/test_store_file.c — the store API on file:// (in-process, no server):
  * round trips, ranged reads, no-replace puts, listing, deletes, key and URL
  * checks, checkpoint push/pull/prune ordering, and the uploader (retry while
- * the store is unreachable, bounded queue, prompt stop). */
+ * the store is unreachable, bounded queue, prompt stop, its thread's name). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -737,6 +737,29 @@ Test(store_file, uploader_bounded_queue_drops_oldest_waiting)
         free(c[i]);
     free(local);
     free(moved);
+    close_fixture(&f);
+}
+
+/* The uploader's thread is named ckpt-upload while it runs (top -H, gdb)
+ * and is gone once uploader_stop returns. */
+Test(store_file, uploader_thread_is_named_and_gone_after_stop)
+{
+    store_fx f = open_fixture("named");
+    sp_err err = {0};
+    cr_assert_eq(store_create_bucket(f.s, &err), 0);
+    cr_assert_eq(tu_threads_named("ckpt-upload"), 0);
+    uploader_opts o = {.retry_base_s = 0.05, .retry_max_s = 0.1};
+    uploader_t *u;
+    cr_assert_eq(uploader_start(&u, f.s, &o, &err), 0, "%s", err.msg);
+    int seen = 0;
+    for (int i = 0; i < 200 && !seen; i++) {
+        seen = tu_threads_named("ckpt-upload");
+        if (!seen)
+            usleep(10 * 1000); /* the thread names itself first thing */
+    }
+    cr_expect_eq(seen, 1, "no thread named ckpt-upload within 2 s of uploader_start");
+    uploader_stop(u);
+    cr_expect_eq(tu_threads_named("ckpt-upload"), 0, "the uploader's thread outlived its stop");
     close_fixture(&f);
 }
 

@@ -11,7 +11,6 @@
  * SIGSTOP). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -358,33 +357,6 @@ Test(store_s3_fault, unresolvable_endpoint_is_named_on_every_attempt)
     cr_expect(!strstr(err.msg, "bad argument"), "%s", err.msg);
 }
 
-/* Threads of this process named STORE_PART_THREAD: the part threads of a
- * multipart upload (/proc/self/task/N/comm). Counting every thread of the
- * process against a count taken before the upload, as this test did, lets
- * any other thread that ends in between hide the part thread (which this
- * test did once in a full run of the suite). */
-static int part_threads(void)
-{
-    DIR *d = opendir("/proc/self/task");
-    cr_assert_not_null(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[300], name[32] = "";
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue; /* the thread ended */
-        if (fgets(name, sizeof name, f))
-            name[strcspn(name, "\n")] = 0;
-        fclose(f);
-        n += strcmp(name, STORE_PART_THREAD) == 0;
-    }
-    closedir(d);
-    return n;
-}
-
 /* A multipart upload whose parts fail because the store hangs (proxy
  * SIGSTOPped; no retries, 2 s stall limit) is aborted: the abort, sent
  * once the part threads have given up, is answered when the proxy runs again,
@@ -404,7 +376,7 @@ Test(store_s3_fault, multipart_upload_failing_on_a_hung_store_is_aborted)
     char *full = tu_s3_full_key(url, "ckpt/state.h5");
     size_t from = 0;
     free(tu_proxy_log(&from));
-    cr_assert_eq(part_threads(), 0, "part threads before the upload");
+    cr_assert_eq(tu_threads_named(STORE_PART_THREAD), 0, "part threads before the upload");
     upload up = {.s = s, .key = "ckpt/state.h5", .path = src, .rc = -99};
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, run_upload, &up), 0);
@@ -417,10 +389,14 @@ Test(store_s3_fault, multipart_upload_failing_on_a_hung_store_is_aborted)
      * after its speed window of some seconds), the part thread ends, and the
      * upload's own thread sends the abort, which waits up to 10 s (twice) for
      * an answer: let the proxy run again then. */
+    /* (the part threads by name: counting every thread of the process
+     * against a count taken before the upload, as this test did, let another
+     * thread that ended in between hide the part thread, once in a full run
+     * of the suite) */
     int workers_seen = 0, workers_gone = 0, threads_max = 0;
     double t0 = sp_now(), waited = 0;
     for (; began && !workers_gone && !atomic_load(&up.done); waited = sp_now() - t0) {
-        int n = part_threads();
+        int n = tu_threads_named(STORE_PART_THREAD);
         threads_max = n > threads_max ? n : threads_max;
         workers_gone = workers_seen && n == 0;
         workers_seen |= n > 0;

@@ -21,6 +21,9 @@ int tu_files_equal(const char *a, const char *b);
 int tu_run(char *const argv[], const char *out_path);
 /* Runs scripts/swift-s3.sh with one or two arguments. */
 int tu_swift(const char *cmd, const char *arg);
+/* Threads of this process named name (/proc/self/task/N/comm): spotune's
+ * own threads name themselves (sp_name_thread). */
+int tu_threads_named(const char *name);
 /* A name unique to this process: "<tag>-<pid>-<usec>". */
 char *tu_unique(const char *tag);
 
