@@ -11,12 +11,21 @@
 # The peer needs torch, transformers and PEFT (scripts/install-deps.sh
 # --python --hf puts them in .venv, the default PY when it exists); without
 # them only spotune's figures are printed.
+# The peer runs with glibc's malloc told to keep freed memory
+# (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_): PyTorch's
+# CPU allocator gives its large blocks (the logits, activations and their
+# gradients) back to the system every step and faults them in again, which on
+# some virtual machines costs it nearly half its speed (275 against 489
+# tokens/s for LoRA, docs/perf.md); the settings do what the jemalloc or
+# tcmalloc preload of PyTorch's CPU tuning guides does. --peer-malloc system
+# runs it with glibc's defaults. spotune allocates its arenas once.
 # usage: scripts/bench_cpu.sh [--threads N] [--steps N] [--warmup N] [--runs N] [--python PY]
+#                             [--peer-malloc keep|system]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=$(nproc) steps=3 warmup=1 runs=3 py=python3
+threads=$(nproc) steps=3 warmup=1 runs=3 py=python3 peer_malloc=keep
 [ -x .venv/bin/python ] && py=.venv/bin/python
-usage="usage: scripts/bench_cpu.sh [--threads N] [--steps N] [--warmup N] [--runs N] [--python PY]"
+usage="usage: scripts/bench_cpu.sh [--threads N] [--steps N] [--warmup N] [--runs N] [--python PY] [--peer-malloc keep|system]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --threads) threads=$2; shift 2 ;;
@@ -24,10 +33,17 @@ while [ $# -gt 0 ]; do
     --warmup) warmup=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
+    --peer-malloc) peer_malloc=$2; shift 2 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
 case "$runs" in ''|*[!0-9]*|0) echo "bench_cpu: --runs wants a whole number from 1 ($runs)" >&2; exit 2 ;; esac
+case "$peer_malloc" in
+  keep) peer_env=(MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736
+                  MALLOC_TOP_PAD_=1073741824) ;;
+  system) peer_env=() ;;
+  *) echo "bench_cpu: --peer-malloc wants keep or system ($peer_malloc)" >&2; exit 2 ;;
+esac
 scripts/install-deps.sh >/dev/null
 cmake -S . -B build-cpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPOTUNE_CUDA=OFF >/dev/null
 ninja -C build-cpu spotune >/dev/null
@@ -38,7 +54,7 @@ field() { sed -E "s/.*\"$1\": ?([0-9.eE+-]+).*/\1/"; }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 peer_ok=1
 "$py" -c "import torch, transformers, peft" 2>/dev/null || peer_ok=0
-echo "CPU training step, small preset (110M), micro_batch 4 x seq_len 256, $threads thread(s), $steps timed step(s), $runs run(s) a mode"
+echo "CPU training step, small preset (110M), micro_batch 4 x seq_len 256, $threads thread(s), $steps timed step(s), $runs run(s) a mode; the peer's malloc: $peer_malloc"
 printf "%-6s %6s %16s %16s %8s\n" mode run "spotune tok/s" "HF+PEFT tok/s" ratio
 for mode in lora full; do
   ours_all="" theirs_all=""
@@ -47,7 +63,7 @@ for mode in lora full; do
       --steps "$steps" --warmup "$warmup" --threads "$threads" --backend cpu --json | field tokens_per_s)
     ours_all="$ours_all $ours"
     if [ "$peer_ok" = 1 ]; then
-      theirs=$("$py" scripts/bench_hf_peft.py --model "$model" --mode "$mode" --micro-batch 4 \
+      theirs=$(env "${peer_env[@]}" "$py" scripts/bench_hf_peft.py --model "$model" --mode "$mode" --micro-batch 4 \
         --seq-len 256 --threads "$threads" --steps "$steps" --warmup "$warmup" 2>/dev/null | field tokens_per_s)
       theirs_all="$theirs_all $theirs"
       ratio=$(awk -v a="$ours" -v b="$theirs" 'BEGIN { printf "%.2fx", a / b }')
