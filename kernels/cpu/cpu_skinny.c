@@ -10,10 +10,14 @@
  * order, so results do not depend on the thread count.
  *
  * C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, row-major, as cblas_sgemm
- * (beta 0: C is not read). Three shapes:
- *   N small, or K small: rows of C in blocks, op(B) packed as [K, N16];
- *   M small (N and K large): the transposed product C^T = op(B)^T op(A)^T
- *   into a scratch [N, M16], then added into C. */
+ * (beta 0: C is not read). Four ways in, each a loop of register tiles
+ * (sk_rows) whose vector side is read row by row:
+ *   N small with op(A) = A, or K small: op(B) packed as [K, N16], the rows
+ *   of op(A) broadcast, straight into C;
+ *   N small with op(A) = A^T (dB = dy^T xr): C^T = op(B)^T op(A)^T, A's
+ *   rows as they lie the vector side, into a scratch added into C;
+ *   M small with op(B) = B (dA = dxr^T x): B's rows as they lie, into C;
+ *   M small with op(B) = B^T: C^T with op(A)^T packed, into a scratch. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,9 +28,7 @@
 #include <immintrin.h>
 
 #define SK_TARGET __attribute__((target("avx512f")))
-#ifndef SK_PF
-#define SK_PF 8
-#endif
+#define SK_PF 8 /* rows ahead of the one read that a prefetch asks for */
 
 /* op(X)[k, n] for k < K, n < N into w[k * ldw + n], zero from N to ldw */
 static void sk_pack(float *w, size_t ldw, const float *X, size_t ldx, int trans, int K, int N)
