@@ -21,7 +21,8 @@ typedef enum { ATTN_AUTO = 0, ATTN_FLASH = 1, ATTN_BLAS = 2, ATTN_PLAIN = 3 } cp
 typedef struct cpu_impl {
     int reference;
     cpu_attn_kind attn; /* the attention this backend runs */
-    int skinny;         /* products with a side of <= 64 by cpu_skinny.c */
+    int skinny;         /* products with a side of <= 64 by cpu_skinny.c's tiles of
+                           this CPU_SKINNY_* (NONE: sgemm) */
 } cpu_impl;
 
 int cpu_is_reference(const backend_t *be)
@@ -124,8 +125,9 @@ static void cpu_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M,
         matmul_plain(C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc);
         return;
     }
-    if (((cpu_impl *)be->impl)->skinny &&
-        cpu_skinny_matmul(C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc))
+    int isa = ((cpu_impl *)be->impl)->skinny;
+    if (isa && cpu_skinny_matmul(isa, C.p, A.p, B.p, M, N, K, transA, transB, alpha, beta, lda,
+                                 ldb, ldc))
         return;
     cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
                 transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A.p, lda, B.p, ldb, beta,
@@ -212,6 +214,37 @@ static const backend_ops cpu_ops = {
     .destroy = cpu_destroy,
 };
 
+/* SPOTUNE_CPU_SKINNY: unset or 1 the best tiles this CPU has, 0 none
+ * (sgemm), avx2 or avx512 those (refused where the CPU has not got them) */
+static int cpu_skinny_choose(int *isa, sp_err *err)
+{
+    const char *v = getenv("SPOTUNE_CPU_SKINNY");
+    int best = cpu_skinny_isa();
+    if (!v || !*v || strcmp(v, "1") == 0) {
+        *isa = best;
+        return 0;
+    }
+    if (strcmp(v, "0") == 0) {
+        *isa = CPU_SKINNY_NONE;
+        return 0;
+    }
+    int want = strcmp(v, "avx2") == 0     ? CPU_SKINNY_AVX2
+               : strcmp(v, "avx512") == 0 ? CPU_SKINNY_AVX512
+                                          : -1;
+    if (want < 0)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "SPOTUNE_CPU_SKINNY=%s: expected 0, 1, avx2 or avx512", v);
+    if (want > best)
+        return sp_fail(err, SP_EXIT_USAGE,
+                       "SPOTUNE_CPU_SKINNY=%s: this CPU has not got %s (its best: %s)", v,
+                       want == CPU_SKINNY_AVX512 ? "AVX-512" : "AVX2 with FMA",
+                       best == CPU_SKINNY_AVX512 ? "avx512"
+                       : best == CPU_SKINNY_AVX2 ? "avx2"
+                                                 : "none");
+    *isa = want;
+    return 0;
+}
+
 int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
 {
     backend_t *be = calloc(1, sizeof *be);
@@ -226,8 +259,11 @@ int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
         threads = n > 0 ? (int)n : 1;
     }
     impl->reference = reference;
-    const char *skinny = getenv("SPOTUNE_CPU_SKINNY");
-    impl->skinny = !reference && !(skinny && strcmp(skinny, "0") == 0);
+    if (!reference && cpu_skinny_choose(&impl->skinny, err) != 0) {
+        free(be);
+        free(impl);
+        return -1;
+    }
     const char *attn = getenv("SPOTUNE_CPU_ATTENTION");
     impl->attn = reference                             ? ATTN_PLAIN
                  : attn && strcmp(attn, "blas") == 0  ? ATTN_BLAS

@@ -26,14 +26,18 @@ const char *cpu_vexp_kind(void);
 int cpu_vexp_with(const char *isa, float *dst, const float *src, size_t n, float a, float b);
 
 /* Products with one side of at most CPU_SKINNY_MAX (LoRA's rank-r ones) by
- * AVX-512 register tiles (cpu_skinny.c): C = alpha op(A) op(B) + beta C as
- * cblas_sgemm row-major. Returns 1 when it computed C, 0 when the shape is
- * not skinny or the CPU has no AVX-512 (the caller then runs sgemm). The
- * fast path uses it unless SPOTUNE_CPU_SKINNY=0 at the backend's creation. */
+ * register tiles (cpu_skinny.c) of AVX-512 or AVX2 (with FMA): C = alpha
+ * op(A) op(B) + beta C as cblas_sgemm row-major, by isa's tiles. Returns 1
+ * when it computed C, 0 when the shape is not skinny or the CPU has not got
+ * isa (the caller then runs sgemm). cpu_skinny_isa(): the best this CPU has
+ * (CPU_SKINNY_NONE without AVX2 and FMA). The fast path uses the best unless
+ * SPOTUNE_CPU_SKINNY says otherwise at the backend's creation: 0 (sgemm for
+ * all), avx2, avx512, or 1 (the default: the best). */
 #define CPU_SKINNY_MAX 64
-int cpu_skinny_matmul(float *C, const float *A, const float *B, int M, int N, int K, int transA,
-                      int transB, float alpha, float beta, int lda, int ldb, int ldc);
-int cpu_skinny_available(void);
+enum { CPU_SKINNY_NONE = 0, CPU_SKINNY_AVX2 = 1, CPU_SKINNY_AVX512 = 2 };
+int cpu_skinny_matmul(int isa, float *C, const float *A, const float *B, int M, int N, int K,
+                      int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc);
+int cpu_skinny_isa(void);
 /* Products this process has computed there (tests). */
 unsigned long cpu_skinny_count(void);
 

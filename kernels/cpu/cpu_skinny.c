@@ -5,9 +5,12 @@
  * on it, and runs them at 50-170 GFLOP/s on two cores against about 330 for
  * the frozen weights' products. Here the small operand is packed once (a
  * few hundred KiB at most), the large one is read where it lies, and each
- * output tile of up to 8 rows by 64 columns stays in AVX-512 registers over
- * the whole reduction. Every output element is one thread's sum over k in
- * order, so results do not depend on the thread count.
+ * output tile of up to 8 rows by 64 columns stays in AVX-512 registers (up
+ * to 8 x 8 or 3 x 32 in AVX2's, on CPUs without AVX-512) over the
+ * whole reduction. Every output element is one thread's sum over k in
+ * order, so results do not depend on the thread count. AVX2's tiles leave
+ * the second and third ways below to OpenBLAS when the reduction is longer
+ * than 64 (cpu_skinny_matmul says why).
  *
  * C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C, row-major, as cblas_sgemm
  * (beta 0: C is not read). Four ways in, each a loop of register tiles
@@ -28,6 +31,7 @@
 #include <immintrin.h>
 
 #define SK_TARGET __attribute__((target("avx512f")))
+#define SK2_TARGET __attribute__((target("avx2,fma")))
 #define SK_PF 8 /* rows ahead of the one read that a prefetch asks for */
 
 /* op(X)[k, n] for k < K, n < N into w[k * ldw + n], zero from N to ldw */
@@ -155,46 +159,156 @@ static SK_TARGET void sk_block(int mb, int nz, int mw, const float *a, size_t am
     }
 }
 
-/* Rows of a tile for nz vectors a row: 8 x 16, 6 x 32, 4 x 48, 4 x 64
- * accumulators (8 to 16 of the 32 registers, the rest for op(B)'s row and
- * the broadcasts). */
-static int sk_rows_for(int nz)
+/* AVX2 (with FMA): sk_tile with 8-float vectors in 16 registers. The last
+ * vector's columns are masked by vmaskmov (masked lanes are not read, so a
+ * matrix as it lies is not over-read). */
+static inline __attribute__((always_inline)) SK2_TARGET void
+sk_tile2(const int MB, const int NZ, const int MW, const float *a, size_t am, size_t ak,
+         const float *w, size_t ldw, int K, float *c, size_t ldc, int ncols, float alpha,
+         float beta)
 {
-    return nz == 1 ? 8 : nz == 2 ? 6 : 4;
+    __m256 acc[8][4];
+    int left = ncols - 8 * (NZ - 1);
+    __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32(left),
+                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; i++)
+#pragma GCC unroll 4
+        for (int z = 0; z < NZ; z++)
+            acc[i][z] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m256 wv[4];
+        const float *wk = w + (size_t)k * ldw;
+#pragma GCC unroll 4
+        for (int z = 0; z < NZ; z++) {
+            if (MW && z == NZ - 1)
+                wv[z] = _mm256_maskload_ps(wk + 8 * z, last);
+            else
+                wv[z] = _mm256_loadu_ps(wk + 8 * z);
+            if (z % 2 == 0) /* one a 64-byte line */
+                _mm_prefetch((const char *)(wk + SK_PF * ldw + 8 * z), _MM_HINT_T0);
+        }
+        const float *ak_ = a + (size_t)k * ak;
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; i++) {
+            __m256 av = _mm256_broadcast_ss(ak_ + (size_t)i * am);
+#pragma GCC unroll 4
+            for (int z = 0; z < NZ; z++)
+                acc[i][z] = _mm256_fmadd_ps(av, wv[z], acc[i][z]);
+        }
+    }
+    __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; i++) {
+        float *ci = c + (size_t)i * ldc;
+#pragma GCC unroll 4
+        for (int z = 0; z < NZ; z++) {
+            __m256 r = _mm256_mul_ps(va, acc[i][z]);
+            if (z == NZ - 1 && left < 8) {
+                if (beta != 0.0f)
+                    r = _mm256_fmadd_ps(vb, _mm256_maskload_ps(ci + 8 * z, last), r);
+                _mm256_maskstore_ps(ci + 8 * z, last, r);
+            } else {
+                if (beta != 0.0f)
+                    r = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + 8 * z), r);
+                _mm256_storeu_ps(ci + 8 * z, r);
+            }
+        }
+    }
 }
 
-/* C[m, :] for m < M over column chunks: a(m,k) = a[m*am + k*ak] (the
- * broadcast side), w[k * ldw + n] (the vector side; mw: as it lies, not a
- * padded pack). Threads split the row blocks, or the column chunks where
- * there are more of those or few rows (each chunk's column strip of w is
- * then read by one thread while it stays in its cache). */
-static SK_TARGET void sk_rows(int M, int N, int K, const float *a, size_t am, size_t ak,
-                              const float *w, size_t ldw, int mw, float *c, size_t ldc,
-                              float alpha, float beta)
+/* A block of mb rows through the tallest of the tile heights for nz
+ * vectors a row that fits, then the next (AVX2: 8, 6, 4, 3, 2, 1 x 8
+ * floats; 6, 4, 3, 2, 1 x 16; 4, 3, 2, 1 x 24; 3, 2, 1 x 32: at most 12
+ * accumulators of the 16 registers) */
+#define SK2_T(MB_, NZ_, MW_)                                                                       \
+    if (rem >= MB_) {                                                                              \
+        sk_tile2(MB_, NZ_, MW_, a + (size_t)r * am, am, ak, w, ldw, K, c + (size_t)r * ldc, ldc,   \
+                 ncols, alpha, beta);                                                              \
+        r += MB_;                                                                                  \
+        continue;                                                                                  \
+    }
+
+#define SK2_DISPATCH(MW_)                                                                          \
+    for (int r = 0; r < mb;) {                                                                     \
+        int rem = mb - r;                                                                          \
+        switch (nz) {                                                                              \
+        case 1:                                                                                    \
+            SK2_T(8, 1, MW_) SK2_T(6, 1, MW_) SK2_T(4, 1, MW_) SK2_T(3, 1, MW_)                    \
+            SK2_T(2, 1, MW_) SK2_T(1, 1, MW_) break;                                               \
+        case 2:                                                                                    \
+            SK2_T(6, 2, MW_) SK2_T(4, 2, MW_) SK2_T(3, 2, MW_) SK2_T(2, 2, MW_)                    \
+            SK2_T(1, 2, MW_) break;                                                                \
+        case 3:                                                                                    \
+            SK2_T(4, 3, MW_) SK2_T(3, 3, MW_) SK2_T(2, 3, MW_) SK2_T(1, 3, MW_) break;             \
+        default:                                                                                   \
+            SK2_T(3, 4, MW_) SK2_T(2, 4, MW_) SK2_T(1, 4, MW_) break;                              \
+        }                                                                                          \
+    }
+
+static SK2_TARGET void sk_block2(int mb, int nz, int mw, const float *a, size_t am, size_t ak,
+                                 const float *w, size_t ldw, int K, float *c, size_t ldc,
+                                 int ncols, float alpha, float beta)
 {
-    /* a few rows of a wide output: tiles of 8 x 32, each column strip of w
-     * read by few tiles while it is in the cache (8 x 32 against 4 x 64 and
-     * 16 x 16: 10-40% faster on LoRA's dA and dB shapes); otherwise chunks
-     * of 64 columns */
+    if (mw) {
+        SK2_DISPATCH(1)
+    } else {
+        SK2_DISPATCH(0)
+    }
+}
+
+/* The register tiles of an instruction set: vector width in floats; column
+ * chunks of four vectors (64 or 32 floats), and for a few rows of a wide
+ * output, chunks of 32 or 24 with their rows (8 or 4; AVX2's 4 x 24 against
+ * 6 x 16, 3 x 32 and 8 x 8 on LoRA's dA shapes: 5-25% faster); rows[nz]
+ * for nz vectors a row (AVX-512: 8 x 16, 6 x 32, 4 x 48, 4 x 64
+ * accumulators, 8 to 16 of the 32 registers, the rest for op(B)'s row and
+ * the broadcasts; AVX2: 8 x 8, 6 x 16, 4 x 24, 3 x 32, 8 to 12 of the 16). */
+typedef struct sk_isa {
+    int vw, cw, cw_few, rows_few, rows[5];
+} sk_isa;
+
+static const sk_isa sk_avx512 = {16, 64, 32, 8, {0, 8, 6, 4, 4}};
+static const sk_isa sk_avx2 = {8, 32, 24, 4, {0, 8, 6, 4, 3}};
+
+/* C[m, :] for m < M over column chunks by isa's tiles: a(m,k) = a[m*am +
+ * k*ak] (the broadcast side), w[k * ldw + n] (the vector side; mw: as it
+ * lies, not a padded pack). Threads split the row blocks, or the column
+ * chunks where there are more of those or few rows (each chunk's column
+ * strip of w is then read by one thread while it stays in its cache). */
+static void sk_rows(int isa, int M, int N, int K, const float *a, size_t am, size_t ak,
+                    const float *w, size_t ldw, int mw, float *c, size_t ldc, float alpha,
+                    float beta)
+{
+    const sk_isa *t = isa == CPU_SKINNY_AVX512 ? &sk_avx512 : &sk_avx2;
+    /* a few rows of a wide output: tiles of 8 x 32 (AVX-512), each column
+     * strip of w read by few tiles while it is in the cache (8 x 32 against
+     * 4 x 64 and 16 x 16: 10-40% faster on LoRA's dA and dB shapes);
+     * otherwise chunks of four vectors */
     int few = M <= CPU_SKINNY_MAX && N > 64;
-    int cw = few ? 32 : 64;
+    int cw = few ? t->cw_few : t->cw;
     int nchunks = (N + cw - 1) / cw;
-    int nz_last = ((N - cw * (nchunks - 1)) + 15) / 16;
-    int rows = few ? 8 : nchunks == 1 ? sk_rows_for(nz_last) : 4;
+    int nz_last = ((N - cw * (nchunks - 1)) + t->vw - 1) / t->vw;
+    int rows = few ? t->rows_few : nchunks == 1 ? t->rows[nz_last] : t->rows[cw / t->vw];
     int nblocks = (M + rows - 1) / rows;
     int by_chunk = nchunks > 1 && (nchunks > nblocks || few);
     int ntask = nblocks * nchunks;
     double work = (double)M * (double)N * (double)K;
 #pragma omp parallel for schedule(static) if (work > 262144.0 && !omp_in_parallel())
-    for (int t = 0; t < ntask; t++) {
-        int bi = by_chunk ? t % nblocks : t / nchunks;
-        int ch = by_chunk ? t / nblocks : t % nchunks;
+    for (int t_ = 0; t_ < ntask; t_++) {
+        int bi = by_chunk ? t_ % nblocks : t_ / nchunks;
+        int ch = by_chunk ? t_ / nblocks : t_ % nchunks;
         int m0 = bi * rows;
         int mb = M - m0 < rows ? M - m0 : rows;
         int n0 = ch * cw;
         int ncols = N - n0 < cw ? N - n0 : cw;
-        sk_block(mb, (ncols + 15) / 16, mw, a + (size_t)m0 * am, am, ak, w + n0, ldw, K,
-                 c + (size_t)m0 * ldc + (size_t)n0, ldc, ncols, alpha, beta);
+        int nz = (ncols + t->vw - 1) / t->vw;
+        const float *ab = a + (size_t)m0 * am;
+        float *cb = c + (size_t)m0 * ldc + (size_t)n0;
+        if (isa == CPU_SKINNY_AVX512)
+            sk_block(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha, beta);
+        else
+            sk_block2(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha, beta);
     }
 }
 
@@ -221,19 +335,31 @@ unsigned long cpu_skinny_count(void)
     return __atomic_load_n(&sk_count, __ATOMIC_RELAXED);
 }
 
-int cpu_skinny_available(void)
+int cpu_skinny_isa(void)
 {
-    return __builtin_cpu_supports("avx512f") != 0;
+    if (__builtin_cpu_supports("avx512f"))
+        return CPU_SKINNY_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return CPU_SKINNY_AVX2;
+    return CPU_SKINNY_NONE;
 }
 
-int cpu_skinny_matmul(float *C, const float *A, const float *B, int M, int N, int K, int transA,
-                      int transB, float alpha, float beta, int lda, int ldb, int ldc)
+int cpu_skinny_matmul(int isa, float *C, const float *A, const float *B, int M, int N, int K,
+                      int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc)
 {
-    if (M <= 0 || N <= 0 || K <= 0 || !cpu_skinny_available())
+    if (M <= 0 || N <= 0 || K <= 0 || isa <= CPU_SKINNY_NONE || isa > cpu_skinny_isa())
         return 0;
     int small_n = N <= CPU_SKINNY_MAX, small_k = K <= CPU_SKINNY_MAX;
     int small_m = M <= CPU_SKINNY_MAX;
     if (!small_n && !small_k && !small_m)
+        return 0;
+    /* AVX2: a few rows of a wide output over a long reduction (dA = dxr^T
+     * x, and dB = dy^T xr through its transpose) stay OpenBLAS's. Its
+     * 16-register tiles are too short to read the wide operand few times:
+     * 0.58-0.78x OpenBLAS's speed on LoRA's shapes in a training step,
+     * against 1.1-2.7x on the others (docs/perf.md). */
+    if (isa == CPU_SKINNY_AVX2 && !small_k &&
+        ((small_m && !small_n && !transB) || (small_n && transA && M > CPU_SKINNY_MAX)))
         return 0;
     __atomic_fetch_add(&sk_count, 1ul, __ATOMIC_RELAXED);
     size_t am = transA ? 1 : (size_t)lda, ak = transA ? (size_t)lda : 1;
@@ -241,7 +367,7 @@ int cpu_skinny_matmul(float *C, const float *A, const float *B, int M, int N, in
     if (small_m && !small_n && !transB) {
         /* a few rows of a wide output (dA = dxr^T x): op(B)'s rows are
          * contiguous, the vector side as they lie */
-        sk_rows(M, N, K, A, am, ak, B, (size_t)ldb, 1, C, (size_t)ldc, alpha, beta);
+        sk_rows(isa, M, N, K, A, am, ak, B, (size_t)ldb, 1, C, (size_t)ldc, alpha, beta);
         return 1;
     }
     if (small_n && transA) {
@@ -255,7 +381,7 @@ int cpu_skinny_matmul(float *C, const float *A, const float *B, int M, int N, in
             return 0;
         }
         sk_pack(w, ldw, B, (size_t)ldb, transB, K, N);
-        sk_rows(N, M, K, w, 1, ldw, A, (size_t)lda, 1, s, lds, 1.0f, 0.0f);
+        sk_rows(isa, N, M, K, w, 1, ldw, A, (size_t)lda, 1, s, lds, 1.0f, 0.0f);
         sk_add_transposed(C, (size_t)ldc, s, lds, M, N, alpha, beta);
         free(w);
         free(s);
@@ -268,7 +394,7 @@ int cpu_skinny_matmul(float *C, const float *A, const float *B, int M, int N, in
         if (!w)
             return 0;
         sk_pack(w, ldw, B, (size_t)ldb, transB, K, N);
-        sk_rows(M, N, K, A, am, ak, w, ldw, 0, C, (size_t)ldc, alpha, beta);
+        sk_rows(isa, M, N, K, A, am, ak, w, ldw, 0, C, (size_t)ldc, alpha, beta);
         free(w);
         return 1;
     }
@@ -284,7 +410,7 @@ int cpu_skinny_matmul(float *C, const float *A, const float *B, int M, int N, in
     }
     /* op(A)^T[k, m] = a(m, k): op(A) stored transposed is A with !transA */
     sk_pack(w, ldw, A, (size_t)lda, !transA, K, M);
-    sk_rows(N, M, K, B, bn, bk, w, ldw, 0, s, ldw, 1.0f, 0.0f);
+    sk_rows(isa, N, M, K, B, bn, bk, w, ldw, 0, s, ldw, 1.0f, 0.0f);
     sk_add_transposed(C, (size_t)ldc, s, ldw, M, N, alpha, beta);
     free(w);
     free(s);
@@ -298,15 +424,15 @@ unsigned long cpu_skinny_count(void)
     return 0;
 }
 
-int cpu_skinny_available(void)
+int cpu_skinny_isa(void)
 {
-    return 0;
+    return CPU_SKINNY_NONE;
 }
 
-int cpu_skinny_matmul(float *C, const float *A, const float *B, int M, int N, int K, int transA,
-                      int transB, float alpha, float beta, int lda, int ldb, int ldc)
+int cpu_skinny_matmul(int isa, float *C, const float *A, const float *B, int M, int N, int K,
+                      int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc)
 {
-    (void)C, (void)A, (void)B, (void)M, (void)N, (void)K, (void)transA, (void)transB;
+    (void)isa, (void)C, (void)A, (void)B, (void)M, (void)N, (void)K, (void)transA, (void)transB;
     (void)alpha, (void)beta, (void)lda, (void)ldb, (void)ldc;
     return 0;
 }

@@ -4,9 +4,12 @@
  * intermediate 1536, r 16; batched A's 3r and 2r), each through OpenBLAS's
  * sgemm and through cpu_skinny_matmul on the same inputs, timed over --iters
  * calls after one, and checked against each other (relative to the largest
- * value, 1e-5). Prints one Markdown table and the ratio over all shapes.
- * Not part of the trainer; a benchmark, not a test.
- * usage: skinny_bench [--iters N] [--threads N] */
+ * value, 1e-5); a product the path declines is sgemm on both sides, as
+ * in the backend. Prints one Markdown table and the ratio over all shapes.
+ * --isa avx2 runs AVX2's tiles on a CPU with AVX-512 (with
+ * OPENBLAS_CORETYPE=Haswell in the environment, both sides as on a CPU
+ * without AVX-512). Not part of the trainer; a benchmark, not a test.
+ * usage: skinny_bench [--iters N] [--threads N] [--isa avx2|avx512] */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <math.h>
@@ -61,14 +64,23 @@ static float *rnd(size_t n, unsigned *seed)
 
 int main(int argc, char **argv)
 {
-    int iters = 50, threads = 0;
+    int iters = 50, threads = 0, isa = cpu_skinny_isa();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: skinny_bench [--iters N] [--threads N]\n");
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *v = argv[++i];
+            isa = !strcmp(v, "avx2")     ? CPU_SKINNY_AVX2
+                  : !strcmp(v, "avx512") ? CPU_SKINNY_AVX512
+                                         : -1;
+            if (isa < 0) {
+                fprintf(stderr, "skinny_bench: --isa %s: expected avx2 or avx512\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: skinny_bench [--iters N] [--threads N] [--isa avx2|avx512]\n");
             return 2;
         }
     }
@@ -78,11 +90,15 @@ int main(int argc, char **argv)
     }
     if (threads > 0)
         omp_set_num_threads(threads);
-    if (!cpu_skinny_available()) {
-        fprintf(stderr, "skinny_bench: this CPU has no AVX-512; the path declines every product\n");
+    if (isa > cpu_skinny_isa() || isa == CPU_SKINNY_NONE) {
+        fprintf(stderr, "skinny_bench: this CPU has not got %s; the path declines every product\n",
+                isa == CPU_SKINNY_AVX512 ? "AVX-512" : "AVX2 with FMA");
         return 1;
     }
-    printf("%d thread(s), %d calls a shape after one\n\n", omp_get_max_threads(), iters);
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    printf("%d thread(s), %d calls a shape after one; tiles: %s; OpenBLAS: %s\n\n",
+           omp_get_max_threads(), iters, isa == CPU_SKINNY_AVX512 ? "AVX-512" : "AVX2",
+           core ? core : "its choice for this CPU");
     printf("| M x N x K | op | product | sgemm GFLOP/s | skinny GFLOP/s | speedup | rel diff |\n");
     printf("| --- | --- | --- | ---: | ---: | ---: | ---: |\n");
     double tb_all = 0, ts_all = 0;
@@ -96,6 +112,7 @@ int main(int argc, char **argv)
         float *C0 = rnd(nc, &seed), *C1 = malloc(sizeof(float) * nc),
               *C2 = malloc(sizeof(float) * nc);
         double t[2];
+        int declined = 0;
         for (int v = 0; v < 2; v++) {
             float *C = v ? C2 : C1;
             double t0 = 0;
@@ -103,10 +120,10 @@ int main(int argc, char **argv)
                 memcpy(C, C0, sizeof(float) * nc); /* the same product each call */
                 if (it == 1)
                     t0 = now();
-                if (v)
-                    cpu_skinny_matmul(C, A, B, h.M, h.N, h.K, h.ta, h.tb, 1.0f, h.beta, lda, ldb,
-                                      ldc);
-                else
+                if (v && !declined)
+                    declined = !cpu_skinny_matmul(isa, C, A, B, h.M, h.N, h.K, h.ta, h.tb, 1.0f,
+                                                  h.beta, lda, ldb, ldc);
+                if (!v || declined) /* the backend then runs sgemm */
                     cblas_sgemm(CblasRowMajor, h.ta ? CblasTrans : CblasNoTrans,
                                 h.tb ? CblasTrans : CblasNoTrans, h.M, h.N, h.K, 1.0f, A, lda, B,
                                 ldb, h.beta, C, ldc);
@@ -121,9 +138,9 @@ int main(int argc, char **argv)
         double rel = big > 0 ? diff / big : diff, fl = 2.0 * h.M * h.N * h.K * iters;
         bad += !(rel <= 1e-5);
         tb_all += t[0], ts_all += t[1];
-        printf("| %d x %d x %d | %s%s | %s | %.0f | %.0f | %.2fx | %.1e%s |\n", h.M, h.N, h.K,
+        printf("| %d x %d x %d | %s%s | %s | %.0f | %.0f%s | %.2fx | %.1e%s |\n", h.M, h.N, h.K,
                h.ta ? "T" : "N", h.tb ? "T" : "N", h.what, fl / t[0] / 1e9, fl / t[1] / 1e9,
-               t[0] / t[1], rel, rel <= 1e-5 ? "" : " FAIL");
+               declined ? " (declined: sgemm)" : "", t[0] / t[1], rel, rel <= 1e-5 ? "" : " FAIL");
         free(A), free(B), free(C0), free(C1), free(C2);
     }
     printf("\nall shapes: sgemm %.3f s, skinny %.3f s: %.2fx (the memcpy of C in both)\n", tb_all,
