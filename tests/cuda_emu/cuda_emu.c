@@ -4,13 +4,12 @@
  *
  * A fiber is a worker on a stack of its own, made once (ucontext) and kept:
  * it runs one thread of a block after another, and every switch between it
- * and the scheduler is a _setjmp/_longjmp pair (no system call, unlike
- * swapcontext, which sets the signal mask each time: most of the time of an
- * emulated elementwise kernel went there). */
+ * and the scheduler is a setjmp/longjmp pair, the compiler's builtins (no
+ * system call, unlike swapcontext, which sets the signal mask each time:
+ * most of the time of an emulated elementwise kernel went there). */
 #define _GNU_SOURCE
 #include "cuda_emu.h"
 
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +32,42 @@
 
 enum { RUNNABLE, AT_BLOCK, AT_WARP, DONE };
 
+/* On x86-64, the compiler's own setjmp and longjmp: they keep the frame,
+ * the stack pointer and the resume address, and the registers a callee
+ * must preserve are saved and restored by the two functions that switch
+ * (EMU_CLOBBER makes their prologue save them and their epilogue restore
+ * them, whichever way they are left). glibc's _longjmp also unwinds the
+ * thread's cancellation cleanups each time (_longjmp_unwind): with its
+ * _setjmp, a sixth of an emulated training step. Elsewhere, glibc's. */
+/* The registers a caller may keep across a call into them are the ABI's
+ * too (EMU_SWITCH: without noipa, GCC sees what they clobber themselves and
+ * keeps values in r8 or xmm registers across the call, which another fiber
+ * then overwrites). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+typedef void *emu_jb[5];
+#define EMU_SETJMP(b) __builtin_setjmp(b)
+#define EMU_CLOBBER() __asm__ volatile("" ::: "rbx", "r12", "r13", "r14", "r15", "memory")
+#define EMU_SWITCH __attribute__((noinline, noipa))
+#else
+#include <setjmp.h>
+typedef jmp_buf emu_jb;
+#define EMU_SETJMP(b) _setjmp(b)
+#define EMU_CLOBBER() ((void)0)
+#define EMU_SWITCH __attribute__((noinline))
+#endif
+
+static __attribute__((noinline, noreturn)) void emu_longjmp(emu_jb b)
+{
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    __builtin_longjmp(b, 1);
+#else
+    _longjmp(b, 1);
+#endif
+}
+
 typedef struct fiber {
     emu_thread_id id; /* first: emu_cur points here */
-    jmp_buf jb;       /* where it goes on when the scheduler switches to it */
+    emu_jb jb;        /* where it goes on when the scheduler switches to it */
     int started;      /* its stack runs fiber_main (else: first entry by ucontext) */
     void *stack;
     void *fake; /* ASan's fake stack while switched out */
@@ -57,7 +89,7 @@ emu_thread_id *emu_cur;
 static fiber fibers[EMU_MAX_THREADS];
 static warp_slots warps[EMU_MAX_THREADS / 32];
 static int nthreads, block_live, block_arrived;
-static jmp_buf sched; /* the scheduler, waiting for the fiber it switched to */
+static emu_jb sched; /* the scheduler, waiting for the fiber it switched to */
 static void (*kernel_fn)(void *);
 static void *kernel_arg;
 #ifdef EMU_ASAN
@@ -82,13 +114,14 @@ static warp_slots *warp_of(const fiber *f)
 
 /* From fiber f back to the scheduler; returns when the scheduler switches
  * to f again. */
-static __attribute__((noinline)) void yield_from(fiber *f)
+static EMU_SWITCH void yield_from(fiber *f)
 {
 #ifdef EMU_ASAN
     __sanitizer_start_switch_fiber(&f->fake, sched_bottom, sched_size);
 #endif
-    if (!_setjmp(f->jb))
-        _longjmp(sched, 1);
+    EMU_CLOBBER();
+    if (!EMU_SETJMP(f->jb))
+        emu_longjmp(sched);
 #ifdef EMU_ASAN
     __sanitizer_finish_switch_fiber(f->fake, &sched_bottom, &sched_size);
 #endif
@@ -118,15 +151,16 @@ static void fiber_main(void)
 }
 
 /* From the scheduler to fiber f (emu_cur set), until it yields. */
-static __attribute__((noinline)) void switch_to(fiber *f)
+static EMU_SWITCH void switch_to(fiber *f)
 {
 #ifdef EMU_ASAN
     void *fake = NULL;
     __sanitizer_start_switch_fiber(&fake, f->stack, EMU_STACK);
 #endif
-    if (!_setjmp(sched)) {
+    EMU_CLOBBER();
+    if (!EMU_SETJMP(sched)) {
         if (f->started) {
-            _longjmp(f->jb, 1);
+            emu_longjmp(f->jb);
         } else { /* the first entry: onto its own stack, in fiber_main */
             ucontext_t from, to;
             getcontext(&to);
@@ -336,12 +370,13 @@ static int run_block(void)
             emu_cur = &f->id;
             switch_to(f);
             emu_cur = NULL;
-            /* the last thread of a barrier's scope may have ended meanwhile */
+            /* the last thread of a barrier's scope may have ended meanwhile:
+             * f, of its block and of its warp (no other thread ran) */
             if (block_arrived && block_arrived == block_live)
                 release_block();
-            for (int wi = 0; wi < (nthreads + 31) / 32; wi++)
-                if (warps[wi].arrived && warps[wi].arrived == warps[wi].live)
-                    release_warp(wi);
+            warp_slots *w = warp_of(f);
+            if (w->arrived && w->arrived == w->live)
+                release_warp(i >> 5);
         }
         if (!left)
             return 0;
