@@ -344,11 +344,19 @@ int backend_cuda_available(void);
  * that value and runs itself again when the user has not set it
  * (trainer/main.c); backend_cpu_blas_describe writes the kernels in use, and
  * when spotune chose them, what OpenBLAS had chosen ("OpenBLAS SkylakeX
- * kernels (OPENBLAS_CORETYPE set by spotune: ... generic Prescott ...)"). */
+ * kernels (OPENBLAS_CORETYPE set by spotune: ... generic Prescott ...)"),
+ * then what the products with a side of 64 or less run on ("; products ...
+ * (LoRA's): spotune's AVX-512 tiles"). */
 const char *backend_cpu_blas_core(void);
 const char *backend_cpu_blas_better(void);
 const char *backend_cpu_blas_kind(void);
 void backend_cpu_blas_describe(char *buf, size_t n);
+/* The tiles the CPU backend's products with a side of 64 or less take
+ * (SPOTUNE_CPU_SKINNY: 0 none, 1 avx2 avx512; CPU_SKINNY_* in
+ * cpu/cpu_backend.h) into *isa; -1 with err (exit code 2) for a value that
+ * names no choice or tiles this CPU has not got, which the CPU backend
+ * refuses at its creation. */
+int backend_cpu_skinny_choice(int *isa, sp_err *err);
 /* Number of usable CUDA devices; when 0, why (n bytes) says why: the CUDA
  * error of cudaGetDeviceCount (no device, insufficient driver, ...), or that
  * this build has no CUDA backend. Creates no CUDA context (safe before fork). */

@@ -767,6 +767,39 @@ Test(doctor, openblas_generic_kernels_warn_naming_the_core_type)
  * kernels when the CPU has better ones: where OpenBLAS falls back (a CPU
  * model it does not know, as on some new Xeons) spotune sets the variable
  * and runs itself again, and the line says so, naming OpenBLAS's choice. */
+/* host.blas names what LoRA's small products run on: spotune's tiles of the
+ * CPU's widest vector unit (AVX-512, else AVX2 with FMA), AVX2's under
+ * SPOTUNE_CPU_SKINNY=avx2, OpenBLAS under 0; a value that names no choice
+ * is a FAIL naming it (the CPU backend refuses it) and the exit code 1. */
+Test(doctor, host_blas_names_what_the_small_products_run_on)
+{
+    int avx2, avx512 = tu_cpu_vector_units(&avx2);
+    const char *none = avx2 ? "OpenBLAS (SPOTUNE_CPU_SKINNY=0)" : "OpenBLAS (no AVX2 with FMA)";
+    const struct {
+        const char *env, *want, *status;
+    } cases[] = {
+        {"", avx512 ? "spotune's AVX-512 tiles" : avx2 ? "spotune's AVX2 tiles" : none, "PASS"},
+        {"SPOTUNE_CPU_SKINNY=avx2", avx2 ? "spotune's AVX2 tiles" : "", avx2 ? "PASS" : "FAIL"},
+        {"SPOTUNE_CPU_SKINNY=0", none, "PASS"},
+        {"SPOTUNE_CPU_SKINNY=nope",
+         "SPOTUNE_CPU_SKINNY=nope: expected 0, 1, avx2 or avx512: the CPU backend refuses to start",
+         "FAIL"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        int rc = tu_sh(&out,
+                       "env -u OPENBLAS_CORETYPE -u SPOTUNE_BLAS_FALLBACK %s %s/spotune doctor "
+                       "--cloud none --io-mib 1",
+                       cases[i].env, tu_binary_dir());
+        EXPECT_STATUS(out, "host.blas", cases[i].status);
+        cr_expect(tu_contains(line_of(out, "host.blas"), cases[i].want), "%s: %s", cases[i].env,
+                  out);
+        if (!strcmp(cases[i].status, "FAIL"))
+            cr_expect_eq(rc, 1, "%s: exit %d", cases[i].env, rc);
+        free(out);
+    }
+}
+
 Test(doctor, spotune_chooses_the_kernels_openblas_did_not_know)
 {
     int avx2, avx512 = tu_cpu_vector_units(&avx2);

@@ -3,9 +3,11 @@
  * is not the tensors back to back, unused, missing or misshapen tensors, an
  * unknown dtype), config.json (no file, unsupported architecture, rope
  * settings, a sliding window), datasets (a token beyond the vocabulary, no
- * tokens, a loss mask of another length) and the run config. Each ends with
+ * tokens, a loss mask of another length), the run config and
+ * SPOTUNE_CPU_SKINNY. Each ends with
  * a message naming the file, key or tensor and the problem, the documented
  * exit code, and no sanitizer report. */
+#define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -134,6 +136,15 @@ Test(train_inputs, a_loss_that_is_not_finite_stops_the_run_before_any_update)
         snprintf(path, sizeof path, "%s/hugerun%d/adapter", dir, graphs);
         cr_expect_neq(access(path, F_OK), 0, "%s was written", path);
     }
+}
+
+/* SPOTUNE_CPU_SKINNY naming no choice: the CPU backend refuses it at the
+ * start (exit 2), naming the variable, the value and the choices */
+Test(train_inputs, a_cpu_skinny_value_that_names_no_choice_is_refused)
+{
+    setenv("SPOTUNE_CPU_SKINNY", "fast", 1);
+    expect_fail(NULL, 2, "SPOTUNE_CPU_SKINNY=fast", "expected 0, 1, avx2 or avx512");
+    unsetenv("SPOTUNE_CPU_SKINNY");
 }
 
 Test(train_inputs, model_dir_without_config_json)

@@ -172,8 +172,12 @@ void dr_check_host(doctor_t *d)
      * the CPU backend's products then run several times slower */
     const char *core = backend_cpu_blas_core(), *better = backend_cpu_blas_better();
     const char *set = getenv("OPENBLAS_CORETYPE"), *kind = backend_cpu_blas_kind();
-    int avx2 = kind && strcmp(kind, "AVX2") == 0;
-    if (better)
+    int avx2 = kind && strcmp(kind, "AVX2") == 0, isa;
+    sp_err serr = {0};
+    if (backend_cpu_skinny_choice(&isa, &serr) != 0)
+        doctor_add(d, "host.blas", DR_FAIL, "OpenBLAS uses kernels for this CPU's vector units",
+                   "%s: the CPU backend refuses to start", serr.msg);
+    else if (better)
         doctor_add(d, "host.blas", DR_WARN, "OpenBLAS uses kernels for this CPU's vector units",
                    "OpenBLAS %s its %s %s kernels on a CPU with %s%s%s%s: the CPU "
                    "backend's matrix products run %s; run with OPENBLAS_CORETYPE=%s%s",

@@ -216,7 +216,7 @@ static const backend_ops cpu_ops = {
 
 /* SPOTUNE_CPU_SKINNY: unset or 1 the best tiles this CPU has, 0 none
  * (sgemm), avx2 or avx512 those (refused where the CPU has not got them) */
-static int cpu_skinny_choose(int *isa, sp_err *err)
+int backend_cpu_skinny_choice(int *isa, sp_err *err)
 {
     const char *v = getenv("SPOTUNE_CPU_SKINNY");
     int best = cpu_skinny_isa();
@@ -259,7 +259,7 @@ int cpu_backend_create(backend_t **out, int threads, int reference, sp_err *err)
         threads = n > 0 ? (int)n : 1;
     }
     impl->reference = reference;
-    if (!reference && cpu_skinny_choose(&impl->skinny, err) != 0) {
+    if (!reference && backend_cpu_skinny_choice(&impl->skinny, err) != 0) {
         free(be);
         free(impl);
         return -1;
@@ -318,6 +318,17 @@ void backend_cpu_blas_describe(char *buf, size_t n)
                  was);
     else
         snprintf(buf, n, "OpenBLAS %s kernels", core && *core ? core : "(unknown)");
+    int isa;
+    sp_err err = {0};
+    size_t used = strlen(buf);
+    if (backend_cpu_skinny_choice(&isa, &err) != 0)
+        snprintf(buf + used, n - used, "; %s", err.msg);
+    else
+        snprintf(buf + used, n - used, "; products with a side of 64 or less (LoRA's): %s",
+                 isa == CPU_SKINNY_AVX512 ? "spotune's AVX-512 tiles"
+                 : isa == CPU_SKINNY_AVX2 ? "spotune's AVX2 tiles"
+                 : cpu_skinny_isa()       ? "OpenBLAS (SPOTUNE_CPU_SKINNY=0)"
+                                          : "OpenBLAS (no AVX2 with FMA)");
 }
 
 const char *backend_cpu_blas_kind(void)
