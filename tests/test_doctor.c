@@ -21,7 +21,7 @@
  *   - the store's clock against a Date header 5 and 20 minutes off
  *     (tests/tools/skewed_date.py): WARN, FAIL;
  *   - NCCL_SOCKET_IFNAME honoured; an open-file limit of 1024 WARNs.
- * The S3 server comes from tests/store.cmake's fixture (tu_s3_endpoint). */
+ * host.blas: test_doctor_blas.c. The S3 server comes from tests/store.cmake's fixture (tu_s3_endpoint). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -34,6 +34,7 @@
 
 #include "base/base.h"
 #include "checkpoint/store.h"
+#include "doctor_report.h"
 #include "test_util.h"
 
 static char *dir;
@@ -65,34 +66,6 @@ static void make_bucket(void)
     cr_assert_eq(store_create_bucket(st, &err), 0, "%s", err.msg);
     store_close(st);
 }
-
-/* The line of check name in a text report ("" when absent; a static copy). */
-static const char *line_of(const char *out, const char *name)
-{
-    static char buf[4096];
-    buf[0] = 0;
-    for (const char *p = out; p && *p;) {
-        const char *e = strchr(p, '\n');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        char status[16], nm[128];
-        if (sscanf(p, "%15s %127s", status, nm) == 2 && !strcmp(nm, name)) {
-            snprintf(buf, sizeof buf, "%.*s", (int)n, p);
-            return buf;
-        }
-        p = e ? e + 1 : NULL;
-    }
-    return buf;
-}
-
-static int has_status(const char *out, const char *name, const char *status)
-{
-    const char *l = line_of(out, name);
-    return !strncmp(l, status, strlen(status)) && l[strlen(status)] == ' ';
-}
-
-#define EXPECT_STATUS(out, name, st)                                                           \
-    cr_expect(has_status(out, name, st), "%s should be %s: '%s'\n%s", name, st,                \
-              line_of(out, name), out)
 
 /* storage.write wrote and fsync'ed its file and measured the rate. PASS or
  * WARN is the disk's speed against 100 MB/s, which a shared test machine's
@@ -713,112 +686,5 @@ Test(doctor, nccl_interfaces_and_open_file_limit)
     cr_expect(tu_contains(line_of(out, "host.open_files"), "soft limit 1024") &&
                   tu_contains(line_of(out, "host.open_files"), "ulimit -n 65536"),
               "%s", out);
-    free(out);
-}
-
-/* OpenBLAS's generic kernels (what its dispatch falls back to for a CPU
- * model it does not know) on a CPU with AVX2 and FMA or AVX-512, or its AVX2
- * ones on an AVX-512 CPU: a WARN naming OPENBLAS_CORETYPE and the value to
- * set; kernels for the CPU's vector units: PASS naming them.
- * OPENBLAS_CORETYPE forces each here. */
-Test(doctor, openblas_generic_kernels_warn_naming_the_core_type)
-{
-    int avx2, avx512 = tu_cpu_vector_units(&avx2);
-    char *out = NULL;
-    int rc = tu_sh(&out, "OPENBLAS_CORETYPE=Prescott %s/spotune doctor --cloud none --io-mib 1",
-                   tu_binary_dir());
-    cr_expect(rc == 0 || rc == 1, "exit %d\n%s", rc, out);
-    if (avx2) {
-        EXPECT_STATUS(out, "host.blas", "WARN");
-        const char *want = avx512 ? "OPENBLAS_CORETYPE=SkylakeX" : "OPENBLAS_CORETYPE=Haswell";
-        cr_expect(tu_contains(line_of(out, "host.blas"), "generic Prescott kernels") &&
-                      tu_contains(line_of(out, "host.blas"), want),
-                  "%s", out);
-    } else { /* nothing better to use */
-        EXPECT_STATUS(out, "host.blas", "PASS");
-    }
-    free(out);
-    if (!avx2)
-        return;
-    /* AVX2 kernels: fine on an AVX2 CPU; on an AVX-512 one about half the
-     * speed (docs/perf.md), a WARN naming SkylakeX */
-    rc = tu_sh(&out, "OPENBLAS_CORETYPE=Haswell %s/spotune doctor --cloud none --io-mib 1",
-               tu_binary_dir());
-    if (avx512) {
-        EXPECT_STATUS(out, "host.blas", "WARN");
-        cr_expect(tu_contains(line_of(out, "host.blas"), "runs its AVX2 Haswell kernels") &&
-                      tu_contains(line_of(out, "host.blas"), "OPENBLAS_CORETYPE=SkylakeX"),
-                  "%s", out);
-    } else {
-        EXPECT_STATUS(out, "host.blas", "PASS");
-        cr_expect(tu_contains(line_of(out, "host.blas"), "OpenBLAS Haswell kernels"), "%s", out);
-    }
-    free(out);
-    if (!avx512)
-        return;
-    rc = tu_sh(&out, "OPENBLAS_CORETYPE=SkylakeX %s/spotune doctor --cloud none --io-mib 1",
-               tu_binary_dir());
-    EXPECT_STATUS(out, "host.blas", "PASS");
-    cr_expect(tu_contains(line_of(out, "host.blas"), "OpenBLAS SkylakeX kernels"), "%s", out);
-    free(out);
-}
-
-/* Without OPENBLAS_CORETYPE spotune never runs on OpenBLAS's generic
- * kernels when the CPU has better ones: where OpenBLAS falls back (a CPU
- * model it does not know, as on some new Xeons) spotune sets the variable
- * and runs itself again, and the line says so, naming OpenBLAS's choice. */
-/* host.blas names what LoRA's small products run on: spotune's tiles of the
- * CPU's widest vector unit (AVX-512, else AVX2 with FMA), AVX2's under
- * SPOTUNE_CPU_SKINNY=avx2, OpenBLAS under 0; a value that names no choice
- * is a FAIL naming it (the CPU backend refuses it) and the exit code 1. */
-Test(doctor, host_blas_names_what_the_small_products_run_on)
-{
-    int avx2, avx512 = tu_cpu_vector_units(&avx2);
-    const char *none = avx2 ? "OpenBLAS (SPOTUNE_CPU_SKINNY=0)" : "OpenBLAS (no AVX2 with FMA)";
-    const struct {
-        const char *env, *want, *status;
-    } cases[] = {
-        {"", avx512 ? "spotune's AVX-512 tiles" : avx2 ? "spotune's AVX2 tiles" : none, "PASS"},
-        {"SPOTUNE_CPU_SKINNY=avx2", avx2 ? "spotune's AVX2 tiles" : "", avx2 ? "PASS" : "FAIL"},
-        {"SPOTUNE_CPU_SKINNY=0", none, "PASS"},
-        {"SPOTUNE_CPU_SKINNY=nope",
-         "SPOTUNE_CPU_SKINNY=nope: expected 0, 1, avx2 or avx512: the CPU backend refuses to start",
-         "FAIL"},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *out = NULL;
-        int rc = tu_sh(&out,
-                       "env -u OPENBLAS_CORETYPE -u SPOTUNE_BLAS_FALLBACK %s %s/spotune doctor "
-                       "--cloud none --io-mib 1",
-                       cases[i].env, tu_binary_dir());
-        EXPECT_STATUS(out, "host.blas", cases[i].status);
-        cr_expect(tu_contains(line_of(out, "host.blas"), cases[i].want), "%s: %s", cases[i].env,
-                  out);
-        if (!strcmp(cases[i].status, "FAIL"))
-            cr_expect_eq(rc, 1, "%s: exit %d", cases[i].env, rc);
-        free(out);
-    }
-}
-
-Test(doctor, spotune_chooses_the_kernels_openblas_did_not_know)
-{
-    int avx2, avx512 = tu_cpu_vector_units(&avx2);
-    char *out = NULL;
-    int rc = tu_sh(&out,
-                   "env -u OPENBLAS_CORETYPE -u SPOTUNE_BLAS_FALLBACK %s/spotune doctor --cloud none "
-                   "--io-mib 1",
-                   tu_binary_dir());
-    cr_expect(rc == 0 || rc == 1, "exit %d\n%s", rc, out);
-    EXPECT_STATUS(out, "host.blas", "PASS");
-    const char *line = line_of(out, "host.blas");
-    if (avx2)
-        cr_expect(!tu_contains(line, "OpenBLAS Prescott kernels") &&
-                      !tu_contains(line, "OpenBLAS Core2 kernels") &&
-                      !tu_contains(line, "OpenBLAS Nehalem kernels"),
-                  "generic kernels on a CPU with AVX2 and FMA:\n%s", out);
-    if (tu_contains(line, "set by spotune"))
-        cr_expect(tu_contains(line, avx512 ? "OpenBLAS SkylakeX kernels" : "OpenBLAS Haswell kernels") &&
-                      (tu_contains(line, "chose its generic") || tu_contains(line, "chose its AVX2")),
-                  "%s", out);
     free(out);
 }

@@ -16,6 +16,8 @@ spotune_test(test_ckpt SOURCES test_ckpt.c test_ckpt_put.c test_util.c LIBS spot
 # launch traces, captured spans, and training with them against without
 spotune_test(test_graphs SOURCES test_graphs.c graphs_util.c test_util.c LIBS spotune_trainer)
 # spotune plan: memory, speed and cost before renting
+# spotune doctor's host.blas (the rest of the doctor: test_doctor, with the S3 server)
+spotune_test(test_doctor_blas SOURCES test_doctor_blas.c test_util.c LIBS spotune_trainer)
 spotune_test(test_plan SOURCES test_plan.c test_plan_model.c test_util.c LIBS spotune_trainer)
 # preemption and resume, the checkpoint policy, long paths: one fixture (resume_util)
 foreach(suite resume resume_choice ckpt_policy rank_change long_paths)
