@@ -14,30 +14,59 @@
 #include <sys/types.h>
 #include <time.h>
 
+/* Copies the message s into msg[n]. One that does not fit loses its middle,
+ * marked, and keeps its beginning (what was being done, the start of a path)
+ * and its end (the cause, e.g. "File name too long"); neither cut falls
+ * inside a UTF-8 character. */
+static void err_fit(char *msg, size_t n, const char *s)
+{
+    static const char mark[] = " [... message cut ...] ";
+    size_t len = strlen(s);
+    if (len < n) {
+        memcpy(msg, s, len + 1);
+        return;
+    }
+    size_t room = n - 1 - (sizeof mark - 1), head = room / 2, tail = len - (room - head);
+    while (head > 0 && ((unsigned char)s[head] & 0xc0) == 0x80)
+        head--;
+    while (tail < len && ((unsigned char)s[tail] & 0xc0) == 0x80)
+        tail++;
+    memcpy(msg, s, head);
+    memcpy(msg + head, mark, (sizeof mark - 1));
+    memcpy(msg + head + (sizeof mark - 1), s + tail, len - tail + 1);
+}
+
 int sp_fail(sp_err *e, int code, const char *fmt, ...)
 {
     if (e && e->code == 0) {
+        int saved = errno; /* callers may still read it */
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        char *s = sp_vstrf(fmt, ap);
         va_end(ap);
+        if (s)
+            err_fit(e->msg, sizeof e->msg, s);
+        else
+            sp_cutf(e->msg, sizeof e->msg, "out of memory (while recording an error)");
+        free(s);
         e->code = code;
+        errno = saved;
     }
     return code;
 }
 
 void sp_err_prefix(sp_err *e, const char *fmt, ...)
 {
-    char old[sizeof e->msg];
     va_list ap;
     if (!e || e->code == 0)
         return;
     va_start(ap, fmt);
     char *pre = sp_vstrf(fmt, ap);
     va_end(ap);
-    memcpy(old, e->msg, sizeof old);
-    /* the record's size bounds a message */
-    sp_cutf(e->msg, sizeof e->msg, "%s%s", pre ? pre : "", old);
+    char *s = pre ? sp_strf("%s%s", pre, e->msg) : NULL;
+    if (s)
+        err_fit(e->msg, sizeof e->msg, s);
+    free(s);
     free(pre);
 }
 

@@ -32,7 +32,9 @@ typedef struct sp_err {
 #define SP_PRINTF(a, b)
 #endif
 
-/* Records the error (if none is recorded yet) and returns code. */
+/* Records the error (if none is recorded yet) and returns code. A message
+ * longer than the record (a path of many KB) loses its middle, marked
+ * " [... message cut ...] ", and keeps its beginning and its end, the cause. */
 int sp_fail(sp_err *e, int code, const char *fmt, ...) SP_PRINTF(3, 4);
 /* Prefixes context to an already recorded message ("file.h5: " + msg). */
 void sp_err_prefix(sp_err *e, const char *fmt, ...) SP_PRINTF(2, 3);

@@ -5,7 +5,8 @@
  * a checkpoint, the adapter), is longer than the system takes (PATH_MAX,
  * 4096 bytes with the terminating NUL) ends the run with an error naming the
  * whole path and "File name too long", exit 1, no crash, and nothing written
- * at the path cut to what the system takes. */
+ * at the path cut to what the system takes; a path longer than an error
+ * record holds (9 KB) keeps both its ends in the message, the cut marked. */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -208,4 +209,42 @@ Test(long_paths, a_path_longer_than_the_system_takes_is_refused_by_name)
     refused(parent, 4085, built, "/.lock\n");
     refused(parent, 4079, built, "/.lock\n/config.yaml\n/metrics.jsonl\n/checkpoints\n/adapter\n");
     free(parent);
+}
+
+/* A run.dir longer than an error record holds (9216 bytes): the message
+ * loses its middle, marked, and keeps its beginning (the start of the path)
+ * and its end (the path's last bytes and the cause); exit 1 as for any path
+ * longer than the system takes. */
+Test(long_paths, a_message_longer_than_its_record_keeps_both_ends_of_the_path)
+{
+    size_t want = 12000;
+    char *name = strdup("x");
+    while (name && strlen(dir) + 1 + strlen(name) < want) {
+        char *more = sp_strf("%s/%.*s", name, 190,
+                             "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopq"
+                             "rstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefg"
+                             "hijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvw");
+        free(name);
+        name = more;
+    }
+    cr_assert(name);
+    char *tail = sp_strf("%s/end-of-the-run-dir", name);
+    free(name);
+    char *run_dir = sp_strf("%s/%s", dir, tail), *out = NULL;
+    cr_assert(run_dir && strlen(run_dir) > SP_ERR_MSG_MAX);
+    int rc = run(NULL, tail, "--set train.steps=1", &out);
+    cr_expect_eq(rc, 1, "exit %d: %.300s", rc, out);
+    cr_expect(tu_contains(out, "[... message cut ...]"), "no cut marked: %.300s", out);
+    cr_expect(tu_contains(out, tu_fmt("%.200s", run_dir)), "the path's start is lost: %.300s",
+              out);
+    const char *end = strlen(out) > 400 ? out + strlen(out) - 400 : out;
+    cr_expect(tu_contains(out, run_dir + strlen(run_dir) - 300), "the path's end is lost: ...%s",
+              end);
+    cr_expect(tu_contains(out, "File name too long"), "the cause is lost: ...%s", end);
+    struct stat sb;
+    cr_expect(lstat(tu_fmt("%s/x", dir), &sb) != 0 && errno == ENOENT,
+              "something was made below the run directory's first component");
+    free(out);
+    free(run_dir);
+    free(tail);
 }
