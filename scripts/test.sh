@@ -55,13 +55,13 @@ echo "== build: build-release/ (Release, -O3, CPU backend; compiled only)"
 cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=OFF >/dev/null
 ninja -C build-release >/dev/null || { ninja -C build-release; exit 1; }
 echo "== tests: build/"
-# The suites on the emulated CUDA device (label cuda_emu) are computation
-# alone, one process each (those with several ranks ask for the cores they
-# use: PROCESSORS, tests/cuda.cmake), and have nothing timed: two run at
-# once. The rest, some of which measure how fast something ends, one at a
-# time.
+# Two tests at a time. The suites on the emulated CUDA device (label
+# cuda_emu) are computation alone, one process each (those with several ranks
+# ask for the cores they use: PROCESSORS, tests/cuda.cmake). Of the rest, the
+# ones that mostly wait or use one core run two at once, and every other one
+# alone (PROCESSORS, the end of tests/CMakeLists.txt).
 (cd build && ctest --output-on-failure --timeout 1500 -L cuda_emu -j 2 "${filter[@]}")
-(cd build && ctest --output-on-failure --timeout 1500 -LE cuda_emu "${filter[@]}")
+(cd build && ctest --output-on-failure --timeout 1500 -LE cuda_emu -j 2 "${filter[@]}")
 
 if [ "$asan" = 1 ]; then
   echo "== build: build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer)"
@@ -78,7 +78,7 @@ if [ "$asan" = 1 ]; then
   # configures, the same in both builds: no program of ours runs);
   # gpu_check_sh (the GPU check script's table, budget and stand-ins: the
   # programs its dry run starts are under test here in their own suites)
-  (cd build-asan && ctest --output-on-failure --timeout 3000 -LE python \
+  (cd build-asan && ctest --output-on-failure --timeout 3000 -j 2 -LE python \
     -E '^(build_fails_loudly|build_fails_loudly_cuda|gpu_check_sh)$' "${filter[@]}")
 fi
 echo "== all tests passed"
