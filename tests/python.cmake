@@ -33,3 +33,12 @@ add_test(NAME check_merged_export_py
                  --spotune $<TARGET_FILE:spotune>)
 set_tests_properties(check_merged_export_py PROPERTIES LABELS "python" TIMEOUT 900
                      SKIP_RETURN_CODE 77)
+# scripts/soak.py --quick: the preemption campaign's smoke run (about 80 s):
+# 12 interruptions of LoRA, full, QDoRA and gathered full runs on 1-4 ranks,
+# local and through its own S3 server, each resume and the final result
+# checked (docs/reliability.md). A new random seed each run, printed first:
+# `scripts/soak.py --seed N` makes the same choices again.
+spotune_require(../scripts/soak.py)
+add_test(NAME soak_quick_py
+         COMMAND python3 ${CMAKE_SOURCE_DIR}/scripts/soak.py --quick --spotune $<TARGET_FILE:spotune>)
+set_tests_properties(soak_quick_py PROPERTIES LABELS "python;soak" TIMEOUT 900)
