@@ -21,19 +21,19 @@
 static void err_fit(char *msg, size_t n, const char *s)
 {
     static const char mark[] = " [... message cut ...] ";
-    size_t len = strlen(s);
+    size_t len = strlen(s), ml = sizeof mark - 1;
     if (len < n) {
         memcpy(msg, s, len + 1);
         return;
     }
-    size_t room = n - 1 - (sizeof mark - 1), head = room / 2, tail = len - (room - head);
+    size_t room = n - 1 - ml, head = room / 2, tail = len - (room - head);
     while (head > 0 && ((unsigned char)s[head] & 0xc0) == 0x80)
         head--;
     while (tail < len && ((unsigned char)s[tail] & 0xc0) == 0x80)
         tail++;
     memcpy(msg, s, head);
-    memcpy(msg + head, mark, (sizeof mark - 1));
-    memcpy(msg + head + (sizeof mark - 1), s + tail, len - tail + 1);
+    memcpy(msg + head, mark, ml);
+    memcpy(msg + head + ml, s + tail, len - tail + 1);
 }
 
 int sp_fail(sp_err *e, int code, const char *fmt, ...)
