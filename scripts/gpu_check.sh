@@ -31,7 +31,9 @@
 #                             fused against unfused attention, forward and
 #                             backward, each checked against the CPU; the
 #                             figure: the fused/unfused speedup at the 7B
-#                             T 2048 shape (and the others), the worst error
+#                             T 2048 shape (and the others), the fused
+#                             backward with its stored dS against
+#                             fused-recompute there, the worst error
 #   elementwise workbench     elem_bench --iters 3: vector against scalar
 #                             elementwise kernels; the figure: the
 #                             geometric-mean vector/scalar speedup and
@@ -63,6 +65,10 @@
 #                             branch its own products, no batched group;
 #                             row 8's speed against it says what batching
 #                             the fused groups' LoRA gives
+#   bench 7B seq 8192 dS      row 15 with SPOTUNE_CUDA_ATTENTION=fused-stored:
+#                             the attention backward's dS stored in eleven
+#                             chunks, where the default recomputes dQ; row
+#                             15's speed against it says which is right
 #   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
 #                             test_cuda_ops, test_cuda_elementwise and
 #                             test_cuda_attention, reduced shapes; each error
@@ -98,7 +104,7 @@
 #   --only KEYS       run only these steps (comma-separated: ops layer model
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
-#                     hf7s8k memcheck), e.g.
+#                     hf7s8k b7one b7s8ks memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -204,13 +210,13 @@ write_table() {
 }
 row_set() { # row_set INDEX RESULT SECS FIGURE
     R_RES[$1]=$2 R_SECS[$1]=$3
-    R_FIG[$1]=$(printf '%s' "$4" | tr '\n|' ' /' | sed 's/  */ /g; s/ $//' | cut -c1-400)
+    R_FIG[$1]=$(printf '%s' "$4" | tr '\n|' ' /' | sed 's/  */ /g; s/ $//' | cut -c1-500)
     write_table
 }
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k b7one memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k b7one b7s8ks memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -234,6 +240,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     hf13) n="HF PEFT llama-13b LoRA r16 mb1 seq 2048 (bench_hf_peft.py)" ;;
     hf7s8k) n="HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py)" ;;
     b7one) n="bench llama-7b LoRA r16 mb1 seq 2048, LoRA one by one (SPOTUNE_LORA_BATCHED=0)" ;;
+    b7s8ks) n="bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (SPOTUNE_CUDA_ATTENTION=fused-stored)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
     esac
@@ -469,7 +476,8 @@ smi() { # smi KEY
 wb_trim='function trim(x) { gsub(/^ +| +$/, "", x); return x }'
 
 # attn_bench's figure: fused/unfused forward+backward at the 7B T 2048 shape
-# (then the other shapes), the worst error, the rows' checks.
+# and the fused backward's speedup from its stored dS (fused against
+# fused-recompute), then the other shapes, the worst error, the rows' checks.
 # shellcheck disable=SC2317 # called through workbench
 attn_figure() { # attn_figure FILE
     awk -F'|' "$wb_trim"'
@@ -498,6 +506,9 @@ attn_figure() { # attn_figure FILE
                     (note[k, "fused"] ~ /fallback/ ? ", fell back" : ""), ((k, "unfused") in f ? "; " : "")
             if ((k, "unfused") in f) printf "unfused %.3f+%.3f ms", f[k, "unfused"], b[k, "unfused"]
             printf ")"
+            r = "fused-recompute"
+            if ((k, "fused") in b && (k, r) in b && b[k, "fused"] > 0)
+                printf "; bwd with stored dS %.3f ms, recomputing dQ %.3f ms (%.2fx)", b[k, "fused"], b[k, r], b[k, r] / b[k, "fused"]
             sep = "; other shapes: "
         } else sep = "fused/unfused fwd+bwd: "
         for (i = 1; i <= ns; i++) if (order[i] != k) { printf "%s%s %s", sep, order[i], speedup(order[i]); sep = ", " }
@@ -726,6 +737,12 @@ want hf7s8k && hf hf7s8k 75 llama-7b 1 8192 b7s8k
 if want b7one; then
     BENCH_ENV=SPOTUNE_LORA_BATCHED=0 BENCH_VS=b7
     bench b7one 60 llama-7b lora 1 5
+fi
+# row 15 with the attention's dS stored in chunks: whether recomputing dQ
+# there (the default at seq 8192) is the faster choice
+if want b7s8ks; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=fused-stored BENCH_VS=b7s8k
+    bench b7s8ks 60 llama-7b lora 1 3 none 8192
 fi
 
 # compute-sanitizer's memcheck with what is left

@@ -364,9 +364,11 @@ Test(cuda_ops, flash_attention_odd_shapes_packed_documents)
     check_flash_shapes(128, 1);
 }
 
-/* out, lse, dq, dk, dv of one forward + backward on the GPU (host copies). */
+/* out, lse, dq, dk, dv of one forward + backward on the GPU (host copies),
+ * and the device memory the backward added (its scratch's growth). */
 typedef struct gpu_attn {
     float *o[5];
+    size_t grew;
 } gpu_attn;
 
 static gpu_attn gpu_attention(const float *q, const float *k, const float *v, const float *dout,
@@ -384,9 +386,12 @@ static gpu_attn gpu_attention(const float *q, const float *k, const float *v, co
         be_upload(gpu, gsg, seg, DT_I32);
     }
     be_attention_forward(gpu, go, gl, gq, gk, gv, gsg, B, T, nh, nkv, hd);
+    gpu_ok();
+    size_t before = gpu->bytes_in_use;
     be_attention_backward(gpu, gdq, gdk, gdv, gdo, go, gl, gq, gk, gv, gsg, B, T, nh, nkv, hd);
     gpu_ok();
     gpu_attn r;
+    r.grew = gpu->bytes_in_use - before;
     tensor_t outs[5] = {go, gl, gdq, gdk, gdv};
     for (int i = 0; i < 5; i++)
         r.o[i] = down(gpu, outs[i]);
@@ -430,6 +435,80 @@ Test(cuda_ops, flash_attention_is_deterministic_and_agrees_with_unfused)
     for (int i = 0; i < 5; i++)
         free(a.o[i]), free(b.o[i]), free(u.o[i]);
     free(q), free(k), free(v), free(dout);
+}
+
+/* dQ three ways (SPOTUNE_CUDA_ATTENTION and SPOTUNE_CUDA_FLASH_DS_BUDGET, read
+ * on each call): recomputing S and dP (fused-recompute); from the dS the
+ * dK/dV kernel stores, in two chunks of one head (a budget of one head's
+ * dS, 153 tiles of 8 KiB at T 1031) and in one (the default here); and a
+ * budget too small for one head, which falls back to recomputing. Seen
+ * by the scratch: 1 MiB for D (recomputing), 2 MiB with one head's dS, 3
+ * with both (the scratch grows in whole MiB and never shrinks, so the
+ * order matters). Each within tolerance of the CPU (check_attention_seg,
+ * its own inputs); chunking changes no bit; dK and dV are the same
+ * kernel's sums either way (the same bits); the fallback is the
+ * recomputing path bit for bit. */
+Test(cuda_ops, flash_attention_dq_stored_in_chunks_or_recomputed)
+{
+    int B = 1, T = 1031, nh = 2, nkv = 2, hd = 128;
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    size_t ns[5] = {nq, nl, nq, nk, nk}, mib = (size_t)1 << 20;
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
+    int32_t *seg = malloc(sizeof(int32_t) * T), *pos = malloc(sizeof(int32_t) * T);
+    cr_assert(seg && pos);
+    packed_rows(B, T, 400, seg, pos);
+    const size_t head_ds = 153 * 64 * 64 * 2; /* 17 key blocks: 17 x 18 / 2 tiles */
+    char budget[32];
+    snprintf(budget, sizeof budget, "%zu", head_ds);
+
+    cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "fused-recompute", 1), 0);
+    gpu_attn r = gpu_attention(q, k, v, dout, seg, B, T, nh, nkv, hd);
+    check_attention_seg(B, T, nh, nkv, hd, 1, seg);
+    unsetenv("SPOTUNE_CUDA_ATTENTION");
+    cr_assert_eq(setenv("SPOTUNE_CUDA_FLASH_DS_BUDGET", budget, 1), 0);
+    gpu_attn c = gpu_attention(q, k, v, dout, seg, B, T, nh, nkv, hd);
+    check_attention_seg(B, T, nh, nkv, hd, 1, seg);
+    unsetenv("SPOTUNE_CUDA_FLASH_DS_BUDGET");
+    gpu_attn s = gpu_attention(q, k, v, dout, seg, B, T, nh, nkv, hd);
+    check_attention_seg(B, T, nh, nkv, hd, 1, seg);
+    cr_assert_eq(setenv("SPOTUNE_CUDA_FLASH_DS_BUDGET", "1", 1), 0);
+    gpu_attn f = gpu_attention(q, k, v, dout, seg, B, T, nh, nkv, hd);
+    unsetenv("SPOTUNE_CUDA_FLASH_DS_BUDGET");
+
+    if (!cuda_test_standin()) { /* a stand-in backend has one attention, no scratch */
+        cr_expect(r.grew <= mib, "recomputing dQ: the backward added %zu bytes (D: 1 MiB)", r.grew);
+        cr_expect(c.grew == mib, "dS in chunks of one head: the backward added %zu bytes, not "
+                                 "the 1 MiB of one head's %zu", c.grew, head_ds);
+        cr_expect(s.grew == mib, "dS in one chunk: the backward added %zu bytes, not 1 MiB more "
+                                 "for the second head", s.grew);
+        cr_expect(f.grew == 0, "a budget under one head's dS: the backward added %zu bytes",
+                  f.grew);
+    }
+    for (int i = 0; i < 5; i++) {
+        cr_expect(memcmp(c.o[i], s.o[i], sizeof(float) * ns[i]) == 0,
+                  "%s: two chunks and one differ", names[i]);
+        cr_expect(memcmp(f.o[i], r.o[i], sizeof(float) * ns[i]) == 0,
+                  "%s: the fallback differs from fused-recompute", names[i]);
+        if (i != 2)
+            cr_expect(memcmp(s.o[i], r.o[i], sizeof(float) * ns[i]) == 0,
+                      "%s: differs between stored and recomputed dQ", names[i]);
+    }
+    double e = rel_err(s.o[2], r.o[2], nq);
+    cr_expect(e <= TOL_BF16, "dq stored vs recomputed: rel err %.3g > %.3g", e, TOL_BF16);
+    for (int i = 0; i < 5; i++)
+        free(r.o[i]), free(c.o[i]), free(s.o[i]), free(f.o[i]);
+    free(q), free(k), free(v), free(dout), free(seg), free(pos);
+}
+
+/* The 7B shape with dQ recomputed (fused-recompute; the default stores dS
+ * at this shape), as a GPU runs it for long sequences. */
+Test(cuda_ops, attention_llama2_7b_shape_dq_recomputed)
+{
+    skip_if_reduced();
+    setenv("SPOTUNE_CUDA_ATTENTION", "fused-recompute", 1);
+    check_attention_at(1, 2048, 32, 32, 128, 1);
+    unsetenv("SPOTUNE_CUDA_ATTENTION");
 }
 
 /* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 24 rows, every GPU step is
+#     run on a GPU machine too): the table has all 25 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA),
 #     the two kernel workbenches' rows too, the test programs report their
 #     own skip, exit 77, and it takes under a minute;
@@ -54,7 +54,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 24 rows" $((n != 24)) "$table"
+check "dry run: the table has the 25 rows" $((n != 25)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -73,7 +73,7 @@ has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
 check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
 ! has "$table" "full output: out/"
 check "dry run: no workbench table after the main one" $? "$table"
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 24)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 25)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -118,6 +118,7 @@ case "$args" in
     exit 1 ;;
 *"--preset llama-7b --mode lora --micro-batch 1 "*)
     if [ "${SPOTUNE_LORA_BATCHED:-}" = 0 ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
+    if [ "${SPOTUNE_CUDA_ATTENTION:-}" = fused-stored ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     json 3300 0.4417 0.4523 11.20 ok |
         sed 's/}$/,"split_ms":{"gemm":80.0,"lora":20.0,"attention":40.0,"elementwise":40.0,"optimizer":10.0,"communication":10.0},"profiled_step_ms":200.0}/' ;;
 *"--preset llama-13b"*"--recompute layer"*"--quantize nf4"*)
@@ -183,6 +184,7 @@ echo "| B,T,nh,nkv,hd | version | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | 
 echo "|---|---|---|---|---|---|---|---|"
 echo "| 1,2048,32,32,128 | fused    |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.10e-03 | ok |"
 [ "${FAKE_WB:-}" = other ] && exec sleep 1000
+echo "| 1,2048,32,32,128 | fused-recompute |     0.500 |     1.800 |   275.0 |   190.9 | dq  3.10e-03 | ok |"
 echo "| 1,2048,32,32,128 | unfused  |     1.000 |     3.000 |   137.4 |   114.5 | out 2.00e-03 | ok |"
 echo "| 1,2048,32,8,128 | fused    |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.20e-03 | ok |"
 if [ "${FAKE_WB:-}" = fail ]; then
@@ -283,9 +285,9 @@ expect_row 19 FAIL "exit 2: error: import torch: OSError: libcudnn.so.9"
 expect_row 20 FAIL "HF PEFT llama-13b LoRA r16 mb1 seq 2048 (bench_hf_peft.py) | FAIL"
 expect_row 21 FAIL "HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py) | FAIL"
 expect_row 10 PASS "attention workbench (attn_bench"
-expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms)"
+expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms); bwd with stored dS 1.500 ms, recomputing dQ 1.800 ms (1.20x)"
 expect_row 10 PASS "other shapes: 1,2048,32,8,128 2.50x, 1,4096,32,8,64 3.00x, 2,1031,8,2,64 1.00x"
-expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 8 rows: 8 ok, 0 FAIL, 1 fallback"
+expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 9 rows: 9 ok, 0 FAIL, 1 fallback"
 expect_row 11 PASS "elementwise workbench (elem_bench"
 expect_row 11 PASS "vector/scalar geometric-mean speedup 4.00x over 2 op-shapes (from 2.00x, add 2048 x 4096, to 8.00x, rmsnorm_fwd 2048 x 4096)"
 expect_row 11 PASS "1 vector rows fell back (not counted); bit-identical to scalar (3 vector rows); worst rel err 3.00e-03; 6 rows: 6 ok, 0 FAIL"
@@ -303,22 +305,24 @@ expect_row 17 PASS "1200 tok/s, step 1.707 s, peak 9.1 GiB"
 expect_row 18 PASS "2 GPU lines, 0 FAIL; skipped: gpu.p2p, gpu.nccl_allreduce; 3 PASS, 1 WARN"
 expect_row 22 PASS "bench llama-7b LoRA r16 mb1 seq 2048, LoRA one by one (SPOTUNE_LORA_BATCHED=0)"
 expect_row 22 PASS "SPOTUNE_LORA_BATCHED=0; row 8 is 1.100x this; 3000 tok/s"
-expect_row 23 FAIL "exit 3, 3 errors"
-expect_row 24 PASS "NVIDIA H200"
-expect_row 25 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 26 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 27 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 28 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 23 PASS "bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (SPOTUNE_CUDA_ATTENTION=fused-stored)"
+expect_row 23 PASS "SPOTUNE_CUDA_ATTENTION=fused-stored; row 15 is 1.100x this; 3000 tok/s"
+expect_row 24 FAIL "exit 3, 3 errors"
+expect_row 25 PASS "NVIDIA H200"
+expect_row 26 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 27 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 28 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 29 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 24 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 28)) "$table"
+check "stand-ins: 25 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 29)) "$table"
 # the workbenches' own tables after the main one, whole
-after=$(sed -n '/^| 28 |/,$p' <<<"$table")
+after=$(sed -n '/^| 29 |/,$p' <<<"$table")
 has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
     has "$after" "device: NVIDIA H200; 3 iterations" &&
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
     has "$after" "elementwise workbench: \`elem_bench --iters 3\` (PASS; full output: out/elem_bench.out" &&
     has "$after" "| 1031 x 4103 | add         | vector fallback |" &&
-    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 10 + 8)) ]
+    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 11 + 8)) ]
 check "stand-ins: both workbench tables follow the main table" $? "$after"
 has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
 check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"
@@ -357,7 +361,7 @@ check "the Python peer gets the machine's LD_LIBRARY_PATH, not the bundle's" $? 
 table=$(cat "$tmp/mixed2/gpu_check_table.md" 2>/dev/null)
 expect_row 16 FAIL "graphs turned off: capture failed: cudaStreamEndCapture: operation not permitted"
 expect_row 10 FAIL "exit 1: 1 FAIL row: 1,2048,32,8,128 unfused worst rel err dq 2.50e-02; fused/unfused"
-expect_row 10 FAIL "8 rows: 7 ok, 1 FAIL"
+expect_row 10 FAIL "9 rows: 8 ok, 1 FAIL"
 expect_row 11 FAIL "exit 1: 1 FAIL row: 2048 x 4096 add vector worst rel err 1.95e-03 = scalar NO; elem_bench: 1 row failed"
 expect_row 11 FAIL "NOT bit-identical: 1 of 3 vector rows differ (add 2048 x 4096)"
 has "$table" "attention workbench: \`attn_bench --iters 3\` (FAIL;" && has "$table" "| dq  2.50e-02 | FAIL |"
@@ -392,7 +396,7 @@ expect_row 1 PASS "NVIDIA H200"
 expect_row 2 OMITTED "not selected (--only b7,attn_bench)"
 expect_row 22 OMITTED "not selected (--only b7,attn_bench)"
 n=$(grep -cE '^\| [0-9]+ \| .* \| OMITTED \|' <<<"$table")
-check "--only: the 20 other steps OMITTED" $((n != 20)) "$table"
+check "--only: the 21 other steps OMITTED" $((n != 21)) "$table"
 ! has "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)" "-- ops:"
 check "--only: an omitted step does not run" $? "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)"
 # the HF peer at the issue's other settings: its ratio to the spotune row of
@@ -428,10 +432,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 24)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-9]|2[0-3]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 21)) "$table"
-expect_row 24 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 25)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-9]|2[0-4]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 22)) "$table"
+expect_row 25 PASS "NVIDIA H200"
 
 # ---- 4. a run cut short from outside ----------------------------------------------------------
 # (its caller's time limit): the table of the rows reached is in OUT, marked
@@ -443,7 +447,7 @@ table=$(cat "$tmp/cut/gpu_check_table.md" 2>/dev/null)
 has "$table" "PARTIAL: the check was still running after"
 check "cut short: the table in OUT says it is partial" $? "$table"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "cut short: every row present" $((nrows != 24)) "$table"
+check "cut short: every row present" $((nrows != 25)) "$table"
 expect_row 1 PASS "NVIDIA H200"
 has "$(row "$table" 2)" "| SKIPPED | - | not reached"
 check "cut short: the step it was in is 'not reached'" $? "$table"

@@ -77,7 +77,9 @@ typedef struct plan_input {
 #define PLAN_HEADROOM_FIXED (1024.0 * 1024.0 * 1024.0)
 #define PLAN_HEADROOM_FRACTION 0.05
 /* CUDA backend's own workspace (kernels/cuda/cuda_backend.cu: matmul
- * workspace 32 MiB, attention score blocks 256 MiB, dK/dV accumulators 64 MiB). */
+ * workspace 32 MiB, attention score blocks 256 MiB, dK/dV accumulators 64 MiB;
+ * the fused attention's backward takes at most 256 MiB of it, FA_DS_BUDGET:
+ * its grouped-query shares and a chunk of stored dS). */
 #define PLAN_CUDA_WORKSPACE (352.0 * 1024.0 * 1024.0)
 /* NF4 as bitsandbytes stores it: 4 bits a weight, an 8-bit absmax per block
  * of 64 and an fp32 constant per 256 absmax (double quantization). */

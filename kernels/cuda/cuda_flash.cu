@@ -24,6 +24,62 @@ static int unfused_requested(void)
     return e && strcmp(e, "unfused") == 0;
 }
 
+/* How the fused backward makes dQ (SPOTUNE_CUDA_ATTENTION, read on every
+ * call): from the dS the dK/dV kernel stores, or recomputing S and dP. */
+typedef enum { DQ_AUTO, DQ_STORED, DQ_RECOMPUTE } dq_mode;
+
+static dq_mode dq_requested(void)
+{
+    const char *e = getenv("SPOTUNE_CUDA_ATTENTION");
+    if (e && strcmp(e, "fused-stored") == 0)
+        return DQ_STORED;
+    if (e && strcmp(e, "fused-recompute") == 0)
+        return DQ_RECOMPUTE;
+    return DQ_AUTO;
+}
+
+/* The bytes the split shares and one chunk's dS may take: FA_DS_BUDGET, or
+ * SPOTUNE_CUDA_FLASH_DS_BUDGET (bytes; for the tests, which make several
+ * chunks at small shapes). */
+static size_t ds_budget(void)
+{
+    const char *e = getenv("SPOTUNE_CUDA_FLASH_DS_BUDGET");
+    char *end = NULL;
+    unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;
+    return e && *e && end && *end == '\0' ? (size_t)v : FA_DS_BUDGET;
+}
+
+/* The stored-dS plan of this call, or chunks 0 for the recomputing dQ:
+ * stored when it fits the budget beside the split shares and, unless
+ * asked for, when it is one chunk or every chunk's dK/dV launch still has
+ * four blocks a multiprocessor (chunks are launches one after another:
+ * a small one leaves the GPU part idle at its end; seq 8192 at the 7B
+ * shape makes eleven chunks of three heads, and recomputes). */
+static fa_ds_plan ds_plan(backend_t *be, int B, int T, int nh, int nkv, int hd, int split)
+{
+    fa_ds_plan p;
+    memset(&p, 0, sizeof p);
+    dq_mode mode = dq_requested();
+    if (mode == DQ_RECOMPUTE)
+        return p;
+    size_t shares = split ? 2 * sizeof(float) * fa_align64((size_t)B * T * nh * hd) : 0;
+    size_t budget = ds_budget();
+    if (shares >= budget)
+        return p;
+    p = fa_ds_chunks(B, T, nh, nkv, split, budget - shares);
+    if (p.chunks > 1 && mode == DQ_AUTO) {
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, CUDA_IMPL(be)->device) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            sms = 0;
+        }
+        if (sms > 0 && (double)p.per_chunk * fa_key_blocks(T) < 4.0 * sms)
+            p.chunks = 0;
+    }
+    return p;
+}
+
 /* Whether the kernels this process runs were compiled for sm_80 or later
  * (their code, or the PTX the driver compiles): a build for older
  * architectures only (CMAKE_CUDA_ARCHITECTURES=75, say) compiles the MMA
@@ -94,6 +150,35 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
     LAUNCHED(be, "flash_forward_kernel");
 }
 
+/* The dK/dV kernel on grid (its blocks from a->pair0); nonzero on a failed launch. */
+static int launch_dkdv(backend_t *be, const flash_args *a, dim3 grid, int hd)
+{
+    cudaStream_t st = CUDA_IMPL(be)->stream;
+    if (hd == 64)
+        LAUNCH(flash_dkdv_kernel<64>, grid, FA_THREADS, 0, st)(*a);
+    else
+        LAUNCH(flash_dkdv_kernel<128>, grid, FA_THREADS, 0, st)(*a);
+    return LAUNCHED(be, "flash_dkdv_kernel");
+}
+
+/* The dQ kernel on grid: from the stored dS, or recomputing. */
+static int launch_dq(backend_t *be, const flash_args *a, dim3 grid, int hd, int stored)
+{
+    cudaStream_t st = CUDA_IMPL(be)->stream;
+    if (stored) {
+        if (hd == 64)
+            LAUNCH(flash_dq_stored_kernel<64>, grid, FA_THREADS, 0, st)(*a);
+        else
+            LAUNCH(flash_dq_stored_kernel<128>, grid, FA_THREADS, 0, st)(*a);
+        return LAUNCHED(be, "flash_dq_stored_kernel");
+    }
+    if (hd == 64)
+        LAUNCH(flash_dq_kernel<64>, grid, FA_THREADS, 0, st)(*a);
+    else
+        LAUNCH(flash_dq_kernel<128>, grid, FA_THREADS, 0, st)(*a);
+    return LAUNCHED(be, "flash_dq_kernel");
+}
+
 extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                     tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                     tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
@@ -101,8 +186,9 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
 {
     size_t nrows = (size_t)B * T * nh, nshare = nrows * hd;
     int split = fa_dkdv_split(B, T, nh, nkv, hd);
-    float *D = (float *)cuda_scratch(
-        be, sizeof(float) * (fa_align64(nrows) + (split ? 2 * fa_align64(nshare) : 0)));
+    fa_ds_plan dp = ds_plan(be, B, T, nh, nkv, hd, split);
+    size_t nf = fa_align64(nrows) + (split ? 2 * fa_align64(nshare) : 0);
+    float *D = (float *)cuda_scratch(be, sizeof(float) * nf + dp.bytes);
     if (!D)
         return;
     flash_args a = args_of(B, T, nh, nkv, hd, seg);
@@ -124,23 +210,33 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
     LAUNCH(flash_rowdot_kernel, fa_rowdot_blocks(nrows), FA_ROWDOT_THREADS, 0, st)(a, hd);
     if (LAUNCHED(be, "flash_rowdot_kernel"))
         return;
-    dim3 kgrid((unsigned)(B * (split ? nh : nkv)), fa_key_blocks(T));
-    dim3 qgrid((unsigned)(B * nh), fa_row_blocks(T));
-    if (hd == 64)
-        LAUNCH(flash_dkdv_kernel<64>, kgrid, FA_THREADS, 0, st)(a);
-    else
-        LAUNCH(flash_dkdv_kernel<128>, kgrid, FA_THREADS, 0, st)(a);
-    if (LAUNCHED(be, "flash_dkdv_kernel"))
-        return;
+    /* dK/dV storing dS, then dQ from it, chunk by chunk; or dK/dV in one
+     * chunk of every pair and dQ recomputing after it */
+    int stored = dp.chunks > 0;
+    if (stored) {
+        a.ds = (uint16_t *)(D + nf);
+    } else {
+        dp.unit = split ? 1 : nh / nkv;
+        dp.units = B * nh / dp.unit;
+        dp.per_chunk = dp.units;
+        dp.chunks = 1;
+    }
+    for (int c = 0; c < dp.chunks; c++) {
+        int u0 = c * dp.per_chunk, left = dp.units - u0;
+        int nu = left < dp.per_chunk ? left : dp.per_chunk;
+        a.pair0 = u0 * dp.unit;
+        if (launch_dkdv(be, &a, dim3((unsigned)nu, fa_key_blocks(T)), hd) ||
+            (stored && launch_dq(be, &a, dim3((unsigned)(nu * dp.unit), fa_row_blocks(T)), hd, 1)))
+            return;
+    }
     if (split) {
         LAUNCH(flash_dkdv_reduce_kernel, fa_reduce_blocks((size_t)B * T * nkv * hd),
                FA_REDUCE_THREADS, 0, st)(a, hd);
         if (LAUNCHED(be, "flash_dkdv_reduce_kernel"))
             return;
     }
-    if (hd == 64)
-        LAUNCH(flash_dq_kernel<64>, qgrid, FA_THREADS, 0, st)(a);
-    else
-        LAUNCH(flash_dq_kernel<128>, qgrid, FA_THREADS, 0, st)(a);
-    LAUNCHED(be, "flash_dq_kernel");
+    if (!stored) {
+        a.pair0 = 0;
+        launch_dq(be, &a, dim3((unsigned)(B * nh), fa_row_blocks(T)), hd, 0);
+    }
 }

@@ -27,20 +27,29 @@
  * log(l) is saved.
  *
  * Backward: D = rowsum(dO * O) (fp32, [B, nh, T] in the backend's scratch),
- * then two kernels that each recompute P = exp(S - lse) from Q, K and lse:
+ * then two kernels:
  *  - dK, dV: one block per (64 keys, batch row, kv head); each warp owns 16
  *    keys (K, V fragments and dK, dV accumulators in registers) and walks
  *    every query head of the group and the 32-row query tiles at and after
- *    its keys: dV += P^T dO, dP^T = V dO^T, dS = P (dP - D) scale,
- *    dK += dS^T Q.
- *  - dQ: one block per (64 query rows, batch row, head), as the forward:
- *    dP = dO V^T, dS = P (dP - D) scale, dQ += dS K.
+ *    its keys, recomputing P = exp(S - lse) from Q, K and lse:
+ *    dV += P^T dO, dP^T = V dO^T, dS = P (dP - D) scale, dK += dS^T Q.
+ *    With a dS buffer (a.ds) it also writes dS / scale, rounded to bf16 as
+ *    its products use it, in 64 x 64 tiles (fa_ds_tile): five products in
+ *    all instead of seven.
+ *  - dQ, from the stored dS (flash_dq_stored_kernel): one block per (64
+ *    query rows, batch row, head) reads its tiles of dS and K: dQ += dS K,
+ *    one product a tile.
+ *  - or dQ recomputing (flash_dq_kernel, when the buffer would not fit
+ *    or is not asked for): the same blocks recompute S and dP as the
+ *    forward does: dP = dO V^T, dS = P (dP - D) scale, dQ += dS K.
+ * The dS buffer holds the causal tiles of a chunk of (batch row, head)
+ * pairs (fa_ds_chunks: at most FA_DS_BUDGET bytes with the split shares);
+ * the host runs dK/dV then dQ chunk by chunk.
  * Grids: blockIdx.x the (batch row, head) pair, y the block of rows or
  * keys, so the longest blocks of every head start first (fa_row_block).
  * No atomics: every output element has one writer, and its sums run in a
  * fixed order, so forward and backward are deterministic (bit for bit from
- * run to run on one GPU model). The price: S is computed twice in the
- * backward (once per kernel).
+ * run to run on one GPU model), either way dQ is made.
  *
  * The tensor-core primitives (the product, ldmatrix, cp.async, the staged
  * tile products): cuda_mma.cuh.
@@ -83,7 +92,31 @@ typedef struct flash_args {
     float *dk_part, *dv_part;
     int B, T, nh, nkv;
     float scale;
+    int pair0; /* the chunk's first (batch row, query head) pair: a multiple of nh / nkv */
+    /* dS / scale of this chunk's query pairs (b*nh + h from pair0), bf16
+     * tiles (fa_ds_tile); NULL: not stored (flash_dq_kernel recomputes) */
+    uint16_t *ds;
 } flash_args;
+
+static_assert(FA_BR == 64 && FA_BC == 64, "the stored dS is in 64 x 64 tiles");
+
+/* The stored dS: for each (batch row, query head) pair the 64 x 64 tiles of
+ * keys [64 kb, 64 kb + 64) x queries [64 qb, 64 qb + 64) with qb >= kb (the
+ * causal half), tile (kb, qb) at fa_ds_tile(kb, qb), each as 64 rows of
+ * keys of 64 queries (dS^T, as the dK/dV kernel holds it). Elements past
+ * T: keys past T are 0 (dQ multiplies them by K's zero rows), queries past
+ * T unwritten (they only reach dQ rows past T, never stored). */
+static __host__ __device__ __forceinline__ size_t fa_ds_tile(int kb, int qb)
+{
+    return ((size_t)qb * (qb + 1) / 2 + (size_t)kb) * 64 * 64;
+}
+
+/* Elements of one pair's stored dS: the tiles at and below the diagonal. */
+static __host__ __device__ __forceinline__ size_t fa_ds_pair(int T)
+{
+    int nb = (T + 63) / 64;
+    return fa_ds_tile(0, nb);
+}
 
 /* ---- masks and reductions ---------------------------------------------------------- */
 
@@ -448,7 +481,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
     __shared__ int lo_s[2][FA_BQ];
     /* a block per kv head and its whole group, or (split) per query head */
     int T = a.T, group = a.nh / a.nkv, split = a.dk_part != NULL;
-    int b = blockIdx.x / (split ? a.nh : a.nkv), hy = blockIdx.x % (split ? a.nh : a.nkv);
+    int bx = (int)blockIdx.x + (split ? a.pair0 : a.pair0 / group); /* chunks: fa_ds_chunks */
+    int b = bx / (split ? a.nh : a.nkv), hy = bx % (split ? a.nh : a.nkv);
     int kh = split ? hy / group : hy, h_first = split ? hy : hy * group, nheads = split ? 1 : group;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int k0 = blockIdx.y * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g; /* the first keys first */
@@ -482,7 +516,14 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
             cp_async_wait<0>();
         }
         __syncthreads(); /* item n is in */
-        int i0 = fa_dkdv_item(n, h_first, i_first, ntiles).i0;
+        fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
+        int i0 = it.i0;
+        /* this warp's 16 keys x 32 queries of the stored dS (16 keys from
+         * row 16 warp + g of the tile, queries from column i0 % 64) */
+        uint16_t *dst = a.ds ? a.ds + (size_t)(b * a.nh + it.h - a.pair0) * fa_ds_pair(T) +
+                                   fa_ds_tile((int)blockIdx.y, i0 / 64) +
+                                   (size_t)(warp * 16 + g) * 64 + (i0 & 63) + 2 * (lane & 3)
+                             : NULL;
         /* warp-uniform: some query of the tile sees some key of the warp */
         int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
         int tlo = warp_min_i(lo), thi = warp_max_i(lo == INT_MAX ? 0 : lo);
@@ -494,8 +535,20 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
             a_times_staged_t<HD, 4>(s, ka, Qs[bf]);   /* S^T = K Q^T */
             a_times_staged_t<HD, 4>(dp, va, dOs[bf]); /* dP^T = V dO^T */
             probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
+            if (dst)
+                FA_UNROLL
+                for (int nt = 0; nt < 4; nt++) { /* keys g and g + 8 */
+                    *(uint32_t *)(dst + nt * 8) = pack2(dp[nt][0], dp[nt][1]);
+                    *(uint32_t *)(dst + 8 * 64 + nt * 8) = pack2(dp[nt][2], dp[nt][3]);
+                }
             c_times_staged<HD, 2>(dv, s, dOs[bf]); /* dV += P^T dO */
             c_times_staged<HD, 2>(dk, dp, Qs[bf]); /* dK += dS^T Q */
+        } else if (dst) {
+            /* no query of the tile sees a key of the warp: dS is 0 (dQ
+             * reads every tile at and below the diagonal) */
+            FA_UNROLL
+            for (int nt = 0; nt < 4; nt++)
+                *(uint32_t *)(dst + nt * 8) = *(uint32_t *)(dst + 8 * 64 + nt * 8) = 0u;
         }
         __syncthreads(); /* every warp is done with buffer bf */
     }
@@ -609,6 +662,59 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
     store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
 }
 
+/* ---- backward: dQ from the stored dS ---------------------------------------------- */
+
+/* One block per (64 query rows, batch row, query head) of the chunk (the
+ * pair is a.pair0 + blockIdx.x), as flash_dq_kernel, walking the same key
+ * tiles: K's tile and the tile of stored dS^T staged, each warp's 16 rows
+ * of dS read as left operands by ldmatrix.trans, dQ += dS K. One product
+ * a tile instead of three, no exponentials; the dS tiles are read once. */
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args a)
+{
+    __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
+    __shared__ __align__(16) uint16_t Ss[FA_BC * (FA_BR + FA_PAD)]; /* dS^T: keys x queries */
+    __shared__ int sh_lo;
+    int bx = (int)blockIdx.x + a.pair0;
+    int b = bx / a.nh, h = bx % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int qb = fa_row_block(), q0 = qb * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
+    int rowA = w0 + g;
+    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
+    int wlo = warp_min_i(min(loA, loB));
+    int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    const uint16_t *dsp = a.ds + (size_t)blockIdx.x * fa_ds_pair(T);
+    /* ldmatrix.trans row of this lane: matrix m = lane/8 is keys +8 (m >=
+     * 2) x queries +8 (m odd) of the warp's 16 x 16 block of a k-step */
+    const uint16_t *sr = Ss + ((lane & 7) + (lane >> 4) * 8) * (FA_BR + FA_PAD) + warp * 16 +
+                         ((lane >> 3) & 1) * 8;
+    const uint16_t *yr = staged_b_row<HD>(Ks);
+    float dq[HD / 8][4];
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++)
+        dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
+        stage_rows_async<HD>(Ks, a.k + koff, ldk, j0, FA_BC, T);
+        stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(j0 / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads(); /* K(j0) and dS(j0) are in */
+        if (!(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1))
+            FA_UNROLL
+            for (int kk = 0; kk < FA_BC / 16; kk++) {
+                uint32_t sa[4]; /* dS rows w0.. x keys j0 + 16 kk.. */
+                ldsm_x4(sa, sr + kk * 16 * (FA_BR + FA_PAD), 1);
+                frag_times_staged<HD>(dq, sa, yr + kk * 16 * (HD + FA_PAD));
+            }
+        __syncthreads(); /* every warp is done with both tiles */
+    }
+    const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
+    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
+}
+
 /* ---- launch shapes (the host code and the emulation tests) ----------------------- */
 
 static inline unsigned fa_row_blocks(int T) /* forward and dQ: grid.y; grid.x B * nh */
@@ -647,10 +753,45 @@ static inline unsigned fa_reduce_blocks(size_t n)
 }
 
 /* Offsets in the backward's scratch buffer (floats, each 256-byte aligned):
- * D [B, nh, T], then with the split the dK and dV shares. */
+ * D [B, nh, T], then with the split the dK and dV shares, then the stored
+ * dS of one chunk. */
 static inline size_t fa_align64(size_t n)
 {
     return (n + 63) / 64 * 64;
+}
+
+/* The most bytes the split shares and the stored dS of one chunk take
+ * together: within the CUDA backend's planned workspace
+ * (trainer/plan.h, PLAN_CUDA_WORKSPACE, which counts 256 MiB for the
+ * attention's score blocks: the fused and unfused paths never run at once). */
+#define FA_DS_BUDGET ((size_t)256 << 20)
+
+/* How the stored-dS backward walks the (batch row, query head) pairs: in
+ * chunks of `per_chunk` units of `unit` pairs (a dK/dV block's: the kv
+ * group, or one pair with the split), `chunks` of them (the last may be
+ * smaller), each chunk's dS `bytes`. chunks 0: one unit's dS does not fit
+ * in budget bytes. */
+typedef struct fa_ds_plan {
+    int unit, units, per_chunk, chunks;
+    size_t bytes;
+} fa_ds_plan;
+
+static inline fa_ds_plan fa_ds_chunks(int B, int T, int nh, int nkv, int split, size_t budget)
+{
+    fa_ds_plan p;
+    p.unit = split ? 1 : nh / nkv;
+    p.units = B * nh / p.unit;
+    size_t per = (size_t)p.unit * fa_ds_pair(T) * sizeof(uint16_t);
+    size_t fit = budget / per;
+    if (fit == 0 || p.units <= 0) {
+        p.per_chunk = p.chunks = 0;
+        p.bytes = 0;
+        return p;
+    }
+    p.chunks = (int)(((size_t)p.units + fit - 1) / fit);
+    p.per_chunk = (p.units + p.chunks - 1) / p.chunks; /* balanced */
+    p.bytes = (size_t)p.per_chunk * per;
+    return p;
 }
 
 #endif

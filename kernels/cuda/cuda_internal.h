@@ -266,7 +266,8 @@ void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t d
 /* cuda_flash.cu: the fused kernels. cuda_flash_handles: 1 when they take
  * this call (BF16, hd 64 or 128, compute capability 8.0 or later, every
  * pointer 16-byte aligned, B x nh < 65536, SPOTUNE_CUDA_ATTENTION not
- * "unfused"); 0 means the unfused path runs. */
+ * "unfused"); 0 means the unfused path runs. The backward's dQ comes from
+ * the dS its dK/dV kernel stores, where that fits (cuda_flash.cu). */
 int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int nh, int nkv, int hd,
                        const void *const *ptrs, int nptrs);
 void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,

@@ -201,6 +201,32 @@ static __device__ __forceinline__ void a_times_staged_t(float x[NT][4],
         }
 }
 
+/* acc[16 x HD] += A[16 x 16] Y[16 x HD], A one k-step's fragment, Y 16
+ * staged rows (row stride HD + FA_PAD) from yr, this lane's ldmatrix row
+ * (staged_b_row). */
+template <int HD>
+static __device__ __forceinline__ void frag_times_staged(float acc[HD / 8][4], const uint32_t a[4],
+                                                         const uint16_t *yr)
+{
+    FA_UNROLL
+    for (int n2 = 0; n2 < HD / 16; n2++) {
+        uint32_t b[4]; /* columns 16 n2.. (b0, b1) and 16 n2 + 8.. (b2, b3) */
+        ldsm_x4(b, yr + n2 * 16, 1);
+        mma16816(acc[2 * n2], a, b[0], b[1]);
+        mma16816(acc[2 * n2 + 1], a, b[2], b[3]);
+    }
+}
+
+/* This lane's ldmatrix row of 16 staged rows of HD columns read as right
+ * operands (.trans): matrix m = lane/8 is rows +8 (m odd), columns +8
+ * (m >= 2). */
+template <int HD>
+static __device__ __forceinline__ const uint16_t *staged_b_row(const uint16_t *Y)
+{
+    int lane = threadIdx.x & 31;
+    return Y + ((lane & 7) + ((lane >> 3) & 1) * 8) * (HD + FA_PAD) + (lane >> 4) * 8;
+}
+
 /* acc[16 x HD] += X[16 x 16 KK] Y[16 KK x HD], X from C fragments (rounded
  * to bf16), Y staged (row stride HD + FA_PAD): O += P V, dQ += dS K,
  * dV += P^T dO, dK += dS^T Q. */
@@ -208,21 +234,12 @@ template <int HD, int KK>
 static __device__ __forceinline__ void c_times_staged(float acc[HD / 8][4], const float x[2 * KK][4],
                                                       const uint16_t *Y)
 {
-    int lane = threadIdx.x & 31;
-    const int ld = HD + FA_PAD;
-    /* matrix m = lane/8: rows +8 (m odd), columns +8 (m >= 2) */
-    const uint16_t *yr = Y + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
+    const uint16_t *yr = staged_b_row<HD>(Y);
     FA_UNROLL
     for (int kk = 0; kk < KK; kk++) {
         uint32_t a[4];
         c_to_a(a, x[2 * kk], x[2 * kk + 1]);
-        FA_UNROLL
-        for (int n2 = 0; n2 < HD / 16; n2++) {
-            uint32_t b[4]; /* columns 16 n2.. (b0, b1) and 16 n2 + 8.. (b2, b3) */
-            ldsm_x4(b, yr + kk * 16 * ld + n2 * 16, 1);
-            mma16816(acc[2 * n2], a, b[0], b[1]);
-            mma16816(acc[2 * n2 + 1], a, b[2], b[3]);
-        }
+        frag_times_staged<HD>(acc, a, yr + kk * 16 * (HD + FA_PAD));
     }
 }
 

@@ -63,6 +63,7 @@ typedef enum cudaStreamCaptureMode {
 } cudaStreamCaptureMode;
 
 typedef enum cudaDeviceAttr {
+    cudaDevAttrMultiProcessorCount = 16,
     cudaDevAttrComputeMode = 20,
     cudaDevAttrComputeCapabilityMajor = 75,
     cudaDevAttrComputeCapabilityMinor = 76,

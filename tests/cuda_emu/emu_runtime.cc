@@ -287,6 +287,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d)
         return fail(cudaErrorInvalidDevice);
     *v = a == cudaDevAttrComputeCapabilityMajor ? 9
          : a == cudaDevAttrComputeMode          ? cudaComputeModeDefault
+         : a == cudaDevAttrMultiProcessorCount  ? 1 /* as cudaGetDeviceProperties says */
                                                 : 0;
     return cudaSuccess;
 }

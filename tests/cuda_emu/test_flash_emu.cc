@@ -2,7 +2,8 @@
  * source (kernels/cuda/cuda_flash_kernels.cuh) run on the emulated device
  * (cuda_emu.h), against the CPU backend's attention on the same bf16
  * inputs: forward (out, lse) and backward (dq, dk, dv, through the row-dot,
- * dK/dV and dQ kernels) on odd shapes: T 1, 7, 37, 64, 130 (T not a
+ * dK/dV and dQ kernels; dQ both ways, recomputing and from the stored dS
+ * in chunks) on odd shapes: T 1, 7, 37, 64, 130 (T not a
  * multiple of the tiles), head dims 64 and 128, GQA groups 1, 2, 4 and 8,
  * two batch rows, packed documents. Launch shapes are the host code's
  * (fa_row_blocks, fa_key_blocks, fa_rowdot_blocks). Outputs start as NaN,
@@ -66,6 +67,11 @@ template <int HD> static void dkdv_fn(void *p)
 template <int HD> static void dq_fn(void *p)
 {
     flash_dq_kernel<HD>(*(flash_args *)p);
+}
+
+template <int HD> static void dq_stored_fn(void *p)
+{
+    flash_dq_stored_kernel<HD>(*(flash_args *)p);
 }
 
 typedef struct rowdot_arg {
@@ -222,7 +228,7 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
         cr_assert(cseg.p);
         be_upload(cpu, cseg, seg, DT_I32);
     }
-    char what[128], w2[160];
+    char what[128], w2[200];
     snprintf(what, sizeof what, "flash B%d T%d nh%d nkv%d hd%d%s", B, T, nh, nkv, hd,
              max_doc ? " packed" : "");
 
@@ -300,7 +306,56 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
         snprintf(w2, sizeof w2, "%s dv (by kv head)", what);
         expect_close(w2, dv2, NULL, wdv, nk, TOL_BF16);
     }
-    free(shares), free(dk2), free(dv2);
+    free(shares);
+
+    /* dQ from the stored dS, in chunks as the backend walks them, with a
+     * budget of about a third of the units (two chunks or more wherever
+     * there are two units or more): with the split (units of one pair)
+     * and, for grouped-query attention, also by kv head (units of a whole
+     * group). The buffer starts as NaN, so a tile dQ reads that dK/dV did
+     * not write fails the comparison. dK and dV are the same kernel's sums:
+     * the same bits as above. */
+    for (int sp = split; sp >= 0; sp--) {
+        fa_ds_plan whole = fa_ds_chunks(B, T, nh, nkv, sp, (size_t)1 << 40);
+        size_t unit_bytes = whole.bytes / (size_t)whole.units;
+        fa_ds_plan p =
+            fa_ds_chunks(B, T, nh, nkv, sp, unit_bytes * (size_t)((whole.units + 2) / 3));
+        cr_assert(p.chunks >= (whole.units >= 2 ? 2 : 1) && p.per_chunk >= 1 &&
+                      p.unit == (sp ? 1 : nh / nkv),
+                  "%s: %d chunks of %d units of %d pairs", what, p.chunks, p.per_chunk, p.unit);
+        uint16_t *ds = nan_bf16(p.bytes / sizeof(uint16_t));
+        uint16_t *dq3 = nan_bf16(nq), *dk3 = nan_bf16(nk), *dv3 = nan_bf16(nk);
+        float *shares3 = sp ? nan_f32(2 * nq) : NULL;
+        flash_args a3 = a;
+        a3.dq = dq3, a3.dk = dk3, a3.dv = dv3, a3.ds = ds;
+        a3.dk_part = sp ? shares3 : NULL, a3.dv_part = sp ? shares3 + nq : NULL;
+        for (int c = 0; c < p.chunks; c++) {
+            int u0 = c * p.per_chunk, nu = p.units - u0 < p.per_chunk ? p.units - u0 : p.per_chunk;
+            a3.pair0 = u0 * p.unit;
+            launch((unsigned)nu, fa_key_blocks(T), FA_THREADS,
+                   hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a3, "flash_dkdv_kernel (storing dS)");
+            launch((unsigned)(nu * p.unit), fa_row_blocks(T), FA_THREADS,
+                   hd == 64 ? dq_stored_fn<64> : dq_stored_fn<128>, &a3, "flash_dq_stored_kernel");
+        }
+        if (sp) {
+            reduce_arg rd3 = {a3, hd};
+            launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rd3,
+                   "flash_dkdv_reduce_kernel (storing dS)");
+        }
+        snprintf(w2, sizeof w2, "%s dq (stored dS, %d chunks of %d pairs)", what, p.chunks,
+                 p.per_chunk * p.unit);
+        if (T == 1)
+            expect_small(w2, dq3, nq);
+        else
+            expect_close(w2, dq3, NULL, wdq, nq, TOL_BF16);
+        const uint16_t *wk = sp == split ? dk : dk2, *wv = sp == split ? dv : dv2;
+        cr_expect(memcmp(dk3, wk, sizeof(uint16_t) * nk) == 0 &&
+                      memcmp(dv3, wv, sizeof(uint16_t) * nk) == 0,
+                  "%s: dK, dV differ when the dK/dV kernel also stores dS (%s)", what,
+                  sp ? "split" : "by kv head");
+        free(ds), free(dq3), free(dk3), free(dv3), free(shares3);
+    }
+    free(dk2), free(dv2);
 
     tensor_t ts[] = {cq, ck, cv, co, cl, cdo, cdq, cdk, cdv, cseg};
     for (int i = 0; i < 10; i++)

@@ -3,10 +3,12 @@
  * random inputs, each checked against the CPU backend and timed with CUDA
  * events, one table row per (shape, version).
  *
- * Versions: "fused" (kernels/cuda/cuda_flash.cu; a shape it does not take
- * runs the unfused path and the row says "fallback") and "unfused" (the
- * cuBLASLt path of cuda_attention.cu), chosen through
- * SPOTUNE_CUDA_ATTENTION as the backend reads it on every call.
+ * Versions: "fused" (kernels/cuda/cuda_flash.cu, its default: dQ from the
+ * dS the dK/dV kernel stores where that fits; a shape it does not take
+ * runs the unfused path and the row says "fallback"), "fused-recompute"
+ * (the same kernels, dQ recomputing S and dP) and "unfused" (the cuBLASLt
+ * path of cuda_attention.cu), chosen through SPOTUNE_CUDA_ATTENTION as the
+ * backend reads it on every call.
  *
  * Check: out, dq, dk, dv within 1e-2 of the CPU's largest value (bf16, the
  * tolerance of tests/test_cuda_ops.c), lse within 1e-4. The CPU reference is
@@ -214,7 +216,8 @@ static int run_version(backend_t *gpu, const shape *s, const inputs *in, const o
         free_set(gpu, &d);
         return 1;
     }
-    const char *note = strcmp(version, "fused") == 0 && !fused_takes(gpu, s, &d) ? " fallback" : "";
+    const char *note =
+        strncmp(version, "fused", 5) == 0 && !fused_takes(gpu, s, &d) ? " fallback" : "";
     forward(gpu, s, &d);
     backward(gpu, s, &d);
     double worst = 0;
@@ -296,6 +299,7 @@ int main(int argc, char **argv)
             continue;
         }
         failures += run_version(gpu, s, &in, &o, "fused");
+        failures += run_version(gpu, s, &in, &o, "fused-recompute");
         failures += run_version(gpu, s, &in, &o, "unfused");
         free_inputs(&in);
     }
