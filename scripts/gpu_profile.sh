@@ -4,10 +4,11 @@
 # (copied there as gpu_profile.sh), or from a build tree with --build. Three
 # parts, each optional:
 #
-#   attention   ncu on the fused attention's three kernels (forward, dK/dV,
-#               dQ) inside attn_bench at one shape: duration, registers,
-#               occupancy, warp stalls (ncu_<kernel>.txt whole, a summary
-#               line each)
+#   attention   ncu on the fused attention's kernels (forward, dK/dV, dQ
+#               from the stored dS, and dQ recomputing, from attn_bench's
+#               fused-recompute version) inside attn_bench at one shape:
+#               duration, registers, occupancy, warp stalls
+#               (ncu_<kernel>.txt whole, a summary line each)
 #   step        every kernel of one training step of spotune bench with its
 #               duration (ncu --metrics gpu__time_duration.sum), summed by
 #               kernel and by group (scripts/kernel_shares.py): ncu runs the
@@ -88,9 +89,10 @@ for part in "${PARTS[@]}"; do
         say ""
         say "| kernel | duration | registers | achieved occupancy | top stalls (cycles an instruction) |"
         say "| --- | ---: | ---: | ---: | --- |"
-        for k in flash_forward_kernel flash_dkdv_kernel flash_dq_kernel; do
+        for k in flash_forward_kernel flash_dkdv_kernel flash_dq_stored_kernel flash_dq_kernel; do
             f="$DEST/ncu_$k.txt"
-            # the second launch: the first is attn_bench's warm-up
+            # the second launch: the first is attn_bench's warm-up (of its
+            # fused version; flash_dq_kernel runs in fused-recompute only)
             timeout "$BOX" "$NCU" --clock-control none --section SpeedOfLight --section Occupancy \
                 --section LaunchStats --section WarpStateStats --section SchedulerStats \
                 --print-details all -k "regex:^$k" --launch-skip 1 --launch-count 1 \
