@@ -535,12 +535,13 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
             a_times_staged_t<HD, 4>(s, ka, Qs[bf]);   /* S^T = K Q^T */
             a_times_staged_t<HD, 4>(dp, va, dOs[bf]); /* dP^T = V dO^T */
             probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
-            if (dst)
+            if (dst) {
                 FA_UNROLL
                 for (int nt = 0; nt < 4; nt++) { /* keys g and g + 8 */
                     *(uint32_t *)(dst + nt * 8) = pack2(dp[nt][0], dp[nt][1]);
                     *(uint32_t *)(dst + 8 * 64 + nt * 8) = pack2(dp[nt][2], dp[nt][3]);
                 }
+            }
             c_times_staged<HD, 2>(dv, s, dOs[bf]); /* dV += P^T dO */
             c_times_staged<HD, 2>(dk, dp, Qs[bf]); /* dK += dS^T Q */
         } else if (dst) {
@@ -702,13 +703,14 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args 
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads(); /* K(j0) and dS(j0) are in */
-        if (!(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1))
+        if (!(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1)) {
             FA_UNROLL
             for (int kk = 0; kk < FA_BC / 16; kk++) {
                 uint32_t sa[4]; /* dS rows w0.. x keys j0 + 16 kk.. */
                 ldsm_x4(sa, sr + kk * 16 * (FA_BR + FA_PAD), 1);
                 frag_times_staged<HD>(dq, sa, yr + kk * 16 * (HD + FA_PAD));
             }
+        }
         __syncthreads(); /* every warp is done with both tiles */
     }
     const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
