@@ -69,6 +69,11 @@
 #                             the attention backward's dS stored in eleven
 #                             chunks, where the default recomputes dQ; row
 #                             15's speed against it says which is right
+#   racecheck attention       compute-sanitizer --tool racecheck on the fused
+#                             attention's tests (test_cuda_attention
+#                             cuda_ops/flash_*, reduced shapes): shared-memory
+#                             hazards in the hand-written cp.async and
+#                             ldmatrix code; each hazard a FAIL
 #   memcheck CUDA op tests    compute-sanitizer --tool memcheck on
 #                             test_cuda_ops, test_cuda_elementwise and
 #                             test_cuda_attention, reduced shapes; each error
@@ -104,7 +109,7 @@
 #   --only KEYS       run only these steps (comma-separated: ops layer model
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
-#                     hf7s8k b7one b7s8ks memcheck), e.g.
+#                     hf7s8k b7one b7s8ks racecheck memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -216,7 +221,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k b7one b7s8ks memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k b7one b7s8ks racecheck memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -241,6 +246,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     hf7s8k) n="HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py)" ;;
     b7one) n="bench llama-7b LoRA r16 mb1 seq 2048, LoRA one by one (SPOTUNE_LORA_BATCHED=0)" ;;
     b7s8ks) n="bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (SPOTUNE_CUDA_ATTENTION=fused-stored)" ;;
+    racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
     esac
@@ -745,9 +751,35 @@ if want b7s8ks; then
     bench b7s8ks 60 llama-7b lora 1 3 none 8192
 fi
 
+SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+# compute-sanitizer's racecheck on the fused attention's own tests (their
+# staged tiles, double buffers and barriers), the odd shapes and packed
+# documents; "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
+# per test process
+i=${IDX[racecheck]}
+if ! want racecheck; then
+    :
+elif [ -n "$NO_GPU" ]; then
+    row_set "$i" SKIPPED 0 "$NO_GPU"
+elif [ -z "$SAN" ]; then
+    row_set "$i" SKIPPED 0 "compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
+else
+    step racecheck 60 env SPOTUNE_TEST_SHAPES=reduced "$SAN" --tool racecheck --error-exitcode 3 \
+        "$TESTS/test_cuda_attention" --jobs 1 --filter 'cuda_ops/flash*'
+    nhz=$(sed -n 's/.*RACECHECK SUMMARY: \([0-9][0-9]*\) hazard.*/\1/p' "$PARTS/racecheck.out" |
+        awk '{ s += $1 } END { print s + 0 }')
+    first=$(grep -m1 -E '^========= (Error|Warning): ' "$PARTS/racecheck.out" | cut -c11-200)
+    syn=$(synthesis "$PARTS/racecheck.out")
+    case $RC in
+    125) row_set "$i" SKIPPED 0 "not started: the budget ran out" ;;
+    0) row_set "$i" PASS "$DT" "$nhz hazards; ${syn:-}" ;;
+    124) row_set "$i" TIMEOUT "$DT" "killed after ${LIMIT}s; $nhz hazards so far${first:+: $first}" ;;
+    *) row_set "$i" FAIL "$DT" "exit $RC, $nhz hazards${first:+: $first}; ${syn:-}" ;;
+    esac
+fi
+
 # compute-sanitizer's memcheck with what is left
 i=${IDX[memcheck]}
-SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if ! want memcheck; then
     :
 elif [ -n "$NO_GPU" ]; then

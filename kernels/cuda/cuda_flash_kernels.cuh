@@ -103,9 +103,9 @@ static_assert(FA_BR == 64 && FA_BC == 64, "the stored dS is in 64 x 64 tiles");
 /* The stored dS: for each (batch row, query head) pair the 64 x 64 tiles of
  * keys [64 kb, 64 kb + 64) x queries [64 qb, 64 qb + 64) with qb >= kb (the
  * causal half), tile (kb, qb) at fa_ds_tile(kb, qb), each as 64 rows of
- * keys of 64 queries (dS^T, as the dK/dV kernel holds it). Elements past
- * T: keys past T are 0 (dQ multiplies them by K's zero rows), queries past
- * T unwritten (they only reach dQ rows past T, never stored). */
+ * keys of 64 queries (dS^T, as the dK/dV kernel holds it). Every element
+ * of every tile is written: past T (keys or queries) and where no query
+ * sees the key, 0. */
 static __host__ __device__ __forceinline__ size_t fa_ds_tile(int kb, int qb)
 {
     return ((size_t)qb * (qb + 1) / 2 + (size_t)kb) * 64 * 64;
@@ -550,6 +550,14 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
             FA_UNROLL
             for (int nt = 0; nt < 4; nt++)
                 *(uint32_t *)(dst + nt * 8) = *(uint32_t *)(dst + 8 * 64 + nt * 8) = 0u;
+        }
+        if (dst && (i0 & 63) == 0 && i0 + FA_BQ >= T) {
+            /* the tile's other 32 queries are past T (no item of theirs):
+             * zeros, so that dQ stages no memory left unwritten */
+            FA_UNROLL
+            for (int nt = 0; nt < 4; nt++)
+                *(uint32_t *)(dst + FA_BQ + nt * 8) = *(uint32_t *)(dst + FA_BQ + 8 * 64 + nt * 8) =
+                    0u;
         }
         __syncthreads(); /* every warp is done with buffer bf */
     }

@@ -312,8 +312,9 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
      * budget of about a third of the units (two chunks or more wherever
      * there are two units or more): with the split (units of one pair)
      * and, for grouped-query attention, also by kv head (units of a whole
-     * group). The buffer starts as NaN, so a tile dQ reads that dK/dV did
-     * not write fails the comparison. dK and dV are the same kernel's sums:
+     * group). The buffer starts as NaN: every element of the last chunk's
+     * tiles must have been written, and a tile dQ reads that dK/dV did not
+     * write would fail the comparison. dK and dV are the same kernel's sums:
      * the same bits as above. */
     for (int sp = split; sp >= 0; sp--) {
         fa_ds_plan whole = fa_ds_chunks(B, T, nh, nkv, sp, (size_t)1 << 40);
@@ -342,6 +343,13 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
             launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rd3,
                    "flash_dkdv_reduce_kernel (storing dS)");
         }
+        /* the last chunk's tiles, every element written (none left NaN) */
+        size_t last = (size_t)(p.units - (p.chunks - 1) * p.per_chunk) * p.unit * fa_ds_pair(T);
+        size_t unwritten = 0;
+        for (size_t i = 0; i < last; i++)
+            unwritten += ds[i] == 0x7fc0u;
+        cr_expect(unwritten == 0, "%s: %zu of the last chunk's %zu stored dS elements unwritten",
+                  what, unwritten, last);
         snprintf(w2, sizeof w2, "%s dq (stored dS, %d chunks of %d pairs)", what, p.chunks,
                  p.per_chunk * p.unit);
         if (T == 1)
