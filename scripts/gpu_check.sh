@@ -752,18 +752,24 @@ if want b7s8ks; then
 fi
 
 SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+san_ready() { # san_ready KEY: 0 when compute-sanitizer step KEY is to run, else its row set
+    local i=${IDX[$1]}
+    want "$1" || return 1
+    if [ -n "$NO_GPU" ]; then
+        row_set "$i" SKIPPED 0 "$NO_GPU"
+    elif [ -z "$SAN" ]; then
+        row_set "$i" SKIPPED 0 "compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
+    else
+        return 0
+    fi
+    return 1
+}
 # compute-sanitizer's racecheck on the fused attention's own tests (their
 # staged tiles, double buffers and barriers), the odd shapes and packed
 # documents; "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
 # per test process
 i=${IDX[racecheck]}
-if ! want racecheck; then
-    :
-elif [ -n "$NO_GPU" ]; then
-    row_set "$i" SKIPPED 0 "$NO_GPU"
-elif [ -z "$SAN" ]; then
-    row_set "$i" SKIPPED 0 "compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
-else
+if san_ready racecheck; then
     step racecheck 60 env SPOTUNE_TEST_SHAPES=reduced "$SAN" --tool racecheck --error-exitcode 3 \
         "$TESTS/test_cuda_attention" --jobs 1 --filter 'cuda_ops/flash*'
     nhz=$(sed -n 's/.*RACECHECK SUMMARY: \([0-9][0-9]*\) hazard.*/\1/p' "$PARTS/racecheck.out" |
@@ -780,12 +786,8 @@ fi
 
 # compute-sanitizer's memcheck with what is left
 i=${IDX[memcheck]}
-if ! want memcheck; then
+if ! san_ready memcheck; then
     :
-elif [ -n "$NO_GPU" ]; then
-    row_set "$i" SKIPPED 0 "$NO_GPU"
-elif [ -z "$SAN" ]; then
-    row_set "$i" SKIPPED 0 "compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
 elif [ "$(left)" -lt 30 ]; then
     row_set "$i" SKIPPED 0 "not started: $(left)s of the budget left, 30 s needed"
 else

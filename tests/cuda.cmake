@@ -33,7 +33,7 @@ spotune_test(test_cuda_doctor SOURCES test_cuda_doctor.c test_util.c LIBS spotun
   LABELS cuda)
 add_dependencies(test_cuda_doctor spotune)
 
-# The fused attention kernels' own source (kernels/cuda/cuda_flash_kernels.cuh)
+# The fused attention kernels' own source (kernels/cuda/cuda_flash_*.cuh)
 # on the CPU emulation of the device (tests/cuda_emu: fibers for threads, the
 # warp operations and mma.sync emulated) against the CPU backend: runs in
 # every build, without a GPU, the sanitizer build included (every load and

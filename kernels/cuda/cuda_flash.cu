@@ -1,14 +1,14 @@
 /* kernels/cuda/cuda_flash.cu — fused causal grouped-query attention
  * (FlashAttention-2) for BF16 and head dims 64 and 128: when it applies
  * (cuda_flash_handles) and its launches. The kernels and the algorithm:
- * cuda_flash_kernels.cuh. */
+ * cuda_flash_kernels.cuh (forward) and cuda_flash_backward.cuh. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
-#include "cuda_flash_kernels.cuh"
+#include "cuda_flash_backward.cuh" /* and cuda_flash_kernels.cuh */
 
 /* ---- host ------------------------------------------------------------------------- */
 

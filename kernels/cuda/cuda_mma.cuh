@@ -1,8 +1,8 @@
 /* kernels/cuda/cuda_mma.cuh — the tensor-core primitives of the fused
- * attention kernels (cuda_flash_kernels.cuh): the m16n8k16 bf16 product and
- * its fragment layouts, ldmatrix loads of right operands from shared
- * memory, cp.async copies from global to shared memory, and the staged
- * tile products built from them. Device code only, self-contained
+ * attention kernels (cuda_flash_kernels.cuh, cuda_flash_backward.cuh): the
+ * m16n8k16 bf16 product and its fragment layouts, ldmatrix loads of right
+ * operands from shared memory, cp.async copies from global to shared
+ * memory, and the staged tile products built from them. Device code only, self-contained
  * (cuda_device.h), so the CPU emulation of the device (tests/cuda_emu) runs
  * it too: there the product, ldmatrix and the copies are the emulator's.
  *

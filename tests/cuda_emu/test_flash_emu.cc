@@ -1,10 +1,10 @@
 /* tests/cuda_emu/test_flash_emu.cc — the fused attention kernels' own
- * source (kernels/cuda/cuda_flash_kernels.cuh) run on the emulated device
- * (cuda_emu.h), against the CPU backend's attention on the same bf16
- * inputs: forward (out, lse) and backward (dq, dk, dv, through the row-dot,
- * dK/dV and dQ kernels; dQ both ways, recomputing and from the stored dS
- * in chunks) on odd shapes: T 1, 7, 37, 64, 130 (T not a
- * multiple of the tiles), head dims 64 and 128, GQA groups 1, 2, 4 and 8,
+ * source (kernels/cuda/cuda_flash_kernels.cuh, cuda_flash_backward.cuh)
+ * run on the emulated device (cuda_emu.h), against the CPU backend's
+ * attention on the same bf16 inputs: forward (out, lse) and backward (dq,
+ * dk, dv, through the row-dot, dK/dV and dQ kernels; dQ both ways,
+ * recomputing and from the stored dS in chunks) on odd shapes: T 1, 7, 37,
+ * 64, 130 (T not a multiple of the tiles), head dims 64 and 128, GQA groups 1, 2, 4 and 8,
  * two batch rows, packed documents. Launch shapes are the host code's
  * (fa_row_blocks, fa_key_blocks, fa_rowdot_blocks). Outputs start as NaN,
  * so an element no thread writes fails the comparison; in the sanitizer
@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "cuda_emu.h"
-#include "kernels/cuda/cuda_flash_kernels.cuh"
+#include "kernels/cuda/cuda_flash_backward.cuh" /* and cuda_flash_kernels.cuh */
 
 extern "C" {
 #include "base/base.h"

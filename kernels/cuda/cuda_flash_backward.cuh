@@ -1,0 +1,478 @@
+/* kernels/cuda/cuda_flash_backward.cuh — the device code of the fused
+ * attention's backward (cuda_flash.cu launches it): its kernels, the
+ * layout of the stored dS and the chunks it is made in, and the launch
+ * shapes. The forward, the arguments and what both share (masks,
+ * reductions, the exponential): cuda_flash_kernels.cuh; the tensor-core
+ * primitives: cuda_mma.cuh. Self-contained like them, so that the same
+ * source also runs under the CPU emulation of the device (tests/cuda_emu).
+ *
+ * D = rowsum(dO * O) (fp32, [B, nh, T] in the backend's scratch), then
+ * two kernels:
+ *  - dK, dV: one block per (64 keys, batch row, kv head); each warp owns 16
+ *    keys (K, V fragments and dK, dV accumulators in registers) and walks
+ *    every query head of the group and the 32-row query tiles at and after
+ *    its keys, recomputing P = exp(S - lse) from Q, K and lse:
+ *    dV += P^T dO, dP^T = V dO^T, dS = P (dP - D) scale, dK += dS^T Q.
+ *    With a dS buffer (a.ds) it also writes dS / scale, rounded to bf16 as
+ *    its products use it, in 64 x 64 tiles (fa_ds_tile): five products in
+ *    all instead of seven.
+ *  - dQ, from the stored dS (flash_dq_stored_kernel): one block per (64
+ *    query rows, batch row, head) reads its tiles of dS and K: dQ += dS K,
+ *    one product a tile.
+ *  - or dQ recomputing (flash_dq_kernel, when the buffer would not fit
+ *    or is not asked for): the same blocks recompute S and dP as the
+ *    forward does: dP = dO V^T, dS = P (dP - D) scale, dQ += dS K.
+ * The dS buffer holds the causal tiles of a chunk of (batch row, head)
+ * pairs (fa_ds_chunks: at most FA_DS_BUDGET bytes with the split shares);
+ * the host runs dK/dV then dQ chunk by chunk.
+ * Grids: blockIdx.x the (batch row, head) pair, y the block of rows or
+ * keys, so the longest blocks of every head start first (fa_row_block).
+ * No atomics: every output element has one writer, and its sums run in a
+ * fixed order, so the backward is deterministic (bit for bit from run to
+ * run on one GPU model), either way dQ is made. */
+#ifndef SPOTUNE_CUDA_FLASH_BACKWARD_CUH
+#define SPOTUNE_CUDA_FLASH_BACKWARD_CUH
+
+#include <limits.h>
+#include <stdint.h>
+
+#include "cuda_flash_kernels.cuh"
+
+static_assert(FA_BR == 64 && FA_BC == 64, "the stored dS is in 64 x 64 tiles");
+
+/* The stored dS: for each (batch row, query head) pair the 64 x 64 tiles of
+ * keys [64 kb, 64 kb + 64) x queries [64 qb, 64 qb + 64) with qb >= kb (the
+ * causal half), tile (kb, qb) at fa_ds_tile(kb, qb), each as 64 rows of
+ * keys of 64 queries (dS^T, as the dK/dV kernel holds it). Every element
+ * of every tile is written: past T (keys or queries) and where no query
+ * sees the key, 0. */
+static __host__ __device__ __forceinline__ size_t fa_ds_tile(int kb, int qb)
+{
+    return ((size_t)qb * (qb + 1) / 2 + (size_t)kb) * 64 * 64;
+}
+
+/* Elements of one pair's stored dS: the tiles at and below the diagonal. */
+static __host__ __device__ __forceinline__ size_t fa_ds_pair(int T)
+{
+    int nb = (T + 63) / 64;
+    return fa_ds_tile(0, nb);
+}
+
+/* ---- backward: D ------------------------------------------------------------------ */
+
+/* D[(b*nh + h)*T + t] = dot(dO[b,t,h,:], O[b,t,h,:]) in fp32: one warp per row. */
+__global__ void flash_rowdot_kernel(flash_args a, int hd)
+{
+    size_t nrows = (size_t)a.B * a.T * a.nh;
+    size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; /* (b*T + t)*nh + h */
+    if (r >= nrows)
+        return;
+    int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    for (int d = lane; d < hd; d += 32)
+        acc += bf16_to_f32(a.dout[r * hd + d]) * bf16_to_f32(a.o[r * hd + d]);
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        size_t h = r % a.nh, bt = r / a.nh, t = bt % a.T, b = bt / a.T;
+        a.D[(b * a.nh + h) * a.T + t] = acc;
+    }
+}
+
+/* ---- backward: dK, dV ------------------------------------------------------------- */
+
+/* P^T of the warp's 16 keys x 32 staged queries from S^T: exp2(s scale
+ * log2(e) - lse[i] log2(e)) where query i sees the key, else 0 (only a
+ * masked tile tests each element); then dS^T / scale = P (dP - D) into dp
+ * (the scale is applied to dK once, at the end). lse2_s: the staged lse
+ * times log2(e). */
+static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4], int keyA,
+                                                    int i0, const float *lse2_s, const float *D_s,
+                                                    const int *lo_s, int T, float sl2, int mask)
+{
+    int t = threadIdx.x & 3;
+    FA_UNROLL
+    for (int nt = 0; nt < 4; nt++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++) {
+            int r = nt * 8 + 2 * t + (e & 1);
+            float p = fa_exp2(fmaf(s[nt][e], sl2, -lse2_s[r]));
+            if (mask) {
+                int key = e < 2 ? keyA : keyA + 8, i = i0 + r;
+                if (!(i < T && key <= i && key >= lo_s[r]))
+                    p = 0.0f;
+            }
+            s[nt][e] = p;
+            dp[nt][e] = p * (dp[nt][e] - D_s[r]);
+        }
+}
+
+/* The dK/dV block's work items, in order: every query head of the kv
+ * group, and for each the 32-row query tiles at and after its keys. */
+typedef struct fa_item {
+    int h, i0;
+} fa_item;
+
+static __device__ __forceinline__ fa_item fa_dkdv_item(int n, int h_first, int i_first,
+                                                       int ntiles)
+{
+    fa_item it;
+    it.h = h_first + n / ntiles;
+    it.i0 = i_first + (n % ntiles) * FA_BQ;
+    return it;
+}
+
+/* Starts staging item n of the dK/dV block (batch row b, kv head kh) into
+ * one buffer (the block's query heads from h_first): Q and dO rows by
+ * cp.async (one group), lse (times log2(e)),
+ * D and each query's first key by the threads. */
+template <int HD>
+static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, int h_first, int i_first,
+                                                  int ntiles, int n, const int *seg, uint16_t *Qs,
+                                                  uint16_t *dOs, float *lse2_s, float *D_s,
+                                                  int *lo_s)
+{
+    int T = a.T;
+    fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
+    size_t ldq = (size_t)a.nh * HD, qoff = (size_t)b * T * ldq + (size_t)it.h * HD;
+    stage_rows_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
+    stage_rows_async<HD>(dOs, a.dout + qoff, ldq, it.i0, FA_BQ, T);
+    cp_async_commit();
+    const float *lse = a.lse + ((size_t)b * a.nh + it.h) * T;
+    const float *D = a.D + ((size_t)b * a.nh + it.h) * T;
+    for (int r = threadIdx.x; r < FA_BQ; r += blockDim.x) {
+        int i = it.i0 + r;
+        lse2_s[r] = i < T ? lse[i] * FA_LOG2E : 0.0f;
+        D_s[r] = i < T ? D[i] : 0.0f;
+        lo_s[r] = i < T ? fa_lo(seg, i) : INT_MAX;
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
+{
+    /* two buffers: item n + 1 is copied in while item n is computed */
+    __shared__ __align__(16) uint16_t Qs[2][FA_BQ * (HD + FA_PAD)];
+    __shared__ __align__(16) uint16_t dOs[2][FA_BQ * (HD + FA_PAD)];
+    __shared__ float lse2_s[2][FA_BQ], D_s[2][FA_BQ];
+    __shared__ int lo_s[2][FA_BQ];
+    /* a block per kv head and its whole group, or (split) per query head */
+    int T = a.T, group = a.nh / a.nkv, split = a.dk_part != NULL;
+    int bx = (int)blockIdx.x + (split ? a.pair0 : a.pair0 / group); /* chunks: fa_ds_chunks */
+    int b = bx / (split ? a.nh : a.nkv), hy = bx % (split ? a.nh : a.nkv);
+    int kh = split ? hy / group : hy, h_first = split ? hy : hy * group, nheads = split ? 1 : group;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int k0 = blockIdx.y * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g; /* the first keys first */
+    size_t ldk = (size_t)a.nkv * HD;
+    size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    float sl2 = a.scale * FA_LOG2E;
+    int i_first = k0 / FA_BQ * FA_BQ, ntiles = (T - i_first + FA_BQ - 1) / FA_BQ;
+    int nitems = nheads * ntiles;
+
+    if (nitems > 0)
+        dkdv_stage<HD>(a, b, h_first, i_first, ntiles, 0, seg, Qs[0], dOs[0], lse2_s[0], D_s[0],
+                       lo_s[0]);
+    uint32_t ka[HD / 16][4], va[HD / 16][4];
+    load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
+    load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
+    float dk[HD / 8][4], dv[HD / 8][4];
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dk[nt][e] = dv[nt][e] = 0.0f;
+    for (int n = 0; n < nitems; n++) {
+        int bf = n & 1;
+        if (n + 1 < nitems) {
+            /* buffer bf ^ 1: its readers passed the barrier at the end of item n - 1 */
+            dkdv_stage<HD>(a, b, h_first, i_first, ntiles, n + 1, seg, Qs[bf ^ 1], dOs[bf ^ 1],
+                           lse2_s[bf ^ 1], D_s[bf ^ 1], lo_s[bf ^ 1]);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* item n is in */
+        fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
+        int i0 = it.i0;
+        /* this warp's 16 keys x 32 queries of the stored dS (16 keys from
+         * row 16 warp + g of the tile, queries from column i0 % 64) */
+        uint16_t *dst = a.ds ? a.ds + (size_t)(b * a.nh + it.h - a.pair0) * fa_ds_pair(T) +
+                                   fa_ds_tile((int)blockIdx.y, i0 / 64) +
+                                   (size_t)(warp * 16 + g) * 64 + (i0 & 63) + 2 * (lane & 3)
+                             : NULL;
+        /* warp-uniform: some query of the tile sees some key of the warp */
+        int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
+        int tlo = warp_min_i(lo), thi = warp_max_i(lo == INT_MAX ? 0 : lo);
+        if (!(w0 >= T || i0 + FA_BQ - 1 < w0 || tlo > min(w0 + 15, T - 1))) {
+            /* the element mask: a key past some query, a query or key past
+             * T, or a query whose document starts after the warp's first key */
+            int mask = w0 + 15 > i0 || i0 + FA_BQ - 1 >= T || w0 + 15 >= T || thi > w0;
+            float s[4][4], dp[4][4];
+            a_times_staged_t<HD, 4>(s, ka, Qs[bf]);   /* S^T = K Q^T */
+            a_times_staged_t<HD, 4>(dp, va, dOs[bf]); /* dP^T = V dO^T */
+            probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
+            if (dst) {
+                FA_UNROLL
+                for (int nt = 0; nt < 4; nt++) { /* keys g and g + 8 */
+                    *(uint32_t *)(dst + nt * 8) = pack2(dp[nt][0], dp[nt][1]);
+                    *(uint32_t *)(dst + 8 * 64 + nt * 8) = pack2(dp[nt][2], dp[nt][3]);
+                }
+            }
+            c_times_staged<HD, 2>(dv, s, dOs[bf]); /* dV += P^T dO */
+            c_times_staged<HD, 2>(dk, dp, Qs[bf]); /* dK += dS^T Q */
+        } else if (dst) {
+            /* no query of the tile sees a key of the warp: dS is 0 (dQ
+             * reads every tile at and below the diagonal) */
+            FA_UNROLL
+            for (int nt = 0; nt < 4; nt++)
+                *(uint32_t *)(dst + nt * 8) = *(uint32_t *)(dst + 8 * 64 + nt * 8) = 0u;
+        }
+        if (dst && (i0 & 63) == 0 && i0 + FA_BQ >= T) {
+            /* the tile's other 32 queries are past T (no item of theirs):
+             * zeros, so that dQ stages no memory left unwritten */
+            FA_UNROLL
+            for (int nt = 0; nt < 4; nt++)
+                *(uint32_t *)(dst + FA_BQ + nt * 8) = *(uint32_t *)(dst + FA_BQ + 8 * 64 + nt * 8) =
+                    0u;
+        }
+        __syncthreads(); /* every warp is done with buffer bf */
+    }
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++) /* dK = scale (dS / scale)^T Q */
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dk[nt][e] *= a.scale;
+    const float one[2] = {1.0f, 1.0f};
+    if (split) { /* this query head's share, fp32 */
+        size_t ldp = (size_t)a.nh * HD, poff = (size_t)b * T * ldp + (size_t)h_first * HD;
+        store_rows_f32<HD>(a.dk_part + poff, ldp, keyA, T, dk);
+        store_rows_f32<HD>(a.dv_part + poff, ldp, keyA, T, dv);
+        return;
+    }
+    store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
+    store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
+}
+
+/* dK, dV [B, T, nkv, hd] (bf16) = the sums over each group's query heads
+ * of the split shares, head by head in order (deterministic). */
+__global__ void flash_dkdv_reduce_kernel(flash_args a, int hd)
+{
+    int group = a.nh / a.nkv;
+    size_t n = (size_t)a.B * a.T * a.nkv * hd;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t d = e % hd, r = e / hd; /* r = (b*T + t)*nkv + kh */
+        size_t kh = r % a.nkv, bt = r / a.nkv;
+        size_t p = (bt * a.nh + kh * group) * hd + d;
+        float sk = 0.0f, sv = 0.0f;
+        for (int g = 0; g < group; g++, p += hd) {
+            sk += a.dk_part[p];
+            sv += a.dv_part[p];
+        }
+        a.dk[e] = f32_to_bf16(sk);
+        a.dv[e] = f32_to_bf16(sv);
+    }
+}
+
+/* ---- backward: dQ ----------------------------------------------------------------- */
+
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
+{
+    __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
+    __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
+    __shared__ int sh_lo;
+    int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16, rowA = w0 + g;
+    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
+    int wlo = warp_min_i(min(loA, loB));
+    int whi = warp_max_i(max(rowA < T ? loA : 0, rowA + 8 < T ? loB : 0));
+    int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    float sl2 = a.scale * FA_LOG2E;
+    stage_rows_async<HD>(Ks, a.k + koff, ldk, kstart, FA_BC, T);
+    stage_rows_async<HD>(Vs, a.v + koff, ldk, kstart, FA_BC, T);
+    cp_async_commit();
+    const float *lse = a.lse + ((size_t)b * a.nh + h) * T, *D = a.D + ((size_t)b * a.nh + h) * T;
+    float lr[2], dr[2];
+    for (int r = 0; r < 2; r++) {
+        int row = rowA + 8 * r;
+        lr[r] = row < T ? lse[row] * FA_LOG2E : 0.0f;
+        dr[r] = row < T ? D[row] : 0.0f;
+    }
+    uint32_t qa[HD / 16][4], da[HD / 16][4];
+    load_a_rows<HD>(qa, a.q + qoff, ldq, w0, T);
+    load_a_rows<HD>(da, a.dout + qoff, ldq, w0, T);
+    float dq[HD / 8][4];
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++)
+        dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    /* V of the next tile is copied while dS and dQ += dS K run */
+    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
+        cp_async_wait<0>();
+        __syncthreads(); /* K(j0) and V(j0) are in */
+        int act = !(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1);
+        float s[8][4], dp[8][4];
+        if (act) {
+            scores_tile<HD, 8>(s, qa, Ks, j0, rowA, loA, loB, T,
+                               fa_needs_mask(w0, j0, FA_BC, T, whi)); /* -inf where masked */
+            a_times_staged_t<HD, 8>(dp, da, Vs);                    /* dP = dO V^T */
+        }
+        __syncthreads(); /* every warp is done with V(j0) */
+        if (j0 + FA_BC < q1) {
+            stage_rows_async<HD>(Vs, a.v + koff, ldk, j0 + FA_BC, FA_BC, T);
+            cp_async_commit();
+        }
+        if (act) {
+            FA_UNROLL
+            for (int nt = 0; nt < 8; nt++)
+                FA_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1;
+                    float p = fa_exp2(fmaf(s[nt][e], sl2, -lr[r])); /* 0 where masked */
+                    s[nt][e] = p * (dp[nt][e] - dr[r]); /* dS / scale */
+                }
+            c_times_staged<HD, 4>(dq, s, Ks); /* dQ += dS K */
+        }
+        __syncthreads(); /* every warp is done with K(j0) */
+        if (j0 + FA_BC < q1) {
+            stage_rows_async<HD>(Ks, a.k + koff, ldk, j0 + FA_BC, FA_BC, T);
+            cp_async_commit();
+        }
+    }
+    const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
+    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
+}
+
+/* ---- backward: dQ from the stored dS ---------------------------------------------- */
+
+/* One block per (64 query rows, batch row, query head) of the chunk (the
+ * pair is a.pair0 + blockIdx.x), as flash_dq_kernel, walking the same key
+ * tiles: K's tile and the tile of stored dS^T staged, each warp's 16 rows
+ * of dS read as left operands by ldmatrix.trans, dQ += dS K. One product
+ * a tile instead of three, no exponentials; the dS tiles are read once. */
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args a)
+{
+    __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
+    __shared__ __align__(16) uint16_t Ss[FA_BC * (FA_BR + FA_PAD)]; /* dS^T: keys x queries */
+    __shared__ int sh_lo;
+    int bx = (int)blockIdx.x + a.pair0;
+    int b = bx / a.nh, h = bx % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int qb = fa_row_block(), q0 = qb * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
+    int rowA = w0 + g;
+    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
+    int wlo = warp_min_i(min(loA, loB));
+    int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    const uint16_t *dsp = a.ds + (size_t)blockIdx.x * fa_ds_pair(T);
+    /* ldmatrix.trans row of this lane: matrix m = lane/8 is keys +8 (m >=
+     * 2) x queries +8 (m odd) of the warp's 16 x 16 block of a k-step */
+    const uint16_t *sr = Ss + ((lane & 7) + (lane >> 4) * 8) * (FA_BR + FA_PAD) + warp * 16 +
+                         ((lane >> 3) & 1) * 8;
+    const uint16_t *yr = staged_b_row<HD>(Ks);
+    float dq[HD / 8][4];
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++)
+        dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
+        stage_rows_async<HD>(Ks, a.k + koff, ldk, j0, FA_BC, T);
+        stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(j0 / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads(); /* K(j0) and dS(j0) are in */
+        if (!(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1)) {
+            FA_UNROLL
+            for (int kk = 0; kk < FA_BC / 16; kk++) {
+                uint32_t sa[4]; /* dS rows w0.. x keys j0 + 16 kk.. */
+                ldsm_x4(sa, sr + kk * 16 * (FA_BR + FA_PAD), 1);
+                frag_times_staged<HD>(dq, sa, yr + kk * 16 * (HD + FA_PAD));
+            }
+        }
+        __syncthreads(); /* every warp is done with both tiles */
+    }
+    const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
+    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
+}
+
+/* ---- launch shapes of the backward (the host code and the emulation tests) -------- */
+
+/* Whether the dK/dV kernel splits grouped-query attention by query head
+ * (a block per query head instead of per kv head: group times the blocks,
+ * for a GPU full of them) into fp32 shares of 2 x B x T x nh x hd floats
+ * that flash_dkdv_reduce_kernel sums: when there is a group and the shares
+ * take at most 256 MiB. */
+static inline int fa_dkdv_split(int B, int T, int nh, int nkv, int hd)
+{
+    return nh > nkv && 2.0 * 4.0 * B * T * nh * hd <= 256.0 * 1024 * 1024;
+}
+
+static inline unsigned fa_key_blocks(int T) /* dK, dV: grid.y; grid.x B * nkv (split: B * nh) */
+{
+    return (unsigned)((T + FA_BC - 1) / FA_BC);
+}
+
+#define FA_ROWDOT_THREADS 256 /* a warp per row */
+
+static inline unsigned fa_rowdot_blocks(size_t nrows)
+{
+    return (unsigned)((nrows + FA_ROWDOT_THREADS / 32 - 1) / (FA_ROWDOT_THREADS / 32));
+}
+
+#define FA_REDUCE_THREADS 256 /* flash_dkdv_reduce_kernel: a grid-stride loop */
+
+static inline unsigned fa_reduce_blocks(size_t n)
+{
+    size_t b = (n + FA_REDUCE_THREADS - 1) / FA_REDUCE_THREADS;
+    return (unsigned)(b < 65536 ? (b ? b : 1) : 65536);
+}
+
+/* Offsets in the backward's scratch buffer (floats, each 256-byte aligned):
+ * D [B, nh, T], then with the split the dK and dV shares, then the stored
+ * dS of one chunk. */
+static inline size_t fa_align64(size_t n)
+{
+    return (n + 63) / 64 * 64;
+}
+
+/* The most bytes the split shares and the stored dS of one chunk take
+ * together: within the CUDA backend's planned workspace
+ * (trainer/plan.h, PLAN_CUDA_WORKSPACE, which counts 256 MiB for the
+ * attention's score blocks: the fused and unfused paths never run at once). */
+#define FA_DS_BUDGET ((size_t)256 << 20)
+
+/* How the stored-dS backward walks the (batch row, query head) pairs: in
+ * chunks of `per_chunk` units of `unit` pairs (a dK/dV block's: the kv
+ * group, or one pair with the split), `chunks` of them (the last may be
+ * smaller), each chunk's dS `bytes`. chunks 0: one unit's dS does not fit
+ * in budget bytes. */
+typedef struct fa_ds_plan {
+    int unit, units, per_chunk, chunks;
+    size_t bytes;
+} fa_ds_plan;
+
+static inline fa_ds_plan fa_ds_chunks(int B, int T, int nh, int nkv, int split, size_t budget)
+{
+    fa_ds_plan p;
+    p.unit = split ? 1 : nh / nkv;
+    p.units = B * nh / p.unit;
+    size_t per = (size_t)p.unit * fa_ds_pair(T) * sizeof(uint16_t);
+    size_t fit = budget / per;
+    if (fit == 0 || p.units <= 0) {
+        p.per_chunk = p.chunks = 0;
+        p.bytes = 0;
+        return p;
+    }
+    p.chunks = (int)(((size_t)p.units + fit - 1) / fit);
+    p.per_chunk = (p.units + p.chunks - 1) / p.chunks; /* balanced */
+    p.bytes = (size_t)p.per_chunk * per;
+    return p;
+}
+
+#endif
