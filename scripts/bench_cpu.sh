@@ -19,6 +19,11 @@
 # tokens/s for LoRA, docs/perf.md); the settings do what the jemalloc or
 # tcmalloc preload of PyTorch's CPU tuning guides does. --peer-malloc system
 # runs it with glibc's defaults. spotune allocates its arenas once.
+# The first line after the header names the kernels of spotune's products
+# (OpenBLAS's, chosen when it loads, and spotune's own for LoRA's narrow
+# ones) and says when an OPENBLAS_CORETYPE set in the environment holds them
+# below the CPU: spotune keeps a value the user set, and a figure made so is
+# up to 2x lower than the CPU gives (docs/perf.md, the Zen 5 rows).
 # usage: scripts/bench_cpu.sh [--threads N] [--steps N] [--warmup N] [--runs N] [--python PY]
 #                             [--peer-malloc keep|system]
 set -euo pipefail
@@ -52,15 +57,22 @@ model=runs/bench/small
 
 field() { sed -E "s/.*\"$1\": ?([0-9.eE+-]+).*/\1/"; }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-peer_ok=1
+peer_ok=1 blas_said=""
 "$py" -c "import torch, transformers, peft" 2>/dev/null || peer_ok=0
 echo "CPU training step, small preset (110M), micro_batch 4 x seq_len 256, $threads thread(s), $steps timed step(s), $runs run(s) a mode; the peer's malloc: $peer_malloc"
 printf "%-6s %6s %16s %16s %8s\n" mode run "spotune tok/s" "HF+PEFT tok/s" ratio
 for mode in lora full; do
   ours_all="" theirs_all=""
   for run in $(seq 1 "$runs"); do
-    ours=$(build-cpu/spotune bench --preset small --mode "$mode" --micro-batch 4 --seq-len 256 \
-      --steps "$steps" --warmup "$warmup" --threads "$threads" --backend cpu --json | field tokens_per_s)
+    json=$(build-cpu/spotune bench --preset small --mode "$mode" --micro-batch 4 --seq-len 256 \
+      --steps "$steps" --warmup "$warmup" --threads "$threads" --backend cpu --json)
+    ours=$(echo "$json" | field tokens_per_s)
+    if [ -z "$blas_said" ]; then # the kernels of spotune's products move its figure by up to 2x
+      blas_said=1
+      echo "spotune's products: $(echo "$json" | sed -nE 's/.*"blas":"([^"]*)".*/\1/p')"
+      better=$(echo "$json" | sed -nE 's/.*"blas_better":"([^"]*)".*/\1/p')
+      [ -z "$better" ] || echo "  (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-} holds OpenBLAS below this CPU: with OPENBLAS_CORETYPE=$better, or unset, spotune's figures are higher; the peer does not read it)"
+    fi
     ours_all="$ours_all $ours"
     if [ "$peer_ok" = 1 ]; then
       theirs=$(env "${peer_env[@]}" "$py" scripts/bench_hf_peft.py --model "$model" --mode "$mode" --micro-batch 4 \

@@ -129,7 +129,49 @@ Test(bench, cpu_run_records_step1_loss_gradient_norm_and_both_mfus, .timeout = 3
     /* LoRA: 4N for frozen weights, so the honest count is below 6N */
     cr_expect_lt(num(j, "flops_per_token"), num(j, "flops_per_token_6n"));
     cr_expect_null(json_object_get(j, "cpu_step1_loss"), "no CPU check on the cpu backend");
+    /* the products' kernels, which move a CPU figure by up to 2x */
+    const char *blas = json_string_value(json_object_get(j, "blas"));
+    cr_expect(blas && strncmp(blas, "OpenBLAS ", 9) == 0, "blas: %s", blas ? blas : "(none)");
+    cr_expect(json_object_get(j, "blas_better"), "no blas_better");
     json_decref(j);
+    free(out);
+}
+
+/* OPENBLAS_CORETYPE set to the generic kernels on a CPU with AVX2 and FMA:
+ * spotune keeps the user's value, and its bench says what it costs (the
+ * figures of a CPU step are not comparable across kernel sets) */
+Test(bench, cpu_run_names_kernels_held_below_the_cpu, .timeout = 300)
+{
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("avx512cd");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const char *want = avx512 ? "SkylakeX" : avx2 ? "Haswell" : NULL;
+    cr_assert_eq(setenv("OPENBLAS_CORETYPE", "Prescott", 1), 0); /* this test's process only */
+    char *out = NULL;
+    int rc = tu_spotune(&out, "bench --backend cpu --threads 2 --preset tiny --mode lora "
+                              "--seq-len 32 --steps 1 --warmup 0 --json 2>&1");
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = last_json(out);
+    const char *blas = json_string_value(json_object_get(j, "blas"));
+    cr_expect(blas && strstr(blas, "OpenBLAS Prescott kernels"), "blas: %s", blas ? blas : "-");
+    json_t *b = json_object_get(j, "blas_better");
+    if (want)
+        cr_expect_str_eq(json_string_value(b) ? json_string_value(b) : "(null)", want);
+    else
+        cr_expect(json_is_null(b), "a CPU without AVX2: nothing better");
+    json_decref(j);
+    free(out);
+
+    rc = tu_spotune(&out, "bench --backend cpu --threads 2 --preset tiny --mode lora "
+                          "--seq-len 32 --steps 1 --warmup 0 2>&1");
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_expect(tu_contains(out, "  OpenBLAS Prescott kernels;"), "%s", out);
+    if (want)
+        cr_expect(tu_contains(out, "OPENBLAS_CORETYPE=Prescott keeps OpenBLAS on kernels narrower "
+                                   "than this CPU's vector units: OPENBLAS_CORETYPE="),
+                  "%s", out);
     free(out);
 }
 

@@ -309,6 +309,12 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     snprintf(be_name, sizeof be_name, "%s", be->name);
     snprintf(dev_name, sizeof dev_name, "%s", be->device_name);
     int cpu_check = !rc && wants_cpu_check(bo, be, comm);
+    char blas[256] = "";
+    const char *better = NULL;
+    if (!on_gpu) {
+        backend_cpu_blas_describe(blas, sizeof blas);
+        better = backend_cpu_blas_better(); /* only where OPENBLAS_CORETYPE holds it back */
+    }
     model_destroy(m);
     backend_destroy(be);
 
@@ -362,6 +368,10 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                 json_object_set_new(j, "graph_update_ops", json_integer((json_int_t)upd_ops));
                 json_object_set_new(j, "graph_off", json_string(graph_off));
             }
+            if (!on_gpu) { /* the products' kernels, which move a CPU step by 2x */
+                json_object_set_new(j, "blas", json_string(blas));
+                json_object_set_new(j, "blas_better", better ? json_string(better) : json_null());
+            }
             if (cpu_check) {
                 json_object_set_new(j, "cpu_step1_loss", json_real(cpu_loss));
                 json_object_set_new(j, "cpu_step1_grad_norm", json_real(cpu_gnorm));
@@ -394,6 +404,13 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                        replays, graph_ops, upd_replays, upd_ops);
             if (cpu_check)
                 printf("  %s\n", cpu_why);
+            if (!on_gpu)
+                printf("  %s\n", blas);
+            if (better)
+                printf("  OPENBLAS_CORETYPE=%s keeps OpenBLAS on kernels narrower than this "
+                       "CPU's vector units: OPENBLAS_CORETYPE=%s is faster\n",
+                       getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)",
+                       better);
         }
         fflush(stdout);
     }
