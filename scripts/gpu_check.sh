@@ -33,7 +33,9 @@
 #                             figure: the fused/unfused speedup at the 7B
 #                             T 2048 shape (and the others), the fused
 #                             backward with its stored dS against
-#                             fused-recompute there, the worst error
+#                             fused-recompute there, the forward by
+#                             wgmma (fused-wgmma) against mma.sync there,
+#                             the worst error
 #   elementwise workbench     elem_bench --iters 3: vector against scalar
 #                             elementwise kernels; the figure: the
 #                             geometric-mean vector/scalar speedup and
@@ -481,9 +483,10 @@ smi() { # smi KEY
 # column ok, FAIL or "not checked".
 wb_trim='function trim(x) { gsub(/^ +| +$/, "", x); return x }'
 
-# attn_bench's figure: fused/unfused forward+backward at the 7B T 2048 shape
-# and the fused backward's speedup from its stored dS (fused against
-# fused-recompute), then the other shapes, the worst error, the rows' checks.
+# attn_bench's figure: fused/unfused forward+backward at the 7B T 2048 shape,
+# the fused backward's speedup from its stored dS (fused against
+# fused-recompute) and the forward's from warpgroup products (fused-wgmma
+# against fused), then the other shapes, the worst error, the rows' checks.
 # shellcheck disable=SC2317 # called through workbench
 attn_figure() { # attn_figure FILE
     awk -F'|' "$wb_trim"'
@@ -515,6 +518,10 @@ attn_figure() { # attn_figure FILE
             r = "fused-recompute"
             if ((k, "fused") in b && (k, r) in b && b[k, "fused"] > 0)
                 printf "; bwd with stored dS %.3f ms, recomputing dQ %.3f ms (%.2fx)", b[k, "fused"], b[k, r], b[k, r] / b[k, "fused"]
+            w = "fused-wgmma"
+            if ((k, w) in f && note[k, w] ~ /mma\.sync/) printf "; fwd wgmma: not run (not sm_90)"
+            else if ((k, "fused") in f && (k, w) in f && f[k, w] > 0)
+                printf "; fwd wgmma %.3f ms, mma.sync %.3f ms (%.2fx)", f[k, w], f[k, "fused"], f[k, "fused"] / f[k, w]
             sep = "; other shapes: "
         } else sep = "fused/unfused fwd+bwd: "
         for (i = 1; i <= ns; i++) if (order[i] != k) { printf "%s%s %s", sep, order[i], speedup(order[i]); sep = ", " }

@@ -501,6 +501,71 @@ Test(cuda_ops, flash_attention_dq_stored_in_chunks_or_recomputed)
     free(q), free(k), free(v), free(dout), free(seg), free(pos);
 }
 
+/* The forward by warpgroup products (SPOTUNE_CUDA_ATTENTION=fused-wgmma,
+ * kernels/cuda/cuda_flash_wgmma.cu). Where it runs (a GPU of compute
+ * capability 9.0 with the sm_90a build, and the emulated device): against
+ * the CPU like every fused path (check_attention_seg, odd shapes, packed
+ * documents, both head dims), and against the mma.sync forward on the same
+ * inputs: the same bits on the emulated device (the same products in the
+ * same order there), within the bf16 tolerance on a GPU (its tensor cores'
+ * order within a product is its own). Where it cannot run, the backend
+ * says so (cuda_flash_wgmma_selected) and the mma.sync forward runs: the
+ * same bits as without the variable. The backward is the same kernels
+ * either way; its outputs differ only through out. */
+static int wgmma_selected(void)
+{
+    char why[256];
+    void *sym = backend_cuda_symbol("cuda_flash_wgmma_selected", why, sizeof why);
+    int (*fn)(backend_t *);
+    cr_assert(sym || cuda_test_standin(), "cuda_flash_wgmma_selected: %s", why);
+    if (!sym)
+        return 0;
+    memcpy(&fn, &sym, sizeof fn);
+    return fn(gpu);
+}
+
+static void check_wgmma_forward(int B, int T, int nh, int nkv, int hd, int max_doc)
+{
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
+    int32_t *seg = malloc(sizeof(int32_t) * (size_t)B * T), *pos = malloc(sizeof(int32_t) * (size_t)B * T);
+    cr_assert(seg && pos);
+    if (max_doc)
+        packed_rows(B, T, max_doc, seg, pos);
+    gpu_attn m = gpu_attention(q, k, v, dout, max_doc ? seg : NULL, B, T, nh, nkv, hd);
+    cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "fused-wgmma", 1), 0);
+    int sel = wgmma_selected();
+    gpu_attn w = gpu_attention(q, k, v, dout, max_doc ? seg : NULL, B, T, nh, nkv, hd);
+    check_attention_seg(B, T, nh, nkv, hd, 1, max_doc ? seg : NULL);
+    unsetenv("SPOTUNE_CUDA_ATTENTION");
+    int emulated = strstr(gpu->device_name, "emulated") != NULL;
+    if (!cuda_test_standin())
+        cr_expect(sel || !emulated, "the emulated device does not run the wgmma forward");
+    size_t ns[2] = {nq, nl};
+    for (int i = 0; i < 2; i++) {
+        int same = memcmp(m.o[i], w.o[i], sizeof(float) * ns[i]) == 0;
+        double e = rel_err(w.o[i], m.o[i], ns[i]), tol = i == 1 ? TOL_F32 : TOL_BF16;
+        if (!sel || emulated)
+            cr_expect(same, "B%d T%d nh%d nkv%d hd%d: %s differs from the mma.sync forward's "
+                            "(rel err %.3g)%s", B, T, nh, nkv, hd, i ? "lse" : "out", e,
+                      sel ? "" : ", where the wgmma forward does not run");
+        else
+            cr_expect(e <= tol, "B%d T%d nh%d nkv%d hd%d: wgmma vs mma.sync %s: rel err %.3g > "
+                                "%.3g", B, T, nh, nkv, hd, i ? "lse" : "out", e, tol);
+    }
+    for (int i = 0; i < 5; i++)
+        free(m.o[i]), free(w.o[i]);
+    free(q), free(k), free(v), free(dout), free(seg), free(pos);
+}
+
+Test(cuda_ops, flash_attention_wgmma_forward)
+{
+    check_wgmma_forward(2, 37, 4, 1, 64, 0);
+    check_wgmma_forward(1, 130, 8, 1, 128, 0);
+    check_wgmma_forward(2, 300, 8, 2, 128, 120);
+    check_wgmma_forward(1, 1031, 2, 2, 64, 400);
+}
+
 /* The 7B shape with dQ recomputed (fused-recompute; the default stores dS
  * at this shape), as a GPU runs it for long sequences. */
 Test(cuda_ops, attention_llama2_7b_shape_dq_recomputed)

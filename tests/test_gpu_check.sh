@@ -185,6 +185,7 @@ echo "|---|---|---|---|---|---|---|---|"
 echo "| 1,2048,32,32,128 | fused    |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.10e-03 | ok |"
 [ "${FAKE_WB:-}" = other ] && exec sleep 1000
 echo "| 1,2048,32,32,128 | fused-recompute |     0.500 |     1.800 |   275.0 |   190.9 | dq  3.10e-03 | ok |"
+echo "| 1,2048,32,32,128 | fused-wgmma |     0.250 |     1.500 |   550.0 |   229.1 | dq  3.10e-03 | ok |"
 echo "| 1,2048,32,32,128 | unfused  |     1.000 |     3.000 |   137.4 |   114.5 | out 2.00e-03 | ok |"
 echo "| 1,2048,32,8,128 | fused    |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.20e-03 | ok |"
 if [ "${FAKE_WB:-}" = fail ]; then
@@ -297,9 +298,9 @@ expect_row 19 FAIL "exit 2: error: import torch: OSError: libcudnn.so.9"
 expect_row 20 FAIL "HF PEFT llama-13b LoRA r16 mb1 seq 2048 (bench_hf_peft.py) | FAIL"
 expect_row 21 FAIL "HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py) | FAIL"
 expect_row 10 PASS "attention workbench (attn_bench"
-expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms); bwd with stored dS 1.500 ms, recomputing dQ 1.800 ms (1.20x)"
+expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms); bwd with stored dS 1.500 ms, recomputing dQ 1.800 ms (1.20x); fwd wgmma 0.250 ms, mma.sync 0.500 ms (2.00x)"
 expect_row 10 PASS "other shapes: 1,2048,32,8,128 2.50x, 1,4096,32,8,64 3.00x, 2,1031,8,2,64 1.00x"
-expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 9 rows: 9 ok, 0 FAIL, 1 fallback"
+expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 10 rows: 10 ok, 0 FAIL, 1 fallback"
 expect_row 11 PASS "elementwise workbench (elem_bench"
 expect_row 11 PASS "vector/scalar geometric-mean speedup 4.00x over 2 op-shapes (from 2.00x, add 2048 x 4096, to 8.00x, rmsnorm_fwd 2048 x 4096)"
 expect_row 11 PASS "1 vector rows fell back (not counted); bit-identical to scalar (3 vector rows); worst rel err 3.00e-03; 6 rows: 6 ok, 0 FAIL"
@@ -336,7 +337,7 @@ has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: 
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
     has "$after" "elementwise workbench: \`elem_bench --iters 3\` (PASS; full output: out/elem_bench.out" &&
     has "$after" "| 1031 x 4103 | add         | vector fallback |" &&
-    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 11 + 8)) ]
+    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 12 + 8)) ]
 check "stand-ins: both workbench tables follow the main table" $? "$after"
 has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
 check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"
@@ -380,7 +381,7 @@ table=$(cat "$tmp/mixed2/gpu_check_table.md" 2>/dev/null)
 expect_row 16 FAIL "graphs turned off: capture failed: cudaStreamEndCapture: operation not permitted"
 expect_row 24 FAIL "exit 3, 1 hazards: Error: Race reported between Write access at flash_dq_stored_kernel<128>+0x2a0; Tested: 7"
 expect_row 10 FAIL "exit 1: 1 FAIL row: 1,2048,32,8,128 unfused worst rel err dq 2.50e-02; fused/unfused"
-expect_row 10 FAIL "9 rows: 8 ok, 1 FAIL"
+expect_row 10 FAIL "10 rows: 9 ok, 1 FAIL"
 expect_row 11 FAIL "exit 1: 1 FAIL row: 2048 x 4096 add vector worst rel err 1.95e-03 = scalar NO; elem_bench: 1 row failed"
 expect_row 11 FAIL "NOT bit-identical: 1 of 3 vector rows differ (add 2048 x 4096)"
 has "$table" "attention workbench: \`attn_bench --iters 3\` (FAIL;" && has "$table" "| dq  2.50e-02 | FAIL |"

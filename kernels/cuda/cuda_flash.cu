@@ -38,6 +38,22 @@ static dq_mode dq_requested(void)
     return DQ_AUTO;
 }
 
+/* Whether the forward runs the wgmma kernel (cuda_flash_wgmma.cu): asked
+ * for (SPOTUNE_CUDA_ATTENTION=fused-wgmma), in the build (the emulation
+ * has it too) and able to run on this GPU; otherwise the mma.sync one. */
+extern "C" int cuda_flash_wgmma_selected(backend_t *be)
+{
+    const char *e = getenv("SPOTUNE_CUDA_ATTENTION");
+    if (!e || strcmp(e, "fused-wgmma") != 0)
+        return 0;
+#if defined(SPOTUNE_CUDA_SM90A) || defined(SPOTUNE_CUDA_EMU)
+    return cuda_flash_wgmma_usable(be);
+#else
+    (void)be;
+    return 0;
+#endif
+}
+
 /* The bytes the split shares and one chunk's dS may take: FA_DS_BUDGET, or
  * SPOTUNE_CUDA_FLASH_DS_BUDGET (bytes; for the tests, which make several
  * chunks at small shapes). */
@@ -141,6 +157,12 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
     a.v = (const uint16_t *)v.p;
     a.out = (uint16_t *)out.p;
     a.lse = (float *)lse.p;
+#if defined(SPOTUNE_CUDA_SM90A) || defined(SPOTUNE_CUDA_EMU)
+    if (cuda_flash_wgmma_selected(be)) {
+        cuda_flash_forward_wgmma(be, &a, hd);
+        return;
+    }
+#endif
     dim3 grid((unsigned)(B * nh), fa_row_blocks(T));
     cudaStream_t st = CUDA_IMPL(be)->stream;
     if (hd == 64)

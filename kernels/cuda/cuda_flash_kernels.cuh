@@ -158,20 +158,14 @@ static __device__ __forceinline__ float fa_exp2(float x)
 
 /* ---- forward ---------------------------------------------------------------------- */
 
-/* Raw scores of the warp's 16 rows against the 64 staged keys: s = Q K^T
- * (unscaled: the scale is folded into the exponent, below), -inf where
- * masked. Only a tile that crosses the diagonal, a document start or T
- * (mask) is masked element by element. rowA: this lane's first row; loA,
- * loB: its rows' first keys. */
-template <int HD, int NT>
-static __device__ __forceinline__ void scores_tile(float s[NT][4], const uint32_t qa[HD / 16][4],
-                                                   const uint16_t *Ks, int j0, int rowA, int loA,
-                                                   int loB, int T, int mask)
+/* -inf where the warp's 16 rows (rowA: this lane's first; loA, loB: its
+ * rows' first keys) do not see keys j0.. of a tile of raw scores: past the
+ * row (the diagonal), before its document, or a row past T. */
+template <int NT>
+static __device__ __forceinline__ void mask_tile(float s[NT][4], int j0, int rowA, int loA, int loB,
+                                                 int T)
 {
     int t = threadIdx.x & 3;
-    a_times_staged_t<HD, NT>(s, qa, Ks);
-    if (!mask)
-        return;
     FA_UNROLL
     for (int nt = 0; nt < NT; nt++)
         FA_UNROLL
@@ -181,6 +175,20 @@ static __device__ __forceinline__ void scores_tile(float s[NT][4], const uint32_
             if (!(row < T && j <= row && j >= lo))
                 s[nt][e] = -INFINITY;
         }
+}
+
+/* Raw scores of the warp's 16 rows against the 64 staged keys: s = Q K^T
+ * (unscaled: the scale is folded into the exponent, below), -inf where
+ * masked. Only a tile that crosses the diagonal, a document start or T
+ * (mask) is masked element by element. */
+template <int HD, int NT>
+static __device__ __forceinline__ void scores_tile(float s[NT][4], const uint32_t qa[HD / 16][4],
+                                                   const uint16_t *Ks, int j0, int rowA, int loA,
+                                                   int loB, int T, int mask)
+{
+    a_times_staged_t<HD, NT>(s, qa, Ks);
+    if (mask)
+        mask_tile<NT>(s, j0, rowA, loA, loB, T);
 }
 
 /* Online softmax over one tile of raw scores for this lane's two rows: s

@@ -79,6 +79,7 @@ typedef struct warp_slots {
     uint64_t word[32];
     uint32_t a[32][4], b[32][2];
     float c[32][4];
+    float d[32][64]; /* wgmma: each lane's accumulators (N/2 of them) */
     int arrived, live, gen;
     int mma_gen; /* the generation whose MMA result is in c (computed once a warp) */
 } warp_slots;
@@ -87,6 +88,8 @@ emu_dim3 emu_block_idx, emu_block_dim, emu_grid_dim;
 emu_thread_id *emu_cur;
 
 static fiber fibers[EMU_MAX_THREADS];
+static void *dyn_shared; /* the launch's dynamic shared memory */
+static size_t dyn_size;
 static warp_slots warps[EMU_MAX_THREADS / 32];
 static int nthreads, block_live, block_arrived;
 static emu_jb sched; /* the scheduler, waiting for the fiber it switched to */
@@ -346,6 +349,83 @@ void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans)
     warp_meet(); /* every lane has read: the slots may be reused */
 }
 
+/* The shared window of the emulation: the launch's dynamic shared memory,
+ * at address 0 (a descriptor holds an 18-bit address, not a pointer). */
+uint32_t emu_smem_addr(const void *p)
+{
+    uintptr_t u = (uintptr_t)p, b = (uintptr_t)dyn_shared;
+    if (!dyn_shared || u < b || u - b >= dyn_size || u - b >= (1u << 18)) {
+        fprintf(stderr,
+                "cuda_emu: %p is not in the launch's dynamic shared memory (%zu bytes), the "
+                "only shared memory the emulation gives an address\n",
+                p, dyn_size);
+        abort();
+    }
+    return (uint32_t)(u - b);
+}
+
+/* B(n, k) of a wgmma from its descriptor (no swizzling): K-major (trans 0)
+ * or MN-major (trans 1), the ISA's canonical layouts (cuda_wgmma.cuh). */
+static float wg_b_at(uint64_t desc, int trans, int n, int k)
+{
+    size_t start = (size_t)(desc & 0x3FFFu) << 4, lbo = (size_t)((desc >> 16) & 0x3FFFu) << 4;
+    size_t sbo = (size_t)((desc >> 32) & 0x3FFFu) << 4;
+    size_t off = trans ? start + (size_t)(n % 8) * 2 + (size_t)(n / 8) * sbo +
+                             (size_t)(k % 8) * 16 + (size_t)(k / 8) * lbo
+                       : start + (size_t)(n % 8) * 16 + (size_t)(n / 8) * sbo +
+                             (size_t)(k % 8) * 2 + (size_t)(k / 8) * lbo;
+    if (off + 2 > dyn_size) {
+        fprintf(stderr, "cuda_emu: wgmma reads B(%d, %d) at shared byte %zu, past the %zu bytes "
+                        "of dynamic shared memory\n", n, k, off, dyn_size);
+        abort();
+    }
+    uint16_t v;
+    memcpy(&v, (const char *)dyn_shared + off, sizeof v);
+    return __uint_as_float((uint32_t)v << 16);
+}
+
+void emu_wgmma_bf16(float *d, int n, const uint32_t a[4], uint64_t desc, int trans_b, int scale_d)
+{
+    fiber *f = cur_fiber();
+    warp_whole("wgmma");
+    if ((emu_block_dim.x & 127u) != 0 || n < 8 || n > 128 || n % 8) {
+        fprintf(stderr, "cuda_emu: wgmma m64n%dk16 in a block of %u threads (warpgroups of 128)\n",
+                n, emu_block_dim.x);
+        abort();
+    }
+    if (desc >> 49) {
+        fprintf(stderr, "cuda_emu: a wgmma descriptor with swizzling or a base offset (%#llx): "
+                        "not emulated\n", (unsigned long long)desc);
+        abort();
+    }
+    warp_slots *w = warp_of(f);
+    int lane = lane_of(f);
+    memcpy(w->a[lane], a, sizeof w->a[lane]);
+    memcpy(w->d[lane], d, sizeof(float) * (size_t)(n / 2));
+    warp_meet(); /* every lane's fragment and accumulators are in */
+    if (w->mma_gen != w->gen) { /* this warp's 16 rows of D, computed once */
+        float A[16][16];
+        for (int r = 0; r < 16; r++)
+            for (int k = 0; k < 16; k++)
+                A[r][k] = a_at(w, r, k);
+        for (int col = 0; col < n; col++) {
+            float B[16];
+            for (int k = 0; k < 16; k++)
+                B[k] = wg_b_at(desc, trans_b, col, k);
+            for (int row = 0; row < 16; row++) {
+                int ln = (row & 7) * 4 + (col & 7) / 2, e = (col / 8) * 4 + (row >= 8) * 2 + (col & 1);
+                float acc = scale_d ? w->d[ln][e] : 0.0f;
+                for (int k = 0; k < 16; k++)
+                    acc += A[row][k] * B[k];
+                w->d[ln][e] = acc;
+            }
+        }
+        w->mma_gen = w->gen;
+    }
+    memcpy(d, w->d[lane], sizeof(float) * (size_t)(n / 2));
+    warp_meet(); /* every lane has its result: the slots may be reused */
+}
+
 void emu_trap(void)
 {
     fiber *f = cur_fiber();
@@ -397,7 +477,6 @@ static int run_block(void)
     }
 }
 
-static void *dyn_shared; /* the launch's dynamic shared memory */
 
 void *emu_dynamic_shared(void)
 {
@@ -419,9 +498,12 @@ int emu_launch_smem(emu_dim3 grid, emu_dim3 block, size_t smem, void (*fn)(void 
         return -1;
     }
     void *saved = dyn_shared;
+    size_t saved_size = dyn_size;
     dyn_shared = NULL;
+    dyn_size = (smem + 15) & ~(size_t)15;
     if (smem && !(dyn_shared = aligned_alloc(16, (smem + 15) & ~(size_t)15))) {
         dyn_shared = saved;
+        dyn_size = saved_size;
         fprintf(stderr, "cuda_emu: no memory for %zu bytes of dynamic shared memory\n", smem);
         return -1;
     }
@@ -431,6 +513,7 @@ int emu_launch_smem(emu_dim3 grid, emu_dim3 block, size_t smem, void (*fn)(void 
         fprintf(stderr, "cuda_emu: unsupported block (%u,%u,%u)\n", block.x, block.y, block.z);
         free(dyn_shared);
         dyn_shared = saved;
+        dyn_size = saved_size;
         return -1;
     }
     nthreads = (int)block.x;
@@ -455,6 +538,7 @@ int emu_launch_smem(emu_dim3 grid, emu_dim3 block, size_t smem, void (*fn)(void 
         rc = run_grid(emu_grid_dim);
     free(dyn_shared);
     dyn_shared = saved;
+    dyn_size = saved_size;
     return rc;
 }
 

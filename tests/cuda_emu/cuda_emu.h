@@ -64,6 +64,17 @@ void emu_mma_m16n8k16_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_
  * r[i] gets matrix i's row lane/4, columns 2(lane%4) and +1 (trans: rows
  * 2(lane%4) and +1 of column lane/4). */
 void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
+/* wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 with A from
+ * registers (cuda_wgmma.cuh): d (N/2 floats: N/8 C fragments of this
+ * warp's rows) = (scale_d ? d : 0) + A B, A this warp's m16n8k16 A
+ * fragment, B 16 x N read from dynamic shared memory through the
+ * descriptor (no swizzling; trans_b: MN-major). Emulated a warp at a time
+ * (each warp's rows need only its own fragment and B) and complete when
+ * it returns; the block must be whole warpgroups. */
+void emu_wgmma_bf16(float *d, int n, const uint32_t a[4], uint64_t desc, int trans_b, int scale_d);
+/* The shared-memory address of p for descriptors: its offset in the
+ * launch's dynamic shared memory (anything else aborts). */
+uint32_t emu_smem_addr(const void *p);
 /* A device-side __trap: the launch reports it and aborts the process. */
 void emu_trap(void);
 

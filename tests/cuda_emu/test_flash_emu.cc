@@ -3,7 +3,9 @@
  * run on the emulated device (cuda_emu.h), against the CPU backend's
  * attention on the same bf16 inputs: forward (out, lse) and backward (dq,
  * dk, dv, through the row-dot, dK/dV and dQ kernels; dQ both ways,
- * recomputing and from the stored dS in chunks) on odd shapes: T 1, 7, 37,
+ * recomputing and from the stored dS in chunks; the forward also by
+ * warpgroup products, cuda_flash_wgmma.cuh, bit for bit the mma.sync
+ * one's here) on odd shapes: T 1, 7, 37,
  * 64, 130 (T not a multiple of the tiles), head dims 64 and 128, GQA groups 1, 2, 4 and 8,
  * two batch rows, packed documents. Launch shapes are the host code's
  * (fa_row_blocks, fa_key_blocks, fa_rowdot_blocks). Outputs start as NaN,
@@ -27,6 +29,7 @@
 
 #include "cuda_emu.h"
 #include "kernels/cuda/cuda_flash_backward.cuh" /* and cuda_flash_kernels.cuh */
+#include "kernels/cuda/cuda_flash_wgmma.cuh"
 
 extern "C" {
 #include "base/base.h"
@@ -57,6 +60,11 @@ TestSuite(cuda_emu, .init = setup, .fini = teardown, .timeout = 600);
 template <int HD> static void fwd_fn(void *p)
 {
     flash_forward_kernel<HD>(*(flash_args *)p);
+}
+
+template <int HD> static void fwd_wgmma_fn(void *p)
+{
+    flash_forward_wgmma_kernel<HD>(*(flash_args *)p);
 }
 
 template <int HD> static void dkdv_fn(void *p)
@@ -250,6 +258,27 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     expect_close(w2, out, NULL, wo, nq, TOL_BF16);
     snprintf(w2, sizeof w2, "%s lse", what);
     expect_close(w2, NULL, lse, wl, nl, TOL_F32);
+
+    /* the wgmma forward: the same products in the same order (k-steps of
+     * 16, fp32 accumulation in k order, here), so the same bits */
+    {
+        flash_args aw = a;
+        uint16_t *out_w = nan_bf16(nq);
+        float *lse_w = nan_f32(nl);
+        aw.out = out_w, aw.lse = lse_w;
+        cr_assert_eq(emu_launch_smem(dim((unsigned)(B * nh), fa_row_blocks(T)), dim(FA_THREADS, 1),
+                                     fa_wgmma_smem(hd), hd == 64 ? fwd_wgmma_fn<64> : fwd_wgmma_fn<128>,
+                                     &aw),
+                     0, "%s: flash_forward_wgmma_kernel did not run to its end", what);
+        size_t bad = 0;
+        for (size_t i = 0; i < nq; i++)
+            bad += out_w[i] != out[i];
+        for (size_t i = 0; i < nl; i++)
+            bad += memcmp(&lse_w[i], &lse[i], sizeof(float)) != 0;
+        cr_expect_eq(bad, 0, "%s: the wgmma forward differs from the mma.sync one in %zu of %zu "
+                             "elements of out and lse", what, bad, nq + nl);
+        free(out_w), free(lse_w);
+    }
 
     /* backward, from the emulated forward's output on both sides */
     float *o = (float *)malloc(sizeof(float) * nq);

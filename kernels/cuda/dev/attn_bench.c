@@ -6,7 +6,9 @@
  * Versions: "fused" (kernels/cuda/cuda_flash.cu, its default: dQ from the
  * dS the dK/dV kernel stores where that fits; a shape it does not take
  * runs the unfused path and the row says "fallback"), "fused-recompute"
- * (the same kernels, dQ recomputing S and dP) and "unfused" (the cuBLASLt
+ * (the same kernels, dQ recomputing S and dP), "fused-wgmma" (the forward
+ * by Hopper warpgroup products, cuda_flash_wgmma.cu, on a GPU of compute
+ * capability 9.0; elsewhere the row says it ran mma.sync) and "unfused" (the cuBLASLt
  * path of cuda_attention.cu), chosen through SPOTUNE_CUDA_ATTENTION as the
  * backend reads it on every call.
  *
@@ -204,6 +206,20 @@ static int fused_takes(backend_t *be, const shape *s, dev_set *d)
     return fn(be, d->q.dt, s->B, s->T, s->nh, s->nkv, s->hd, ptrs, 8);
 }
 
+/* Whether the forward runs the wgmma kernel now (cuda_flash_wgmma_selected
+ * in the module: SPOTUNE_CUDA_ATTENTION=fused-wgmma, the sm_90a build, a
+ * GPU of compute capability 9.0). */
+static int wgmma_runs(backend_t *be)
+{
+    char why[256];
+    void *sym = backend_cuda_symbol("cuda_flash_wgmma_selected", why, sizeof why);
+    int (*fn)(backend_t *);
+    if (!sym)
+        return 0;
+    memcpy(&fn, &sym, sizeof fn);
+    return fn(be);
+}
+
 /* One table row: version on shape. Returns 1 when the check failed. */
 static int run_version(backend_t *gpu, const shape *s, const inputs *in, const opts *o,
                        const char *version)
@@ -217,7 +233,9 @@ static int run_version(backend_t *gpu, const shape *s, const inputs *in, const o
         return 1;
     }
     const char *note =
-        strncmp(version, "fused", 5) == 0 && !fused_takes(gpu, s, &d) ? " fallback" : "";
+        strncmp(version, "fused", 5) == 0 && !fused_takes(gpu, s, &d) ? " fallback"
+        : strcmp(version, "fused-wgmma") == 0 && !wgmma_runs(gpu)   ? " (mma.sync: not sm_90)"
+                                                                     : "";
     forward(gpu, s, &d);
     backward(gpu, s, &d);
     double worst = 0;
@@ -300,6 +318,7 @@ int main(int argc, char **argv)
         }
         failures += run_version(gpu, s, &in, &o, "fused");
         failures += run_version(gpu, s, &in, &o, "fused-recompute");
+        failures += run_version(gpu, s, &in, &o, "fused-wgmma");
         failures += run_version(gpu, s, &in, &o, "unfused");
         free_inputs(&in);
     }

@@ -1,0 +1,51 @@
+/* kernels/cuda/cuda_flash_wgmma.cu — the launch of the fused attention's
+ * wgmma forward (cuda_flash_wgmma.cuh), compiled for sm_90a alone
+ * (kernels/cuda/CMakeLists.txt): wgmma exists there only, and sm_90a code
+ * runs on compute capability 9.0 alone. cuda_flash.cu decides when. */
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+#include "cuda_flash_wgmma.cuh"
+
+/* ---- host ------------------------------------------------------------------------- */
+
+/* Whether this build's wgmma forward runs on the backend's GPU: compute
+ * capability 9.0 exactly (sm_90a code runs nowhere else) and the kernel's
+ * image loads. Asked once a process. */
+extern "C" int cuda_flash_wgmma_usable(backend_t *be)
+{
+    static int known = -1;
+    if (known >= 0)
+        return known;
+#if defined(SPOTUNE_CUDA_EMU)
+    (void)be;
+    known = 1;
+#else
+    int major = 0, minor = 0;
+    cudaFuncAttributes fa;
+    memset(&fa, 0, sizeof fa);
+    known = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                   CUDA_IMPL(be)->device) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+                                   CUDA_IMPL(be)->device) == cudaSuccess &&
+            major == 9 && minor == 0 &&
+            cudaFuncGetAttributes(&fa, flash_forward_wgmma_kernel<64>) == cudaSuccess;
+    (void)cudaGetLastError(); /* not sticky: the mma.sync forward runs */
+#endif
+    return known;
+}
+
+/* The forward of a (out, lse, q, k, v, seg and the shape set); nonzero on
+ * a failed launch. */
+extern "C" int cuda_flash_forward_wgmma(backend_t *be, const flash_args *a, int hd)
+{
+    dim3 grid((unsigned)(a->B * a->nh), fa_row_blocks(a->T));
+    size_t smem = fa_wgmma_smem(hd);
+    cudaStream_t st = CUDA_IMPL(be)->stream;
+    if (hd == 64)
+        LAUNCH(flash_forward_wgmma_kernel<64>, grid, FA_THREADS, smem, st)(*a);
+    else
+        LAUNCH(flash_forward_wgmma_kernel<128>, grid, FA_THREADS, smem, st)(*a);
+    return LAUNCHED(be, "flash_forward_wgmma_kernel");
+}

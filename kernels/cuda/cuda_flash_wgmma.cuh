@@ -1,0 +1,146 @@
+/* kernels/cuda/cuda_flash_wgmma.cuh — the device code of the fused
+ * attention's forward with Hopper warpgroup products (wgmma,
+ * cuda_wgmma.cuh); cuda_flash_wgmma.cu, compiled for sm_90a alone
+ * (kernels/cuda/CMakeLists.txt), launches it. Selected by
+ * SPOTUNE_CUDA_ATTENTION=fused-wgmma on a GPU of compute capability 9.0
+ * (cuda_flash.cu); the backward is the fused one either way.
+ * Self-contained like cuda_flash_kernels.cuh, so that the same source also
+ * runs under the CPU emulation of the device (tests/cuda_emu).
+ *
+ * The algorithm, the blocks, the masks and the online softmax are those of
+ * flash_forward_kernel (cuda_flash_kernels.cuh), bit for bit under the
+ * emulation: one block of four warps (one warpgroup) per 64 query rows,
+ * each warp's 16 rows of Q as A fragments in registers, K and V tiles of
+ * 64 keys staged by cp.async. What changes is the products: S = Q K^T is
+ * HD/16 wgmma m64n64k16 and O += P V four wgmma m64nHDk16, which read K
+ * and V from shared memory themselves, once for the whole warpgroup,
+ * where mma.sync has every warp load every fragment of them by ldmatrix
+ * (four times the shared-memory reads: the forward's bound, docs/perf.md).
+ * The four warps issue every product together, so a warp whose rows see
+ * none of a tile computes it too, masked to nothing (its rows have seen no
+ * key yet, or are past T: the online softmax leaves them as they are).
+ *
+ * Not yet run on a GPU (docs/cuda.md, "The wgmma forward"): the emulation
+ * checks the fragments, masks and the descriptors against the layouts it
+ * transcribes from the PTX ISA. */
+#ifndef SPOTUNE_CUDA_FLASH_WGMMA_CUH
+#define SPOTUNE_CUDA_FLASH_WGMMA_CUH
+
+#include <limits.h>
+#include <stdint.h>
+
+#include "cuda_flash_kernels.cuh"
+#include "cuda_wgmma.cuh"
+
+/* S = Q K^T for the warpgroup's 64 rows against the 64 keys staged at
+ * kaddr (raw scores, this warp's rows as 8 C fragments). */
+template <int HD>
+static __device__ __forceinline__ void wg_scores(float s[8][4], const uint32_t qa[HD / 16][4],
+                                                 uint32_t kaddr)
+{
+    const uint32_t lbo = 128, sbo = HD / 8 * 128; /* the next 8 hd columns; the next 8 keys */
+    wg_fence();
+    FA_UNROLL
+    for (int ks = 0; ks < HD / 16; ks++)
+        wg_m64n64k16<0>(s, qa[ks], wg_desc(kaddr + (uint32_t)ks * 256, lbo, sbo), ks > 0);
+    wg_commit();
+    wg_wait<0>();
+    wg_hold<8>(s);
+}
+
+/* o += P V, P the probabilities in s (rounded to bf16 as A fragments), V
+ * the 64 keys staged at vaddr. */
+template <int HD>
+static __device__ __forceinline__ void wg_pv(float o[HD / 8][4], const float s[8][4],
+                                             uint32_t vaddr)
+{
+    const uint32_t lbo = HD / 8 * 128, sbo = 128; /* the next 8 keys; the next 8 hd columns */
+    uint32_t pa[4][4];
+    FA_UNROLL
+    for (int kk = 0; kk < 4; kk++)
+        c_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+    wg_fence(); /* the A fragments and the rescaled o are written */
+    FA_UNROLL
+    for (int kk = 0; kk < 4; kk++) {
+        uint64_t desc = wg_desc(vaddr + (uint32_t)kk * 2 * lbo, lbo, sbo);
+        if constexpr (HD == 64)
+            wg_m64n64k16<1>(o, pa[kk], desc, 1);
+        else
+            wg_m64n128k16<1>(o, pa[kk], desc, 1);
+    }
+    wg_commit();
+    wg_wait<0>();
+    wg_hold<HD / 8>(o);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS)
+    flash_forward_wgmma_kernel(flash_args a)
+{
+    DYNAMIC_SHARED(uint16_t, sm); /* K then V: 64 x HD each, as core matrices */
+    uint16_t *Ks = sm, *Vs = sm + FA_BC * HD;
+    __shared__ int sh_lo;
+    int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
+    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    const uint16_t *qb = a.q + (size_t)b * T * ldq + (size_t)h * HD;
+    const uint16_t *kb = a.k + (size_t)b * T * ldk + (size_t)kh * HD;
+    const uint16_t *vb = a.v + (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int rowA = w0 + g;
+    int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
+    int whi = warp_max_i(max(rowA < T ? loA : 0, rowA + 8 < T ? loB : 0));
+    int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    float sl2 = a.scale * FA_LOG2E;
+    uint32_t kaddr = smem_addr(Ks), vaddr = smem_addr(Vs);
+
+    stage_core_async<HD>(Ks, kb, ldk, kstart, FA_BC, T);
+    cp_async_commit();
+    uint32_t qa[HD / 16][4];
+    load_a_rows<HD>(qa, qb, ldq, w0, T);
+    float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++)
+        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    /* as the mma.sync forward: K of a tile is copied while the previous
+     * tile's P V runs, V while its own scores and softmax run */
+    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads(); /* K(j0) is in; every warp's P V of V(j0 - 64) is complete */
+        stage_core_async<HD>(Vs, vb, ldk, j0, FA_BC, T);
+        cp_async_commit();
+        float s[8][4];
+        wg_scores<HD>(s, qa, kaddr);
+        if (fa_needs_mask(w0, j0, FA_BC, T, whi))
+            mask_tile<8>(s, j0, rowA, loA, loB, T);
+        online_tile<HD>(s, m, l, o, sl2);
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads(); /* V(j0) is in; every warp's scores of K(j0) are complete */
+        if (j0 + FA_BC < q1) {
+            stage_core_async<HD>(Ks, kb, ldk, j0 + FA_BC, FA_BC, T);
+            cp_async_commit();
+        }
+        wg_pv<HD>(o, s, vaddr);
+    }
+    float inv[2];
+    for (int r = 0; r < 2; r++) {
+        l[r] = quad_sum(l[r]);
+        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+    store_rows<HD>(a.out + (size_t)b * T * ldq + (size_t)h * HD, ldq, rowA, T, o, inv);
+    if ((threadIdx.x & 3) == 0)
+        for (int r = 0; r < 2; r++)
+            if (rowA + 8 * r < T) /* m: the raw max score */
+                a.lse[((size_t)b * a.nh + h) * T + rowA + 8 * r] = m[r] * a.scale + logf(l[r]);
+}
+
+/* Its dynamic shared memory: the K and V tiles. */
+static inline size_t fa_wgmma_smem(int hd)
+{
+    return 2u * FA_BC * (size_t)hd * sizeof(uint16_t);
+}
+
+#endif
