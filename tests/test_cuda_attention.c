@@ -558,6 +558,39 @@ static void check_wgmma_forward(int B, int T, int nh, int nkv, int hd, int max_d
     free(q), free(k), free(v), free(dout), free(seg), free(pos);
 }
 
+/* How the GPU reads a wgmma descriptor (cuda_wgmma_probe): a known product
+ * with B staged as the forward stages K (K-major) and V (MN-major), each
+ * with the leading- and stride-dimension offsets as the forward gives them
+ * and swapped. The forward's must be exact (small integers); should they
+ * not be, the message says which variants were, which is the fix. On the
+ * emulated device the swapped ones must differ, so that the probe can tell
+ * them apart. Where the wgmma forward cannot run (not compute capability
+ * 9.0, or a build without sm_90a) the test is skipped, and says so. */
+Test(cuda_ops, wgmma_descriptors_as_the_forward_builds_them)
+{
+    char why[256];
+    void *sym = backend_cuda_symbol("cuda_wgmma_probe", why, sizeof why);
+    if (cuda_test_standin() && !sym)
+        cr_skip_test("a stand-in backend has no wgmma");
+    cr_assert(sym, "cuda_wgmma_probe: %s", why);
+    int (*probe)(backend_t *, int[4]);
+    memcpy(&probe, &sym, sizeof probe);
+    int ok[4] = {-1, -1, -1, -1};
+    int rc = probe(gpu, ok);
+    if (rc == 1)
+        cr_skip_test("the wgmma forward does not run on %s (compute capability 9.0 and the sm_90a "
+                     "build only)", gpu->device_name);
+    gpu_ok(); /* a CUDA error names itself */
+    cr_assert_eq(rc, 0, "the probe failed");
+    cr_expect(ok[0] && ok[2], "wgmma reads B otherwise than the forward stages it: K-major as "
+                              "built %s, swapped %s; MN-major as built %s, swapped %s",
+              ok[0] ? "right" : "WRONG", ok[1] ? "right" : "wrong", ok[2] ? "right" : "WRONG",
+              ok[3] ? "right" : "wrong");
+    if (strstr(gpu->device_name, "emulated"))
+        cr_expect(!ok[1] && !ok[3], "the swapped descriptors give the same product: the probe "
+                                    "cannot tell them apart");
+}
+
 Test(cuda_ops, flash_attention_wgmma_forward)
 {
     check_wgmma_forward(2, 37, 4, 1, 64, 0);

@@ -3,6 +3,7 @@
  * (kernels/cuda/CMakeLists.txt): wgmma exists there only, and sm_90a code
  * runs on compute capability 9.0 alone. cuda_flash.cu decides when. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
@@ -48,4 +49,43 @@ extern "C" int cuda_flash_forward_wgmma(backend_t *be, const flash_args *a, int 
     else
         LAUNCH(flash_forward_wgmma_kernel<128>, grid, FA_THREADS, smem, st)(*a);
     return LAUNCHED(be, "flash_forward_wgmma_kernel");
+}
+
+/* The probe of the descriptors (wgmma_probe_kernel): ok[v] = 1 when
+ * variant v's product is A B exactly. 0, or 1 where the wgmma forward
+ * cannot run (not compute capability 9.0), or -1 on a CUDA error (the
+ * backend's sticky error set). For the tests, which name the variants
+ * that matched when the kernels' do not. */
+extern "C" int cuda_wgmma_probe(backend_t *be, int ok[WG_PROBE_VARIANTS])
+{
+    if (!cuda_flash_wgmma_usable(be))
+        return 1;
+    size_t n = (size_t)WG_PROBE_VARIANTS * 64 * 64;
+    float *dev = NULL, *host = (float *)malloc(sizeof(float) * n);
+    if (!host)
+        return -1;
+    int rc = -1;
+    if (!CUDA_OK(be, cudaMalloc((void **)&dev, sizeof(float) * n))) {
+        LAUNCH(wgmma_probe_kernel, 1, FA_THREADS, WG_PROBE_SMEM, 0)(dev);
+        if (!LAUNCHED(be, "wgmma_probe_kernel") &&
+            !CUDA_OK(be, cudaMemcpy(host, dev, sizeof(float) * n, cudaMemcpyDeviceToHost))) {
+            for (int v = 0; v < WG_PROBE_VARIANTS; v++) {
+                ok[v] = 1;
+                for (int r = 0; r < 64 && ok[v]; r++)
+                    for (int c = 0; c < 64; c++) {
+                        float want = 0.0f;
+                        for (int k = 0; k < 16; k++)
+                            want += probe_a(r, k) * probe_b(k, c);
+                        if (host[(size_t)v * 4096 + (size_t)r * 64 + c] != want) {
+                            ok[v] = 0;
+                            break;
+                        }
+                    }
+            }
+            rc = 0;
+        }
+        CUDA_OK(be, cudaFree(dev));
+    }
+    free(host);
+    return rc;
 }

@@ -137,6 +137,71 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS)
                 a.lse[((size_t)b * a.nh + h) * T + rowA + 8 * r] = m[r] * a.scale + logf(l[r]);
 }
 
+/* ---- the probe of the descriptors (cuda_wgmma_probe) -------------------------------- */
+
+/* Small integers, exact in bf16 and in any order of summation. */
+static __host__ __device__ __forceinline__ float probe_a(int r, int k)
+{
+    return (float)((r * 5 + k * 2) % 7 - 3);
+}
+
+static __host__ __device__ __forceinline__ float probe_b(int k, int n)
+{
+    return (float)((k * 7 + n * 3) % 11 - 5);
+}
+
+#define WG_PROBE_SMEM 16384 /* room for a wrong stride's reads; the rest 1024.0 */
+#define WG_PROBE_VARIANTS 4
+
+/* One warpgroup computes D [64 x 64] = A [64 x 16] B [16 x 64] four ways:
+ * B staged K-major (as K is) with LBO and SBO as wg_scores takes them
+ * (variant 0) and swapped (1), and MN-major (as V is) as wg_pv takes
+ * them (2) and swapped (3); out[v][row][col]. Whichever variants equal A B
+ * say how this GPU reads a descriptor, should the forward's products be
+ * wrong on it. */
+__global__ void __launch_bounds__(FA_THREADS) wgmma_probe_kernel(float *out)
+{
+    DYNAMIC_SHARED(uint16_t, sm);
+    uint16_t *bk = sm, *bm = sm + 1024; /* each 16 x 64: 2 KiB */
+    for (int i = threadIdx.x; i < WG_PROBE_SMEM / 2; i += blockDim.x)
+        sm[i] = f32_to_bf16(1024.0f);
+    __syncthreads();
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
+        int n = i / 16, k = i % 16; /* K-major: 8 n x 8 k core matrices, k chunks 128 B apart */
+        bk[((n / 8) * 2 + k / 8) * 64 + (n % 8) * 8 + k % 8] = f32_to_bf16(probe_b(k, n));
+        int k2 = i / 64, n2 = i % 64; /* MN-major: rows of k, n chunks 128 B apart */
+        bm[((k2 / 8) * 8 + n2 / 8) * 64 + (k2 % 8) * 8 + n2 % 8] = f32_to_bf16(probe_b(k2, n2));
+    }
+    fence_proxy_async();
+    __syncthreads();
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r = (threadIdx.x >> 5) * 16 + g;
+    uint32_t a[4];
+    a[0] = pack2(probe_a(r, 2 * t), probe_a(r, 2 * t + 1));
+    a[1] = pack2(probe_a(r + 8, 2 * t), probe_a(r + 8, 2 * t + 1));
+    a[2] = pack2(probe_a(r, 2 * t + 8), probe_a(r, 2 * t + 9));
+    a[3] = pack2(probe_a(r + 8, 2 * t + 8), probe_a(r + 8, 2 * t + 9));
+    uint32_t ka = smem_addr(bk), ma = smem_addr(bm);
+    for (int v = 0; v < WG_PROBE_VARIANTS; v++) {
+        float d[8][4];
+        wg_fence();
+        if (v == 0)
+            wg_m64n64k16<0>(d, a, wg_desc(ka, 128, 256), 0);
+        else if (v == 1)
+            wg_m64n64k16<0>(d, a, wg_desc(ka, 256, 128), 0);
+        else if (v == 2)
+            wg_m64n64k16<1>(d, a, wg_desc(ma, 1024, 128), 0);
+        else
+            wg_m64n64k16<1>(d, a, wg_desc(ma, 128, 1024), 0);
+        wg_commit();
+        wg_wait<0>();
+        wg_hold<8>(d);
+        for (int nt = 0; nt < 8; nt++)
+            for (int e = 0; e < 4; e++)
+                out[(size_t)v * 4096 + (size_t)(r + 8 * (e >> 1)) * 64 + nt * 8 + 2 * t + (e & 1)] =
+                    d[nt][e];
+    }
+}
+
 /* Its dynamic shared memory: the K and V tiles. */
 static inline size_t fa_wgmma_smem(int hd)
 {

@@ -287,6 +287,10 @@ int cuda_flash_forward_wgmma(backend_t *be, const struct flash_args *a, int hd);
 /* 1 when a forward of this backend would run the wgmma kernel now (the
  * variable set, the build and the GPU able): for the workbench's rows. */
 int cuda_flash_wgmma_selected(backend_t *be);
+/* The descriptors' probe: ok[0..3] for K-major B as the forward builds its
+ * descriptor and swapped, MN-major as built and swapped; 0, 1 where the
+ * wgmma forward cannot run, -1 on a CUDA error (cuda_flash_wgmma.cu). */
+int cuda_wgmma_probe(backend_t *be, int ok[4]);
 }
 
 #endif
