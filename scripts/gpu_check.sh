@@ -33,9 +33,9 @@
 #                             figure: the fused/unfused speedup at the 7B
 #                             T 2048 shape (and the others), the fused
 #                             backward with its stored dS against
-#                             fused-recompute there, the forward by
-#                             wgmma (fused-wgmma) against mma.sync there,
-#                             the worst error
+#                             fused-recompute there, the forward and
+#                             dK/dV by wgmma (fused-wgmma) against
+#                             mma.sync there, the worst error
 #   elementwise workbench     elem_bench --iters 3: vector against scalar
 #                             elementwise kernels; the figure: the
 #                             geometric-mean vector/scalar speedup and
@@ -485,8 +485,9 @@ wb_trim='function trim(x) { gsub(/^ +| +$/, "", x); return x }'
 
 # attn_bench's figure: fused/unfused forward+backward at the 7B T 2048 shape,
 # the fused backward's speedup from its stored dS (fused against
-# fused-recompute) and the forward's from warpgroup products (fused-wgmma
-# against fused), then the other shapes, the worst error, the rows' checks.
+# fused-recompute) and from warpgroup products (fused-wgmma against fused:
+# its forward and dK/dV kernels), then the other shapes, the worst error,
+# the rows' checks.
 # shellcheck disable=SC2317 # called through workbench
 attn_figure() { # attn_figure FILE
     awk -F'|' "$wb_trim"'
@@ -519,9 +520,9 @@ attn_figure() { # attn_figure FILE
             if ((k, "fused") in b && (k, r) in b && b[k, "fused"] > 0)
                 printf "; bwd with stored dS %.3f ms, recomputing dQ %.3f ms (%.2fx)", b[k, "fused"], b[k, r], b[k, r] / b[k, "fused"]
             w = "fused-wgmma"
-            if ((k, w) in f && note[k, w] ~ /mma\.sync/) printf "; fwd wgmma: not run (not sm_90)"
-            else if ((k, "fused") in f && (k, w) in f && f[k, w] > 0)
-                printf "; fwd wgmma %.3f ms, mma.sync %.3f ms (%.2fx)", f[k, w], f[k, "fused"], f[k, "fused"] / f[k, w]
+            if ((k, w) in f && note[k, w] ~ /mma\.sync/) printf "; wgmma: not run (not sm_90)"
+            else if ((k, "fused") in f && (k, w) in f && f[k, w] > 0 && b[k, w] > 0)
+                printf "; wgmma fwd %.3f, bwd %.3f ms against mma.sync %.3f, %.3f (%.2fx, %.2fx)", f[k, w], b[k, w], f[k, "fused"], b[k, "fused"], f[k, "fused"] / f[k, w], b[k, "fused"] / b[k, w]
             sep = "; other shapes: "
         } else sep = "fused/unfused fwd+bwd: "
         for (i = 1; i <= ns; i++) if (order[i] != k) { printf "%s%s %s", sep, order[i], speedup(order[i]); sep = ", " }

@@ -501,17 +501,17 @@ Test(cuda_ops, flash_attention_dq_stored_in_chunks_or_recomputed)
     free(q), free(k), free(v), free(dout), free(seg), free(pos);
 }
 
-/* The forward by warpgroup products (SPOTUNE_CUDA_ATTENTION=fused-wgmma,
- * kernels/cuda/cuda_flash_wgmma.cu). Where it runs (a GPU of compute
- * capability 9.0 with the sm_90a build, and the emulated device): against
- * the CPU like every fused path (check_attention_seg, odd shapes, packed
- * documents, both head dims), and against the mma.sync forward on the same
- * inputs: the same bits on the emulated device (the same products in the
- * same order there), within the bf16 tolerance on a GPU (its tensor cores'
- * order within a product is its own). Where it cannot run, the backend
- * says so (cuda_flash_wgmma_selected) and the mma.sync forward runs: the
- * same bits as without the variable. The backward is the same kernels
- * either way; its outputs differ only through out. */
+/* The forward and the dK/dV kernel by warpgroup products
+ * (SPOTUNE_CUDA_ATTENTION=fused-wgmma, kernels/cuda/cuda_flash_wgmma.cu).
+ * Where they run (a GPU of compute capability 9.0 with the sm_90a build,
+ * and the emulated device): against the CPU like every fused path
+ * (check_attention_seg, odd shapes, packed documents, both head dims),
+ * and against the mma.sync kernels on the same inputs: the same numbers
+ * on the emulated device (the same products in the same order there; a
+ * zero may differ in sign), within the bf16 tolerance on a GPU (its
+ * tensor cores' order within a product is its own). Where they cannot
+ * run, the backend says so (cuda_flash_wgmma_selected) and the mma.sync
+ * kernels run: the same bits as without the variable. */
 static int wgmma_selected(void)
 {
     char why[256];
@@ -524,7 +524,7 @@ static int wgmma_selected(void)
     return fn(gpu);
 }
 
-static void check_wgmma_forward(int B, int T, int nh, int nkv, int hd, int max_doc)
+static void check_wgmma(int B, int T, int nh, int nkv, int hd, int max_doc)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
@@ -540,18 +540,22 @@ static void check_wgmma_forward(int B, int T, int nh, int nkv, int hd, int max_d
     unsetenv("SPOTUNE_CUDA_ATTENTION");
     int emulated = strstr(gpu->device_name, "emulated") != NULL;
     if (!cuda_test_standin())
-        cr_expect(sel || !emulated, "the emulated device does not run the wgmma forward");
-    size_t ns[2] = {nq, nl};
-    for (int i = 0; i < 2; i++) {
-        int same = memcmp(m.o[i], w.o[i], sizeof(float) * ns[i]) == 0;
+        cr_expect(sel || !emulated, "the emulated device does not run the wgmma kernels");
+    size_t ns[5] = {nq, nl, nq, nk, nk};
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; i++) {
+        size_t differ = 0;
+        for (size_t j = 0; j < ns[i]; j++)
+            differ += !(m.o[i][j] == w.o[i][j]);
+        int same = sel ? differ == 0 : memcmp(m.o[i], w.o[i], sizeof(float) * ns[i]) == 0;
         double e = rel_err(w.o[i], m.o[i], ns[i]), tol = i == 1 ? TOL_F32 : TOL_BF16;
         if (!sel || emulated)
-            cr_expect(same, "B%d T%d nh%d nkv%d hd%d: %s differs from the mma.sync forward's "
-                            "(rel err %.3g)%s", B, T, nh, nkv, hd, i ? "lse" : "out", e,
-                      sel ? "" : ", where the wgmma forward does not run");
+            cr_expect(same, "B%d T%d nh%d nkv%d hd%d: %s differs from the mma.sync kernels' in "
+                            "%zu of %zu (rel err %.3g)%s", B, T, nh, nkv, hd, names[i], differ,
+                      ns[i], e, sel ? "" : ", where the wgmma kernels do not run");
         else
             cr_expect(e <= tol, "B%d T%d nh%d nkv%d hd%d: wgmma vs mma.sync %s: rel err %.3g > "
-                                "%.3g", B, T, nh, nkv, hd, i ? "lse" : "out", e, tol);
+                                "%.3g", B, T, nh, nkv, hd, names[i], e, tol);
     }
     for (int i = 0; i < 5; i++)
         free(m.o[i]), free(w.o[i]);
@@ -564,7 +568,7 @@ static void check_wgmma_forward(int B, int T, int nh, int nkv, int hd, int max_d
  * and swapped. The forward's must be exact (small integers); should they
  * not be, the message says which variants were, which is the fix. On the
  * emulated device the swapped ones must differ, so that the probe can tell
- * them apart. Where the wgmma forward cannot run (not compute capability
+ * them apart. Where the wgmma kernels cannot run (not compute capability
  * 9.0, or a build without sm_90a) the test is skipped, and says so. */
 Test(cuda_ops, wgmma_descriptors_as_the_forward_builds_them)
 {
@@ -578,7 +582,7 @@ Test(cuda_ops, wgmma_descriptors_as_the_forward_builds_them)
     int ok[4] = {-1, -1, -1, -1};
     int rc = probe(gpu, ok);
     if (rc == 1)
-        cr_skip_test("the wgmma forward does not run on %s (compute capability 9.0 and the sm_90a "
+        cr_skip_test("the wgmma kernels do not run on %s (compute capability 9.0 and the sm_90a "
                      "build only)", gpu->device_name);
     gpu_ok(); /* a CUDA error names itself */
     cr_assert_eq(rc, 0, "the probe failed");
@@ -591,12 +595,12 @@ Test(cuda_ops, wgmma_descriptors_as_the_forward_builds_them)
                                     "cannot tell them apart");
 }
 
-Test(cuda_ops, flash_attention_wgmma_forward)
+Test(cuda_ops, flash_attention_wgmma_kernels)
 {
-    check_wgmma_forward(2, 37, 4, 1, 64, 0);
-    check_wgmma_forward(1, 130, 8, 1, 128, 0);
-    check_wgmma_forward(2, 300, 8, 2, 128, 120);
-    check_wgmma_forward(1, 1031, 2, 2, 64, 400);
+    check_wgmma(2, 37, 4, 1, 64, 0);
+    check_wgmma(1, 130, 8, 1, 128, 0);
+    check_wgmma(2, 300, 8, 2, 128, 120);
+    check_wgmma(1, 1031, 2, 2, 64, 400);
 }
 
 /* The 7B shape with dQ recomputed (fused-recompute; the default stores dS

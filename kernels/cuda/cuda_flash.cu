@@ -38,9 +38,10 @@ static dq_mode dq_requested(void)
     return DQ_AUTO;
 }
 
-/* Whether the forward runs the wgmma kernel (cuda_flash_wgmma.cu): asked
- * for (SPOTUNE_CUDA_ATTENTION=fused-wgmma), in the build (the emulation
- * has it too) and able to run on this GPU; otherwise the mma.sync one. */
+/* Whether the forward and the dK/dV kernel run by warpgroup products
+ * (cuda_flash_wgmma.cu): asked for (SPOTUNE_CUDA_ATTENTION=fused-wgmma), in
+ * the build (the emulation has it too) and able to run on this GPU;
+ * otherwise the mma.sync kernels. dQ is made as by "fused" either way. */
 extern "C" int cuda_flash_wgmma_selected(backend_t *be)
 {
     const char *e = getenv("SPOTUNE_CUDA_ATTENTION");
@@ -175,6 +176,10 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
 /* The dK/dV kernel on grid (its blocks from a->pair0); nonzero on a failed launch. */
 static int launch_dkdv(backend_t *be, const flash_args *a, dim3 grid, int hd)
 {
+#if defined(SPOTUNE_CUDA_SM90A) || defined(SPOTUNE_CUDA_EMU)
+    if (cuda_flash_wgmma_selected(be))
+        return cuda_flash_dkdv_wgmma(be, a, grid.x, grid.y, hd);
+#endif
     cudaStream_t st = CUDA_IMPL(be)->stream;
     if (hd == 64)
         LAUNCH(flash_dkdv_kernel<64>, grid, FA_THREADS, 0, st)(*a);

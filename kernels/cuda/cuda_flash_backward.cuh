@@ -60,8 +60,10 @@ static __host__ __device__ __forceinline__ size_t fa_ds_pair(int T)
 
 /* ---- backward: D ------------------------------------------------------------------ */
 
-/* D[(b*nh + h)*T + t] = dot(dO[b,t,h,:], O[b,t,h,:]) in fp32: one warp per row. */
-__global__ void flash_rowdot_kernel(flash_args a, int hd)
+/* D[(b*nh + h)*T + t] = dot(dO[b,t,h,:], O[b,t,h,:]) in fp32: one warp per
+ * row. Static, as the reduction below: cuda_flash.cu and cuda_flash_wgmma.cu
+ * include this header, and only the first launches them. */
+static __global__ __attribute__((unused)) void flash_rowdot_kernel(flash_args a, int hd)
 {
     size_t nrows = (size_t)a.B * a.T * a.nh;
     size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; /* (b*T + t)*nh + h */
@@ -123,9 +125,10 @@ static __device__ __forceinline__ fa_item fa_dkdv_item(int n, int h_first, int i
 
 /* Starts staging item n of the dK/dV block (batch row b, kv head kh) into
  * one buffer (the block's query heads from h_first): Q and dO rows by
- * cp.async (one group), lse (times log2(e)),
+ * cp.async (one group; CORE: as core matrices, stage_core_async), lse
+ * (times log2(e)),
  * D and each query's first key by the threads. */
-template <int HD>
+template <int HD, int CORE = 0>
 static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, int h_first, int i_first,
                                                   int ntiles, int n, const int *seg, uint16_t *Qs,
                                                   uint16_t *dOs, float *lse2_s, float *D_s,
@@ -134,8 +137,13 @@ static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, in
     int T = a.T;
     fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
     size_t ldq = (size_t)a.nh * HD, qoff = (size_t)b * T * ldq + (size_t)it.h * HD;
-    stage_rows_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
-    stage_rows_async<HD>(dOs, a.dout + qoff, ldq, it.i0, FA_BQ, T);
+    if constexpr (CORE) { /* as 8 x 8 core matrices (the wgmma kernel, cuda_wgmma.cuh) */
+        stage_core_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
+        stage_core_async<HD>(dOs, a.dout + qoff, ldq, it.i0, FA_BQ, T);
+    } else {
+        stage_rows_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
+        stage_rows_async<HD>(dOs, a.dout + qoff, ldq, it.i0, FA_BQ, T);
+    }
     cp_async_commit();
     const float *lse = a.lse + ((size_t)b * a.nh + it.h) * T;
     const float *D = a.D + ((size_t)b * a.nh + it.h) * T;
@@ -255,7 +263,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
 
 /* dK, dV [B, T, nkv, hd] (bf16) = the sums over each group's query heads
  * of the split shares, head by head in order (deterministic). */
-__global__ void flash_dkdv_reduce_kernel(flash_args a, int hd)
+static __global__ __attribute__((unused)) void flash_dkdv_reduce_kernel(flash_args a, int hd)
 {
     int group = a.nh / a.nkv;
     size_t n = (size_t)a.B * a.T * a.nkv * hd;

@@ -1,5 +1,6 @@
-/* kernels/cuda/cuda_flash_wgmma.cu — the launch of the fused attention's
- * wgmma forward (cuda_flash_wgmma.cuh), compiled for sm_90a alone
+/* kernels/cuda/cuda_flash_wgmma.cu — the launches of the fused attention's
+ * wgmma kernels, the forward and dK/dV (cuda_flash_wgmma.cuh), and the
+ * probe of their descriptors, compiled for sm_90a alone
  * (kernels/cuda/CMakeLists.txt): wgmma exists there only, and sm_90a code
  * runs on compute capability 9.0 alone. cuda_flash.cu decides when. */
 #include <stdint.h>
@@ -11,7 +12,7 @@
 
 /* ---- host ------------------------------------------------------------------------- */
 
-/* Whether this build's wgmma forward runs on the backend's GPU: compute
+/* Whether this build's wgmma kernels run on the backend's GPU: compute
  * capability 9.0 exactly (sm_90a code runs nowhere else) and the kernel's
  * image loads. Asked once a process. */
 extern "C" int cuda_flash_wgmma_usable(backend_t *be)
@@ -51,8 +52,23 @@ extern "C" int cuda_flash_forward_wgmma(backend_t *be, const flash_args *a, int 
     return LAUNCHED(be, "flash_forward_wgmma_kernel");
 }
 
+/* The dK/dV kernel by warpgroup products on grid (its blocks from
+ * a->pair0, as launch_dkdv in cuda_flash.cu); nonzero on a failed launch. */
+extern "C" int cuda_flash_dkdv_wgmma(backend_t *be, const flash_args *a, unsigned gx,
+                                     unsigned gy, int hd)
+{
+    dim3 grid(gx, gy);
+    size_t smem = fa_dkdv_wgmma_smem(hd);
+    cudaStream_t st = CUDA_IMPL(be)->stream;
+    if (hd == 64)
+        LAUNCH(flash_dkdv_wgmma_kernel<64>, grid, FA_THREADS, smem, st)(*a);
+    else
+        LAUNCH(flash_dkdv_wgmma_kernel<128>, grid, FA_THREADS, smem, st)(*a);
+    return LAUNCHED(be, "flash_dkdv_wgmma_kernel");
+}
+
 /* The probe of the descriptors (wgmma_probe_kernel): ok[v] = 1 when
- * variant v's product is A B exactly. 0, or 1 where the wgmma forward
+ * variant v's product is A B exactly. 0, or 1 where the wgmma kernels
  * cannot run (not compute capability 9.0), or -1 on a CUDA error (the
  * backend's sticky error set). For the tests, which name the variants
  * that matched when the kernels' do not. */

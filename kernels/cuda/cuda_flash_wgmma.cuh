@@ -1,26 +1,29 @@
 /* kernels/cuda/cuda_flash_wgmma.cuh — the device code of the fused
- * attention's forward with Hopper warpgroup products (wgmma,
- * cuda_wgmma.cuh); cuda_flash_wgmma.cu, compiled for sm_90a alone
- * (kernels/cuda/CMakeLists.txt), launches it. Selected by
+ * attention's forward and dK/dV kernel with Hopper warpgroup products
+ * (wgmma, cuda_wgmma.cuh), and a probe of their descriptors;
+ * cuda_flash_wgmma.cu, compiled for sm_90a alone (kernels/cuda/
+ * CMakeLists.txt), launches them. Selected by
  * SPOTUNE_CUDA_ATTENTION=fused-wgmma on a GPU of compute capability 9.0
- * (cuda_flash.cu); the backward is the fused one either way.
+ * (cuda_flash.cu); dQ is made as by the fused path either way.
  * Self-contained like cuda_flash_kernels.cuh, so that the same source also
  * runs under the CPU emulation of the device (tests/cuda_emu).
  *
- * The algorithm, the blocks, the masks and the online softmax are those of
- * flash_forward_kernel (cuda_flash_kernels.cuh), bit for bit under the
- * emulation: one block of four warps (one warpgroup) per 64 query rows,
- * each warp's 16 rows of Q as A fragments in registers, K and V tiles of
- * 64 keys staged by cp.async. What changes is the products: S = Q K^T is
- * HD/16 wgmma m64n64k16 and O += P V four wgmma m64nHDk16, which read K
- * and V from shared memory themselves, once for the whole warpgroup,
- * where mma.sync has every warp load every fragment of them by ldmatrix
- * (four times the shared-memory reads: the forward's bound, docs/perf.md).
- * The four warps issue every product together, so a warp whose rows see
- * none of a tile computes it too, masked to nothing (its rows have seen no
- * key yet, or are past T: the online softmax leaves them as they are).
+ * The algorithms, blocks, masks, online softmax and stores are those of
+ * flash_forward_kernel and flash_dkdv_kernel (cuda_flash_kernels.cuh,
+ * cuda_flash_backward.cuh), the same results under the emulation. What
+ * changes is the products. Forward: one block of four warps (one
+ * warpgroup) per 64 query rows, each warp's 16 rows of Q as A fragments;
+ * S = Q K^T is HD/16 wgmma m64n64k16 and O += P V four wgmma m64nHDk16,
+ * which read K and V from shared memory themselves, once for the whole
+ * warpgroup, where mma.sync has every warp load every fragment of them by
+ * ldmatrix (four times the shared-memory reads: the forward's bound,
+ * docs/perf.md). dK/dV: the same for its four products (below). The four
+ * warps issue every product together, so a warp whose rows (or keys) see
+ * none of a tile computes it too, masked to nothing (forward: its rows
+ * have seen no key yet, or are past T, and the online softmax leaves them
+ * as they are; dK/dV: P and dS are 0).
  *
- * Not yet run on a GPU (docs/cuda.md, "The wgmma forward"): the emulation
+ * Not yet run on a GPU (docs/cuda.md, "The wgmma kernels"): the emulation
  * checks the fragments, masks and the descriptors against the layouts it
  * transcribes from the PTX ISA. */
 #ifndef SPOTUNE_CUDA_FLASH_WGMMA_CUH
@@ -29,7 +32,7 @@
 #include <limits.h>
 #include <stdint.h>
 
-#include "cuda_flash_kernels.cuh"
+#include "cuda_flash_backward.cuh" /* and cuda_flash_kernels.cuh */
 #include "cuda_wgmma.cuh"
 
 /* S = Q K^T for the warpgroup's 64 rows against the 64 keys staged at
@@ -135,6 +138,162 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS)
         for (int r = 0; r < 2; r++)
             if (rowA + 8 * r < T) /* m: the raw max score */
                 a.lse[((size_t)b * a.nh + h) * T + rowA + 8 * r] = m[r] * a.scale + logf(l[r]);
+}
+
+/* ---- backward: dK, dV ------------------------------------------------------------- */
+
+/* The staged Q and dO tiles of the dK/dV kernel (FA_BQ rows as core
+ * matrices): lbo_k/sbo_k as K-major B (S^T = K Q^T: N = queries, K = hd),
+ * lbo_m/sbo_m as MN-major B (dK += dS^T Q: K = queries, N = hd). */
+template <int HD>
+static __device__ __forceinline__ void wg_rows_t(float x[4][4], const uint32_t a[HD / 16][4],
+                                                 uint32_t addr)
+{
+    FA_UNROLL
+    for (int ks = 0; ks < HD / 16; ks++)
+        wg_m64n32k16<0>(x, a[ks], wg_desc(addr + (uint32_t)ks * 256, 128, HD / 8 * 128), ks > 0);
+}
+
+/* acc += X Y, X [64 x 32] from C fragments x (rounded to bf16, as A
+ * fragments pa), Y the 32 staged rows at addr (MN-major B). */
+template <int HD>
+static __device__ __forceinline__ void wg_frags_times(float acc[HD / 8][4], const uint32_t pa[2][4],
+                                                      uint32_t addr)
+{
+    FA_UNROLL
+    for (int kk = 0; kk < 2; kk++) {
+        uint64_t desc = wg_desc(addr + (uint32_t)kk * 2 * (HD / 8) * 128, HD / 8 * 128, 128);
+        if constexpr (HD == 64)
+            wg_m64n64k16<1>(acc, pa[kk], desc, 1);
+        else
+            wg_m64n128k16<1>(acc, pa[kk], desc, 1);
+    }
+}
+
+/* dK, dV (and the stored dS) as flash_dkdv_kernel (cuda_flash_backward.cuh),
+ * with its four products by warpgroup products: S^T = K Q^T and dP^T = V
+ * dO^T from the K and V fragments in registers against the staged Q and dO
+ * (K-major), dV += P^T dO and dK += dS^T Q from P and dS as A fragments
+ * against the same tiles (MN-major). Staging, items, masks, the stored dS
+ * and the stores are flash_dkdv_kernel's; the four warps compute every
+ * tile together (a warp whose keys no query of the tile sees gets P = 0
+ * and dS = 0, masked, where the mma.sync kernel skips it and writes the
+ * zeros). Dynamic shared memory: the two buffers of Q and dO tiles. */
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args a)
+{
+    DYNAMIC_SHARED(uint16_t, sm); /* Q, Q, dO, dO: FA_BQ x HD each, core matrices */
+    const int tile = FA_BQ * HD;   /* elements; buffer bf's Q at sm + bf tile, dO 2 tiles on */
+    __shared__ float lse2_s[2][FA_BQ], D_s[2][FA_BQ];
+    __shared__ int lo_s[2][FA_BQ];
+    int T = a.T, group = a.nh / a.nkv, split = a.dk_part != NULL;
+    int bx = (int)blockIdx.x + (split ? a.pair0 : a.pair0 / group);
+    int b = bx / (split ? a.nh : a.nkv), hy = bx % (split ? a.nh : a.nkv);
+    int kh = split ? hy / group : hy, h_first = split ? hy : hy * group, nheads = split ? 1 : group;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int k0 = blockIdx.y * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g;
+    size_t ldk = (size_t)a.nkv * HD;
+    size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    float sl2 = a.scale * FA_LOG2E;
+    int i_first = k0 / FA_BQ * FA_BQ, ntiles = (T - i_first + FA_BQ - 1) / FA_BQ;
+    int nitems = nheads * ntiles;
+    uint32_t qaddr = smem_addr(sm), oaddr = qaddr + 2 * tile * 2; /* buffer bf: + bf tile 2 */
+
+    if (nitems > 0)
+        dkdv_stage<HD, 1>(a, b, h_first, i_first, ntiles, 0, seg, sm, sm + 2 * tile, lse2_s[0],
+                          D_s[0], lo_s[0]);
+    uint32_t ka[HD / 16][4], va[HD / 16][4];
+    load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
+    load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
+    float dk[HD / 8][4], dv[HD / 8][4];
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dk[nt][e] = dv[nt][e] = 0.0f;
+    for (int n = 0; n < nitems; n++) {
+        int bf = n & 1;
+        if (n + 1 < nitems) {
+            /* buffer bf ^ 1: every warp's products of item n - 1 completed before the barrier */
+            dkdv_stage<HD, 1>(a, b, h_first, i_first, ntiles, n + 1, seg, sm + (bf ^ 1) * tile,
+                              sm + (2 + (bf ^ 1)) * tile, lse2_s[bf ^ 1], D_s[bf ^ 1],
+                              lo_s[bf ^ 1]);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();
+        __syncthreads(); /* item n is in */
+        fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
+        int i0 = it.i0;
+        uint16_t *dst = a.ds ? a.ds + (size_t)(b * a.nh + it.h - a.pair0) * fa_ds_pair(T) +
+                                   fa_ds_tile((int)blockIdx.y, i0 / 64) +
+                                   (size_t)(warp * 16 + g) * 64 + (i0 & 63) + 2 * (lane & 3)
+                             : NULL;
+        int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
+        int thi = warp_max_i(lo == INT_MAX ? 0 : lo);
+        /* the element mask wherever some key of the warp is not seen by some
+         * query of the tile (as flash_dkdv_kernel, whose warps that see none
+         * skip the tile: here they compute it, all masked) */
+        int mask = w0 + 15 > i0 || i0 + FA_BQ - 1 >= T || w0 + 15 >= T || thi > w0;
+        float s[4][4], dp[4][4];
+        wg_fence();
+        uint32_t qa_bf = qaddr + (uint32_t)(bf * tile * 2), oa_bf = oaddr + (uint32_t)(bf * tile * 2);
+        wg_rows_t<HD>(s, ka, qa_bf);  /* S^T = K Q^T */
+        wg_rows_t<HD>(dp, va, oa_bf); /* dP^T = V dO^T */
+        wg_commit();
+        wg_wait<0>();
+        wg_hold<4>(s);
+        wg_hold<4>(dp);
+        probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
+        if (dst) {
+            FA_UNROLL
+            for (int nt = 0; nt < 4; nt++) { /* keys g and g + 8 */
+                *(uint32_t *)(dst + nt * 8) = pack2(dp[nt][0], dp[nt][1]);
+                *(uint32_t *)(dst + 8 * 64 + nt * 8) = pack2(dp[nt][2], dp[nt][3]);
+            }
+            if ((i0 & 63) == 0 && i0 + FA_BQ >= T) /* the tile's queries past T: zeros */
+                FA_UNROLL
+                for (int nt = 0; nt < 4; nt++)
+                    *(uint32_t *)(dst + FA_BQ + nt * 8) =
+                        *(uint32_t *)(dst + FA_BQ + 8 * 64 + nt * 8) = 0u;
+        }
+        uint32_t pa[2][4], sa[2][4];
+        FA_UNROLL
+        for (int kk = 0; kk < 2; kk++) {
+            c_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+            c_to_a(sa[kk], dp[2 * kk], dp[2 * kk + 1]);
+        }
+        wg_fence(); /* the A fragments are written */
+        wg_frags_times<HD>(dv, pa, oa_bf); /* dV += P^T dO */
+        wg_frags_times<HD>(dk, sa, qa_bf); /* dK += dS^T Q */
+        wg_commit();
+        wg_wait<0>();
+        wg_hold<HD / 8>(dv);
+        wg_hold<HD / 8>(dk);
+        __syncthreads(); /* every warp is done with buffer bf */
+    }
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++) /* dK = scale (dS / scale)^T Q */
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dk[nt][e] *= a.scale;
+    const float one[2] = {1.0f, 1.0f};
+    if (split) { /* this query head's share, fp32 */
+        size_t ldp = (size_t)a.nh * HD, poff = (size_t)b * T * ldp + (size_t)h_first * HD;
+        store_rows_f32<HD>(a.dk_part + poff, ldp, keyA, T, dk);
+        store_rows_f32<HD>(a.dv_part + poff, ldp, keyA, T, dv);
+        return;
+    }
+    store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
+    store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
+}
+
+/* Its dynamic shared memory: two buffers of Q and dO tiles. */
+static inline size_t fa_dkdv_wgmma_smem(int hd)
+{
+    return 4u * FA_BQ * (size_t)hd * sizeof(uint16_t);
 }
 
 /* ---- the probe of the descriptors (cuda_wgmma_probe) -------------------------------- */

@@ -176,6 +176,25 @@ static __device__ __forceinline__ void stage_rows_async(uint16_t *dst, const uin
     }
 }
 
+/* Starts copying rows [r0, r0 + nrows) (a multiple of 8) of a [.., HD]
+ * slice (row r at src + r * ld) into dst as 8 x 8 core matrices (the layout of
+ * the wgmma kernels' operands, cuda_wgmma.cuh): row r, column c at
+ * ((r/8) (HD/8) + c/8) 64 + (r%8) 8 + c%8, zeros past T; the whole block helps, one commit closes the
+ * group. Eight consecutive threads fill one core matrix: 128 contiguous
+ * bytes, no bank conflict; a warp reads 64 contiguous bytes of 8 rows. */
+template <int HD>
+static __device__ __forceinline__ void stage_core_async(uint16_t *dst, const uint16_t *src,
+                                                        size_t ld, int r0, int nrows, int T)
+{
+    const int chunks = HD / 8; /* 16-byte pieces, core matrices, a row */
+    for (int i = threadIdx.x; i < nrows * chunks; i += blockDim.x) {
+        int r8 = i & 7, rest = i >> 3, c8 = rest % chunks, rg = rest / chunks;
+        int row = r0 + rg * 8 + r8, ok = row < T;
+        cp_async16(dst + (rg * chunks + c8) * 64 + r8 * 8, src + (size_t)(ok ? row : 0) * ld + c8 * 8,
+                   ok);
+    }
+}
+
 /* x[16 x 8 NT] = A[16 x HD] Y^T, A in registers (a[ks], k-steps of 16), Y
  * NT x 8 rows staged (row stride HD + FA_PAD): S = Q K^T, dP = dO V^T,
  * S^T = K Q^T, dP^T = V dO^T. Every product of a k-step pair is issued

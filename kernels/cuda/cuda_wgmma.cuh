@@ -1,5 +1,5 @@
 /* kernels/cuda/cuda_wgmma.cuh — the Hopper warpgroup products (wgmma, sm_90a)
- * of the fused attention's wgmma forward (cuda_flash_wgmma.cu): their
+ * of the fused attention's wgmma kernels (cuda_flash_wgmma.cu): their
  * operand layout in shared memory, its descriptors, and the fences and
  * waits around them. Device code only, self-contained (cuda_device.h), so
  * the CPU emulation of the device (tests/cuda_emu) runs it too: there the
@@ -17,7 +17,7 @@
  * B comes from shared memory through a descriptor (PTX ISA, "Matrix
  * Descriptor Format"): start address, leading-dimension byte offset (LBO)
  * and stride-dimension byte offset (SBO), each >> 4, no swizzling. The
- * staged tiles (stage_core_async) are rows of HD bf16 cut into 8 x 8 core
+ * staged tiles (stage_core_async, cuda_mma.cuh) are rows of HD bf16 cut into 8 x 8 core
  * matrices of 128 contiguous bytes: row r, column c at ((r/8) (HD/8) +
  * c/8) 64 + (r%8) 8 + c%8 elements. That one layout serves both uses:
  *  - K as B of S = Q K^T (B is N x K = keys x hd, "K-major", trans-b 0):
@@ -120,6 +120,32 @@ template <int NT> static __device__ __forceinline__ void wg_hold(float d[NT][4])
 #endif
 }
 
+/* d[64 x 32] = (scale_d ? d : 0) + A B (the backward's S^T and dP^T against
+ * a tile of 32 queries); otherwise as wg_m64n64k16. */
+template <int TRANS>
+static __device__ __forceinline__ void wg_m64n32k16(float d[4][4], const uint32_t a[4],
+                                                    uint64_t desc, int scale_d)
+{
+#if defined(SPOTUNE_CUDA_EMU)
+    emu_wgmma_bf16(&d[0][0], 32, a, desc, TRANS, scale_d);
+#elif WG_DEVICE
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d), "n"(TRANS));
+#else
+    (void)d, (void)a, (void)desc, (void)scale_d;
+    __trap();
+#endif
+}
+
 /* d[64 x 64] = (scale_d ? d : 0) + A B, A this warp's fragment (rows 16w..),
  * B 16 x 64 at desc (TRANS: MN-major). Issued, not complete: wg_commit,
  * wg_wait, wg_hold before d is read. */
@@ -194,24 +220,6 @@ static __device__ __forceinline__ void wg_m64n128k16(float d[16][4], const uint3
     (void)d, (void)a, (void)desc, (void)scale_d;
     __trap();
 #endif
-}
-
-/* Starts copying rows [r0, r0 + nrows) (a multiple of 8) of a [.., HD]
- * slice (row r at src + r * ld) into dst as core matrices (the layout
- * above), zeros past T; the whole block helps, one commit closes the
- * group. Eight consecutive threads fill one core matrix: 128 contiguous
- * bytes, no bank conflict; a warp reads 64 contiguous bytes of 8 rows. */
-template <int HD>
-static __device__ __forceinline__ void stage_core_async(uint16_t *dst, const uint16_t *src,
-                                                        size_t ld, int r0, int nrows, int T)
-{
-    const int chunks = HD / 8; /* 16-byte pieces, core matrices, a row */
-    for (int i = threadIdx.x; i < nrows * chunks; i += blockDim.x) {
-        int r8 = i & 7, rest = i >> 3, c8 = rest % chunks, rg = rest / chunks;
-        int row = r0 + rg * 8 + r8, ok = row < T;
-        cp_async16(dst + (rg * chunks + c8) * 64 + r8 * 8, src + (size_t)(ok ? row : 0) * ld + c8 * 8,
-                   ok);
-    }
 }
 
 #endif

@@ -3,9 +3,9 @@
  * run on the emulated device (cuda_emu.h), against the CPU backend's
  * attention on the same bf16 inputs: forward (out, lse) and backward (dq,
  * dk, dv, through the row-dot, dK/dV and dQ kernels; dQ both ways,
- * recomputing and from the stored dS in chunks; the forward also by
- * warpgroup products, cuda_flash_wgmma.cuh, bit for bit the mma.sync
- * one's here) on odd shapes: T 1, 7, 37,
+ * recomputing and from the stored dS in chunks; the forward and dK/dV
+ * also by warpgroup products, cuda_flash_wgmma.cuh, the mma.sync
+ * kernels' results here) on odd shapes: T 1, 7, 37,
  * 64, 130 (T not a multiple of the tiles), head dims 64 and 128, GQA groups 1, 2, 4 and 8,
  * two batch rows, packed documents. Launch shapes are the host code's
  * (fa_row_blocks, fa_key_blocks, fa_rowdot_blocks). Outputs start as NaN,
@@ -72,6 +72,21 @@ template <int HD> static void dkdv_fn(void *p)
     flash_dkdv_kernel<HD>(*(flash_args *)p);
 }
 
+template <int HD> static void dkdv_wgmma_fn(void *p)
+{
+    flash_dkdv_wgmma_kernel<HD>(*(flash_args *)p);
+}
+
+/* Elements where two bf16 tensors differ as numbers (+0 and -0 equal: a
+ * product of 0 keeps the sign of its other factor; NaN differs). */
+static size_t bf16_differ(const uint16_t *x, const uint16_t *y, size_t n)
+{
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += !(sp_bf16_to_f32(x[i]) == sp_bf16_to_f32(y[i]));
+    return d;
+}
+
 template <int HD> static void dq_fn(void *p)
 {
     flash_dq_kernel<HD>(*(flash_args *)p);
@@ -112,6 +127,13 @@ static void launch(unsigned gx, unsigned gy, unsigned threads, void (*fn)(void *
 {
     cr_assert_eq(emu_launch(dim(gx, gy), dim(threads, 1), fn, arg), 0, "%s did not run to its end",
                  what);
+}
+
+static void launch_dkdv_wgmma(unsigned gx, unsigned gy, int hd, flash_args *a, const char *what)
+{
+    cr_assert_eq(emu_launch_smem(dim(gx, gy), dim(FA_THREADS, 1), fa_dkdv_wgmma_smem(hd),
+                                 hd == 64 ? dkdv_wgmma_fn<64> : dkdv_wgmma_fn<128>, a),
+                 0, "%s: flash_dkdv_wgmma_kernel did not run to its end", what);
 }
 
 /* ---- data -------------------------------------------------------------------------- */
@@ -310,6 +332,27 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
         launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rd,
                "flash_dkdv_reduce_kernel");
     }
+    /* the dK/dV kernel by warpgroup products (cuda_flash_wgmma.cuh): the
+     * same products in the same order, so the same dK and dV (as numbers:
+     * its masked-out warps add zeros of either sign where the mma.sync
+     * kernel skips them) */
+    {
+        flash_args aw = a;
+        uint16_t *dk_w = nan_bf16(nk), *dv_w = nan_bf16(nk);
+        float *shares_w = split ? nan_f32(2 * nq) : NULL;
+        aw.dk = dk_w, aw.dv = dv_w;
+        aw.dk_part = split ? shares_w : NULL, aw.dv_part = split ? shares_w + nq : NULL;
+        launch_dkdv_wgmma((unsigned)(B * (split ? nh : nkv)), fa_key_blocks(T), hd, &aw, what);
+        if (split) {
+            reduce_arg rdw = {aw, hd};
+            launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rdw,
+                   "flash_dkdv_reduce_kernel (wgmma)");
+        }
+        size_t bk = bf16_differ(dk_w, dk, nk), bv = bf16_differ(dv_w, dv, nk);
+        cr_expect(bk == 0 && bv == 0, "%s: the wgmma dK/dV kernel differs from the mma.sync one "
+                                      "in %zu of dK's and %zu of dV's %zu elements", what, bk, bv, nk);
+        free(dk_w), free(dv_w), free(shares_w);
+    }
     launch((unsigned)(B * nh), fa_row_blocks(T), FA_THREADS, hd == 64 ? dq_fn<64> : dq_fn<128>,
            &a, "flash_dq_kernel");
     tensor_t cdo = up(dout, nq), cdq = up(NULL, nq), cdk = up(NULL, nk), cdv = up(NULL, nk);
@@ -390,6 +433,38 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
                       memcmp(dv3, wv, sizeof(uint16_t) * nk) == 0,
                   "%s: dK, dV differ when the dK/dV kernel also stores dS (%s)", what,
                   sp ? "split" : "by kv head");
+
+        /* the same chunks with the wgmma dK/dV kernel: its stored dS, and
+         * dQ from it, the mma.sync kernel's (as numbers) */
+        uint16_t *ds_w = nan_bf16(p.bytes / sizeof(uint16_t));
+        uint16_t *dq_w = nan_bf16(nq), *dk_w = nan_bf16(nk), *dv_w = nan_bf16(nk);
+        float *shares_w = sp ? nan_f32(2 * nq) : NULL;
+        flash_args aw = a3;
+        aw.dq = dq_w, aw.dk = dk_w, aw.dv = dv_w, aw.ds = ds_w;
+        aw.dk_part = sp ? shares_w : NULL, aw.dv_part = sp ? shares_w + nq : NULL;
+        size_t ds_bad = 0;
+        for (int c = 0; c < p.chunks; c++) {
+            int u0 = c * p.per_chunk, nu = p.units - u0 < p.per_chunk ? p.units - u0 : p.per_chunk;
+            aw.pair0 = a3.pair0 = u0 * p.unit;
+            launch_dkdv_wgmma((unsigned)nu, fa_key_blocks(T), hd, &aw, what);
+            launch((unsigned)(nu * p.unit), fa_row_blocks(T), FA_THREADS,
+                   hd == 64 ? dq_stored_fn<64> : dq_stored_fn<128>, &aw,
+                   "flash_dq_stored_kernel (wgmma dS)");
+            if (c == p.chunks - 1) /* the buffer holds the last chunk's tiles */
+                ds_bad = bf16_differ(ds_w, ds, last);
+        }
+        if (sp) {
+            reduce_arg rdw = {aw, hd};
+            launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rdw,
+                   "flash_dkdv_reduce_kernel (wgmma, storing dS)");
+        }
+        size_t qb = bf16_differ(dq_w, dq3, nq), kb = bf16_differ(dk_w, dk3, nk);
+        size_t vb = bf16_differ(dv_w, dv3, nk);
+        cr_expect(ds_bad == 0 && qb == 0 && kb == 0 && vb == 0,
+                  "%s (%s): the wgmma dK/dV kernel's stored dS differs in %zu of %zu elements, "
+                  "dq %zu, dk %zu, dv %zu", what, sp ? "split" : "by kv head", ds_bad, last, qb,
+                  kb, vb);
+        free(ds_w), free(dq_w), free(dk_w), free(dv_w), free(shares_w);
         free(ds), free(dq3), free(dk3), free(dv3), free(shares3);
     }
     free(dk2), free(dv2);

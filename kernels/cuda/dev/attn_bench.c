@@ -206,7 +206,7 @@ static int fused_takes(backend_t *be, const shape *s, dev_set *d)
     return fn(be, d->q.dt, s->B, s->T, s->nh, s->nkv, s->hd, ptrs, 8);
 }
 
-/* Whether the forward runs the wgmma kernel now (cuda_flash_wgmma_selected
+/* Whether the wgmma kernels run now (cuda_flash_wgmma_selected
  * in the module: SPOTUNE_CUDA_ATTENTION=fused-wgmma, the sm_90a build, a
  * GPU of compute capability 9.0). */
 static int wgmma_runs(backend_t *be)
