@@ -71,6 +71,10 @@
 #                             the attention backward's dS stored in eleven
 #                             chunks, where the default recomputes dQ; row
 #                             15's speed against it says which is right
+#   bench 7B attention wgmma  row 8 with SPOTUNE_CUDA_ATTENTION=fused-wgmma:
+#                             the attention's kernels by Hopper warpgroup
+#                             products; row 8's speed against it says
+#                             whether they should be the default
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -111,7 +115,7 @@
 #   --only KEYS       run only these steps (comma-separated: ops layer model
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
-#                     hf7s8k b7one b7s8ks racecheck memcheck), e.g.
+#                     hf7s8k b7one b7s8ks b7wg racecheck memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -223,7 +227,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k b7one b7s8ks racecheck memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg racecheck memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -248,6 +252,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     hf7s8k) n="HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py)" ;;
     b7one) n="bench llama-7b LoRA r16 mb1 seq 2048, LoRA one by one (SPOTUNE_LORA_BATCHED=0)" ;;
     b7s8ks) n="bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (SPOTUNE_CUDA_ATTENTION=fused-stored)" ;;
+    b7wg) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by wgmma (SPOTUNE_CUDA_ATTENTION=fused-wgmma)" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -757,6 +762,12 @@ fi
 if want b7s8ks; then
     BENCH_ENV=SPOTUNE_CUDA_ATTENTION=fused-stored BENCH_VS=b7s8k
     bench b7s8ks 60 llama-7b lora 1 3 none 8192
+fi
+# row 8 with the attention's forward, dK/dV and dQ kernels by wgmma: what
+# they give a step (docs/cuda.md, "The wgmma kernels"; not yet the default)
+if want b7wg; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=fused-wgmma BENCH_VS=b7
+    bench b7wg 60 llama-7b lora 1 5
 fi
 
 SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)

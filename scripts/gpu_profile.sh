@@ -6,7 +6,8 @@
 #
 #   attention   ncu on the fused attention's kernels (forward, dK/dV, dQ
 #               from the stored dS, and dQ recomputing, from attn_bench's
-#               fused-recompute version) inside attn_bench at one shape:
+#               fused-recompute version; the first three also by wgmma,
+#               from its fused-wgmma version) inside attn_bench at one shape:
 #               duration, registers, occupancy, warp stalls
 #               (ncu_<kernel>.txt whole, a summary line each)
 #   step        every kernel of one training step of spotune bench with its
@@ -89,10 +90,12 @@ for part in "${PARTS[@]}"; do
         say ""
         say "| kernel | duration | registers | achieved occupancy | top stalls (cycles an instruction) |"
         say "| --- | ---: | ---: | ---: | --- |"
-        for k in flash_forward_kernel flash_dkdv_kernel flash_dq_stored_kernel flash_dq_kernel; do
+        for k in flash_forward_kernel flash_dkdv_kernel flash_dq_stored_kernel flash_dq_kernel \
+            flash_forward_wgmma_kernel flash_dkdv_wgmma_kernel flash_dq_stored_wgmma_kernel; do
             f="$DEST/ncu_$k.txt"
             # the second launch: the first is attn_bench's warm-up (of its
-            # fused version; flash_dq_kernel runs in fused-recompute only)
+            # fused version; flash_dq_kernel runs in fused-recompute only,
+            # the *_wgmma_kernel ones in fused-wgmma on an sm_90 GPU only)
             timeout "$BOX" "$NCU" --clock-control none --section SpeedOfLight --section Occupancy \
                 --section LaunchStats --section WarpStateStats --section SchedulerStats \
                 --print-details all -k "regex:^$k" --launch-skip 1 --launch-count 1 \

@@ -58,7 +58,8 @@ out=$(GPU_PROFILE_NCU="$tmp/ncu" OUT="$tmp/all" bash "$b/gpu_profile.sh" 2>&1)
 rc=$?
 md=$(cat "$tmp/all/gpu_profile.md" 2>/dev/null)
 check "attention and step: exit 0" $((rc != 0)) "exit $rc: $out"
-for k in flash_forward_kernel flash_dkdv_kernel flash_dq_stored_kernel flash_dq_kernel; do
+for k in flash_forward_kernel flash_dkdv_kernel flash_dq_stored_kernel flash_dq_kernel \
+    flash_forward_wgmma_kernel flash_dkdv_wgmma_kernel flash_dq_stored_wgmma_kernel; do
     has "$md" "| $k | 369.70 us | 250 | 12.35 % | Wait 2.19; Short Scoreboard 1.15; Barrier 0.79 |"
     check "attention: $k's row from ncu's details (duration, registers, occupancy, top stalls)" $? "$md"
 done

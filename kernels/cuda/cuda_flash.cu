@@ -38,10 +38,11 @@ static dq_mode dq_requested(void)
     return DQ_AUTO;
 }
 
-/* Whether the forward and the dK/dV kernel run by warpgroup products
- * (cuda_flash_wgmma.cu): asked for (SPOTUNE_CUDA_ATTENTION=fused-wgmma), in
- * the build (the emulation has it too) and able to run on this GPU;
- * otherwise the mma.sync kernels. dQ is made as by "fused" either way. */
+/* Whether the forward, dK/dV and dQ from the stored dS run by warpgroup
+ * products (cuda_flash_wgmma.cu): asked for (SPOTUNE_CUDA_ATTENTION=
+ * fused-wgmma), in the build (the emulation has it too) and able to run
+ * on this GPU; otherwise the mma.sync kernels. A dQ that recomputes (the
+ * dS not stored) stays mma.sync. */
 extern "C" int cuda_flash_wgmma_selected(backend_t *be)
 {
     const char *e = getenv("SPOTUNE_CUDA_ATTENTION");
@@ -192,6 +193,10 @@ static int launch_dkdv(backend_t *be, const flash_args *a, dim3 grid, int hd)
 static int launch_dq(backend_t *be, const flash_args *a, dim3 grid, int hd, int stored)
 {
     cudaStream_t st = CUDA_IMPL(be)->stream;
+#if defined(SPOTUNE_CUDA_SM90A) || defined(SPOTUNE_CUDA_EMU)
+    if (stored && cuda_flash_wgmma_selected(be))
+        return cuda_flash_dq_stored_wgmma(be, a, grid.x, grid.y, hd);
+#endif
     if (stored) {
         if (hd == 64)
             LAUNCH(flash_dq_stored_kernel<64>, grid, FA_THREADS, 0, st)(*a);

@@ -1,5 +1,6 @@
 /* kernels/cuda/cuda_flash_wgmma.cu — the launches of the fused attention's
- * wgmma kernels, the forward and dK/dV (cuda_flash_wgmma.cuh), and the
+ * wgmma kernels, the forward, dK/dV and dQ from the stored dS
+ * (cuda_flash_wgmma.cuh), and the
  * probe of their descriptors, compiled for sm_90a alone
  * (kernels/cuda/CMakeLists.txt): wgmma exists there only, and sm_90a code
  * runs on compute capability 9.0 alone. cuda_flash.cu decides when. */
@@ -65,6 +66,21 @@ extern "C" int cuda_flash_dkdv_wgmma(backend_t *be, const flash_args *a, unsigne
     else
         LAUNCH(flash_dkdv_wgmma_kernel<128>, grid, FA_THREADS, smem, st)(*a);
     return LAUNCHED(be, "flash_dkdv_wgmma_kernel");
+}
+
+/* dQ from the stored dS by warpgroup products on grid (launch_dq's);
+ * nonzero on a failed launch. */
+extern "C" int cuda_flash_dq_stored_wgmma(backend_t *be, const flash_args *a, unsigned gx,
+                                          unsigned gy, int hd)
+{
+    dim3 grid(gx, gy);
+    size_t smem = fa_dq_wgmma_smem(hd);
+    cudaStream_t st = CUDA_IMPL(be)->stream;
+    if (hd == 64)
+        LAUNCH(flash_dq_stored_wgmma_kernel<64>, grid, FA_THREADS, smem, st)(*a);
+    else
+        LAUNCH(flash_dq_stored_wgmma_kernel<128>, grid, FA_THREADS, smem, st)(*a);
+    return LAUNCHED(be, "flash_dq_stored_wgmma_kernel");
 }
 
 /* The probe of the descriptors (wgmma_probe_kernel): ok[v] = 1 when

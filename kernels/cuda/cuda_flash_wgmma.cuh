@@ -1,10 +1,11 @@
 /* kernels/cuda/cuda_flash_wgmma.cuh — the device code of the fused
- * attention's forward and dK/dV kernel with Hopper warpgroup products
+ * attention's forward, dK/dV and dQ-from-stored-dS kernels with Hopper
+ * warpgroup products
  * (wgmma, cuda_wgmma.cuh), and a probe of their descriptors;
  * cuda_flash_wgmma.cu, compiled for sm_90a alone (kernels/cuda/
  * CMakeLists.txt), launches them. Selected by
  * SPOTUNE_CUDA_ATTENTION=fused-wgmma on a GPU of compute capability 9.0
- * (cuda_flash.cu); dQ is made as by the fused path either way.
+ * (cuda_flash.cu); a dQ that recomputes S and dP stays mma.sync.
  * Self-contained like cuda_flash_kernels.cuh, so that the same source also
  * runs under the CPU emulation of the device (tests/cuda_emu).
  *
@@ -17,7 +18,8 @@
  * which read K and V from shared memory themselves, once for the whole
  * warpgroup, where mma.sync has every warp load every fragment of them by
  * ldmatrix (four times the shared-memory reads: the forward's bound,
- * docs/perf.md). dK/dV: the same for its four products (below). The four
+ * docs/perf.md). dK/dV and dQ from the stored dS: the same for their
+ * products (below). The four
  * warps issue every product together, so a warp whose rows (or keys) see
  * none of a tile computes it too, masked to nothing (forward: its rows
  * have seen no key yet, or are past T, and the online softmax leaves them
@@ -290,7 +292,74 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
     store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
 }
 
-/* Its dynamic shared memory: two buffers of Q and dO tiles. */
+/* ---- backward: dQ from the stored dS ---------------------------------------------- */
+
+/* dQ += dS K as flash_dq_stored_kernel (cuda_flash_backward.cuh), by
+ * warpgroup products: each warp's 16 rows of the staged dS tile as A
+ * fragments (ldmatrix.trans, as there), K staged as core matrices and read
+ * by the products (MN-major B). Every warp multiplies every tile: where a
+ * row sees none of its keys the stored dS is 0. Dynamic shared memory: the
+ * K tile. */
+template <int HD>
+__global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_wgmma_kernel(flash_args a)
+{
+    DYNAMIC_SHARED(uint16_t, Ks); /* FA_BC x HD, core matrices */
+    __shared__ __align__(16) uint16_t Ss[FA_BC * (FA_BR + FA_PAD)]; /* dS^T: keys x queries */
+    __shared__ int sh_lo;
+    int bx = (int)blockIdx.x + a.pair0;
+    int b = bx / a.nh, h = bx % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int qb = fa_row_block(), q0 = qb * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
+    int rowA = w0 + g;
+    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
+    const uint16_t *dsp = a.ds + (size_t)blockIdx.x * fa_ds_pair(T);
+    const uint16_t *sr = Ss + ((lane & 7) + (lane >> 4) * 8) * (FA_BR + FA_PAD) + warp * 16 +
+                         ((lane >> 3) & 1) * 8;
+    uint32_t kaddr = smem_addr(Ks);
+    const uint32_t lbo = HD / 8 * 128, sbo = 128; /* the next 8 keys; the next 8 hd columns */
+    float dq[HD / 8][4];
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++)
+        dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
+        stage_core_async<HD>(Ks, a.k + koff, ldk, j0, FA_BC, T);
+        stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(j0 / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads(); /* K(j0) and dS(j0) are in */
+        uint32_t sa[FA_BC / 16][4]; /* dS rows w0.. x keys j0 + 16 kk.. */
+        FA_UNROLL
+        for (int kk = 0; kk < FA_BC / 16; kk++)
+            ldsm_x4(sa[kk], sr + kk * 16 * (FA_BR + FA_PAD), 1);
+        wg_fence();
+        FA_UNROLL
+        for (int kk = 0; kk < FA_BC / 16; kk++) {
+            uint64_t desc = wg_desc(kaddr + (uint32_t)kk * 2 * lbo, lbo, sbo);
+            if constexpr (HD == 64)
+                wg_m64n64k16<1>(dq, sa[kk], desc, 1);
+            else
+                wg_m64n128k16<1>(dq, sa[kk], desc, 1);
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_hold<HD / 8>(dq);
+        __syncthreads(); /* every warp is done with both tiles */
+    }
+    const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
+    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
+}
+
+/* Its dynamic shared memory: the K tile. */
+static inline size_t fa_dq_wgmma_smem(int hd)
+{
+    return (size_t)FA_BC * hd * sizeof(uint16_t);
+}
+
+/* The dK/dV kernel's dynamic shared memory: two buffers of Q and dO tiles. */
 static inline size_t fa_dkdv_wgmma_smem(int hd)
 {
     return 4u * FA_BQ * (size_t)hd * sizeof(uint16_t);

@@ -277,16 +277,18 @@ void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, t
                          tensor_t seg, int B, int T, int nh, int nkv, int hd);
 
 /* cuda_flash_wgmma.cu (compiled for sm_90a; where the build has it,
- * SPOTUNE_CUDA_SM90A): the forward and the dK/dV kernel by warpgroup
- * products. cuda_flash_wgmma_usable: 1 on a GPU of compute capability 9.0
- * that loads its image; cuda_flash_forward_wgmma and cuda_flash_dkdv_wgmma
- * launch them (nonzero on a failed launch). cuda_flash.cu uses them for
+ * SPOTUNE_CUDA_SM90A): the forward, dK/dV and dQ-from-stored-dS kernels
+ * by warpgroup products. cuda_flash_wgmma_usable: 1 on a GPU of compute
+ * capability 9.0 that loads their image; the others launch them (nonzero
+ * on a failed launch). cuda_flash.cu uses them for
  * SPOTUNE_CUDA_ATTENTION=fused-wgmma. */
 struct flash_args;
 int cuda_flash_wgmma_usable(backend_t *be);
 int cuda_flash_forward_wgmma(backend_t *be, const struct flash_args *a, int hd);
 int cuda_flash_dkdv_wgmma(backend_t *be, const struct flash_args *a, unsigned gx, unsigned gy,
                           int hd);
+int cuda_flash_dq_stored_wgmma(backend_t *be, const struct flash_args *a, unsigned gx,
+                               unsigned gy, int hd);
 /* 1 when a forward of this backend would run the wgmma kernel now (the
  * variable set, the build and the GPU able): for the workbench's rows. */
 int cuda_flash_wgmma_selected(backend_t *be);

@@ -3,9 +3,9 @@
  * run on the emulated device (cuda_emu.h), against the CPU backend's
  * attention on the same bf16 inputs: forward (out, lse) and backward (dq,
  * dk, dv, through the row-dot, dK/dV and dQ kernels; dQ both ways,
- * recomputing and from the stored dS in chunks; the forward and dK/dV
- * also by warpgroup products, cuda_flash_wgmma.cuh, the mma.sync
- * kernels' results here) on odd shapes: T 1, 7, 37,
+ * recomputing and from the stored dS in chunks; the forward, dK/dV and
+ * dQ from the stored dS also by warpgroup products, cuda_flash_wgmma.cuh,
+ * the mma.sync kernels' results here) on odd shapes: T 1, 7, 37,
  * 64, 130 (T not a multiple of the tiles), head dims 64 and 128, GQA groups 1, 2, 4 and 8,
  * two batch rows, packed documents. Launch shapes are the host code's
  * (fa_row_blocks, fa_key_blocks, fa_rowdot_blocks). Outputs start as NaN,
@@ -85,6 +85,11 @@ static size_t bf16_differ(const uint16_t *x, const uint16_t *y, size_t n)
     for (size_t i = 0; i < n; i++)
         d += !(sp_bf16_to_f32(x[i]) == sp_bf16_to_f32(y[i]));
     return d;
+}
+
+template <int HD> static void dq_wgmma_fn(void *p)
+{
+    flash_dq_stored_wgmma_kernel<HD>(*(flash_args *)p);
 }
 
 template <int HD> static void dq_fn(void *p)
@@ -434,8 +439,8 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
                   "%s: dK, dV differ when the dK/dV kernel also stores dS (%s)", what,
                   sp ? "split" : "by kv head");
 
-        /* the same chunks with the wgmma dK/dV kernel: its stored dS, and
-         * dQ from it, the mma.sync kernel's (as numbers) */
+        /* the same chunks with the wgmma dK/dV and dQ kernels: the stored
+         * dS, dQ from it, dK and dV the mma.sync kernels' (as numbers) */
         uint16_t *ds_w = nan_bf16(p.bytes / sizeof(uint16_t));
         uint16_t *dq_w = nan_bf16(nq), *dk_w = nan_bf16(nk), *dv_w = nan_bf16(nk);
         float *shares_w = sp ? nan_f32(2 * nq) : NULL;
@@ -447,9 +452,10 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
             int u0 = c * p.per_chunk, nu = p.units - u0 < p.per_chunk ? p.units - u0 : p.per_chunk;
             aw.pair0 = a3.pair0 = u0 * p.unit;
             launch_dkdv_wgmma((unsigned)nu, fa_key_blocks(T), hd, &aw, what);
-            launch((unsigned)(nu * p.unit), fa_row_blocks(T), FA_THREADS,
-                   hd == 64 ? dq_stored_fn<64> : dq_stored_fn<128>, &aw,
-                   "flash_dq_stored_kernel (wgmma dS)");
+            cr_assert_eq(emu_launch_smem(dim((unsigned)(nu * p.unit), fa_row_blocks(T)),
+                                         dim(FA_THREADS, 1), fa_dq_wgmma_smem(hd),
+                                         hd == 64 ? dq_wgmma_fn<64> : dq_wgmma_fn<128>, &aw),
+                         0, "%s: flash_dq_stored_wgmma_kernel did not run to its end", what);
             if (c == p.chunks - 1) /* the buffer holds the last chunk's tiles */
                 ds_bad = bf16_differ(ds_w, ds, last);
         }
