@@ -161,7 +161,7 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
     a.lse = (float *)lse.p;
 #if defined(SPOTUNE_CUDA_SM90A) || defined(SPOTUNE_CUDA_EMU)
     if (cuda_flash_wgmma_selected(be)) {
-        cuda_flash_forward_wgmma(be, &a, hd);
+        cuda_flash_wgmma_launch(be, &a, FA_WG_FORWARD, (unsigned)(B * nh), fa_row_blocks(T), hd);
         return;
     }
 #endif
@@ -179,7 +179,7 @@ static int launch_dkdv(backend_t *be, const flash_args *a, dim3 grid, int hd)
 {
 #if defined(SPOTUNE_CUDA_SM90A) || defined(SPOTUNE_CUDA_EMU)
     if (cuda_flash_wgmma_selected(be))
-        return cuda_flash_dkdv_wgmma(be, a, grid.x, grid.y, hd);
+        return cuda_flash_wgmma_launch(be, a, FA_WG_DKDV, grid.x, grid.y, hd);
 #endif
     cudaStream_t st = CUDA_IMPL(be)->stream;
     if (hd == 64)
@@ -195,7 +195,7 @@ static int launch_dq(backend_t *be, const flash_args *a, dim3 grid, int hd, int 
     cudaStream_t st = CUDA_IMPL(be)->stream;
 #if defined(SPOTUNE_CUDA_SM90A) || defined(SPOTUNE_CUDA_EMU)
     if (stored && cuda_flash_wgmma_selected(be))
-        return cuda_flash_dq_stored_wgmma(be, a, grid.x, grid.y, hd);
+        return cuda_flash_wgmma_launch(be, a, FA_WG_DQ, grid.x, grid.y, hd);
 #endif
     if (stored) {
         if (hd == 64)

@@ -155,6 +155,63 @@ static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, in
     }
 }
 
+/* This lane's first element of the warp's 16 keys x 32 queries of the
+ * stored dS for the item of query head h at queries i0 (rows 16 warp + g
+ * of the tile, queries from column i0 % 64), or NULL when not stored. */
+static __device__ __forceinline__ uint16_t *fa_ds_dst(const flash_args &a, int b, int warp, int g,
+                                                     int lane, int h, int i0, int T)
+{
+    return a.ds ? a.ds + (size_t)(b * a.nh + h - a.pair0) * fa_ds_pair(T) +
+                      fa_ds_tile((int)blockIdx.y, i0 / 64) + (size_t)(warp * 16 + g) * 64 +
+                      (i0 & 63) + 2 * (lane & 3)
+                : NULL;
+}
+
+/* Writes this lane's part of dS / scale (keys g and g + 8), rounded to
+ * bf16 as the products use it. */
+static __device__ __forceinline__ void fa_ds_write(uint16_t *dst, const float dp[4][4])
+{
+    FA_UNROLL
+    for (int nt = 0; nt < 4; nt++) {
+        *(uint32_t *)(dst + nt * 8) = pack2(dp[nt][0], dp[nt][1]);
+        *(uint32_t *)(dst + 8 * 64 + nt * 8) = pack2(dp[nt][2], dp[nt][3]);
+    }
+}
+
+/* The tile's other 32 queries when they are past T (no item of theirs):
+ * zeros, so that dQ stages no memory left unwritten. */
+static __device__ __forceinline__ void fa_ds_zero_past_t(uint16_t *dst, int i0, int T)
+{
+    if ((i0 & 63) == 0 && i0 + FA_BQ >= T)
+        FA_UNROLL
+        for (int nt = 0; nt < 4; nt++)
+            *(uint32_t *)(dst + FA_BQ + nt * 8) = *(uint32_t *)(dst + FA_BQ + 8 * 64 + nt * 8) = 0u;
+}
+
+/* The end of a dK/dV block: dK = scale (dS / scale)^T Q, then dK and dV
+ * stored: this query head's fp32 shares with the split, else bf16. */
+template <int HD>
+static __device__ __forceinline__ void fa_dkdv_finish(const flash_args &a, int split, int b,
+                                                      int h_first, size_t koff, size_t ldk,
+                                                      int keyA, int T, float dk[HD / 8][4],
+                                                      float dv[HD / 8][4])
+{
+    FA_UNROLL
+    for (int nt = 0; nt < HD / 8; nt++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dk[nt][e] *= a.scale;
+    const float one[2] = {1.0f, 1.0f};
+    if (split) {
+        size_t ldp = (size_t)a.nh * HD, poff = (size_t)b * T * ldp + (size_t)h_first * HD;
+        store_rows_f32<HD>(a.dk_part + poff, ldp, keyA, T, dk);
+        store_rows_f32<HD>(a.dv_part + poff, ldp, keyA, T, dv);
+        return;
+    }
+    store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
+    store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
+}
+
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
 {
@@ -202,12 +259,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
         __syncthreads(); /* item n is in */
         fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
         int i0 = it.i0;
-        /* this warp's 16 keys x 32 queries of the stored dS (16 keys from
-         * row 16 warp + g of the tile, queries from column i0 % 64) */
-        uint16_t *dst = a.ds ? a.ds + (size_t)(b * a.nh + it.h - a.pair0) * fa_ds_pair(T) +
-                                   fa_ds_tile((int)blockIdx.y, i0 / 64) +
-                                   (size_t)(warp * 16 + g) * 64 + (i0 & 63) + 2 * (lane & 3)
-                             : NULL;
+        uint16_t *dst = fa_ds_dst(a, b, warp, g, lane, it.h, i0, T); /* this warp's part of dS */
         /* warp-uniform: some query of the tile sees some key of the warp */
         int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
         int tlo = warp_min_i(lo), thi = warp_max_i(lo == INT_MAX ? 0 : lo);
@@ -219,13 +271,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
             a_times_staged_t<HD, 4>(s, ka, Qs[bf]);   /* S^T = K Q^T */
             a_times_staged_t<HD, 4>(dp, va, dOs[bf]); /* dP^T = V dO^T */
             probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
-            if (dst) {
-                FA_UNROLL
-                for (int nt = 0; nt < 4; nt++) { /* keys g and g + 8 */
-                    *(uint32_t *)(dst + nt * 8) = pack2(dp[nt][0], dp[nt][1]);
-                    *(uint32_t *)(dst + 8 * 64 + nt * 8) = pack2(dp[nt][2], dp[nt][3]);
-                }
-            }
+            if (dst)
+                fa_ds_write(dst, dp);
             c_times_staged<HD, 2>(dv, s, dOs[bf]); /* dV += P^T dO */
             c_times_staged<HD, 2>(dk, dp, Qs[bf]); /* dK += dS^T Q */
         } else if (dst) {
@@ -235,30 +282,11 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
             for (int nt = 0; nt < 4; nt++)
                 *(uint32_t *)(dst + nt * 8) = *(uint32_t *)(dst + 8 * 64 + nt * 8) = 0u;
         }
-        if (dst && (i0 & 63) == 0 && i0 + FA_BQ >= T) {
-            /* the tile's other 32 queries are past T (no item of theirs):
-             * zeros, so that dQ stages no memory left unwritten */
-            FA_UNROLL
-            for (int nt = 0; nt < 4; nt++)
-                *(uint32_t *)(dst + FA_BQ + nt * 8) = *(uint32_t *)(dst + FA_BQ + 8 * 64 + nt * 8) =
-                    0u;
-        }
+        if (dst)
+            fa_ds_zero_past_t(dst, i0, T);
         __syncthreads(); /* every warp is done with buffer bf */
     }
-    FA_UNROLL
-    for (int nt = 0; nt < HD / 8; nt++) /* dK = scale (dS / scale)^T Q */
-        FA_UNROLL
-        for (int e = 0; e < 4; e++)
-            dk[nt][e] *= a.scale;
-    const float one[2] = {1.0f, 1.0f};
-    if (split) { /* this query head's share, fp32 */
-        size_t ldp = (size_t)a.nh * HD, poff = (size_t)b * T * ldp + (size_t)h_first * HD;
-        store_rows_f32<HD>(a.dk_part + poff, ldp, keyA, T, dk);
-        store_rows_f32<HD>(a.dv_part + poff, ldp, keyA, T, dv);
-        return;
-    }
-    store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
-    store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
+    fa_dkdv_finish<HD>(a, split, b, h_first, koff, ldk, keyA, T, dk, dv);
 }
 
 /* dK, dV [B, T, nkv, hd] (bf16) = the sums over each group's query heads

@@ -39,48 +39,25 @@ extern "C" int cuda_flash_wgmma_usable(backend_t *be)
     return known;
 }
 
-/* The forward of a (out, lse, q, k, v, seg and the shape set); nonzero on
+/* Launches wgmma kernel `which` (FA_WG_FORWARD, FA_WG_DKDV, FA_WG_DQ: the
+ * forward, dK/dV, dQ from the stored dS) on grid gx x gy with the
+ * arguments a, as cuda_flash.cu launches their mma.sync twins; nonzero on
  * a failed launch. */
-extern "C" int cuda_flash_forward_wgmma(backend_t *be, const flash_args *a, int hd)
+extern "C" int cuda_flash_wgmma_launch(backend_t *be, const flash_args *a, int which, unsigned gx,
+                                       unsigned gy, int hd)
 {
-    dim3 grid((unsigned)(a->B * a->nh), fa_row_blocks(a->T));
-    size_t smem = fa_wgmma_smem(hd);
-    cudaStream_t st = CUDA_IMPL(be)->stream;
-    if (hd == 64)
-        LAUNCH(flash_forward_wgmma_kernel<64>, grid, FA_THREADS, smem, st)(*a);
-    else
-        LAUNCH(flash_forward_wgmma_kernel<128>, grid, FA_THREADS, smem, st)(*a);
-    return LAUNCHED(be, "flash_forward_wgmma_kernel");
-}
-
-/* The dK/dV kernel by warpgroup products on grid (its blocks from
- * a->pair0, as launch_dkdv in cuda_flash.cu); nonzero on a failed launch. */
-extern "C" int cuda_flash_dkdv_wgmma(backend_t *be, const flash_args *a, unsigned gx,
-                                     unsigned gy, int hd)
-{
-    dim3 grid(gx, gy);
-    size_t smem = fa_dkdv_wgmma_smem(hd);
-    cudaStream_t st = CUDA_IMPL(be)->stream;
-    if (hd == 64)
-        LAUNCH(flash_dkdv_wgmma_kernel<64>, grid, FA_THREADS, smem, st)(*a);
-    else
-        LAUNCH(flash_dkdv_wgmma_kernel<128>, grid, FA_THREADS, smem, st)(*a);
-    return LAUNCHED(be, "flash_dkdv_wgmma_kernel");
-}
-
-/* dQ from the stored dS by warpgroup products on grid (launch_dq's);
- * nonzero on a failed launch. */
-extern "C" int cuda_flash_dq_stored_wgmma(backend_t *be, const flash_args *a, unsigned gx,
-                                          unsigned gy, int hd)
-{
-    dim3 grid(gx, gy);
-    size_t smem = fa_dq_wgmma_smem(hd);
-    cudaStream_t st = CUDA_IMPL(be)->stream;
-    if (hd == 64)
-        LAUNCH(flash_dq_stored_wgmma_kernel<64>, grid, FA_THREADS, smem, st)(*a);
-    else
-        LAUNCH(flash_dq_stored_wgmma_kernel<128>, grid, FA_THREADS, smem, st)(*a);
-    return LAUNCHED(be, "flash_dq_stored_wgmma_kernel");
+    typedef void (*kernel_fn)(flash_args);
+    static const kernel_fn k64[3] = {flash_forward_wgmma_kernel<64>, flash_dkdv_wgmma_kernel<64>,
+                                     flash_dq_stored_wgmma_kernel<64>};
+    static const kernel_fn k128[3] = {flash_forward_wgmma_kernel<128>,
+                                      flash_dkdv_wgmma_kernel<128>,
+                                      flash_dq_stored_wgmma_kernel<128>};
+    size_t smem = which == FA_WG_FORWARD ? fa_wgmma_smem(hd)
+                  : which == FA_WG_DKDV  ? fa_dkdv_wgmma_smem(hd)
+                                         : fa_dq_wgmma_smem(hd);
+    LAUNCH((hd == 64 ? k64 : k128)[which], dim3(gx, gy), FA_THREADS, smem,
+           CUDA_IMPL(be)->stream)(*a);
+    return LAUNCHED(be, "a flash_*_wgmma_kernel");
 }
 
 /* The probe of the descriptors (wgmma_probe_kernel): ok[v] = 1 when

@@ -229,10 +229,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         __syncthreads(); /* item n is in */
         fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
         int i0 = it.i0;
-        uint16_t *dst = a.ds ? a.ds + (size_t)(b * a.nh + it.h - a.pair0) * fa_ds_pair(T) +
-                                   fa_ds_tile((int)blockIdx.y, i0 / 64) +
-                                   (size_t)(warp * 16 + g) * 64 + (i0 & 63) + 2 * (lane & 3)
-                             : NULL;
+        uint16_t *dst = fa_ds_dst(a, b, warp, g, lane, it.h, i0, T); /* this warp's part of dS */
         int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
         int thi = warp_max_i(lo == INT_MAX ? 0 : lo);
         /* the element mask wherever some key of the warp is not seen by some
@@ -250,16 +247,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         wg_hold<4>(dp);
         probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
         if (dst) {
-            FA_UNROLL
-            for (int nt = 0; nt < 4; nt++) { /* keys g and g + 8 */
-                *(uint32_t *)(dst + nt * 8) = pack2(dp[nt][0], dp[nt][1]);
-                *(uint32_t *)(dst + 8 * 64 + nt * 8) = pack2(dp[nt][2], dp[nt][3]);
-            }
-            if ((i0 & 63) == 0 && i0 + FA_BQ >= T) /* the tile's queries past T: zeros */
-                FA_UNROLL
-                for (int nt = 0; nt < 4; nt++)
-                    *(uint32_t *)(dst + FA_BQ + nt * 8) =
-                        *(uint32_t *)(dst + FA_BQ + 8 * 64 + nt * 8) = 0u;
+            fa_ds_write(dst, dp);
+            fa_ds_zero_past_t(dst, i0, T);
         }
         uint32_t pa[2][4], sa[2][4];
         FA_UNROLL
@@ -276,20 +265,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         wg_hold<HD / 8>(dk);
         __syncthreads(); /* every warp is done with buffer bf */
     }
-    FA_UNROLL
-    for (int nt = 0; nt < HD / 8; nt++) /* dK = scale (dS / scale)^T Q */
-        FA_UNROLL
-        for (int e = 0; e < 4; e++)
-            dk[nt][e] *= a.scale;
-    const float one[2] = {1.0f, 1.0f};
-    if (split) { /* this query head's share, fp32 */
-        size_t ldp = (size_t)a.nh * HD, poff = (size_t)b * T * ldp + (size_t)h_first * HD;
-        store_rows_f32<HD>(a.dk_part + poff, ldp, keyA, T, dk);
-        store_rows_f32<HD>(a.dv_part + poff, ldp, keyA, T, dv);
-        return;
-    }
-    store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
-    store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
+    fa_dkdv_finish<HD>(a, split, b, h_first, koff, ldk, keyA, T, dk, dv);
 }
 
 /* ---- backward: dQ from the stored dS ---------------------------------------------- */

@@ -279,16 +279,14 @@ void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, t
 /* cuda_flash_wgmma.cu (compiled for sm_90a; where the build has it,
  * SPOTUNE_CUDA_SM90A): the forward, dK/dV and dQ-from-stored-dS kernels
  * by warpgroup products. cuda_flash_wgmma_usable: 1 on a GPU of compute
- * capability 9.0 that loads their image; the others launch them (nonzero
- * on a failed launch). cuda_flash.cu uses them for
+ * capability 9.0 that loads their image; cuda_flash_wgmma_launch launches
+ * one (nonzero on a failed launch). cuda_flash.cu uses them for
  * SPOTUNE_CUDA_ATTENTION=fused-wgmma. */
 struct flash_args;
 int cuda_flash_wgmma_usable(backend_t *be);
-int cuda_flash_forward_wgmma(backend_t *be, const struct flash_args *a, int hd);
-int cuda_flash_dkdv_wgmma(backend_t *be, const struct flash_args *a, unsigned gx, unsigned gy,
-                          int hd);
-int cuda_flash_dq_stored_wgmma(backend_t *be, const struct flash_args *a, unsigned gx,
-                               unsigned gy, int hd);
+enum { FA_WG_FORWARD, FA_WG_DKDV, FA_WG_DQ };
+int cuda_flash_wgmma_launch(backend_t *be, const struct flash_args *a, int which, unsigned gx,
+                            unsigned gy, int hd);
 /* 1 when a forward of this backend would run the wgmma kernel now (the
  * variable set, the build and the GPU able): for the workbench's rows. */
 int cuda_flash_wgmma_selected(backend_t *be);
