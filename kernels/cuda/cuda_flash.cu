@@ -56,6 +56,14 @@ extern "C" int cuda_flash_wgmma_selected(backend_t *be)
 #endif
 }
 
+/* Floats of the backward's scratch before the stored dS: D [B, nh, T], then
+ * with the split the dK and dV shares (each 256-byte aligned). */
+static size_t scratch_floats(int B, int T, int nh, int hd, int split)
+{
+    size_t nrows = (size_t)B * T * nh;
+    return fa_align64(nrows) + (split ? 2 * fa_align64(nrows * hd) : 0);
+}
+
 /* The bytes the split shares and one chunk's dS may take: FA_DS_BUDGET, or
  * SPOTUNE_CUDA_FLASH_DS_BUDGET (bytes; for the tests, which make several
  * chunks at small shapes). */
@@ -80,7 +88,8 @@ static fa_ds_plan ds_plan(backend_t *be, int B, int T, int nh, int nkv, int hd, 
     dq_mode mode = dq_requested();
     if (mode == DQ_RECOMPUTE)
         return p;
-    size_t shares = split ? 2 * sizeof(float) * fa_align64((size_t)B * T * nh * hd) : 0;
+    size_t shares = sizeof(float) * (scratch_floats(B, T, nh, hd, split) -
+                                     scratch_floats(B, T, nh, hd, 0));
     size_t budget = ds_budget();
     if (shares >= budget)
         return p;
@@ -219,7 +228,7 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
     size_t nrows = (size_t)B * T * nh, nshare = nrows * hd;
     int split = fa_dkdv_split(B, T, nh, nkv, hd);
     fa_ds_plan dp = ds_plan(be, B, T, nh, nkv, hd, split);
-    size_t nf = fa_align64(nrows) + (split ? 2 * fa_align64(nshare) : 0);
+    size_t nf = scratch_floats(B, T, nh, hd, split);
     float *D = (float *)cuda_scratch(be, sizeof(float) * nf + dp.bytes);
     if (!D)
         return;
