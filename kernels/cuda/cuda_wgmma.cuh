@@ -3,7 +3,8 @@
  * operand layout in shared memory, its descriptors, and the fences and
  * waits around them. Device code only, self-contained (cuda_device.h), so
  * the CPU emulation of the device (tests/cuda_emu) runs it too: there the
- * product is the emulator's, computed when issued.
+ * product is the emulator's, asynchronous as on the device (it runs at the
+ * wait that completes its group).
  *
  * A warpgroup is four consecutive warps (128 threads) and issues every
  * wgmma together (.sync.aligned: no warp may branch around one). The
@@ -83,7 +84,9 @@ static __device__ __forceinline__ void wg_fence(void)
 
 static __device__ __forceinline__ void wg_commit(void)
 {
-#if WG_DEVICE
+#if defined(SPOTUNE_CUDA_EMU)
+    emu_wgmma_commit();
+#elif WG_DEVICE
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
@@ -92,7 +95,9 @@ static __device__ __forceinline__ void wg_commit(void)
  * their accumulators may be read. */
 template <int N> static __device__ __forceinline__ void wg_wait(void)
 {
-#if WG_DEVICE
+#if defined(SPOTUNE_CUDA_EMU)
+    emu_wgmma_wait(N);
+#elif WG_DEVICE
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }

@@ -79,7 +79,6 @@ typedef struct warp_slots {
     uint64_t word[32];
     uint32_t a[32][4], b[32][2];
     float c[32][4];
-    float d[32][64]; /* wgmma: each lane's accumulators (N/2 of them) */
     int arrived, live, gen;
     int mma_gen; /* the generation whose MMA result is in c (computed once a warp) */
 } warp_slots;
@@ -384,6 +383,51 @@ static float wg_b_at(uint64_t desc, int trans, int n, int k)
     return __uint_as_float((uint32_t)v << 16);
 }
 
+/* The products a warp has issued and not yet completed (wgmma is
+ * asynchronous): each lane's A fragment (copied at issue, as the hardware
+ * reads it then at the latest) and accumulator array, the descriptor, and
+ * the commit group. They run when a wait completes their group, in issue
+ * order, reading B from shared memory then and writing the accumulators
+ * then: a kernel that reads an accumulator before its wait, or writes the
+ * shared memory a product reads before it, gets what the hardware may give
+ * it at worst, and its results are wrong here. */
+#define EMU_WG_PENDING 64
+typedef struct wg_op {
+    uint32_t a[32][4];
+    float *d[32];
+    uint64_t desc;
+    int n, trans, scale_d, group;
+} wg_op;
+
+typedef struct wg_queue {
+    wg_op ops[EMU_WG_PENDING];
+    int nops, committed; /* ops issued and not completed; groups committed */
+} wg_queue;
+
+static wg_queue wg_queues[EMU_MAX_THREADS / 32];
+
+static void wg_run(const wg_op *op)
+{
+    float A[16][16];
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++) {
+            int ln = (r & 7) * 4 + (k & 7) / 2, reg = (r >= 8) + 2 * (k >= 8);
+            A[r][k] = half_of(op->a[ln][reg], k);
+        }
+    for (int col = 0; col < op->n; col++) {
+        float B[16];
+        for (int k = 0; k < 16; k++)
+            B[k] = wg_b_at(op->desc, op->trans, col, k);
+        for (int row = 0; row < 16; row++) {
+            int ln = (row & 7) * 4 + (col & 7) / 2, e = (col / 8) * 4 + (row >= 8) * 2 + (col & 1);
+            float acc = op->scale_d ? op->d[ln][e] : 0.0f;
+            for (int k = 0; k < 16; k++)
+                acc += A[row][k] * B[k];
+            op->d[ln][e] = acc;
+        }
+    }
+}
+
 void emu_wgmma_bf16(float *d, int n, const uint32_t a[4], uint64_t desc, int trans_b, int scale_d)
 {
     fiber *f = cur_fiber();
@@ -399,31 +443,65 @@ void emu_wgmma_bf16(float *d, int n, const uint32_t a[4], uint64_t desc, int tra
         abort();
     }
     warp_slots *w = warp_of(f);
+    wg_queue *q = &wg_queues[f->id.tid.x >> 5];
+    if (q->nops == EMU_WG_PENDING) {
+        fprintf(stderr, "cuda_emu: more than %d wgmma in flight in a warp\n", EMU_WG_PENDING);
+        abort();
+    }
     int lane = lane_of(f);
-    memcpy(w->a[lane], a, sizeof w->a[lane]);
-    memcpy(w->d[lane], d, sizeof(float) * (size_t)(n / 2));
-    warp_meet(); /* every lane's fragment and accumulators are in */
-    if (w->mma_gen != w->gen) { /* this warp's 16 rows of D, computed once */
-        float A[16][16];
-        for (int r = 0; r < 16; r++)
-            for (int k = 0; k < 16; k++)
-                A[r][k] = a_at(w, r, k);
-        for (int col = 0; col < n; col++) {
-            float B[16];
-            for (int k = 0; k < 16; k++)
-                B[k] = wg_b_at(desc, trans_b, col, k);
-            for (int row = 0; row < 16; row++) {
-                int ln = (row & 7) * 4 + (col & 7) / 2, e = (col / 8) * 4 + (row >= 8) * 2 + (col & 1);
-                float acc = scale_d ? w->d[ln][e] : 0.0f;
-                for (int k = 0; k < 16; k++)
-                    acc += A[row][k] * B[k];
-                w->d[ln][e] = acc;
-            }
-        }
+    memcpy(q->ops[q->nops].a[lane], a, sizeof q->ops[0].a[0]);
+    q->ops[q->nops].d[lane] = d;
+    warp_meet(); /* every lane's fragment and accumulators are named */
+    if (w->mma_gen != w->gen) { /* once a warp: the product joins the open group */
+        wg_op *op = &q->ops[q->nops++];
+        op->desc = desc, op->n = n, op->trans = trans_b, op->scale_d = scale_d;
+        op->group = q->committed;
         w->mma_gen = w->gen;
     }
-    memcpy(d, w->d[lane], sizeof(float) * (size_t)(n / 2));
-    warp_meet(); /* every lane has its result: the slots may be reused */
+    warp_meet(); /* the slot is taken before any lane issues the next */
+}
+
+void emu_wgmma_commit(void)
+{
+    fiber *f = cur_fiber();
+    warp_whole("wgmma.commit_group");
+    warp_slots *w = warp_of(f);
+    warp_meet();
+    if (w->mma_gen != w->gen) {
+        wg_queues[f->id.tid.x >> 5].committed++;
+        w->mma_gen = w->gen;
+    }
+    warp_meet();
+}
+
+void emu_wgmma_wait(int pending)
+{
+    fiber *f = cur_fiber();
+    warp_whole("wgmma.wait_group");
+    warp_slots *w = warp_of(f);
+    wg_queue *q = &wg_queues[f->id.tid.x >> 5];
+    warp_meet(); /* every lane is here: the products may write its accumulators */
+    if (w->mma_gen != w->gen) {
+        int done = 0;
+        while (done < q->nops && q->ops[done].group < q->committed - pending)
+            wg_run(&q->ops[done++]);
+        memmove(q->ops, q->ops + done, sizeof q->ops[0] * (size_t)(q->nops - done));
+        q->nops -= done;
+        w->mma_gen = w->gen;
+    }
+    warp_meet();
+}
+
+/* Products left in flight when a block ends: the hardware would write
+ * their accumulators after the threads have gone. */
+static int wg_leftovers(void)
+{
+    int left = 0;
+    for (int i = 0; i < EMU_MAX_THREADS / 32; i++) {
+        left += wg_queues[i].nops;
+        wg_queues[i].nops = wg_queues[i].committed = 0;
+    }
+    return left;
 }
 
 void emu_trap(void)
@@ -458,8 +536,15 @@ static int run_block(void)
             if (w->arrived && w->arrived == w->live)
                 release_warp(i >> 5);
         }
-        if (!left)
+        if (!left) {
+            int inflight = wg_leftovers();
+            if (inflight) {
+                fprintf(stderr, "cuda_emu: block (%u,%u) ended with %d wgmma never waited for\n",
+                        emu_block_idx.x, emu_block_idx.y, inflight);
+                abort();
+            }
             return 0;
+        }
         if (!ran) {
             int at_block = 0, at_warp = 0;
             for (int i = 0; i < nthreads; i++)

@@ -69,9 +69,15 @@ void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
  * warp's rows) = (scale_d ? d : 0) + A B, A this warp's m16n8k16 A
  * fragment, B 16 x N read from dynamic shared memory through the
  * descriptor (no swizzling; trans_b: MN-major). Emulated a warp at a time
- * (each warp's rows need only its own fragment and B) and complete when
- * it returns; the block must be whole warpgroups. */
+ * (each warp's rows need only its own fragment and B), and asynchronous
+ * as on the device: issued here, it joins the open group
+ * (emu_wgmma_commit closes it) and runs when emu_wgmma_wait(N) completes
+ * its group (all but the newest N), reading B and writing d then. The
+ * block must be whole warpgroups, and a block that ends with products in
+ * flight stops the process. */
 void emu_wgmma_bf16(float *d, int n, const uint32_t a[4], uint64_t desc, int trans_b, int scale_d);
+void emu_wgmma_commit(void);
+void emu_wgmma_wait(int pending);
 /* The shared-memory address of p for descriptors: its offset in the
  * launch's dynamic shared memory (anything else aborts). */
 uint32_t emu_smem_addr(const void *p);
