@@ -156,6 +156,41 @@ static __device__ __forceinline__ void wg_rows_t(float x[4][4], const uint32_t a
         wg_m64n32k16<0>(x, a[ks], wg_desc(addr + (uint32_t)ks * 256, 128, HD / 8 * 128), ks > 0);
 }
 
+/* probs_and_ds (cuda_flash_backward.cuh) in two halves, so that the
+ * first runs while the products of dP^T do: P^T of the warp's 16 keys x 32
+ * queries from S^T into s (0 where masked) ... */
+static __device__ __forceinline__ void fa_probs(float s[4][4], int keyA, int i0,
+                                                const float *lse2_s, const int *lo_s, int T,
+                                                float sl2, int mask)
+{
+    int t = threadIdx.x & 3;
+    FA_UNROLL
+    for (int nt = 0; nt < 4; nt++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++) {
+            int r = nt * 8 + 2 * t + (e & 1);
+            float p = fa_exp2(fmaf(s[nt][e], sl2, -lse2_s[r]));
+            if (mask) {
+                int key = e < 2 ? keyA : keyA + 8, i = i0 + r;
+                if (!(i < T && key <= i && key >= lo_s[r]))
+                    p = 0.0f;
+            }
+            s[nt][e] = p;
+        }
+}
+
+/* ... and dS^T / scale = P (dP - D) into dp. */
+static __device__ __forceinline__ void fa_ds_of(float dp[4][4], const float p[4][4],
+                                                const float *D_s)
+{
+    int t = threadIdx.x & 3;
+    FA_UNROLL
+    for (int nt = 0; nt < 4; nt++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dp[nt][e] = p[nt][e] * (dp[nt][e] - D_s[nt * 8 + 2 * t + (e & 1)]);
+}
+
 /* acc += X Y, X [64 x 32] from C fragments x (rounded to bf16, as A
  * fragments pa), Y the 32 staged rows at addr (MN-major B). */
 template <int HD>
@@ -236,28 +271,36 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
          * query of the tile (as flash_dkdv_kernel, whose warps that see none
          * skip the tile: here they compute it, all masked) */
         int mask = w0 + 15 > i0 || i0 + FA_BQ - 1 >= T || w0 + 15 >= T || thi > w0;
+        /* four groups of products, each overlapping the arithmetic after it:
+         * P while dP^T runs, dS while dV += P^T dO runs */
         float s[4][4], dp[4][4];
-        wg_fence();
         uint32_t qa_bf = qaddr + (uint32_t)(bf * tile * 2), oa_bf = oaddr + (uint32_t)(bf * tile * 2);
-        wg_rows_t<HD>(s, ka, qa_bf);  /* S^T = K Q^T */
+        wg_fence();
+        wg_rows_t<HD>(s, ka, qa_bf); /* S^T = K Q^T */
+        wg_commit();
         wg_rows_t<HD>(dp, va, oa_bf); /* dP^T = V dO^T */
         wg_commit();
-        wg_wait<0>();
+        wg_wait<1>(); /* S^T is complete */
         wg_hold<4>(s);
+        fa_probs(s, keyA, i0, lse2_s[bf], lo_s[bf], T, sl2, mask);
+        uint32_t pa[2][4], sa[2][4];
+        FA_UNROLL
+        for (int kk = 0; kk < 2; kk++)
+            c_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        wg_fence(); /* P's A fragments are written */
+        wg_frags_times<HD>(dv, pa, oa_bf); /* dV += P^T dO */
+        wg_commit();
+        wg_wait<1>(); /* dP^T is complete (dV may not be) */
         wg_hold<4>(dp);
-        probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
+        fa_ds_of(dp, s, D_s[bf]);
         if (dst) {
             fa_ds_write(dst, dp);
             fa_ds_zero_past_t(dst, i0, T);
         }
-        uint32_t pa[2][4], sa[2][4];
         FA_UNROLL
-        for (int kk = 0; kk < 2; kk++) {
-            c_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
+        for (int kk = 0; kk < 2; kk++)
             c_to_a(sa[kk], dp[2 * kk], dp[2 * kk + 1]);
-        }
-        wg_fence(); /* the A fragments are written */
-        wg_frags_times<HD>(dv, pa, oa_bf); /* dV += P^T dO */
+        wg_fence(); /* dS's A fragments are written */
         wg_frags_times<HD>(dk, sa, qa_bf); /* dK += dS^T Q */
         wg_commit();
         wg_wait<0>();
