@@ -84,12 +84,11 @@ static __global__ __attribute__((unused)) void flash_rowdot_kernel(flash_args a,
 
 /* P^T of the warp's 16 keys x 32 staged queries from S^T: exp2(s scale
  * log2(e) - lse[i] log2(e)) where query i sees the key, else 0 (only a
- * masked tile tests each element); then dS^T / scale = P (dP - D) into dp
- * (the scale is applied to dK once, at the end). lse2_s: the staged lse
- * times log2(e). */
-static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4], int keyA,
-                                                    int i0, const float *lse2_s, const float *D_s,
-                                                    const int *lo_s, int T, float sl2, int mask)
+ * masked tile tests each element), into s. lse2_s: the staged lse times
+ * log2(e). The wgmma kernel computes it while dP^T's products run. */
+static __device__ __forceinline__ void fa_probs(float s[4][4], int keyA, int i0,
+                                                const float *lse2_s, const int *lo_s, int T,
+                                                float sl2, int mask)
 {
     int t = threadIdx.x & 3;
     FA_UNROLL
@@ -104,8 +103,29 @@ static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4
                     p = 0.0f;
             }
             s[nt][e] = p;
-            dp[nt][e] = p * (dp[nt][e] - D_s[r]);
         }
+}
+
+/* dS^T / scale = P (dP - D) into dp (the scale is applied to dK once, at
+ * the end). */
+static __device__ __forceinline__ void fa_ds_of(float dp[4][4], const float p[4][4],
+                                                const float *D_s)
+{
+    int t = threadIdx.x & 3;
+    FA_UNROLL
+    for (int nt = 0; nt < 4; nt++)
+        FA_UNROLL
+        for (int e = 0; e < 4; e++)
+            dp[nt][e] = p[nt][e] * (dp[nt][e] - D_s[nt * 8 + 2 * t + (e & 1)]);
+}
+
+/* Both (the mma.sync dK/dV kernel). */
+static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4], int keyA,
+                                                    int i0, const float *lse2_s, const float *D_s,
+                                                    const int *lo_s, int T, float sl2, int mask)
+{
+    fa_probs(s, keyA, i0, lse2_s, lo_s, T, sl2, mask);
+    fa_ds_of(dp, s, D_s);
 }
 
 /* The dK/dV block's work items, in order: every query head of the kv

@@ -156,41 +156,6 @@ static __device__ __forceinline__ void wg_rows_t(float x[4][4], const uint32_t a
         wg_m64n32k16<0>(x, a[ks], wg_desc(addr + (uint32_t)ks * 256, 128, HD / 8 * 128), ks > 0);
 }
 
-/* probs_and_ds (cuda_flash_backward.cuh) in two halves, so that the
- * first runs while the products of dP^T do: P^T of the warp's 16 keys x 32
- * queries from S^T into s (0 where masked) ... */
-static __device__ __forceinline__ void fa_probs(float s[4][4], int keyA, int i0,
-                                                const float *lse2_s, const int *lo_s, int T,
-                                                float sl2, int mask)
-{
-    int t = threadIdx.x & 3;
-    FA_UNROLL
-    for (int nt = 0; nt < 4; nt++)
-        FA_UNROLL
-        for (int e = 0; e < 4; e++) {
-            int r = nt * 8 + 2 * t + (e & 1);
-            float p = fa_exp2(fmaf(s[nt][e], sl2, -lse2_s[r]));
-            if (mask) {
-                int key = e < 2 ? keyA : keyA + 8, i = i0 + r;
-                if (!(i < T && key <= i && key >= lo_s[r]))
-                    p = 0.0f;
-            }
-            s[nt][e] = p;
-        }
-}
-
-/* ... and dS^T / scale = P (dP - D) into dp. */
-static __device__ __forceinline__ void fa_ds_of(float dp[4][4], const float p[4][4],
-                                                const float *D_s)
-{
-    int t = threadIdx.x & 3;
-    FA_UNROLL
-    for (int nt = 0; nt < 4; nt++)
-        FA_UNROLL
-        for (int e = 0; e < 4; e++)
-            dp[nt][e] = p[nt][e] * (dp[nt][e] - D_s[nt * 8 + 2 * t + (e & 1)]);
-}
-
 /* acc += X Y, X [64 x 32] from C fragments x (rounded to bf16, as A
  * fragments pa), Y the 32 staged rows at addr (MN-major B). */
 template <int HD>
