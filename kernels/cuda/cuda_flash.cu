@@ -207,10 +207,24 @@ static int launch_dq(backend_t *be, const flash_args *a, dim3 grid, int hd, int 
         return cuda_flash_wgmma_launch(be, a, FA_WG_DQ, grid.x, grid.y, hd);
 #endif
     if (stored) {
+        /* past the 48 KiB a launch gets unasked at head dim 128: the
+         * kernel's limit raised once (a failure shows at the launch) */
+        static int raised;
+        size_t smem = fa_dq_stored_smem(hd);
+        if (!raised) {
+            raised = 1;
+            if (cudaFuncSetAttribute(flash_dq_stored_kernel<64>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)fa_dq_stored_smem(64)) != cudaSuccess ||
+                cudaFuncSetAttribute(flash_dq_stored_kernel<128>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)fa_dq_stored_smem(128)) != cudaSuccess)
+                (void)cudaGetLastError();
+        }
         if (hd == 64)
-            LAUNCH(flash_dq_stored_kernel<64>, grid, FA_THREADS, 0, st)(*a);
+            LAUNCH(flash_dq_stored_kernel<64>, grid, FA_THREADS, smem, st)(*a);
         else
-            LAUNCH(flash_dq_stored_kernel<128>, grid, FA_THREADS, 0, st)(*a);
+            LAUNCH(flash_dq_stored_kernel<128>, grid, FA_THREADS, smem, st)(*a);
         return LAUNCHED(be, "flash_dq_stored_kernel");
     }
     if (hd == 64)

@@ -409,12 +409,17 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
  * pair is a.pair0 + blockIdx.x), as flash_dq_kernel, walking the same key
  * tiles: K's tile and the tile of stored dS^T staged, each warp's 16 rows
  * of dS read as left operands by ldmatrix.trans, dQ += dS K. One product
- * a tile instead of three, no exponentials; the dS tiles are read once. */
+ * a tile instead of three, no exponentials; the dS tiles are read once.
+ * Two buffers: the tiles of keys j0 + 64 are copied while those of j0 are
+ * multiplied (with one, each tile's copy was waited for in full: the
+ * kernel's largest stall, docs/perf.md run 5). Dynamic shared memory
+ * (fa_dq_stored_smem): K, K, dS^T, dS^T. */
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args a)
 {
-    __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
-    __shared__ __align__(16) uint16_t Ss[FA_BC * (FA_BR + FA_PAD)]; /* dS^T: keys x queries */
+    DYNAMIC_SHARED(uint16_t, sm);
+    const int ktile = FA_BC * (HD + FA_PAD), stile = FA_BC * (FA_BR + FA_PAD);
+    uint16_t *Ks = sm, *Ss = sm + 2 * ktile; /* buffer bf: Ks + bf ktile, Ss + bf stile */
     __shared__ int sh_lo;
     int bx = (int)blockIdx.x + a.pair0;
     int b = bx / a.nh, h = bx % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
@@ -437,24 +442,40 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args 
     FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
         dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
-    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
-        stage_rows_async<HD>(Ks, a.k + koff, ldk, j0, FA_BC, T);
-        stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(j0 / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
+    if (kstart < q1) {
+        stage_rows_async<HD>(Ks, a.k + koff, ldk, kstart, FA_BC, T);
+        stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(kstart / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
         cp_async_commit();
+    }
+    for (int j0 = kstart, bf = 0; j0 < q1; j0 += FA_BC, bf ^= 1) {
         cp_async_wait<0>();
-        __syncthreads(); /* K(j0) and dS(j0) are in */
+        __syncthreads(); /* K(j0), dS(j0) are in buffer bf; every warp is done with buffer bf ^ 1 */
+        if (j0 + FA_BC < q1) {
+            int nb = bf ^ 1, jn = j0 + FA_BC;
+            stage_rows_async<HD>(Ks + nb * ktile, a.k + koff, ldk, jn, FA_BC, T);
+            stage_rows_async<FA_BR>(Ss + nb * stile, dsp + fa_ds_tile(jn / FA_BC, qb), FA_BR, 0,
+                                    FA_BC, FA_BC);
+            cp_async_commit();
+        }
         if (!(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1)) {
             FA_UNROLL
             for (int kk = 0; kk < FA_BC / 16; kk++) {
                 uint32_t sa[4]; /* dS rows w0.. x keys j0 + 16 kk.. */
-                ldsm_x4(sa, sr + kk * 16 * (FA_BR + FA_PAD), 1);
-                frag_times_staged<HD>(dq, sa, yr + kk * 16 * (HD + FA_PAD));
+                ldsm_x4(sa, sr + bf * stile + kk * 16 * (FA_BR + FA_PAD), 1);
+                frag_times_staged<HD>(dq, sa, yr + bf * ktile + kk * 16 * (HD + FA_PAD));
             }
         }
-        __syncthreads(); /* every warp is done with both tiles */
     }
     const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
     store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
+}
+
+/* Its dynamic shared memory: two buffers of the K and dS^T tiles (53 KiB
+ * at head dim 128: more than the 48 KiB a launch gets unasked, so the
+ * host raises the kernel's limit, cuda_flash.cu). */
+static inline size_t fa_dq_stored_smem(int hd)
+{
+    return 2u * FA_BC * ((size_t)(hd + FA_PAD) + (FA_BR + FA_PAD)) * sizeof(uint16_t);
 }
 
 /* ---- launch shapes of the backward (the host code and the emulation tests) -------- */

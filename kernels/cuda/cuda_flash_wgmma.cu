@@ -14,8 +14,9 @@
 /* ---- host ------------------------------------------------------------------------- */
 
 /* Whether this build's wgmma kernels run on the backend's GPU: compute
- * capability 9.0 exactly (sm_90a code runs nowhere else) and the kernel's
- * image loads. Asked once a process. */
+ * capability 9.0 exactly (sm_90a code runs nowhere else), the kernel's
+ * image loads, and each kernel's limit on dynamic shared memory could be
+ * raised to what it takes. Asked once a process. */
 extern "C" int cuda_flash_wgmma_usable(backend_t *be)
 {
     static int known = -1;
@@ -36,6 +37,25 @@ extern "C" int cuda_flash_wgmma_usable(backend_t *be)
             cudaFuncGetAttributes(&fa, flash_forward_wgmma_kernel<64>) == cudaSuccess;
     (void)cudaGetLastError(); /* not sticky: the mma.sync forward runs */
 #endif
+    /* the kernels' limits on dynamic shared memory, raised where they need
+     * more than the 48 KiB a launch gets unasked (the forward's and dQ's
+     * two buffers at head dim 128); where that fails, the mma.sync ones */
+    typedef void (*kernel_fn)(flash_args);
+    const struct {
+        kernel_fn k;
+        size_t smem;
+    } lim[6] = {{flash_forward_wgmma_kernel<64>, fa_wgmma_smem(64)},
+                {flash_forward_wgmma_kernel<128>, fa_wgmma_smem(128)},
+                {flash_dkdv_wgmma_kernel<64>, fa_dkdv_wgmma_smem(64)},
+                {flash_dkdv_wgmma_kernel<128>, fa_dkdv_wgmma_smem(128)},
+                {flash_dq_stored_wgmma_kernel<64>, fa_dq_wgmma_smem(64)},
+                {flash_dq_stored_wgmma_kernel<128>, fa_dq_wgmma_smem(128)}};
+    for (int i = 0; i < 6 && known; i++)
+        if (cudaFuncSetAttribute(lim[i].k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)lim[i].smem) != cudaSuccess) {
+            (void)cudaGetLastError();
+            known = 0;
+        }
     return known;
 }
 

@@ -25,9 +25,10 @@
  * have seen no key yet, or are past T, and the online softmax leaves them
  * as they are; dK/dV: P and dS are 0).
  *
- * Not yet run on a GPU (docs/cuda.md, "The wgmma kernels"): the emulation
- * checks the fragments, masks and the descriptors against the layouts it
- * transcribes from the PTX ISA. */
+ * Run on an H100 (docs/perf.md, run 5): right, the descriptors as the
+ * emulation transcribes them from the PTX ISA, and slower than the
+ * mma.sync kernels, waiting on their copies; since then the forward and dQ
+ * copy a whole tile ahead (two buffers), not yet run on a GPU. */
 #ifndef SPOTUNE_CUDA_FLASH_WGMMA_CUH
 #define SPOTUNE_CUDA_FLASH_WGMMA_CUH
 
@@ -82,8 +83,9 @@ template <int HD>
 __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS)
     flash_forward_wgmma_kernel(flash_args a)
 {
-    DYNAMIC_SHARED(uint16_t, sm); /* K then V: 64 x HD each, as core matrices */
-    uint16_t *Ks = sm, *Vs = sm + FA_BC * HD;
+    /* two buffers, each K then V of one tile (64 x HD each, as core matrices) */
+    DYNAMIC_SHARED(uint16_t, sm);
+    const int kv = FA_BC * HD; /* elements of one staged K or V */
     __shared__ int sh_lo;
     int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
@@ -98,9 +100,14 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS)
     int whi = warp_max_i(max(rowA < T ? loA : 0, rowA + 8 < T ? loB : 0));
     int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
     float sl2 = a.scale * FA_LOG2E;
-    uint32_t kaddr = smem_addr(Ks), vaddr = smem_addr(Vs);
+    uint32_t base = smem_addr(sm);
 
-    stage_core_async<HD>(Ks, kb, ldk, kstart, FA_BC, T);
+    /* The tiles of keys j0 + 64 are copied while those of j0 are used: a
+     * whole tile's products and softmax to hide the copy (with one buffer,
+     * as the mma.sync forward, the products here finish before it: the
+     * warps waited on global memory, docs/perf.md run 5) */
+    stage_core_async<HD>(sm, kb, ldk, kstart, FA_BC, T);
+    stage_core_async<HD>(sm + kv, vb, ldk, kstart, FA_BC, T);
     cp_async_commit();
     uint32_t qa[HD / 16][4];
     load_a_rows<HD>(qa, qb, ldq, w0, T);
@@ -108,26 +115,22 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS)
     FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    /* as the mma.sync forward: K of a tile is copied while the previous
-     * tile's P V runs, V while its own scores and softmax run */
-    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
+    for (int j0 = kstart, bf = 0; j0 < q1; j0 += FA_BC, bf ^= 1) {
         cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads(); /* K(j0) is in; every warp's P V of V(j0 - 64) is complete */
-        stage_core_async<HD>(Vs, vb, ldk, j0, FA_BC, T);
-        cp_async_commit();
+        __syncthreads(); /* K(j0), V(j0) are in buffer bf; every warp's products of buffer bf ^ 1 are complete */
+        if (j0 + FA_BC < q1) {
+            uint16_t *next = sm + (bf ^ 1) * 2 * kv;
+            stage_core_async<HD>(next, kb, ldk, j0 + FA_BC, FA_BC, T);
+            stage_core_async<HD>(next + kv, vb, ldk, j0 + FA_BC, FA_BC, T);
+            cp_async_commit();
+        }
+        uint32_t kaddr = base + (uint32_t)(bf * 2 * kv) * 2u, vaddr = kaddr + (uint32_t)kv * 2u;
         float s[8][4];
         wg_scores<HD>(s, qa, kaddr);
         if (fa_needs_mask(w0, j0, FA_BC, T, whi))
             mask_tile<8>(s, j0, rowA, loA, loB, T);
         online_tile<HD>(s, m, l, o, sl2);
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads(); /* V(j0) is in; every warp's scores of K(j0) are complete */
-        if (j0 + FA_BC < q1) {
-            stage_core_async<HD>(Ks, kb, ldk, j0 + FA_BC, FA_BC, T);
-            cp_async_commit();
-        }
         wg_pv<HD>(o, s, vaddr);
     }
     float inv[2];
@@ -282,13 +285,16 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
  * warpgroup products: each warp's 16 rows of the staged dS tile as A
  * fragments (ldmatrix.trans, as there), K staged as core matrices and read
  * by the products (MN-major B). Every warp multiplies every tile: where a
- * row sees none of its keys the stored dS is 0. Dynamic shared memory: the
- * K tile. */
+ * row sees none of its keys the stored dS is 0. Two buffers, as there: the
+ * tiles of keys j0 + 64 are copied while those of j0 are multiplied.
+ * Dynamic shared memory (fa_dq_wgmma_smem): K, K (core matrices), then
+ * dS^T, dS^T. */
 template <int HD>
 __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_wgmma_kernel(flash_args a)
 {
-    DYNAMIC_SHARED(uint16_t, Ks); /* FA_BC x HD, core matrices */
-    __shared__ __align__(16) uint16_t Ss[FA_BC * (FA_BR + FA_PAD)]; /* dS^T: keys x queries */
+    DYNAMIC_SHARED(uint16_t, sm);
+    const int ktile = FA_BC * HD, stile = FA_BC * (FA_BR + FA_PAD);
+    uint16_t *Ss = sm + 2 * ktile; /* buffer bf: K at sm + bf ktile, dS^T at Ss + bf stile */
     __shared__ int sh_lo;
     int bx = (int)blockIdx.x + a.pair0;
     int b = bx / a.nh, h = bx % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
@@ -302,27 +308,37 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_wgmma_kernel(flash
     const uint16_t *dsp = a.ds + (size_t)blockIdx.x * fa_ds_pair(T);
     const uint16_t *sr = Ss + ((lane & 7) + (lane >> 4) * 8) * (FA_BR + FA_PAD) + warp * 16 +
                          ((lane >> 3) & 1) * 8;
-    uint32_t kaddr = smem_addr(Ks);
+    uint32_t kaddr = smem_addr(sm);
     const uint32_t lbo = HD / 8 * 128, sbo = 128; /* the next 8 keys; the next 8 hd columns */
     float dq[HD / 8][4];
     FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
         dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
-    for (int j0 = kstart; j0 < q1; j0 += FA_BC) {
-        stage_core_async<HD>(Ks, a.k + koff, ldk, j0, FA_BC, T);
-        stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(j0 / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
+    if (kstart < q1) {
+        stage_core_async<HD>(sm, a.k + koff, ldk, kstart, FA_BC, T);
+        stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(kstart / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
         cp_async_commit();
+    }
+    for (int j0 = kstart, bf = 0; j0 < q1; j0 += FA_BC, bf ^= 1) {
         cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads(); /* K(j0) and dS(j0) are in */
+        __syncthreads(); /* K(j0), dS(j0) are in buffer bf; every warp is done with buffer bf ^ 1 */
+        if (j0 + FA_BC < q1) {
+            int nb = bf ^ 1, jn = j0 + FA_BC;
+            stage_core_async<HD>(sm + nb * ktile, a.k + koff, ldk, jn, FA_BC, T);
+            stage_rows_async<FA_BR>(Ss + nb * stile, dsp + fa_ds_tile(jn / FA_BC, qb), FA_BR, 0,
+                                    FA_BC, FA_BC);
+            cp_async_commit();
+        }
         uint32_t sa[FA_BC / 16][4]; /* dS rows w0.. x keys j0 + 16 kk.. */
         FA_UNROLL
         for (int kk = 0; kk < FA_BC / 16; kk++)
-            ldsm_x4(sa[kk], sr + kk * 16 * (FA_BR + FA_PAD), 1);
+            ldsm_x4(sa[kk], sr + bf * stile + kk * 16 * (FA_BR + FA_PAD), 1);
+        uint32_t kb = kaddr + (uint32_t)(bf * ktile) * 2u;
         wg_fence();
         FA_UNROLL
         for (int kk = 0; kk < FA_BC / 16; kk++) {
-            uint64_t desc = wg_desc(kaddr + (uint32_t)kk * 2 * lbo, lbo, sbo);
+            uint64_t desc = wg_desc(kb + (uint32_t)kk * 2 * lbo, lbo, sbo);
             if constexpr (HD == 64)
                 wg_m64n64k16<1>(dq, sa[kk], desc, 1);
             else
@@ -331,16 +347,16 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_wgmma_kernel(flash
         wg_commit();
         wg_wait<0>();
         wg_hold<HD / 8>(dq);
-        __syncthreads(); /* every warp is done with both tiles */
     }
     const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
     store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
 }
 
-/* Its dynamic shared memory: the K tile. */
+/* Its dynamic shared memory: two buffers of the K (core matrices) and dS^T
+ * tiles (50 KiB at head dim 128: the host raises the kernel's limit). */
 static inline size_t fa_dq_wgmma_smem(int hd)
 {
-    return (size_t)FA_BC * hd * sizeof(uint16_t);
+    return 2u * FA_BC * ((size_t)hd + (FA_BR + FA_PAD)) * sizeof(uint16_t);
 }
 
 /* The dK/dV kernel's dynamic shared memory: two buffers of Q and dO tiles. */
@@ -414,10 +430,10 @@ __global__ void __launch_bounds__(FA_THREADS) wgmma_probe_kernel(float *out)
     }
 }
 
-/* Its dynamic shared memory: the K and V tiles. */
+/* The forward's dynamic shared memory: two buffers of the K and V tiles. */
 static inline size_t fa_wgmma_smem(int hd)
 {
-    return 2u * FA_BC * (size_t)hd * sizeof(uint16_t);
+    return 4u * FA_BC * (size_t)hd * sizeof(uint16_t);
 }
 
 #endif

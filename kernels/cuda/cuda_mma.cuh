@@ -105,10 +105,7 @@ static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *ro
 static __device__ __forceinline__ void cp_async16(uint16_t *dst, const uint16_t *src, int valid)
 {
 #if defined(SPOTUNE_CUDA_EMU)
-    if (valid)
-        memcpy(dst, src, 16);
-    else
-        memset(dst, 0, 16);
+    emu_cp_async16(dst, src, valid);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
@@ -121,7 +118,9 @@ static __device__ __forceinline__ void cp_async16(uint16_t *dst, const uint16_t 
 
 static __device__ __forceinline__ void cp_async_commit(void)
 {
-#if !defined(SPOTUNE_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(SPOTUNE_CUDA_EMU)
+    emu_cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
@@ -129,7 +128,9 @@ static __device__ __forceinline__ void cp_async_commit(void)
 /* Waits until at most n of this thread's committed groups are in flight. */
 template <int N> static __device__ __forceinline__ void cp_async_wait(void)
 {
-#if !defined(SPOTUNE_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(SPOTUNE_CUDA_EMU)
+    emu_cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }

@@ -504,6 +504,89 @@ static int wg_leftovers(void)
     return left;
 }
 
+/* The copies a thread has issued by cp.async and not yet completed: the
+ * 16 bytes (read from global memory at issue: nothing a kernel here reads
+ * changes while it runs), where they go, and the commit group. On the
+ * device the bytes land at some time between the issue and the wait that
+ * completes their group; here the destination is poisoned at the issue
+ * (0xff bytes: NaN in bf16 and fp32) and written at that wait
+ * (emu_cp_async_wait). So a kernel that reads a tile before its wait, or
+ * waits for one group too few, reads NaN, and so does a warp still
+ * reading a buffer that another thread's copy already overwrites (a
+ * missing barrier before the copy). */
+#define EMU_CP_PENDING 64
+typedef struct cp_op {
+    void *dst;
+    unsigned char bytes[16];
+    int group;
+} cp_op;
+
+typedef struct cp_queue {
+    cp_op ops[EMU_CP_PENDING];
+    int nops, committed;
+} cp_queue;
+
+static cp_queue cp_queues[EMU_MAX_THREADS];
+
+void emu_cp_async16(void *dst, const void *src, int valid)
+{
+    fiber *f = cur_fiber();
+    cp_queue *q = &cp_queues[f - fibers];
+    if (((uintptr_t)dst & 15u) || (valid && ((uintptr_t)src & 15u))) {
+        fprintf(stderr, "cuda_emu: cp.async of 16 bytes at a misaligned address (%p from %p)\n",
+                dst, src);
+        abort();
+    }
+    if (q->nops == EMU_CP_PENDING) {
+        fprintf(stderr, "cuda_emu: more than %d cp.async in flight in a thread\n", EMU_CP_PENDING);
+        abort();
+    }
+    cp_op *op = &q->ops[q->nops++];
+    op->dst = dst;
+    op->group = q->committed;
+    if (valid)
+        memcpy(op->bytes, src, 16);
+    else
+        memset(op->bytes, 0, 16);
+    memset(dst, 0xff, 16);
+}
+
+void emu_cp_async_commit(void)
+{
+    cp_queues[cur_fiber() - fibers].committed++;
+}
+
+void emu_cp_async_wait(int pending)
+{
+    cp_queue *q = &cp_queues[cur_fiber() - fibers];
+    int done = 0, kept = 0;
+    /* the committed groups but the newest `pending` complete; copies not
+     * yet committed stay in flight (cp.async.wait_group waits for groups) */
+    for (int i = 0; i < q->nops; i++) {
+        if (q->ops[i].group < q->committed - pending) {
+            memcpy(q->ops[i].dst, q->ops[i].bytes, 16);
+            done++;
+        } else {
+            q->ops[kept++] = q->ops[i];
+        }
+    }
+    (void)done;
+    q->nops = kept;
+}
+
+/* Copies left in flight when a block ends: the hardware would write shared
+ * memory after the threads have gone, or a thread never waited for a tile
+ * it staged. */
+static int cp_leftovers(void)
+{
+    int left = 0;
+    for (int i = 0; i < EMU_MAX_THREADS; i++) {
+        left += cp_queues[i].nops;
+        cp_queues[i].nops = cp_queues[i].committed = 0;
+    }
+    return left;
+}
+
 void emu_trap(void)
 {
     fiber *f = cur_fiber();
@@ -513,34 +596,52 @@ void emu_trap(void)
 }
 
 /* Runs every fiber of the block until each has ended; -1 on a deadlock. */
+/* Warps run one at a time, each as far as it can go (to a barrier of the
+ * block, or its end) before the next: the most one warp can get ahead of
+ * another on the device, so that a warp that writes shared memory another
+ * still reads (a missing barrier) spoils that read here. In ascending
+ * warp order in blocks of even x + y, descending in the others. */
 static int run_block(void)
 {
+    int nw = (nthreads + 31) / 32, down = (emu_block_idx.x + emu_block_idx.y) & 1;
     for (;;) {
         int ran = 0, left = 0;
-        for (int i = 0; i < nthreads; i++) {
-            fiber *f = &fibers[i];
-            if (f->state == DONE)
-                continue;
-            left++;
-            if (f->state != RUNNABLE)
-                continue;
-            ran = 1;
-            emu_cur = &f->id;
-            switch_to(f);
-            emu_cur = NULL;
-            /* the last thread of a barrier's scope may have ended meanwhile:
-             * f, of its block and of its warp (no other thread ran) */
-            if (block_arrived && block_arrived == block_live)
-                release_block();
-            warp_slots *w = warp_of(f);
-            if (w->arrived && w->arrived == w->live)
-                release_warp(i >> 5);
+        for (int k = 0; k < nw; k++) {
+            int wi = down ? nw - 1 - k : k, progress;
+            do {
+                progress = 0;
+                for (int i = wi * 32; i < nthreads && i < wi * 32 + 32; i++) {
+                    fiber *f = &fibers[i];
+                    if (f->state != RUNNABLE)
+                        continue;
+                    ran = progress = 1;
+                    emu_cur = &f->id;
+                    switch_to(f);
+                    emu_cur = NULL;
+                    /* the last thread of a barrier's scope may have ended
+                     * meanwhile: f, of its block and of its warp (no other
+                     * thread ran) */
+                    if (block_arrived && block_arrived == block_live)
+                        release_block();
+                    warp_slots *w = warp_of(f);
+                    if (w->arrived && w->arrived == w->live)
+                        release_warp(i >> 5);
+                }
+            } while (progress);
         }
+        for (int i = 0; i < nthreads; i++)
+            left += fibers[i].state != DONE;
         if (!left) {
-            int inflight = wg_leftovers();
+            int inflight = wg_leftovers(), copies = cp_leftovers();
             if (inflight) {
                 fprintf(stderr, "cuda_emu: block (%u,%u) ended with %d wgmma never waited for\n",
                         emu_block_idx.x, emu_block_idx.y, inflight);
+                abort();
+            }
+            if (copies) {
+                fprintf(stderr,
+                        "cuda_emu: block (%u,%u) ended with %d cp.async copies never waited for\n",
+                        emu_block_idx.x, emu_block_idx.y, copies);
                 abort();
             }
             return 0;

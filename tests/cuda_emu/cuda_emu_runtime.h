@@ -244,6 +244,28 @@ template <typename T> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAt
     return cudaSuccess;
 }
 
+/* cudaFuncSetAttribute with cudaFuncAttributeMaxDynamicSharedMemorySize,
+ * the one attribute the kernels set: recorded per kernel. A launch asking
+ * more dynamic shared memory than its kernel's limit (48 KiB unless
+ * raised) fails with cudaErrorInvalidValue, as on the device; a limit past
+ * the 227 KiB a block of compute capability 9.0 may have is refused. */
+typedef enum cudaFuncAttribute {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8
+} cudaFuncAttribute;
+cudaError_t emu_func_set_max_smem(const void *kernel, int bytes);
+size_t emu_func_max_smem(const void *kernel);
+/* A launch the device would refuse (too much shared memory): its error
+ * for cudaGetLastError, and the reason on stderr. */
+void emu_launch_refused(const char *why, size_t smem, size_t limit);
+
+template <typename T>
+static inline cudaError_t cudaFuncSetAttribute(T kernel, cudaFuncAttribute attr, int value)
+{
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+        return cudaErrorInvalidValue;
+    return emu_func_set_max_smem(reinterpret_cast<const void *>(kernel), value);
+}
+
 /* ---- launches ---------------------------------------------------------------------- */
 
 struct dim3 {
@@ -267,7 +289,11 @@ template <typename... P> struct emu_call {
     {
         void (*kern)(P...) = k;
         emu_dim3 grid = {g.x, g.y, g.z}, block = {b.x, b.y, b.z};
-        size_t bytes = smem;
+        size_t bytes = smem, limit = emu_func_max_smem(reinterpret_cast<const void *>(k));
+        if (bytes > limit) {
+            emu_launch_refused("dynamic shared memory past the kernel's limit", bytes, limit);
+            return;
+        }
         emu_enqueue(st, [=]() {
             auto run = [&]() { kern(a...); };
             if (emu_launch_smem(grid, block, bytes, &emu_call::template tramp<decltype(run)>,

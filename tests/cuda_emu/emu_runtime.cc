@@ -166,6 +166,33 @@ void emu_launch_failed(void)
     fail(cudaErrorLaunchFailure);
 }
 
+/* Each kernel's limit on dynamic shared memory (cudaFuncSetAttribute), by
+ * its address; 48 KiB where none was set. */
+static std::map<const void *, size_t> func_smem;
+static std::mutex func_smem_lock;
+
+cudaError_t emu_func_set_max_smem(const void *kernel, int bytes)
+{
+    if (bytes < 0 || bytes > 227 * 1024)
+        return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> g(func_smem_lock);
+    func_smem[kernel] = (size_t)bytes;
+    return cudaSuccess;
+}
+
+size_t emu_func_max_smem(const void *kernel)
+{
+    std::lock_guard<std::mutex> g(func_smem_lock);
+    auto it = func_smem.find(kernel);
+    return it == func_smem.end() ? (size_t)48 * 1024 : it->second;
+}
+
+void emu_launch_refused(const char *why, size_t smem, size_t limit)
+{
+    fprintf(stderr, "cuda_emu: launch refused: %s (%zu bytes, the limit %zu)\n", why, smem, limit);
+    fail(cudaErrorInvalidValue);
+}
+
 /* ---- errors and the device --------------------------------------------------------- */
 
 const char *cudaGetErrorName(cudaError_t e)

@@ -166,3 +166,43 @@ Test(emu_streams, without_the_mode_work_runs_when_issued)
     cr_assert_eq(cudaStreamDestroy(s), cudaSuccess);
     cudaFree(a);
 }
+
+/* A kernel's limit on dynamic shared memory (cudaFuncSetAttribute): a
+ * launch asking more than 48 KiB without it is refused as on the device
+ * (cudaErrorInvalidValue, the kernel not run), and runs once the limit is
+ * raised; a limit past the 227 KiB of compute capability 9.0 is refused. */
+static void smem_kernel(int *out)
+{
+    out[threadIdx.x] = (int)threadIdx.x + 1;
+}
+
+Test(emu_streams, dynamic_shared_memory_past_48_kib_needs_the_kernels_limit_raised)
+{
+    mode("0");
+    int *out = NULL;
+    cr_assert_eq(cudaMalloc((void **)&out, 32 * sizeof(int)), cudaSuccess);
+    memset(out, 0, 32 * sizeof(int));
+    (void)cudaGetLastError();
+    emu_launcher(smem_kernel, dim3(1), dim3(32), (size_t)48 * 1024, 0)(out); /* at the limit */
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+    cr_assert_eq(cudaGetLastError(), cudaSuccess);
+    cr_expect_eq(out[31], 32);
+    memset(out, 0, 32 * sizeof(int));
+    emu_launcher(smem_kernel, dim3(1), dim3(32), (size_t)64 * 1024, 0)(out);
+    cr_expect_eq(cudaGetLastError(), cudaErrorInvalidValue, "64 KiB without the limit raised");
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+    cr_expect_eq(out[0], 0, "the refused launch ran");
+    cr_expect_eq(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      228 * 1024),
+                 cudaErrorInvalidValue, "a limit past 227 KiB");
+    (void)cudaGetLastError();
+    cr_assert_eq(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      64 * 1024),
+                 cudaSuccess);
+    emu_launcher(smem_kernel, dim3(1), dim3(32), (size_t)64 * 1024, 0)(out);
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+    cr_expect_eq(cudaGetLastError(), cudaSuccess);
+    cr_expect_eq(out[0], 1);
+    cr_expect_eq(out[31], 32);
+    cudaFree(out);
+}

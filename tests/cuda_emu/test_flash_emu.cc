@@ -412,8 +412,10 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
             a3.pair0 = u0 * p.unit;
             launch((unsigned)nu, fa_key_blocks(T), FA_THREADS,
                    hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a3, "flash_dkdv_kernel (storing dS)");
-            launch((unsigned)(nu * p.unit), fa_row_blocks(T), FA_THREADS,
-                   hd == 64 ? dq_stored_fn<64> : dq_stored_fn<128>, &a3, "flash_dq_stored_kernel");
+            cr_assert_eq(emu_launch_smem(dim((unsigned)(nu * p.unit), fa_row_blocks(T)),
+                                         dim(FA_THREADS, 1), fa_dq_stored_smem(hd),
+                                         hd == 64 ? dq_stored_fn<64> : dq_stored_fn<128>, &a3),
+                         0, "%s: flash_dq_stored_kernel did not run to its end", what);
         }
         if (sp) {
             reduce_arg rd3 = {a3, hd};
@@ -551,4 +553,62 @@ Test(cuda_emu, a_shuffle_with_lanes_gone_stops_the_process, .signal = SIGABRT)
 {
     int out[32];
     emu_launch(dim(1, 1), dim(32, 1), lanes_gone_fn, out);
+}
+
+/* cp.async as on the device: a copy lands at the wait that completes its
+ * group, and its destination reads as poison (0xff bytes, NaN) before, so
+ * a kernel that reads a staged tile too early, or waits for too few
+ * groups, computes with NaN here. */
+typedef struct copy_arg {
+    uint16_t src[2][32 * 8];
+    uint16_t before[32], between[2][32], after[2][32];
+} copy_arg;
+
+static void copy_fn(void *p)
+{
+    copy_arg *c = (copy_arg *)p;
+    uint16_t *sm = (uint16_t *)emu_dynamic_shared();
+    int t = (int)threadIdx.x;
+    cp_async16(sm + t * 8, c->src[0] + t * 8, 1);
+    cp_async_commit();
+    cp_async16(sm + 256 + t * 8, c->src[1] + t * 8, 1);
+    cp_async_commit();
+    c->before[t] = sm[t * 8];
+    cp_async_wait<1>(); /* the first group */
+    c->between[0][t] = sm[t * 8];
+    c->between[1][t] = sm[256 + t * 8];
+    cp_async_wait<0>();
+    c->after[0][t] = sm[t * 8];
+    c->after[1][t] = sm[256 + t * 8];
+}
+
+Test(cuda_emu, a_copy_lands_at_the_wait_that_completes_its_group)
+{
+    copy_arg c;
+    memset(&c, 0, sizeof c);
+    for (int i = 0; i < 32 * 8; i++)
+        c.src[0][i] = (uint16_t)(0x3f00 + i), c.src[1][i] = (uint16_t)(0x4000 + i);
+    cr_assert_eq(emu_launch_smem(dim(1, 1), dim(32, 1), 1024, copy_fn, &c), 0);
+    for (int t = 0; t < 32; t++) {
+        cr_expect_eq(c.before[t], 0xffffu, "thread %d read its tile before the wait", t);
+        cr_expect_eq(c.between[0][t], 0x3f00 + t * 8, "thread %d, group 1 after wait_group 1", t);
+        cr_expect_eq(c.between[1][t], 0xffffu, "thread %d, group 2 after wait_group 1", t);
+        cr_expect_eq(c.after[0][t], 0x3f00 + t * 8);
+        cr_expect_eq(c.after[1][t], 0x4000 + t * 8, "thread %d, group 2 after wait_group 0", t);
+    }
+}
+
+static void copy_unwaited_fn(void *p)
+{
+    uint16_t *sm = (uint16_t *)emu_dynamic_shared();
+    cp_async16(sm + threadIdx.x * 8, (const uint16_t *)p + threadIdx.x * 8, 1);
+    cp_async_commit();
+}
+
+/* A block that ends with copies in flight stops the process (the device
+ * would write shared memory after its threads are gone). */
+Test(cuda_emu, a_block_ending_with_copies_in_flight_stops_the_process, .signal = SIGABRT)
+{
+    static uint16_t src[32 * 8];
+    emu_launch_smem(dim(1, 1), dim(32, 1), 512, copy_unwaited_fn, src);
 }
