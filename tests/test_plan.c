@@ -101,6 +101,14 @@ Test(plan, a_measured_mfu_is_used_for_its_card_and_mode)
     cr_expect_float_eq(r.mfu, 0.482, 1e-12);
     cr_expect(strstr(r.mfu_source, "measured: docs/perf.md"), "%s", r.mfu_source);
     cr_expect_float_eq(r.tokens_per_s_gpu, 0.482 * 989e12 / r.flops_per_token, 1e-6);
+    input_for(&in, "llama-7b", PLAN_LORA, "H100"); /* its own row */
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_eq(r.mfu_measured, 1);
+    cr_expect_float_eq(r.mfu, 0.495, 1e-12);
+    cr_expect(strstr(r.mfu_source, "H100 80GB HBM3"), "%s", r.mfu_source);
+    input_for(&in, "llama-7b", PLAN_LORA, "A100-80GB"); /* no row: assumed */
+    cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
+    cr_expect_eq(r.mfu_measured, 0);
     input_for(&in, "llama-7b", PLAN_FULL, "H200"); /* another mode: assumed */
     cr_assert_eq(plan_compute(&in, &r, &err), 0, "%s", err.msg);
     cr_expect_eq(r.mfu_measured, 0);

@@ -63,6 +63,9 @@ static const struct {
     const char *source;
 } measured[] = {{"H200", PLAN_LORA, 0.482,
                  "docs/perf.md, 7B LoRA r16 micro-batch 1, seq 2048, H200, 2026-12-04 (b95b2a9)"},
+                {"H100 80GB SXM", PLAN_LORA, 0.495,
+                 "docs/perf.md, 7B LoRA r16 micro-batch 1, seq 2048, H100 80GB HBM3, 2026-12-05 "
+                 "(edd6fbe)"},
                 {NULL, 0, 0.0, NULL}};
 
 /* Assumed when nothing is measured (a stated default, not a measurement). */
