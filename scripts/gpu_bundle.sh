@@ -25,7 +25,7 @@
 #     gpu_profile.sh        where Nsight Compute is installed: where the
 #                           time goes (the attention kernels, a step kernel
 #                           by kernel, other builds of the CUDA module)
-#     scripts/              bench_hf_peft.py, kernel_shares.py
+#     scripts/              bench_hf_peft.py, kernel_shares.py, stall_lines.py
 #     BUILD.txt             commit, architectures, compiler, build date
 #
 # Left out: glibc, libstdc++/libgcc_s, the CUDA runtime, cuBLAS/cuBLASLt,
@@ -112,7 +112,7 @@ done < tests/fixtures/gpu_bundle.list
 cp tests/fixtures/gpu_bundle.list "$OUT/tests/fixtures/"
 cp scripts/gpu_check.sh "$OUT/gpu_check.sh"
 cp scripts/gpu_profile.sh "$OUT/gpu_profile.sh"
-cp scripts/bench_hf_peft.py scripts/kernel_shares.py "$OUT/scripts/"
+cp scripts/bench_hf_peft.py scripts/kernel_shares.py scripts/stall_lines.py "$OUT/scripts/"
 chmod +x "$OUT/gpu_check.sh" "$OUT/gpu_profile.sh"
 
 # What the machine provides: the C library, the C++ runtime, CUDA, NCCL, the driver.

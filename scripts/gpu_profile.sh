@@ -19,9 +19,14 @@
 #               CUDA module (SPOTUNE_CUDA_MODULE), the same shapes and
 #               inputs: how a kernel change compares, before and after, in
 #               one call (build each libspotune_cuda.so here, copy them in)
+#   source      ncu's source view of named attention kernels inside
+#               attn_bench: the warp-stall samples of each SASS instruction,
+#               summed by scripts/stall_lines.py into the top lines (where
+#               the warps wait: a copy's wait, a product's, a barrier), with
+#               src_<kernel>.csv whole
 #
 # usage: gpu_profile.sh [--build DIR] [--attention] [--step PRESET] [--modules A.so,B.so]
-#                       [--shape B,T,nh,nkv,hd] [--box SECONDS]
+#                       [--source KERNEL,...] [--shape B,T,nh,nkv,hd] [--box SECONDS]
 #   no part named: --attention --step llama-7b
 #   --shape      the attention shape (default 1,2048,32,32,128: Llama-2-7B)
 #   --box        each ncu run's time limit (default 120 s)
@@ -37,6 +42,7 @@ BUILD=""
 PARTS=()
 PRESET=llama-7b
 MODULES=""
+SOURCES=""
 SHAPE=1,2048,32,32,128
 BOX=120
 while [ $# -gt 0 ]; do
@@ -45,6 +51,7 @@ while [ $# -gt 0 ]; do
     --attention) PARTS+=(attention); shift ;;
     --step) PARTS+=(step); PRESET=$2; shift 2 ;;
     --modules) PARTS+=(modules); MODULES=$2; shift 2 ;;
+    --source) PARTS+=(source); SOURCES=$2; shift 2 ;;
     --shape) SHAPE=$2; shift 2 ;;
     --box) BOX=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -57,10 +64,12 @@ case "$BOX" in ''|*[!0-9]*) echo "gpu_profile.sh: --box must be whole seconds" >
 if [ -n "$BUILD" ]; then
     SPOTUNE="$BUILD/spotune" ATTN="$BUILD/dev/attn_bench"
     SHARES="$(cd "$HERE/.." && pwd)/scripts/kernel_shares.py"
+    STALLS="$(cd "$HERE/.." && pwd)/scripts/stall_lines.py"
 else
     # shellcheck source=/dev/null
     source "$HERE/env.sh" || { echo "gpu_profile.sh: could not set up the bundle's environment" >&2; exit 1; }
     SPOTUNE="$HERE/bin/spotune" ATTN="$HERE/bin/attn_bench" SHARES="$HERE/scripts/kernel_shares.py"
+    STALLS="$HERE/scripts/stall_lines.py"
 fi
 if [ -n "${GPU_PROFILE_NCU+set}" ]; then # the tests: a stand-in, or "" for none
     NCU=$GPU_PROFILE_NCU
@@ -134,6 +143,29 @@ for part in "${PARTS[@]}"; do
             sed -n '/^## one/,$p' "$MD" | tail -n +3
         fi
         say ""
+        ;;
+    source)
+        say "## where the warps wait, by instruction, at $SHAPE (ncu's source view)"
+        say ""
+        for k in ${SOURCES//,/ }; do
+            f="$DEST/src_$k.csv"
+            # the second launch, as above
+            timeout "$BOX" "$NCU" --clock-control none --section WarpStateStats \
+                --section SourceCounters --page source --print-source sass --csv \
+                -k "regex:^$k" --launch-skip 1 --launch-count 1 \
+                "$ATTN" --shape "$SHAPE" --iters 1 --no-check > "$f" 2>&1
+            rc=$?
+            if [ $rc -ne 0 ]; then
+                say "FAIL: $k: ncu exited $rc: $(grep -m1 -iE 'error|fail' "$f" | cut -c1-120)"
+                FAILED=1
+            elif ! python3 "$STALLS" "$f" > "$DEST/stalls.out" 2>&1; then
+                say "FAIL: $k: $(cat "$DEST/stalls.out")"
+                FAILED=1
+            else
+                tee -a "$MD" < "$DEST/stalls.out"
+            fi
+            say ""
+        done
         ;;
     modules)
         say "## attn_bench's fused rows with each CUDA module"

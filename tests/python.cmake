@@ -1,6 +1,7 @@
 # Python-side tests: data preparation (scripts/prepare_data.py), the plot of
 # a run's metrics (scripts/plot_metrics.py), a step's GPU time by kernel
-# (scripts/kernel_shares.py) and the merged export under PEFT.
+# (scripts/kernel_shares.py), where a kernel's warps wait (scripts/stall_lines.py)
+# and the merged export under PEFT.
 # Needs: pip install -r scripts/requirements-data.txt
 find_program(SPOTUNE_PYTHON3 python3 REQUIRED)
 spotune_require(test_prepare_data.py test_plot_metrics.py)
@@ -14,6 +15,12 @@ set_tests_properties(plot_metrics_py PROPERTIES LABELS "python" TIMEOUT 300)
 spotune_require(test_kernel_shares.py fixtures/ncu_step_durations.csv)
 add_test(NAME kernel_shares_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_kernel_shares.py)
 set_tests_properties(kernel_shares_py PROPERTIES LABELS "python" TIMEOUT 120)
+# scripts/stall_lines.py (the standard library only): where a kernel's warps
+# wait, by instruction, from Nsight Compute's source view, on an excerpt of a
+# real one
+spotune_require(test_stall_lines.py fixtures/ncu_source_forward_wgmma.csv)
+add_test(NAME stall_lines_py COMMAND python3 ${CMAKE_SOURCE_DIR}/tests/test_stall_lines.py)
+set_tests_properties(stall_lines_py PROPERTIES LABELS "python" TIMEOUT 120)
 # tests/check_fixtures.py: every golden-value fixture of tests/fixtures/ made
 # again by its scripts/make_*.py generator from torch, transformers, PEFT and
 # bitsandbytes (scripts/requirements-hf.txt) and compared with the committed

@@ -13,7 +13,10 @@
 #     (an absolute path) and its fused rows kept; a missing module a FAIL
 #     line and exit 1; no usable GPU a SKIPPED line with attn_bench's
 #     reason, exit 77; an ncu that fails: a FAIL row, exit 1;
-#  4. a bad argument: exit 2.
+#  4. --source: ncu's source view of each named kernel inside attn_bench,
+#     summed by scripts/stall_lines.py (the fixture: an H100's wgmma
+#     forward) into gpu_profile.md; a kernel whose ncu fails a FAIL line;
+#  5. a bad argument: exit 2.
 # usage: tests/test_gpu_profile.sh
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +26,7 @@ source "$here/tests/check.sh" # $tmp, check, has
 b="$tmp/bundle"
 mkdir -p "$b/bin" "$b/scripts"
 cp "$here/scripts/gpu_profile.sh" "$b/"
-cp "$here/scripts/kernel_shares.py" "$b/scripts/"
+cp "$here/scripts/kernel_shares.py" "$here/scripts/stall_lines.py" "$b/scripts/"
 echo 'export PATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/bin:$PATH"' > "$b/env.sh"
 cat > "$b/bin/attn_bench" <<'EOS'
 #!/usr/bin/env bash
@@ -40,6 +43,7 @@ cat > "$tmp/ncu" <<EOS
 echo "\$*" >> "$tmp/ncu.args"
 [ -n "\${FAKE_NCU_FAIL:-}" ] && { echo "==ERROR== the profiler could not start"; exit 9; }
 case "\$*" in
+*--page\ source*) cat "$here/tests/fixtures/ncu_source_forward_wgmma.csv" ;;
 *--csv*) cat "$here/tests/fixtures/ncu_step_durations.csv" ;;
 *) cat "$here/tests/fixtures/ncu_dkdv_details.txt" ;;
 esac
@@ -100,7 +104,26 @@ rc=$?
 has "$out" "| flash_dq_kernel | FAIL (exit 9: ==ERROR== the profiler could not start) |" && [ $rc -eq 1 ]
 check "attention: a failing ncu is a FAIL row naming its error, exit 1" $? "exit $rc: $out"
 
-# 4. usage
+# 4. source
+: > "$tmp/ncu.args"
+out=$(GPU_PROFILE_NCU="$tmp/ncu" OUT="$tmp/src" bash "$b/gpu_profile.sh" --source flash_forward_wgmma_kernel,flash_dq_stored_kernel 2>&1)
+rc=$?
+md=$(cat "$tmp/src/gpu_profile.md" 2>/dev/null)
+check "source: exit 0" $((rc != 0)) "exit $rc: $out"
+args=$(cat "$tmp/ncu.args")
+has "$args" "--section WarpStateStats --section SourceCounters --page source --print-source sass --csv -k regex:^flash_dq_stored_kernel --launch-skip 1 --launch-count 1 $b/bin/attn_bench --shape 1,2048,32,32,128" &&
+    has "$args" "-k regex:^flash_forward_wgmma_kernel"
+check "source: ncu's source view of each named kernel, at attn_bench's second launch" $? "$args"
+has "$md" "| 0x15f0 | \`@!PT LDS RZ, [RZ]\` | 7539 | 31.8% | long_sb 7515, mio 11 |" &&
+    [ "$(grep -c '^### void flash_forward_wgmma_kernel' <<<"$md")" = 2 ] &&
+    [ -s "$tmp/src/src_flash_dq_stored_kernel.csv" ]
+check "source: stall_lines.py's table for each kernel in gpu_profile.md, the CSV kept" $? "$md"
+out=$(GPU_PROFILE_NCU="$tmp/ncu" FAKE_NCU_FAIL=1 OUT="$tmp/srcfail" bash "$b/gpu_profile.sh" --source flash_dq_kernel 2>&1)
+rc=$?
+has "$out" "FAIL: flash_dq_kernel: ncu exited 9: ==ERROR== the profiler could not start" && [ $rc -eq 1 ]
+check "source: a failing ncu is a FAIL line naming the kernel and its error, exit 1" $? "exit $rc: $out"
+
+# 5. usage
 out=$(bash "$b/gpu_profile.sh" --bogus 2>&1)
 rc=$?
 check "an unknown argument: exit 2" $((rc != 2)) "exit $rc: $out"
