@@ -75,6 +75,12 @@
 #                             the attention's kernels by Hopper warpgroup
 #                             products; row 8's speed against it says
 #                             whether they should be the default
+#   bench 7B LoRA graphs      row 8 with --cuda-graphs on: each step one
+#                             CUDA graph; its speed against row 8 says what
+#                             the launches cost a 7B step (run 5: 116.8 ms
+#                             of kernels in a 123.9 ms step); FAIL as row
+#                             16's when graphs were turned off or never
+#                             replayed
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -115,7 +121,7 @@
 #   --only KEYS       run only these steps (comma-separated: ops layer model
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
-#                     hf7s8k b7one b7s8ks b7wg racecheck memcheck), e.g.
+#                     hf7s8k b7one b7s8ks b7wg b7graphs racecheck memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -227,7 +233,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg racecheck memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs racecheck memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -253,6 +259,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7one) n="bench llama-7b LoRA r16 mb1 seq 2048, LoRA one by one (SPOTUNE_LORA_BATCHED=0)" ;;
     b7s8ks) n="bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (SPOTUNE_CUDA_ATTENTION=fused-stored)" ;;
     b7wg) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by wgmma (SPOTUNE_CUDA_ATTENTION=fused-wgmma)" ;;
+    b7graphs) n="bench llama-7b LoRA r16 mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -769,6 +776,8 @@ if want b7wg; then
     BENCH_ENV=SPOTUNE_CUDA_ATTENTION=fused-wgmma BENCH_VS=b7
     bench b7wg 60 llama-7b lora 1 5
 fi
+# row 8 with each step one CUDA graph: what the launches cost a 7B step
+want b7graphs && bench b7graphs 60 llama-7b lora 1 5 none 2048 b7
 
 SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 san_ready() { # san_ready KEY: 0 when compute-sanitizer step KEY is to run, else its row set

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 27 rows, every GPU step is
+#     run on a GPU machine too): the table has all 28 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA),
 #     the two kernel workbenches' rows too, the test programs report their
 #     own skip, exit 77, and it takes under a minute;
@@ -54,7 +54,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 27 rows" $((n != 27)) "$table"
+check "dry run: the table has the 28 rows" $((n != 28)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -73,7 +73,7 @@ has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
 check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
 ! has "$table" "full output: out/"
 check "dry run: no workbench table after the main one" $? "$table"
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 27)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 28)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -116,6 +116,9 @@ case "$args" in
     json 30000 0.30 0.31 10.52 fail 10.91
     echo "spotune: error: bench small full on cuda: step 1 vs the cpu backend: loss 10.52 vs 10.91 (relative difference 3.6e-02, tolerance 5.0e-03)" >&2
     exit 1 ;;
+*"--preset llama-7b --mode lora --micro-batch 1 "*"--cuda-graphs on"*)
+    json 3465 0.46 0.47 11.20 ok |
+        sed 's/}$/,"cuda_graphs":true,"graph_replays":4,"graph_ops":1500,"graph_update_replays":4,"graph_update_ops":3,"graph_off":""}/' ;;
 *"--preset llama-7b --mode lora --micro-batch 1 "*)
     if [ "${SPOTUNE_LORA_BATCHED:-}" = 0 ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     if [ "${SPOTUNE_CUDA_ATTENTION:-}" = fused-stored ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
@@ -323,18 +326,20 @@ expect_row 23 PASS "bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (S
 expect_row 23 PASS "SPOTUNE_CUDA_ATTENTION=fused-stored; row 15 is 1.100x this; 3000 tok/s"
 expect_row 24 PASS "bench llama-7b LoRA r16 mb1 seq 2048, attention by wgmma (SPOTUNE_CUDA_ATTENTION=fused-wgmma)"
 expect_row 24 PASS "SPOTUNE_CUDA_ATTENTION=fused-wgmma; row 8 is 0.909x this; 3630 tok/s"
-expect_row 25 PASS "compute-sanitizer racecheck on the fused attention tests (reduced shapes) | PASS"
-expect_row 25 PASS "0 hazards; Tested: 7 / Passing: 7 / Failing: 0 / Crashing: 0"
-expect_row 26 FAIL "exit 3, 3 errors"
-expect_row 27 PASS "NVIDIA H200"
-expect_row 28 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 29 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 30 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 31 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 25 PASS "bench llama-7b LoRA r16 mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)"
+expect_row 25 PASS "graphs: 4 step(s) replayed one (1500 ops), 4 update(s) replayed one, 1.05x the eager row's tok/s; 3465 tok/s"
+expect_row 26 PASS "compute-sanitizer racecheck on the fused attention tests (reduced shapes) | PASS"
+expect_row 26 PASS "0 hazards; Tested: 7 / Passing: 7 / Failing: 0 / Crashing: 0"
+expect_row 27 FAIL "exit 3, 3 errors"
+expect_row 28 PASS "NVIDIA H200"
+expect_row 29 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 30 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 31 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 32 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 27 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 31)) "$table"
+check "stand-ins: 28 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 32)) "$table"
 # the workbenches' own tables after the main one, whole
-after=$(sed -n '/^| 31 |/,$p' <<<"$table")
+after=$(sed -n '/^| 32 |/,$p' <<<"$table")
 has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
     has "$after" "device: NVIDIA H200; 3 iterations" &&
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
@@ -382,7 +387,7 @@ check "the Python peer gets the machine's LD_LIBRARY_PATH, not the bundle's" $? 
     "$(cat "$tmp/pyenv2" 2>/dev/null)"
 table=$(cat "$tmp/mixed2/gpu_check_table.md" 2>/dev/null)
 expect_row 16 FAIL "graphs turned off: capture failed: cudaStreamEndCapture: operation not permitted"
-expect_row 25 FAIL "exit 3, 1 hazards: Error: Race reported between Write access at flash_dq_stored_kernel<128>+0x2a0; Tested: 7"
+expect_row 26 FAIL "exit 3, 1 hazards: Error: Race reported between Write access at flash_dq_stored_kernel<128>+0x2a0; Tested: 7"
 expect_row 10 FAIL "exit 1: 1 FAIL row: 1,2048,32,8,128 unfused worst rel err dq 2.50e-02; fused/unfused"
 expect_row 10 FAIL "10 rows: 9 ok, 1 FAIL"
 expect_row 11 FAIL "exit 1: 1 FAIL row: 2048 x 4096 add vector worst rel err 1.95e-03 = scalar NO; elem_bench: 1 row failed"
@@ -419,7 +424,7 @@ expect_row 1 PASS "NVIDIA H200"
 expect_row 2 OMITTED "not selected (--only b7,attn_bench)"
 expect_row 22 OMITTED "not selected (--only b7,attn_bench)"
 n=$(grep -cE '^\| [0-9]+ \| .* \| OMITTED \|' <<<"$table")
-check "--only: the 23 other steps OMITTED" $((n != 23)) "$table"
+check "--only: the 24 other steps OMITTED" $((n != 24)) "$table"
 ! has "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)" "-- ops:"
 check "--only: an omitted step does not run" $? "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)"
 # the HF peer at the issue's other settings: its ratio to the spotune row of
@@ -455,10 +460,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 27)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-9]|2[0-6]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 24)) "$table"
-expect_row 27 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 28)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-9]|2[0-7]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 25)) "$table"
+expect_row 28 PASS "NVIDIA H200"
 
 # ---- 4. a run cut short from outside ----------------------------------------------------------
 # (its caller's time limit): the table of the rows reached is in OUT, marked
@@ -470,7 +475,7 @@ table=$(cat "$tmp/cut/gpu_check_table.md" 2>/dev/null)
 has "$table" "PARTIAL: the check was still running after"
 check "cut short: the table in OUT says it is partial" $? "$table"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "cut short: every row present" $((nrows != 27)) "$table"
+check "cut short: every row present" $((nrows != 28)) "$table"
 expect_row 1 PASS "NVIDIA H200"
 has "$(row "$table" 2)" "| SKIPPED | - | not reached"
 check "cut short: the step it was in is 'not reached'" $? "$table"
