@@ -38,6 +38,26 @@
 #include "cuda_flash_backward.cuh" /* and cuda_flash_kernels.cuh */
 #include "cuda_wgmma.cuh"
 
+/* acc += X Y: X [64 x 16 KS] as this warp's A fragments a[kk] (P, dS:
+ * C fragments rounded to bf16), Y the 16 KS staged rows at addr, core
+ * matrices read as MN-major B (the rows are K: V of O += P V; dO and Q of
+ * dV and dK; K of dQ). Issued, not committed: the caller fences before
+ * and commits after. */
+template <int HD, int KS>
+static __device__ __forceinline__ void wg_frags_times(float acc[HD / 8][4], const uint32_t a[KS][4],
+                                                      uint32_t addr)
+{
+    const uint32_t lbo = HD / 8 * 128, sbo = 128; /* the next 8 rows; the next 8 hd columns */
+    FA_UNROLL
+    for (int kk = 0; kk < KS; kk++) {
+        uint64_t desc = wg_desc(addr + (uint32_t)kk * 2 * lbo, lbo, sbo);
+        if constexpr (HD == 64)
+            wg_m64n64k16<1>(acc, a[kk], desc, 1);
+        else
+            wg_m64n128k16<1>(acc, a[kk], desc, 1);
+    }
+}
+
 /* S = Q K^T for the warpgroup's 64 rows against the 64 keys staged at
  * kaddr (raw scores, this warp's rows as 8 C fragments). */
 template <int HD>
@@ -60,20 +80,12 @@ template <int HD>
 static __device__ __forceinline__ void wg_pv(float o[HD / 8][4], const float s[8][4],
                                              uint32_t vaddr)
 {
-    const uint32_t lbo = HD / 8 * 128, sbo = 128; /* the next 8 keys; the next 8 hd columns */
     uint32_t pa[4][4];
     FA_UNROLL
     for (int kk = 0; kk < 4; kk++)
         c_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
     wg_fence(); /* the A fragments and the rescaled o are written */
-    FA_UNROLL
-    for (int kk = 0; kk < 4; kk++) {
-        uint64_t desc = wg_desc(vaddr + (uint32_t)kk * 2 * lbo, lbo, sbo);
-        if constexpr (HD == 64)
-            wg_m64n64k16<1>(o, pa[kk], desc, 1);
-        else
-            wg_m64n128k16<1>(o, pa[kk], desc, 1);
-    }
+    wg_frags_times<HD, 4>(o, pa, vaddr);
     wg_commit();
     wg_wait<0>();
     wg_hold<HD / 8>(o);
@@ -159,22 +171,6 @@ static __device__ __forceinline__ void wg_rows_t(float x[4][4], const uint32_t a
         wg_m64n32k16<0>(x, a[ks], wg_desc(addr + (uint32_t)ks * 256, 128, HD / 8 * 128), ks > 0);
 }
 
-/* acc += X Y, X [64 x 32] from C fragments x (rounded to bf16, as A
- * fragments pa), Y the 32 staged rows at addr (MN-major B). */
-template <int HD>
-static __device__ __forceinline__ void wg_frags_times(float acc[HD / 8][4], const uint32_t pa[2][4],
-                                                      uint32_t addr)
-{
-    FA_UNROLL
-    for (int kk = 0; kk < 2; kk++) {
-        uint64_t desc = wg_desc(addr + (uint32_t)kk * 2 * (HD / 8) * 128, HD / 8 * 128, 128);
-        if constexpr (HD == 64)
-            wg_m64n64k16<1>(acc, pa[kk], desc, 1);
-        else
-            wg_m64n128k16<1>(acc, pa[kk], desc, 1);
-    }
-}
-
 /* dK, dV (and the stored dS) as flash_dkdv_kernel (cuda_flash_backward.cuh),
  * with its four products by warpgroup products: S^T = K Q^T and dP^T = V
  * dO^T from the K and V fragments in registers against the staged Q and dO
@@ -256,7 +252,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         for (int kk = 0; kk < 2; kk++)
             c_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
         wg_fence(); /* P's A fragments are written */
-        wg_frags_times<HD>(dv, pa, oa_bf); /* dV += P^T dO */
+        wg_frags_times<HD, 2>(dv, pa, oa_bf); /* dV += P^T dO */
         wg_commit();
         wg_wait<1>(); /* dP^T is complete (dV may not be) */
         wg_hold<4>(dp);
@@ -269,7 +265,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         for (int kk = 0; kk < 2; kk++)
             c_to_a(sa[kk], dp[2 * kk], dp[2 * kk + 1]);
         wg_fence(); /* dS's A fragments are written */
-        wg_frags_times<HD>(dk, sa, qa_bf); /* dK += dS^T Q */
+        wg_frags_times<HD, 2>(dk, sa, qa_bf); /* dK += dS^T Q */
         wg_commit();
         wg_wait<0>();
         wg_hold<HD / 8>(dv);
@@ -309,7 +305,6 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_wgmma_kernel(flash
     const uint16_t *sr = Ss + ((lane & 7) + (lane >> 4) * 8) * (FA_BR + FA_PAD) + warp * 16 +
                          ((lane >> 3) & 1) * 8;
     uint32_t kaddr = smem_addr(sm);
-    const uint32_t lbo = HD / 8 * 128, sbo = 128; /* the next 8 keys; the next 8 hd columns */
     float dq[HD / 8][4];
     FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
@@ -334,16 +329,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_wgmma_kernel(flash
         FA_UNROLL
         for (int kk = 0; kk < FA_BC / 16; kk++)
             ldsm_x4(sa[kk], sr + bf * stile + kk * 16 * (FA_BR + FA_PAD), 1);
-        uint32_t kb = kaddr + (uint32_t)(bf * ktile) * 2u;
         wg_fence();
-        FA_UNROLL
-        for (int kk = 0; kk < FA_BC / 16; kk++) {
-            uint64_t desc = wg_desc(kb + (uint32_t)kk * 2 * lbo, lbo, sbo);
-            if constexpr (HD == 64)
-                wg_m64n64k16<1>(dq, sa[kk], desc, 1);
-            else
-                wg_m64n128k16<1>(dq, sa[kk], desc, 1);
-        }
+        wg_frags_times<HD, FA_BC / 16>(dq, sa, kaddr + (uint32_t)(bf * ktile) * 2u); /* dQ += dS K */
         wg_commit();
         wg_wait<0>();
         wg_hold<HD / 8>(dq);
