@@ -58,6 +58,21 @@ static __device__ __forceinline__ void wg_frags_times(float acc[HD / 8][4], cons
     }
 }
 
+/* acc += X Y as wg_frags_times, X given as C fragments c (8-column tiles,
+ * 2 KS of them: P or dS), rounded to bf16 as A fragments here and fenced
+ * (the fragments and acc written before the products read them). */
+template <int HD, int KS>
+static __device__ __forceinline__ void wg_c_times(float acc[HD / 8][4], const float c[2 * KS][4],
+                                                  uint32_t addr)
+{
+    uint32_t a[KS][4];
+    FA_UNROLL
+    for (int kk = 0; kk < KS; kk++)
+        c_to_a(a[kk], c[2 * kk], c[2 * kk + 1]);
+    wg_fence();
+    wg_frags_times<HD, KS>(acc, a, addr);
+}
+
 /* S = Q K^T for the warpgroup's 64 rows against the 64 keys staged at
  * kaddr (raw scores, this warp's rows as 8 C fragments). */
 template <int HD>
@@ -80,12 +95,7 @@ template <int HD>
 static __device__ __forceinline__ void wg_pv(float o[HD / 8][4], const float s[8][4],
                                              uint32_t vaddr)
 {
-    uint32_t pa[4][4];
-    FA_UNROLL
-    for (int kk = 0; kk < 4; kk++)
-        c_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
-    wg_fence(); /* the A fragments and the rescaled o are written */
-    wg_frags_times<HD, 4>(o, pa, vaddr);
+    wg_c_times<HD, 4>(o, s, vaddr); /* after the rescaled o is written */
     wg_commit();
     wg_wait<0>();
     wg_hold<HD / 8>(o);
@@ -247,12 +257,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         wg_wait<1>(); /* S^T is complete */
         wg_hold<4>(s);
         fa_probs(s, keyA, i0, lse2_s[bf], lo_s[bf], T, sl2, mask);
-        uint32_t pa[2][4], sa[2][4];
-        FA_UNROLL
-        for (int kk = 0; kk < 2; kk++)
-            c_to_a(pa[kk], s[2 * kk], s[2 * kk + 1]);
-        wg_fence(); /* P's A fragments are written */
-        wg_frags_times<HD, 2>(dv, pa, oa_bf); /* dV += P^T dO */
+        wg_c_times<HD, 2>(dv, s, oa_bf); /* dV += P^T dO */
         wg_commit();
         wg_wait<1>(); /* dP^T is complete (dV may not be) */
         wg_hold<4>(dp);
@@ -261,11 +266,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
             fa_ds_write(dst, dp);
             fa_ds_zero_past_t(dst, i0, T);
         }
-        FA_UNROLL
-        for (int kk = 0; kk < 2; kk++)
-            c_to_a(sa[kk], dp[2 * kk], dp[2 * kk + 1]);
-        wg_fence(); /* dS's A fragments are written */
-        wg_frags_times<HD, 2>(dk, sa, qa_bf); /* dK += dS^T Q */
+        wg_c_times<HD, 2>(dk, dp, qa_bf); /* dK += dS^T Q */
         wg_commit();
         wg_wait<0>();
         wg_hold<HD / 8>(dv);
