@@ -12,7 +12,7 @@
 #     bin/                  spotune, test_cuda_ops, test_cuda_elementwise,
 #                           test_cuda_attention, test_cuda_layer,
 #                           test_cuda_model, test_cuda_comm, the kernel
-#                           workbenches attn_bench and elem_bench
+#                           workbenches attn_bench, elem_bench and mm_bench
 #                           (kernels/cuda/dev; stripped) and
 #                           libspotune_cuda.so, the CUDA backend they load
 #     lib.tar.xz            every other shared library they load (Open MPI,
@@ -83,7 +83,7 @@ cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=ON 
 grep -q "^SPOTUNE_CUDA:STRING=ON" "$BUILD/CMakeCache.txt" || die "the build has the CUDA backend off"
 TESTS=(test_cuda_ops test_cuda_elementwise test_cuda_attention test_cuda_layer test_cuda_model
     test_cuda_comm)
-WORKBENCH=(attn_bench elem_bench) # kernels/cuda/dev, built into $BUILD/dev
+WORKBENCH=(attn_bench elem_bench mm_bench) # kernels/cuda/dev, built into $BUILD/dev
 TARGETS=(spotune "${TESTS[@]}" "${WORKBENCH[@]}")
 echo "== build ${TARGETS[*]}"
 cmake --build "$BUILD" ${JOBS:+-j "$JOBS"} --target "${TARGETS[@]}"

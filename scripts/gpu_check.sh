@@ -81,6 +81,15 @@
 #                             of kernels in a 123.9 ms step); FAIL as row
 #                             16's when graphs were turned off or never
 #                             replayed
+#   narrow-product workbench  mm_bench --iters 20: LoRA's narrow products
+#                             (x A^T, dy B) at the 7B shapes by
+#                             cuda_skinny.cu's kernel against cuBLASLt,
+#                             each checked against the CPU; the figure:
+#                             cuBLASLt's time over the kernel's, their
+#                             geometric mean, the worst error
+#   bench 7B LoRA cuBLASLt    row 8 with SPOTUNE_CUDA_SKINNY=0: the narrow
+#                             products by cuBLASLt; row 8's speed against
+#                             it says what the kernel gives a step
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -121,7 +130,8 @@
 #   --only KEYS       run only these steps (comma-separated: ops layer model
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
-#                     hf7s8k b7one b7s8ks b7wg b7graphs racecheck memcheck), e.g.
+#                     hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas
+#                     racecheck memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -233,7 +243,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs racecheck memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas racecheck memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -260,6 +270,8 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7s8ks) n="bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (SPOTUNE_CUDA_ATTENTION=fused-stored)" ;;
     b7wg) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by wgmma (SPOTUNE_CUDA_ATTENTION=fused-wgmma)" ;;
     b7graphs) n="bench llama-7b LoRA r16 mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)" ;;
+    mm_bench) n="narrow-product workbench (mm_bench: LoRA's x A^T and dy B, skinny kernel vs cuBLASLt, vs CPU)" ;;
+    b7cublas) n="bench llama-7b LoRA r16 mb1 seq 2048, narrow products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0)" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -584,6 +596,30 @@ elem_figure() { # elem_figure FILE
     }' "$1"
 }
 
+# mm_bench's figure: its summary line (cuBLASLt's time over the skinny
+# kernel's, each product and the geometric mean), the worst error, the
+# rows' checks.
+# shellcheck disable=SC2317 # called through workbench
+mm_figure() { # mm_figure FILE
+    awk -F'|' "$wb_trim"'
+    $0 ~ /^\| *[a-zA-Z_]+ *\| *[0-9]+,[0-9]+,[0-9]+ x [0-9]+ *\|/ {
+        n++; st = trim($(NF - 1)); if (st == "ok") ok++; else if (st == "FAIL") bad++
+        e = trim($8); sub(/^\(no check\) /, "", e)
+        if (e !~ /^[0-9.]+e[-+][0-9]+$/) nan++
+        else if (e + 0 > worst) { worst = e + 0; wn = trim($2) " " trim($5) }
+    }
+    /^cuBLASLt time \/ skinny time:/ { sub(/^cuBLASLt time \/ skinny time: */, ""); ratio = $0 }
+    END {
+        if (n == 0) { printf "no table rows"; exit }
+        if (ratio != "") printf "cuBLASLt time / skinny kernel time: %s", ratio
+        else printf "no cuBLASLt/skinny ratio"
+        if (wn != "") printf "; worst rel err %.2e (%s)", worst, wn
+        if (nan) printf " (%d not a number)", nan
+        printf "; %d rows: %d ok, %d FAIL", n, ok, bad
+        if (n - ok - bad) printf ", %d not checked", n - ok - bad
+    }' "$1"
+}
+
 # The FAIL rows of a workbench table, named by their columns but the timings.
 wb_fails() { # wb_fails FILE
     awk -F'|' "$wb_trim"'
@@ -591,7 +627,7 @@ wb_fails() { # wb_fails FILE
     /^\|/ && trim($(NF - 1)) == "FAIL" {
         d = ""
         for (c = 2; c < NF - 1; c++) {
-            if (h[c] ~ /ms|TFLOP|GB/) continue
+            if (h[c] ~ /ms|TFLOP|GB|^us$/) continue
             x = trim($c); gsub(/  +/, " ", x)
             d = d (d == "" ? "" : " ") (h[c] ~ /err|scalar/ ? h[c] " " : "") x
         }
@@ -778,6 +814,13 @@ if want b7wg; then
 fi
 # row 8 with each step one CUDA graph: what the launches cost a 7B step
 want b7graphs && bench b7graphs 60 llama-7b lora 1 5 none 2048 b7
+# LoRA's narrow products by the skinny kernel against cuBLASLt, alone and
+# in a 7B step (docs/cuda.md, "Narrow products")
+want mm_bench && workbench mm_bench 30 mm_figure "$DEV/mm_bench" --iters 20
+if want b7cublas; then
+    BENCH_ENV=SPOTUNE_CUDA_SKINNY=0 BENCH_VS=b7
+    bench b7cublas 60 llama-7b lora 1 5
+fi
 
 SAN=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 san_ready() { # san_ready KEY: 0 when compute-sanitizer step KEY is to run, else its row set

@@ -70,7 +70,7 @@ endforeach()
 # suite's name). Never loaded unless named. Only in builds with the CUDA
 # backend.
 if(SPOTUNE_CUDA)
-  set(emu_cuda_sources cuda_backend.cu cuda_matmul.cu cuda_matmul_ops.cu cuda_ops.cu cuda_nf4.cu cuda_vec.cu
+  set(emu_cuda_sources cuda_backend.cu cuda_matmul.cu cuda_matmul_ops.cu cuda_skinny.cu cuda_ops.cu cuda_nf4.cu cuda_vec.cu
     cuda_attention.cu cuda_flash.cu cuda_flash_wgmma.cu cuda_doctor.cu)
   list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
   set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)
@@ -164,6 +164,14 @@ if(SPOTUNE_CUDA)
     --filter "cuda_model/lora_training_tracks_the_cpu")
   set_tests_properties(emu_test_cuda_model emu_test_cuda_model_lora_training PROPERTIES
     LABELS "cuda_emu" TIMEOUT 900 ENVIRONMENT "${emu_env}"
+    FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
+  # the layer with LoRA's narrow products split three ways (cuda_skinny.cu:
+  # the emulated device has one multiprocessor, so the splits it would
+  # choose are mostly one): the last block's sum of the splits on every
+  # product of a layer's forward and backward
+  add_test(NAME emu_test_cuda_layer_skinny_splits COMMAND test_cuda_layer --jobs 1)
+  set_tests_properties(emu_test_cuda_layer_skinny_splits PROPERTIES LABELS "cuda_emu" TIMEOUT 900
+    ENVIRONMENT "${emu_env};SPOTUNE_CUDA_SKINNY=splits=3"
     FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")
   set_property(TEST emu_test_cuda_ranks APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=3)
   set_property(TEST emu_test_cuda_doctor APPEND PROPERTY ENVIRONMENT SPOTUNE_CUDA_EMU_DEVICES=2)

@@ -2,7 +2,8 @@
  * (the rest of test_cuda_ops, in the same binary and suite: its fixture and
  * main are test_cuda_ops.c's): matmul (every transpose, alpha and beta, F32
  * operands, K = 0, strided column blocks, separate C and D, bit-for-bit
- * repeats), DoRA's weight norm, column scale and column dot, and
+ * repeats; the narrow products of cuda_skinny.cu with every split count),
+ * DoRA's weight norm, column scale and column dot, and
  * dequant_nf4 and quantize_nf4 (the CPU's values, bit for bit).
  *
  * Tolerances: TOL_BF16 and TOL_F32 (cuda_ops_util.h). */
@@ -172,6 +173,75 @@ Test(cuda_ops, matmul_repeats_bit_for_bit)
     cr_expect_eq(memcmp(h1, h2, sizeof(float) * M * N), 0);
     free(h1), free(h2), free(A), free(B);
     drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &c1), drop(gpu, &c2);
+}
+
+/* ---- the narrow products (kernels/cuda/cuda_skinny.cu) ---------------------------------- */
+
+/* LoRA's down products and d(xr): N <= 64 outputs over a long reduction,
+ * A not transposed, which cuda_skinny.cu's kernel takes, with the splits
+ * it chooses and with 1, 3 and 7 forced (SPOTUNE_CUDA_SKINNY=splits=N:
+ * the partial sums through the workspace and the last block's fixed-order
+ * sum), against the CPU: rows past a multiple of 64, a reduction past a
+ * multiple of 32 (and of a split), N 8 to 64 (every fragment count), B
+ * stored [N,K] (x A^T) and [K,N] (dy B), beta 0 and 1, BF16 and F32 C,
+ * padded rows; and rows 2-byte aligned (lda % 8 != 0), which the kernel
+ * leaves to cuBLASLt. Tolerances as every matmul's. */
+Test(cuda_ops, matmul_narrow_outputs_every_split)
+{
+    static const char *modes[] = {NULL, "splits=1", "splits=3", "splits=7"};
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        if (modes[m])
+            setenv("SPOTUNE_CUDA_SKINNY", modes[m], 1);
+        else
+            unsetenv("SPOTUNE_CUDA_SKINNY");
+        check_matmul(37, 16, 264, 0, 1, 1.0f, 0.0f, DT_BF16, DT_BF16);
+        check_matmul(130, 48, 1000, 0, 1, 0.5f, 1.0f, DT_BF16, DT_BF16);
+        check_matmul(257, 64, 520, 0, 0, 2.0f, 0.0f, DT_BF16, DT_BF16);
+        check_matmul(64, 8, 256, 0, 0, 1.0f, 1.0f, DT_F32, DT_BF16);
+        check_matmul(1, 24, 512, 0, 1, -1.0f, 0.0f, DT_F32, DT_BF16);
+        check_matmul(70, 40, 776, 0, 0, 1.0f, 0.0f, DT_BF16, DT_BF16);
+        check_matmul_pad(65, 16, 264, 0, 1, 1.0f, 1.0f, DT_BF16, DT_BF16, 8);
+        check_matmul_pad(65, 32, 264, 0, 0, 1.0f, 0.0f, DT_F32, DT_BF16, 3);
+    }
+    unsetenv("SPOTUNE_CUDA_SKINNY");
+}
+
+/* batched LoRA's d(xr) = dy_i B_i (dy's column blocks, B_i one after
+ * another, into blocks of [rows, count r]) and a batch of x A_i^T, with
+ * the splits chosen and forced */
+Test(cuda_ops, matmul_batched_narrow_outputs)
+{
+    static const char *modes[] = {NULL, "splits=4"};
+    for (size_t m = 0; m < 2; m++) {
+        if (modes[m])
+            setenv("SPOTUNE_CUDA_SKINNY", modes[m], 1);
+        else
+            unsetenv("SPOTUNE_CUDA_SKINNY");
+        check_matmul_batched(37, 16, 264, 0, 0, 0.0f, DT_BF16, 3, 1);
+        check_matmul_batched(70, 16, 520, 0, 1, 1.0f, DT_F32, 2, 0);
+    }
+    unsetenv("SPOTUNE_CUDA_SKINNY");
+}
+
+/* The last block of a row tile sums the splits in split order, whichever
+ * block it is: a split product twice gives the same bits, and the
+ * counters are back at zero for the next (a third call, another shape
+ * on the same tiles, agrees with the CPU). */
+Test(cuda_ops, matmul_narrow_outputs_repeat_bit_for_bit)
+{
+    setenv("SPOTUNE_CUDA_SKINNY", "splits=5", 1);
+    int M = 200, N = 48, K = 1600;
+    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)N * K, 1.0f);
+    tensor_t gA = up(gpu, DT_BF16, A, (size_t)M * K), gB = up(gpu, DT_BF16, B, (size_t)N * K);
+    tensor_t c1 = up(gpu, DT_F32, NULL, (size_t)M * N), c2 = up(gpu, DT_F32, NULL, (size_t)M * N);
+    be_matmul(gpu, c1, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
+    be_matmul(gpu, c2, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
+    float *h1 = down(gpu, c1), *h2 = down(gpu, c2);
+    cr_expect_eq(memcmp(h1, h2, sizeof(float) * M * N), 0);
+    free(h1), free(h2), free(A), free(B);
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &c1), drop(gpu, &c2);
+    check_matmul(M, 16, K, 0, 1, 1.0f, 0.0f, DT_F32, DT_BF16);
+    unsetenv("SPOTUNE_CUDA_SKINNY");
 }
 
 /* ---- DoRA: weight_norm, col_scale, col_dot ----------------------------------------------- */

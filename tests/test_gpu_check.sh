@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 28 rows, every GPU step is
+#     run on a GPU machine too): the table has all 30 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA),
 #     the two kernel workbenches' rows too, the test programs report their
 #     own skip, exit 77, and it takes under a minute;
@@ -14,7 +14,7 @@
 #     bundle's) and its import error as a FAIL row with the message,
 #     nvidia-smi at start and end, spotune doctor's GPU lines as rows (a
 #     WARN among them; its SKIPPED lines named in its row), memcheck errors
-#     as rows, the kernel workbenches (attn_bench, elem_bench: stand-ins
+#     as rows, the kernel workbenches (attn_bench, elem_bench, mm_bench: stand-ins
 #     printing tables like theirs) as PASS rows with the figures derived
 #     from their tables, and their tables after the main one, the table in
 #     $OUT/gpu_check_table.md, exit 1; the workbenches again as FAIL rows
@@ -54,7 +54,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 28 rows" $((n != 28)) "$table"
+check "dry run: the table has the 30 rows" $((n != 30)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -73,7 +73,7 @@ has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
 check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
 ! has "$table" "full output: out/"
 check "dry run: no workbench table after the main one" $? "$table"
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 28)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 30)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -123,6 +123,7 @@ case "$args" in
     if [ "${SPOTUNE_LORA_BATCHED:-}" = 0 ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     if [ "${SPOTUNE_CUDA_ATTENTION:-}" = fused-stored ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     if [ "${SPOTUNE_CUDA_ATTENTION:-}" = fused-wgmma ]; then json 3630 0.40 0.41 11.20 ok; exit 0; fi
+    if [ "${SPOTUNE_CUDA_SKINNY:-}" = 0 ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     json 3300 0.4417 0.4523 11.20 ok |
         sed 's/}$/,"split_ms":{"gemm":80.0,"lora":20.0,"attention":40.0,"elementwise":40.0,"optimizer":10.0,"communication":10.0},"profiled_step_ms":200.0}/' ;;
 *"--preset llama-13b"*"--recompute layer"*"--quantize nf4"*)
@@ -224,6 +225,24 @@ echo "| 2048 x 4096 | rmsnorm_fwd | vector |    0.010 |  3355.4 | 3.00e-03 | yes
 echo "| 1031 x 4103 | add         | scalar |    0.030 |   846.0 | 1.90e-03 | -   | ok |"
 echo "| 1031 x 4103 | add         | vector fallback |    0.030 |   846.0 | 1.90e-03 | yes | ok |"
 [ "${FAKE_WB:-}" = fail ] && { echo "elem_bench: 1 row failed" >&2; exit 1; }
+exit 0
+EOF
+cat > "$bundle/bin/mm_bench" <<'EOF'
+#!/usr/bin/env bash
+[ "$*" = "--iters 20" ] || { echo "usage: mm_bench [--rows N] [--iters N] [--splits A,B,...] [--no-check]" >&2; exit 2; }
+check=ok err=3.10e-03
+[ "${FAKE_WB:-}" = fail ] && check=FAIL err=4.00e-02
+echo "device: NVIDIA H200; rows 2048; 20 iterations"
+echo
+echo "| product | M,N,K x batch | B stored | version | us | GB/s | rel err | check |"
+echo "|---|---|---|---|---|---|---|---|"
+echo "| xA_qkv | 2048,48,4096 x 1 | [N,K] | skinny | 5.0 | 3444 | 2.00e-03 | ok |"
+echo "| xA_qkv | 2048,48,4096 x 1 | [N,K] | cublaslt | 12.0 | 1435 | 2.50e-03 | ok |"
+echo "| dyB_gu | 2048,16,11008 x 2 | [K,N] | skinny | 20.0 | 4523 | $err | $check |"
+echo "| dyB_gu | 2048,16,11008 x 2 | [K,N] | cublaslt | 40.0 | 2261 | 3.00e-03 | ok |"
+echo
+echo "cuBLASLt time / skinny time: xA_qkv 2.40x dyB_gu 2.00x; geometric mean 2.19x over 2 products"
+[ "${FAKE_WB:-}" = fail ] && { echo "FAIL"; exit 1; }
 exit 0
 EOF
 cat > "$tmp/path/compute-sanitizer" <<'EOF'
@@ -328,25 +347,31 @@ expect_row 24 PASS "bench llama-7b LoRA r16 mb1 seq 2048, attention by wgmma (SP
 expect_row 24 PASS "SPOTUNE_CUDA_ATTENTION=fused-wgmma; row 8 is 0.909x this; 3630 tok/s"
 expect_row 25 PASS "bench llama-7b LoRA r16 mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)"
 expect_row 25 PASS "graphs: 4 step(s) replayed one (1500 ops), 4 update(s) replayed one, 1.05x the eager row's tok/s; 3465 tok/s"
-expect_row 26 PASS "compute-sanitizer racecheck on the fused attention tests (reduced shapes) | PASS"
-expect_row 26 PASS "0 hazards; Tested: 7 / Passing: 7 / Failing: 0 / Crashing: 0"
-expect_row 27 FAIL "exit 3, 3 errors"
-expect_row 28 PASS "NVIDIA H200"
-expect_row 29 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 30 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 31 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 32 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 26 PASS "narrow-product workbench (mm_bench"
+expect_row 26 PASS "cuBLASLt time / skinny kernel time: xA_qkv 2.40x dyB_gu 2.00x; geometric mean 2.19x over 2 products; worst rel err 3.10e-03 (dyB_gu skinny); 4 rows: 4 ok, 0 FAIL"
+expect_row 27 PASS "bench llama-7b LoRA r16 mb1 seq 2048, narrow products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0)"
+expect_row 27 PASS "SPOTUNE_CUDA_SKINNY=0; row 8 is 1.100x this; 3000 tok/s"
+expect_row 28 PASS "compute-sanitizer racecheck on the fused attention tests (reduced shapes) | PASS"
+expect_row 28 PASS "0 hazards; Tested: 7 / Passing: 7 / Failing: 0 / Crashing: 0"
+expect_row 29 FAIL "exit 3, 3 errors"
+expect_row 30 PASS "NVIDIA H200"
+expect_row 31 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 32 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 33 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 34 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 28 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 32)) "$table"
+check "stand-ins: 30 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 34)) "$table"
 # the workbenches' own tables after the main one, whole
-after=$(sed -n '/^| 32 |/,$p' <<<"$table")
+after=$(sed -n '/^| 34 |/,$p' <<<"$table")
 has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
     has "$after" "device: NVIDIA H200; 3 iterations" &&
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
     has "$after" "elementwise workbench: \`elem_bench --iters 3\` (PASS; full output: out/elem_bench.out" &&
     has "$after" "| 1031 x 4103 | add         | vector fallback |" &&
-    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 12 + 8)) ]
-check "stand-ins: both workbench tables follow the main table" $? "$after"
+    has "$after" "narrow-product workbench: \`mm_bench --iters 20\` (PASS; full output: out/mm_bench.out" &&
+    has "$after" "| dyB_gu | 2048,16,11008 x 2 | [K,N] | cublaslt |" &&
+    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 12 + 8 + 6)) ]
+check "stand-ins: the three workbench tables follow the main table" $? "$after"
 has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
 check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"
 race_out=$(tar -xzOf "$tmp/mixed/gpu_check_outputs.tar.gz" out/racecheck.out 2>&1)
@@ -387,7 +412,8 @@ check "the Python peer gets the machine's LD_LIBRARY_PATH, not the bundle's" $? 
     "$(cat "$tmp/pyenv2" 2>/dev/null)"
 table=$(cat "$tmp/mixed2/gpu_check_table.md" 2>/dev/null)
 expect_row 16 FAIL "graphs turned off: capture failed: cudaStreamEndCapture: operation not permitted"
-expect_row 26 FAIL "exit 3, 1 hazards: Error: Race reported between Write access at flash_dq_stored_kernel<128>+0x2a0; Tested: 7"
+expect_row 26 FAIL "exit 1: 1 FAIL row: dyB_gu 2048,16,11008 x 2 [K,N] skinny rel err 4.00e-02"
+expect_row 28 FAIL "exit 3, 1 hazards: Error: Race reported between Write access at flash_dq_stored_kernel<128>+0x2a0; Tested: 7"
 expect_row 10 FAIL "exit 1: 1 FAIL row: 1,2048,32,8,128 unfused worst rel err dq 2.50e-02; fused/unfused"
 expect_row 10 FAIL "10 rows: 9 ok, 1 FAIL"
 expect_row 11 FAIL "exit 1: 1 FAIL row: 2048 x 4096 add vector worst rel err 1.95e-03 = scalar NO; elem_bench: 1 row failed"
@@ -424,7 +450,7 @@ expect_row 1 PASS "NVIDIA H200"
 expect_row 2 OMITTED "not selected (--only b7,attn_bench)"
 expect_row 22 OMITTED "not selected (--only b7,attn_bench)"
 n=$(grep -cE '^\| [0-9]+ \| .* \| OMITTED \|' <<<"$table")
-check "--only: the 24 other steps OMITTED" $((n != 24)) "$table"
+check "--only: the 26 other steps OMITTED" $((n != 26)) "$table"
 ! has "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)" "-- ops:"
 check "--only: an omitted step does not run" $? "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)"
 # the HF peer at the issue's other settings: its ratio to the spotune row of
@@ -460,10 +486,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 28)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-9]|2[0-7]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 25)) "$table"
-expect_row 28 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 30)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|1[0-9]|2[0-9]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 27)) "$table"
+expect_row 30 PASS "NVIDIA H200"
 
 # ---- 4. a run cut short from outside ----------------------------------------------------------
 # (its caller's time limit): the table of the rows reached is in OUT, marked
@@ -475,7 +501,7 @@ table=$(cat "$tmp/cut/gpu_check_table.md" 2>/dev/null)
 has "$table" "PARTIAL: the check was still running after"
 check "cut short: the table in OUT says it is partial" $? "$table"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "cut short: every row present" $((nrows != 28)) "$table"
+check "cut short: every row present" $((nrows != 30)) "$table"
 expect_row 1 PASS "NVIDIA H200"
 has "$(row "$table" 2)" "| SKIPPED | - | not reached"
 check "cut short: the step it was in is 'not reached'" $? "$table"

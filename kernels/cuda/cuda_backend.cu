@@ -527,6 +527,7 @@ static int cuda_setup(backend_t *be, cuda_impl *im)
     if (CUDA_OK(be, cudaGetDeviceProperties(&prop, im->device)))
         return -1;
     snprintf(be->device_name, sizeof be->device_name, "%.127s", prop.name);
+    im->sms = prop.multiProcessorCount;
     memcpy(be->device_uuid, prop.uuid.bytes, sizeof be->device_uuid);
     size_t free_b = 0, total_b = 0;
     if (CUDA_OK(be, cudaMemGetInfo(&free_b, &total_b)))

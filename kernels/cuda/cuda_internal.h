@@ -36,6 +36,8 @@ typedef struct cuda_impl {
     cublasLtHandle_t lt;
     void *mm_ws;              /* matmul workspace, allocated once */
     size_t mm_ws_bytes;
+    unsigned *skinny_count;   /* CUDA_SKINNY_COUNTERS zeros after mm_ws (cuda_skinny.cu) */
+    int sms;                  /* multiprocessors */
     mm_cache *mm;             /* matmul plans by shape, transposes, dtypes, alignment */
     void *scratch;            /* grow-only workspace of reductions and attention; */
     size_t scratch_bytes;     /* nothing in it survives an op */
@@ -45,6 +47,8 @@ typedef struct cuda_impl {
     cudaEvent_t *prof_ev;     /* the step profile's marks (created on first use, reused) */
     int prof_cap;
 } cuda_impl;
+
+#define CUDA_SKINNY_COUNTERS 4096 /* row tiles a skinny product splits at most */
 
 #define CUDA_IMPL(be) ((cuda_impl *)(be)->impl)
 
@@ -171,6 +175,14 @@ static inline int gemm_dtypes_ok_at(backend_t *be, const gemm_desc *d, const cha
 extern "C" {
 /* cuda_matmul.cu (cuda_matmul_ops.cu: matmul, matmul_cd and matmul_batched) */
 int cuda_mm_init(backend_t *be);
+/* cuda_skinny.cu: C = alpha A op(B) + beta C (batch products, strides sa,
+ * sb, sc) by the narrow-output kernel when it takes the product (N <= 64,
+ * a long reduction, A not transposed, bf16 operands, aligned rows): 1, or
+ * 0 and nothing done (cuBLASLt's turn). */
+int cuda_skinny_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
+                       int transA, int transB, float alpha, float beta, int lda, int ldb,
+                       int ldc, int batch, unsigned long sa, unsigned long sb, unsigned long sc);
+int cuda_skinny_enabled(void);
 void cuda_mm_destroy(backend_t *be);
 void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B, void *C,
                float alpha, float beta);

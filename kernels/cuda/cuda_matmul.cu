@@ -45,10 +45,16 @@ extern "C" int cuda_mm_init(backend_t *be)
         cuda_fail(be, __FILE__, __LINE__, "out of host memory for the matmul cache");
         return -1;
     }
-    if (CUDA_OK(be, cudaMalloc(&im->mm_ws, MM_WORKSPACE_BYTES)))
+    /* the workspace, then the skinny products' counters (cuda_skinny.cu),
+     * zero between its launches */
+    size_t counters = sizeof(unsigned) * CUDA_SKINNY_COUNTERS;
+    if (CUDA_OK(be, cudaMalloc(&im->mm_ws, MM_WORKSPACE_BYTES + counters)))
         return -1;
     im->mm_ws_bytes = MM_WORKSPACE_BYTES;
-    be->bytes_in_use += MM_WORKSPACE_BYTES;
+    im->skinny_count = (unsigned *)((char *)im->mm_ws + MM_WORKSPACE_BYTES);
+    if (CUDA_OK(be, cudaMemsetAsync(im->skinny_count, 0, counters, im->stream)))
+        return -1;
+    be->bytes_in_use += MM_WORKSPACE_BYTES + counters;
     if (be->bytes_in_use > be->bytes_peak)
         be->bytes_peak = be->bytes_in_use;
     return CUBLAS_OK(be, cublasSetWorkspace(im->blas, im->mm_ws, im->mm_ws_bytes));
@@ -80,8 +86,9 @@ extern "C" void cuda_mm_destroy(backend_t *be)
     }
     if (im->mm_ws) {
         cudaFree(im->mm_ws);
-        be->bytes_in_use -= im->mm_ws_bytes;
+        be->bytes_in_use -= im->mm_ws_bytes + sizeof(unsigned) * CUDA_SKINNY_COUNTERS;
         im->mm_ws = NULL;
+        im->skinny_count = NULL;
     }
 }
 

@@ -189,6 +189,23 @@ static inline int atomicMin(int *p, int v)
     return old;
 }
 
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+    unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+
+/* Blocks run one after another: every write of an earlier block is seen. */
+static inline void __threadfence(void)
+{
+}
+
+static inline float __ldcg(const float *p)
+{
+    return *p;
+}
+
 template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask)
 {
     static_assert(sizeof(T) <= sizeof(uint64_t), "a shuffle moves at most 8 bytes");
