@@ -82,14 +82,15 @@
 #                             16's when graphs were turned off or never
 #                             replayed
 #   narrow-product workbench  mm_bench --iters 20: LoRA's narrow products
-#                             (x A^T, dy B) at the 7B shapes by
-#                             cuda_skinny.cu's kernel against cuBLASLt,
+#                             (x A^T, dy B, dy^T xr, d(xr)^T x) at the 7B
+#                             shapes by cuda_skinny.cu's kernels against
+#                             cuBLASLt,
 #                             each checked against the CPU; the figure:
 #                             cuBLASLt's time over the kernel's, their
 #                             geometric mean, the worst error
 #   bench 7B LoRA cuBLASLt    row 8 with SPOTUNE_CUDA_SKINNY=0: the narrow
 #                             products by cuBLASLt; row 8's speed against
-#                             it says what the kernel gives a step
+#                             it says what the kernels give a step
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -270,7 +271,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7s8ks) n="bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (SPOTUNE_CUDA_ATTENTION=fused-stored)" ;;
     b7wg) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by wgmma (SPOTUNE_CUDA_ATTENTION=fused-wgmma)" ;;
     b7graphs) n="bench llama-7b LoRA r16 mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)" ;;
-    mm_bench) n="narrow-product workbench (mm_bench: LoRA's x A^T and dy B, skinny kernel vs cuBLASLt, vs CPU)" ;;
+    mm_bench) n="narrow-product workbench (mm_bench: LoRA's rank-r products, skinny kernels vs cuBLASLt, vs CPU)" ;;
     b7cublas) n="bench llama-7b LoRA r16 mb1 seq 2048, narrow products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0)" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;

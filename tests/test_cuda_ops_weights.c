@@ -177,8 +177,9 @@ Test(cuda_ops, matmul_repeats_bit_for_bit)
 
 /* ---- the narrow products (kernels/cuda/cuda_skinny.cu) ---------------------------------- */
 
-/* LoRA's down products and d(xr): N <= 64 outputs over a long reduction,
- * A not transposed, which cuda_skinny.cu's kernel takes, with the splits
+/* LoRA's down products and d(xr) (N <= 64 outputs over a long reduction,
+ * A not transposed) and its weight gradients (the reduction over rows, A
+ * transposed, N or M <= 64), which cuda_skinny.cu's kernels take, with the splits
  * it chooses and with 1, 3 and 7 forced (SPOTUNE_CUDA_SKINNY=splits=N:
  * the partial sums through the workspace and the last block's fixed-order
  * sum), against the CPU: rows past a multiple of 64, a reduction past a
@@ -202,13 +203,24 @@ Test(cuda_ops, matmul_narrow_outputs_every_split)
         check_matmul(70, 40, 776, 0, 0, 1.0f, 0.0f, DT_BF16, DT_BF16);
         check_matmul_pad(65, 16, 264, 0, 1, 1.0f, 1.0f, DT_BF16, DT_BF16, 8);
         check_matmul_pad(65, 32, 264, 0, 0, 1.0f, 0.0f, DT_F32, DT_BF16, 3);
+        /* the reduction over rows, A transposed: dB = dy^T xr (N
+         * narrow), dA = d(xr)^T x (M narrow: C^T written), an odd count
+         * of 8-column tiles, rows past a chunk, padded rows, and a side
+         * not a multiple of 8 (cuBLASLt's) */
+        check_matmul(136, 16, 264, 1, 0, 0.5f, 1.0f, DT_F32, DT_BF16);
+        check_matmul(48, 520, 300, 1, 0, 1.0f, 1.0f, DT_F32, DT_BF16);
+        check_matmul(200, 24, 777, 1, 0, 1.0f, 0.0f, DT_BF16, DT_BF16);
+        check_matmul(8, 72, 256, 1, 0, 2.0f, 0.0f, DT_F32, DT_BF16);
+        check_matmul_pad(64, 40, 290, 1, 0, 1.0f, 1.0f, DT_F32, DT_BF16, 8);
+        check_matmul(37, 16, 264, 1, 0, 1.0f, 0.0f, DT_F32, DT_BF16);
     }
     unsetenv("SPOTUNE_CUDA_SKINNY");
 }
 
 /* batched LoRA's d(xr) = dy_i B_i (dy's column blocks, B_i one after
- * another, into blocks of [rows, count r]) and a batch of x A_i^T, with
- * the splits chosen and forced */
+ * another, into blocks of [rows, count r]), its B gradients dy_i^T xr_i,
+ * and batches of x A_i^T and of d(xr)_i^T x_i, with the splits chosen and
+ * forced */
 Test(cuda_ops, matmul_batched_narrow_outputs)
 {
     static const char *modes[] = {NULL, "splits=4"};
@@ -219,6 +231,8 @@ Test(cuda_ops, matmul_batched_narrow_outputs)
             unsetenv("SPOTUNE_CUDA_SKINNY");
         check_matmul_batched(37, 16, 264, 0, 0, 0.0f, DT_BF16, 3, 1);
         check_matmul_batched(70, 16, 520, 0, 1, 1.0f, DT_F32, 2, 0);
+        check_matmul_batched(136, 16, 264, 1, 0, 1.0f, DT_F32, 3, 1); /* dB_i += dy_i^T xr_i */
+        check_matmul_batched(48, 200, 264, 1, 0, 1.0f, DT_F32, 2, 0);
     }
     unsetenv("SPOTUNE_CUDA_SKINNY");
 }

@@ -234,7 +234,7 @@ check=ok err=3.10e-03
 [ "${FAKE_WB:-}" = fail ] && check=FAIL err=4.00e-02
 echo "device: NVIDIA H200; rows 2048; 20 iterations"
 echo
-echo "| product | M,N,K x batch | B stored | version | us | GB/s | rel err | check |"
+echo "| product | M,N,K x batch | op | version | us | GB/s | rel err | check |"
 echo "|---|---|---|---|---|---|---|---|"
 echo "| xA_qkv | 2048,48,4096 x 1 | [N,K] | skinny | 5.0 | 3444 | 2.00e-03 | ok |"
 echo "| xA_qkv | 2048,48,4096 x 1 | [N,K] | cublaslt | 12.0 | 1435 | 2.50e-03 | ok |"

@@ -175,10 +175,11 @@ static inline int gemm_dtypes_ok_at(backend_t *be, const gemm_desc *d, const cha
 extern "C" {
 /* cuda_matmul.cu (cuda_matmul_ops.cu: matmul, matmul_cd and matmul_batched) */
 int cuda_mm_init(backend_t *be);
-/* cuda_skinny.cu: C = alpha A op(B) + beta C (batch products, strides sa,
- * sb, sc) by the narrow-output kernel when it takes the product (N <= 64,
- * a long reduction, A not transposed, bf16 operands, aligned rows): 1, or
- * 0 and nothing done (cuBLASLt's turn). */
+/* cuda_skinny.cu: C = alpha op(A) op(B) + beta C (batch products,
+ * strides sa, sb, sc) by its kernels when they take the product (a side of
+ * at most 64 over a reduction of at least 256: LoRA's rank-r products
+ * x A^T, dy B, dy^T xr, d(xr)^T x; bf16 operands, aligned rows): 1, or 0
+ * and nothing done (cuBLASLt's turn). */
 int cuda_skinny_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
                        int transA, int transB, float alpha, float beta, int lda, int ldb,
                        int ldc, int batch, unsigned long sa, unsigned long sb, unsigned long sc);

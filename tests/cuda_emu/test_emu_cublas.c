@@ -223,10 +223,12 @@ Test(emu_cublas, a_less_aligned_operand_gets_its_own_plan)
     cr_expect_eq(be_check(gpu, &err), 0, "%s", err.msg);
 }
 
-/* LoRA's narrow products (N <= 64 over a long reduction, A as it lies)
- * are cuda_skinny.cu's, not cuBLAS's: no product reaches the emulated
+/* LoRA's narrow products (N <= 64 over a long reduction, A as it lies;
+ * or A transposed with N or M <= 64: its weight gradients) are
+ * cuda_skinny.cu's, not cuBLAS's: no product reaches the emulated
  * library, and the result is the CPU's; with SPOTUNE_CUDA_SKINNY=0, or a
- * product the kernel does not take (A transposed; a row stride of A not a
+ * product the kernels do not take (both transposed; a narrow side not a
+ * multiple of 8; a row stride of A not a
  * multiple of 8 elements: its 16-byte loads; N past 64; a short
  * reduction), cuBLASLt runs it, as right. */
 Test(emu_cublas, narrow_products_skip_cublas_unless_told_or_not_taken)
@@ -234,9 +236,12 @@ Test(emu_cublas, narrow_products_skip_cublas_unless_told_or_not_taken)
     static const mm_case taken[] = {
         {37, 16, 264, 0, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0},  /* x A^T */
         {70, 48, 520, 0, 0, DT_BF16, DT_F32, 8, 0, 1.0f, 1.0f, 0},   /* dy B, padded */
+        {136, 16, 264, 1, 0, DT_BF16, DT_F32, 0, 0, 1.0f, 1.0f, 0},  /* dy^T xr */
+        {48, 520, 264, 1, 0, DT_BF16, DT_F32, 8, 0, 1.0f, 1.0f, 0},  /* d(xr)^T x */
     };
     static const mm_case not_taken[] = {
-        {37, 16, 264, 1, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0},  /* A^T */
+        {37, 16, 264, 1, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0},  /* A^T B^T */
+        {37, 16, 264, 1, 0, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0},  /* A^T, M % 8 */
         {37, 16, 264, 0, 1, DT_BF16, DT_BF16, 3, 0, 1.0f, 0.0f, 0},  /* lda % 8 */
         {37, 72, 264, 0, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0},  /* N > 64 */
         {37, 16, 128, 0, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0},  /* K < 256 */
@@ -247,22 +252,22 @@ Test(emu_cublas, narrow_products_skip_cublas_unless_told_or_not_taken)
             cr_assert_eq(setenv("SPOTUNE_CUDA_SKINNY", "0", 1), 0);
         long before[3], after[3];
         blas_counts(before);
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 4; i++) {
             double e = run_case(&taken[i], 31u + (unsigned)i);
             double tol = taken[i].out == DT_BF16 ? 1e-2 : 1e-5;
             cr_expect(e <= tol, "narrow case %d%s: %.3g > %g", i, off ? " (off)" : "", e, tol);
         }
         blas_counts(after);
-        cr_expect_eq(after[0] - before[0], off ? 2 : 0, "cuBLASLt products%s: %ld",
+        cr_expect_eq(after[0] - before[0], off ? 4 : 0, "cuBLASLt products%s: %ld",
                      off ? " with SPOTUNE_CUDA_SKINNY=0" : "", after[0] - before[0]);
     }
     unsetenv("SPOTUNE_CUDA_SKINNY");
     long before[3], after[3];
     blas_counts(before);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         double e = run_case(&not_taken[i], 41u + (unsigned)i);
         cr_expect(e <= (not_taken[i].out == DT_BF16 ? 1e-2 : 1e-5), "case %d: %.3g", i, e);
     }
     blas_counts(after);
-    cr_expect_eq(after[0] - before[0], 5, "cuBLASLt products: %ld", after[0] - before[0]);
+    cr_expect_eq(after[0] - before[0], 6, "cuBLASLt products: %ld", after[0] - before[0]);
 }

@@ -1,7 +1,7 @@
 /* kernels/cuda/dev/mm_bench.c — the narrow-product workbench (not part of
  * the trainer): LoRA's products with a narrow output and a long reduction,
  * at the shapes of a Llama-2-7B layer with LoRA r 16 on every projection,
- * by cuda_skinny.cu's kernel ("skinny", with the splits it chooses, and
+ * by cuda_skinny.cu's kernels ("skinny", with the splits they choose, and
  * "splits=N" for each N of --splits) and by cuBLASLt ("cublaslt":
  * SPOTUNE_CUDA_SKINNY=0), which the backend reads on every call. Each on
  * the same random bf16 inputs, checked against the CPU backend and timed
@@ -16,6 +16,12 @@
  *            column blocks of dy [rows, 12288] into [rows, 48]
  *   dyB_gu   the same for gate, up: dy [rows, 22016], B [11008, 16] each
  *   dyB_o    dy B_o, dy [rows, 4096]
+ *   dB_qkv   B's gradients dy^T xr for q, k, v (batched over dy's and
+ *            xr's column blocks; F32, as the trainer's)
+ *   dB_gu    the same for gate, up
+ *   dB_down  dy^T xr for down, dy [rows, 4096]
+ *   dA_qkv   the stacked A's gradient d(xr)^T x [48, 4096]
+ *   dA_down  d(xr)^T a [16, 11008]
  * Columns: microseconds a call (mean of --iters after a warm-up), the
  * operands' bytes over that time (GB/s: what the product must read and
  * write at least), the relative error against the CPU (max |d| / max
@@ -40,20 +46,60 @@
 
 typedef struct product {
     const char *name;
-    int N, K, transB, batch; /* batch > 1: column blocks of A (width K) and of C (width N) */
+    /* rows == 0 where the token count goes (M for the down products and
+     * d(xr), K for the gradients); the batch's products are column blocks
+     * of the operands that are (A, C: blocked_a, blocked_c), or lie one
+     * after another (B, the weights) */
+    int M, N, K, transA, transB, batch;
 } product;
 
+/* 0: the rows (--rows) */
 static const product products[] = {
-    {"xA_qkv", 48, 4096, 1, 1},  {"xA_o", 16, 4096, 1, 1},   {"xA_gu", 32, 4096, 1, 1},
-    {"xA_down", 16, 11008, 1, 1}, {"dyB_qkv", 16, 4096, 0, 3}, {"dyB_gu", 16, 11008, 0, 2},
-    {"dyB_o", 16, 4096, 0, 1},
+    {"xA_qkv", 0, 48, 4096, 0, 1, 1},     {"xA_o", 0, 16, 4096, 0, 1, 1},
+    {"xA_gu", 0, 32, 4096, 0, 1, 1},      {"xA_down", 0, 16, 11008, 0, 1, 1},
+    {"dyB_qkv", 0, 16, 4096, 0, 0, 3},    {"dyB_gu", 0, 16, 11008, 0, 0, 2},
+    {"dyB_o", 0, 16, 4096, 0, 0, 1},      {"dB_qkv", 4096, 16, 0, 1, 0, 3},
+    {"dB_gu", 11008, 16, 0, 1, 0, 2},     {"dB_down", 4096, 16, 0, 1, 0, 1},
+    {"dA_qkv", 48, 4096, 0, 1, 0, 1},     {"dA_down", 16, 11008, 0, 1, 0, 1},
 };
 #define NPROD ((int)(sizeof products / sizeof products[0]))
+
+/* A product's sizes at `rows` tokens, its operands' shapes as stored and
+ * their strides, as the trainer's: A the column blocks of one matrix (a
+ * fused group's output gradient, or its input); B the LoRA matrices one
+ * after another, or xr's column blocks (transA: the gradients); C the
+ * column blocks of xr or d(xr), or the gradients one after another
+ * (transA) */
+typedef struct dims {
+    int M, N, K, lda, ldb, ldc;
+    unsigned long sa, sb, sc;
+    size_t na, nb, nc;
+} dims;
+
+static dims dims_of(const product *p, int rows)
+{
+    dims d;
+    d.M = p->M ? p->M : rows, d.N = p->N, d.K = p->K ? p->K : rows;
+    int ar = p->transA ? d.K : d.M, ac = p->transA ? d.M : d.K;
+    int br = p->transB ? d.N : d.K, bc = p->transB ? d.K : d.N;
+    d.lda = ac * p->batch, d.sa = (unsigned long)ac;
+    if (p->transA) { /* B is xr's blocks; the gradients lie one after another */
+        d.ldb = bc * p->batch, d.sb = (unsigned long)bc;
+        d.ldc = d.N, d.sc = (unsigned long)d.M * (unsigned long)d.N;
+    } else {
+        d.ldb = bc, d.sb = (unsigned long)br * (unsigned long)bc;
+        d.ldc = d.N * p->batch, d.sc = (unsigned long)d.N;
+    }
+    d.na = (size_t)ar * (size_t)d.lda;
+    d.nb = p->transA ? (size_t)br * (size_t)d.ldb : (size_t)br * (size_t)bc * (size_t)p->batch;
+    d.nc = p->transA ? (size_t)d.M * d.N * p->batch : (size_t)d.M * (size_t)d.ldc;
+    return d;
+}
 
 typedef struct run {
     backend_t *be;
     tensor_t A, B, C;
-    int M;
+    dims d;
     const product *p;
 } run;
 
@@ -61,20 +107,18 @@ static void call(void *ctx)
 {
     run *r = ctx;
     const product *p = r->p;
-    int lda = p->K * p->batch, ldc = p->N * p->batch, ldb = p->transB ? p->K : p->N;
-    be_matmul_batched(r->be, r->C, r->A, r->B, r->M, p->N, p->K, 0, p->transB, 1.0f, 0.0f, lda,
-                      ldb, ldc, p->batch, (unsigned long)p->K, (unsigned long)p->N * p->K,
-                      (unsigned long)p->N);
+    const dims *d = &r->d;
+    be_matmul_batched(r->be, r->C, r->A, r->B, d->M, d->N, d->K, p->transA, p->transB, 1.0f,
+                      0.0f, d->lda, d->ldb, d->ldc, p->batch, d->sa, d->sb, d->sc);
 }
 
-static int set_up(run *r, backend_t *be, dtype_t dt, const float *a, const float *b, int M,
+static int set_up(run *r, backend_t *be, dtype_t dt, const float *a, const float *b, int rows,
                   const product *p)
 {
-    size_t na = (size_t)M * p->K * p->batch, nb = (size_t)p->N * p->K * p->batch;
-    r->be = be, r->M = M, r->p = p;
-    r->A = be_alloc(be, dt, na);
-    r->B = be_alloc(be, dt, nb);
-    r->C = be_alloc(be, dt == DT_BF16 ? DT_BF16 : DT_F32, (size_t)M * p->N * p->batch);
+    r->be = be, r->p = p, r->d = dims_of(p, rows);
+    r->A = be_alloc(be, dt, r->d.na);
+    r->B = be_alloc(be, dt, r->d.nb);
+    r->C = be_alloc(be, p->transA || dt != DT_BF16 ? DT_F32 : DT_BF16, r->d.nc);
     if (!r->A.p || !r->B.p || !r->C.p)
         return -1;
     be_upload(be, r->A, a, DT_F32);
@@ -123,14 +167,14 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     printf("device: %s; rows %d; %d iterations\n\n", gpu->device_name, M, iters);
-    printf("| product | M,N,K x batch | B stored | version | us | GB/s | rel err | check |\n");
+    printf("| product | M,N,K x batch | op | version | us | GB/s | rel err | check |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     int failed = 0, nratio = 0;
     double log_sum = 0, ratio[NPROD];
     for (int pi = 0; pi < NPROD && !failed; pi++) {
         const product *p = &products[pi];
-        size_t na = (size_t)M * p->K * p->batch, nb = (size_t)p->N * p->K * p->batch;
-        size_t nc = (size_t)M * p->N * p->batch;
+        dims d = dims_of(p, M);
+        size_t na = d.na, nb = d.nb, nc = d.nc;
         float *a = bench_random_bf16(na, 1.0f, 11 + (uint64_t)pi);
         float *b = bench_random_bf16(nb, 0.05f, 101 + (uint64_t)pi);
         float *want = malloc(sizeof(float) * nc), *got = malloc(sizeof(float) * nc);
@@ -143,13 +187,12 @@ int main(int argc, char **argv)
             if (set_up(&c, cpu, DT_F32, a, b, M, p)) {
                 fprintf(stderr, "mm_bench: %s: the CPU's operands: out of memory\n", p->name);
                 failed = 1;
-            }
-            else {
+            } else {
                 call(&c);
                 be_download(cpu, want, DT_F32, c.C);
             }
         }
-        double bytes = 2.0 * ((double)na + (double)nb + (double)nc);
+        double bytes = 2.0 * ((double)na + (double)nb) + (p->transA ? 4.0 : 2.0) * (double)nc;
         double t_skinny = -1, t_lt = -1;
         for (int v = 0; v < 2 + nsplits && !failed; v++) {
             char version[32];
@@ -184,9 +227,9 @@ int main(int argc, char **argv)
                 ok = err <= TOL;
             }
             failed |= !ok;
-            printf("| %s | %d,%d,%d x %d | %s | %s | %.1f | %.0f | %s%.2e | %s |\n", p->name, M,
-                   p->N, p->K, p->batch, p->transB ? "[N,K]" : "[K,N]", version, 1e3 * ms,
-                   bytes / (ms * 1e6), check ? "" : "(no check) ", err,
+            printf("| %s | %d,%d,%d x %d | %s | %s | %.1f | %.0f | %s%.2e | %s |\n", p->name, d.M,
+                   d.N, d.K, p->batch, p->transA ? "A^T" : p->transB ? "[N,K]" : "[K,N]", version,
+                   1e3 * ms, bytes / (ms * 1e6), check ? "" : "(no check) ", err,
                    check ? (ok ? "ok" : "FAIL") : "-");
         }
         unsetenv("SPOTUNE_CUDA_SKINNY");
