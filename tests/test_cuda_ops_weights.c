@@ -158,21 +158,27 @@ Test(cuda_ops, matmul_into_reads_c_and_writes_d)
     free(A), free(B), free(C), free(before), free(after);
 }
 
+/* C = A B^T [M, N] (F32) by `first` calls, then by one more into another
+ * C: the same bits */
+static void expect_repeats_bit_for_bit(int M, int N, int K, int first)
+{
+    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)N * K, 1.0f);
+    tensor_t gA = up(gpu, DT_BF16, A, (size_t)M * K), gB = up(gpu, DT_BF16, B, (size_t)N * K);
+    tensor_t c1 = up(gpu, DT_F32, NULL, (size_t)M * N), c2 = up(gpu, DT_F32, NULL, (size_t)M * N);
+    for (int i = 0; i < first; i++)
+        be_matmul(gpu, c1, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
+    be_matmul(gpu, c2, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
+    float *h1 = down(gpu, c1), *h2 = down(gpu, c2);
+    cr_expect_eq(memcmp(h1, h2, sizeof(float) * M * N), 0, "%dx%dx%d: two calls differ", M, N, K);
+    free(h1), free(h2), free(A), free(B);
+    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &c1), drop(gpu, &c2);
+}
+
 /* The model's repeated shapes reuse one cached plan: the same call twice
  * gives the same bits. */
 Test(cuda_ops, matmul_repeats_bit_for_bit)
 {
-    int M = 96, N = 160, K = 200;
-    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)N * K, 1.0f);
-    tensor_t gA = up(gpu, DT_BF16, A, (size_t)M * K), gB = up(gpu, DT_BF16, B, (size_t)N * K);
-    tensor_t c1 = up(gpu, DT_F32, NULL, (size_t)M * N), c2 = up(gpu, DT_F32, NULL, (size_t)M * N);
-    for (int i = 0; i < 3; i++)
-        be_matmul(gpu, c1, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
-    be_matmul(gpu, c2, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
-    float *h1 = down(gpu, c1), *h2 = down(gpu, c2);
-    cr_expect_eq(memcmp(h1, h2, sizeof(float) * M * N), 0);
-    free(h1), free(h2), free(A), free(B);
-    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &c1), drop(gpu, &c2);
+    expect_repeats_bit_for_bit(96, 160, 200, 3);
 }
 
 /* ---- the narrow products (kernels/cuda/cuda_skinny.cu) ---------------------------------- */
@@ -244,17 +250,8 @@ Test(cuda_ops, matmul_batched_narrow_outputs)
 Test(cuda_ops, matmul_narrow_outputs_repeat_bit_for_bit)
 {
     setenv("SPOTUNE_CUDA_SKINNY", "splits=5", 1);
-    int M = 200, N = 48, K = 1600;
-    float *A = rnd((size_t)M * K, 1.0f), *B = rnd((size_t)N * K, 1.0f);
-    tensor_t gA = up(gpu, DT_BF16, A, (size_t)M * K), gB = up(gpu, DT_BF16, B, (size_t)N * K);
-    tensor_t c1 = up(gpu, DT_F32, NULL, (size_t)M * N), c2 = up(gpu, DT_F32, NULL, (size_t)M * N);
-    be_matmul(gpu, c1, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
-    be_matmul(gpu, c2, gA, gB, M, N, K, 0, 1, 1.0f, 0.0f);
-    float *h1 = down(gpu, c1), *h2 = down(gpu, c2);
-    cr_expect_eq(memcmp(h1, h2, sizeof(float) * M * N), 0);
-    free(h1), free(h2), free(A), free(B);
-    drop(gpu, &gA), drop(gpu, &gB), drop(gpu, &c1), drop(gpu, &c2);
-    check_matmul(M, 16, K, 0, 1, 1.0f, 0.0f, DT_F32, DT_BF16);
+    expect_repeats_bit_for_bit(200, 48, 1600, 1);
+    check_matmul(200, 16, 1600, 0, 1, 1.0f, 0.0f, DT_F32, DT_BF16);
     unsetenv("SPOTUNE_CUDA_SKINNY");
 }
 
