@@ -51,7 +51,7 @@
 #                             were turned off (the reason) or never
 #                             replayed; its speed against the eager row
 #   bench 13B QLoRA mb1       --quantize nf4 --recompute layer: the 13B
-#                             QLoRA run planned at 9.3 GiB (a 24 GB card);
+#                             QLoRA run planned at 9.6 GiB (a 24 GB card);
 #                             its peak memory and speed
 #   spotune doctor            its GPU lines: devices, driver and runtime,
 #                             ECC, clocks, bf16 GEMM TFLOP/s against the

@@ -115,6 +115,18 @@ static void train(const char *backend, const graphs_case *rc, int graphs, const 
         cr_assert_eq(model_update(m, &a, 0.05, &out->gnorm[s], &err), 0, "%s", err.msg);
         cr_assert(isfinite(out->gnorm[s]) && out->gnorm[s] > 0.05, "step %d: grad norm %g",
                   s + 1, out->gnorm[s]);
+        if (rc->eval_between) {
+            for (int i = 0; i < NB * NT; i++)
+                in[i] = tg[i] = (int32_t)((7 * i + s) % mc.vocab);
+            model_batch e = {.inputs = in, .targets = tg, .sample_ids = ids, .B = NB, .T = NT};
+            double eval_loss = 0;
+            cr_assert_eq(model_evaluate(m, &e, &eval_loss, &err), 0, "%s", err.msg);
+            const param_t *w = m->layers[mc.layers - 1].w[PROJ_DOWN];
+            float *h = malloc(sizeof(float) * w->n);
+            cr_assert(h);
+            model_param_download(m, w, h);
+            free(h);
+        }
     }
     out->n = m->n_trainable;
     out->params = malloc(sizeof(float) * out->n);

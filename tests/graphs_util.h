@@ -23,6 +23,10 @@ typedef struct graphs_case {
     int nf4;       /* QLoRA: the projections NF4 (LoRA mode) */
     int nan_step;  /* this step's gradient gets a NaN before its update, which
                       must change nothing (1-based; 0: none) */
+    int eval_between; /* an evaluation of another batch and a download of the
+                         last layer's NF4 down projection after each update
+                         (what a run's validation and export do between
+                         steps: other weights in the NF4 workspace) */
 } graphs_case;
 
 void graphs_same_as_eager(const char *backend, const graphs_case *gc, const char *what);

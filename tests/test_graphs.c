@@ -277,6 +277,18 @@ Test(graphs, qlora_replays_bit_for_bit)
     graphs_same_as_eager("cpu", &rc, "qlora dropout odd");
 }
 
+/* QLoRA under recompute layer, where the NF4 workspace holds a layer's
+ * weights from its recomputed forward to its backward, with an evaluation
+ * and a weight's download between the steps: a captured pass dequantizes
+ * what it uses from its start (model_graph_forward forgets the slots), so
+ * a replay after other work reads no other layer's weights */
+Test(graphs, qlora_with_layer_recompute_and_evaluations_between_replays_bit_for_bit)
+{
+    graphs_case rc = {.mode = MODE_LORA, .nf4 = 1, .recompute = RECOMPUTE_LAYER,
+                      .eval_between = 1};
+    graphs_same_as_eager("cpu", &rc, "qlora recompute layer, evaluations between");
+}
+
 Test(graphs, lora_with_attention_recompute_replays_bit_for_bit)
 {
     graphs_case rc = {.mode = MODE_LORA, .recompute = RECOMPUTE_ATTENTION};

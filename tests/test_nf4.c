@@ -441,10 +441,68 @@ Test(qlora, reference_backend) { check_case(&QLORA, "cpu-ref"); }
 
 
 
+/* Each NF4 weight is dequantized into its own slot of the workspace, and
+ * read from there while the slot holds it (model_weight). Under recompute
+ * layer, where the slots hold a whole layer, the layer's recomputed
+ * forward leaves its weights for its backward, and the last layer's
+ * forward for its whole backward: a step dequantizes 7 L (the forward) +
+ * 7 (L - 1) (each layer's recomputed six and its down projection, but the
+ * last layer's), against 20 L - 3 dequantizing at every use (the forward
+ * 7 L, the recomputation 6 L, the backward 7 L but for layer 0's q, k, v,
+ * whose input gradient nothing wants). Without recomputation the
+ * workspace holds one product's group, and the last layer's down and up
+ * (down's slot overlaps gate's, not up's) are still there for the
+ * backward: 14 L - 5 against 14 L - 3.
+ * Either way the loss and gradients are the bits of the step that
+ * dequantizes at every use (SPOTUNE_NF4_REUSE=0). */
+static float *qlora_step_counting(int recompute, int reuse, double *loss, long *dequants, int *L,
+                                  size_t *n)
+{
+    tu_hf_case hc;
+    sp_err err = {0};
+    cr_assert_eq(setenv("SPOTUNE_NF4_REUSE", reuse ? "1" : "0", 1), 0);
+    cr_assert_eq(tu_hf_open_nf4_recompute(&hc, tu_fmt("%s/tests/fixtures/hf/llama_gqa",
+                                                      tu_source_dir()),
+                                          "cpu", recompute, &err),
+                 0, "%s", err.msg);
+    *L = (int)hc.mc.layers;
+    long before = hc.m->nf4_dequants;
+    float *g = tu_hf_step(&hc, loss);
+    *dequants = hc.m->nf4_dequants - before;
+    *n = hc.m->n_trainable;
+    tu_hf_close(&hc);
+    unsetenv("SPOTUNE_NF4_REUSE");
+    return g;
+}
+
+Test(qlora, each_weight_dequantized_once_while_its_slot_holds_it)
+{
+    static const int modes[] = {RECOMPUTE_LAYER, RECOMPUTE_NONE};
+    for (int i = 0; i < 2; i++) {
+        double l_reuse, l_each;
+        long d_reuse, d_each;
+        int L;
+        size_t n1, n2;
+        float *a = qlora_step_counting(modes[i], 1, &l_reuse, &d_reuse, &L, &n1);
+        float *b = qlora_step_counting(modes[i], 0, &l_each, &d_each, &L, &n2);
+        int layer = modes[i] == RECOMPUTE_LAYER;
+        long want = layer ? 14L * L - 7 : 14L * L - 5, each = layer ? 20L * L - 3 : 14L * L - 3;
+        cr_expect_eq(d_reuse, want, "recompute %d: %ld weights dequantized, not %ld", modes[i],
+                     d_reuse, want);
+        cr_expect_eq(d_each, each, "recompute %d, no reuse: %ld, not %ld", modes[i], d_each, each);
+        cr_expect_eq(l_reuse, l_each, "recompute %d: loss %.9g vs %.9g", modes[i], l_reuse, l_each);
+        cr_assert_eq(n1, n2);
+        cr_expect_eq(memcmp(a, b, sizeof(float) * n1), 0, "recompute %d: gradients differ",
+                     modes[i]);
+        free(a), free(b);
+    }
+}
+
 /* The NF4 base takes nf4_bytes() per projection weight, no dense copy,
  * which is what model_plan_bytes counts; the dequantization workspace is
  * in its scratch: the largest fused group's weights (q, k, v or gate, up:
- * one product each, as for dense weights). */
+ * one product each, as for dense weights), or under recompute layer a
+ * whole layer's. */
 Test(qlora, memory_is_what_the_plan_counts)
 {
     tu_hf_case hc;
@@ -469,6 +527,14 @@ Test(qlora, memory_is_what_the_plan_counts)
         widest = group[g] > widest ? group[g] : widest;
     cr_expect_eq(dense.weights - plan.weights, proj * 4 - packed);
     cr_expect_eq(plan.scratch - dense.scratch, widest * 4 + (16 + 256) * 4);
+    /* under recompute layer the workspace holds a whole layer's weights */
+    model_opts ol = hc.m->o, dl;
+    ol.recompute = RECOMPUTE_LAYER;
+    dl = ol;
+    dl.nf4 = 0;
+    model_plan_bytes(&hc.mc, &ol, hc.be->act_dt, &plan);
+    model_plan_bytes(&hc.mc, &dl, hc.be->act_dt, &dense);
+    cr_expect_eq(plan.scratch - dense.scratch, proj / hc.mc.layers * 4 + (16 + 256) * 4);
     tu_hf_close(&hc);
 }
 

@@ -612,7 +612,7 @@ Test(plan, bad_inputs)
     refused(2, "llama-7b --gpu-mem 80", "which GPU?");
     refused(2, "llama-7b --gpu-mem 2 --gpu-tflops 100", "nothing fits");
     refused(2, "llama-7b --gpu-mem 2 --gpu-tflops 100", "QLoRA with layer recompute and "
-                                                        "micro-batch 1, needs 5.71 GiB");
+                                                        "micro-batch 1, needs 5.92 GiB");
     refused(2, "tiny --gpu-mem 0.5 --gpu-tflops 100", "no larger than the headroom");
     refused(2, "llama-13b --gpu-mem 6 --gpu-tflops 100 --mode full", "nothing fits");
     /* bad numbers and words, each named */

@@ -549,6 +549,12 @@ int tu_hf_open_nf4(tu_hf_case *c, const char *dir, const char *backend, sp_err *
     return hf_open(c, dir, 1, 0.0, backend, RECOMPUTE_NONE, 0, 1, err);
 }
 
+int tu_hf_open_nf4_recompute(tu_hf_case *c, const char *dir, const char *backend, int recompute,
+                             sp_err *err)
+{
+    return hf_open(c, dir, 1, 0.0, backend, recompute, 0, 1, err);
+}
+
 float *tu_hf_step(tu_hf_case *c, double *loss)
 {
     sp_err err = {0};

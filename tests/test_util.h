@@ -117,6 +117,9 @@ int tu_hf_open(tu_hf_case *c, const char *dir, int lora, double dropout, const c
 /* The same with the adapter, no dropout, and the projection weights stored
  * as NF4 (model.quantize nf4). */
 int tu_hf_open_nf4(tu_hf_case *c, const char *dir, const char *backend, sp_err *err);
+/* The same with another recompute mode (RECOMPUTE_*). */
+int tu_hf_open_nf4_recompute(tu_hf_case *c, const char *dir, const char *backend, int recompute,
+                             sp_err *err);
 void tu_hf_close(tu_hf_case *c);
 /* One forward/backward of the case's whole batch (gradients zeroed first,
  * scaled by 1 / trained tokens): the loss summed over the batch's tokens

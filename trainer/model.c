@@ -107,18 +107,46 @@ static int nf4_param(const param_t *p)
     return p->q_codes.p != NULL;
 }
 
+/* Every slot of the NF4 workspace forgets its weight: the workspace was
+ * written otherwise, or a weight changed, or a forward pass begins (so
+ * that a captured pass assumes nothing of what ran before it: an
+ * evaluation, a download of a weight). */
+void model_nf4_forget(model_t *m)
+{
+    for (int q = 0; q < PROJ_COUNT; q++)
+        m->nf4_held[q] = -1;
+}
+
+/* Elements of projection q's weight (the same in every layer). */
+static size_t proj_elems(const model_t *m, int q)
+{
+    int64_t in, out;
+    model_config_proj_dims(&m->mc, q, &in, &out);
+    return (size_t)in * (size_t)out;
+}
+
 tensor_t model_weight(model_t *m, const param_t *p)
 {
     if (!nf4_param(p))
         return p->w;
-    tensor_t w = tensor_view(m->nf4_work, 0, p->n);
+    int s = p->proj;
+    size_t lo = m->nf4_off[s], hi = lo + p->n;
+    tensor_t w = tensor_view(m->nf4_work, lo, p->n);
+    if (m->nf4_held[s] == p->layer && p->layer >= 0 && m->nf4_reuse)
+        return w;
+    for (int q = 0; q < PROJ_COUNT; q++) /* the slots it overwrites */
+        if (m->nf4_off[q] < hi && lo < m->nf4_off[q] + proj_elems(m, q))
+            m->nf4_held[q] = -1;
     be_dequant_nf4(m->be, w, p->q_codes, p->q_absmax, p->q_nested, m->nf4_maps, p->q_offset, p->n);
+    m->nf4_held[s] = p->layer;
+    m->nf4_dequants++;
     return w;
 }
 
 /* Quantizes host values x [p->n] into NF4 weight p. */
 static void nf4_store(model_t *m, param_t *p, const float *x)
 {
+    model_nf4_forget(m);
     size_t nb = nf4_blocks(p->n), nn = nf4_nested_blocks(p->n);
     uint8_t *codes = malloc(nf4_code_bytes(p->n)), *q = malloc(nb);
     float *absmax = malloc(sizeof(float) * nb), *nested = malloc(sizeof(float) * nn);
@@ -145,6 +173,7 @@ static void nf4_store(model_t *m, param_t *p, const float *x)
  * the values) on the host. Bit for bit nf4_store of the same values. */
 static void nf4_store_dev(model_t *m, param_t *p, tensor_t x)
 {
+    model_nf4_forget(m); /* x is the workspace, and p changes */
     size_t nb = nf4_blocks(p->n), nn = nf4_nested_blocks(p->n);
     float *absmax = malloc(sizeof(float) * nb), *nested = malloc(sizeof(float) * nn);
     uint8_t *q = malloc(nb);
@@ -451,6 +480,7 @@ void model_param_set_nf4(model_t *m, param_t *p, const uint8_t *codes, const uin
         be_fail(m->be, __FILE__, __LINE__, "%s is not stored as NF4", p->name);
         return;
     }
+    model_nf4_forget(m);
     be_upload(m->be, p->q_codes, codes, DT_U8);
     be_upload(m->be, p->q_absmax, absmax, DT_U8);
     be_upload(m->be, p->q_nested, nested, DT_F32);

@@ -199,9 +199,17 @@ typedef struct model {
     void *scratch;
     size_t bytes_weights, bytes_trainable, bytes_acts;
     /* model.quantize nf4: the NF4 values then the 8-bit dynamic map (F32
-     * [16 + 256]), and the workspace the dequantized weights of one product
-     * are written to (act_dt: the largest projection, or fused group) */
+     * [16 + 256]), and the workspace the dequantized weights are written to
+     * (act_dt): projection p's at nf4_off[p] (model_nf4_slots: a slot each
+     * under recompute layer, else the largest projection or fused group),
+     * holding layer nf4_held[p]'s weight (-1: none), which model_weight
+     * then reads without dequantizing it again; nf4_dequants counts the
+     * dequantizations */
     tensor_t nf4_maps, nf4_work;
+    size_t nf4_off[PROJ_COUNT];
+    int nf4_held[PROJ_COUNT];
+    int nf4_reuse; /* 0 (SPOTUNE_NF4_REUSE=0, tests): dequantized at every use */
+    long nf4_dequants;
     /* the step's update (model_update): F32 [10], adamw_args.hyper at 0
      * (3 values), the gradient's sum of squares (a double) at 4; the
      * training micro-batches' loss sum (a double, model_loss_take) at 6,
@@ -227,9 +235,13 @@ void model_init_base_random(model_t *m, uint64_t seed);
  * initialises it): call after the base weights are loaded. */
 void model_init_lora(model_t *m, uint64_t seed);
 /* The compute copy of p for a product: p->w, or for an NF4 weight its
- * dequantized value in m->nf4_work (valid until the next call for another
- * weight). */
+ * dequantized value in its slot of m->nf4_work, dequantized unless the
+ * slot holds it already (valid until a weight whose slot overlaps it is
+ * asked for). */
 tensor_t model_weight(model_t *m, const param_t *p);
+/* The NF4 workspace's slots (offset[p] for projection p) and its elements
+ * (0 without NF4); model_alloc.c. */
+size_t model_nf4_slots(const model_config_t *mc, const model_opts *o, size_t offset[PROJ_COUNT]);
 /* Copies host values (dtype src_dt) into a parameter (master and compute
  * copy; an NF4 weight is quantized on the host first). */
 void model_param_upload(model_t *m, param_t *p, const void *src, dtype_t src_dt);

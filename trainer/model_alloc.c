@@ -173,24 +173,49 @@ static int fuse_on_opts(const model_opts *o)
     return o->mode == MODE_LORA && !o->dora;
 }
 
-/* Elements of the NF4 workspace: the largest projection weight, or fused
- * group of them (q, k, v; gate, up); 0 without NF4. */
-static size_t nf4_work_elems(const model_config_t *mc, const model_opts *o)
+/* Where projection p's dequantized weight lies in the NF4 workspace
+ * (offset[p], in elements; model.c model_weight) and the workspace's
+ * elements (the return value; 0 without NF4):
+ *  - recompute layer: a slot per projection, one after another (q, k, v,
+ *    o, gate, up, down), so a whole layer's weights stay dequantized
+ *    between the layer's recomputed forward and its backward, which reads
+ *    them again (7B: 404 MB; 13B: 634 MB, against 283 MB);
+ *  - else the largest projection weight, or fused group (q, k, v; gate,
+ *    up: a group's slots one after another from 0), every other slot at 0.
+ * A fused group's slots follow one another in both: its product reads
+ * them as one matrix (model_graph.c fused_weight). */
+size_t model_nf4_slots(const model_config_t *mc, const model_opts *o, size_t offset[PROJ_COUNT])
 {
-    if (o->mode != MODE_LORA || !o->nf4)
-        return 0;
-    size_t work = 0, group[FUSE_COUNT] = {0, 0};
+    size_t work = 0, group[FUSE_COUNT] = {0, 0}, n[PROJ_COUNT], at = 0;
+    int fused = fuse_on_opts(o), layer = o->recompute == RECOMPUTE_LAYER;
     for (int p = 0; p < PROJ_COUNT; p++) {
         int64_t in, out;
         model_config_proj_dims(mc, p, &in, &out);
-        size_t n = (size_t)in * (size_t)out;
-        work = n > work ? n : work;
-        if (p != PROJ_O && p != PROJ_DOWN)
-            group[p < PROJ_O ? FUSE_QKV : FUSE_GATE_UP] += n;
+        n[p] = (size_t)in * (size_t)out;
     }
-    for (int g = 0; g < FUSE_COUNT && fuse_on_opts(o); g++)
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        int g = p < PROJ_O ? FUSE_QKV : p == PROJ_GATE || p == PROJ_UP ? FUSE_GATE_UP : -1;
+        if (layer) {
+            offset[p] = at;
+            at += n[p];
+        } else {
+            offset[p] = fused && g >= 0 ? group[g] : 0;
+            if (g >= 0)
+                group[g] += n[p];
+        }
+        work = n[p] > work ? n[p] : work;
+    }
+    for (int g = 0; g < FUSE_COUNT && fused; g++)
         work = group[g] > work ? group[g] : work;
-    return work;
+    if (layer)
+        work = at;
+    return o->mode == MODE_LORA && o->nf4 ? work : 0;
+}
+
+static size_t nf4_work_elems(const model_config_t *mc, const model_opts *o)
+{
+    size_t offset[PROJ_COUNT];
+    return model_nf4_slots(mc, o, offset);
 }
 
 /* Whether the fused gate/up product runs in place (model_graph.c
@@ -650,6 +675,11 @@ void model_alloc_params(model_t *m)
         memcpy(maps + 16, nf4_dynamic_map, sizeof nf4_dynamic_map);
         m->nf4_maps = be_alloc(be, DT_F32, 16 + 256);
         m->nf4_work = be_alloc(be, be->act_dt, work ? work : 1);
+        model_nf4_slots(&m->mc, &m->o, m->nf4_off);
+        for (int p = 0; p < PROJ_COUNT; p++)
+            m->nf4_held[p] = -1;
+        const char *reuse = getenv("SPOTUNE_NF4_REUSE");
+        m->nf4_reuse = !(reuse && strcmp(reuse, "0") == 0);
         m->bytes_acts += work * dtype_size(be->act_dt) + sizeof maps; /* scratch, as planned */
         if (!be->err.code)
             be_upload(be, m->nf4_maps, maps, DT_F32);

@@ -146,8 +146,10 @@ static int gate_up(const step_ctx *c, int l, tensor_t *g, tensor_t *u)
 }
 
 /* The weight [sum of outs, in] of fused group g of layer l: the
- * concatenated dense weights, or the NF4 weights dequantized one after
- * another into the workspace (valid until the next product's weight). */
+ * concatenated dense weights, or the NF4 weights dequantized into their
+ * slots of the workspace, which follow one another (model_nf4_slots), each
+ * unless its slot holds it already (valid until another weight's slot
+ * overlaps them). */
 static tensor_t fused_weight(const step_ctx *c, int l, int g)
 {
     model_t *m = c->m;
@@ -158,12 +160,10 @@ static tensor_t fused_weight(const step_ctx *c, int l, int g)
     size_t n = 0;
     model_fuse_group(g, &first, &count);
     for (int p = first; p < first + count; p++) {
-        const param_t *w = L->w[p];
-        be_dequant_nf4(m->be, tensor_view(m->nf4_work, n, w->n), w->q_codes, w->q_absmax,
-                       w->q_nested, m->nf4_maps, w->q_offset, w->n);
-        n += w->n;
+        model_weight(m, L->w[p]);
+        n += L->w[p]->n;
     }
-    return tensor_view(m->nf4_work, 0, n);
+    return tensor_view(m->nf4_work, m->nf4_off[first], n);
 }
 
 /* Fused group g of layer l from the input x the group shares: one product
@@ -501,6 +501,7 @@ void model_graph_forward(const step_ctx *c)
 {
     model_t *m = c->m;
     model_scratch *s = MODEL_SCRATCH(m);
+    model_nf4_forget(m); /* the pass dequantizes what it uses: it may be captured */
     be_embedding_forward(m->be, m->acts[0].x, m->embed->w, s->tokens, c->rows, (int)m->mc.hidden);
     int L = (int)m->mc.layers;
     for (int l = 0; l < L; l++)

@@ -62,6 +62,9 @@ typedef struct model_scratch {
 
 /* model.c: whether projection proj carries LoRA in this model. */
 int model_lora_on(const model_t *m, int proj);
+/* model.c: every slot of the NF4 workspace forgets the weight it holds
+ * (model_weight dequantizes each again on its next use). */
+void model_nf4_forget(model_t *m);
 
 /* model_alloc.c, in the order model_create calls them: each trainable
  * parameter's offset in the flat arenas (n_trainable); the gradient segments
