@@ -13,7 +13,8 @@ the file by a kernel that runs once a step (default
 embedding_forward_kernel, once per forward). Prints a Markdown table: each
 kernel (its name without arguments or template parameters), its calls and
 milliseconds per step and its share of the step; then the same by group
-(cuBLAS products, the fused attention, everything else by name).
+(cuBLAS products, the fused attention, LoRA's rank-r products by
+kernels/cuda/cuda_skinny.cu, everything else by name).
 
 ncu runs kernels one at a time with the caches flushed between them, so the
 milliseconds are longer than in a real step: read the shares.
@@ -45,6 +46,8 @@ def group_of(name):
         return "cuBLAS / cuBLASLt products"
     if name.startswith("flash_"):
         return "fused attention (flash_*)"
+    if name.startswith("skinny_"):
+        return "LoRA's rank-r products (skinny_*)"
     return name
 
 

@@ -102,6 +102,18 @@ check("--top 3: three kernels listed, then how many more", len(kernels) == 1 + 3
 
 # bad input: a clear message naming the file or the kernel, a non-zero exit
 with tempfile.TemporaryDirectory() as tmp:
+    # cuda_skinny.cu's kernels (since 2026-12-05 LoRA's rank-r products) are
+    # one group: the fixture's rope_vec_kernel rows renamed to them
+    skinny = os.path.join(tmp, "skinny.csv")
+    with open(FIXTURE, encoding="utf-8") as f, open(skinny, "w", encoding="utf-8") as g:
+        for line in f:
+            g.write(line.replace('"rope_vec_kernel(', '"void skinny_kernel<6, 1>(skinny_args) rope('))
+    rope_ns, nrope = raw_ns(r'"rope_vec_kernel\(')
+    rc, out, err = run(skinny)
+    r = row(out, "LoRA's rank-r products (skinny_*)")
+    check("skinny_* kernels are one group", rc == 0 and r is not None and nrope > 0 and
+          abs(float(r[2]) - rope_ns / steps / 1e6) <= 0.0005, f"exit {rc}: {r} {err}")
+
     no_marker = os.path.join(tmp, "no_marker.csv")
     with open(FIXTURE, encoding="utf-8") as f, open(no_marker, "w", encoding="utf-8") as g:
         g.writelines(line for line in f if "embedding_forward_kernel" not in line)
