@@ -381,9 +381,17 @@ Test(store_s3_fault, multipart_upload_failing_on_a_hung_store_is_aborted)
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, run_upload, &up), 0);
 
-    /* the upload exists and its parts are being sent: the store hangs */
-    int began = tu_proxy_log_wait(from, tu_mpu_created(full), 60);
-    if (began)
+    /* the upload exists and its parts are being sent: the store hangs.
+     * Frozen once a part thread runs, i.e. once CreateMultipartUpload is
+     * answered (the threads start after it): frozen as soon as the proxy
+     * logged the request, its answer could be held too, and the upload
+     * then failed at its creation instead (once, in the sanitizer build
+     * of a full run) */
+    int began = tu_proxy_log_wait(from, tu_mpu_created(full), 60), parts = 0;
+    for (double t1 = sp_now(); began && !parts && !atomic_load(&up.done) && sp_now() - t1 < 60;)
+        if (!(parts = tu_threads_named(STORE_PART_THREAD) > 0))
+            usleep(2 * 1000);
+    if (began && parts)
         tu_proxy_freeze(120);
     /* The parts stall and fail (curl's stall check: 2 s without a byte,
      * after its speed window of some seconds), the part thread ends, and the
@@ -395,7 +403,7 @@ Test(store_s3_fault, multipart_upload_failing_on_a_hung_store_is_aborted)
      * of the suite) */
     int workers_seen = 0, workers_gone = 0, threads_max = 0;
     double t0 = sp_now(), waited = 0;
-    for (; began && !workers_gone && !atomic_load(&up.done); waited = sp_now() - t0) {
+    for (; began && parts && !workers_gone && !atomic_load(&up.done); waited = sp_now() - t0) {
         int n = tu_threads_named(STORE_PART_THREAD);
         threads_max = n > threads_max ? n : threads_max;
         workers_gone = workers_seen && n == 0;
@@ -407,6 +415,8 @@ Test(store_s3_fault, multipart_upload_failing_on_a_hung_store_is_aborted)
     tu_proxy_thaw();
     pthread_join(th, NULL);
     cr_assert(began, "CreateMultipartUpload never reached the store");
+    cr_assert(parts, "no part thread started (the upload: %s, %d %s)",
+              atomic_load(&up.done) ? "done" : "running", up.rc, up.err.msg);
     /* (what the upload said, to tell a race of this test from the store's) */
     cr_assert(workers_seen && workers_gone,
               "the part threads were %s (%d at most; watched %.2f s; the upload: %s, %d %s)",
