@@ -183,7 +183,6 @@ int cuda_mm_init(backend_t *be);
 int cuda_skinny_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
                        int transA, int transB, float alpha, float beta, int lda, int ldb,
                        int ldc, int batch, unsigned long sa, unsigned long sb, unsigned long sc);
-int cuda_skinny_enabled(void);
 void cuda_mm_destroy(backend_t *be);
 void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B, void *C,
                float alpha, float beta);

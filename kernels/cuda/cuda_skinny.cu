@@ -292,11 +292,6 @@ static int skinny_mode(void)
     return 0;
 }
 
-extern "C" int cuda_skinny_enabled(void)
-{
-    return skinny_mode() != 0;
-}
-
 typedef void (*skinny_fn)(skinny_args);
 
 template <int TB> static skinny_fn skinny_pick(int nt)
@@ -340,6 +335,33 @@ static int skinny_splits(const cuda_impl *im, int mode, int tiles, int K, int N,
     return (K + per - 1) / per;
 }
 
+/* Whether a matrix's rows (and batch) start 16-byte aligned. */
+static int aligned16(const void *p, long long ld, int batch, unsigned long stride)
+{
+    return !((uintptr_t)p & 15u) && ld % 8 == 0 && (batch == 1 || stride % 8 == 0);
+}
+
+/* What both kernels take beyond their operands (a->A, a->B, a->lda,
+ * a->ldb, a->sa, a->sb and a->M, the rows the grid's tiles cover): C,
+ * the workspace, the splits of K for `narrow` output columns; then fn's
+ * launch (name: "launch of KERNEL", as LAUNCHED reports it). */
+static void skinny_launch(backend_t *be, cuda_impl *im, skinny_fn fn, const char *name,
+                          skinny_args *a, int mode, tensor_t C, int K, int ldc, float alpha,
+                          float beta, int batch, unsigned long sc, int narrow, int min_kper)
+{
+    int tiles_b = (a->M + SK_ROWS - 1) / SK_ROWS;
+    a->splits = skinny_splits(im, mode, tiles_b * batch, K, narrow, min_kper, &a->kper);
+    a->C = C.p;
+    a->ws = (float *)im->mm_ws;
+    a->count = im->skinny_count;
+    a->K = K, a->ldc = ldc, a->cdt = C.dt;
+    a->sc = batch > 1 ? (long long)sc : 0;
+    a->alpha = alpha, a->beta = beta;
+    LAUNCH(fn, dim3((unsigned)tiles_b, (unsigned)a->splits, (unsigned)batch), dim3(SK_THREADS), 0,
+           im->stream)(*a);
+    cuda_ok(be, cudaGetLastError(), name, __FILE__, __LINE__); /* LAUNCHED's, named at run time */
+}
+
 template <int TC> static skinny_fn skinny_t_pick(int nt)
 {
     switch (nt) {
@@ -352,11 +374,6 @@ template <int TC> static skinny_fn skinny_t_pick(int nt)
     case 7: return skinny_t_kernel<7, TC>;
     default: return skinny_t_kernel<8, TC>;
     }
-}
-
-static int aligned16(const void *p, long long ld, int batch, unsigned long stride)
-{
-    return !((uintptr_t)p & 15u) && ld % 8 == 0 && (batch == 1 || stride % 8 == 0);
 }
 
 /* C = alpha A^T B + beta C, A stored [K,M], B [K,N]: by skinny_t_kernel
@@ -384,20 +401,11 @@ static int skinny_t(backend_t *be, cuda_impl *im, int mode, tensor_t C, tensor_t
     a.lda = tc ? ldb : lda, a.ldb = tc ? lda : ldb;
     a.sa = batch > 1 ? (long long)(tc ? sb : sa) : 0;
     a.sb = batch > 1 ? (long long)(tc ? sa : sb) : 0;
-    a.sc = batch > 1 ? (long long)sc : 0;
     a.M = tc ? N : M;
-    int narrow = tc ? M : N, tiles_b = (a.M + SK_ROWS - 1) / SK_ROWS, kper;
-    int splits = skinny_splits(im, mode, tiles_b * batch, K, narrow, SKT_MIN_KPER, &kper);
-    a.C = C.p;
-    a.ws = (float *)im->mm_ws;
-    a.count = im->skinny_count;
-    a.K = K, a.ldc = ldc, a.cdt = C.dt;
-    a.alpha = alpha, a.beta = beta;
-    a.splits = splits, a.kper = kper;
-    skinny_fn fn = tc ? skinny_t_pick<1>(narrow / 8) : skinny_t_pick<0>(narrow / 8);
-    LAUNCH(fn, dim3((unsigned)tiles_b, (unsigned)splits, (unsigned)batch), dim3(SK_THREADS), 0,
-           im->stream)(a);
-    LAUNCHED(be, "skinny_t_kernel");
+    int narrow = tc ? M : N;
+    skinny_launch(be, im, tc ? skinny_t_pick<1>(narrow / 8) : skinny_t_pick<0>(narrow / 8),
+                  "launch of skinny_t_kernel", &a, mode, C, K, ldc, alpha, beta, batch, sc, narrow,
+                  SKT_MIN_KPER);
     return 1;
 }
 
@@ -417,28 +425,17 @@ extern "C" int cuda_skinny_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_
     if (transA || N > 64 || N % 8 || K % 8)
         return 0;
     /* 16-byte loads of A's rows (and of B's, stored [N,K]) */
-    if (((uintptr_t)A.p & 15u) || lda % 8 || (batch > 1 && sa % 8))
+    if (!aligned16(A.p, lda, batch, sa) || (transB && !aligned16(B.p, ldb, batch, sb)))
         return 0;
-    if (transB && (((uintptr_t)B.p & 15u) || ldb % 8 || (batch > 1 && sb % 8)))
-        return 0;
-    int tiles_b = (M + SK_ROWS - 1) / SK_ROWS, kper;
-    int splits = skinny_splits(im, mode, tiles_b * batch, K, N, SK_MIN_KPER, &kper);
     skinny_args a;
     memset(&a, 0, sizeof a);
     a.A = (const uint16_t *)A.p;
     a.B = (const uint16_t *)B.p;
-    a.C = C.p;
-    a.ws = (float *)im->mm_ws;
-    a.count = im->skinny_count;
-    a.M = M, a.K = K, a.lda = lda, a.ldb = ldb, a.ldc = ldc, a.cdt = C.dt;
+    a.M = M, a.lda = lda, a.ldb = ldb;
     a.sa = batch > 1 ? (long long)sa : 0;
     a.sb = batch > 1 ? (long long)sb : 0;
-    a.sc = batch > 1 ? (long long)sc : 0;
-    a.alpha = alpha, a.beta = beta;
-    a.splits = splits, a.kper = kper;
-    skinny_fn fn = transB ? skinny_pick<1>(N / 8) : skinny_pick<0>(N / 8);
-    LAUNCH(fn, dim3((unsigned)tiles_b, (unsigned)splits, (unsigned)batch), dim3(SK_THREADS), 0,
-           im->stream)(a);
-    LAUNCHED(be, "skinny_kernel");
+    skinny_launch(be, im, transB ? skinny_pick<1>(N / 8) : skinny_pick<0>(N / 8),
+                  "launch of skinny_kernel", &a, mode, C, K, ldc, alpha, beta, batch, sc, N,
+                  SK_MIN_KPER);
     return 1;
 }
