@@ -81,16 +81,18 @@
 #                             of kernels in a 123.9 ms step); FAIL as row
 #                             16's when graphs were turned off or never
 #                             replayed
-#   narrow-product workbench  mm_bench --iters 20: LoRA's narrow products
-#                             (x A^T, dy B, dy^T xr, d(xr)^T x) at the 7B
-#                             shapes by cuda_skinny.cu's kernels against
-#                             cuBLASLt,
-#                             each checked against the CPU; the figure:
-#                             cuBLASLt's time over the kernel's, their
-#                             geometric mean, the worst error
-#   bench 7B LoRA cuBLASLt    row 8 with SPOTUNE_CUDA_SKINNY=0: the narrow
-#                             products by cuBLASLt; row 8's speed against
-#                             it says what the kernels give a step
+#   rank-r product workbench  mm_bench --iters 20: LoRA's rank-r products
+#                             at the 7B shapes, the narrow ones (x A^T, dy
+#                             B, dy^T xr, d(xr)^T x) by cuda_skinny.cu's
+#                             kernels and the wide ones (xr B^T, d(xr) A)
+#                             by cuda_wide.cu's, against cuBLASLt, each
+#                             checked against the CPU; the figure:
+#                             cuBLASLt's time over each kernel's, their
+#                             geometric means, the worst error
+#   bench 7B LoRA cuBLASLt    row 8 with SPOTUNE_CUDA_SKINNY=0 and
+#                             SPOTUNE_CUDA_WIDE=0: LoRA's rank-r products
+#                             by cuBLASLt; row 8's speed against it says
+#                             what the kernels give a step
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -271,8 +273,8 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7s8ks) n="bench llama-7b LoRA r16 mb1 seq 8192, dS stored in chunks (SPOTUNE_CUDA_ATTENTION=fused-stored)" ;;
     b7wg) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by wgmma (SPOTUNE_CUDA_ATTENTION=fused-wgmma)" ;;
     b7graphs) n="bench llama-7b LoRA r16 mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)" ;;
-    mm_bench) n="narrow-product workbench (mm_bench: LoRA's rank-r products, skinny kernels vs cuBLASLt, vs CPU)" ;;
-    b7cublas) n="bench llama-7b LoRA r16 mb1 seq 2048, narrow products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0)" ;;
+    mm_bench) n="rank-r product workbench (mm_bench: LoRA's rank-r products, skinny and wide kernels vs cuBLASLt, vs CPU)" ;;
+    b7cublas) n="bench llama-7b LoRA r16 mb1 seq 2048, rank-r products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0 SPOTUNE_CUDA_WIDE=0)" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -422,7 +424,7 @@ bench_figure() { # bench_figure JSON
 }
 
 NO_GPU="" # why no CUDA device is usable, when none is
-BENCH_ENV="" BENCH_VS="" # one bench: a VAR=value it runs with, the row it is compared with
+BENCH_ENV="" BENCH_VS="" # one bench: VAR=value words it runs with, the row it is compared with
 bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
     # MODE lora, full or qlora (LoRA on NF4 weights: --quantize nf4)
     # GRAPHS_VS: with --cuda-graphs on, against that eager row's tokens/s
@@ -439,7 +441,8 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
         row_set "$i" SKIPPED 0 "$NO_GPU"
         return
     fi
-    step "$key" "$box" env ${env_set:+"$env_set"} "$SPOTUNE" bench --backend cuda \
+    # shellcheck disable=SC2086 # BENCH_ENV's words, each a VAR=value
+    step "$key" "$box" env $env_set "$SPOTUNE" bench --backend cuda \
         --preset "$preset" --mode "$mode" --micro-batch "$mb" --seq-len "$seq" --steps "$steps" \
         --warmup 1 --lora-r 16 --recompute "$rcm" --json "${extra[@]}"
     [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
@@ -597,9 +600,9 @@ elem_figure() { # elem_figure FILE
     }' "$1"
 }
 
-# mm_bench's figure: its summary line (cuBLASLt's time over the skinny
-# kernel's, each product and the geometric mean), the worst error, the
-# rows' checks.
+# mm_bench's figure: its summary lines (cuBLASLt's time over the skinny
+# kernels', then over the wide kernel's, each product and the geometric
+# mean), the worst error, the rows' checks.
 # shellcheck disable=SC2317 # called through workbench
 mm_figure() { # mm_figure FILE
     awk -F'|' "$wb_trim"'
@@ -610,10 +613,13 @@ mm_figure() { # mm_figure FILE
         else if (e + 0 > worst) { worst = e + 0; wn = trim($2) " " trim($5) }
     }
     /^cuBLASLt time \/ skinny time:/ { sub(/^cuBLASLt time \/ skinny time: */, ""); ratio = $0 }
+    /^cuBLASLt time \/ wide time:/ { sub(/^cuBLASLt time \/ wide time: */, ""); wratio = $0 }
     END {
         if (n == 0) { printf "no table rows"; exit }
         if (ratio != "") printf "cuBLASLt time / skinny kernel time: %s", ratio
         else printf "no cuBLASLt/skinny ratio"
+        if (wratio != "") printf "; cuBLASLt time / wide kernel time: %s", wratio
+        else printf "; no cuBLASLt/wide ratio"
         if (wn != "") printf "; worst rel err %.2e (%s)", worst, wn
         if (nan) printf " (%d not a number)", nan
         printf "; %d rows: %d ok, %d FAIL", n, ok, bad
@@ -819,7 +825,7 @@ want b7graphs && bench b7graphs 60 llama-7b lora 1 5 none 2048 b7
 # in a 7B step (docs/cuda.md, "Narrow products")
 want mm_bench && workbench mm_bench 30 mm_figure "$DEV/mm_bench" --iters 20
 if want b7cublas; then
-    BENCH_ENV=SPOTUNE_CUDA_SKINNY=0 BENCH_VS=b7
+    BENCH_ENV="SPOTUNE_CUDA_SKINNY=0 SPOTUNE_CUDA_WIDE=0" BENCH_VS=b7
     bench b7cublas 60 llama-7b lora 1 5
 fi
 

@@ -70,7 +70,7 @@ endforeach()
 # suite's name). Never loaded unless named. Only in builds with the CUDA
 # backend.
 if(SPOTUNE_CUDA)
-  set(emu_cuda_sources cuda_backend.cu cuda_matmul.cu cuda_matmul_ops.cu cuda_skinny.cu cuda_ops.cu cuda_nf4.cu cuda_vec.cu
+  set(emu_cuda_sources cuda_backend.cu cuda_matmul.cu cuda_matmul_ops.cu cuda_skinny.cu cuda_wide.cu cuda_ops.cu cuda_nf4.cu cuda_vec.cu
     cuda_attention.cu cuda_flash.cu cuda_flash_wgmma.cu cuda_doctor.cu)
   list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
   set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)

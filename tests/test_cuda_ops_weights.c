@@ -2,7 +2,8 @@
  * (the rest of test_cuda_ops, in the same binary and suite: its fixture and
  * main are test_cuda_ops.c's): matmul (every transpose, alpha and beta, F32
  * operands, K = 0, strided column blocks, separate C and D, bit-for-bit
- * repeats; the narrow products of cuda_skinny.cu with every split count),
+ * repeats; the narrow products of cuda_skinny.cu with every split count,
+ * the wide ones of cuda_wide.cu),
  * DoRA's weight norm, column scale and column dot, and
  * dequant_nf4 and quantize_nf4 (the CPU's values, bit for bit).
  *
@@ -253,6 +254,36 @@ Test(cuda_ops, matmul_narrow_outputs_repeat_bit_for_bit)
     expect_repeats_bit_for_bit(200, 48, 1600, 1);
     check_matmul(200, 16, 1600, 0, 1, 1.0f, 0.0f, DT_F32, DT_BF16);
     unsetenv("SPOTUNE_CUDA_SKINNY");
+}
+
+/* ---- the wide products (kernels/cuda/cuda_wide.cu) -------------------------------------- */
+
+/* LoRA's up products xr B^T (B stored [N,K]) and the input gradient's
+ * d(xr) A (A stored [K,N]): a reduction of the rank, K <= 64, into at
+ * least 128 columns, which cuda_wide.cu's kernel takes, against the CPU:
+ * rows past a multiple of 64 (and fewer than 64), columns past a multiple
+ * of 128, every k-step count (K 8, 16, 24, 32, 48, 64; K % 16 != 0 staged
+ * with zeros), alpha, beta 0 and 1 (C read: the o and down projections),
+ * padded rows, the batched column blocks of a fused group's output; and,
+ * left to cuBLASLt, rows 2-byte aligned (pad 3) and a reduction past 64.
+ * Tolerances as every matmul's. */
+Test(cuda_ops, matmul_wide_outputs)
+{
+    check_matmul(37, 264, 16, 0, 1, 1.0f, 0.0f, DT_BF16, DT_BF16);
+    check_matmul(130, 136, 48, 0, 0, 1.0f, 0.0f, DT_BF16, DT_BF16);
+    check_matmul(65, 128, 8, 0, 1, 0.5f, 1.0f, DT_BF16, DT_BF16);
+    check_matmul(200, 520, 64, 0, 0, 2.0f, 1.0f, DT_BF16, DT_BF16);
+    check_matmul(1, 128, 24, 0, 1, -1.0f, 0.0f, DT_BF16, DT_BF16);
+    check_matmul(64, 392, 32, 0, 1, 1.0f, 1.0f, DT_BF16, DT_BF16);
+    check_matmul_pad(70, 200, 32, 0, 1, 1.0f, 1.0f, DT_BF16, DT_BF16, 8);
+    check_matmul_pad(70, 200, 16, 0, 0, 1.0f, 0.0f, DT_BF16, DT_BF16, 8);
+    check_matmul_pad(70, 200, 32, 0, 0, 1.0f, 1.0f, DT_BF16, DT_BF16, 3);
+    check_matmul(70, 200, 72, 0, 1, 1.0f, 0.0f, DT_BF16, DT_BF16);
+    /* the forward's B products into a group's column blocks, and one
+     * after another */
+    check_matmul_batched(37, 136, 16, 0, 1, 0.0f, DT_BF16, 3, 1);
+    check_matmul_batched(70, 264, 16, 0, 1, 1.0f, DT_BF16, 2, 0);
+    check_matmul_batched(70, 136, 32, 0, 0, 0.0f, DT_BF16, 2, 1);
 }
 
 /* ---- DoRA: weight_norm, col_scale, col_dot ----------------------------------------------- */

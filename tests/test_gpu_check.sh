@@ -123,7 +123,7 @@ case "$args" in
     if [ "${SPOTUNE_LORA_BATCHED:-}" = 0 ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     if [ "${SPOTUNE_CUDA_ATTENTION:-}" = fused-stored ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     if [ "${SPOTUNE_CUDA_ATTENTION:-}" = fused-wgmma ]; then json 3630 0.40 0.41 11.20 ok; exit 0; fi
-    if [ "${SPOTUNE_CUDA_SKINNY:-}" = 0 ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
+    if [ "${SPOTUNE_CUDA_SKINNY:-}" = 0 ] && [ "${SPOTUNE_CUDA_WIDE:-}" = 0 ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     json 3300 0.4417 0.4523 11.20 ok |
         sed 's/}$/,"split_ms":{"gemm":80.0,"lora":20.0,"attention":40.0,"elementwise":40.0,"optimizer":10.0,"communication":10.0},"profiled_step_ms":200.0}/' ;;
 *"--preset llama-13b"*"--recompute layer"*"--quantize nf4"*)
@@ -240,8 +240,11 @@ echo "| xA_qkv | 2048,48,4096 x 1 | [N,K] | skinny | 5.0 | 3444 | 2.00e-03 | ok 
 echo "| xA_qkv | 2048,48,4096 x 1 | [N,K] | cublaslt | 12.0 | 1435 | 2.50e-03 | ok |"
 echo "| dyB_gu | 2048,16,11008 x 2 | [K,N] | skinny | 20.0 | 4523 | $err | $check |"
 echo "| dyB_gu | 2048,16,11008 x 2 | [K,N] | cublaslt | 40.0 | 2261 | 3.00e-03 | ok |"
+echo "| up_gu | 2048,11008,16 x 2 | [N,K] | wide | 12.0 | 7540 | 2.90e-03 | ok |"
+echo "| up_gu | 2048,11008,16 x 2 | [N,K] | cublaslt | 21.0 | 4308 | 2.90e-03 | ok |"
 echo
 echo "cuBLASLt time / skinny time: xA_qkv 2.40x dyB_gu 2.00x; geometric mean 2.19x over 2 products"
+echo "cuBLASLt time / wide time: up_gu 1.75x; geometric mean 1.75x over 1 products"
 [ "${FAKE_WB:-}" = fail ] && { echo "FAIL"; exit 1; }
 exit 0
 EOF
@@ -347,10 +350,10 @@ expect_row 24 PASS "bench llama-7b LoRA r16 mb1 seq 2048, attention by wgmma (SP
 expect_row 24 PASS "SPOTUNE_CUDA_ATTENTION=fused-wgmma; row 8 is 0.909x this; 3630 tok/s"
 expect_row 25 PASS "bench llama-7b LoRA r16 mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)"
 expect_row 25 PASS "graphs: 4 step(s) replayed one (1500 ops), 4 update(s) replayed one, 1.05x the eager row's tok/s; 3465 tok/s"
-expect_row 26 PASS "narrow-product workbench (mm_bench"
-expect_row 26 PASS "cuBLASLt time / skinny kernel time: xA_qkv 2.40x dyB_gu 2.00x; geometric mean 2.19x over 2 products; worst rel err 3.10e-03 (dyB_gu skinny); 4 rows: 4 ok, 0 FAIL"
-expect_row 27 PASS "bench llama-7b LoRA r16 mb1 seq 2048, narrow products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0)"
-expect_row 27 PASS "SPOTUNE_CUDA_SKINNY=0; row 8 is 1.100x this; 3000 tok/s"
+expect_row 26 PASS "rank-r product workbench (mm_bench"
+expect_row 26 PASS "cuBLASLt time / skinny kernel time: xA_qkv 2.40x dyB_gu 2.00x; geometric mean 2.19x over 2 products; cuBLASLt time / wide kernel time: up_gu 1.75x; geometric mean 1.75x over 1 products; worst rel err 3.10e-03 (dyB_gu skinny); 6 rows: 6 ok, 0 FAIL"
+expect_row 27 PASS "bench llama-7b LoRA r16 mb1 seq 2048, rank-r products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0 SPOTUNE_CUDA_WIDE=0)"
+expect_row 27 PASS "SPOTUNE_CUDA_SKINNY=0 SPOTUNE_CUDA_WIDE=0; row 8 is 1.100x this; 3000 tok/s"
 expect_row 28 PASS "compute-sanitizer racecheck on the fused attention tests (reduced shapes) | PASS"
 expect_row 28 PASS "0 hazards; Tested: 7 / Passing: 7 / Failing: 0 / Crashing: 0"
 expect_row 29 FAIL "exit 3, 3 errors"
@@ -368,9 +371,10 @@ has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: 
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
     has "$after" "elementwise workbench: \`elem_bench --iters 3\` (PASS; full output: out/elem_bench.out" &&
     has "$after" "| 1031 x 4103 | add         | vector fallback |" &&
-    has "$after" "narrow-product workbench: \`mm_bench --iters 20\` (PASS; full output: out/mm_bench.out" &&
+    has "$after" "rank-r product workbench: \`mm_bench --iters 20\` (PASS; full output: out/mm_bench.out" &&
     has "$after" "| dyB_gu | 2048,16,11008 x 2 | [K,N] | cublaslt |" &&
-    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 12 + 8 + 6)) ]
+    has "$after" "| up_gu | 2048,11008,16 x 2 | [N,K] | wide |" &&
+    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 12 + 8 + 8)) ]
 check "stand-ins: the three workbench tables follow the main table" $? "$after"
 has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
 check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"

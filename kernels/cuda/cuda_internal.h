@@ -183,6 +183,13 @@ int cuda_mm_init(backend_t *be);
 int cuda_skinny_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
                        int transA, int transB, float alpha, float beta, int lda, int ldb,
                        int ldc, int batch, unsigned long sa, unsigned long sb, unsigned long sc);
+/* cuda_wide.cu: the same, by its kernel when it takes the product (a
+ * reduction of at most 64, a multiple of 8, into at least 128 columns:
+ * LoRA's xr B^T and d(xr) A; bf16 operands and C, aligned rows): 1, or 0
+ * and nothing done. */
+int cuda_wide_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
+                     int transA, int transB, float alpha, float beta, int lda, int ldb, int ldc,
+                     int batch, unsigned long sa, unsigned long sb, unsigned long sc);
 void cuda_mm_destroy(backend_t *be);
 void cuda_gemm(backend_t *be, const gemm_desc *d, const void *A, const void *B, void *C,
                float alpha, float beta);

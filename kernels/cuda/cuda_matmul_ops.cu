@@ -1,8 +1,10 @@
 /* kernels/cuda/cuda_matmul_ops.cu — the backend's matmul ops (backend.h
  * matmul, matmul_cd and matmul_batched) as gemm_desc products of cuda_gemm
  * / cuda_gemm_cd (cuda_matmul.cu, or the emulated device's products), but
- * those with a narrow output and a long reduction (LoRA's down products and
- * d(xr)), which cuda_skinny.cu's kernel takes. */
+ * LoRA's rank-r products: those with a narrow output and a long reduction
+ * (x A^T, dy B and the weight gradients), which cuda_skinny.cu's kernels
+ * take, and those with a wide output and a reduction of the rank (xr B^T,
+ * d(xr) A), which cuda_wide.cu's kernel takes. */
 #include "cuda_internal.h"
 
 extern "C" void cuda_matmul_cd(backend_t *be, tensor_t D, tensor_t C, tensor_t A, tensor_t B,
@@ -27,7 +29,9 @@ extern "C" void cuda_matmul_batched(backend_t *be, tensor_t C, tensor_t A, tenso
     if (be->err.code || M == 0 || N == 0)
         return;
     if (cuda_skinny_matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc,
-                           batch, sa, sb, sc))
+                           batch, sa, sb, sc) ||
+        cuda_wide_matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc, batch,
+                         sa, sb, sc))
         return;
     dtype_t adt = K > 0 ? A.dt : C.dt == DT_F32 ? DT_F32 : DT_BF16;
     gemm_desc d = gemm_desc_of(M, N, K, transA, transB, adt, K > 0 ? B.dt : adt, C.dt, lda, ldb,
@@ -44,7 +48,9 @@ extern "C" void cuda_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, i
     if (be->err.code || M == 0 || N == 0)
         return;
     if (cuda_skinny_matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc, 1,
-                           0, 0, 0))
+                           0, 0, 0) ||
+        cuda_wide_matmul(be, C, A, B, M, N, K, transA, transB, alpha, beta, lda, ldb, ldc, 1, 0,
+                         0, 0))
         return;
     dtype_t adt = K > 0 ? A.dt : C.dt == DT_F32 ? DT_F32 : DT_BF16;
     gemm_desc d = gemm_desc_of(M, N, K, transA, transB, adt, K > 0 ? B.dt : adt, C.dt, lda, ldb,

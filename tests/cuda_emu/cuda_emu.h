@@ -159,6 +159,26 @@ static inline float __fdiv_rn(float a, float b)
     return a / b;
 }
 
+typedef struct uint2 {
+    unsigned x, y;
+} uint2;
+
+static inline uint2 make_uint2(unsigned x, unsigned y)
+{
+    uint2 r = {x, y};
+    return r;
+}
+
+typedef struct float2 {
+    float x, y;
+} float2;
+
+static inline float2 make_float2(float x, float y)
+{
+    float2 r = {x, y};
+    return r;
+}
+
 typedef struct float4 {
     float x, y, z, w;
 } float4;

@@ -271,3 +271,49 @@ Test(emu_cublas, narrow_products_skip_cublas_unless_told_or_not_taken)
     blas_counts(after);
     cr_expect_eq(after[0] - before[0], 6, "cuBLASLt products: %ld", after[0] - before[0]);
 }
+
+/* LoRA's wide products (a reduction of the rank, K <= 64 and a multiple
+ * of 8, into N >= 128 columns, A as it lies: xr B^T and d(xr) A) are
+ * cuda_wide.cu's: no product reaches the emulated library, and the result
+ * is the CPU's; with SPOTUNE_CUDA_WIDE=0, or a product the kernel does
+ * not take (K past 64; K not a multiple of 8; N under 128; an F32 C; a
+ * row stride of A not a multiple of 8 elements; A transposed), cuBLASLt
+ * runs it, as right. */
+Test(emu_cublas, wide_products_skip_cublas_unless_told_or_not_taken)
+{
+    static const mm_case taken[] = {
+        {37, 264, 16, 0, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0}, /* xr B^T */
+        {70, 136, 48, 0, 0, DT_BF16, DT_BF16, 8, 0, 1.0f, 0.0f, 0}, /* d(xr) A, padded */
+        {65, 128, 8, 0, 1, DT_BF16, DT_BF16, 0, 0, 0.5f, 1.0f, 0},  /* beta 1 */
+    };
+    static const mm_case not_taken[] = {
+        {37, 264, 72, 0, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0}, /* K > 64 */
+        {37, 264, 20, 0, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0}, /* K % 8 */
+        {37, 120, 16, 0, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0}, /* N < 128 */
+        {37, 264, 16, 0, 1, DT_BF16, DT_F32, 0, 0, 1.0f, 0.0f, 0},  /* F32 C */
+        {37, 264, 16, 0, 1, DT_BF16, DT_BF16, 3, 0, 1.0f, 0.0f, 0}, /* lda % 8 */
+        {16, 264, 37, 1, 0, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0}, /* A^T */
+    };
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            cr_assert_eq(setenv("SPOTUNE_CUDA_WIDE", "0", 1), 0);
+        long before[3], after[3];
+        blas_counts(before);
+        for (int i = 0; i < 3; i++) {
+            double e = run_case(&taken[i], 51u + (unsigned)i);
+            cr_expect(e <= 1e-2, "wide case %d%s: %.3g > 1e-2", i, off ? " (off)" : "", e);
+        }
+        blas_counts(after);
+        cr_expect_eq(after[0] - before[0], off ? 3 : 0, "cuBLASLt products%s: %ld",
+                     off ? " with SPOTUNE_CUDA_WIDE=0" : "", after[0] - before[0]);
+    }
+    unsetenv("SPOTUNE_CUDA_WIDE");
+    long before[3], after[3];
+    blas_counts(before);
+    for (int i = 0; i < 6; i++) {
+        double e = run_case(&not_taken[i], 61u + (unsigned)i);
+        cr_expect(e <= (not_taken[i].out == DT_BF16 ? 1e-2 : 1e-5), "case %d: %.3g", i, e);
+    }
+    blas_counts(after);
+    cr_expect_eq(after[0] - before[0], 6, "cuBLASLt products: %ld", after[0] - before[0]);
+}

@@ -1,11 +1,13 @@
-/* kernels/cuda/dev/mm_bench.c — the narrow-product workbench (not part of
- * the trainer): LoRA's products with a narrow output and a long reduction,
- * at the shapes of a Llama-2-7B layer with LoRA r 16 on every projection,
- * by cuda_skinny.cu's kernels ("skinny", with the splits they choose, and
- * "splits=N" for each N of --splits) and by cuBLASLt ("cublaslt":
- * SPOTUNE_CUDA_SKINNY=0), which the backend reads on every call. Each on
- * the same random bf16 inputs, checked against the CPU backend and timed
- * with CUDA events, one table row per (product, version).
+/* kernels/cuda/dev/mm_bench.c — the rank-r product workbench (not part
+ * of the trainer): LoRA's products at the shapes of a Llama-2-7B layer
+ * with LoRA r 16 on every projection. Those with a narrow output and a
+ * long reduction by cuda_skinny.cu's kernels ("skinny", with the splits
+ * they choose, and "splits=N" for each N of --splits), those with a wide
+ * output and a reduction of the rank by cuda_wide.cu's ("wide"), and each
+ * by cuBLASLt ("cublaslt": SPOTUNE_CUDA_SKINNY=0, SPOTUNE_CUDA_WIDE=0),
+ * which the backend reads on every call. Each on the same random bf16
+ * inputs, checked against the CPU backend and timed with CUDA events, one
+ * table row per (product, version).
  *
  * Products (rows = tokens, 2048 unless --rows):
  *   xA_qkv   x A^T, the q/k/v group's stacked A [48, 4096]
@@ -22,12 +24,23 @@
  *   dB_down  dy^T xr for down, dy [rows, 4096]
  *   dA_qkv   the stacked A's gradient d(xr)^T x [48, 4096]
  *   dA_down  d(xr)^T a [16, 11008]
+ * and the wide ones:
+ *   up_qkv   s xr_i B_i^T for q, k, v: one batched product from xr's
+ *            column blocks [rows, 48] into those of [rows, 12288]
+ *   up_gu    the same for gate, up into [rows, 22016]
+ *   up_o     s xr B_o^T added to the projection's output (beta 1)
+ *   up_down  the same for down (out 4096)
+ *   dxA_qkv  d(xr) A, the stacked A [48, 4096], into dx [rows, 4096]
+ *   dxA_gu   [32, 4096]
+ *   dxA_o    [16, 4096]
+ *   dxA_down [16, 11008] into [rows, 11008]
  * Columns: microseconds a call (mean of --iters after a warm-up), the
  * operands' bytes over that time (GB/s: what the product must read and
- * write at least), the relative error against the CPU (max |d| / max
- * |cpu|; bf16 outputs: 1e-2, as tests/test_cuda_ops.c), ok or FAIL. Under
- * the table: each product's cuBLASLt time over the skinny kernel's, and
- * their geometric mean.
+ * write at least; C twice where beta is 1), the relative error against
+ * the CPU (max |d| / max |cpu|, of one call from C's first values; bf16
+ * outputs: 1e-2, as tests/test_cuda_ops.c), ok or FAIL. Under the table:
+ * each product's cuBLASLt time over the skinny kernel's, and their
+ * geometric mean; then the same for the wide kernel's products.
  *
  * usage: mm_bench [--rows N] [--iters N] [--splits A,B,...] [--no-check]
  * Exit status: 0 when every row passed, 1 when one failed, 2 on a usage
@@ -51,16 +64,22 @@ typedef struct product {
      * of the operands that are (A, C: blocked_a, blocked_c), or lie one
      * after another (B, the weights) */
     int M, N, K, transA, transB, batch;
+    int wide;   /* cuda_wide.cu's product (else cuda_skinny.cu's) */
+    float beta; /* 1: C read and added to (o, down) */
 } product;
 
 /* 0: the rows (--rows) */
 static const product products[] = {
-    {"xA_qkv", 0, 48, 4096, 0, 1, 1},     {"xA_o", 0, 16, 4096, 0, 1, 1},
-    {"xA_gu", 0, 32, 4096, 0, 1, 1},      {"xA_down", 0, 16, 11008, 0, 1, 1},
-    {"dyB_qkv", 0, 16, 4096, 0, 0, 3},    {"dyB_gu", 0, 16, 11008, 0, 0, 2},
-    {"dyB_o", 0, 16, 4096, 0, 0, 1},      {"dB_qkv", 4096, 16, 0, 1, 0, 3},
-    {"dB_gu", 11008, 16, 0, 1, 0, 2},     {"dB_down", 4096, 16, 0, 1, 0, 1},
-    {"dA_qkv", 48, 4096, 0, 1, 0, 1},     {"dA_down", 16, 11008, 0, 1, 0, 1},
+    {"xA_qkv", 0, 48, 4096, 0, 1, 1, 0, 0.0f},      {"xA_o", 0, 16, 4096, 0, 1, 1, 0, 0.0f},
+    {"xA_gu", 0, 32, 4096, 0, 1, 1, 0, 0.0f},       {"xA_down", 0, 16, 11008, 0, 1, 1, 0, 0.0f},
+    {"dyB_qkv", 0, 16, 4096, 0, 0, 3, 0, 0.0f},     {"dyB_gu", 0, 16, 11008, 0, 0, 2, 0, 0.0f},
+    {"dyB_o", 0, 16, 4096, 0, 0, 1, 0, 0.0f},       {"dB_qkv", 4096, 16, 0, 1, 0, 3, 0, 0.0f},
+    {"dB_gu", 11008, 16, 0, 1, 0, 2, 0, 0.0f},      {"dB_down", 4096, 16, 0, 1, 0, 1, 0, 0.0f},
+    {"dA_qkv", 48, 4096, 0, 1, 0, 1, 0, 0.0f},      {"dA_down", 16, 11008, 0, 1, 0, 1, 0, 0.0f},
+    {"up_qkv", 0, 4096, 16, 0, 1, 3, 1, 0.0f},      {"up_gu", 0, 11008, 16, 0, 1, 2, 1, 0.0f},
+    {"up_o", 0, 4096, 16, 0, 1, 1, 1, 1.0f},        {"up_down", 0, 4096, 16, 0, 1, 1, 1, 1.0f},
+    {"dxA_qkv", 0, 4096, 48, 0, 0, 1, 1, 0.0f},     {"dxA_gu", 0, 4096, 32, 0, 0, 1, 1, 0.0f},
+    {"dxA_o", 0, 4096, 16, 0, 0, 1, 1, 0.0f},       {"dxA_down", 0, 11008, 16, 0, 0, 1, 1, 0.0f},
 };
 #define NPROD ((int)(sizeof products / sizeof products[0]))
 
@@ -109,11 +128,20 @@ static void call(void *ctx)
     const product *p = r->p;
     const dims *d = &r->d;
     be_matmul_batched(r->be, r->C, r->A, r->B, d->M, d->N, d->K, p->transA, p->transB, 1.0f,
-                      0.0f, d->lda, d->ldb, d->ldc, p->batch, d->sa, d->sb, d->sc);
+                      p->beta, d->lda, d->ldb, d->ldc, p->batch, d->sa, d->sb, d->sc);
 }
 
-static int set_up(run *r, backend_t *be, dtype_t dt, const float *a, const float *b, int rows,
-                  const product *p)
+/* C's first values where the product reads C (beta != 0), else nothing */
+static int reset_c(run *r, const float *c0)
+{
+    if (r->p->beta == 0.0f)
+        return 0;
+    be_upload(r->be, r->C, c0, DT_F32);
+    return bench_fail_be("mm_bench", r->be, "upload");
+}
+
+static int set_up(run *r, backend_t *be, dtype_t dt, const float *a, const float *b,
+                  const float *c0, int rows, const product *p)
 {
     r->be = be, r->p = p, r->d = dims_of(p, rows);
     r->A = be_alloc(be, dt, r->d.na);
@@ -123,7 +151,7 @@ static int set_up(run *r, backend_t *be, dtype_t dt, const float *a, const float
         return -1;
     be_upload(be, r->A, a, DT_F32);
     be_upload(be, r->B, b, DT_F32);
-    return bench_fail_be("mm_bench", be, "upload");
+    return bench_fail_be("mm_bench", be, "upload") || reset_c(r, c0);
 }
 
 static void tear_down(run *r)
@@ -169,22 +197,23 @@ int main(int argc, char **argv)
     printf("device: %s; rows %d; %d iterations\n\n", gpu->device_name, M, iters);
     printf("| product | M,N,K x batch | op | version | us | GB/s | rel err | check |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
-    int failed = 0, nratio = 0;
-    double log_sum = 0, ratio[NPROD];
+    int failed = 0, nratio[2] = {0, 0}, rname[2][NPROD];
+    double log_sum[2] = {0, 0}, ratio[2][NPROD];
     for (int pi = 0; pi < NPROD && !failed; pi++) {
         const product *p = &products[pi];
         dims d = dims_of(p, M);
         size_t na = d.na, nb = d.nb, nc = d.nc;
         float *a = bench_random_bf16(na, 1.0f, 11 + (uint64_t)pi);
         float *b = bench_random_bf16(nb, 0.05f, 101 + (uint64_t)pi);
+        float *c0 = bench_random_bf16(nc, 1.0f, 211 + (uint64_t)pi);
         float *want = malloc(sizeof(float) * nc), *got = malloc(sizeof(float) * nc);
         run g = {0}, c = {0};
-        if (!a || !b || !want || !got || set_up(&g, gpu, DT_BF16, a, b, M, p)) {
+        if (!a || !b || !c0 || !want || !got || set_up(&g, gpu, DT_BF16, a, b, c0, M, p)) {
             fprintf(stderr, "mm_bench: %s: out of memory or a failed upload\n", p->name);
             failed = 1;
         }
         if (!failed && check) {
-            if (set_up(&c, cpu, DT_F32, a, b, M, p)) {
+            if (set_up(&c, cpu, DT_F32, a, b, c0, M, p)) {
                 fprintf(stderr, "mm_bench: %s: the CPU's operands: out of memory\n", p->name);
                 failed = 1;
             } else {
@@ -192,19 +221,21 @@ int main(int argc, char **argv)
                 be_download(cpu, want, DT_F32, c.C);
             }
         }
-        double bytes = 2.0 * ((double)na + (double)nb) + (p->transA ? 4.0 : 2.0) * (double)nc;
-        double t_skinny = -1, t_lt = -1;
-        for (int v = 0; v < 2 + nsplits && !failed; v++) {
+        double bytes = 2.0 * ((double)na + (double)nb) +
+                       (p->transA ? 4.0 : 2.0) * (double)nc * (p->beta != 0.0f ? 2.0 : 1.0);
+        const char *var = p->wide ? "SPOTUNE_CUDA_WIDE" : "SPOTUNE_CUDA_SKINNY";
+        double t_own = -1, t_lt = -1;
+        for (int v = 0; v < 2 + (p->wide ? 0 : nsplits) && !failed; v++) {
             char version[32];
             if (v == 0) {
-                unsetenv("SPOTUNE_CUDA_SKINNY");
-                snprintf(version, sizeof version, "skinny");
+                unsetenv(var);
+                snprintf(version, sizeof version, "%s", p->wide ? "wide" : "skinny");
             } else if (v == 1) {
-                setenv("SPOTUNE_CUDA_SKINNY", "0", 1);
+                setenv(var, "0", 1);
                 snprintf(version, sizeof version, "cublaslt");
             } else {
                 snprintf(version, sizeof version, "splits=%d", splits[v - 2]);
-                setenv("SPOTUNE_CUDA_SKINNY", version, 1);
+                setenv(var, version, 1);
             }
             double ms = bench_time_ms("mm_bench", gpu, call, &g, iters);
             if (ms < 0) {
@@ -214,12 +245,17 @@ int main(int argc, char **argv)
                 break;
             }
             if (v == 0)
-                t_skinny = ms;
+                t_own = ms;
             if (v == 1)
                 t_lt = ms;
             double err = 0;
             int ok = 1;
-            if (check) {
+            if (check) { /* one call from C's first values (the timed ones added to it) */
+                if (reset_c(&g, c0)) {
+                    failed = 1;
+                    break;
+                }
+                call(&g);
                 be_download(gpu, got, DT_F32, g.C);
                 if (bench_fail_be("mm_bench", gpu, "download"))
                     failed = 1;
@@ -232,20 +268,25 @@ int main(int argc, char **argv)
                    1e3 * ms, bytes / (ms * 1e6), check ? "" : "(no check) ", err,
                    check ? (ok ? "ok" : "FAIL") : "-");
         }
-        unsetenv("SPOTUNE_CUDA_SKINNY");
-        if (t_skinny > 0 && t_lt > 0) {
-            ratio[nratio++] = t_lt / t_skinny;
-            log_sum += log(t_lt / t_skinny);
+        unsetenv(var);
+        if (t_own > 0 && t_lt > 0) {
+            int w = p->wide;
+            rname[w][nratio[w]] = pi;
+            ratio[w][nratio[w]++] = t_lt / t_own;
+            log_sum[w] += log(t_lt / t_own);
         }
         tear_down(&g);
         tear_down(&c);
-        free(a), free(b), free(want), free(got);
+        free(a), free(b), free(c0), free(want), free(got);
     }
-    if (nratio) {
-        printf("\ncuBLASLt time / skinny time:");
-        for (int i = 0; i < nratio; i++)
-            printf(" %s %.2fx", products[i].name, ratio[i]);
-        printf("; geometric mean %.2fx over %d products\n", exp(log_sum / nratio), nratio);
+    for (int w = 0; w < 2; w++) {
+        if (!nratio[w])
+            continue;
+        printf("%scuBLASLt time / %s time:", w && nratio[0] ? "" : "\n", w ? "wide" : "skinny");
+        for (int i = 0; i < nratio[w]; i++)
+            printf(" %s %.2fx", products[rname[w][i]].name, ratio[w][i]);
+        printf("; geometric mean %.2fx over %d products\n", exp(log_sum[w] / nratio[w]),
+               nratio[w]);
     }
     backend_destroy(gpu);
     backend_destroy(cpu);
