@@ -160,16 +160,21 @@ typedef struct backend_ops {
     /* Causal grouped-query attention, scale 1/sqrt(hd).
      * q, out [B,T,nh,hd]; k, v [B,T,nkv,hd]; lse F32 [B,nh,T] (log-sum-exp
      * of each softmax row, kept for the backward). dq, dk, dv overwritten.
-     * seg: I32 [B,T], variable-length sequences packed in a row: query t
+     * Rows (b T + t: one token's heads) of q lie q_ld elements apart, of k
+     * and v kv_ld, of dq dq_ld, of dk and dv dkv_ld (nh hd and nkv hd:
+     * contiguous; the fused q/k/v product's output or its gradient: the
+     * column blocks of one [B T, nh hd + 2 nkv hd] matrix); out and dout
+     * are contiguous. seg: I32 [B,T], variable-length sequences packed in a row: query t
      * attends to keys j in [seg[b,t], t] only (the first position of its
      * document; values clamped to [0, t]), so no token sees another
      * document; absent (p == NULL): every key j <= t. */
     void (*attention_forward)(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                              tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
+                              tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd,
+                              int q_ld, int kv_ld);
     void (*attention_backward)(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                               int nkv, int hd);
+                               int nkv, int hd, int q_ld, int kv_ld, int dq_ld, int dkv_ld);
 
     /* out = silu(g) * u over [rows, cols]: g and u are read with row
      * stride ld (cols: contiguous; 2 cols: the two column halves of one
@@ -549,6 +554,16 @@ void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_
                               tensor_t dk, tensor_t dv, tensor_t dout, tensor_t out, tensor_t lse,
                               tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B, int T,
                               int nh, int nkv, int hd);
+/* Attention with the row strides of q, k and v (and of their gradients):
+ * the ops' general form; be_attention_forward / _backward: contiguous */
+void be_attention_forward_ld_at(const char *file, int line, backend_t *be, tensor_t out,
+                                tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg,
+                                int B, int T, int nh, int nkv, int hd, int q_ld, int kv_ld);
+void be_attention_backward_ld_at(const char *file, int line, backend_t *be, tensor_t dq,
+                                 tensor_t dk, tensor_t dv, tensor_t dout, tensor_t out,
+                                 tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg,
+                                 int B, int T, int nh, int nkv, int hd, int q_ld, int kv_ld,
+                                 int dq_ld, int dkv_ld);
 void be_swiglu_forward_at(const char *file, int line, backend_t *be, tensor_t out, tensor_t g,
                           tensor_t u, int rows, int cols, int ld);
 void be_swiglu_backward_at(const char *file, int line, backend_t *be, tensor_t dg, tensor_t du,
@@ -615,6 +630,8 @@ void be_stream_fence_at(const char *file, int line, backend_t *be, void *waiter,
 #define be_rope_ld(...) be_rope_ld_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_attention_forward(...) be_attention_forward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_attention_backward(...) be_attention_backward_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_attention_forward_ld(...) be_attention_forward_ld_at(__FILE__, __LINE__, __VA_ARGS__)
+#define be_attention_backward_ld(...) be_attention_backward_ld_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_swiglu_forward(...) be_swiglu_forward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_swiglu_backward(...) be_swiglu_backward_at(__FILE__, __LINE__, __VA_ARGS__)
 #define be_embedding_forward(...) be_embedding_forward_at(__FILE__, __LINE__, __VA_ARGS__)

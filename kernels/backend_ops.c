@@ -222,6 +222,13 @@ void be_rope_at(const char *file, int line, backend_t *be, tensor_t x, tensor_t 
     be_rope_ld_at(file, line, be, x, x, cos, sin, pos, B, T, nh, hd, inverse, w, w);
 }
 
+/* heads x hd as a row stride, or 0 when it does not fit an int (the
+ * shape's checks refuse such a call first) */
+static int attention_width(int heads, int hd)
+{
+    return heads > 0 && hd > 0 && (size_t)heads * (size_t)hd <= INT_MAX ? heads * hd : 0;
+}
+
 /* The shape of an attention call: positive, nh a multiple of nkv. */
 static void attention_shape(call *c, int B, int T, int nh, int nkv, int hd)
 {
@@ -236,26 +243,88 @@ static void attention_shape(call *c, int B, int T, int nh, int nkv, int hd)
         refuse(c, "nh = %d is not a multiple of nkv = %d", nh, nkv);
 }
 
-void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t out,
-                             tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B,
-                             int T, int nh, int nkv, int hd)
+/* The elements a [B x T, width] operand with row stride ld spans, and the
+ * shape the error names; refused when ld < width. */
+static size_t attention_span(call *c, const char *name, int ld, size_t rows, size_t width,
+                             const char **shape)
+{
+    size_arg(c, name, ld);
+    if (!c->bad && (size_t)ld < width)
+        refuse(c, "%s = %d must be at least %zu (the row's heads)", name, ld, width);
+    *shape = (size_t)ld == width ? NULL : "(B x T - 1) x ld + heads x hd";
+    return c->bad ? 0 : span2d(rows, width, (size_t)ld);
+}
+
+void be_attention_forward_ld_at(const char *file, int line, backend_t *be, tensor_t out,
+                                tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg,
+                                int B, int T, int nh, int nkv, int hd, int q_ld, int kv_ld)
 {
     call c = begin(be, "attention_forward", file, line);
     attention_shape(&c, B, T, nh, nkv, hd);
     if (c.bad)
         return;
-    size_t nq = mul4((size_t)B, (size_t)T, (size_t)nh, (size_t)hd);
-    size_t nk = mul4((size_t)B, (size_t)T, (size_t)nkv, (size_t)hd);
+    size_t rows = mul((size_t)B, (size_t)T), wq = mul((size_t)nh, (size_t)hd);
+    size_t wk = mul((size_t)nkv, (size_t)hd), nq = mul(rows, wq);
+    const char *sq, *sk;
+    size_t spq = attention_span(&c, "q_ld", q_ld, rows, wq, &sq);
+    size_t spk = attention_span(&c, "kv_ld", kv_ld, rows, wk, &sk);
+    if (c.bad)
+        return;
     tensor_arg(&c, "out", out, nq, "B x T x nh x hd", TAKES_FLOAT);
     tensor_arg(&c, "lse", lse, mul3((size_t)B, (size_t)nh, (size_t)T), "B x nh x T", TAKES_F32);
-    tensor_arg(&c, "q", q, nq, "B x T x nh x hd", TAKES_FLOAT);
-    tensor_arg(&c, "k", k, nk, "B x T x nkv x hd", TAKES_FLOAT);
-    tensor_arg(&c, "v", v, nk, "B x T x nkv x hd", TAKES_FLOAT);
-    optional_arg(&c, "seg", seg, mul((size_t)B, (size_t)T), "B x T", TAKES_I32);
+    tensor_arg(&c, "q", q, spq, sq ? sq : "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "k", k, spk, sk ? sk : "B x T x nkv x hd", TAKES_FLOAT);
+    tensor_arg(&c, "v", v, spk, sk ? sk : "B x T x nkv x hd", TAKES_FLOAT);
+    optional_arg(&c, "seg", seg, rows, "B x T", TAKES_I32);
     const char *names[] = {"q", "k", "v", "out"};
     tensor_t ts[] = {q, k, v, out};
     same_dtype(&c, names, ts, 4, "q, k, v and out");
-    BE_DISPATCH(c.bad, be, attention_forward, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+    BE_DISPATCH(c.bad, be, attention_forward, out, lse, q, k, v, seg, B, T, nh, nkv, hd, q_ld,
+                kv_ld);
+}
+
+void be_attention_forward_at(const char *file, int line, backend_t *be, tensor_t out,
+                             tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B,
+                             int T, int nh, int nkv, int hd)
+{
+    be_attention_forward_ld_at(file, line, be, out, lse, q, k, v, seg, B, T, nh, nkv, hd,
+                               attention_width(nh, hd), attention_width(nkv, hd));
+}
+
+void be_attention_backward_ld_at(const char *file, int line, backend_t *be, tensor_t dq,
+                                 tensor_t dk, tensor_t dv, tensor_t dout, tensor_t out,
+                                 tensor_t lse, tensor_t q, tensor_t k, tensor_t v, tensor_t seg,
+                                 int B, int T, int nh, int nkv, int hd, int q_ld, int kv_ld,
+                                 int dq_ld, int dkv_ld)
+{
+    call c = begin(be, "attention_backward", file, line);
+    attention_shape(&c, B, T, nh, nkv, hd);
+    if (c.bad)
+        return;
+    size_t rows = mul((size_t)B, (size_t)T), wq = mul((size_t)nh, (size_t)hd);
+    size_t wk = mul((size_t)nkv, (size_t)hd), nq = mul(rows, wq);
+    const char *sq, *sk, *sdq, *sdk;
+    size_t spq = attention_span(&c, "q_ld", q_ld, rows, wq, &sq);
+    size_t spk = attention_span(&c, "kv_ld", kv_ld, rows, wk, &sk);
+    size_t spdq = attention_span(&c, "dq_ld", dq_ld, rows, wq, &sdq);
+    size_t spdk = attention_span(&c, "dkv_ld", dkv_ld, rows, wk, &sdk);
+    if (c.bad)
+        return;
+    tensor_arg(&c, "dq", dq, spdq, sdq ? sdq : "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "dk", dk, spdk, sdk ? sdk : "B x T x nkv x hd", TAKES_FLOAT);
+    tensor_arg(&c, "dv", dv, spdk, sdk ? sdk : "B x T x nkv x hd", TAKES_FLOAT);
+    tensor_arg(&c, "dout", dout, nq, "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "out", out, nq, "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "lse", lse, mul3((size_t)B, (size_t)nh, (size_t)T), "B x nh x T", TAKES_F32);
+    tensor_arg(&c, "q", q, spq, sq ? sq : "B x T x nh x hd", TAKES_FLOAT);
+    tensor_arg(&c, "k", k, spk, sk ? sk : "B x T x nkv x hd", TAKES_FLOAT);
+    tensor_arg(&c, "v", v, spk, sk ? sk : "B x T x nkv x hd", TAKES_FLOAT);
+    optional_arg(&c, "seg", seg, rows, "B x T", TAKES_I32);
+    const char *names[] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
+    tensor_t ts[] = {q, k, v, out, dout, dq, dk, dv};
+    same_dtype(&c, names, ts, 8, "q, k, v, out and their gradients");
+    BE_DISPATCH(c.bad, be, attention_backward, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh,
+                nkv, hd, q_ld, kv_ld, dq_ld, dkv_ld);
 }
 
 void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_t dq,
@@ -263,26 +332,9 @@ void be_attention_backward_at(const char *file, int line, backend_t *be, tensor_
                               tensor_t q, tensor_t k, tensor_t v, tensor_t seg, int B, int T,
                               int nh, int nkv, int hd)
 {
-    call c = begin(be, "attention_backward", file, line);
-    attention_shape(&c, B, T, nh, nkv, hd);
-    if (c.bad)
-        return;
-    size_t nq = mul4((size_t)B, (size_t)T, (size_t)nh, (size_t)hd);
-    size_t nk = mul4((size_t)B, (size_t)T, (size_t)nkv, (size_t)hd);
-    tensor_arg(&c, "dq", dq, nq, "B x T x nh x hd", TAKES_FLOAT);
-    tensor_arg(&c, "dk", dk, nk, "B x T x nkv x hd", TAKES_FLOAT);
-    tensor_arg(&c, "dv", dv, nk, "B x T x nkv x hd", TAKES_FLOAT);
-    tensor_arg(&c, "dout", dout, nq, "B x T x nh x hd", TAKES_FLOAT);
-    tensor_arg(&c, "out", out, nq, "B x T x nh x hd", TAKES_FLOAT);
-    tensor_arg(&c, "lse", lse, mul3((size_t)B, (size_t)nh, (size_t)T), "B x nh x T", TAKES_F32);
-    tensor_arg(&c, "q", q, nq, "B x T x nh x hd", TAKES_FLOAT);
-    tensor_arg(&c, "k", k, nk, "B x T x nkv x hd", TAKES_FLOAT);
-    tensor_arg(&c, "v", v, nk, "B x T x nkv x hd", TAKES_FLOAT);
-    optional_arg(&c, "seg", seg, mul((size_t)B, (size_t)T), "B x T", TAKES_I32);
-    const char *names[] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
-    tensor_t ts[] = {q, k, v, out, dout, dq, dk, dv};
-    same_dtype(&c, names, ts, 8, "q, k, v, out and their gradients");
-    BE_DISPATCH(c.bad, be, attention_backward, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+    int wq = attention_width(nh, hd), wk = attention_width(nkv, hd);
+    be_attention_backward_ld_at(file, line, be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T,
+                                nh, nkv, hd, wq, wk, wq, wk);
 }
 
 /* The shape checks of the SwiGLU pair: rows, cols, ld at least cols; the

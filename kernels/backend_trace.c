@@ -225,15 +225,17 @@ static int replay_one(backend_t *be, reader *r)
     }
     case OP_attention_forward: {
         tensor_t out = rt(r), lse = rt(r), q = rt(r), k = rt(r), v = rt(r), seg = rt(r);
-        int B = ri(r), T = ri(r), nh = ri(r), nkv = ri(r), hd = ri(r);
-        o->attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+        int B = ri(r), T = ri(r), nh = ri(r), nkv = ri(r), hd = ri(r), ql = ri(r), kl = ri(r);
+        o->attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd, ql, kl);
         return 0;
     }
     case OP_attention_backward: {
         tensor_t dq = rt(r), dk = rt(r), dv = rt(r), dout = rt(r), out = rt(r), lse = rt(r);
         tensor_t q = rt(r), k = rt(r), v = rt(r), seg = rt(r);
-        int B = ri(r), T = ri(r), nh = ri(r), nkv = ri(r), hd = ri(r);
-        o->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+        int B = ri(r), T = ri(r), nh = ri(r), nkv = ri(r), hd = ri(r), ql = ri(r), kl = ri(r);
+        int dql = ri(r), dkl = ri(r);
+        o->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd, ql,
+                              kl, dql, dkl);
         return 0;
     }
     case OP_swiglu_forward: {

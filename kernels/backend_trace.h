@@ -64,9 +64,9 @@ int be_trace_barrier(backend_t *be, const char *what, const char *file, int line
              const adamw_args *: be_trace_adamw)(be, x)
 
 #define BE_TR_N(...)                                                                              \
-    BE_TR_N_(__VA_ARGS__, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define BE_TR_N_(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, N,   \
-                 ...)                                                                             \
+    BE_TR_N_(__VA_ARGS__, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define BE_TR_N_(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, \
+                 a19, a20, N, ...)                                                                \
     N
 #define BE_TR_CAT(a, b) BE_TR_CAT_(a, b)
 #define BE_TR_CAT_(a, b) a##b
@@ -87,6 +87,9 @@ int be_trace_barrier(backend_t *be, const char *what, const char *file, int line
 #define BE_TR_15(be, a, ...) (BE_TR_ARG(be, a), BE_TR_14(be, __VA_ARGS__))
 #define BE_TR_16(be, a, ...) (BE_TR_ARG(be, a), BE_TR_15(be, __VA_ARGS__))
 #define BE_TR_17(be, a, ...) (BE_TR_ARG(be, a), BE_TR_16(be, __VA_ARGS__))
+#define BE_TR_18(be, a, ...) (BE_TR_ARG(be, a), BE_TR_17(be, __VA_ARGS__))
+#define BE_TR_19(be, a, ...) (BE_TR_ARG(be, a), BE_TR_18(be, __VA_ARGS__))
+#define BE_TR_20(be, a, ...) (BE_TR_ARG(be, a), BE_TR_19(be, __VA_ARGS__))
 #define BE_TR_ALL(be, ...) BE_TR_CAT(BE_TR_, BE_TR_N(__VA_ARGS__))(be, __VA_ARGS__)
 
 /* Runs be->ops->name(be, args...) unless skip (the call was refused, or

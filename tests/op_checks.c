@@ -83,7 +83,7 @@ static int check_op(backend_t *be, const op_spec *s)
     arena a;
     arena_make(&a, be, s);
     tensor_t t[10];
-    int d[5];
+    int d[9];
     char want[300];
     int cases = 0;
     for (int i = 0; i < s->nt; i++)

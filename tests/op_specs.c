@@ -40,6 +40,17 @@ static void c_attention_backward(backend_t *be, const tensor_t *t, const int *d)
     be_attention_backward(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], d[0],
                           d[1], d[2], d[3], d[4]);
 }
+/* the same with row strides (q/k/v as column blocks: backend.h) */
+static void c_attention_forward_ld(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_attention_forward_ld(be, t[0], t[1], t[2], t[3], t[4], t[5], d[0], d[1], d[2], d[3], d[4],
+                            d[5], d[6]);
+}
+static void c_attention_backward_ld(backend_t *be, const tensor_t *t, const int *d)
+{
+    be_attention_backward_ld(be, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], d[0],
+                             d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8]);
+}
 static void c_swiglu_forward(backend_t *be, const tensor_t *t, const int *d)
 {
     be_swiglu_forward(be, t[0], t[1], t[2], d[0], d[1], d[2]);
@@ -145,6 +156,7 @@ static void c_fill_normal(backend_t *be, const tensor_t *t, const int *d)
 /* ---- the ops' arguments --------------------------------------------------------------- */
 
 #define SW_LD "(rows-1) x ld + cols"
+#define ATT_LD "(B x T - 1) x ld + heads x hd"
 
 const op_spec op_specs[] = {
     {"matmul", c_matmul, 3,
@@ -182,6 +194,21 @@ const op_spec op_specs[] = {
       T_("q", 24, "B x T x nh x hd", TAKES_FLOAT), T_("k", 12, "B x T x nkv x hd", TAKES_FLOAT),
       T_("v", 12, "B x T x nkv x hd", TAKES_FLOAT), {"seg", 3, 3, "B x T", TAKES_I32, 1}},
      5, {"B", "T", "nh", "nkv", "hd"}, {1, 3, 2, 1, 4}},
+    /* with row strides: q (dq) 10 and k, v (dk, dv) 6, so (3 - 1) 10 + 8
+     * and (3 - 1) 6 + 4 elements */
+    {"attention_forward", c_attention_forward_ld, 6,
+     {T_("out", 24, "B x T x nh x hd", TAKES_FLOAT), T_("lse", 6, "B x nh x T", TAKES_F32),
+      T_("q", 28, ATT_LD, TAKES_FLOAT), T_("k", 16, ATT_LD, TAKES_FLOAT),
+      T_("v", 16, ATT_LD, TAKES_FLOAT), {"seg", 3, 3, "B x T", TAKES_I32, 1}},
+     7, {"B", "T", "nh", "nkv", "hd", "q_ld", "kv_ld"}, {1, 3, 2, 1, 4, 10, 6}},
+    {"attention_backward", c_attention_backward_ld, 10,
+     {T_("dq", 28, ATT_LD, TAKES_FLOAT), T_("dk", 16, ATT_LD, TAKES_FLOAT),
+      T_("dv", 16, ATT_LD, TAKES_FLOAT), T_("dout", 24, "B x T x nh x hd", TAKES_FLOAT),
+      T_("out", 24, "B x T x nh x hd", TAKES_FLOAT), T_("lse", 6, "B x nh x T", TAKES_F32),
+      T_("q", 28, ATT_LD, TAKES_FLOAT), T_("k", 16, ATT_LD, TAKES_FLOAT),
+      T_("v", 16, ATT_LD, TAKES_FLOAT), {"seg", 3, 3, "B x T", TAKES_I32, 1}},
+     9, {"B", "T", "nh", "nkv", "hd", "q_ld", "kv_ld", "dq_ld", "dkv_ld"},
+     {1, 3, 2, 1, 4, 10, 6, 10, 6}},
     /* g, u (dg, du) [2, 5] with row stride 7: 12 elements; out, dout 10 */
     {"swiglu_forward", c_swiglu_forward, 3,
      {T_("out", 10, "rows x cols", TAKES_FLOAT), T_("g", 12, SW_LD, TAKES_FLOAT),

@@ -33,8 +33,8 @@ typedef struct op_spec {
     int nt;
     targ t[10];
     int nd;
-    const char *dim[5];
-    int d[5]; /* the valid call's sizes */
+    const char *dim[9];
+    int d[9]; /* the valid call's sizes */
 } op_spec;
 
 /* a tensor argument whose need is its size; E_: the elementwise ops' n */

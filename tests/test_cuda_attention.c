@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_columns.h"
 #include "cuda_ops_util.h"
 #include "cuda_test_main.h"
 #include "kernels/backend.h"
@@ -435,6 +436,119 @@ Test(cuda_ops, flash_attention_is_deterministic_and_agrees_with_unfused)
     for (int i = 0; i < 5; i++)
         free(a.o[i]), free(b.o[i]), free(u.o[i]);
     free(q), free(k), free(v), free(dout);
+}
+
+/* ---- row strides: q, k, v as the column blocks of one matrix ---------------------- */
+
+#define PAD_VALUE 1024.0f /* what the padding columns hold (exact in bf16) */
+
+/* gpu_attention with q, k, v read as the column blocks of one [B T, qd +
+ * 2 kvd + pad] matrix and dq, dk, dv written as those of another (the
+ * trainer's layout of the fused q/k/v product), the pad columns of both
+ * holding PAD_VALUE; the outputs as contiguous host arrays, and *pad_ok 0
+ * when a pad column (or q) changed. */
+static gpu_attn gpu_attention_strided(const float *q, const float *k, const float *v,
+                                      const float *dout, const int32_t *seg, int B, int T, int nh,
+                                      int nkv, int hd, int pad, int *pad_ok)
+{
+    int qd = nh * hd, kvd = nkv * hd, N = qd + 2 * kvd + pad, rows = B * T;
+    size_t nm = (size_t)rows * N, nq = (size_t)rows * qd, nl = (size_t)B * nh * T;
+    float *in = malloc(sizeof(float) * nm), *gr = malloc(sizeof(float) * nm);
+    cr_assert(in && gr);
+    attn_to_columns(in, N, q, k, v, rows, qd, kvd, PAD_VALUE);
+    for (size_t i = 0; i < nm; i++)
+        gr[i] = PAD_VALUE;
+    dtype_t a = gpu->act_dt;
+    tensor_t gin = up(gpu, a, in, nm), ggr = up(gpu, a, gr, nm);
+    tensor_t go = up(gpu, a, NULL, nq), gl = up(gpu, DT_F32, NULL, nl), gdo = up(gpu, a, dout, nq);
+    tensor_t gsg = {0};
+    if (seg) {
+        gsg = be_alloc(gpu, DT_I32, (size_t)rows);
+        cr_assert(gsg.p);
+        be_upload(gpu, gsg, seg, DT_I32);
+    }
+    float *in_before = down(gpu, gin); /* (rounded to the activations' dtype) */
+    tensor_t gk = tensor_view(gin, (size_t)qd, nm - (size_t)qd);
+    tensor_t gv = tensor_view(gin, (size_t)(qd + kvd), nm - (size_t)(qd + kvd));
+    tensor_t dk = tensor_view(ggr, (size_t)qd, nm - (size_t)qd);
+    tensor_t dv = tensor_view(ggr, (size_t)(qd + kvd), nm - (size_t)(qd + kvd));
+    be_attention_forward_ld(gpu, go, gl, gin, gk, gv, gsg, B, T, nh, nkv, hd, N, N);
+    be_attention_backward_ld(gpu, ggr, dk, dv, gdo, go, gl, gin, gk, gv, gsg, B, T, nh, nkv, hd,
+                             N, N, N, N);
+    gpu_ok();
+    gpu_attn r;
+    r.grew = 0;
+    r.o[0] = down(gpu, go), r.o[1] = down(gpu, gl);
+    float *g = down(gpu, ggr), *in_after = down(gpu, gin);
+    for (int i = 2; i < 5; i++) {
+        r.o[i] = malloc(sizeof(float) * (size_t)rows * (i == 2 ? qd : kvd));
+        cr_assert(r.o[i]);
+    }
+    *pad_ok = memcmp(in_before, in_after, sizeof(float) * nm) == 0 &&
+              attn_from_columns(g, N, r.o[2], r.o[3], r.o[4], rows, qd, kvd, PAD_VALUE);
+    tensor_t gs[] = {gin, ggr, go, gl, gdo};
+    for (int i = 0; i < 5; i++)
+        drop(gpu, &gs[i]);
+    if (seg)
+        drop(gpu, &gsg);
+    free(in), free(gr), free(g), free(in_before), free(in_after);
+    return r;
+}
+
+/* The trainer's fused q/k/v layout (backend.h's row strides): each
+ * attention with q, k, v and their gradients as the column blocks of
+ * wider matrices against the same attention on contiguous tensors: the
+ * fused kernels (the stored dS, recomputing dQ, the wgmma kernels where
+ * they run) the same bits, as only their addresses differ; the unfused
+ * path within TOL_BF16 (lse TOL_F32: its products' plans differ with the
+ * strides); nothing outside the blocks written, q, k, v unchanged.
+ * hd 128 GQA with packed documents and 8 padding columns, hd 64 MHA with
+ * none (the layout itself); and a row stride not a multiple of 8
+ * elements, which the fused kernels leave to the unfused path. */
+Test(cuda_ops, attention_on_column_blocks_matches_contiguous)
+{
+    static const char *modes[] = {NULL, "fused-recompute", "fused-wgmma", "unfused"};
+    static const int shapes[][6] = {{2, 150, 8, 2, 128, 8}, {1, 97, 4, 4, 64, 0},
+                                    {1, 70, 2, 1, 64, 4}};
+    for (int si = 0; si < 3; si++) {
+        int B = shapes[si][0], T = shapes[si][1], nh = shapes[si][2], nkv = shapes[si][3];
+        int hd = shapes[si][4], pad = shapes[si][5];
+        size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+        size_t ns[5] = {nq, nl, nq, nk, nk};
+        const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+        float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
+        int32_t *seg = malloc(sizeof(int32_t) * (size_t)B * T);
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)B * T);
+        cr_assert(seg && pos);
+        packed_rows(B, T, 60, seg, pos);
+        for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
+            if (modes[mi])
+                cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", modes[mi], 1), 0);
+            /* a stride not a multiple of 8: the unfused path either way */
+            int fused = !(modes[mi] && !strcmp(modes[mi], "unfused")) && pad % 8 == 0;
+            int ok = 0;
+            gpu_attn c = gpu_attention(q, k, v, dout, seg, B, T, nh, nkv, hd);
+            gpu_attn st = gpu_attention_strided(q, k, v, dout, seg, B, T, nh, nkv, hd, pad, &ok);
+            unsetenv("SPOTUNE_CUDA_ATTENTION");
+            cr_expect(ok, "%s B%d T%d nh%d nkv%d hd%d pad %d: a padding column or q/k/v changed",
+                      modes[mi] ? modes[mi] : "default", B, T, nh, nkv, hd, pad);
+            for (int i = 0; i < 5; i++) {
+                double e = rel_err(st.o[i], c.o[i], ns[i]), tol = i == 1 ? TOL_F32 : TOL_BF16;
+                if (fused && pad % 8 == 0 && !cuda_test_standin())
+                    cr_expect(memcmp(st.o[i], c.o[i], sizeof(float) * ns[i]) == 0,
+                              "%s B%d T%d nh%d nkv%d hd%d pad %d: strided %s differs from "
+                              "contiguous (rel err %.3g)", modes[mi] ? modes[mi] : "default", B,
+                              T, nh, nkv, hd, pad, names[i], e);
+                else
+                    cr_expect(e <= tol, "%s B%d T%d nh%d nkv%d hd%d pad %d: strided %s: rel err "
+                                        "%.3g > %.3g", modes[mi] ? modes[mi] : "default", B, T,
+                              nh, nkv, hd, pad, names[i], e, tol);
+            }
+            for (int i = 0; i < 5; i++)
+                free(c.o[i]), free(st.o[i]);
+        }
+        free(q), free(k), free(v), free(dout), free(seg), free(pos);
+    }
 }
 
 /* dQ three ways (SPOTUNE_CUDA_ATTENTION and SPOTUNE_CUDA_FLASH_DS_BUDGET, read

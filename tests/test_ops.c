@@ -608,7 +608,7 @@ Test(ops, every_op_replays_as_recorded_on_cpu_and_cpu_ref)
         sp_err err = {0};
         cr_assert_eq(backend_create(&b, kinds[k], 0, 2, &err), 0, "%s", err.msg);
         int n = op_checks_replay(b);
-        cr_expect_eq(n, 32, "%s: %d ops checked", kinds[k], n);
+        cr_expect_eq(n, 34, "%s: %d ops checked", kinds[k], n);
         backend_destroy(b);
     }
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_columns.h"
 #include "kernels/backend.h"
 #include "ops_util.h"
 
@@ -595,5 +596,135 @@ Test(ops, default_attention_is_blocked_from_2048_tokens)
                   "T %d: %s and %s give the same bits: the check cannot tell them apart", Ts[i],
                   same[i], other[i]);
         free_run(&d), free_run(&s), free_run(&o);
+    }
+}
+
+/* ---- row strides: q, k, v as the column blocks of one matrix ------------------- */
+
+#define PAD_VALUE 1234.5f /* what the padding columns hold before and after */
+
+/* Forward and backward with q, k, v read as the column blocks of one
+ * [B T, qd + 2 kvd + pad] matrix and dq, dk, dv written as those of
+ * another (the fused q/k/v product's output and its gradient, the
+ * trainer's layout), the pad columns of both holding PAD_VALUE; returns
+ * the outputs as contiguous arrays, and fails when a pad column changed. */
+static attn_run run_attention_strided(backend_t *x, const float *q, const float *k,
+                                      const float *v, const float *dout, const int32_t *seg,
+                                      int B, int T, int nh, int nkv, int hd, int pad)
+{
+    int qd = nh * hd, kvd = nkv * hd, N = qd + 2 * kvd + pad, rows = B * T;
+    size_t nm = (size_t)rows * N, nq = (size_t)rows * qd, nl = (size_t)B * nh * T;
+    float *in = malloc(sizeof(float) * nm), *gr = malloc(sizeof(float) * nm);
+    float *before = malloc(sizeof(float) * nm);
+    cr_assert(in && gr && before);
+    attn_to_columns(in, N, q, k, v, rows, qd, kvd, PAD_VALUE);
+    for (size_t i = 0; i < nm; i++)
+        gr[i] = PAD_VALUE;
+    memcpy(before, in, sizeof(float) * nm);
+    tensor_t tin = be_alloc(x, DT_F32, nm), tgr = be_alloc(x, DT_F32, nm);
+    tensor_t to = be_alloc(x, DT_F32, nq), tl = be_alloc(x, DT_F32, nl);
+    tensor_t tdo = be_alloc(x, DT_F32, nq), ts = {0};
+    cr_assert(tin.p && tgr.p && to.p && tl.p && tdo.p);
+    be_upload(x, tin, in, DT_F32), be_upload(x, tgr, gr, DT_F32), be_upload(x, tdo, dout, DT_F32);
+    if (seg) {
+        ts = be_alloc(x, DT_I32, (size_t)rows);
+        cr_assert(ts.p);
+        be_upload(x, ts, seg, DT_I32);
+    }
+    tensor_t tk = tensor_view(tin, (size_t)qd, nm - (size_t)qd);
+    tensor_t tv = tensor_view(tin, (size_t)(qd + kvd), nm - (size_t)(qd + kvd));
+    tensor_t gk = tensor_view(tgr, (size_t)qd, nm - (size_t)qd);
+    tensor_t gv = tensor_view(tgr, (size_t)(qd + kvd), nm - (size_t)(qd + kvd));
+    be_attention_forward_ld(x, to, tl, tin, tk, tv, ts, B, T, nh, nkv, hd, N, N);
+    be_attention_backward_ld(x, tgr, gk, gv, tdo, to, tl, tin, tk, tv, ts, B, T, nh, nkv, hd, N,
+                             N, N, N);
+    sp_err err = {0};
+    cr_assert_eq(be_check(x, &err), 0, "%s", err.msg);
+    attn_run r = {malloc(sizeof(float) * nq), malloc(sizeof(float) * nl),
+                  malloc(sizeof(float) * nq), malloc(sizeof(float) * (size_t)rows * kvd),
+                  malloc(sizeof(float) * (size_t)rows * kvd)};
+    be_download(x, r.out, DT_F32, to);
+    be_download(x, r.lse, DT_F32, tl);
+    be_download(x, gr, DT_F32, tgr);
+    be_download(x, in, DT_F32, tin);
+    int pad_ok = attn_from_columns(gr, N, r.dq, r.dk, r.dv, rows, qd, kvd, PAD_VALUE);
+    cr_expect(pad_ok, "a padding column of the gradients was written");
+    cr_expect(memcmp(in, before, sizeof(float) * nm) == 0, "q, k, v or their padding changed");
+    be_free(x, &tin), be_free(x, &tgr), be_free(x, &to), be_free(x, &tl), be_free(x, &tdo);
+    be_free(x, &ts);
+    free(in), free(gr), free(before);
+    return r;
+}
+
+/* Each CPU attention (the plain loops, the sgemm one, the blocked one)
+ * with q, k, v and their gradients as column blocks of wider matrices
+ * (backend.h's row strides): the same values as with them contiguous, to
+ * 1e-6 of each tensor's largest (the same sums; only the addressing
+ * differs), and nothing outside the blocks written. Groups 1 and 4,
+ * packed documents, 8 padding columns or none. */
+Test(ops, attention_on_column_blocks_matches_contiguous)
+{
+    static const char *kinds[] = {"cpu-ref", "blas", "flash"};
+    static const int shapes[][5] = {{2, 37, 4, 1, 16}, {1, 70, 2, 2, 8}};
+    for (int ki = 0; ki < 3; ki++) {
+        backend_t *x = ki == 0 ? make_ref() : make_fast(kinds[ki]);
+        for (int si = 0; si < 2; si++)
+            for (int pad = 0; pad <= 8; pad += 8) {
+                int B = shapes[si][0], T = shapes[si][1], nh = shapes[si][2], nkv = shapes[si][3];
+                int hd = shapes[si][4];
+                size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+                size_t nl = (size_t)B * nh * T;
+                float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1), *dout = rnd(nq, 1);
+                int32_t *seg = malloc(sizeof(int32_t) * (size_t)B * T);
+                cr_assert(seg);
+                flash_packed_rows(B, T, 20, seg);
+                attn_run a = run_attention(x, q, k, v, dout, seg, B, T, nh, nkv, hd);
+                attn_run s = run_attention_strided(x, q, k, v, dout, seg, B, T, nh, nkv, hd, pad);
+                const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+                float *got[5] = {s.out, s.lse, s.dq, s.dk, s.dv};
+                float *want[5] = {a.out, a.lse, a.dq, a.dk, a.dv};
+                size_t ns[5] = {nq, nl, nq, nk, nk};
+                for (int i = 0; i < 5; i++) {
+                    double e = rel_err_f(got[i], want[i], ns[i]);
+                    cr_expect(e <= 1e-6, "%s B%d T%d nh%d nkv%d hd%d pad %d %s: rel err %.3g",
+                              kinds[ki], B, T, nh, nkv, hd, pad, names[i], e);
+                }
+                free_run(&a), free_run(&s);
+                free(q), free(k), free(v), free(dout), free(seg);
+            }
+        backend_destroy(x);
+    }
+}
+
+/* A row stride under the row's width is refused, naming it, and nothing
+ * runs (op_checks.c: negative strides and tensors too short for theirs). */
+Test(ops, attention_refuses_a_row_stride_under_the_width)
+{
+    int B = 1, T = 4, nh = 2, nkv = 1, hd = 8;
+    size_t n = (size_t)B * T * (nh + 2 * nkv) * hd;
+    for (int bwd = 0; bwd < 2; bwd++) {
+        backend_t *x = make_ref();
+        tensor_t a = be_alloc(x, DT_F32, n), o = be_alloc(x, DT_F32, n);
+        tensor_t l = be_alloc(x, DT_F32, 64);
+        cr_assert(a.p && o.p && l.p);
+        float *before = malloc(sizeof(float) * n), *after = malloc(sizeof(float) * n);
+        cr_assert(before && after);
+        be_download(x, before, DT_F32, o);
+        if (bwd)
+            be_attention_backward_ld(x, o, o, o, a, a, l, a, a, a, no_tensor(), B, T, nh, nkv, hd,
+                                     nh * hd, nkv * hd, nh * hd, nkv * hd - 1);
+        else
+            be_attention_forward_ld(x, o, l, a, a, a, no_tensor(), B, T, nh, nkv, hd, nh * hd - 1,
+                                    nkv * hd);
+        sp_err err = {0};
+        cr_expect_neq(be_check(x, &err), 0);
+        const char *want = bwd ? "attention_backward: dkv_ld = 7 must be at least 8"
+                               : "attention_forward: q_ld = 15 must be at least 16";
+        cr_expect(strstr(err.msg, want) != NULL, "got \"%s\", want \"%s\"", err.msg, want);
+        be_download(x, after, DT_F32, o); /* (the CPU backend downloads despite the error) */
+        cr_expect(memcmp(before, after, sizeof(float) * n) == 0, "the refused call wrote");
+        be_free(x, &a), be_free(x, &o), be_free(x, &l);
+        free(before), free(after);
+        backend_destroy(x);
     }
 }

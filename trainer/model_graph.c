@@ -112,11 +112,12 @@ static int fused_width(const model_t *m, int g)
  *   column halves); SwiGLU reads the halves, and its backward writes
  *   d(gate) and d(up) over them. Decided with the scratch's size
  *   (model_alloc.c gate_up_in_place: no bias on gate or up).
- * - q/k/v: the product goes to s->bwd, and RoPE rotates q and k out of it
- *   into their own memory (v is copied); the backward's RoPE rotates dq and
- *   dk into the memory of q, k, v, dead by then, beside a copy of dv
- *   (qkv_split, qkv_join). Biases on q, k, v (Qwen2) are one add over the
- *   whole product (layer_params.fused_b).
+ * - q/k/v: the product is written into the layer's qkv, RoPE rotates its
+ *   q and k blocks in place, and attention reads q, k, v as its column
+ *   blocks (row strides, qkv_of); the attention backward writes dq, dk, dv
+ *   as the column blocks of one matrix in s->bwd, whose q and k blocks RoPE
+ *   rotates back in place. No copy either way. Biases on q, k, v (Qwen2)
+ *   are one add over the whole product (layer_params.fused_b).
  * Fused groups have no DoRA (model_alloc.c fuse_on), and their biases are
  * frozen (LoRA), so the backward has no bias gradient to take from the
  * strided blocks. */
@@ -183,7 +184,9 @@ static void fused_forward(const step_ctx *c, int l, int g, const tensor_t *ys, t
     int first, count, N = fused_width(m, g), in = (int)m->mc.hidden;
     model_fuse_group(g, &first, &count);
     int strided = fused_strided(m, l, g);
-    tensor_t cat = rows_of(g == FUSE_GATE_UP && strided ? m->acts[l].gu : MODEL_SCRATCH(m)->bwd,
+    tensor_t cat = rows_of(!strided ? MODEL_SCRATCH(m)->bwd
+                           : g == FUSE_GATE_UP ? m->acts[l].gu
+                                               : m->acts[l].qkv,
                            c->rows, N);
     tensor_t xr = no_tensor();
     int r = (int)m->o.lora_r, batched = model_lora_batched(c, l, g);
@@ -284,11 +287,37 @@ static tensor_t batch_seg(const step_ctx *c)
     return c->b->seg ? rows_of(MODEL_SCRATCH(c->m)->seg, c->rows, 1) : no_tensor();
 }
 
-static void attention(const step_ctx *c, layer_acts *a)
+/* Layer l's q, k and v for attention, and their row strides. */
+typedef struct qkv_views {
+    tensor_t q, k, v;
+    int q_ld, kv_ld;
+} qkv_views;
+
+/* Strided (fused_strided): the column blocks of the fused product's
+ * output [rows, qd + 2 kvd] in acts.qkv; else acts.q, k, v, contiguous. */
+static qkv_views qkv_of(const step_ctx *c, int l)
+{
+    model_t *m = c->m;
+    layer_acts *a = &m->acts[l];
+    int qd = (int)(m->mc.heads * m->mc.head_dim), kvd = (int)(m->mc.kv_heads * m->mc.head_dim);
+    qkv_views r = {a->q, a->k, a->v, qd, kvd};
+    if (fused_strided(m, l, FUSE_QKV)) {
+        int N = qd + 2 * kvd;
+        tensor_t cat = rows_of(a->qkv, c->rows, N);
+        r.q = cat, r.k = from_col(cat, qd), r.v = from_col(cat, qd + kvd);
+        r.q_ld = r.kv_ld = N;
+    }
+    return r;
+}
+
+static void attention(const step_ctx *c, int l)
 {
     const model_config_t *mc = &c->m->mc;
-    be_attention_forward(c->m->be, a->att, a->lse, a->q, a->k, a->v, batch_seg(c), c->b->B,
-                         c->b->T, (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
+    layer_acts *a = &c->m->acts[l];
+    qkv_views x = qkv_of(c, l);
+    be_attention_forward_ld(c->m->be, a->att, a->lse, x.q, x.k, x.v, batch_seg(c), c->b->B,
+                            c->b->T, (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim, x.q_ld,
+                            x.kv_ld);
 }
 
 /* RoPE of the query and key heads qs, ks into q, k (inverse: of their
@@ -315,31 +344,15 @@ static void rope_qk(const step_ctx *c, tensor_t q, tensor_t k, int inverse)
     rope_qk_ld(c, q, qd, q, qd, k, kvd, k, kvd, inverse);
 }
 
-/* Strided q/k/v (fused_strided): q, k, v of layer l out of the product in
- * s->bwd [rows, qd + 2 kvd], q and k rotated on the way. */
-static void qkv_split(const step_ctx *c, int l)
+/* RoPE on the q and k blocks of a strided [rows, qd + 2 kvd] matrix, in
+ * place: the product's output (forward) or the gradients of the rotated
+ * q and k (inverse). */
+static void rope_qk_strided(const step_ctx *c, tensor_t cat, int inverse)
 {
-    model_t *m = c->m;
-    layer_acts *a = &m->acts[l];
-    int qd = (int)(m->mc.heads * m->mc.head_dim), kvd = (int)(m->mc.kv_heads * m->mc.head_dim);
-    int N = qd + 2 * kvd;
-    tensor_t cat = rows_of(MODEL_SCRATCH(m)->bwd, c->rows, N);
-    rope_qk_ld(c, a->q, qd, cat, N, a->k, kvd, from_col(cat, qd), N, 0);
-    be_copy2d(m->be, a->v, from_col(cat, qd + kvd), c->rows, kvd, kvd, N);
-}
-
-/* Strided q/k/v: the gradients dq, dk (of the rotated q, k) and dv joined
- * into the memory of layer l's q, k, v as [rows, qd + 2 kvd], dq and dk
- * rotated back on the way; returns that matrix. */
-static tensor_t qkv_join(const step_ctx *c, int l, tensor_t dq, tensor_t dk, tensor_t dv)
-{
-    model_t *m = c->m;
-    int qd = (int)(m->mc.heads * m->mc.head_dim), kvd = (int)(m->mc.kv_heads * m->mc.head_dim);
-    int N = qd + 2 * kvd;
-    tensor_t join = rows_of(m->acts[l].qkv, c->rows, N);
-    rope_qk_ld(c, join, N, dq, qd, from_col(join, qd), N, dk, kvd, 1);
-    be_copy2d(m->be, from_col(join, qd + kvd), dv, c->rows, kvd, N, kvd);
-    return join;
+    int qd = (int)(c->m->mc.heads * c->m->mc.head_dim);
+    int N = qd + 2 * (int)(c->m->mc.kv_heads * c->m->mc.head_dim);
+    tensor_t k = from_col(cat, qd);
+    rope_qk_ld(c, cat, N, cat, N, k, N, k, N, inverse);
 }
 
 /* One decoder layer; out receives the next residual stream (out.p == NULL
@@ -363,10 +376,10 @@ static void layer_forward(const step_ctx *c, int l, tensor_t out)
         linear_forward(c, l, PROJ_V, a->v, a->h1, no_tensor());
     }
     if (fused_strided(m, l, FUSE_QKV))
-        qkv_split(c, l);
+        rope_qk_strided(c, qkv_of(c, l).q, 0);
     else
         rope_qk(c, a->q, a->k, 0);
-    attention(c, a);
+    attention(c, l);
     linear_forward(c, l, PROJ_O, a->x_mid, a->att, a->x); /* x_mid = x + o(att) */
     be_rmsnorm_forward(m->be, a->h2, a->rstd2, a->x_mid, L->mlp_norm->w, c->rows, H,
                        (float)mc->rms_eps);
@@ -432,18 +445,27 @@ void model_graph_layer_backward(const step_ctx *c, int l)
                         s->dh, a->x_mid, L->mlp_norm->w, a->rstd2, c->rows, H);
     /* attention: x_mid = x + o(attn(rope(q(h1)), rope(k(h1)), v(h1))), h1 = norm(x) */
     if (m->o.recompute == RECOMPUTE_ATTENTION)
-        attention(c, a);
+        attention(c, l);
     int dx_wanted = l > 0 || m->embed->trainable || L->attn_norm->trainable;
     tensor_t dh = dx_wanted ? s->dh : no_tensor();
-    tensor_t dq = tensor_view(s->bwd, 0, rows * qd), datt = tensor_view(s->bwd, rows * qd, rows * qd);
-    tensor_t dk = tensor_view(s->bwd, 2 * rows * qd, rows * kvd);
-    tensor_t dv = tensor_view(s->bwd, 2 * rows * qd + rows * kvd, rows * kvd);
+    /* s->bwd: d(att), then dq, dk, dv; strided, as the column blocks of
+     * one [rows, qd + 2 kvd] matrix (the fused backward's join) */
+    int strided = fused_strided(m, l, FUSE_QKV), N = (int)(qd + 2 * kvd);
+    tensor_t datt = tensor_view(s->bwd, 0, rows * qd);
+    tensor_t join = tensor_view(s->bwd, rows * qd, rows * (size_t)N);
+    tensor_t dq = strided ? join : tensor_view(join, 0, rows * qd);
+    tensor_t dk = strided ? from_col(join, (int)qd) : tensor_view(join, rows * qd, rows * kvd);
+    tensor_t dv = strided ? from_col(join, (int)(qd + kvd))
+                          : tensor_view(join, rows * (qd + kvd), rows * kvd);
     linear_backward(c, l, PROJ_O, s->dres, a->att, datt, 0);
-    be_attention_backward(m->be, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, batch_seg(c),
-                          B, T, (int)mc->heads, (int)mc->kv_heads, (int)mc->head_dim);
-    if (fused_strided(m, l, FUSE_QKV)) {
-        tensor_t join = qkv_join(c, l, dq, dk, dv);
-        tensor_t dys[3] = {join, from_col(join, (int)qd), from_col(join, (int)(qd + kvd))};
+    qkv_views x = qkv_of(c, l);
+    be_attention_backward_ld(m->be, dq, dk, dv, datt, a->att, a->lse, x.q, x.k, x.v,
+                             batch_seg(c), B, T, (int)mc->heads, (int)mc->kv_heads,
+                             (int)mc->head_dim, x.q_ld, x.kv_ld, strided ? N : (int)qd,
+                             strided ? N : (int)kvd);
+    if (strided) {
+        rope_qk_strided(c, join, 1);
+        tensor_t dys[3] = {dq, dk, dv};
         fused_backward(c, l, FUSE_QKV, dys, a->h1, dh, join);
     } else if (m->fused) {
         rope_qk(c, dq, dk, 1);

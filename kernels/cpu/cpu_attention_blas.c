@@ -60,12 +60,13 @@ static void zero_rows(float *x, int rows, int hd, int ld)
 }
 
 void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                                tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd)
+                                tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd,
+                                int q_ld, int kv_ld)
 {
     const float *Q = F(q), *K = F(k), *V = F(v);
     const int32_t *SG = seg.p;
     float *O = F(out), *L = F(lse);
-    int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd;
+    int group = nh / nkv, ldq = q_ld, ldk = kv_ld, ldo = nh * hd;
     float scale = 1.0f / sqrtf((float)hd);
     int failed = 0;
 #pragma omp parallel
@@ -84,15 +85,15 @@ void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tenso
                 const float *qh = Q + (size_t)b * T * ldq + (size_t)h * hd;
                 const float *kk = K + (size_t)b * T * ldk + (size_t)kh * hd;
                 const float *vv = V + (size_t)b * T * ldk + (size_t)kh * hd;
-                float *oh = O + (size_t)b * T * ldq + (size_t)h * hd;
+                float *oh = O + (size_t)b * T * ldo + (size_t)h * hd;
                 for (int r0 = 0; r0 < T; r0 += BLAS_RB) {
                     int r1 = r0 + BLAS_RB < T ? r0 + BLAS_RB : T;
                     scores(S, qh, kk, T, r0, r1, ldq, ldk, hd, scale);
                     softmax_rows(S, L + ((size_t)b * nh + h) * T, SG ? SG + (size_t)b * T : NULL,
                                  T, r0, r1);
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hd, r1, 1.0f,
-                                S + (size_t)r0 * T, T, vv, ldk, 0.0f, oh + (size_t)r0 * ldq,
-                                ldq);
+                                S + (size_t)r0 * T, T, vv, ldk, 0.0f, oh + (size_t)r0 * ldo,
+                                ldo);
                 }
             }
         free(S);
@@ -104,12 +105,13 @@ void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tenso
 void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                  tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                  tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                 int nkv, int hd)
+                                 int nkv, int hd, int q_ld, int kv_ld, int dq_ld, int dkv_ld)
 {
     const float *Q = F(q), *K = F(k), *V = F(v), *O = F(out), *DO = F(dout), *L = F(lse);
     const int32_t *SG = seg.p;
     float *DQ = F(dq), *DK = F(dk), *DV = F(dv);
-    int group = nh / nkv, ldq = nh * hd, ldk = nkv * hd;
+    /* row strides: q, k and v; dq, dk and dv; out and dout (contiguous) */
+    int group = nh / nkv, ldq = q_ld, ldk = kv_ld, lddq = dq_ld, lddk = dkv_ld, ldo = nh * hd;
     float scale = 1.0f / sqrtf((float)hd);
     int failed = 0;
     /* one task per (batch, kv head): it owns dK, dV of that head */
@@ -129,16 +131,18 @@ void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor
                     continue;
                 const float *kk = K + (size_t)b * T * ldk + (size_t)kh * hd;
                 const float *vv = V + (size_t)b * T * ldk + (size_t)kh * hd;
-                float *dkk = DK + (size_t)b * T * ldk + (size_t)kh * hd;
-                float *dvv = DV + (size_t)b * T * ldk + (size_t)kh * hd;
-                zero_rows(dkk, T, hd, ldk);
-                zero_rows(dvv, T, hd, ldk);
+                float *dkk = DK + (size_t)b * T * lddk + (size_t)kh * hd;
+                float *dvv = DV + (size_t)b * T * lddk + (size_t)kh * hd;
+                zero_rows(dkk, T, hd, lddk);
+                zero_rows(dvv, T, hd, lddk);
                 for (int h = kh * group; h < (kh + 1) * group; h++) {
                     size_t qo = (size_t)b * T * ldq + (size_t)h * hd;
+                    size_t oo = (size_t)b * T * ldo + (size_t)h * hd;
+                    size_t dqo = (size_t)b * T * lddq + (size_t)h * hd;
                     const float *lh = L + ((size_t)b * nh + h) * T;
                     for (int r0 = 0; r0 < T; r0 += BLAS_RB) {
                         int r1 = r0 + BLAS_RB < T ? r0 + BLAS_RB : T, rows = r1 - r0;
-                        size_t qr = qo + (size_t)r0 * ldq;
+                        size_t qr = qo + (size_t)r0 * ldq, or_ = oo + (size_t)r0 * ldo;
                         float *pr = P + (size_t)r0 * T, *dpr = dP + (size_t)r0 * T;
                         /* P from the saved log-sum-exps */
                         scores(P, Q + qo, kk, T, r0, r1, ldq, ldk, hd, scale);
@@ -150,8 +154,8 @@ void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor
                             cpu_vexp(p + lo, p + lo, (size_t)(t + 1 - lo), 1.0f, -lh[t]);
                             for (int j = t + 1; j < r1; j++)
                                 p[j] = 0.0f;
-                            const float *ot = O + qo + (size_t)t * ldq;
-                            const float *dot = DO + qo + (size_t)t * ldq;
+                            const float *ot = O + oo + (size_t)t * ldo;
+                            const float *dot = DO + oo + (size_t)t * ldo;
                             float acc = 0.0f;
                             for (int d = 0; d < hd; d++)
                                 acc += dot[d] * ot[d];
@@ -160,9 +164,9 @@ void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor
                         /* dV += P^T dO;  dP = dO V^T;  dS = P (dP - D) scale,
                          * over the keys [0, r1) the block sees */
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rows, 1.0f,
-                                    pr, T, DO + qr, ldq, 1.0f, dvv, ldk);
+                                    pr, T, DO + or_, ldo, 1.0f, dvv, lddk);
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, hd, 1.0f,
-                                    DO + qr, ldq, vv, ldk, 0.0f, dpr, T);
+                                    DO + or_, ldo, vv, ldk, 0.0f, dpr, T);
                         for (int t = r0; t < r1; t++) {
                             float *p = P + (size_t)t * T, *g = dP + (size_t)t * T;
                             for (int j = 0; j <= t; j++)
@@ -170,9 +174,9 @@ void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor
                         }
                         /* dQ = dS K;  dK += dS^T Q */
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, r1, 1.0f,
-                                    pr, T, kk, ldk, 0.0f, DQ + qr, ldq);
+                                    pr, T, kk, ldk, 0.0f, DQ + dqo + (size_t)r0 * lddq, lddq);
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hd, rows, 1.0f,
-                                    pr, T, Q + qr, ldq, 1.0f, dkk, ldk);
+                                    pr, T, Q + qr, ldq, 1.0f, dkk, lddk);
                     }
                 }
             }

@@ -31,12 +31,12 @@
 
 #define F(t) ((float *)(t).p)
 
-/* One (batch row, head) slice: the strided rows of q/out (ldq) and k/v
- * (ldk), its seg row, and the shape. */
+/* One (batch row, head) slice: the strided rows of q (ldq), k/v (ldk) and
+ * out/dout (ldo), its seg row, and the shape. */
 typedef struct flash_head {
     const float *q, *k, *v;
     const int32_t *seg;
-    int T, hd, ldq, ldk;
+    int T, hd, ldq, ldk, ldo;
     float scale;
 } flash_head;
 
@@ -91,7 +91,7 @@ static float online_row(float *s, int n, float *m, float *l)
     return corr;
 }
 
-/* Query rows [i0, i1) of one head: out rows (stride ldq) and lse. */
+/* Query rows [i0, i1) of one head: out rows (stride ldo) and lse. */
 static void forward_tile(const flash_head *f, float *out, float *lse, int i0, int i1, float *S,
                          float *m, float *l)
 {
@@ -99,7 +99,7 @@ static void forward_tile(const flash_head *f, float *out, float *lse, int i0, in
     for (int r = 0; r < rows; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
-        memset(out + (size_t)(i0 + r) * f->ldq, 0, sizeof(float) * hd);
+        memset(out + (size_t)(i0 + r) * f->ldo, 0, sizeof(float) * hd);
     }
     int jstart = tile_lo(f->seg, i0, i1) / FLASH_BC * FLASH_BC;
     for (int j0 = jstart; j0 < i1; j0 += FLASH_BC) {
@@ -108,17 +108,17 @@ static void forward_tile(const flash_head *f, float *out, float *lse, int i0, in
         for (int r = 0; r < rows; r++) {
             float corr = online_row(S + (size_t)r * FLASH_BC, j1 - j0, &m[r], &l[r]);
             if (corr != 1.0f) {
-                float *o = out + (size_t)(i0 + r) * f->ldq;
+                float *o = out + (size_t)(i0 + r) * f->ldo;
                 for (int d = 0; d < hd; d++)
                     o[d] *= corr;
             }
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, j1 - j0, 1.0f, S,
                     FLASH_BC, f->v + (size_t)j0 * f->ldk, f->ldk, 1.0f,
-                    out + (size_t)i0 * f->ldq, f->ldq);
+                    out + (size_t)i0 * f->ldo, f->ldo);
     }
     for (int r = 0; r < rows; r++) {
-        float inv = 1.0f / l[r], *o = out + (size_t)(i0 + r) * f->ldq;
+        float inv = 1.0f / l[r], *o = out + (size_t)(i0 + r) * f->ldo;
         for (int d = 0; d < hd; d++)
             o[d] *= inv;
         lse[i0 + r] = m[r] + logf(l[r]);
@@ -126,11 +126,12 @@ static void forward_tile(const flash_head *f, float *out, float *lse, int i0, in
 }
 
 static flash_head head_of(const float *Q, const float *K, const float *V, const int32_t *SG,
-                          int b, int h, int kh, int T, int nh, int nkv, int hd)
+                          int b, int h, int kh, int T, int nh, int hd, int q_ld, int kv_ld)
 {
     flash_head f;
-    f.ldq = nh * hd;
-    f.ldk = nkv * hd;
+    f.ldq = q_ld;
+    f.ldk = kv_ld;
+    f.ldo = nh * hd;
     f.q = Q + (size_t)b * T * f.ldq + (size_t)h * hd;
     f.k = K + (size_t)b * T * f.ldk + (size_t)kh * hd;
     f.v = V + (size_t)b * T * f.ldk + (size_t)kh * hd;
@@ -143,7 +144,7 @@ static flash_head head_of(const float *Q, const float *K, const float *V, const 
 
 void cpu_attention_forward_flash(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
                                  tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                 int nkv, int hd)
+                                 int nkv, int hd, int q_ld, int kv_ld)
 {
     const float *Q = F(q), *K = F(k), *V = F(v);
     float *O = F(out), *L = F(lse);
@@ -162,10 +163,11 @@ void cpu_attention_forward_flash(backend_t *be, tensor_t out, tensor_t lse, tens
                 for (int it = 0; it < ntiles; it++) {
                     if (!S || !ml)
                         continue;
-                    flash_head f = head_of(Q, K, V, seg.p, b, h, h / group, T, nh, nkv, hd);
+                    flash_head f = head_of(Q, K, V, seg.p, b, h, h / group, T, nh, hd, q_ld,
+                                           kv_ld);
                     int i0 = it * FLASH_BR, i1 = i0 + FLASH_BR < T ? i0 + FLASH_BR : T;
-                    forward_tile(&f, O + (f.q - Q), L + ((size_t)b * nh + h) * T, i0, i1, S, ml,
-                                 ml + FLASH_BR);
+                    forward_tile(&f, O + (size_t)b * T * f.ldo + (size_t)h * hd,
+                                 L + ((size_t)b * nh + h) * T, i0, i1, S, ml, ml + FLASH_BR);
                 }
         free(S);
         free(ml);
@@ -176,9 +178,12 @@ void cpu_attention_forward_flash(backend_t *be, tensor_t out, tensor_t lse, tens
 
 /* ---- backward ----------------------------------------------------------- */
 
+/* One head's: o, dout (row stride the head's ldo), dq (lddq), dk, dv
+ * (lddk) */
 typedef struct flash_grads {
     const float *o, *dout, *lse;
     float *dq, *dk, *dv;
+    int lddq, lddk;
 } flash_grads;
 
 /* Scratch of one thread: two score tiles and D of a query tile. */
@@ -202,11 +207,11 @@ static void backward_pair(const flash_head *f, const flash_grads *g, int i0, int
         for (int c = 0; c < cols; c++)
             p[c] = p[c] == -INFINITY ? 0.0f : expf(p[c] - lt);
     }
-    const float *dO = g->dout + (size_t)i0 * f->ldq;
+    const float *dO = g->dout + (size_t)i0 * f->ldo;
     /* dV_j += P^T dO_i;  dP = dO_i V_j^T */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, rows, 1.0f, P, FLASH_BC, dO,
-                f->ldq, 1.0f, g->dv + (size_t)j0 * f->ldk, f->ldk);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hd, 1.0f, dO, f->ldq,
+                f->ldo, 1.0f, g->dv + (size_t)j0 * g->lddk, g->lddk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hd, 1.0f, dO, f->ldo,
                 f->v + (size_t)j0 * f->ldk, f->ldk, 0.0f, dP, FLASH_BC);
     for (int r = 0; r < rows; r++) {
         float *p = P + (size_t)r * FLASH_BC, *gp = dP + (size_t)r * FLASH_BC, d = w->D[r];
@@ -215,9 +220,9 @@ static void backward_pair(const flash_head *f, const flash_grads *g, int i0, int
     }
     /* dQ_i += dS K_j;  dK_j += dS^T Q_i */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, cols, 1.0f, P, FLASH_BC,
-                f->k + (size_t)j0 * f->ldk, f->ldk, 1.0f, g->dq + (size_t)i0 * f->ldq, f->ldq);
+                f->k + (size_t)j0 * f->ldk, f->ldk, 1.0f, g->dq + (size_t)i0 * g->lddq, g->lddq);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, rows, 1.0f, P, FLASH_BC,
-                f->q + (size_t)i0 * f->ldq, f->ldq, 1.0f, g->dk + (size_t)j0 * f->ldk, f->ldk);
+                f->q + (size_t)i0 * f->ldq, f->ldq, 1.0f, g->dk + (size_t)j0 * g->lddk, g->lddk);
 }
 
 /* Query rows [i0, i1) of one head against every key tile they see. */
@@ -225,33 +230,36 @@ static void backward_tile(const flash_head *f, const flash_grads *g, int i0, int
                           const flash_scratch *w)
 {
     for (int t = i0; t < i1; t++) {
-        const float *o = g->o + (size_t)t * f->ldq, *d = g->dout + (size_t)t * f->ldq;
+        const float *o = g->o + (size_t)t * f->ldo, *d = g->dout + (size_t)t * f->ldo;
         float acc = 0.0f;
         for (int e = 0; e < f->hd; e++)
             acc += d[e] * o[e];
         w->D[t - i0] = acc;
-        memset(g->dq + (size_t)t * f->ldq, 0, sizeof(float) * f->hd);
+        memset(g->dq + (size_t)t * g->lddq, 0, sizeof(float) * f->hd);
     }
     int jstart = tile_lo(f->seg, i0, i1) / FLASH_BC * FLASH_BC;
     for (int j0 = jstart; j0 < i1; j0 += FLASH_BC)
         backward_pair(f, g, i0, i1, j0, j0 + FLASH_BC < i1 ? j0 + FLASH_BC : i1, w);
 }
 
-/* Everything of kv head kh of batch row b. */
+/* Everything of kv head kh of batch row b (all: the whole tensors, with
+ * their gradients' row strides; q_ld, kv_ld: q's and k/v's). */
 static void backward_kv_head(const float *Q, const float *K, const float *V, const int32_t *SG,
                              const flash_grads *all, int b, int kh, int T, int nh, int nkv,
-                             int hd, const flash_scratch *w)
+                             int hd, int q_ld, int kv_ld, const flash_scratch *w)
 {
     int group = nh / nkv;
     for (int h = kh * group; h < (kh + 1) * group; h++) {
-        flash_head f = head_of(Q, K, V, SG, b, h, kh, T, nh, nkv, hd);
-        size_t qo = (size_t)(f.q - Q), ko = (size_t)(f.k - K);
-        flash_grads g = {all->o + qo, all->dout + qo, all->lse + ((size_t)b * nh + h) * T,
-                         all->dq + qo, all->dk + ko, all->dv + ko};
+        flash_head f = head_of(Q, K, V, SG, b, h, kh, T, nh, hd, q_ld, kv_ld);
+        size_t oo = (size_t)b * T * f.ldo + (size_t)h * hd;
+        size_t dqo = (size_t)b * T * all->lddq + (size_t)h * hd;
+        size_t dko = (size_t)b * T * all->lddk + (size_t)kh * hd;
+        flash_grads g = {all->o + oo, all->dout + oo, all->lse + ((size_t)b * nh + h) * T,
+                         all->dq + dqo, all->dk + dko, all->dv + dko, all->lddq, all->lddk};
         if (h == kh * group)
             for (int j = 0; j < T; j++) {
-                memset(g.dk + (size_t)j * f.ldk, 0, sizeof(float) * hd);
-                memset(g.dv + (size_t)j * f.ldk, 0, sizeof(float) * hd);
+                memset(g.dk + (size_t)j * g.lddk, 0, sizeof(float) * hd);
+                memset(g.dv + (size_t)j * g.lddk, 0, sizeof(float) * hd);
             }
         for (int i0 = 0; i0 < T; i0 += FLASH_BR)
             backward_tile(&f, &g, i0, i0 + FLASH_BR < T ? i0 + FLASH_BR : T, w);
@@ -261,9 +269,9 @@ static void backward_kv_head(const float *Q, const float *K, const float *V, con
 void cpu_attention_backward_flash(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                   tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                   tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                  int nkv, int hd)
+                                  int nkv, int hd, int q_ld, int kv_ld, int dq_ld, int dkv_ld)
 {
-    flash_grads all = {F(out), F(dout), F(lse), F(dq), F(dk), F(dv)};
+    flash_grads all = {F(out), F(dout), F(lse), F(dq), F(dk), F(dv), dq_ld, dkv_ld};
     int failed = 0;
 #pragma omp parallel
     {
@@ -278,7 +286,8 @@ void cpu_attention_backward_flash(backend_t *be, tensor_t dq, tensor_t dk, tenso
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < nkv; kh++)
                 if (w.P && w.dP && w.D)
-                    backward_kv_head(F(q), F(k), F(v), seg.p, &all, b, kh, T, nh, nkv, hd, &w);
+                    backward_kv_head(F(q), F(k), F(v), seg.p, &all, b, kh, T, nh, nkv, hd, q_ld,
+                                     kv_ld, &w);
         free(w.P);
         free(w.dP);
         free(w.D);

@@ -152,28 +152,31 @@ static cpu_attn_kind cpu_attn(backend_t *be, int T)
 }
 
 static void cpu_attention_fwd(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                              tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd)
+                              tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd,
+                              int ql, int kl)
 {
     if (cpu_attn(be, T) == ATTN_PLAIN)
-        cpu_attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+        cpu_attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd, ql, kl);
     else if (cpu_attn(be, T) == ATTN_BLAS)
-        cpu_attention_forward_blas(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+        cpu_attention_forward_blas(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd, ql, kl);
     else
-        cpu_attention_forward_flash(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+        cpu_attention_forward_flash(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd, ql, kl);
 }
 
 static void cpu_attention_bwd(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                               tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
-                              tensor_t seg, int B, int T, int nh, int nkv, int hd)
+                              tensor_t seg, int B, int T, int nh, int nkv, int hd, int ql, int kl,
+                              int dql, int dkl)
 {
     if (cpu_attn(be, T) == ATTN_PLAIN)
-        cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+        cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd, ql,
+                               kl, dql, dkl);
     else if (cpu_attn(be, T) == ATTN_BLAS)
         cpu_attention_backward_blas(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv,
-                                    hd);
+                                    hd, ql, kl, dql, dkl);
     else
         cpu_attention_backward_flash(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv,
-                                     hd);
+                                     hd, ql, kl, dql, dkl);
 }
 
 static const backend_ops cpu_ops = {

@@ -48,20 +48,24 @@ void cpu_rmsnorm_backward(backend_t *be, tensor_t dx, tensor_t dw, tensor_t dout
                           tensor_t w, tensor_t rstd, int rows, int cols);
 void cpu_rope(backend_t *be, tensor_t x, tensor_t src, tensor_t cos, tensor_t sin, tensor_t pos,
               int B, int T, int nh, int hd, int inverse, int x_ld, int src_ld);
+/* (the attention ops with the row strides of backend.h's) */
 void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                           tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
+                           tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd,
+                           int q_ld, int kv_ld);
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                             tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
-                            tensor_t seg, int B, int T, int nh, int nkv, int hd);
+                            tensor_t seg, int B, int T, int nh, int nkv, int hd, int q_ld,
+                            int kv_ld, int dq_ld, int dkv_ld);
 /* The previous fast-path attention (sgemm per head over T x T scores, in
  * causal row blocks, cpu_attention_blas.c): windows under 2048 tokens, or
  * SPOTUNE_CPU_ATTENTION=blas. */
 void cpu_attention_forward_blas(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                                tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
+                                tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd,
+                                int q_ld, int kv_ld);
 void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                  tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                  tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                 int nkv, int hd);
+                                 int nkv, int hd, int q_ld, int kv_ld, int dq_ld, int dkv_ld);
 /* The default attention of the fast path: blocked, online softmax, O(T)
  * memory (FlashAttention-2 on the CPU, cpu_attention_flash.c), over tiles of
  * FLASH_BR query rows and FLASH_BC keys. */
@@ -69,11 +73,11 @@ void cpu_attention_backward_blas(backend_t *be, tensor_t dq, tensor_t dk, tensor
 #define FLASH_BC 64
 void cpu_attention_forward_flash(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
                                  tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                 int nkv, int hd);
+                                 int nkv, int hd, int q_ld, int kv_ld);
 void cpu_attention_backward_flash(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                   tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                   tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                  int nkv, int hd);
+                                  int nkv, int hd, int q_ld, int kv_ld, int dq_ld, int dkv_ld);
 /* The first key query t of row b attends to: seg[b*T + t] clamped to
  * [0, t], or 0 without segments (backend.h, attention). */
 static inline int cpu_seg_lo(const int32_t *seg, size_t bt, int t)

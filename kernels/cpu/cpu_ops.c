@@ -112,7 +112,8 @@ static float dotf(const float *a, const float *b, int n)
 }
 
 void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                           tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd)
+                           tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd,
+                           int q_ld, int kv_ld)
 {
     const float *Q = F(q), *K = F(k), *V = F(v);
     const int32_t *SG = seg.p;
@@ -132,11 +133,11 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
             for (int h = 0; h < nh; h++) {
                 int kh = h / group;
                 for (int t = 0; t < T && p && acc; t++) {
-                    const float *qt = Q + (((size_t)b * T + t) * nh + h) * hd;
+                    const float *qt = Q + ((size_t)b * T + t) * q_ld + (size_t)h * hd;
                     int lo = cpu_seg_lo(SG, (size_t)b * T + t, t);
                     float m = -INFINITY;
                     for (int j = lo; j <= t; j++) {
-                        const float *kj = K + (((size_t)b * T + j) * nkv + kh) * hd;
+                        const float *kj = K + ((size_t)b * T + j) * kv_ld + (size_t)kh * hd;
                         p[j] = dotf(qt, kj, hd) * scale;
                         if (p[j] > m)
                             m = p[j];
@@ -147,7 +148,7 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
                     for (int j = lo; j <= t; j++) {
                         float e = expf(p[j] - m);
                         l += e;
-                        const float *vj = V + (((size_t)b * T + j) * nkv + kh) * hd;
+                        const float *vj = V + ((size_t)b * T + j) * kv_ld + (size_t)kh * hd;
                         for (int d = 0; d < hd; d++)
                             acc[d] += (double)e * vj[d];
                     }
@@ -166,7 +167,8 @@ void cpu_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q
 
 void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                             tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
-                            tensor_t seg, int B, int T, int nh, int nkv, int hd)
+                            tensor_t seg, int B, int T, int nh, int nkv, int hd, int q_ld,
+                            int kv_ld, int dq_ld, int dkv_ld)
 {
     const float *Q = F(q), *K = F(k), *V = F(v), *O = F(out), *DO = F(dout), *L = F(lse);
     const int32_t *SG = seg.p;
@@ -186,33 +188,33 @@ void cpu_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < nkv; kh++) {
                 for (int t = 0; t < T; t++) {
-                    size_t kvo = (((size_t)b * T + t) * nkv + kh) * hd;
-                    memset(DK + kvo, 0, sizeof(float) * hd);
-                    memset(DV + kvo, 0, sizeof(float) * hd);
+                    size_t dkvo = ((size_t)b * T + t) * dkv_ld + (size_t)kh * hd;
+                    memset(DK + dkvo, 0, sizeof(float) * hd);
+                    memset(DV + dkvo, 0, sizeof(float) * hd);
                 }
                 for (int h = kh * group; h < (kh + 1) * group && ds; h++) {
                     for (int t = 0; t < T; t++) {
-                        size_t qo = (((size_t)b * T + t) * nh + h) * hd;
-                        const float *qt = Q + qo, *dot_ = DO + qo;
+                        size_t qo = (((size_t)b * T + t) * nh + h) * hd; /* out, dout */
+                        const float *qt = Q + ((size_t)b * T + t) * q_ld + (size_t)h * hd;
+                        const float *dot_ = DO + qo;
                         float lt = L[((size_t)b * nh + h) * T + t];
                         float D = dotf(dot_, O + qo, hd);
-                        float *dqt = DQ + qo;
+                        float *dqt = DQ + ((size_t)b * T + t) * dq_ld + (size_t)h * hd;
                         int lo = cpu_seg_lo(SG, (size_t)b * T + t, t);
                         for (int d = 0; d < hd; d++)
                             dqt[d] = 0.0f;
                         for (int j = lo; j <= t; j++) {
-                            size_t kvo = (((size_t)b * T + j) * nkv + kh) * hd;
+                            size_t kvo = ((size_t)b * T + j) * kv_ld + (size_t)kh * hd;
                             float pj = expf(dotf(qt, K + kvo, hd) * scale - lt);
                             float dp = dotf(dot_, V + kvo, hd);
                             ds[j] = pj * (dp - D) * scale;
-                            float *dvj = DV + kvo;
+                            float *dvj = DV + ((size_t)b * T + j) * dkv_ld + (size_t)kh * hd;
                             for (int d = 0; d < hd; d++)
                                 dvj[d] += pj * dot_[d];
                         }
                         for (int j = lo; j <= t; j++) {
-                            size_t kvo = (((size_t)b * T + j) * nkv + kh) * hd;
-                            const float *kj = K + kvo;
-                            float *dkj = DK + kvo;
+                            const float *kj = K + ((size_t)b * T + j) * kv_ld + (size_t)kh * hd;
+                            float *dkj = DK + ((size_t)b * T + j) * dkv_ld + (size_t)kh * hd;
                             for (int d = 0; d < hd; d++) {
                                 dqt[d] += ds[j] * kj[d];
                                 dkj[d] += ds[j] * qt[d];

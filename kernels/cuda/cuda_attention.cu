@@ -145,47 +145,58 @@ __global__ void attn_softmax_backward_kernel(const float *S, const float *dP, vo
     }
 }
 
+/* The row strides of an attention call (backend.h): q's, k's and v's,
+ * out's and dout's (contiguous), dq's, dk's and dv's. */
+typedef struct attn_lds {
+    int q, kv, o, dq, dkv;
+} attn_lds;
+
 /* One block of the loops over (b, g, chunk k0, row block r0): the ncc heads
  * of the chunk, the rows of the block and the keys [0, kend) they see, and
- * where the block starts in q (and out, dout, dq), in k and v, and in lse. */
+ * where the block starts in q, in out and dout, in dq, in k and v, and in
+ * lse. */
 typedef struct attn_blk {
     int ncc, rows, kend;
-    size_t qoff, koff, lbase;
+    size_t qoff, ooff, dqoff, koff, lbase;
 } attn_blk;
 
-static attn_blk attn_block(const attn_plan *pl, int b, int g, int k0, int r0, int T, int nh,
-                           int nkv, int group, int hd)
+static attn_blk attn_block(const attn_plan *pl, const attn_lds *ld, int b, int g, int k0, int r0,
+                           int T, int nh, int nkv, int group, int hd)
 {
     attn_blk a;
     a.ncc = nkv - k0 < pl->nc ? nkv - k0 : pl->nc;
     a.rows = T - r0 < pl->R ? T - r0 : pl->R;
     a.kend = r0 + a.rows;
-    a.qoff = (((size_t)b * T + r0) * nh + (size_t)k0 * group + g) * hd;
-    a.koff = ((size_t)b * T * nkv + k0) * hd;
+    size_t row = (size_t)b * T + r0, head = ((size_t)k0 * group + g) * hd;
+    a.qoff = row * ld->q + head;
+    a.ooff = row * ld->o + head;
+    a.dqoff = row * ld->dq + head;
+    a.koff = (size_t)b * T * ld->kv + (size_t)k0 * hd;
     a.lbase = ((size_t)b * nh + (size_t)k0 * group + g) * T;
     return a;
 }
 
 /* The product S = scale Q_blk K[0:kend]^T of one (b, g, chunk, row block),
- * and its twin dP = dO_blk V^T (same shapes). */
+ * and its twin dP = dO_blk V^T (same shapes); ldx: Q's or dO's row
+ * stride, ldk: K's or V's. */
 static void scores(backend_t *be, float *S, const char *Q, const char *K, dtype_t dt,
-                   const attn_plan *pl, const attn_blk *a, int nh, int nkv, int group, int hd,
+                   const attn_plan *pl, const attn_blk *a, int ldx, int ldk, int group, int hd,
                    float alpha)
 {
-    gemm_desc d = gemm_desc_of(a->rows, a->kend, hd, 0, 1, dt, dt, DT_F32, (int64_t)nh * hd,
-                               (int64_t)nkv * hd, pl->ldS, a->ncc, (int64_t)group * hd, hd,
-                               (int64_t)pl->hs);
+    gemm_desc d = gemm_desc_of(a->rows, a->kend, hd, 0, 1, dt, dt, DT_F32, ldx, ldk, pl->ldS,
+                               a->ncc, (int64_t)group * hd, hd, (int64_t)pl->hs);
     cuda_gemm(be, &d, Q, K, S, alpha, 0.0f);
 }
 
 /* The product out_blk = X KV[0:kend] of one (b, g, chunk, row block), written
- * over the query rows: O = P V in the forward, dQ = dS K in the backward. */
+ * over the query rows (row stride ldo): O = P V in the forward, dQ = dS K
+ * in the backward. */
 static void rows_times_kv(backend_t *be, char *out, const void *X, const char *KV, dtype_t dt,
-                          const attn_plan *pl, const attn_blk *a, int nh, int nkv, int group,
+                          const attn_plan *pl, const attn_blk *a, int ldkv, int ldo, int group,
                           int hd)
 {
-    gemm_desc d = gemm_desc_of(a->rows, hd, a->kend, 0, 0, dt, dt, dt, pl->ldS, (int64_t)nkv * hd,
-                               (int64_t)nh * hd, a->ncc, (int64_t)pl->hs, hd, (int64_t)group * hd);
+    gemm_desc d = gemm_desc_of(a->rows, hd, a->kend, 0, 0, dt, dt, dt, pl->ldS, ldkv, ldo, a->ncc,
+                               (int64_t)pl->hs, hd, (int64_t)group * hd);
     cuda_gemm(be, &d, X, KV, out, 1.0f, 0.0f);
 }
 
@@ -199,15 +210,16 @@ static const int *seg_row(tensor_t seg, int b, int T)
 
 extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
                                        tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                       int nkv, int hd)
+                                       int nkv, int hd, int q_ld, int kv_ld)
 {
     /* the shape (positive, nh a multiple of nkv), sizes and dtypes (one
      * for q, k, v, out) have been checked (kernels/backend_ops.c) */
     if (be->err.code)
         return;
     const void *ptrs[] = {q.p, k.p, v.p, out.p};
-    if (cuda_flash_handles(be, q.dt, B, T, nh, nkv, hd, ptrs, 4)) {
-        cuda_flash_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+    const int lds[] = {q_ld, kv_ld};
+    if (cuda_flash_handles(be, q.dt, B, T, nh, nkv, hd, ptrs, 4, lds, 2)) {
+        cuda_flash_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd, q_ld, kv_ld);
         return;
     }
     if (be->err.code)
@@ -225,21 +237,22 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
     cudaStream_t st = CUDA_IMPL(be)->stream;
     int group = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
+    attn_lds ld = {q_ld, kv_ld, nh * hd, 0, 0};
     for (int b = 0; b < B; b++)
         for (int g = 0; g < group; g++)
             for (int k0 = 0; k0 < nkv; k0 += pl.nc)
                 for (int r0 = 0; r0 < T && !be->err.code; r0 += pl.R) {
-                    attn_blk a = attn_block(&pl, b, g, k0, r0, T, nh, nkv, group, hd);
+                    attn_blk a = attn_block(&pl, &ld, b, g, k0, r0, T, nh, nkv, group, hd);
                     scores(be, S, (const char *)q.p + a.qoff * esz,
-                           (const char *)k.p + a.koff * esz, dt, &pl, &a, nh, nkv, group, hd,
+                           (const char *)k.p + a.koff * esz, dt, &pl, &a, ld.q, ld.kv, group, hd,
                            scale);
                     LAUNCH(attn_softmax_forward_kernel, dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st)(
                         S, P, dt, (float *)lse.p, seg_row(seg, b, T), pl.hs, pl.ldS, r0, a.kend,
                         a.lbase, (size_t)group * T);
                     if (LAUNCHED(be, "attn_softmax_forward_kernel"))
                         return;
-                    rows_times_kv(be, (char *)out.p + a.qoff * esz, P,
-                                  (const char *)v.p + a.koff * esz, dt, &pl, &a, nh, nkv, group,
+                    rows_times_kv(be, (char *)out.p + a.ooff * esz, P,
+                                  (const char *)v.p + a.koff * esz, dt, &pl, &a, ld.kv, ld.o, group,
                                   hd);
                 }
 }
@@ -249,13 +262,16 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
 extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                         tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                         tensor_t k, tensor_t v, tensor_t seg, int B, int T,
-                                        int nh, int nkv, int hd)
+                                        int nh, int nkv, int hd, int q_ld, int kv_ld, int dq_ld,
+                                        int dkv_ld)
 {
     if (be->err.code) /* arguments checked as for the forward */
         return;
     const void *ptrs[] = {q.p, k.p, v.p, out.p, dout.p, dq.p, dk.p, dv.p};
-    if (cuda_flash_handles(be, q.dt, B, T, nh, nkv, hd, ptrs, 8)) {
-        cuda_flash_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd);
+    const int lds[] = {q_ld, kv_ld, dq_ld, dkv_ld};
+    if (cuda_flash_handles(be, q.dt, B, T, nh, nkv, hd, ptrs, 8, lds, 4)) {
+        cuda_flash_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv, hd, q_ld,
+                            kv_ld, dq_ld, dkv_ld);
         return;
     }
     if (be->err.code)
@@ -277,6 +293,7 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
     cudaStream_t st = CUDA_IMPL(be)->stream;
     int group = nh / nkv;
     float scale = 1.0f / sqrtf((float)hd);
+    attn_lds ld = {q_ld, kv_ld, nh * hd, dq_ld, dkv_ld};
 
     size_t nrows = (size_t)B * T * nh;
     LAUNCH(attn_rowdot_kernel, (unsigned)((nrows + 7) / 8), 256, 0, st)(
@@ -290,29 +307,34 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
         for (int g = 0; g < group; g++)
             for (int k0 = 0; k0 < nkv; k0 += pl.nc)
                 for (int r0 = 0; r0 < T && !be->err.code; r0 += pl.R) {
-                    attn_blk a = attn_block(&pl, b, g, k0, r0, T, nh, nkv, group, hd);
+                    attn_blk a = attn_block(&pl, &ld, b, g, k0, r0, T, nh, nkv, group, hd);
                     const char *Qb = (const char *)q.p + a.qoff * esz;
-                    const char *dOb = (const char *)dout.p + a.qoff * esz;
+                    const char *dOb = (const char *)dout.p + a.ooff * esz;
                     const char *Kb = (const char *)k.p + a.koff * esz;
                     const char *Vb = (const char *)v.p + a.koff * esz;
-                    scores(be, S, Qb, Kb, dt, &pl, &a, nh, nkv, group, hd, scale);
-                    scores(be, dP, dOb, Vb, dt, &pl, &a, nh, nkv, group, hd, 1.0f);
+                    scores(be, S, Qb, Kb, dt, &pl, &a, ld.q, ld.kv, group, hd, scale);
+                    scores(be, dP, dOb, Vb, dt, &pl, &a, ld.o, ld.kv, group, hd, 1.0f);
                     LAUNCH(attn_softmax_backward_kernel, dim3(a.rows, a.ncc), SOFTMAX_BLOCK, 0, st)(
                         S, dP, P, dS, dt, (const float *)lse.p, D, seg_row(seg, b, T), pl.hs,
                         pl.ldS, r0, a.kend, a.lbase, (size_t)group * T, scale);
                     if (LAUNCHED(be, "attn_softmax_backward_kernel"))
                         return;
                     /* dQ_blk = dS K[0:kend] (every query row written once) */
-                    rows_times_kv(be, (char *)dq.p + a.qoff * esz, dS, Kb, dt, &pl, &a, nh, nkv,
-                                  group, hd);
-                    /* dK[0:kend] += dS^T Q_blk;  dV[0:kend] += P^T dO_blk (fp32) */
-                    gemm_desc d = gemm_desc_of(a.kend, hd, a.rows, 1, 0, dt, dt, DT_F32, pl.ldS,
-                                               (int64_t)nh * hd, (int64_t)nkv * hd, a.ncc,
-                                               (int64_t)pl.hs, (int64_t)group * hd, hd);
-                    cuda_gemm(be, &d, dS, Qb, dK32 + (size_t)k0 * hd, 1.0f, 1.0f);
-                    cuda_gemm(be, &d, P, dOb, dV32 + (size_t)k0 * hd, 1.0f, 1.0f);
+                    rows_times_kv(be, (char *)dq.p + a.dqoff * esz, dS, Kb, dt, &pl, &a, ld.kv,
+                                  ld.dq, group, hd);
+                    /* dK[0:kend] += dS^T Q_blk;  dV[0:kend] += P^T dO_blk (fp32,
+                     * contiguous) */
+                    gemm_desc dk_d = gemm_desc_of(a.kend, hd, a.rows, 1, 0, dt, dt, DT_F32,
+                                                  pl.ldS, ld.q, (int64_t)nkv * hd, a.ncc,
+                                                  (int64_t)pl.hs, (int64_t)group * hd, hd);
+                    gemm_desc dv_d = gemm_desc_of(a.kend, hd, a.rows, 1, 0, dt, dt, DT_F32,
+                                                  pl.ldS, ld.o, (int64_t)nkv * hd, a.ncc,
+                                                  (int64_t)pl.hs, (int64_t)group * hd, hd);
+                    cuda_gemm(be, &dk_d, dS, Qb, dK32 + (size_t)k0 * hd, 1.0f, 1.0f);
+                    cuda_gemm(be, &dv_d, P, dOb, dV32 + (size_t)k0 * hd, 1.0f, 1.0f);
                 }
-        cuda_convert(be, (char *)dk.p + (size_t)b * per_b * esz, dt, dK32, DT_F32, per_b);
-        cuda_convert(be, (char *)dv.p + (size_t)b * per_b * esz, dt, dV32, DT_F32, per_b);
+        size_t boff = (size_t)b * T * ld.dkv * esz;
+        cuda_convert2d(be, (char *)dk.p + boff, dt, ld.dkv, dK32, DT_F32, nkv * hd, T, nkv * hd);
+        cuda_convert2d(be, (char *)dv.p + boff, dt, ld.dkv, dV32, DT_F32, nkv * hd, T, nkv * hd);
     }
 }

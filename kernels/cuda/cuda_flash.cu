@@ -128,7 +128,8 @@ static int built_with_mma(void)
 }
 
 extern "C" int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int nh, int nkv,
-                                  int hd, const void *const *ptrs, int nptrs)
+                                  int hd, const void *const *ptrs, int nptrs, const int *lds,
+                                  int nlds)
 {
     if (unfused_requested() || dt != DT_BF16 || (hd != 64 && hd != 128))
         return 0;
@@ -136,6 +137,9 @@ extern "C" int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int n
         return 0;
     for (int i = 0; i < nptrs; i++)
         if (!aligned16(ptrs[i]))
+            return 0;
+    for (int i = 0; i < nlds; i++) /* 16-byte rows (the staged copies) */
+        if (lds[i] % 8)
             return 0;
     int major = 0;
     if (CUDA_OK(be, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
@@ -145,7 +149,10 @@ extern "C" int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int n
     return major >= 8 && built_with_mma();
 }
 
-static flash_args args_of(int B, int T, int nh, int nkv, int hd, tensor_t seg)
+/* The arguments of a call with row strides q_ld (q), kv_ld (k, v), dq_ld
+ * and dkv_ld (their gradients); out and dout contiguous. */
+static flash_args args_of(int B, int T, int nh, int nkv, int hd, tensor_t seg, int q_ld,
+                          int kv_ld, int dq_ld, int dkv_ld)
 {
     flash_args a;
     memset(&a, 0, sizeof a);
@@ -154,15 +161,20 @@ static flash_args args_of(int B, int T, int nh, int nkv, int hd, tensor_t seg)
     a.T = T;
     a.nh = nh;
     a.nkv = nkv;
+    a.ldq = q_ld;
+    a.ldk = kv_ld;
+    a.ldo = nh * hd;
+    a.lddq = dq_ld;
+    a.lddk = dkv_ld;
     a.scale = 1.0f / sqrtf((float)hd);
     return a;
 }
 
 extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
                                    tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                   int nkv, int hd)
+                                   int nkv, int hd, int q_ld, int kv_ld)
 {
-    flash_args a = args_of(B, T, nh, nkv, hd, seg);
+    flash_args a = args_of(B, T, nh, nkv, hd, seg, q_ld, kv_ld, nh * hd, nkv * hd);
     a.q = (const uint16_t *)q.p;
     a.k = (const uint16_t *)k.p;
     a.v = (const uint16_t *)v.p;
@@ -237,7 +249,7 @@ static int launch_dq(backend_t *be, const flash_args *a, dim3 grid, int hd, int 
 extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
                                     tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
                                     tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
-                                    int nkv, int hd)
+                                    int nkv, int hd, int q_ld, int kv_ld, int dq_ld, int dkv_ld)
 {
     size_t nrows = (size_t)B * T * nh, nshare = nrows * hd;
     int split = fa_dkdv_split(B, T, nh, nkv, hd);
@@ -246,7 +258,7 @@ extern "C" void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, ten
     float *D = (float *)cuda_scratch(be, sizeof(float) * nf + dp.bytes);
     if (!D)
         return;
-    flash_args a = args_of(B, T, nh, nkv, hd, seg);
+    flash_args a = args_of(B, T, nh, nkv, hd, seg, q_ld, kv_ld, dq_ld, dkv_ld);
     a.q = (const uint16_t *)q.p;
     a.k = (const uint16_t *)k.p;
     a.v = (const uint16_t *)v.p;

@@ -156,13 +156,14 @@ static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, in
 {
     int T = a.T;
     fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
-    size_t ldq = (size_t)a.nh * HD, qoff = (size_t)b * T * ldq + (size_t)it.h * HD;
+    size_t ldq = (size_t)a.ldq, qoff = (size_t)b * T * ldq + (size_t)it.h * HD;
+    size_t ldo = (size_t)a.ldo, ooff = (size_t)b * T * ldo + (size_t)it.h * HD;
     if constexpr (CORE) { /* as 8 x 8 core matrices (the wgmma kernel, cuda_wgmma.cuh) */
         stage_core_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
-        stage_core_async<HD>(dOs, a.dout + qoff, ldq, it.i0, FA_BQ, T);
+        stage_core_async<HD>(dOs, a.dout + ooff, ldo, it.i0, FA_BQ, T);
     } else {
         stage_rows_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
-        stage_rows_async<HD>(dOs, a.dout + qoff, ldq, it.i0, FA_BQ, T);
+        stage_rows_async<HD>(dOs, a.dout + ooff, ldo, it.i0, FA_BQ, T);
     }
     cp_async_commit();
     const float *lse = a.lse + ((size_t)b * a.nh + it.h) * T;
@@ -209,12 +210,12 @@ static __device__ __forceinline__ void fa_ds_zero_past_t(uint16_t *dst, int i0, 
 }
 
 /* The end of a dK/dV block: dK = scale (dS / scale)^T Q, then dK and dV
- * stored: this query head's fp32 shares with the split, else bf16. */
+ * stored: this query head's fp32 shares with the split, else bf16 (at
+ * dkoff, row stride a.lddk). */
 template <int HD>
 static __device__ __forceinline__ void fa_dkdv_finish(const flash_args &a, int split, int b,
-                                                      int h_first, size_t koff, size_t ldk,
-                                                      int keyA, int T, float dk[HD / 8][4],
-                                                      float dv[HD / 8][4])
+                                                      int h_first, size_t dkoff, int keyA, int T,
+                                                      float dk[HD / 8][4], float dv[HD / 8][4])
 {
     FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
@@ -228,8 +229,8 @@ static __device__ __forceinline__ void fa_dkdv_finish(const flash_args &a, int s
         store_rows_f32<HD>(a.dv_part + poff, ldp, keyA, T, dv);
         return;
     }
-    store_rows<HD>(a.dk + koff, ldk, keyA, T, dk, one);
-    store_rows<HD>(a.dv + koff, ldk, keyA, T, dv, one);
+    store_rows<HD>(a.dk + dkoff, (size_t)a.lddk, keyA, T, dk, one);
+    store_rows<HD>(a.dv + dkoff, (size_t)a.lddk, keyA, T, dv, one);
 }
 
 template <int HD>
@@ -247,8 +248,9 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
     int kh = split ? hy / group : hy, h_first = split ? hy : hy * group, nheads = split ? 1 : group;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int k0 = blockIdx.y * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g; /* the first keys first */
-    size_t ldk = (size_t)a.nkv * HD;
+    size_t ldk = (size_t)a.ldk;
     size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    size_t dkoff = (size_t)b * T * a.lddk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
     float sl2 = a.scale * FA_LOG2E;
     int i_first = k0 / FA_BQ * FA_BQ, ntiles = (T - i_first + FA_BQ - 1) / FA_BQ;
@@ -306,11 +308,12 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
             fa_ds_zero_past_t(dst, i0, T);
         __syncthreads(); /* every warp is done with buffer bf */
     }
-    fa_dkdv_finish<HD>(a, split, b, h_first, koff, ldk, keyA, T, dk, dv);
+    fa_dkdv_finish<HD>(a, split, b, h_first, dkoff, keyA, T, dk, dv);
 }
 
-/* dK, dV [B, T, nkv, hd] (bf16) = the sums over each group's query heads
- * of the split shares, head by head in order (deterministic). */
+/* dK, dV [B, T, nkv, hd] (bf16, row stride a.lddk) = the sums over each
+ * group's query heads of the split shares, head by head in order
+ * (deterministic). */
 static __global__ __attribute__((unused)) void flash_dkdv_reduce_kernel(flash_args a, int hd)
 {
     int group = a.nh / a.nkv;
@@ -325,8 +328,9 @@ static __global__ __attribute__((unused)) void flash_dkdv_reduce_kernel(flash_ar
             sk += a.dk_part[p];
             sv += a.dv_part[p];
         }
-        a.dk[e] = f32_to_bf16(sk);
-        a.dv[e] = f32_to_bf16(sv);
+        size_t o = bt * (size_t)a.lddk + kh * (size_t)hd + d;
+        a.dk[o] = f32_to_bf16(sk);
+        a.dv[o] = f32_to_bf16(sv);
     }
 }
 
@@ -341,8 +345,9 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
     int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16, rowA = w0 + g;
-    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t ldq = (size_t)a.ldq, ldk = (size_t)a.ldk, ldo = (size_t)a.ldo, lddq = (size_t)a.lddq;
     size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    size_t ooff = (size_t)b * T * ldo + (size_t)h * HD, dqoff = (size_t)b * T * lddq + (size_t)h * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
     int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
     int wlo = warp_min_i(min(loA, loB));
@@ -361,7 +366,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
     }
     uint32_t qa[HD / 16][4], da[HD / 16][4];
     load_a_rows<HD>(qa, a.q + qoff, ldq, w0, T);
-    load_a_rows<HD>(da, a.dout + qoff, ldq, w0, T);
+    load_a_rows<HD>(da, a.dout + ooff, ldo, w0, T);
     float dq[HD / 8][4];
     FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
@@ -400,7 +405,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
         }
     }
     const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
-    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
+    store_rows<HD>(a.dq + dqoff, lddq, rowA, T, dq, sc);
 }
 
 /* ---- backward: dQ from the stored dS ---------------------------------------------- */
@@ -426,8 +431,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int qb = fa_row_block(), q0 = qb * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
     int rowA = w0 + g;
-    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
-    size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    size_t ldk = (size_t)a.ldk, lddq = (size_t)a.lddq;
+    size_t dqoff = (size_t)b * T * lddq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
     int loA = rowA < T ? fa_lo(seg, rowA) : INT_MAX, loB = rowA + 8 < T ? fa_lo(seg, rowA + 8) : INT_MAX;
     int wlo = warp_min_i(min(loA, loB));
@@ -467,7 +472,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args 
         }
     }
     const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
-    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
+    store_rows<HD>(a.dq + dqoff, lddq, rowA, T, dq, sc);
 }
 
 /* Its dynamic shared memory: two buffers of the K and dS^T tiles (53 KiB

@@ -74,6 +74,9 @@ typedef struct flash_args {
      * flash_dkdv_reduce_kernel; NULL: a block sums its whole group */
     float *dk_part, *dv_part;
     int B, T, nh, nkv;
+    /* row strides (elements between tokens): q; k and v; out and dout (nh
+     * hd: contiguous); dq; dk and dv (backend.h, attention) */
+    int ldq, ldk, ldo, lddq, lddk;
     float scale;
     int pair0; /* the chunk's first (batch row, query head) pair: a multiple of nh / nkv */
     /* dS / scale of this chunk's query pairs (b*nh + h from pair0), bf16
@@ -297,7 +300,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS) flash_forward_k
     int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
-    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t ldq = (size_t)a.ldq, ldk = (size_t)a.ldk, ldo = (size_t)a.ldo;
     const uint16_t *qb = a.q + (size_t)b * T * ldq + (size_t)h * HD;
     const uint16_t *kb = a.k + (size_t)b * T * ldk + (size_t)kh * HD;
     const uint16_t *vb = a.v + (size_t)b * T * ldk + (size_t)kh * HD;
@@ -346,7 +349,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS) flash_forward_k
         l[r] = quad_sum(l[r]);
         inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     }
-    store_rows<HD>(a.out + (size_t)b * T * ldq + (size_t)h * HD, ldq, rowA, T, o, inv);
+    store_rows<HD>(a.out + (size_t)b * T * ldo + (size_t)h * HD, ldo, rowA, T, o, inv);
     if ((threadIdx.x & 3) == 0)
         for (int r = 0; r < 2; r++)
             if (rowA + 8 * r < T) /* m: the raw max score */

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS)
     int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     int q0 = fa_row_block() * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
-    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
+    size_t ldq = (size_t)a.ldq, ldk = (size_t)a.ldk, ldo = (size_t)a.ldo;
     const uint16_t *qb = a.q + (size_t)b * T * ldq + (size_t)h * HD;
     const uint16_t *kb = a.k + (size_t)b * T * ldk + (size_t)kh * HD;
     const uint16_t *vb = a.v + (size_t)b * T * ldk + (size_t)kh * HD;
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS)
         l[r] = quad_sum(l[r]);
         inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     }
-    store_rows<HD>(a.out + (size_t)b * T * ldq + (size_t)h * HD, ldq, rowA, T, o, inv);
+    store_rows<HD>(a.out + (size_t)b * T * ldo + (size_t)h * HD, ldo, rowA, T, o, inv);
     if ((threadIdx.x & 3) == 0)
         for (int r = 0; r < 2; r++)
             if (rowA + 8 * r < T) /* m: the raw max score */
@@ -203,8 +203,9 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
     int kh = split ? hy / group : hy, h_first = split ? hy : hy * group, nheads = split ? 1 : group;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int k0 = blockIdx.y * FA_BC, w0 = k0 + warp * 16, keyA = w0 + g;
-    size_t ldk = (size_t)a.nkv * HD;
+    size_t ldk = (size_t)a.ldk;
     size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    size_t dkoff = (size_t)b * T * a.lddk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
     float sl2 = a.scale * FA_LOG2E;
     int i_first = k0 / FA_BQ * FA_BQ, ntiles = (T - i_first + FA_BQ - 1) / FA_BQ;
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         wg_hold<HD / 8>(dk);
         __syncthreads(); /* every warp is done with buffer bf */
     }
-    fa_dkdv_finish<HD>(a, split, b, h_first, koff, ldk, keyA, T, dk, dv);
+    fa_dkdv_finish<HD>(a, split, b, h_first, dkoff, keyA, T, dk, dv);
 }
 
 /* ---- backward: dQ from the stored dS ---------------------------------------------- */
@@ -298,8 +299,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_wgmma_kernel(flash
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int qb = fa_row_block(), q0 = qb * FA_BR, q1 = min(q0 + FA_BR, T), w0 = q0 + warp * 16;
     int rowA = w0 + g;
-    size_t ldq = (size_t)a.nh * HD, ldk = (size_t)a.nkv * HD;
-    size_t qoff = (size_t)b * T * ldq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
+    size_t ldk = (size_t)a.ldk, lddq = (size_t)a.lddq;
+    size_t dqoff = (size_t)b * T * lddq + (size_t)h * HD, koff = (size_t)b * T * ldk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
     int kstart = block_min_lo(seg, q0, q1, &sh_lo) / FA_BC * FA_BC;
     const uint16_t *dsp = a.ds + (size_t)blockIdx.x * fa_ds_pair(T);
@@ -337,7 +338,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_wgmma_kernel(flash
         wg_hold<HD / 8>(dq);
     }
     const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
-    store_rows<HD>(a.dq + qoff, ldq, rowA, T, dq, sc);
+    store_rows<HD>(a.dq + dqoff, lddq, rowA, T, dq, sc);
 }
 
 /* Its dynamic shared memory: two buffers of the K (core matrices) and dS^T

@@ -207,6 +207,9 @@ void cuda_matmul_batched(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int 
 
 /* cuda_ops.cu */
 void cuda_convert(backend_t *be, void *dst, dtype_t ddt, const void *src, dtype_t sdt, size_t n);
+/* rows x cols with row strides dst_ld, src_ld */
+void cuda_convert2d(backend_t *be, void *dst, dtype_t ddt, int dst_ld, const void *src,
+                    dtype_t sdt, int src_ld, int rows, int cols);
 void cuda_scale(backend_t *be, void *x, dtype_t dt, size_t n, float alpha);
 void cuda_rmsnorm_forward(backend_t *be, tensor_t out, tensor_t rstd, tensor_t x, tensor_t w,
                           int rows, int cols, float eps);
@@ -275,25 +278,30 @@ int cuda_vec_adamw(backend_t *be, tensor_t param, void *copy, dtype_t cdt, tenso
 int cuda_vec_dequant_nf4(backend_t *be, tensor_t out, tensor_t codes, tensor_t absmax,
                          tensor_t nested, tensor_t maps, float offset, size_t n);
 
-/* cuda_attention.cu */
+/* cuda_attention.cu (backend.h's attention ops, row strides included) */
 void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                            tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
+                            tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd,
+                            int q_ld, int kv_ld);
 void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                              tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
-                             tensor_t seg, int B, int T, int nh, int nkv, int hd);
+                             tensor_t seg, int B, int T, int nh, int nkv, int hd, int q_ld,
+                             int kv_ld, int dq_ld, int dkv_ld);
 
 /* cuda_flash.cu: the fused kernels. cuda_flash_handles: 1 when they take
  * this call (BF16, hd 64 or 128, compute capability 8.0 or later, every
- * pointer 16-byte aligned, B x nh < 65536, SPOTUNE_CUDA_ATTENTION not
- * "unfused"); 0 means the unfused path runs. The backward's dQ comes from
- * the dS its dK/dV kernel stores, where that fits (cuda_flash.cu). */
+ * pointer 16-byte aligned and every row stride of lds a multiple of 8
+ * elements, B x nh < 65536, SPOTUNE_CUDA_ATTENTION not "unfused"); 0
+ * means the unfused path runs. The backward's dQ comes from the dS its
+ * dK/dV kernel stores, where that fits (cuda_flash.cu). */
 int cuda_flash_handles(backend_t *be, dtype_t dt, int B, int T, int nh, int nkv, int hd,
-                       const void *const *ptrs, int nptrs);
+                       const void *const *ptrs, int nptrs, const int *lds, int nlds);
 void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
-                        tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd);
+                        tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd, int q_ld,
+                        int kv_ld);
 void cuda_flash_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv, tensor_t dout,
                          tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
-                         tensor_t seg, int B, int T, int nh, int nkv, int hd);
+                         tensor_t seg, int B, int T, int nh, int nkv, int hd, int q_ld, int kv_ld,
+                         int dq_ld, int dkv_ld);
 
 /* cuda_flash_wgmma.cu (compiled for sm_90a; where the build has it,
  * SPOTUNE_CUDA_SM90A): the forward, dK/dV and dQ-from-stored-dS kernels

@@ -42,6 +42,31 @@ extern "C" void cuda_convert(backend_t *be, void *dst, dtype_t ddt, const void *
     LAUNCHED(be, "convert_kernel");
 }
 
+__global__ void convert2d_kernel(void *dst, int ddt, int dld, const void *src, int sdt, int sld,
+                                 int cols, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        size_t r = i / (size_t)cols, c = i % (size_t)cols;
+        st_f(dst, ddt, r * (size_t)dld + c, ld_f(src, sdt, r * (size_t)sld + c));
+    }
+}
+
+extern "C" void cuda_convert2d(backend_t *be, void *dst, dtype_t ddt, int dst_ld, const void *src,
+                               dtype_t sdt, int src_ld, int rows, int cols)
+{
+    if (be->err.code || rows <= 0 || cols <= 0)
+        return;
+    if (dst_ld == cols && src_ld == cols) {
+        cuda_convert(be, dst, ddt, src, sdt, (size_t)rows * (size_t)cols);
+        return;
+    }
+    size_t n = (size_t)rows * (size_t)cols;
+    LAUNCH(convert2d_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(dst, ddt, dst_ld, src, sdt,
+                                                                        src_ld, cols, n);
+    LAUNCHED(be, "convert2d_kernel");
+}
+
 /* x *= alpha; alpha == 0 writes zeros (NaN-safe, as beta == 0 in a matmul) */
 __global__ void scale_kernel(void *x, int dt, size_t n, float alpha)
 {

@@ -223,6 +223,38 @@ Test(emu_cublas, a_less_aligned_operand_gets_its_own_plan)
     cr_expect_eq(be_check(gpu, &err), 0, "%s", err.msg);
 }
 
+/* The products `taken` (nt) run by one of spotune's own kernels: none
+ * reaches the emulated cuBLASLt and each is the CPU's; with `var`=0 each
+ * reaches it, as right; and `not_taken` (nn), which the kernels leave,
+ * reach it either way. Tolerances: 1e-2 for BF16 results, 1e-5 for F32. */
+static void expect_own_kernels(const char *var, const mm_case *taken, int nt,
+                               const mm_case *not_taken, int nn, unsigned seed)
+{
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            cr_assert_eq(setenv(var, "0", 1), 0);
+        long before[3], after[3];
+        blas_counts(before);
+        for (int i = 0; i < nt; i++) {
+            double e = run_case(&taken[i], seed + (unsigned)i);
+            double tol = taken[i].out == DT_BF16 ? 1e-2 : 1e-5;
+            cr_expect(e <= tol, "taken case %d%s: %.3g > %g", i, off ? " (off)" : "", e, tol);
+        }
+        blas_counts(after);
+        cr_expect_eq(after[0] - before[0], off ? nt : 0, "cuBLASLt products%s%s: %ld",
+                     off ? " with =0: " : "", off ? var : "", after[0] - before[0]);
+    }
+    unsetenv(var);
+    long before[3], after[3];
+    blas_counts(before);
+    for (int i = 0; i < nn; i++) {
+        double e = run_case(&not_taken[i], seed + 10u + (unsigned)i);
+        cr_expect(e <= (not_taken[i].out == DT_BF16 ? 1e-2 : 1e-5), "case %d: %.3g", i, e);
+    }
+    blas_counts(after);
+    cr_expect_eq(after[0] - before[0], nn, "cuBLASLt products: %ld", after[0] - before[0]);
+}
+
 /* LoRA's narrow products (N <= 64 over a long reduction, A as it lies;
  * or A transposed with N or M <= 64: its weight gradients) are
  * cuda_skinny.cu's, not cuBLAS's: no product reaches the emulated
@@ -247,29 +279,7 @@ Test(emu_cublas, narrow_products_skip_cublas_unless_told_or_not_taken)
         {37, 16, 128, 0, 1, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0},  /* K < 256 */
         {37, 16, 264, 0, 1, DT_F32, DT_F32, 0, 0, 1.0f, 0.0f, 0},    /* F32 operands */
     };
-    for (int off = 0; off < 2; off++) {
-        if (off)
-            cr_assert_eq(setenv("SPOTUNE_CUDA_SKINNY", "0", 1), 0);
-        long before[3], after[3];
-        blas_counts(before);
-        for (int i = 0; i < 4; i++) {
-            double e = run_case(&taken[i], 31u + (unsigned)i);
-            double tol = taken[i].out == DT_BF16 ? 1e-2 : 1e-5;
-            cr_expect(e <= tol, "narrow case %d%s: %.3g > %g", i, off ? " (off)" : "", e, tol);
-        }
-        blas_counts(after);
-        cr_expect_eq(after[0] - before[0], off ? 4 : 0, "cuBLASLt products%s: %ld",
-                     off ? " with SPOTUNE_CUDA_SKINNY=0" : "", after[0] - before[0]);
-    }
-    unsetenv("SPOTUNE_CUDA_SKINNY");
-    long before[3], after[3];
-    blas_counts(before);
-    for (int i = 0; i < 6; i++) {
-        double e = run_case(&not_taken[i], 41u + (unsigned)i);
-        cr_expect(e <= (not_taken[i].out == DT_BF16 ? 1e-2 : 1e-5), "case %d: %.3g", i, e);
-    }
-    blas_counts(after);
-    cr_expect_eq(after[0] - before[0], 6, "cuBLASLt products: %ld", after[0] - before[0]);
+    expect_own_kernels("SPOTUNE_CUDA_SKINNY", taken, 4, not_taken, 6, 31u);
 }
 
 /* LoRA's wide products (a reduction of the rank, K <= 64 and a multiple
@@ -294,26 +304,5 @@ Test(emu_cublas, wide_products_skip_cublas_unless_told_or_not_taken)
         {37, 264, 16, 0, 1, DT_BF16, DT_BF16, 3, 0, 1.0f, 0.0f, 0}, /* lda % 8 */
         {16, 264, 37, 1, 0, DT_BF16, DT_BF16, 0, 0, 1.0f, 0.0f, 0}, /* A^T */
     };
-    for (int off = 0; off < 2; off++) {
-        if (off)
-            cr_assert_eq(setenv("SPOTUNE_CUDA_WIDE", "0", 1), 0);
-        long before[3], after[3];
-        blas_counts(before);
-        for (int i = 0; i < 3; i++) {
-            double e = run_case(&taken[i], 51u + (unsigned)i);
-            cr_expect(e <= 1e-2, "wide case %d%s: %.3g > 1e-2", i, off ? " (off)" : "", e);
-        }
-        blas_counts(after);
-        cr_expect_eq(after[0] - before[0], off ? 3 : 0, "cuBLASLt products%s: %ld",
-                     off ? " with SPOTUNE_CUDA_WIDE=0" : "", after[0] - before[0]);
-    }
-    unsetenv("SPOTUNE_CUDA_WIDE");
-    long before[3], after[3];
-    blas_counts(before);
-    for (int i = 0; i < 6; i++) {
-        double e = run_case(&not_taken[i], 61u + (unsigned)i);
-        cr_expect(e <= (not_taken[i].out == DT_BF16 ? 1e-2 : 1e-5), "case %d: %.3g", i, e);
-    }
-    blas_counts(after);
-    cr_expect_eq(after[0] - before[0], 6, "cuBLASLt products: %ld", after[0] - before[0]);
+    expect_own_kernels("SPOTUNE_CUDA_WIDE", taken, 3, not_taken, 6, 51u);
 }

@@ -272,6 +272,7 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     memset(&a, 0, sizeof a);
     a.q = hq, a.k = hk, a.v = hv, a.dout = hdo, a.seg = seg;
     a.B = B, a.T = T, a.nh = nh, a.nkv = nkv, a.scale = 1.0f / sqrtf((float)hd);
+    a.ldq = a.ldo = a.lddq = nh * hd, a.ldk = a.lddk = nkv * hd; /* contiguous */
     uint16_t *out = nan_bf16(nq), *dq = nan_bf16(nq), *dk = nan_bf16(nk), *dv = nan_bf16(nk);
     float *lse = nan_f32(nl), *D = nan_f32(nl);
     a.out = out, a.lse = lse;
