@@ -346,13 +346,18 @@ static void rope_qk(const step_ctx *c, tensor_t q, tensor_t k, int inverse)
 
 /* RoPE on the q and k blocks of a strided [rows, qd + 2 kvd] matrix, in
  * place: the product's output (forward) or the gradients of the rotated
- * q and k (inverse). */
+ * q and k (inverse). The k heads follow the q heads in every row, and
+ * each head turns by its token's position alone, so one call over the
+ * heads + kv_heads heads of a row does both. */
 static void rope_qk_strided(const step_ctx *c, tensor_t cat, int inverse)
 {
-    int qd = (int)(c->m->mc.heads * c->m->mc.head_dim);
-    int N = qd + 2 * (int)(c->m->mc.kv_heads * c->m->mc.head_dim);
-    tensor_t k = from_col(cat, qd);
-    rope_qk_ld(c, cat, N, cat, N, k, N, k, N, inverse);
+    model_t *m = c->m;
+    const model_config_t *mc = &m->mc;
+    model_scratch *s = MODEL_SCRATCH(m);
+    int hd = (int)mc->head_dim, heads = (int)(mc->heads + mc->kv_heads);
+    int N = (int)(mc->heads + 2 * mc->kv_heads) * hd;
+    be_rope_ld(m->be, cat, cat, s->rope_cos, s->rope_sin, batch_pos(c), c->b->B, c->b->T, heads,
+               hd, inverse, N, N);
 }
 
 /* One decoder layer; out receives the next residual stream (out.p == NULL
