@@ -183,6 +183,14 @@ int cuda_mm_init(backend_t *be);
 int cuda_skinny_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N, int K,
                        int transA, int transB, float alpha, float beta, int lda, int ldb,
                        int ldc, int batch, unsigned long sa, unsigned long sb, unsigned long sc);
+/* Whether a bf16 matrix's rows (and a batch's matrices) start 16-byte
+ * aligned: the 16-byte loads and staged copies of cuda_skinny.cu's and
+ * cuda_wide.cu's kernels. */
+static inline int cuda_rows_aligned16(const void *p, long long ld, int batch,
+                                      unsigned long stride)
+{
+    return !((uintptr_t)p & 15u) && ld % 8 == 0 && (batch == 1 || stride % 8 == 0);
+}
 /* cuda_wide.cu: the same, by its kernel when it takes the product (a
  * reduction of at most 64, a multiple of 8, into at least 128 columns:
  * LoRA's xr B^T and d(xr) A; bf16 operands and C, aligned rows): 1, or 0

@@ -335,12 +335,6 @@ static int skinny_splits(const cuda_impl *im, int mode, int tiles, int K, int N,
     return (K + per - 1) / per;
 }
 
-/* Whether a matrix's rows (and batch) start 16-byte aligned. */
-static int aligned16(const void *p, long long ld, int batch, unsigned long stride)
-{
-    return !((uintptr_t)p & 15u) && ld % 8 == 0 && (batch == 1 || stride % 8 == 0);
-}
-
 /* What both kernels take beyond their operands (a->A, a->B, a->lda,
  * a->ldb, a->sa, a->sb and a->M, the rows the grid's tiles cover): C,
  * the workspace, the splits of K for `narrow` output columns; then fn's
@@ -391,7 +385,7 @@ static int skinny_t(backend_t *be, cuda_impl *im, int mode, tensor_t C, tensor_t
         tc = 1;
     else
         return 0;
-    if (!aligned16(A.p, lda, batch, sa) || !aligned16(B.p, ldb, batch, sb))
+    if (!cuda_rows_aligned16(A.p, lda, batch, sa) || !cuda_rows_aligned16(B.p, ldb, batch, sb))
         return 0;
     skinny_args a;
     memset(&a, 0, sizeof a);
@@ -425,7 +419,8 @@ extern "C" int cuda_skinny_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_
     if (transA || N > 64 || N % 8 || K % 8)
         return 0;
     /* 16-byte loads of A's rows (and of B's, stored [N,K]) */
-    if (!aligned16(A.p, lda, batch, sa) || (transB && !aligned16(B.p, ldb, batch, sb)))
+    if (!cuda_rows_aligned16(A.p, lda, batch, sa) ||
+        (transB && !cuda_rows_aligned16(B.p, ldb, batch, sb)))
         return 0;
     skinny_args a;
     memset(&a, 0, sizeof a);

@@ -165,12 +165,6 @@ template <int TB> static wide_fn wide_pick(int ks)
     }
 }
 
-/* Whether a matrix's rows (and batch) start 16-byte aligned. */
-static int wd_aligned16(const void *p, long long ld, int batch, unsigned long stride)
-{
-    return !((uintptr_t)p & 15u) && ld % 8 == 0 && (batch == 1 || stride % 8 == 0);
-}
-
 extern "C" int cuda_wide_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t B, int M, int N,
                                 int K, int transA, int transB, float alpha, float beta, int lda,
                                 int ldb, int ldc, int batch, unsigned long sa, unsigned long sb,
@@ -184,8 +178,8 @@ extern "C" int cuda_wide_matmul(backend_t *be, tensor_t C, tensor_t A, tensor_t 
         B.dt != DT_BF16 || C.dt != DT_BF16)
         return 0;
     /* 16-byte staging of A's and B's rows; C's rows written 8 bytes at a time */
-    if (!wd_aligned16(A.p, lda, batch, sa) || !wd_aligned16(B.p, ldb, batch, sb) ||
-        !wd_aligned16(C.p, ldc, batch, sc))
+    if (!cuda_rows_aligned16(A.p, lda, batch, sa) || !cuda_rows_aligned16(B.p, ldb, batch, sb) ||
+        !cuda_rows_aligned16(C.p, ldc, batch, sc))
         return 0;
     wide_args a;
     memset(&a, 0, sizeof a);
