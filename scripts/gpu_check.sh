@@ -240,7 +240,7 @@ write_table() {
 }
 row_set() { # row_set INDEX RESULT SECS FIGURE
     R_RES[$1]=$2 R_SECS[$1]=$3
-    R_FIG[$1]=$(printf '%s' "$4" | tr '\n|' ' /' | sed 's/  */ /g; s/ $//' | cut -c1-500)
+    R_FIG[$1]=$(printf '%s' "$4" | tr '\n|' ' /' | sed 's/  */ /g; s/ $//' | cut -c1-640)
     write_table
 }
 
@@ -513,7 +513,8 @@ wb_trim='function trim(x) { gsub(/^ +| +$/, "", x); return x }'
 
 # attn_bench's figure: fused/unfused forward+backward at the 7B T 2048 shape,
 # the fused backward's speedup from its stored dS (fused against
-# fused-recompute) and from warpgroup products (fused-wgmma against fused:
+# fused-recompute), from the operands staged in shared memory (fused
+# against fused-regs) and from warpgroup products (fused-wgmma against fused:
 # its forward and dK/dV kernels), then the other shapes, the worst error,
 # the rows' checks.
 # shellcheck disable=SC2317 # called through workbench
@@ -547,6 +548,9 @@ attn_figure() { # attn_figure FILE
             r = "fused-recompute"
             if ((k, "fused") in b && (k, r) in b && b[k, "fused"] > 0)
                 printf "; bwd with stored dS %.3f ms, recomputing dQ %.3f ms (%.2fx)", b[k, "fused"], b[k, r], b[k, r] / b[k, "fused"]
+            r = "fused-regs"
+            if ((k, "fused") in f && (k, r) in f && f[k, "fused"] > 0 && b[k, "fused"] > 0)
+                printf "; operands staged fwd %.3f, bwd %.3f ms, in registers %.3f, %.3f (%.2fx, %.2fx)", f[k, "fused"], b[k, "fused"], f[k, r], b[k, r], f[k, r] / f[k, "fused"], b[k, r] / b[k, "fused"]
             w = "fused-wgmma"
             if ((k, w) in f && note[k, w] ~ /mma\.sync/) printf "; wgmma: not run (not sm_90)"
             else if ((k, "fused") in f && (k, w) in f && f[k, w] > 0 && b[k, w] > 0)

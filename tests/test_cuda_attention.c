@@ -676,6 +676,45 @@ static void check_wgmma(int B, int T, int nh, int nkv, int hd, int max_doc)
     free(q), free(k), free(v), free(dout), free(seg), free(pos);
 }
 
+/* The forward and dK/dV kernels with the operands they reuse (Q; K and V)
+ * staged in shared memory (the default) against the ones holding them in
+ * registers (SPOTUNE_CUDA_ATTENTION=fused-regs): the same fragments reach
+ * the same products in the same order, so every output is the same bits,
+ * on a GPU as on the emulated device: grouped-query attention split by
+ * query head (the fp32 shares) and by kv head, packed documents, odd T,
+ * both head dims. */
+static void check_regs(int B, int T, int nh, int nkv, int hd, int max_doc)
+{
+    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
+    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
+    int32_t *seg = malloc(sizeof(int32_t) * (size_t)B * T);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)B * T);
+    cr_assert(seg && pos);
+    if (max_doc)
+        packed_rows(B, T, max_doc, seg, pos);
+    gpu_attn m = gpu_attention(q, k, v, dout, max_doc ? seg : NULL, B, T, nh, nkv, hd);
+    check_attention_seg(B, T, nh, nkv, hd, 1, max_doc ? seg : NULL);
+    cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "fused-regs", 1), 0);
+    gpu_attn r = gpu_attention(q, k, v, dout, max_doc ? seg : NULL, B, T, nh, nkv, hd);
+    unsetenv("SPOTUNE_CUDA_ATTENTION");
+    size_t ns[5] = {nq, nl, nq, nk, nk};
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; i++)
+        cr_expect(memcmp(m.o[i], r.o[i], sizeof(float) * ns[i]) == 0,
+                  "B%d T%d nh%d nkv%d hd%d: %s with the operands in registers differs from staged "
+                  "(rel err %.3g)", B, T, nh, nkv, hd, names[i], rel_err(r.o[i], m.o[i], ns[i]));
+    for (int i = 0; i < 5; i++)
+        free(m.o[i]), free(r.o[i]);
+    free(q), free(k), free(v), free(dout), free(seg), free(pos);
+}
+
+Test(cuda_ops, flash_attention_operands_staged_or_in_registers)
+{
+    check_regs(2, 37, 4, 1, 64, 0);
+    check_regs(1, 130, 8, 1, 128, 0);
+    check_regs(2, 300, 8, 2, 128, 120);
+}
+
 /* How the GPU reads a wgmma descriptor (cuda_wgmma_probe): a known product
  * with B staged as the forward stages K (K-major) and V (MN-major), each
  * with the leading- and stride-dimension offsets as the forward gives them

@@ -189,6 +189,7 @@ echo "| B,T,nh,nkv,hd | version | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | 
 echo "|---|---|---|---|---|---|---|---|"
 echo "| 1,2048,32,32,128 | fused    |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.10e-03 | ok |"
 [ "${FAKE_WB:-}" = other ] && exec sleep 1000
+echo "| 1,2048,32,32,128 | fused-regs |     0.550 |     1.650 |   250.0 |   208.3 | dq  3.10e-03 | ok |"
 echo "| 1,2048,32,32,128 | fused-recompute |     0.500 |     1.800 |   275.0 |   190.9 | dq  3.10e-03 | ok |"
 echo "| 1,2048,32,32,128 | fused-wgmma |     0.250 |     1.200 |   550.0 |   286.4 | dq  3.10e-03 | ok |"
 echo "| 1,2048,32,32,128 | unfused  |     1.000 |     3.000 |   137.4 |   114.5 | out 2.00e-03 | ok |"
@@ -324,9 +325,9 @@ expect_row 19 FAIL "exit 2: error: import torch: OSError: libcudnn.so.9"
 expect_row 20 FAIL "HF PEFT llama-13b LoRA r16 mb1 seq 2048 (bench_hf_peft.py) | FAIL"
 expect_row 21 FAIL "HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py) | FAIL"
 expect_row 10 PASS "attention workbench (attn_bench"
-expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms); bwd with stored dS 1.500 ms, recomputing dQ 1.800 ms (1.20x); wgmma fwd 0.250, bwd 1.200 ms against mma.sync 0.500, 1.500 (2.00x, 1.25x)"
+expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms); bwd with stored dS 1.500 ms, recomputing dQ 1.800 ms (1.20x); operands staged fwd 0.500, bwd 1.500 ms, in registers 0.550, 1.650 (1.10x, 1.10x); wgmma fwd 0.250, bwd 1.200 ms against mma.sync 0.500, 1.500 (2.00x, 1.25x)"
 expect_row 10 PASS "other shapes: 1,2048,32,8,128 2.50x, 1,4096,32,8,64 3.00x, 2,1031,8,2,64 1.00x"
-expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 10 rows: 10 ok, 0 FAIL, 1 fallback"
+expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 11 rows: 11 ok, 0 FAIL, 1 fallback"
 expect_row 11 PASS "elementwise workbench (elem_bench"
 expect_row 11 PASS "vector/scalar geometric-mean speedup 4.00x over 2 op-shapes (from 2.00x, add 2048 x 4096, to 8.00x, rmsnorm_fwd 2048 x 4096)"
 expect_row 11 PASS "1 vector rows fell back (not counted); bit-identical to scalar (3 vector rows); worst rel err 3.00e-03; 6 rows: 6 ok, 0 FAIL"
@@ -374,7 +375,7 @@ has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: 
     has "$after" "rank-r product workbench: \`mm_bench --iters 20\` (PASS; full output: out/mm_bench.out" &&
     has "$after" "| dyB_gu | 2048,16,11008 x 2 | [K,N] | cublaslt |" &&
     has "$after" "| up_gu | 2048,11008,16 x 2 | [N,K] | wide |" &&
-    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 12 + 8 + 8)) ]
+    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 13 + 8 + 8)) ]
 check "stand-ins: the three workbench tables follow the main table" $? "$after"
 has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
 check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"
@@ -419,7 +420,7 @@ expect_row 16 FAIL "graphs turned off: capture failed: cudaStreamEndCapture: ope
 expect_row 26 FAIL "exit 1: 1 FAIL row: dyB_gu 2048,16,11008 x 2 [K,N] skinny rel err 4.00e-02"
 expect_row 28 FAIL "exit 3, 1 hazards: Error: Race reported between Write access at flash_dq_stored_kernel<128>+0x2a0; Tested: 7"
 expect_row 10 FAIL "exit 1: 1 FAIL row: 1,2048,32,8,128 unfused worst rel err dq 2.50e-02; fused/unfused"
-expect_row 10 FAIL "10 rows: 9 ok, 1 FAIL"
+expect_row 10 FAIL "11 rows: 10 ok, 1 FAIL"
 expect_row 11 FAIL "exit 1: 1 FAIL row: 2048 x 4096 add vector worst rel err 1.95e-03 = scalar NO; elem_bench: 1 row failed"
 expect_row 11 FAIL "NOT bit-identical: 1 of 3 vector rows differ (add 2048 x 4096)"
 has "$table" "attention workbench: \`attn_bench --iters 3\` (FAIL;" && has "$table" "| dq  2.50e-02 | FAIL |"

@@ -38,6 +38,20 @@ static dq_mode dq_requested(void)
     return DQ_AUTO;
 }
 
+/* Whether the mma.sync forward and dK/dV kernels at head dim hd read the
+ * operands they reuse (the forward's Q rows, dK/dV's K and V rows) from
+ * shared memory as each product needs them: at head dim 128, where held
+ * in registers (64 a thread) they left the compiler too few and it
+ * spilled inside the loops, unless SPOTUNE_CUDA_ATTENTION=fused-regs asks
+ * for the registers, as before 2026-12-06 (for comparison). At head dim
+ * 64 they stay in registers (32 a thread, no spill): K and V staged there
+ * ran 3% slower on an H200 (docs/perf.md, 2026-12-04). */
+static int operands_staged(int hd)
+{
+    const char *e = getenv("SPOTUNE_CUDA_ATTENTION");
+    return hd == 128 && !(e && strcmp(e, "fused-regs") == 0);
+}
+
 /* Whether the forward, dK/dV and dQ from the stored dS run by warpgroup
  * products (cuda_flash_wgmma.cu): asked for (SPOTUNE_CUDA_ATTENTION=
  * fused-wgmma), in the build (the emulation has it too) and able to run
@@ -117,7 +131,7 @@ static int built_with_mma(void)
     if (known < 0) {
         cudaFuncAttributes fa;
         memset(&fa, 0, sizeof fa);
-        if (cudaFuncGetAttributes(&fa, flash_forward_kernel<64>) != cudaSuccess) {
+        if (cudaFuncGetAttributes(&fa, flash_forward_kernel<64, 1>) != cudaSuccess) {
             (void)cudaGetLastError(); /* not sticky: the unfused path runs */
             known = 0;
         } else {
@@ -188,10 +202,25 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
 #endif
     dim3 grid((unsigned)(B * nh), fa_row_blocks(T));
     cudaStream_t st = CUDA_IMPL(be)->stream;
-    if (hd == 64)
-        LAUNCH(flash_forward_kernel<64>, grid, FA_THREADS, 0, st)(a);
-    else
-        LAUNCH(flash_forward_kernel<128>, grid, FA_THREADS, 0, st)(a);
+    /* Q staged (operands_staged) or in registers; past the 48 KiB a launch
+     * gets unasked at head dim 128 staged: the limits raised once (a
+     * failure shows at the launch) */
+    static int raised;
+    int qs = operands_staged(hd);
+    if (!raised) {
+        raised = 1;
+        if (cudaFuncSetAttribute(flash_forward_kernel<64, 1>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)fa_forward_smem(64, 1)) != cudaSuccess ||
+            cudaFuncSetAttribute(flash_forward_kernel<128, 1>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)fa_forward_smem(128, 1)) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+    void (*fn)(flash_args) = hd == 64 ? (qs ? flash_forward_kernel<64, 1> : flash_forward_kernel<64, 0>)
+                             : qs      ? flash_forward_kernel<128, 1>
+                                       : flash_forward_kernel<128, 0>;
+    LAUNCH(fn, grid, FA_THREADS, fa_forward_smem(hd, qs), st)(a);
     LAUNCHED(be, "flash_forward_kernel");
 }
 
@@ -203,10 +232,26 @@ static int launch_dkdv(backend_t *be, const flash_args *a, dim3 grid, int hd)
         return cuda_flash_wgmma_launch(be, a, FA_WG_DKDV, grid.x, grid.y, hd);
 #endif
     cudaStream_t st = CUDA_IMPL(be)->stream;
-    if (hd == 64)
-        LAUNCH(flash_dkdv_kernel<64>, grid, FA_THREADS, 0, st)(*a);
-    else
-        LAUNCH(flash_dkdv_kernel<128>, grid, FA_THREADS, 0, st)(*a);
+    /* K and V staged (operands_staged) or in registers; past the 48 KiB a
+     * launch gets unasked at head dim 128 with them: the kernels' limits
+     * raised once (a failure shows at the launch) */
+    static int raised;
+    int kvs = operands_staged(hd);
+    size_t smem = fa_dkdv_smem(hd, kvs);
+    if (!raised) {
+        raised = 1;
+        if (cudaFuncSetAttribute(flash_dkdv_kernel<64, 1>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)fa_dkdv_smem(64, 1)) != cudaSuccess ||
+            cudaFuncSetAttribute(flash_dkdv_kernel<128, 1>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)fa_dkdv_smem(128, 1)) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+    void (*fn)(flash_args) = hd == 64 ? (kvs ? flash_dkdv_kernel<64, 1> : flash_dkdv_kernel<64, 0>)
+                             : kvs     ? flash_dkdv_kernel<128, 1>
+                                       : flash_dkdv_kernel<128, 0>;
+    LAUNCH(fn, grid, FA_THREADS, smem, st)(*a);
     return LAUNCHED(be, "flash_dkdv_kernel");
 }
 

@@ -9,7 +9,7 @@
  * D = rowsum(dO * O) (fp32, [B, nh, T] in the backend's scratch), then
  * two kernels:
  *  - dK, dV: one block per (64 keys, batch row, kv head); each warp owns 16
- *    keys (K, V fragments and dK, dV accumulators in registers) and walks
+ *    keys (K and V staged once, dK, dV accumulators in registers) and walks
  *    every query head of the group and the 32-row query tiles at and after
  *    its keys, recomputing P = exp(S - lse) from Q, K and lse:
  *    dV += P^T dO, dP^T = V dO^T, dS = P (dP - D) scale, dK += dS^T Q.
@@ -82,13 +82,28 @@ static __global__ __attribute__((unused)) void flash_rowdot_kernel(flash_args a,
 
 /* ---- backward: dK, dV ------------------------------------------------------------- */
 
+/* The first key query i0 + r of a staged item sees (fa_lo, INT_MAX past
+ * T) from its staged segment row seg_s (not staged without segments). */
+static __device__ __forceinline__ int fa_lo_staged(const int *seg_s, int r, int i0, int T,
+                                                  int has_seg)
+{
+    int i = i0 + r;
+    if (i >= T)
+        return INT_MAX;
+    if (!has_seg)
+        return 0;
+    int v = seg_s[r];
+    return v < 0 ? 0 : v > i ? i : v;
+}
+
 /* P^T of the warp's 16 keys x 32 staged queries from S^T: exp2(s scale
  * log2(e) - lse[i] log2(e)) where query i sees the key, else 0 (only a
- * masked tile tests each element), into s. lse2_s: the staged lse times
- * log2(e). The wgmma kernel computes it while dP^T's products run. */
+ * masked tile tests each element), into s. lse_s, seg_s: the item's staged
+ * lse and segment rows (dkdv_stage). The wgmma kernel computes it while
+ * dP^T's products run. */
 static __device__ __forceinline__ void fa_probs(float s[4][4], int keyA, int i0,
-                                                const float *lse2_s, const int *lo_s, int T,
-                                                float sl2, int mask)
+                                                const float *lse_s, const int *seg_s,
+                                                int has_seg, int T, float sl2, int mask)
 {
     int t = threadIdx.x & 3;
     FA_UNROLL
@@ -96,10 +111,10 @@ static __device__ __forceinline__ void fa_probs(float s[4][4], int keyA, int i0,
         FA_UNROLL
         for (int e = 0; e < 4; e++) {
             int r = nt * 8 + 2 * t + (e & 1);
-            float p = fa_exp2(fmaf(s[nt][e], sl2, -lse2_s[r]));
+            float p = fa_exp2(fmaf(s[nt][e], sl2, -(lse_s[r] * FA_LOG2E)));
             if (mask) {
                 int key = e < 2 ? keyA : keyA + 8, i = i0 + r;
-                if (!(i < T && key <= i && key >= lo_s[r]))
+                if (!(i < T && key <= i && key >= fa_lo_staged(seg_s, r, i0, T, has_seg)))
                     p = 0.0f;
             }
             s[nt][e] = p;
@@ -121,10 +136,11 @@ static __device__ __forceinline__ void fa_ds_of(float dp[4][4], const float p[4]
 
 /* Both (the mma.sync dK/dV kernel). */
 static __device__ __forceinline__ void probs_and_ds(float s[4][4], float dp[4][4], int keyA,
-                                                    int i0, const float *lse2_s, const float *D_s,
-                                                    const int *lo_s, int T, float sl2, int mask)
+                                                    int i0, const float *lse_s, const float *D_s,
+                                                    const int *seg_s, int has_seg, int T,
+                                                    float sl2, int mask)
 {
-    fa_probs(s, keyA, i0, lse2_s, lo_s, T, sl2, mask);
+    fa_probs(s, keyA, i0, lse_s, seg_s, has_seg, T, sl2, mask);
     fa_ds_of(dp, s, D_s);
 }
 
@@ -144,15 +160,17 @@ static __device__ __forceinline__ fa_item fa_dkdv_item(int n, int h_first, int i
 }
 
 /* Starts staging item n of the dK/dV block (batch row b, kv head kh) into
- * one buffer (the block's query heads from h_first): Q and dO rows by
- * cp.async (one group; CORE: as core matrices, stage_core_async), lse
- * (times log2(e)),
- * D and each query's first key by the threads. */
+ * one buffer (the block's query heads from h_first), all by cp.async in
+ * one group: Q and dO rows (CORE: as core matrices, stage_core_async), and
+ * the rows' lse, D and (with segments) segment starts, zeros past T. No
+ * thread waits for memory here: the loads the threads made themselves held
+ * the first warp, and the block at the barrier after, a memory latency
+ * every item. */
 template <int HD, int CORE = 0>
 static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, int h_first, int i_first,
                                                   int ntiles, int n, const int *seg, uint16_t *Qs,
-                                                  uint16_t *dOs, float *lse2_s, float *D_s,
-                                                  int *lo_s)
+                                                  uint16_t *dOs, float *lse_s, float *D_s,
+                                                  int *seg_s)
 {
     int T = a.T;
     fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
@@ -165,15 +183,16 @@ static __device__ __forceinline__ void dkdv_stage(const flash_args &a, int b, in
         stage_rows_async<HD>(Qs, a.q + qoff, ldq, it.i0, FA_BQ, T);
         stage_rows_async<HD>(dOs, a.dout + ooff, ldo, it.i0, FA_BQ, T);
     }
-    cp_async_commit();
     const float *lse = a.lse + ((size_t)b * a.nh + it.h) * T;
     const float *D = a.D + ((size_t)b * a.nh + it.h) * T;
     for (int r = threadIdx.x; r < FA_BQ; r += blockDim.x) {
-        int i = it.i0 + r;
-        lse2_s[r] = i < T ? lse[i] * FA_LOG2E : 0.0f;
-        D_s[r] = i < T ? D[i] : 0.0f;
-        lo_s[r] = i < T ? fa_lo(seg, i) : INT_MAX;
+        int i = it.i0 + r, ok = i < T, at = ok ? i : 0;
+        cp_async4(lse_s + r, lse + at, ok);
+        cp_async4(D_s + r, D + at, ok);
+        if (seg)
+            cp_async4(seg_s + r, seg + at, ok);
     }
+    cp_async_commit();
 }
 
 /* This lane's first element of the warp's 16 keys x 32 queries of the
@@ -233,14 +252,29 @@ static __device__ __forceinline__ void fa_dkdv_finish(const flash_args &a, int s
     store_rows<HD>(a.dv + dkoff, (size_t)a.lddk, keyA, T, dv, one);
 }
 
-template <int HD>
+/* Its dynamic shared memory (KVS: with the block's K and V rows): two
+ * buffers of Q and dO tiles, then K and V (70 KiB at head dim 128 with
+ * them: the host raises the kernel's limit, cuda_flash.cu). */
+static __host__ __device__ __forceinline__ size_t fa_dkdv_smem(int hd, int kvs)
+{
+    return ((size_t)4 * FA_BQ + (kvs ? 2 * FA_BC : 0)) * (size_t)(hd + FA_PAD) * sizeof(uint16_t);
+}
+
+/* KVS 1 (head dim 128; cuda_flash.cu operands_staged): K and V of the
+ * block's 64 keys are staged once and each warp reads its 16 rows'
+ * fragments by ldmatrix as S^T and dP^T need them. KVS 0 (head dim 64,
+ * and SPOTUNE_CUDA_ATTENTION=fused-regs): they are held in registers,
+ * which at head dim 128 (64 a thread, with dK and dV's 128) left the
+ * compiler too few to keep more than one fragment load in flight, and it
+ * spilled inside the item loop (7 local loads and stores a trip). */
+template <int HD, int KVS>
 __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
 {
     /* two buffers: item n + 1 is copied in while item n is computed */
-    __shared__ __align__(16) uint16_t Qs[2][FA_BQ * (HD + FA_PAD)];
-    __shared__ __align__(16) uint16_t dOs[2][FA_BQ * (HD + FA_PAD)];
-    __shared__ float lse2_s[2][FA_BQ], D_s[2][FA_BQ];
-    __shared__ int lo_s[2][FA_BQ];
+    DYNAMIC_SHARED(uint16_t, sm);
+    const int qtile = FA_BQ * (HD + FA_PAD); /* buffer bf: Q at sm + bf qtile, dO 2 tiles on */
+    __shared__ __align__(16) float lse_s[2][FA_BQ], D_s[2][FA_BQ];
+    __shared__ __align__(16) int seg_s[2][FA_BQ];
     /* a block per kv head and its whole group, or (split) per query head */
     int T = a.T, group = a.nh / a.nkv, split = a.dk_part != NULL;
     int bx = (int)blockIdx.x + (split ? a.pair0 : a.pair0 / group); /* chunks: fa_ds_chunks */
@@ -252,16 +286,30 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
     size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
     size_t dkoff = (size_t)b * T * a.lddk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int has_seg = seg != NULL;
     float sl2 = a.scale * FA_LOG2E;
     int i_first = k0 / FA_BQ * FA_BQ, ntiles = (T - i_first + FA_BQ - 1) / FA_BQ;
     int nitems = nheads * ntiles;
 
+    /* K, V (KVS) in the first group, with item 0 */
+    uint16_t *kw = sm + 4 * qtile + warp * 16 * (HD + FA_PAD), *vw = kw + FA_BC * (HD + FA_PAD);
+    if constexpr (KVS) {
+        stage_rows_async<HD>(sm + 4 * qtile, a.k + koff, ldk, k0, FA_BC, T);
+        stage_rows_async<HD>(sm + 4 * qtile + FA_BC * (HD + FA_PAD), a.v + koff, ldk, k0, FA_BC,
+                             T);
+    }
     if (nitems > 0)
-        dkdv_stage<HD>(a, b, h_first, i_first, ntiles, 0, seg, Qs[0], dOs[0], lse2_s[0], D_s[0],
-                       lo_s[0]);
-    uint32_t ka[HD / 16][4], va[HD / 16][4];
-    load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
-    load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
+        dkdv_stage<HD>(a, b, h_first, i_first, ntiles, 0, seg, sm, sm + 2 * qtile, lse_s[0],
+                       D_s[0], seg_s[0]);
+    else { /* no item (every block has one): no copy left in flight */
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
+    uint32_t ka[KVS ? 1 : HD / 16][4], va[KVS ? 1 : HD / 16][4];
+    if constexpr (!KVS) {
+        load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
+        load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
+    }
     float dk[HD / 8][4], dv[HD / 8][4];
     FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
@@ -272,8 +320,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
         int bf = n & 1;
         if (n + 1 < nitems) {
             /* buffer bf ^ 1: its readers passed the barrier at the end of item n - 1 */
-            dkdv_stage<HD>(a, b, h_first, i_first, ntiles, n + 1, seg, Qs[bf ^ 1], dOs[bf ^ 1],
-                           lse2_s[bf ^ 1], D_s[bf ^ 1], lo_s[bf ^ 1]);
+            dkdv_stage<HD>(a, b, h_first, i_first, ntiles, n + 1, seg, sm + (bf ^ 1) * qtile,
+                           sm + (2 + (bf ^ 1)) * qtile, lse_s[bf ^ 1], D_s[bf ^ 1], seg_s[bf ^ 1]);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -281,22 +329,28 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_kernel(flash_args a)
         __syncthreads(); /* item n is in */
         fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
         int i0 = it.i0;
+        const uint16_t *Qb = sm + bf * qtile, *dOb = sm + (2 + bf) * qtile;
         uint16_t *dst = fa_ds_dst(a, b, warp, g, lane, it.h, i0, T); /* this warp's part of dS */
         /* warp-uniform: some query of the tile sees some key of the warp */
-        int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
+        int lo = fa_lo_staged(seg_s[bf], lane, i0, T, has_seg); /* FA_BQ == 32: a row a lane */
         int tlo = warp_min_i(lo), thi = warp_max_i(lo == INT_MAX ? 0 : lo);
         if (!(w0 >= T || i0 + FA_BQ - 1 < w0 || tlo > min(w0 + 15, T - 1))) {
             /* the element mask: a key past some query, a query or key past
              * T, or a query whose document starts after the warp's first key */
             int mask = w0 + 15 > i0 || i0 + FA_BQ - 1 >= T || w0 + 15 >= T || thi > w0;
             float s[4][4], dp[4][4];
-            a_times_staged_t<HD, 4>(s, ka, Qs[bf]);   /* S^T = K Q^T */
-            a_times_staged_t<HD, 4>(dp, va, dOs[bf]); /* dP^T = V dO^T */
-            probs_and_ds(s, dp, keyA, i0, lse2_s[bf], D_s[bf], lo_s[bf], T, sl2, mask);
+            if constexpr (KVS) {
+                staged_times_staged_t<HD, 4>(s, kw, Qb);   /* S^T = K Q^T */
+                staged_times_staged_t<HD, 4>(dp, vw, dOb); /* dP^T = V dO^T */
+            } else {
+                a_times_staged_t<HD, 4>(s, ka, Qb);
+                a_times_staged_t<HD, 4>(dp, va, dOb);
+            }
+            probs_and_ds(s, dp, keyA, i0, lse_s[bf], D_s[bf], seg_s[bf], has_seg, T, sl2, mask);
             if (dst)
                 fa_ds_write(dst, dp);
-            c_times_staged<HD, 2>(dv, s, dOs[bf]); /* dV += P^T dO */
-            c_times_staged<HD, 2>(dk, dp, Qs[bf]); /* dK += dS^T Q */
+            c_times_staged<HD, 2>(dv, s, dOb); /* dV += P^T dO */
+            c_times_staged<HD, 2>(dk, dp, Qb); /* dK += dS^T Q */
         } else if (dst) {
             /* no query of the tile sees a key of the warp: dS is 0 (dQ
              * reads every tile at and below the diagonal) */

@@ -291,11 +291,24 @@ static __device__ __forceinline__ int fa_needs_mask(int w0, int j0, int nk, int 
     return j0 + nk - 1 > w0 || w0 + 15 >= T || hi_lo > j0;
 }
 
-template <int HD>
+/* Its dynamic shared memory: the K and V tiles, and with QS the block's Q
+ * rows (52 KiB at head dim 128: the host raises the kernel's limit). */
+static __host__ __device__ __forceinline__ size_t fa_forward_smem(int hd, int qs)
+{
+    return ((size_t)2 * FA_BC + (qs ? FA_BR : 0)) * (size_t)(hd + FA_PAD) * sizeof(uint16_t);
+}
+
+/* QS 1 (head dim 128; cuda_flash.cu operands_staged): the block's 64
+ * query rows are staged with the first K tile and each warp reads its 16
+ * rows' fragments by ldmatrix for every S = Q K^T. QS 0 (head dim 64, and
+ * SPOTUNE_CUDA_ATTENTION=fused-regs): the fragments are held in registers,
+ * which at head dim 128 (64 a thread) under the 168-register cap spilled
+ * inside the tile loop (15 local loads and stores a trip). */
+template <int HD, int QS>
 __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS) flash_forward_kernel(flash_args a)
 {
-    __shared__ __align__(16) uint16_t Ks[FA_BC * (HD + FA_PAD)];
-    __shared__ __align__(16) uint16_t Vs[FA_BC * (HD + FA_PAD)];
+    DYNAMIC_SHARED(uint16_t, sm);
+    uint16_t *Ks = sm, *Vs = sm + FA_BC * (HD + FA_PAD), *Qs = Vs + FA_BC * (HD + FA_PAD);
     __shared__ int sh_lo;
     int b = blockIdx.x / a.nh, h = blockIdx.x % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
@@ -313,9 +326,13 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS) flash_forward_k
     float sl2 = a.scale * FA_LOG2E;
 
     stage_rows_async<HD>(Ks, kb, ldk, kstart, FA_BC, T);
+    if constexpr (QS)
+        stage_rows_async<HD>(Qs, qb, ldq, q0, FA_BR, T);
     cp_async_commit();
-    uint32_t qa[HD / 16][4];
-    load_a_rows<HD>(qa, qb, ldq, w0, T);
+    const uint16_t *qw = Qs + warp * 16 * (HD + FA_PAD);
+    uint32_t qa[QS ? 1 : HD / 16][4];
+    if constexpr (!QS)
+        load_a_rows<HD>(qa, qb, ldq, w0, T);
     float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     FA_UNROLL
     for (int nt = 0; nt < HD / 8; nt++)
@@ -331,8 +348,12 @@ __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS) flash_forward_k
         int act = !(w0 >= T || j0 > min(w0 + 15, T - 1) || wlo > j0 + FA_BC - 1);
         float s[8][4];
         if (act) {
-            scores_tile<HD, 8>(s, qa, Ks, j0, rowA, loA, loB, T,
-                               fa_needs_mask(w0, j0, FA_BC, T, whi));
+            if constexpr (QS)
+                staged_times_staged_t<HD, 8>(s, qw, Ks); /* S = Q K^T */
+            else
+                a_times_staged_t<HD, 8>(s, qa, Ks);
+            if (fa_needs_mask(w0, j0, FA_BC, T, whi))
+                mask_tile<8>(s, j0, rowA, loA, loB, T); /* -inf where masked */
             online_tile<HD>(s, m, l, o, sl2);
         }
         cp_async_wait<0>();

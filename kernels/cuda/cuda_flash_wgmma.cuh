@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
 {
     DYNAMIC_SHARED(uint16_t, sm); /* Q, Q, dO, dO: FA_BQ x HD each, core matrices */
     const int tile = FA_BQ * HD;   /* elements; buffer bf's Q at sm + bf tile, dO 2 tiles on */
-    __shared__ float lse2_s[2][FA_BQ], D_s[2][FA_BQ];
-    __shared__ int lo_s[2][FA_BQ];
+    __shared__ __align__(16) float lse_s[2][FA_BQ], D_s[2][FA_BQ];
+    __shared__ __align__(16) int seg_s[2][FA_BQ];
     int T = a.T, group = a.nh / a.nkv, split = a.dk_part != NULL;
     int bx = (int)blockIdx.x + (split ? a.pair0 : a.pair0 / group);
     int b = bx / (split ? a.nh : a.nkv), hy = bx % (split ? a.nh : a.nkv);
@@ -207,14 +207,15 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
     size_t koff = (size_t)b * T * ldk + (size_t)kh * HD;
     size_t dkoff = (size_t)b * T * a.lddk + (size_t)kh * HD;
     const int *seg = a.seg ? a.seg + (size_t)b * T : NULL;
+    int has_seg = seg != NULL;
     float sl2 = a.scale * FA_LOG2E;
     int i_first = k0 / FA_BQ * FA_BQ, ntiles = (T - i_first + FA_BQ - 1) / FA_BQ;
     int nitems = nheads * ntiles;
     uint32_t qaddr = smem_addr(sm), oaddr = qaddr + 2 * tile * 2; /* buffer bf: + bf tile 2 */
 
     if (nitems > 0)
-        dkdv_stage<HD, 1>(a, b, h_first, i_first, ntiles, 0, seg, sm, sm + 2 * tile, lse2_s[0],
-                          D_s[0], lo_s[0]);
+        dkdv_stage<HD, 1>(a, b, h_first, i_first, ntiles, 0, seg, sm, sm + 2 * tile, lse_s[0],
+                          D_s[0], seg_s[0]);
     uint32_t ka[HD / 16][4], va[HD / 16][4];
     load_a_rows<HD>(ka, a.k + koff, ldk, w0, T);
     load_a_rows<HD>(va, a.v + koff, ldk, w0, T);
@@ -229,8 +230,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         if (n + 1 < nitems) {
             /* buffer bf ^ 1: every warp's products of item n - 1 completed before the barrier */
             dkdv_stage<HD, 1>(a, b, h_first, i_first, ntiles, n + 1, seg, sm + (bf ^ 1) * tile,
-                              sm + (2 + (bf ^ 1)) * tile, lse2_s[bf ^ 1], D_s[bf ^ 1],
-                              lo_s[bf ^ 1]);
+                              sm + (2 + (bf ^ 1)) * tile, lse_s[bf ^ 1], D_s[bf ^ 1],
+                              seg_s[bf ^ 1]);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         fa_item it = fa_dkdv_item(n, h_first, i_first, ntiles);
         int i0 = it.i0;
         uint16_t *dst = fa_ds_dst(a, b, warp, g, lane, it.h, i0, T); /* this warp's part of dS */
-        int lo = lo_s[bf][lane]; /* FA_BQ == 32: a query row per lane */
+        int lo = fa_lo_staged(seg_s[bf], lane, i0, T, has_seg); /* FA_BQ == 32: a row a lane */
         int thi = warp_max_i(lo == INT_MAX ? 0 : lo);
         /* the element mask wherever some key of the warp is not seen by some
          * query of the tile (as flash_dkdv_kernel, whose warps that see none
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dkdv_wgmma_kernel(flash_args
         wg_commit();
         wg_wait<1>(); /* S^T is complete */
         wg_hold<4>(s);
-        fa_probs(s, keyA, i0, lse2_s[bf], lo_s[bf], T, sl2, mask);
+        fa_probs(s, keyA, i0, lse_s[bf], seg_s[bf], has_seg, T, sl2, mask);
         wg_c_times<HD, 2>(dv, s, oa_bf); /* dV += P^T dO */
         wg_commit();
         wg_wait<1>(); /* dP^T is complete (dV may not be) */

@@ -116,6 +116,22 @@ static __device__ __forceinline__ void cp_async16(uint16_t *dst, const uint16_t 
 #endif
 }
 
+/* The same of 4 bytes (cp.async.ca; both addresses 4-byte aligned): the
+ * per-row floats and ints of a tile. */
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int valid)
+{
+#if defined(SPOTUNE_CUDA_EMU)
+    emu_cp_async4(dst, src, valid);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+#else
+    *(uint32_t *)dst = valid ? *(const uint32_t *)src : 0u;
+#endif
+}
+
 static __device__ __forceinline__ void cp_async_commit(void)
 {
 #if defined(SPOTUNE_CUDA_EMU)
@@ -219,6 +235,36 @@ static __device__ __forceinline__ void a_times_staged_t(float x[NT][4],
             mma16816(x[nt], a[2 * k2], b[0], b[1]);
             mma16816(x[nt], a[2 * k2 + 1], b[2], b[3]);
         }
+}
+
+/* As a_times_staged_t with A's 16 rows staged too (row stride HD + FA_PAD,
+ * from X): each k-step pair's A fragments are read by ldmatrix when they
+ * are needed instead of being held in registers (the dK/dV kernel's K and
+ * V: 64 registers a thread it needs for the rest). */
+template <int HD, int NT>
+static __device__ __forceinline__ void staged_times_staged_t(float x[NT][4], const uint16_t *X,
+                                                             const uint16_t *Y)
+{
+    int lane = threadIdx.x & 31;
+    /* A: matrices rows 0-7 / 8-15 (lanes 0-15) x columns +0 / +8 (lanes 16-31) */
+    const uint16_t *xr = X + (lane & 15) * (HD + FA_PAD) + (lane >> 4) * 8;
+    const uint16_t *yr = Y + (lane & 7) * (HD + FA_PAD) + (lane >> 3) * 8;
+    FA_UNROLL
+    for (int nt = 0; nt < NT; nt++)
+        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
+    FA_UNROLL
+    for (int k2 = 0; k2 < HD / 32; k2++) {
+        uint32_t a0[4], a1[4]; /* k-steps 2 k2 and 2 k2 + 1 */
+        ldsm_x4(a0, xr + k2 * 32, 0);
+        ldsm_x4(a1, xr + k2 * 32 + 16, 0);
+        FA_UNROLL
+        for (int nt = 0; nt < NT; nt++) {
+            uint32_t b[4];
+            ldsm_x4(b, yr + nt * 8 * (HD + FA_PAD) + k2 * 32, 0);
+            mma16816(x[nt], a0, b[0], b[1]);
+            mma16816(x[nt], a1, b[2], b[3]);
+        }
+    }
 }
 
 /* acc[16 x HD] += A[16 x 16] Y[16 x HD], A one k-step's fragment, Y 16

@@ -518,7 +518,7 @@ static int wg_leftovers(void)
 typedef struct cp_op {
     void *dst;
     unsigned char bytes[16];
-    int group;
+    int size, group;
 } cp_op;
 
 typedef struct cp_queue {
@@ -528,13 +528,15 @@ typedef struct cp_queue {
 
 static cp_queue cp_queues[EMU_MAX_THREADS];
 
-void emu_cp_async16(void *dst, const void *src, int valid)
+/* One cp.async of size bytes (16 or 4), each address a multiple of it. */
+static void cp_async(void *dst, const void *src, int size, int valid)
 {
     fiber *f = cur_fiber();
     cp_queue *q = &cp_queues[f - fibers];
-    if (((uintptr_t)dst & 15u) || (valid && ((uintptr_t)src & 15u))) {
-        fprintf(stderr, "cuda_emu: cp.async of 16 bytes at a misaligned address (%p from %p)\n",
-                dst, src);
+    uintptr_t m = (uintptr_t)size - 1u;
+    if (((uintptr_t)dst & m) || (valid && ((uintptr_t)src & m))) {
+        fprintf(stderr, "cuda_emu: cp.async of %d bytes at a misaligned address (%p from %p)\n",
+                size, dst, src);
         abort();
     }
     if (q->nops == EMU_CP_PENDING) {
@@ -543,12 +545,23 @@ void emu_cp_async16(void *dst, const void *src, int valid)
     }
     cp_op *op = &q->ops[q->nops++];
     op->dst = dst;
+    op->size = size;
     op->group = q->committed;
     if (valid)
-        memcpy(op->bytes, src, 16);
+        memcpy(op->bytes, src, (size_t)size);
     else
-        memset(op->bytes, 0, 16);
-    memset(dst, 0xff, 16);
+        memset(op->bytes, 0, (size_t)size);
+    memset(dst, 0xff, (size_t)size);
+}
+
+void emu_cp_async16(void *dst, const void *src, int valid)
+{
+    cp_async(dst, src, 16, valid);
+}
+
+void emu_cp_async4(void *dst, const void *src, int valid)
+{
+    cp_async(dst, src, 4, valid);
 }
 
 void emu_cp_async_commit(void)
@@ -564,7 +577,7 @@ void emu_cp_async_wait(int pending)
      * yet committed stay in flight (cp.async.wait_group waits for groups) */
     for (int i = 0; i < q->nops; i++) {
         if (q->ops[i].group < q->committed - pending) {
-            memcpy(q->ops[i].dst, q->ops[i].bytes, 16);
+            memcpy(q->ops[i].dst, q->ops[i].bytes, (size_t)q->ops[i].size);
             done++;
         } else {
             q->ops[kept++] = q->ops[i];

@@ -85,6 +85,8 @@ void emu_wgmma_wait(int pending);
  * N to shared memory. A block that ends with copies in flight stops the
  * process. */
 void emu_cp_async16(void *dst, const void *src, int valid);
+/* The same of 4 bytes (cp.async.ca: lse, D and segment rows of a tile). */
+void emu_cp_async4(void *dst, const void *src, int valid);
 void emu_cp_async_commit(void);
 void emu_cp_async_wait(int pending);
 /* The shared-memory address of p for descriptors: its offset in the

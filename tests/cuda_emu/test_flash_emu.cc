@@ -57,9 +57,9 @@ TestSuite(cuda_emu, .init = setup, .fini = teardown, .timeout = 600);
 
 /* ---- the launches ------------------------------------------------------------------ */
 
-template <int HD> static void fwd_fn(void *p)
+template <int HD, int QS> static void fwd_fn(void *p)
 {
-    flash_forward_kernel<HD>(*(flash_args *)p);
+    flash_forward_kernel<HD, QS>(*(flash_args *)p);
 }
 
 template <int HD> static void fwd_wgmma_fn(void *p)
@@ -67,9 +67,9 @@ template <int HD> static void fwd_wgmma_fn(void *p)
     flash_forward_wgmma_kernel<HD>(*(flash_args *)p);
 }
 
-template <int HD> static void dkdv_fn(void *p)
+template <int HD, int KVS> static void dkdv_fn(void *p)
 {
-    flash_dkdv_kernel<HD>(*(flash_args *)p);
+    flash_dkdv_kernel<HD, KVS>(*(flash_args *)p);
 }
 
 template <int HD> static void dkdv_wgmma_fn(void *p)
@@ -132,6 +132,28 @@ static void launch(unsigned gx, unsigned gy, unsigned threads, void (*fn)(void *
 {
     cr_assert_eq(emu_launch(dim(gx, gy), dim(threads, 1), fn, arg), 0, "%s did not run to its end",
                  what);
+}
+
+/* The mma.sync forward: Q staged (qs 1, the default) or in registers (qs
+ * 0, SPOTUNE_CUDA_ATTENTION=fused-regs). */
+static void launch_forward(unsigned gx, unsigned gy, int hd, int qs, flash_args *a, const char *what)
+{
+    void (*fn)(void *) = hd == 64 ? (qs ? fwd_fn<64, 1> : fwd_fn<64, 0>)
+                         : qs      ? fwd_fn<128, 1>
+                                   : fwd_fn<128, 0>;
+    cr_assert_eq(emu_launch_smem(dim(gx, gy), dim(FA_THREADS, 1), fa_forward_smem(hd, qs), fn, a), 0,
+                 "%s did not run to its end", what);
+}
+
+/* The mma.sync dK/dV kernel: K and V staged (kvs 1, the default) or in
+ * registers (kvs 0, SPOTUNE_CUDA_ATTENTION=fused-regs). */
+static void launch_dkdv(unsigned gx, unsigned gy, int hd, int kvs, flash_args *a, const char *what)
+{
+    void (*fn)(void *) = hd == 64 ? (kvs ? dkdv_fn<64, 1> : dkdv_fn<64, 0>)
+                         : kvs     ? dkdv_fn<128, 1>
+                                   : dkdv_fn<128, 0>;
+    cr_assert_eq(emu_launch_smem(dim(gx, gy), dim(FA_THREADS, 1), fa_dkdv_smem(hd, kvs), fn, a), 0,
+                 "%s did not run to its end", what);
 }
 
 static void launch_dkdv_wgmma(unsigned gx, unsigned gy, int hd, flash_args *a, const char *what)
@@ -276,8 +298,7 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     uint16_t *out = nan_bf16(nq), *dq = nan_bf16(nq), *dk = nan_bf16(nk), *dv = nan_bf16(nk);
     float *lse = nan_f32(nl), *D = nan_f32(nl);
     a.out = out, a.lse = lse;
-    launch((unsigned)(B * nh), fa_row_blocks(T), FA_THREADS, hd == 64 ? fwd_fn<64> : fwd_fn<128>,
-           &a, "flash_forward_kernel");
+    launch_forward((unsigned)(B * nh), fa_row_blocks(T), hd, 1, &a, "flash_forward_kernel");
     tensor_t cq = up(q, nq), ck = up(k, nk), cv = up(v, nk), co = up(NULL, nq), cl = up(NULL, nl);
     be_attention_forward(cpu, co, cl, cq, ck, cv, cseg, B, T, nh, nkv, hd);
     cr_assert_eq(be_check(cpu, NULL), 0);
@@ -286,6 +307,21 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     expect_close(w2, out, NULL, wo, nq, TOL_BF16);
     snprintf(w2, sizeof w2, "%s lse", what);
     expect_close(w2, NULL, lse, wl, nl, TOL_F32);
+
+    /* Q in registers (fused-regs) instead of staged: the same fragments,
+     * products and order, so the same bits of out and lse */
+    {
+        flash_args ar = a;
+        uint16_t *out_r = nan_bf16(nq);
+        float *lse_r = nan_f32(nl);
+        ar.out = out_r, ar.lse = lse_r;
+        launch_forward((unsigned)(B * nh), fa_row_blocks(T), hd, 0, &ar,
+                       "flash_forward_kernel (Q in registers)");
+        cr_expect(memcmp(out_r, out, nq * sizeof *out) == 0 &&
+                      memcmp(lse_r, lse, nl * sizeof *lse) == 0,
+                  "%s: the forward with Q in registers differs from the staged one", what);
+        free(out_r), free(lse_r);
+    }
 
     /* the wgmma forward: the same products in the same order (k-steps of
      * 16, fp32 accumulation in k order, here), so the same bits */
@@ -327,16 +363,36 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
     if (split) {
         flash_args a2 = a;
         a2.dk = dk2, a2.dv = dv2;
-        launch((unsigned)(B * nkv), fa_key_blocks(T), FA_THREADS,
-               hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a2, "flash_dkdv_kernel (by kv head)");
+        launch_dkdv((unsigned)(B * nkv), fa_key_blocks(T), hd, 1, &a2,
+                    "flash_dkdv_kernel (by kv head)");
         a.dk_part = shares, a.dv_part = shares + nq;
     }
-    launch((unsigned)(B * (split ? nh : nkv)), fa_key_blocks(T), FA_THREADS,
-           hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a, "flash_dkdv_kernel");
+    launch_dkdv((unsigned)(B * (split ? nh : nkv)), fa_key_blocks(T), hd, 1, &a, "flash_dkdv_kernel");
     if (split) {
         reduce_arg rd = {a, hd};
         launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rd,
                "flash_dkdv_reduce_kernel");
+    }
+    /* K and V in registers (fused-regs) instead of staged: the same
+     * fragments, products and order, so the same bits of dK and dV */
+    {
+        flash_args ar = a;
+        uint16_t *dk_r = nan_bf16(nk), *dv_r = nan_bf16(nk);
+        float *shares_r = split ? nan_f32(2 * nq) : NULL;
+        ar.dk = dk_r, ar.dv = dv_r;
+        ar.dk_part = split ? shares_r : NULL, ar.dv_part = split ? shares_r + nq : NULL;
+        launch_dkdv((unsigned)(B * (split ? nh : nkv)), fa_key_blocks(T), hd, 0, &ar,
+                    "flash_dkdv_kernel (K, V in registers)");
+        if (split) {
+            reduce_arg rdr = {ar, hd};
+            launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rdr,
+                   "flash_dkdv_reduce_kernel (K, V in registers)");
+        }
+        cr_expect(memcmp(dk_r, dk, nk * sizeof *dk) == 0 && memcmp(dv_r, dv, nk * sizeof *dv) == 0,
+                  "%s: the dK/dV kernel with K and V in registers differs from the staged one "
+                  "in %zu of dK's and %zu of dV's %zu elements",
+                  what, bf16_differ(dk_r, dk, nk), bf16_differ(dv_r, dv, nk), nk);
+        free(dk_r), free(dv_r), free(shares_r);
     }
     /* the dK/dV kernel by warpgroup products (cuda_flash_wgmma.cuh): the
      * same products in the same order, so the same dK and dV (as numbers:
@@ -411,8 +467,8 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
         for (int c = 0; c < p.chunks; c++) {
             int u0 = c * p.per_chunk, nu = p.units - u0 < p.per_chunk ? p.units - u0 : p.per_chunk;
             a3.pair0 = u0 * p.unit;
-            launch((unsigned)nu, fa_key_blocks(T), FA_THREADS,
-                   hd == 64 ? dkdv_fn<64> : dkdv_fn<128>, &a3, "flash_dkdv_kernel (storing dS)");
+            launch_dkdv((unsigned)nu, fa_key_blocks(T), hd, 1, &a3,
+                        "flash_dkdv_kernel (storing dS)");
             cr_assert_eq(emu_launch_smem(dim((unsigned)(nu * p.unit), fa_row_blocks(T)),
                                          dim(FA_THREADS, 1), fa_dq_stored_smem(hd),
                                          hd == 64 ? dq_stored_fn<64> : dq_stored_fn<128>, &a3),

@@ -5,7 +5,10 @@
  *
  * Versions: "fused" (kernels/cuda/cuda_flash.cu, its default: dQ from the
  * dS the dK/dV kernel stores where that fits; a shape it does not take
- * runs the unfused path and the row says "fallback"), "fused-recompute"
+ * runs the unfused path and the row says "fallback"), "fused-regs" (the
+ * same, the forward holding Q and the dK/dV kernel K and V in registers
+ * instead of reading them from shared memory, as before 2026-12-06),
+ * "fused-recompute"
  * (the same kernels, dQ recomputing S and dP), "fused-wgmma" (the forward
  * by Hopper warpgroup products, cuda_flash_wgmma.cu, on a GPU of compute
  * capability 9.0; elsewhere the row says it ran mma.sync) and "unfused" (the cuBLASLt
@@ -317,6 +320,7 @@ int main(int argc, char **argv)
             continue;
         }
         failures += run_version(gpu, s, &in, &o, "fused");
+        failures += run_version(gpu, s, &in, &o, "fused-regs");
         failures += run_version(gpu, s, &in, &o, "fused-recompute");
         failures += run_version(gpu, s, &in, &o, "fused-wgmma");
         failures += run_version(gpu, s, &in, &o, "unfused");
