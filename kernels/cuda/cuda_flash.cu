@@ -52,6 +52,27 @@ static int operands_staged(int hd)
     return hd == 128 && !(e && strcmp(e, "fused-regs") == 0);
 }
 
+typedef void (*flash_fn)(flash_args);
+
+/* Of a kernel's four variants (head dim 64 or 128, operands in registers
+ * or staged: k64_0, k64_1, k128_0, k128_1) the one to launch, each
+ * variant's dynamic shared-memory limit raised to what smem(hd, staged)
+ * says it takes, once a process (*raised): past the 48 KiB a launch gets
+ * unasked. A failure shows at the launch. */
+static flash_fn flash_variant(flash_fn k64_0, flash_fn k64_1, flash_fn k128_0, flash_fn k128_1,
+                              size_t (*smem)(int, int), int hd, int staged, int *raised)
+{
+    flash_fn ks[4] = {k64_0, k64_1, k128_0, k128_1};
+    if (!*raised) {
+        *raised = 1;
+        for (int i = 0; i < 4; i++)
+            if (cudaFuncSetAttribute(ks[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem(i < 2 ? 64 : 128, i & 1)) != cudaSuccess)
+                (void)cudaGetLastError();
+    }
+    return ks[(hd == 64 ? 0 : 2) + (staged ? 1 : 0)];
+}
+
 /* Whether the forward, dK/dV and dQ from the stored dS run by warpgroup
  * products (cuda_flash_wgmma.cu): asked for (SPOTUNE_CUDA_ATTENTION=
  * fused-wgmma), in the build (the emulation has it too) and able to run
@@ -202,24 +223,11 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
 #endif
     dim3 grid((unsigned)(B * nh), fa_row_blocks(T));
     cudaStream_t st = CUDA_IMPL(be)->stream;
-    /* Q staged (operands_staged) or in registers; past the 48 KiB a launch
-     * gets unasked at head dim 128 staged: the limits raised once (a
-     * failure shows at the launch) */
     static int raised;
     int qs = operands_staged(hd);
-    if (!raised) {
-        raised = 1;
-        if (cudaFuncSetAttribute(flash_forward_kernel<64, 1>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)fa_forward_smem(64, 1)) != cudaSuccess ||
-            cudaFuncSetAttribute(flash_forward_kernel<128, 1>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)fa_forward_smem(128, 1)) != cudaSuccess)
-            (void)cudaGetLastError();
-    }
-    void (*fn)(flash_args) = hd == 64 ? (qs ? flash_forward_kernel<64, 1> : flash_forward_kernel<64, 0>)
-                             : qs      ? flash_forward_kernel<128, 1>
-                                       : flash_forward_kernel<128, 0>;
+    flash_fn fn = flash_variant(flash_forward_kernel<64, 0>, flash_forward_kernel<64, 1>,
+                                flash_forward_kernel<128, 0>, flash_forward_kernel<128, 1>,
+                                fa_forward_smem, hd, qs, &raised);
     LAUNCH(fn, grid, FA_THREADS, fa_forward_smem(hd, qs), st)(a);
     LAUNCHED(be, "flash_forward_kernel");
 }
@@ -232,26 +240,12 @@ static int launch_dkdv(backend_t *be, const flash_args *a, dim3 grid, int hd)
         return cuda_flash_wgmma_launch(be, a, FA_WG_DKDV, grid.x, grid.y, hd);
 #endif
     cudaStream_t st = CUDA_IMPL(be)->stream;
-    /* K and V staged (operands_staged) or in registers; past the 48 KiB a
-     * launch gets unasked at head dim 128 with them: the kernels' limits
-     * raised once (a failure shows at the launch) */
     static int raised;
     int kvs = operands_staged(hd);
-    size_t smem = fa_dkdv_smem(hd, kvs);
-    if (!raised) {
-        raised = 1;
-        if (cudaFuncSetAttribute(flash_dkdv_kernel<64, 1>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)fa_dkdv_smem(64, 1)) != cudaSuccess ||
-            cudaFuncSetAttribute(flash_dkdv_kernel<128, 1>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)fa_dkdv_smem(128, 1)) != cudaSuccess)
-            (void)cudaGetLastError();
-    }
-    void (*fn)(flash_args) = hd == 64 ? (kvs ? flash_dkdv_kernel<64, 1> : flash_dkdv_kernel<64, 0>)
-                             : kvs     ? flash_dkdv_kernel<128, 1>
-                                       : flash_dkdv_kernel<128, 0>;
-    LAUNCH(fn, grid, FA_THREADS, smem, st)(*a);
+    flash_fn fn = flash_variant(flash_dkdv_kernel<64, 0>, flash_dkdv_kernel<64, 1>,
+                                flash_dkdv_kernel<128, 0>, flash_dkdv_kernel<128, 1>,
+                                fa_dkdv_smem, hd, kvs, &raised);
+    LAUNCH(fn, grid, FA_THREADS, fa_dkdv_smem(hd, kvs), st)(*a);
     return LAUNCHED(be, "flash_dkdv_kernel");
 }
 

@@ -98,38 +98,44 @@ static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *ro
 #endif
 }
 
-/* 16 bytes from global to shared memory without passing through registers
- * (cp.async, sm_80), or 16 zero bytes when !valid (src is then not read,
- * but must still be a mapped address). Complete after cp_async_wait and a
- * barrier. */
-static __device__ __forceinline__ void cp_async16(uint16_t *dst, const uint16_t *src, int valid)
+/* BYTES (16 or 4, both addresses aligned to it) from global to shared
+ * memory without passing through registers (cp.async, sm_80: .cg for 16,
+ * .ca for 4), or zeros when !valid (src is then not read, but must still
+ * be a mapped address). Complete after cp_async_wait and a barrier. */
+template <int BYTES>
+static __device__ __forceinline__ void cp_async_n(void *dst, const void *src, int valid)
 {
+    static_assert(BYTES == 16 || BYTES == 4, "cp.async of 16 or 4 bytes");
 #if defined(SPOTUNE_CUDA_EMU)
-    emu_cp_async16(dst, src, valid);
+    emu_cp_async(dst, src, BYTES, valid);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+                     "r"(valid ? 16 : 0)
+                     : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src),
+                     "r"(valid ? 4 : 0)
+                     : "memory");
 #else
-    *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
+    if (valid)
+        memcpy(dst, src, BYTES);
+    else
+        memset(dst, 0, BYTES);
 #endif
 }
 
-/* The same of 4 bytes (cp.async.ca; both addresses 4-byte aligned): the
- * per-row floats and ints of a tile. */
+/* A tile's 16-byte pieces (bf16 rows). */
+static __device__ __forceinline__ void cp_async16(uint16_t *dst, const uint16_t *src, int valid)
+{
+    cp_async_n<16>(dst, src, valid);
+}
+
+/* A tile's per-row floats and ints. */
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int valid)
 {
-#if defined(SPOTUNE_CUDA_EMU)
-    emu_cp_async4(dst, src, valid);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src),
-                 "r"(valid ? 4 : 0)
-                 : "memory");
-#else
-    *(uint32_t *)dst = valid ? *(const uint32_t *)src : 0u;
-#endif
+    cp_async_n<4>(dst, src, valid);
 }
 
 static __device__ __forceinline__ void cp_async_commit(void)

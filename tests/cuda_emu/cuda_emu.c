@@ -529,7 +529,7 @@ typedef struct cp_queue {
 static cp_queue cp_queues[EMU_MAX_THREADS];
 
 /* One cp.async of size bytes (16 or 4), each address a multiple of it. */
-static void cp_async(void *dst, const void *src, int size, int valid)
+void emu_cp_async(void *dst, const void *src, int size, int valid)
 {
     fiber *f = cur_fiber();
     cp_queue *q = &cp_queues[f - fibers];
@@ -552,16 +552,6 @@ static void cp_async(void *dst, const void *src, int size, int valid)
     else
         memset(op->bytes, 0, (size_t)size);
     memset(dst, 0xff, (size_t)size);
-}
-
-void emu_cp_async16(void *dst, const void *src, int valid)
-{
-    cp_async(dst, src, 16, valid);
-}
-
-void emu_cp_async4(void *dst, const void *src, int valid)
-{
-    cp_async(dst, src, 4, valid);
 }
 
 void emu_cp_async_commit(void)

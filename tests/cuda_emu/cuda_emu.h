@@ -78,15 +78,13 @@ void emu_ldmatrix_x4(uint32_t r[4], const void *row, int trans);
 void emu_wgmma_bf16(float *d, int n, const uint32_t a[4], uint64_t desc, int trans_b, int scale_d);
 void emu_wgmma_commit(void);
 void emu_wgmma_wait(int pending);
-/* cp.async.cg.shared.global of 16 bytes (zeros where !valid), asynchronous
- * as on the device: emu_cp_async16 reads the source and queues the copy in
- * the open group of the calling thread, emu_cp_async_commit closes the
- * group, emu_cp_async_wait(N) writes every committed group but the newest
- * N to shared memory. A block that ends with copies in flight stops the
- * process. */
-void emu_cp_async16(void *dst, const void *src, int valid);
-/* The same of 4 bytes (cp.async.ca: lse, D and segment rows of a tile). */
-void emu_cp_async4(void *dst, const void *src, int valid);
+/* cp.async.shared.global of size bytes (16 or 4; zeros where !valid),
+ * asynchronous as on the device: emu_cp_async reads the source and queues
+ * the copy in the open group of the calling thread, emu_cp_async_commit
+ * closes the group, emu_cp_async_wait(N) writes every committed group but
+ * the newest N to shared memory. A block that ends with copies in flight
+ * stops the process. */
+void emu_cp_async(void *dst, const void *src, int size, int valid);
 void emu_cp_async_commit(void);
 void emu_cp_async_wait(int pending);
 /* The shared-memory address of p for descriptors: its offset in the

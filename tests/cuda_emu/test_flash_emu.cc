@@ -134,26 +134,32 @@ static void launch(unsigned gx, unsigned gy, unsigned threads, void (*fn)(void *
                  what);
 }
 
-/* The mma.sync forward: Q staged (qs 1, the default) or in registers (qs
- * 0, SPOTUNE_CUDA_ATTENTION=fused-regs). */
-static void launch_forward(unsigned gx, unsigned gy, int hd, int qs, flash_args *a, const char *what)
+/* The mma.sync forward and dK/dV kernels, with the operands they reuse
+ * staged (staged 1; the backend's choice at head dim 128) or in registers
+ * (0; at 64, and SPOTUNE_CUDA_ATTENTION=fused-regs). fns: head dim 64 in
+ * registers, staged, 128 in registers, staged. */
+static void launch_variant(unsigned gx, unsigned gy, int hd, int staged,
+                           void (*const fns[4])(void *), size_t smem, flash_args *a,
+                           const char *what)
 {
-    void (*fn)(void *) = hd == 64 ? (qs ? fwd_fn<64, 1> : fwd_fn<64, 0>)
-                         : qs      ? fwd_fn<128, 1>
-                                   : fwd_fn<128, 0>;
-    cr_assert_eq(emu_launch_smem(dim(gx, gy), dim(FA_THREADS, 1), fa_forward_smem(hd, qs), fn, a), 0,
-                 "%s did not run to its end", what);
+    cr_assert_eq(emu_launch_smem(dim(gx, gy), dim(FA_THREADS, 1), smem,
+                                 fns[(hd == 64 ? 0 : 2) + (staged ? 1 : 0)], a),
+                 0, "%s did not run to its end", what);
 }
 
-/* The mma.sync dK/dV kernel: K and V staged (kvs 1, the default) or in
- * registers (kvs 0, SPOTUNE_CUDA_ATTENTION=fused-regs). */
+static void launch_forward(unsigned gx, unsigned gy, int hd, int qs, flash_args *a,
+                           const char *what)
+{
+    static void (*const fns[4])(void *) = {fwd_fn<64, 0>, fwd_fn<64, 1>, fwd_fn<128, 0>,
+                                           fwd_fn<128, 1>};
+    launch_variant(gx, gy, hd, qs, fns, fa_forward_smem(hd, qs), a, what);
+}
+
 static void launch_dkdv(unsigned gx, unsigned gy, int hd, int kvs, flash_args *a, const char *what)
 {
-    void (*fn)(void *) = hd == 64 ? (kvs ? dkdv_fn<64, 1> : dkdv_fn<64, 0>)
-                         : kvs     ? dkdv_fn<128, 1>
-                                   : dkdv_fn<128, 0>;
-    cr_assert_eq(emu_launch_smem(dim(gx, gy), dim(FA_THREADS, 1), fa_dkdv_smem(hd, kvs), fn, a), 0,
-                 "%s did not run to its end", what);
+    static void (*const fns[4])(void *) = {dkdv_fn<64, 0>, dkdv_fn<64, 1>, dkdv_fn<128, 0>,
+                                           dkdv_fn<128, 1>};
+    launch_variant(gx, gy, hd, kvs, fns, fa_dkdv_smem(hd, kvs), a, what);
 }
 
 static void launch_dkdv_wgmma(unsigned gx, unsigned gy, int hd, flash_args *a, const char *what)
