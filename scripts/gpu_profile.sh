@@ -6,7 +6,9 @@
 #
 #   attention   ncu on the fused attention's kernels (forward, dK/dV, dQ
 #               from the stored dS, and dQ recomputing, from attn_bench's
-#               fused-recompute version; the first three also by wgmma,
+#               fused-recompute version; at head dim 128 the forward and
+#               dK/dV with their operands in registers too, from its
+#               fused-regs version; the first three also by wgmma,
 #               from its fused-wgmma version) inside attn_bench at one shape:
 #               duration, registers, occupancy, warp stalls
 #               (ncu_<kernel>.txt whole, a summary line each)
@@ -99,15 +101,24 @@ for part in "${PARTS[@]}"; do
         say ""
         say "| kernel | duration | registers | achieved occupancy | top stalls (cycles an instruction) |"
         say "| --- | ---: | ---: | ---: | --- |"
-        for k in flash_forward_kernel flash_dkdv_kernel flash_dq_stored_kernel flash_dq_kernel \
-            flash_forward_wgmma_kernel flash_dkdv_wgmma_kernel flash_dq_stored_wgmma_kernel; do
-            f="$DEST/ncu_$k.txt"
+        kernels=(flash_forward_kernel flash_dkdv_kernel flash_dq_stored_kernel flash_dq_kernel
+            flash_forward_wgmma_kernel flash_dkdv_wgmma_kernel flash_dq_stored_wgmma_kernel)
+        # head dim 128: the forward's and dK/dV's variants with their
+        # operands in registers (template argument 0), by their full names
+        [ "${SHAPE##*,}" = 128 ] && kernels+=("flash_forward_kernel<128, 0>" "flash_dkdv_kernel<128, 0>")
+        for k in "${kernels[@]}"; do
+            f="$DEST/ncu_$(printf '%s' "$k" | tr -c 'A-Za-z0-9_\n' '_').txt"
+            case $k in
+            *"<"*) sel=(--kernel-name-base demangled -k "regex:$k") ;;
+            *) sel=(-k "regex:^$k") ;;
+            esac
             # the second launch: the first is attn_bench's warm-up (of its
             # fused version; flash_dq_kernel runs in fused-recompute only,
-            # the *_wgmma_kernel ones in fused-wgmma on an sm_90 GPU only)
+            # the <128, 0> variants in fused-regs, the *_wgmma_kernel ones
+            # in fused-wgmma on an sm_90 GPU only)
             timeout "$BOX" "$NCU" --clock-control none --section SpeedOfLight --section Occupancy \
                 --section LaunchStats --section WarpStateStats --section SchedulerStats \
-                --print-details all -k "regex:^$k" --launch-skip 1 --launch-count 1 \
+                --print-details all "${sel[@]}" --launch-skip 1 --launch-count 1 \
                 "$ATTN" --shape "$SHAPE" --iters 1 --no-check > "$f" 2>&1
             rc=$?
             if [ $rc -ne 0 ] || ! grep -q "Duration" "$f"; then

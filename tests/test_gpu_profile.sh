@@ -63,11 +63,15 @@ rc=$?
 md=$(cat "$tmp/all/gpu_profile.md" 2>/dev/null)
 check "attention and step: exit 0" $((rc != 0)) "exit $rc: $out"
 for k in flash_forward_kernel flash_dkdv_kernel flash_dq_stored_kernel flash_dq_kernel \
-    flash_forward_wgmma_kernel flash_dkdv_wgmma_kernel flash_dq_stored_wgmma_kernel; do
+    flash_forward_wgmma_kernel flash_dkdv_wgmma_kernel flash_dq_stored_wgmma_kernel \
+    "flash_forward_kernel<128, 0>" "flash_dkdv_kernel<128, 0>"; do
     has "$md" "| $k | 369.70 us | 250 | 12.35 % | Wait 2.19; Short Scoreboard 1.15; Barrier 0.79 |"
     check "attention: $k's row from ncu's details (duration, registers, occupancy, top stalls)" $? "$md"
 done
 args=$(cat "$tmp/ncu.args")
+has "$args" "--kernel-name-base demangled -k regex:flash_dkdv_kernel<128, 0> --launch-skip 1" &&
+    [ -f "$tmp/all/ncu_flash_dkdv_kernel_128__0_.txt" ]
+check "attention: the registers variant by its full name (head dim 128), its own file" $? "$args"
 has "$args" "-k regex:^flash_dkdv_kernel --launch-skip 1 --launch-count 1 $b/bin/attn_bench --shape 1,2048,32,32,128 --iters 1 --no-check" &&
     has "$args" "--clock-control none"
 check "attention: ncu on attn_bench's second launch of the kernel, clocks left alone" $? "$args"
