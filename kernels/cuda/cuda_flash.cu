@@ -38,18 +38,37 @@ static dq_mode dq_requested(void)
     return DQ_AUTO;
 }
 
-/* Whether the mma.sync forward and dK/dV kernels at head dim hd read the
- * operands they reuse (the forward's Q rows, dK/dV's K and V rows) from
- * shared memory as each product needs them: at head dim 128, where held
- * in registers (64 a thread) they left the compiler too few and it
- * spilled inside the loops, unless SPOTUNE_CUDA_ATTENTION=fused-regs asks
- * for the registers, as before 2026-12-06 (for comparison). At head dim
- * 64 they stay in registers (32 a thread, no spill): K and V staged there
- * ran 3% slower on an H200 (docs/perf.md, 2026-12-04). */
-static int operands_staged(int hd)
+/* Whether a multiprocessor of this GPU holds `blocks` blocks of `bytes` of
+ * dynamic shared memory each, with the 1 KiB a block the runtime keeps:
+ * H100 and H200 have 228 KiB, A100 164, sm_86 and sm_89 100. */
+static int smem_holds(backend_t *be, int blocks, size_t bytes)
+{
+    int per_sm = 0;
+    if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                               CUDA_IMPL(be)->device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (size_t)per_sm >= (size_t)blocks * (bytes + 1024);
+}
+
+/* Whether the mma.sync forward (*fwd) and dK/dV (*dkdv) kernels at head
+ * dim hd read the operands they reuse (the forward's Q rows, dK/dV's K and
+ * V rows) from shared memory as each product needs them: at head dim 128,
+ * where held in registers (64 a thread) they left the compiler too few and
+ * it spilled inside the loops; where a multiprocessor still holds as many
+ * blocks with them (three forward blocks of 52 KiB, two dK/dV blocks of 70:
+ * an sm_86 or sm_89 GPU's 100 KiB would hold one, and keeps the
+ * registers); unless SPOTUNE_CUDA_ATTENTION=fused-regs asks for the
+ * registers, as before 2026-12-06 (for comparison). At head dim 64 they
+ * stay in registers (32 a thread, no spill): K and V staged there ran 3%
+ * slower on an H200 (docs/perf.md, 2026-12-04). */
+extern "C" void cuda_flash_operands_staged(backend_t *be, int hd, int *fwd, int *dkdv)
 {
     const char *e = getenv("SPOTUNE_CUDA_ATTENTION");
-    return hd == 128 && !(e && strcmp(e, "fused-regs") == 0);
+    int on = hd == 128 && !(e && strcmp(e, "fused-regs") == 0);
+    *fwd = on && smem_holds(be, FA_FWD_MIN_BLOCKS, fa_forward_smem(128, 1));
+    *dkdv = on && smem_holds(be, 2, fa_dkdv_smem(128, 1));
 }
 
 typedef void (*flash_fn)(flash_args);
@@ -224,7 +243,8 @@ extern "C" void cuda_flash_forward(backend_t *be, tensor_t out, tensor_t lse, te
     dim3 grid((unsigned)(B * nh), fa_row_blocks(T));
     cudaStream_t st = CUDA_IMPL(be)->stream;
     static int raised;
-    int qs = operands_staged(hd);
+    int qs, kvs;
+    cuda_flash_operands_staged(be, hd, &qs, &kvs);
     flash_fn fn = flash_variant(flash_forward_kernel<64, 0>, flash_forward_kernel<64, 1>,
                                 flash_forward_kernel<128, 0>, flash_forward_kernel<128, 1>,
                                 fa_forward_smem, hd, qs, &raised);
@@ -241,7 +261,8 @@ static int launch_dkdv(backend_t *be, const flash_args *a, dim3 grid, int hd)
 #endif
     cudaStream_t st = CUDA_IMPL(be)->stream;
     static int raised;
-    int kvs = operands_staged(hd);
+    int qs, kvs;
+    cuda_flash_operands_staged(be, hd, &qs, &kvs);
     flash_fn fn = flash_variant(flash_dkdv_kernel<64, 0>, flash_dkdv_kernel<64, 1>,
                                 flash_dkdv_kernel<128, 0>, flash_dkdv_kernel<128, 1>,
                                 fa_dkdv_smem, hd, kvs, &raised);

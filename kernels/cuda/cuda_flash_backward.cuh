@@ -260,10 +260,11 @@ static __host__ __device__ __forceinline__ size_t fa_dkdv_smem(int hd, int kvs)
     return ((size_t)4 * FA_BQ + (kvs ? 2 * FA_BC : 0)) * (size_t)(hd + FA_PAD) * sizeof(uint16_t);
 }
 
-/* KVS 1 (head dim 128; cuda_flash.cu operands_staged): K and V of the
- * block's 64 keys are staged once and each warp reads its 16 rows'
- * fragments by ldmatrix as S^T and dP^T need them. KVS 0 (head dim 64,
- * and SPOTUNE_CUDA_ATTENTION=fused-regs): they are held in registers,
+/* KVS 1 (head dim 128 where shared memory allows: cuda_flash.cu,
+ * cuda_flash_operands_staged): K and V of the block's 64 keys are staged
+ * once and each warp reads its 16 rows' fragments by ldmatrix as S^T and
+ * dP^T need them. KVS 0 (head dim 64, a GPU with less shared memory, and
+ * SPOTUNE_CUDA_ATTENTION=fused-regs): they are held in registers,
  * which at head dim 128 (64 a thread, with dK and dV's 128) left the
  * compiler too few to keep more than one fragment load in flight, and it
  * spilled inside the item loop (7 local loads and stores a trip). */

@@ -298,12 +298,13 @@ static __host__ __device__ __forceinline__ size_t fa_forward_smem(int hd, int qs
     return ((size_t)2 * FA_BC + (qs ? FA_BR : 0)) * (size_t)(hd + FA_PAD) * sizeof(uint16_t);
 }
 
-/* QS 1 (head dim 128; cuda_flash.cu operands_staged): the block's 64
- * query rows are staged with the first K tile and each warp reads its 16
- * rows' fragments by ldmatrix for every S = Q K^T. QS 0 (head dim 64, and
- * SPOTUNE_CUDA_ATTENTION=fused-regs): the fragments are held in registers,
- * which at head dim 128 (64 a thread) under the 168-register cap spilled
- * inside the tile loop (15 local loads and stores a trip). */
+/* QS 1 (head dim 128 where shared memory allows: cuda_flash.cu,
+ * cuda_flash_operands_staged): the block's 64 query rows are staged with
+ * the first K tile and each warp reads its 16 rows' fragments by ldmatrix
+ * for every S = Q K^T. QS 0 (head dim 64, a GPU with less shared memory,
+ * and SPOTUNE_CUDA_ATTENTION=fused-regs): the fragments are held in
+ * registers, which at head dim 128 (64 a thread) under the 168-register
+ * cap spilled inside the tile loop (15 local loads and stores a trip). */
 template <int HD, int QS>
 __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MIN_BLOCKS) flash_forward_kernel(flash_args a)
 {

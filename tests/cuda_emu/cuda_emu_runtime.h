@@ -67,6 +67,7 @@ typedef enum cudaDeviceAttr {
     cudaDevAttrComputeMode = 20,
     cudaDevAttrComputeCapabilityMajor = 75,
     cudaDevAttrComputeCapabilityMinor = 76,
+    cudaDevAttrMaxSharedMemoryPerMultiprocessor = 81,
 } cudaDeviceAttr;
 
 enum { cudaComputeModeDefault = 0, cudaComputeModeProhibited = 2 };

@@ -312,10 +312,15 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d)
 {
     if (!valid_device(d))
         return fail(cudaErrorInvalidDevice);
-    *v = a == cudaDevAttrComputeCapabilityMajor ? 9
-         : a == cudaDevAttrComputeMode          ? cudaComputeModeDefault
-         : a == cudaDevAttrMultiProcessorCount  ? 1 /* as cudaGetDeviceProperties says */
-                                                : 0;
+    /* shared memory a multiprocessor: an H100's 228 KiB, or another GPU's
+     * (SPOTUNE_CUDA_EMU_SMEM_PER_SM, bytes: 102400 for sm_86/89's 100 KiB) */
+    const char *e = getenv("SPOTUNE_CUDA_EMU_SMEM_PER_SM");
+    int smem = e && *e ? atoi(e) : 228 * 1024;
+    *v = a == cudaDevAttrComputeCapabilityMajor             ? 9
+         : a == cudaDevAttrComputeMode                      ? cudaComputeModeDefault
+         : a == cudaDevAttrMultiProcessorCount              ? 1 /* as cudaGetDeviceProperties says */
+         : a == cudaDevAttrMaxSharedMemoryPerMultiprocessor ? smem
+                                                            : 0;
     return cudaSuccess;
 }
 
