@@ -715,13 +715,15 @@ Test(cuda_ops, flash_attention_operands_staged_or_in_registers)
     check_regs(2, 300, 8, 2, 128, 120);
 }
 
-/* Which variant the backend picks (cuda_flash_operands_staged): the
- * staged operands at head dim 128 only, and only where a multiprocessor
- * still holds as many blocks with them (three forward blocks of 52 KiB,
- * two dK/dV blocks of 70 KiB, and the runtime's 1 KiB each); registers
- * where it would not (an sm_86 or sm_89 GPU's 100 KiB; on the emulated
- * device SPOTUNE_CUDA_EMU_SMEM_PER_SM says how much it has, 228 KiB
- * unset), and with SPOTUNE_CUDA_ATTENTION=fused-regs. */
+/* Which variants the backend picks: the staged operands
+ * (cuda_flash_operands_staged) at head dim 128 only, and only where a
+ * multiprocessor still holds as many blocks with them (three forward
+ * blocks of 52 KiB, two dK/dV blocks of 70 KiB, and the runtime's 1 KiB
+ * each); registers where it would not (an sm_86 or sm_89 GPU's 100 KiB; on
+ * the emulated device SPOTUNE_CUDA_EMU_SMEM_PER_SM says how much it has,
+ * 228 KiB unset), and with SPOTUNE_CUDA_ATTENTION=fused-regs. dQ from the
+ * stored dS with two buffers (cuda_flash_dq_double_buffered) where four
+ * blocks of 52 KiB fit (head dim 128; 36 KiB at 64), else one. */
 Test(cuda_ops, flash_attention_operands_staged_where_shared_memory_holds_them)
 {
     char why[256];
@@ -731,6 +733,10 @@ Test(cuda_ops, flash_attention_operands_staged_where_shared_memory_holds_them)
     cr_assert(sym, "cuda_flash_operands_staged: %s", why);
     void (*staged)(backend_t *, int, int *, int *);
     memcpy(&staged, &sym, sizeof staged);
+    sym = backend_cuda_symbol("cuda_flash_dq_double_buffered", why, sizeof why);
+    cr_assert(sym, "cuda_flash_dq_double_buffered: %s", why);
+    int (*two)(backend_t *, int);
+    memcpy(&two, &sym, sizeof two);
     int fwd = -1, dkdv = -1;
     staged(gpu, 64, &fwd, &dkdv);
     cr_expect(fwd == 0 && dkdv == 0, "head dim 64: forward %d, dK/dV %d staged", fwd, dkdv);
@@ -740,28 +746,34 @@ Test(cuda_ops, flash_attention_operands_staged_where_shared_memory_holds_them)
     cr_expect(fwd == 0 && dkdv == 0, "fused-regs: forward %d, dK/dV %d staged", fwd, dkdv);
     if (!strstr(gpu->device_name, "emulated")) {
         staged(gpu, 128, &fwd, &dkdv); /* this GPU's own answer, whatever it is */
-        cr_log_info("head dim 128 on %s: forward %s, dK/dV %s", gpu->device_name,
-                    fwd ? "staged" : "in registers", dkdv ? "staged" : "in registers");
+        cr_log_info("head dim 128 on %s: forward %s, dK/dV %s, dQ from %d buffer(s)",
+                    gpu->device_name, fwd ? "staged" : "in registers",
+                    dkdv ? "staged" : "in registers", two(gpu, 128) ? 2 : 1);
         return;
     }
     static const struct {
         const char *bytes;
-        int fwd, dkdv;
-    } gpus[] = {{NULL, 1, 1},         /* H100, H200: 228 KiB */
-                {"167936", 1, 1},     /* A100: 164 KiB */
-                {"159744", 1, 1},     /* three forward blocks of 51 + 1 KiB, exactly */
-                {"159743", 0, 1},     /* a byte short of them */
-                {"151552", 0, 1},     /* 148 KiB: two 70 KiB blocks, not three of 52 */
-                {"102400", 0, 0}};    /* sm_86, sm_89: 100 KiB */
+        int fwd, dkdv, dq128, dq64;
+    } gpus[] = {{NULL, 1, 1, 1, 1},         /* H100, H200: 228 KiB */
+                {"217088", 1, 1, 1, 1},     /* four dQ blocks of 52 + 1 KiB, exactly */
+                {"217087", 1, 1, 0, 1},     /* a byte short of them */
+                {"167936", 1, 1, 0, 1},     /* A100: 164 KiB */
+                {"159744", 1, 1, 0, 1},     /* three forward blocks of 51 + 1 KiB, exactly */
+                {"159743", 0, 1, 0, 1},     /* a byte short of them */
+                {"151552", 0, 1, 0, 1},     /* 148 KiB: two 70 KiB blocks, not three of 52 */
+                {"102400", 0, 0, 0, 0}};    /* sm_86, sm_89: 100 KiB */
     for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++) {
         if (gpus[i].bytes)
             cr_assert_eq(setenv("SPOTUNE_CUDA_EMU_SMEM_PER_SM", gpus[i].bytes, 1), 0);
         staged(gpu, 128, &fwd, &dkdv);
+        int dq128 = two(gpu, 128), dq64 = two(gpu, 64);
         unsetenv("SPOTUNE_CUDA_EMU_SMEM_PER_SM");
-        cr_expect(fwd == gpus[i].fwd && dkdv == gpus[i].dkdv,
-                  "%s bytes a multiprocessor: forward %d, dK/dV %d staged (want %d, %d)",
-                  gpus[i].bytes ? gpus[i].bytes : "228 KiB of", fwd, dkdv, gpus[i].fwd,
-                  gpus[i].dkdv);
+        cr_expect(fwd == gpus[i].fwd && dkdv == gpus[i].dkdv && dq128 == gpus[i].dq128 &&
+                      dq64 == gpus[i].dq64,
+                  "%s bytes a multiprocessor: forward %d, dK/dV %d staged, dQ two buffers %d "
+                  "(hd 128), %d (hd 64); want %d, %d, %d, %d",
+                  gpus[i].bytes ? gpus[i].bytes : "228 KiB of", fwd, dkdv, dq128, dq64,
+                  gpus[i].fwd, gpus[i].dkdv, gpus[i].dq128, gpus[i].dq64);
     }
 }
 

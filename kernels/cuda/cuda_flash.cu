@@ -92,6 +92,21 @@ static flash_fn flash_variant(flash_fn k64_0, flash_fn k64_1, flash_fn k128_0, f
     return ks[(hd == 64 ? 0 : 2) + (staged ? 1 : 0)];
 }
 
+/* flash_dq_stored_kernel's shared memory with two buffers or with one. */
+static size_t dq_smem(int hd, int two)
+{
+    return fa_dq_stored_smem(hd, two ? 2 : 1);
+}
+
+/* Whether dQ from the stored dS copies the next tiles while it multiplies
+ * these (two buffers): where a multiprocessor holds four blocks of them
+ * (H100, H200: 228 KiB). With one (an A100's 164 KiB, or sm_86/89's 100)
+ * it holds five or three blocks instead of three or one. */
+extern "C" int cuda_flash_dq_double_buffered(backend_t *be, int hd)
+{
+    return smem_holds(be, 4, fa_dq_stored_smem(hd, 2));
+}
+
 /* Whether the forward, dK/dV and dQ from the stored dS run by warpgroup
  * products (cuda_flash_wgmma.cu): asked for (SPOTUNE_CUDA_ATTENTION=
  * fused-wgmma), in the build (the emulation has it too) and able to run
@@ -279,24 +294,13 @@ static int launch_dq(backend_t *be, const flash_args *a, dim3 grid, int hd, int 
         return cuda_flash_wgmma_launch(be, a, FA_WG_DQ, grid.x, grid.y, hd);
 #endif
     if (stored) {
-        /* past the 48 KiB a launch gets unasked at head dim 128: the
-         * kernel's limit raised once (a failure shows at the launch) */
+        /* two buffers where a multiprocessor holds four blocks of them */
         static int raised;
-        size_t smem = fa_dq_stored_smem(hd);
-        if (!raised) {
-            raised = 1;
-            if (cudaFuncSetAttribute(flash_dq_stored_kernel<64>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)fa_dq_stored_smem(64)) != cudaSuccess ||
-                cudaFuncSetAttribute(flash_dq_stored_kernel<128>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)fa_dq_stored_smem(128)) != cudaSuccess)
-                (void)cudaGetLastError();
-        }
-        if (hd == 64)
-            LAUNCH(flash_dq_stored_kernel<64>, grid, FA_THREADS, smem, st)(*a);
-        else
-            LAUNCH(flash_dq_stored_kernel<128>, grid, FA_THREADS, smem, st)(*a);
+        int two = cuda_flash_dq_double_buffered(be, hd);
+        flash_fn fn = flash_variant(flash_dq_stored_kernel<64, 1>, flash_dq_stored_kernel<64, 2>,
+                                    flash_dq_stored_kernel<128, 1>,
+                                    flash_dq_stored_kernel<128, 2>, dq_smem, hd, two, &raised);
+        LAUNCH(fn, grid, FA_THREADS, dq_smem(hd, two), st)(*a);
         return LAUNCHED(be, "flash_dq_stored_kernel");
     }
     if (hd == 64)

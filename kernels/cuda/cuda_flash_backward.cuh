@@ -470,16 +470,18 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_kernel(flash_args a)
  * tiles: K's tile and the tile of stored dS^T staged, each warp's 16 rows
  * of dS read as left operands by ldmatrix.trans, dQ += dS K. One product
  * a tile instead of three, no exponentials; the dS tiles are read once.
- * Two buffers: the tiles of keys j0 + 64 are copied while those of j0 are
- * multiplied (with one, each tile's copy was waited for in full: the
- * kernel's largest stall, docs/perf.md run 5). Dynamic shared memory
- * (fa_dq_stored_smem): K, K, dS^T, dS^T. */
-template <int HD>
+ * NBUF 2 buffers: the tiles of keys j0 + 64 are copied while those of j0
+ * are multiplied (with one, each tile's copy was waited for in full: the
+ * kernel's largest stall, docs/perf.md run 5), where a multiprocessor holds
+ * four blocks of them (cuda_flash.cu); NBUF 1 elsewhere (an A100's or
+ * sm_86/89 GPU's shared memory: half the blocks with two). Dynamic shared
+ * memory (fa_dq_stored_smem): NBUF K tiles, then NBUF dS^T tiles. */
+template <int HD, int NBUF>
 __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args a)
 {
     DYNAMIC_SHARED(uint16_t, sm);
     const int ktile = FA_BC * (HD + FA_PAD), stile = FA_BC * (FA_BR + FA_PAD);
-    uint16_t *Ks = sm, *Ss = sm + 2 * ktile; /* buffer bf: Ks + bf ktile, Ss + bf stile */
+    uint16_t *Ks = sm, *Ss = sm + NBUF * ktile; /* buffer bf: Ks + bf ktile, Ss + bf stile */
     __shared__ int sh_lo;
     int bx = (int)blockIdx.x + a.pair0;
     int b = bx / a.nh, h = bx % a.nh, kh = h / (a.nh / a.nkv), T = a.T;
@@ -507,11 +509,12 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args 
         stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(kstart / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
         cp_async_commit();
     }
-    for (int j0 = kstart, bf = 0; j0 < q1; j0 += FA_BC, bf ^= 1) {
+    for (int j0 = kstart, bf = 0; j0 < q1; j0 += FA_BC, bf = (bf + 1) % NBUF) {
         cp_async_wait<0>();
         __syncthreads(); /* K(j0), dS(j0) are in buffer bf; every warp is done with buffer bf ^ 1 */
-        if (j0 + FA_BC < q1) {
-            int nb = bf ^ 1, jn = j0 + FA_BC;
+        int jn = j0 + FA_BC;
+        if (NBUF == 2 && jn < q1) {
+            int nb = bf ^ 1;
             stage_rows_async<HD>(Ks + nb * ktile, a.k + koff, ldk, jn, FA_BC, T);
             stage_rows_async<FA_BR>(Ss + nb * stile, dsp + fa_ds_tile(jn / FA_BC, qb), FA_BR, 0,
                                     FA_BC, FA_BC);
@@ -525,17 +528,23 @@ __global__ void __launch_bounds__(FA_THREADS) flash_dq_stored_kernel(flash_args 
                 frag_times_staged<HD>(dq, sa, yr + bf * ktile + kk * 16 * (HD + FA_PAD));
             }
         }
+        if (NBUF == 1 && jn < q1) {
+            __syncthreads(); /* every warp is done with the one buffer */
+            stage_rows_async<HD>(Ks, a.k + koff, ldk, jn, FA_BC, T);
+            stage_rows_async<FA_BR>(Ss, dsp + fa_ds_tile(jn / FA_BC, qb), FA_BR, 0, FA_BC, FA_BC);
+            cp_async_commit();
+        }
     }
     const float sc[2] = {a.scale, a.scale}; /* dQ = scale (dS / scale) K */
     store_rows<HD>(a.dq + dqoff, lddq, rowA, T, dq, sc);
 }
 
-/* Its dynamic shared memory: two buffers of the K and dS^T tiles (53 KiB
- * at head dim 128: more than the 48 KiB a launch gets unasked, so the
- * host raises the kernel's limit, cuda_flash.cu). */
-static inline size_t fa_dq_stored_smem(int hd)
+/* Its dynamic shared memory: nbuf buffers of the K and dS^T tiles (53 KiB
+ * with two at head dim 128: more than the 48 KiB a launch gets unasked, so
+ * the host raises the kernel's limit, cuda_flash.cu). */
+static __host__ __device__ __forceinline__ size_t fa_dq_stored_smem(int hd, int nbuf)
 {
-    return 2u * FA_BC * ((size_t)(hd + FA_PAD) + (FA_BR + FA_PAD)) * sizeof(uint16_t);
+    return (size_t)nbuf * FA_BC * ((size_t)(hd + FA_PAD) + (FA_BR + FA_PAD)) * sizeof(uint16_t);
 }
 
 /* ---- launch shapes of the backward (the host code and the emulation tests) -------- */

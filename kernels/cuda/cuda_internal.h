@@ -328,6 +328,8 @@ int cuda_flash_wgmma_selected(backend_t *be);
 /* Whether the forward (*fwd) and dK/dV (*dkdv) kernels at head dim hd
  * read their reused operands from shared memory (cuda_flash.cu). */
 void cuda_flash_operands_staged(backend_t *be, int hd, int *fwd, int *dkdv);
+/* Whether dQ from the stored dS runs with two buffers (cuda_flash.cu). */
+int cuda_flash_dq_double_buffered(backend_t *be, int hd);
 /* The descriptors' probe: ok[0..3] for K-major B as the forward builds its
  * descriptor and swapped, MN-major as built and swapped; 0, 1 where the
  * wgmma forward cannot run, -1 on a CUDA error (cuda_flash_wgmma.cu). */

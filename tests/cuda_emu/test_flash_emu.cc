@@ -97,9 +97,9 @@ template <int HD> static void dq_fn(void *p)
     flash_dq_kernel<HD>(*(flash_args *)p);
 }
 
-template <int HD> static void dq_stored_fn(void *p)
+template <int HD, int NBUF> static void dq_stored_fn(void *p)
 {
-    flash_dq_stored_kernel<HD>(*(flash_args *)p);
+    flash_dq_stored_kernel<HD, NBUF>(*(flash_args *)p);
 }
 
 typedef struct rowdot_arg {
@@ -466,6 +466,7 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
                   "%s: %d chunks of %d units of %d pairs", what, p.chunks, p.per_chunk, p.unit);
         uint16_t *ds = nan_bf16(p.bytes / sizeof(uint16_t));
         uint16_t *dq3 = nan_bf16(nq), *dk3 = nan_bf16(nk), *dv3 = nan_bf16(nk);
+        uint16_t *dq3b = nan_bf16(nq);
         float *shares3 = sp ? nan_f32(2 * nq) : NULL;
         flash_args a3 = a;
         a3.dq = dq3, a3.dk = dk3, a3.dv = dv3, a3.ds = ds;
@@ -475,11 +476,25 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
             a3.pair0 = u0 * p.unit;
             launch_dkdv((unsigned)nu, fa_key_blocks(T), hd, 1, &a3,
                         "flash_dkdv_kernel (storing dS)");
-            cr_assert_eq(emu_launch_smem(dim((unsigned)(nu * p.unit), fa_row_blocks(T)),
-                                         dim(FA_THREADS, 1), fa_dq_stored_smem(hd),
-                                         hd == 64 ? dq_stored_fn<64> : dq_stored_fn<128>, &a3),
-                         0, "%s: flash_dq_stored_kernel did not run to its end", what);
+            /* two buffers and one (cuda_flash_dq_double_buffered): the same
+             * products in the same order */
+            for (int nbuf = 2; nbuf >= 1; nbuf--) {
+                flash_args ab = a3;
+                ab.dq = nbuf == 2 ? dq3 : dq3b;
+                static void (*const fns[4])(void *) = {dq_stored_fn<64, 1>, dq_stored_fn<64, 2>,
+                                                       dq_stored_fn<128, 1>,
+                                                       dq_stored_fn<128, 2>};
+                void (*fn)(void *) = fns[(hd == 64 ? 0 : 2) + nbuf - 1];
+                cr_assert_eq(emu_launch_smem(dim((unsigned)(nu * p.unit), fa_row_blocks(T)),
+                                             dim(FA_THREADS, 1), fa_dq_stored_smem(hd, nbuf), fn,
+                                             &ab),
+                             0, "%s: flash_dq_stored_kernel (%d buffers) did not run to its end",
+                             what, nbuf);
+            }
         }
+        cr_expect(memcmp(dq3b, dq3, nq * sizeof *dq3) == 0,
+                  "%s: dQ from the stored dS with one buffer differs from two in %zu of %zu", what,
+                  bf16_differ(dq3b, dq3, nq), nq);
         if (sp) {
             reduce_arg rd3 = {a3, hd};
             launch(fa_reduce_blocks(nk), 1, FA_REDUCE_THREADS, reduce_fn, &rd3,
@@ -536,7 +551,7 @@ static void check(int B, int T, int nh, int nkv, int hd, int max_doc)
                   "dq %zu, dk %zu, dv %zu", what, sp ? "split" : "by kv head", ds_bad, last, qb,
                   kb, vb);
         free(ds_w), free(dq_w), free(dk_w), free(dv_w), free(shares_w);
-        free(ds), free(dq3), free(dk3), free(dv3), free(shares3);
+        free(ds), free(dq3), free(dq3b), free(dk3), free(dv3), free(shares3);
     }
     free(dk2), free(dv2);
 
