@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "attn_columns.h"
+#include "cuda_attention_util.h"
 #include "cuda_ops_util.h"
 #include "cuda_test_main.h"
 #include "kernels/backend.h"
@@ -63,21 +64,6 @@ static void check_rope_pos(int B, int T, int nh, int hd, const int32_t *pos)
 static void check_rope(int B, int T, int nh, int hd)
 {
     check_rope_pos(B, T, nh, hd, NULL);
-}
-
-/* Rows of packed documents: document lengths drawn from 1..max_len, so
- * starts fall anywhere (inside and across the 512-row blocks); seg[i] the
- * row index of i's document start, pos[i] its position in the document. */
-static void packed_rows(int B, int T, int max_len, int32_t *seg, int32_t *pos)
-{
-    uint64_t draw = 0;
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T;) {
-            int len = 1 + (int)(sp_rng_u64(0x5e9, draw++) % (uint64_t)max_len);
-            for (int i = t; i < t + len && i < T; i++)
-                seg[b * T + i] = t, pos[b * T + i] = i - t;
-            t += len;
-        }
 }
 
 Test(cuda_ops, rope_and_its_inverse)
@@ -365,45 +351,6 @@ Test(cuda_ops, flash_attention_odd_shapes_packed_documents)
     check_flash_shapes(128, 1);
 }
 
-/* out, lse, dq, dk, dv of one forward + backward on the GPU (host copies),
- * and the device memory the backward added (its scratch's growth). */
-typedef struct gpu_attn {
-    float *o[5];
-    size_t grew;
-} gpu_attn;
-
-static gpu_attn gpu_attention(const float *q, const float *k, const float *v, const float *dout,
-                              const int32_t *seg, int B, int T, int nh, int nkv, int hd)
-{
-    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
-    dtype_t a = gpu->act_dt;
-    tensor_t gq = up(gpu, a, q, nq), gk = up(gpu, a, k, nk), gv = up(gpu, a, v, nk);
-    tensor_t go = up(gpu, a, NULL, nq), gl = up(gpu, DT_F32, NULL, nl), gdo = up(gpu, a, dout, nq);
-    tensor_t gdq = up(gpu, a, NULL, nq), gdk = up(gpu, a, NULL, nk), gdv = up(gpu, a, NULL, nk);
-    tensor_t gsg = {0};
-    if (seg) {
-        gsg = be_alloc(gpu, DT_I32, (size_t)B * T);
-        cr_assert(gsg.p);
-        be_upload(gpu, gsg, seg, DT_I32);
-    }
-    be_attention_forward(gpu, go, gl, gq, gk, gv, gsg, B, T, nh, nkv, hd);
-    gpu_ok();
-    size_t before = gpu->bytes_in_use;
-    be_attention_backward(gpu, gdq, gdk, gdv, gdo, go, gl, gq, gk, gv, gsg, B, T, nh, nkv, hd);
-    gpu_ok();
-    gpu_attn r;
-    r.grew = gpu->bytes_in_use - before;
-    tensor_t outs[5] = {go, gl, gdq, gdk, gdv};
-    for (int i = 0; i < 5; i++)
-        r.o[i] = down(gpu, outs[i]);
-    tensor_t gs[] = {gq, gk, gv, go, gl, gdo, gdq, gdk, gdv};
-    for (int i = 0; i < 9; i++)
-        drop(gpu, &gs[i]);
-    if (seg)
-        drop(gpu, &gsg);
-    return r;
-}
-
 /* The fused kernels have no atomics: two runs give the same bits. The
  * unfused path (SPOTUNE_CUDA_ATTENTION=unfused) agrees within TOL_BF16
  * (lse TOL_F32) but not bit for bit (other summation orders), which also
@@ -641,16 +588,12 @@ static int wgmma_selected(void)
 static void check_wgmma(int B, int T, int nh, int nkv, int hd, int max_doc)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
-    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
-    int32_t *seg = malloc(sizeof(int32_t) * (size_t)B * T), *pos = malloc(sizeof(int32_t) * (size_t)B * T);
-    cr_assert(seg && pos);
-    if (max_doc)
-        packed_rows(B, T, max_doc, seg, pos);
-    gpu_attn m = gpu_attention(q, k, v, dout, max_doc ? seg : NULL, B, T, nh, nkv, hd);
+    attn_in in = attn_inputs(B, T, nh, nkv, hd, max_doc);
+    gpu_attn m = gpu_attention(in.q, in.k, in.v, in.dout, in.seg, B, T, nh, nkv, hd);
     cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "fused-wgmma", 1), 0);
     int sel = wgmma_selected();
-    gpu_attn w = gpu_attention(q, k, v, dout, max_doc ? seg : NULL, B, T, nh, nkv, hd);
-    check_attention_seg(B, T, nh, nkv, hd, 1, max_doc ? seg : NULL);
+    gpu_attn w = gpu_attention(in.q, in.k, in.v, in.dout, in.seg, B, T, nh, nkv, hd);
+    check_attention_seg(B, T, nh, nkv, hd, 1, in.seg);
     unsetenv("SPOTUNE_CUDA_ATTENTION");
     int emulated = strstr(gpu->device_name, "emulated") != NULL;
     if (!cuda_test_standin())
@@ -673,7 +616,7 @@ static void check_wgmma(int B, int T, int nh, int nkv, int hd, int max_doc)
     }
     for (int i = 0; i < 5; i++)
         free(m.o[i]), free(w.o[i]);
-    free(q), free(k), free(v), free(dout), free(seg), free(pos);
+    attn_inputs_free(&in);
 }
 
 /* The forward and dK/dV kernels with the operands they reuse (Q; K and V)
@@ -686,16 +629,11 @@ static void check_wgmma(int B, int T, int nh, int nkv, int hd, int max_doc)
 static void check_regs(int B, int T, int nh, int nkv, int hd, int max_doc)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
-    float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
-    int32_t *seg = malloc(sizeof(int32_t) * (size_t)B * T);
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)B * T);
-    cr_assert(seg && pos);
-    if (max_doc)
-        packed_rows(B, T, max_doc, seg, pos);
-    gpu_attn m = gpu_attention(q, k, v, dout, max_doc ? seg : NULL, B, T, nh, nkv, hd);
-    check_attention_seg(B, T, nh, nkv, hd, 1, max_doc ? seg : NULL);
+    attn_in in = attn_inputs(B, T, nh, nkv, hd, max_doc);
+    gpu_attn m = gpu_attention(in.q, in.k, in.v, in.dout, in.seg, B, T, nh, nkv, hd);
+    check_attention_seg(B, T, nh, nkv, hd, 1, in.seg);
     cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "fused-regs", 1), 0);
-    gpu_attn r = gpu_attention(q, k, v, dout, max_doc ? seg : NULL, B, T, nh, nkv, hd);
+    gpu_attn r = gpu_attention(in.q, in.k, in.v, in.dout, in.seg, B, T, nh, nkv, hd);
     unsetenv("SPOTUNE_CUDA_ATTENTION");
     size_t ns[5] = {nq, nl, nq, nk, nk};
     const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
@@ -705,7 +643,7 @@ static void check_regs(int B, int T, int nh, int nkv, int hd, int max_doc)
                   "(rel err %.3g)", B, T, nh, nkv, hd, names[i], rel_err(r.o[i], m.o[i], ns[i]));
     for (int i = 0; i < 5; i++)
         free(m.o[i]), free(r.o[i]);
-    free(q), free(k), free(v), free(dout), free(seg), free(pos);
+    attn_inputs_free(&in);
 }
 
 Test(cuda_ops, flash_attention_operands_staged_or_in_registers)
