@@ -81,6 +81,9 @@ echo "== configure $BUILD (Release, CUDA architectures $ARCH)"
 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=ON \
     -DSPOTUNE_KERNEL_BENCH=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >/dev/null
 grep -q "^SPOTUNE_CUDA:STRING=ON" "$BUILD/CMakeCache.txt" || die "the build has the CUDA backend off"
+# the attention by cuDNN needs the frontend's headers (scripts/requirements-build.txt)
+grep -q "^SPOTUNE_CUDNN_FRONTEND_INCLUDE:PATH=/" "$BUILD/CMakeCache.txt" ||
+    die "no cuDNN frontend headers: run scripts/install-deps.sh --python first (the attention by cuDNN would be a stub)"
 TESTS=(test_cuda_ops test_cuda_elementwise test_cuda_attention test_cuda_layer test_cuda_model
     test_cuda_comm)
 WORKBENCH=(attn_bench elem_bench mm_bench) # kernels/cuda/dev, built into $BUILD/dev
@@ -157,7 +160,8 @@ fi
 spotune_cuda_lib_dirs() {
     local found="" lib d py ldc
     ldc=$(command -v ldconfig || echo /sbin/ldconfig)
-    for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9 \
+        libnvrtc.so.13; do
         if "$ldc" -p 2>/dev/null | awk -v l="$lib" '$1 == l {f = 1} END {exit !f}'; then
             continue
         fi
@@ -170,7 +174,11 @@ spotune_cuda_lib_dirs() {
             d=$(find "$py" -maxdepth 4 -name "$lib" -print -quit 2>/dev/null)
             if [ -n "$d" ]; then found="$found:$(dirname "$d")"; continue 2; fi
         done
-        echo "env.sh: warning: $lib not found (set SPOTUNE_CUDA_LIB_DIRS)" >&2
+        case $lib in
+        libcudnn* | libnvrtc*) # cuDNN, and NVRTC for its engines compiled at run time
+            echo "env.sh: note: $lib not found: SPOTUNE_CUDA_ATTENTION=cudnn may run the fused kernels (set SPOTUNE_CUDA_LIB_DIRS)" >&2 ;;
+        *) echo "env.sh: warning: $lib not found (set SPOTUNE_CUDA_LIB_DIRS)" >&2 ;;
+        esac
     done
     echo "${found#:}"
 }

@@ -35,7 +35,8 @@
 #                             backward with its stored dS against
 #                             fused-recompute there, the forward and
 #                             dK/dV by wgmma (fused-wgmma) against
-#                             mma.sync there, the worst error
+#                             mma.sync there, cuDNN's (cudnn) against the
+#                             fused kernels there, the worst error
 #   elementwise workbench     elem_bench --iters 3: vector against scalar
 #                             elementwise kernels; the figure: the
 #                             geometric-mean vector/scalar speedup and
@@ -93,6 +94,13 @@
 #                             SPOTUNE_CUDA_WIDE=0: LoRA's rank-r products
 #                             by cuBLASLt; row 8's speed against it says
 #                             what the kernels give a step
+#   bench 7B attention cuDNN  row 8 with SPOTUNE_CUDA_ATTENTION=cudnn: the
+#                             attention by cuDNN's fused attention
+#                             (cuda_cudnn.cu; run right after the
+#                             workbenches); row 8's speed against it says
+#                             whether it should be the default; where cuDNN
+#                             did not run, the figure says why
+#   bench 7B cuDNN seq 8192   the same for row 15
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -134,7 +142,7 @@
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
 #                     hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas
-#                     racecheck memcheck), e.g.
+#                     b7cudnn b7s8kcudnn racecheck memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -240,13 +248,14 @@ write_table() {
 }
 row_set() { # row_set INDEX RESULT SECS FIGURE
     R_RES[$1]=$2 R_SECS[$1]=$3
-    R_FIG[$1]=$(printf '%s' "$4" | tr '\n|' ' /' | sed 's/  */ /g; s/ $//' | cut -c1-640)
+    R_FIG[$1]=$(printf '%s' "$4" | tr '\n|' ' /' | sed 's/  */ /g; s/ $//' | cut -c1-800)
     write_table
 }
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas racecheck memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas b7cudnn b7s8kcudnn racecheck memcheck \
+    smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -275,6 +284,8 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7graphs) n="bench llama-7b LoRA r16 mb1 seq 2048, CUDA graphs (runtime.cuda_graphs)" ;;
     mm_bench) n="rank-r product workbench (mm_bench: LoRA's rank-r products, skinny and wide kernels vs cuBLASLt, vs CPU)" ;;
     b7cublas) n="bench llama-7b LoRA r16 mb1 seq 2048, rank-r products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0 SPOTUNE_CUDA_WIDE=0)" ;;
+    b7cudnn) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
+    b7s8kcudnn) n="bench llama-7b LoRA r16 mb1 seq 8192, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -447,8 +458,10 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
         --warmup 1 --lora-r 16 --recompute "$rcm" --json "${extra[@]}"
     [ $RC -eq 125 ] && { row_set "$i" SKIPPED 0 "not started: the budget ran out"; return; }
     json=$(grep '^{' "$PARTS/$key.out" | tail -1)
-    local note=""
+    local note="" fell
     [ "$rcm" != none ] && note="recompute $rcm; "
+    # asked for cuDNN's attention and not given it: the reason (cuda_cudnn.cu)
+    fell=$(grep -m1 '^spotune: attention by cuDNN' "$PARTS/$key.out" | sed 's/^[^:]*: [^:]*: //')
     if [ -n "$env_vs" ] && [ $RC -eq 0 ]; then
         local other
         other=$(jget tokens_per_s "${BENCH[$env_vs]:-}")
@@ -473,6 +486,7 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
             return
         fi
     fi
+    [ -n "$fell" ] && note="cuDNN DID NOT RUN: $fell; $note"
     case $RC in
     0) BENCH[$key]=$json; row_set "$i" PASS "$DT" "$note$(bench_figure "$json")" ;;
     124) # how far it got: bench's last progress line (stderr)
@@ -555,6 +569,10 @@ attn_figure() { # attn_figure FILE
             if ((k, w) in f && note[k, w] ~ /mma\.sync/) printf "; wgmma: not run (not sm_90)"
             else if ((k, "fused") in f && (k, w) in f && f[k, w] > 0 && b[k, w] > 0)
                 printf "; wgmma fwd %.3f, bwd %.3f ms against mma.sync %.3f, %.3f (%.2fx, %.2fx)", f[k, w], b[k, w], f[k, "fused"], b[k, "fused"], f[k, "fused"] / f[k, w], b[k, "fused"] / b[k, w]
+            w = "cudnn"
+            if ((k, w) in f && note[k, w] ~ /did not run/) printf "; cuDNN: NOT RUN (fused)"
+            else if ((k, "fused") in f && (k, w) in f && f[k, w] > 0 && b[k, w] > 0)
+                printf "; cuDNN fwd %.3f, bwd %.3f ms against fused %.3f, %.3f (%.2fx, %.2fx)", f[k, w], b[k, w], f[k, "fused"], b[k, "fused"], f[k, "fused"] / f[k, w], b[k, "fused"] / b[k, w]
             sep = "; other shapes: "
         } else sep = "fused/unfused fwd+bwd: "
         for (i = 1; i <= ns; i++) if (order[i] != k) { printf "%s%s %s", sep, order[i], speedup(order[i]); sep = ", " }
@@ -743,8 +761,15 @@ hf() {
 want hf7 && hf hf7 90 llama-7b 1 2048 b7
 
 # the kernel workbenches: attention versions, then elementwise versions
-want attn_bench && workbench attn_bench 45 attn_figure "$DEV/attn_bench" --iters 3
+# (75 s: cuDNN's row builds its graphs, and may compile its kernels, first)
+want attn_bench && workbench attn_bench 75 attn_figure "$DEV/attn_bench" --iters 3
 want elem_bench && workbench elem_bench 30 elem_figure "$DEV/elem_bench" --iters 3
+# row 8 with the attention by cuDNN (docs/cuda.md, "Attention by cuDNN"; not
+# yet the default): early, as the largest change a lease can measure
+if want b7cudnn; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=b7
+    bench b7cudnn 60 llama-7b lora 1 5
+fi
 
 want b13 && bench b13 75 llama-13b lora 1 5
 want b7mb4 && bench b7mb4 45 llama-7b lora 4 5
@@ -757,6 +782,10 @@ if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
     R_FIG[${IDX[b7mb8]}]="${R_FIG[${IDX[b7mb8]}]}; recompute none had failed: ${first:0:150}"
 fi
 want b7s8k && bench b7s8k 60 llama-7b lora 1 3 none 8192
+if want b7s8kcudnn; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=b7s8k
+    bench b7s8kcudnn 60 llama-7b lora 1 3 none 8192
+fi
 want graphs && bench graphs 45 small lora 1 10 none 2048 small_lora
 want b13q && bench b13q 75 llama-13b qlora 1 3 layer
 

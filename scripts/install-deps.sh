@@ -5,7 +5,8 @@
 # quick when everything is present. Needs root or sudo for apt-get.
 #
 # usage: scripts/install-deps.sh [--python [--hf]]
-#   --python: also the .venv (scripts/requirements-data.txt, -plot.txt)
+#   --python: also the .venv (scripts/requirements-data.txt, -plot.txt, and
+#             -build.txt: the cuDNN frontend's headers, for the CUDA build)
 #   --hf:     and in it the Hugging Face reference stack the tests compare
 #             against (scripts/requirements-hf.txt: torch, PEFT, bitsandbytes;
 #             about 5 GB; scripts/test.sh asks for it)
@@ -44,11 +45,15 @@ if [ "$python" = 1 ]; then
   if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
   fi
-  want=$(cat scripts/requirements-data.txt scripts/requirements-plot.txt | sha256sum | cut -c1-16)
+  want=$(cat scripts/requirements-data.txt scripts/requirements-plot.txt \
+    scripts/requirements-build.txt | sha256sum | cut -c1-16)
   if [ "$(cat .venv/.installed 2>/dev/null || true)" != "$want" ]; then
-    echo "install-deps: pip install into .venv (data preparation, plots)"
+    echo "install-deps: pip install into .venv (data preparation, plots, build headers)"
     .venv/bin/pip install -q --disable-pip-version-check \
       -r scripts/requirements-data.txt -r scripts/requirements-plot.txt
+    # headers only: the frontend's own dependencies are for its Python side
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps \
+      -r scripts/requirements-build.txt
     echo "$want" > .venv/.installed
   fi
   if [ "$hf" = 1 ]; then

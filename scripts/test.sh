@@ -36,6 +36,9 @@ scripts/install-deps.sh --python --hf
 # Installed just above: a test that finds torch, PEFT or bitsandbytes missing
 # fails here instead of reporting itself skipped.
 export SPOTUNE_REQUIRE_HF_TESTS=1
+# and the cuDNN frontend's headers (scripts/requirements-build.txt): the
+# check of the cuDNN attention graphs fails instead of skipping without them
+export SPOTUNE_REQUIRE_CUDNN_FRONTEND=1
 if [ -x scripts/install-s3-test-deps.sh ]; then scripts/install-s3-test-deps.sh; fi
 export PATH="$root/.venv/bin:$PATH"
 if [ -d /usr/local/cuda/bin ]; then export PATH="$PATH:/usr/local/cuda/bin"; fi

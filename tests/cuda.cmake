@@ -15,6 +15,7 @@ spotune_test(test_cuda_elementwise SOURCES test_cuda_elementwise.c cuda_ops_util
   LIBS spotune_kernels LABELS cuda)
 spotune_test(test_cuda_attention SOURCES test_cuda_attention.c cuda_ops_util.c
   LIBS spotune_kernels LABELS cuda)
+spotune_test(test_cudnn_graphs SOURCES test_cudnn_graphs.c LIBS spotune_kernels LABELS cuda)
 spotune_test(test_cuda_layer SOURCES test_cuda_layer.c test_util.c LIBS spotune_trainer
   LABELS cuda)
 set_tests_properties(test_cuda_layer PROPERTIES TIMEOUT 900)
@@ -71,7 +72,7 @@ endforeach()
 # backend.
 if(SPOTUNE_CUDA)
   set(emu_cuda_sources cuda_backend.cu cuda_matmul.cu cuda_matmul_ops.cu cuda_skinny.cu cuda_wide.cu cuda_ops.cu cuda_nf4.cu cuda_vec.cu
-    cuda_attention.cu cuda_flash.cu cuda_flash_wgmma.cu cuda_doctor.cu)
+    cuda_attention.cu cuda_flash.cu cuda_flash_wgmma.cu cuda_cudnn.cu cuda_doctor.cu)
   list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
   set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)
   function(spotune_emu_module name)

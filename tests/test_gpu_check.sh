@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu_check.sh — scripts/gpu_check.sh, the one-shot GPU check:
 #  1. its dry run on this build (--dry-run hides every GPU, so this is a dry
-#     run on a GPU machine too): the table has all 30 rows, every GPU step is
+#     run on a GPU machine too): the table has all 32 rows, every GPU step is
 #     SKIPPED with its reason (the CUDA error, or the build without CUDA),
 #     the two kernel workbenches' rows too, the test programs report their
 #     own skip, exit 77, and it takes under a minute;
@@ -54,7 +54,7 @@ table=$(cat "$tmp/dry/gpu_check_table.md" 2>/dev/null)
 check "dry run exits 77 (skipped, not passed)" $((rc != 77)) "exit $rc: $out"
 check "dry run under a minute" $((dt >= 60)) "${dt}s"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "dry run: the table has the 30 rows" $((n != 30)) "$table"
+check "dry run: the table has the 32 rows" $((n != 32)) "$table"
 bad=$(grep -E '^\| [0-9]+ \|' <<<"$table" | grep -v '| SKIPPED |')
 check "dry run: every row SKIPPED" $((${#bad} != 0)) "$bad"
 for k in 2 3 4 5; do
@@ -73,7 +73,7 @@ has "$(row "$table" 10)" "| attention workbench (attn_bench" &&
 check "dry run: rows 10 and 11 are the kernel workbenches" $? "$table"
 ! has "$table" "full output: out/"
 check "dry run: no workbench table after the main one" $? "$table"
-has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 30)" "dry run: the GPUs are hidden"
+has "$(row "$table" 1)" "dry run: the GPUs are hidden" && has "$(row "$table" 32)" "dry run: the GPUs are hidden"
 check "dry run: nvidia-smi rows at start and end" $? "$table"
 has "$out" "| # | step | result | s | figure |" && [ "$(grep -c '| # | step |' <<<"$out")" -eq 1 ]
 check "dry run: one table printed" $? "$out"
@@ -124,6 +124,14 @@ case "$args" in
     if [ "${SPOTUNE_CUDA_ATTENTION:-}" = fused-stored ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
     if [ "${SPOTUNE_CUDA_ATTENTION:-}" = fused-wgmma ]; then json 3630 0.40 0.41 11.20 ok; exit 0; fi
     if [ "${SPOTUNE_CUDA_SKINNY:-}" = 0 ] && [ "${SPOTUNE_CUDA_WIDE:-}" = 0 ]; then json 3000 0.40 0.41 11.20 ok; exit 0; fi
+    if [ "${SPOTUNE_CUDA_ATTENTION:-}" = cudnn ]; then
+        case "$args" in
+        *"--seq-len 8192"*) json 3960 0.50 0.51 11.20 ok ;;
+        *) echo "spotune: attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn): libcudnn.so.9 not found (libcudnn.so.9: cannot open shared object file); the fused kernels run instead" >&2
+           json 3300 0.44 0.45 11.20 ok ;;
+        esac
+        exit 0
+    fi
     json 3300 0.4417 0.4523 11.20 ok |
         sed 's/}$/,"split_ms":{"gemm":80.0,"lora":20.0,"attention":40.0,"elementwise":40.0,"optimizer":10.0,"communication":10.0},"profiled_step_ms":200.0}/' ;;
 *"--preset llama-13b"*"--recompute layer"*"--quantize nf4"*)
@@ -193,6 +201,8 @@ echo "| 1,2048,32,32,128 | fused-regs |     0.550 |     1.650 |   250.0 |   208.
 echo "| 1,2048,32,32,128 | fused-recompute |     0.500 |     1.800 |   275.0 |   190.9 | dq  3.10e-03 | ok |"
 echo "| 1,2048,32,32,128 | fused-wgmma |     0.250 |     1.200 |   550.0 |   286.4 | dq  3.10e-03 | ok |"
 echo "| 1,2048,32,32,128 | unfused  |     1.000 |     3.000 |   137.4 |   114.5 | out 2.00e-03 | ok |"
+echo "| 1,2048,32,32,128 | cudnn    |     0.250 |     0.750 |   550.0 |   458.2 | dq  3.00e-03 | ok |"
+echo "| 1,2048,32,8,128 | cudnn    (fused: cuDNN did not run it, stderr says why) |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.20e-03 | ok |"
 echo "| 1,2048,32,8,128 | fused    |     0.500 |     1.500 |   275.0 |   229.1 | dq  3.20e-03 | ok |"
 if [ "${FAKE_WB:-}" = fail ]; then
     echo "| 1,2048,32,8,128 | unfused  |     1.500 |     3.500 |    91.6 |    98.2 | dq  2.50e-02 | FAIL |"
@@ -325,9 +335,9 @@ expect_row 19 FAIL "exit 2: error: import torch: OSError: libcudnn.so.9"
 expect_row 20 FAIL "HF PEFT llama-13b LoRA r16 mb1 seq 2048 (bench_hf_peft.py) | FAIL"
 expect_row 21 FAIL "HF PEFT llama-7b LoRA r16 mb1 seq 8192 (bench_hf_peft.py) | FAIL"
 expect_row 10 PASS "attention workbench (attn_bench"
-expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms); bwd with stored dS 1.500 ms, recomputing dQ 1.800 ms (1.20x); operands staged fwd 0.500, bwd 1.500 ms, in registers 0.550, 1.650 (1.10x, 1.10x); wgmma fwd 0.250, bwd 1.200 ms against mma.sync 0.500, 1.500 (2.00x, 1.25x)"
+expect_row 10 PASS "fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): 2.00x (fused 0.500+1.500 ms, 275.0/229.1 TFLOP/s; unfused 1.000+3.000 ms); bwd with stored dS 1.500 ms, recomputing dQ 1.800 ms (1.20x); operands staged fwd 0.500, bwd 1.500 ms, in registers 0.550, 1.650 (1.10x, 1.10x); wgmma fwd 0.250, bwd 1.200 ms against mma.sync 0.500, 1.500 (2.00x, 1.25x); cuDNN fwd 0.250, bwd 0.750 ms against fused 0.500, 1.500 (2.00x, 2.00x)"
 expect_row 10 PASS "other shapes: 1,2048,32,8,128 2.50x, 1,4096,32,8,64 3.00x, 2,1031,8,2,64 1.00x"
-expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 11 rows: 11 ok, 0 FAIL, 1 fallback"
+expect_row 10 PASS "worst rel err 4.50e-03 (dk at 1,4096,32,8,64 unfused); 13 rows: 13 ok, 0 FAIL, 1 fallback"
 expect_row 11 PASS "elementwise workbench (elem_bench"
 expect_row 11 PASS "vector/scalar geometric-mean speedup 4.00x over 2 op-shapes (from 2.00x, add 2048 x 4096, to 8.00x, rmsnorm_fwd 2048 x 4096)"
 expect_row 11 PASS "1 vector rows fell back (not counted); bit-identical to scalar (3 vector rows); worst rel err 3.00e-03; 6 rows: 6 ok, 0 FAIL"
@@ -355,18 +365,22 @@ expect_row 26 PASS "rank-r product workbench (mm_bench"
 expect_row 26 PASS "cuBLASLt time / skinny kernel time: xA_qkv 2.40x dyB_gu 2.00x; geometric mean 2.19x over 2 products; cuBLASLt time / wide kernel time: up_gu 1.75x; geometric mean 1.75x over 1 products; worst rel err 3.10e-03 (dyB_gu skinny); 6 rows: 6 ok, 0 FAIL"
 expect_row 27 PASS "bench llama-7b LoRA r16 mb1 seq 2048, rank-r products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0 SPOTUNE_CUDA_WIDE=0)"
 expect_row 27 PASS "SPOTUNE_CUDA_SKINNY=0 SPOTUNE_CUDA_WIDE=0; row 8 is 1.100x this; 3000 tok/s"
-expect_row 28 PASS "compute-sanitizer racecheck on the fused attention tests (reduced shapes) | PASS"
-expect_row 28 PASS "0 hazards; Tested: 7 / Passing: 7 / Failing: 0 / Crashing: 0"
-expect_row 29 FAIL "exit 3, 3 errors"
-expect_row 30 PASS "NVIDIA H200"
-expect_row 31 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
-expect_row 32 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
-expect_row 33 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
-expect_row 34 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
+expect_row 28 PASS "bench llama-7b LoRA r16 mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)"
+expect_row 28 PASS "cuDNN DID NOT RUN: libcudnn.so.9 not found (libcudnn.so.9: cannot open shared object file); the fused kernels run instead; SPOTUNE_CUDA_ATTENTION=cudnn; row 8 is 1.000x this; 3300 tok/s"
+expect_row 29 PASS "bench llama-7b LoRA r16 mb1 seq 8192, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn) | PASS"
+expect_row 29 PASS "| SPOTUNE_CUDA_ATTENTION=cudnn; row 15 is 0.833x this; 3960 tok/s"
+expect_row 30 PASS "compute-sanitizer racecheck on the fused attention tests (reduced shapes) | PASS"
+expect_row 30 PASS "0 hazards; Tested: 7 / Passing: 7 / Failing: 0 / Crashing: 0"
+expect_row 31 FAIL "exit 3, 3 errors"
+expect_row 32 PASS "NVIDIA H200"
+expect_row 33 PASS "doctor gpu0.device | PASS | - | NVIDIA H200 (sm_90"
+expect_row 34 WARN "doctor gpu0.gemm_bf16 | WARN | - | 512 TFLOP/s, 52% of peak"
+expect_row 35 FAIL "memcheck error: Invalid __global__ read of size 2 bytes in attention_softmax_rows | FAIL | - | 2 occurrences"
+expect_row 36 FAIL "memcheck error: Program hit cudaErrorLaunchFailure"
 n=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "stand-ins: 30 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 34)) "$table"
+check "stand-ins: 32 rows, the 2 doctor GPU rows and the 2 memcheck error rows" $((n != 36)) "$table"
 # the workbenches' own tables after the main one, whole
-after=$(sed -n '/^| 34 |/,$p' <<<"$table")
+after=$(sed -n '/^| 36 |/,$p' <<<"$table")
 has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: out/attn_bench.out" &&
     has "$after" "device: NVIDIA H200; 3 iterations" &&
     has "$after" "| 2,1031,8,2,64 | unfused  |" &&
@@ -375,7 +389,7 @@ has "$after" "attention workbench: \`attn_bench --iters 3\` (PASS; full output: 
     has "$after" "rank-r product workbench: \`mm_bench --iters 20\` (PASS; full output: out/mm_bench.out" &&
     has "$after" "| dyB_gu | 2048,16,11008 x 2 | [K,N] | cublaslt |" &&
     has "$after" "| up_gu | 2048,11008,16 x 2 | [N,K] | wide |" &&
-    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 13 + 8 + 8)) ]
+    [ "$(grep -c '^|' <<<"$after")" -eq $((1 + 15 + 8 + 8)) ]
 check "stand-ins: the three workbench tables follow the main table" $? "$after"
 has "$(cat "$tmp/pyenv" 2>/dev/null)" "LD_LIBRARY_PATH=<unset>"
 check "the Python peer runs without the bundle's LD_LIBRARY_PATH" $? "$(cat "$tmp/pyenv" 2>/dev/null)"
@@ -418,9 +432,9 @@ check "the Python peer gets the machine's LD_LIBRARY_PATH, not the bundle's" $? 
 table=$(cat "$tmp/mixed2/gpu_check_table.md" 2>/dev/null)
 expect_row 16 FAIL "graphs turned off: capture failed: cudaStreamEndCapture: operation not permitted"
 expect_row 26 FAIL "exit 1: 1 FAIL row: dyB_gu 2048,16,11008 x 2 [K,N] skinny rel err 4.00e-02"
-expect_row 28 FAIL "exit 3, 1 hazards: Error: Race reported between Write access at flash_dq_stored_kernel<128>+0x2a0; Tested: 7"
+expect_row 30 FAIL "exit 3, 1 hazards: Error: Race reported between Write access at flash_dq_stored_kernel<128>+0x2a0; Tested: 7"
 expect_row 10 FAIL "exit 1: 1 FAIL row: 1,2048,32,8,128 unfused worst rel err dq 2.50e-02; fused/unfused"
-expect_row 10 FAIL "11 rows: 10 ok, 1 FAIL"
+expect_row 10 FAIL "13 rows: 12 ok, 1 FAIL"
 expect_row 11 FAIL "exit 1: 1 FAIL row: 2048 x 4096 add vector worst rel err 1.95e-03 = scalar NO; elem_bench: 1 row failed"
 expect_row 11 FAIL "NOT bit-identical: 1 of 3 vector rows differ (add 2048 x 4096)"
 has "$table" "attention workbench: \`attn_bench --iters 3\` (FAIL;" && has "$table" "| dq  2.50e-02 | FAIL |"
@@ -432,7 +446,7 @@ env -u LD_LIBRARY_PATH OUT="$tmp/mixed3" PATH="$tmp/path:/usr/bin:/bin" GPU_CHEC
     GPU_CHECK_PYTHON="$tmp/path/fakepython" FAKE_PY_ENV="$tmp/pyenv3" FAKE_WB=other \
     bash "$bundle/gpu_check.sh" > /dev/null 2>&1
 table=$(cat "$tmp/mixed3/gpu_check_table.md" 2>/dev/null)
-expect_row 10 TIMEOUT "killed after 2s; so far: fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): - "
+expect_row 10 TIMEOUT "killed after 4s; so far: fused/unfused fwd+bwd at 7B T 2048 (1,2048,32,32,128): - "
 expect_row 10 TIMEOUT "1 rows: 1 ok, 0 FAIL"
 expect_row 11 SKIPPED "elem_bench: runtime.backend: cuda requested but no CUDA device is usable: cudaGetDeviceCount: no CUDA-capable device"
 
@@ -455,7 +469,7 @@ expect_row 1 PASS "NVIDIA H200"
 expect_row 2 OMITTED "not selected (--only b7,attn_bench)"
 expect_row 22 OMITTED "not selected (--only b7,attn_bench)"
 n=$(grep -cE '^\| [0-9]+ \| .* \| OMITTED \|' <<<"$table")
-check "--only: the 26 other steps OMITTED" $((n != 26)) "$table"
+check "--only: the 28 other steps OMITTED" $((n != 28)) "$table"
 ! has "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)" "-- ops:"
 check "--only: an omitted step does not run" $? "$(cat "$tmp/only/gpu_check.log" 2>/dev/null)"
 # the HF peer at the issue's other settings: its ratio to the spotune row of
@@ -491,10 +505,10 @@ r=$(row "$table" 2)
 [ "$(res 2)" = TIMEOUT ] && grep -qE "killed after 1[0-5]s" <<<"$r"
 check "budget: the hung step cut at what was left (15 s at most)" $? "$r"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "budget: every row present" $((nrows != 30)) "$table"
-notstarted=$(grep -E '^\| ([3-9]|1[0-9]|2[0-9]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
-check "budget: the steps after it are 'not started' rows" $((notstarted != 27)) "$table"
-expect_row 30 PASS "NVIDIA H200"
+check "budget: every row present" $((nrows != 32)) "$table"
+notstarted=$(grep -E '^\| ([3-9]|[12][0-9]|3[01]) \|' <<<"$table" | grep -c "| SKIPPED | 0 | not started")
+check "budget: the steps after it are 'not started' rows" $((notstarted != 29)) "$table"
+expect_row 32 PASS "NVIDIA H200"
 
 # ---- 4. a run cut short from outside ----------------------------------------------------------
 # (its caller's time limit): the table of the rows reached is in OUT, marked
@@ -506,7 +520,7 @@ table=$(cat "$tmp/cut/gpu_check_table.md" 2>/dev/null)
 has "$table" "PARTIAL: the check was still running after"
 check "cut short: the table in OUT says it is partial" $? "$table"
 nrows=$(grep -cE '^\| [0-9]+ \|' <<<"$table")
-check "cut short: every row present" $((nrows != 30)) "$table"
+check "cut short: every row present" $((nrows != 32)) "$table"
 expect_row 1 PASS "NVIDIA H200"
 has "$(row "$table" 2)" "| SKIPPED | - | not reached"
 check "cut short: the step it was in is 'not reached'" $? "$table"

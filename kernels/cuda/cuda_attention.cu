@@ -5,7 +5,9 @@
  * (BF16, hd 64 or 128, sm_80 or later; cuda_flash_handles); this file's
  * unfused path runs the rest, and every call when SPOTUNE_CUDA_ATTENTION=
  * unfused (for comparison). Both save the same lse, so a forward of one
- * and a backward of the other agree.
+ * and a backward of the other agree. SPOTUNE_CUDA_ATTENTION=cudnn hands
+ * the calls cuDNN takes to its fused attention first (cuda_cudnn.cu; the
+ * same lse again).
  *
  * The unfused path.
  * Algorithm: batched cuBLASLt products with a fused masked-softmax kernel,
@@ -216,6 +218,9 @@ extern "C" void cuda_attention_forward(backend_t *be, tensor_t out, tensor_t lse
      * for q, k, v, out) have been checked (kernels/backend_ops.c) */
     if (be->err.code)
         return;
+    if (cuda_cudnn_requested() &&
+        cuda_cudnn_attention_forward(be, out, lse, q, k, v, seg, B, T, nh, nkv, hd, q_ld, kv_ld))
+        return; /* ran, or failed (recorded) */
     const void *ptrs[] = {q.p, k.p, v.p, out.p};
     const int lds[] = {q_ld, kv_ld};
     if (cuda_flash_handles(be, q.dt, B, T, nh, nkv, hd, ptrs, 4, lds, 2)) {
@@ -266,6 +271,10 @@ extern "C" void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk,
                                         int dkv_ld)
 {
     if (be->err.code) /* arguments checked as for the forward */
+        return;
+    if (cuda_cudnn_requested() &&
+        cuda_cudnn_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, seg, B, T, nh, nkv,
+                                      hd, q_ld, kv_ld, dq_ld, dkv_ld))
         return;
     const void *ptrs[] = {q.p, k.p, v.p, out.p, dout.p, dq.p, dk.p, dv.p};
     const int lds[] = {q_ld, kv_ld, dq_ld, dkv_ld};

@@ -402,6 +402,7 @@ static void cuda_destroy(backend_t *be)
         if (im->stream)
             cudaStreamSynchronize(im->stream);
         cuda_mm_destroy(be);
+        cuda_cudnn_release(be);
         if (im->scratch)
             cudaFree(im->scratch);
         if (im->host_sum)

@@ -46,6 +46,7 @@ typedef struct cuda_impl {
     int staged_pending;       /* staged was recorded since the last h2d_wait */
     cudaEvent_t *prof_ev;     /* the step profile's marks (created on first use, reused) */
     int prof_cap;
+    void *cudnn;              /* cuDNN's handle and graphs (cuda_cudnn.cu), made on first use */
 } cuda_impl;
 
 #define CUDA_SKINNY_COUNTERS 4096 /* row tiles a skinny product splits at most */
@@ -294,6 +295,25 @@ void cuda_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t d
                              tensor_t out, tensor_t lse, tensor_t q, tensor_t k, tensor_t v,
                              tensor_t seg, int B, int T, int nh, int nkv, int hd, int q_ld,
                              int kv_ld, int dq_ld, int dkv_ld);
+
+/* cuda_cudnn.cu: attention by cuDNN's fused attention, asked for by
+ * SPOTUNE_CUDA_ATTENTION=cudnn (cuda_cudnn_requested). The two ops return
+ * 1 when cuDNN ran the call, 0 when it did not (not a shape it takes, no
+ * cuDNN, a graph it refuses: the reason printed once; the caller runs the
+ * fused kernels), -1 on an error (recorded). cuda_cudnn_status: 1 when
+ * cuDNN can be used, else 0, with the version or the reason in why;
+ * cuda_cudnn_calls: how many calls cuDNN has run on this backend. */
+int cuda_cudnn_requested(void);
+int cuda_cudnn_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
+                                 tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
+                                 int nkv, int hd, int q_ld, int kv_ld);
+int cuda_cudnn_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
+                                  tensor_t dout, tensor_t out, tensor_t lse, tensor_t q,
+                                  tensor_t k, tensor_t v, tensor_t seg, int B, int T, int nh,
+                                  int nkv, int hd, int q_ld, int kv_ld, int dq_ld, int dkv_ld);
+int cuda_cudnn_status(backend_t *be, char *why, size_t n);
+long cuda_cudnn_calls(backend_t *be);
+void cuda_cudnn_release(backend_t *be);
 
 /* cuda_flash.cu: the fused kernels. cuda_flash_handles: 1 when they take
  * this call (BF16, hd 64 or 128, compute capability 8.0 or later, every

@@ -11,8 +11,10 @@
  * "fused-recompute"
  * (the same kernels, dQ recomputing S and dP), "fused-wgmma" (the forward
  * by Hopper warpgroup products, cuda_flash_wgmma.cu, on a GPU of compute
- * capability 9.0; elsewhere the row says it ran mma.sync) and "unfused" (the cuBLASLt
- * path of cuda_attention.cu), chosen through SPOTUNE_CUDA_ATTENTION as the
+ * capability 9.0; elsewhere the row says it ran mma.sync), "unfused" (the cuBLASLt
+ * path of cuda_attention.cu) and "cudnn" (cuDNN's fused attention,
+ * cuda_cudnn.cu; where cuDNN did not run both calls the row says so and
+ * times the fused kernels), chosen through SPOTUNE_CUDA_ATTENTION as the
  * backend reads it on every call.
  *
  * Check: out, dq, dk, dv within 1e-2 of the CPU's largest value (bf16, the
@@ -223,6 +225,19 @@ static int wgmma_runs(backend_t *be)
     return fn(be);
 }
 
+/* How many calls cuDNN has run on this backend (cuda_cudnn_calls in the
+ * module; 0 without it). */
+static long cudnn_calls(backend_t *be)
+{
+    char why[256];
+    void *sym = backend_cuda_symbol("cuda_cudnn_calls", why, sizeof why);
+    long (*fn)(backend_t *);
+    if (!sym)
+        return 0;
+    memcpy(&fn, &sym, sizeof fn);
+    return fn(be);
+}
+
 /* One table row: version on shape. Returns 1 when the check failed. */
 static int run_version(backend_t *gpu, const shape *s, const inputs *in, const opts *o,
                        const char *version)
@@ -239,8 +254,11 @@ static int run_version(backend_t *gpu, const shape *s, const inputs *in, const o
         strncmp(version, "fused", 5) == 0 && !fused_takes(gpu, s, &d) ? " fallback"
         : strcmp(version, "fused-wgmma") == 0 && !wgmma_runs(gpu)   ? " (mma.sync: not sm_90)"
                                                                      : "";
+    long c0 = cudnn_calls(gpu);
     forward(gpu, s, &d);
     backward(gpu, s, &d);
+    if (strcmp(version, "cudnn") == 0 && cudnn_calls(gpu) - c0 < 2)
+        note = " (fused: cuDNN did not run it, stderr says why)";
     double worst = 0;
     const char *worst_name = "-";
     if (o->check && download_outputs(gpu, &d, got) == 0)
@@ -324,6 +342,7 @@ int main(int argc, char **argv)
         failures += run_version(gpu, s, &in, &o, "fused-recompute");
         failures += run_version(gpu, s, &in, &o, "fused-wgmma");
         failures += run_version(gpu, s, &in, &o, "unfused");
+        failures += run_version(gpu, s, &in, &o, "cudnn");
         free_inputs(&in);
     }
     unsetenv("SPOTUNE_CUDA_ATTENTION");

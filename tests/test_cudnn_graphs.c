@@ -1,0 +1,94 @@
+/* tests/test_cudnn_graphs.c — the graphs the attention by cuDNN builds
+ * (kernels/cuda/cuda_cudnn.cu, SPOTUNE_CUDA_ATTENTION=cudnn), checked by
+ * the cuDNN frontend's own validation (dims, strides, data types, what its
+ * attention nodes take) with no GPU: the forward and backward of the
+ * shapes spotune trains, in the layouts the trainer hands over (q, k, v as
+ * the column blocks of the fused q/k/v product, dq, dk, dv as those of its
+ * gradient). What only a GPU can say (whether an engine of this cuDNN runs
+ * the graph, and its results) is tests/test_cuda_attention.c's
+ * attention_by_cudnn_matches_the_cpu, run by scripts/gpu_check.sh.
+ *
+ * Skipped (77) in a build without the CUDA backend; where the backend was
+ * built without the cuDNN frontend (scripts/requirements-build.txt) or
+ * libcudnn.so.9 is not installed, skipped too, unless
+ * SPOTUNE_REQUIRE_CUDNN_FRONTEND=1 (scripts/test.sh, which installs the
+ * frontend; libcudnn.so.9 comes with the CUDA toolkit) makes that a
+ * failure; skipped where the toolkit has no cudnn.h at all. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+
+typedef int (*validate_fn)(int, int, int, int, int, int, int, int, int, int, int, char *, size_t);
+
+static validate_fn validate;
+
+static void setup(void)
+{
+    char why[320];
+    void *sym = backend_cuda_symbol("cuda_cudnn_validate", why, sizeof why);
+    if (!sym)
+        cr_skip_test("no CUDA backend to check: %s", why);
+    memcpy(&validate, &sym, sizeof validate);
+    int ok = validate(90, 0, 1, 64, 2, 2, 64, 128, 128, 128, 128, why, sizeof why);
+    const char *req = getenv("SPOTUNE_REQUIRE_CUDNN_FRONTEND");
+    if (!ok && strstr(why, "has no cudnn.h")) /* not what the project's scripts install */
+        cr_skip_test("the attention by cuDNN cannot be checked: %s", why);
+    if (!ok && (strstr(why, "no cuDNN frontend") || strstr(why, "libcudnn.so.9 not found"))) {
+        if (req && strcmp(req, "1") == 0)
+            cr_assert_fail("the attention by cuDNN cannot be checked: %s", why);
+        cr_skip_test("the attention by cuDNN cannot be checked: %s", why);
+    }
+}
+
+TestSuite(cudnn_graphs, .init = setup);
+
+/* One model's attention on a GPU of compute capability sm: forward and
+ * backward, q/k/v strided as the fused product leaves them (row stride qd
+ * + 2 kvd) and contiguous. */
+static void expect_valid(int sm, const char *model, int B, int T, int nh, int nkv, int hd)
+{
+    char why[320];
+    int qd = nh * hd, kvd = nkv * hd, N = qd + 2 * kvd;
+    const int lds[2][4] = {{N, N, N, N}, {qd, kvd, qd, kvd}};
+    for (int l = 0; l < 2; l++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            const int *ld = lds[l];
+            int ok = validate(sm, bwd, B, T, nh, nkv, hd, ld[0], ld[1], ld[2], ld[3], why,
+                              sizeof why);
+            cr_expect(ok, "sm_%d %s %s, %s: the frontend rejects the graph: %s", sm, model,
+                      bwd ? "backward" : "forward", l ? "contiguous" : "strided q/k/v", why);
+        }
+}
+
+/* H100 and H200 (sm_90) and A100 (sm_80). */
+Test(cudnn_graphs, the_shapes_spotune_trains)
+{
+    static const int sms[] = {90, 80};
+    for (int i = 0; i < 2; i++) {
+        int sm = sms[i];
+        expect_valid(sm, "Llama-2-7B, T 2048", 1, 2048, 32, 32, 128);
+        expect_valid(sm, "Llama-2-7B, micro-batch 4", 4, 2048, 32, 32, 128);
+        expect_valid(sm, "Llama-2-13B", 1, 2048, 40, 40, 128);
+        expect_valid(sm, "Llama-3-8B (GQA, 4 query heads a kv head)", 1, 2048, 32, 8, 128);
+        expect_valid(sm, "T 8192", 1, 8192, 32, 32, 128);
+        expect_valid(sm, "head dim 64, 8 query heads a kv head", 1, 4096, 32, 4, 64);
+        expect_valid(sm, "odd T", 2, 37, 4, 1, 64);
+    }
+}
+
+/* The validation is real, and what it refuses the fused kernels run
+ * instead (cuda_cudnn.cu): a single-token backward, and a graph whose kv
+ * heads do not divide the query heads (which kernels/backend_ops.c refuses
+ * before any backend sees it). */
+Test(cudnn_graphs, a_graph_it_cannot_take_is_refused)
+{
+    char why[320];
+    int ok = validate(90, 1, 1, 1, 2, 2, 64, 128, 128, 128, 128, why, sizeof why);
+    cr_expect(!ok, "a backward of one token passed the frontend's validation");
+    cr_log_info("T 1 backward refused: %s", why);
+    ok = validate(90, 0, 1, 64, 6, 4, 64, 6 * 64, 4 * 64, 6 * 64, 4 * 64, why, sizeof why);
+    cr_expect(!ok, "6 query heads over 4 kv heads passed the frontend's validation");
+    cr_log_info("6 over 4 heads refused: %s", why);
+}
