@@ -101,6 +101,8 @@
 #                             whether it should be the default; where cuDNN
 #                             did not run, the figure says why
 #   bench 7B cuDNN seq 8192   the same for row 15
+#   bench small LoRA cuDNN    row 6 with it: the small model's step 1 by
+#                             cuDNN's attention checked against the CPU
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -142,7 +144,7 @@
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
 #                     hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas
-#                     b7cudnn b7s8kcudnn racecheck memcheck), e.g.
+#                     b7cudnn b7s8kcudnn small_cudnn racecheck memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -254,8 +256,8 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas b7cudnn b7s8kcudnn racecheck memcheck \
-    smi_end; do
+    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas b7cudnn b7s8kcudnn small_cudnn racecheck \
+    memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -286,6 +288,7 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7cublas) n="bench llama-7b LoRA r16 mb1 seq 2048, rank-r products by cuBLASLt (SPOTUNE_CUDA_SKINNY=0 SPOTUNE_CUDA_WIDE=0)" ;;
     b7cudnn) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
     b7s8kcudnn) n="bench llama-7b LoRA r16 mb1 seq 8192, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
+    small_cudnn) n="bench small LoRA mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn), step 1 vs CPU" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -769,6 +772,11 @@ want elem_bench && workbench elem_bench 30 elem_figure "$DEV/elem_bench" --iters
 if want b7cudnn; then
     BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=b7
     bench b7cudnn 60 llama-7b lora 1 5
+fi
+# and a whole small training step by it, step 1 checked against the CPU
+if want small_cudnn; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=small_lora
+    bench small_cudnn 45 small lora 1 10
 fi
 
 want b13 && bench b13 75 llama-13b lora 1 5

@@ -333,9 +333,9 @@ extern "C" int cuda_cudnn_attention_forward(backend_t *be, tensor_t out, tensor_
                                             tensor_t k, tensor_t v, tensor_t seg, int B, int T,
                                             int nh, int nkv, int hd, int q_ld, int kv_ld)
 {
-    const void *p[] = {q.p, k.p, v.p, out.p};
+    const void *p[] = {q.p, k.p, v.p, out.p, lse.p};
     const int lds[] = {q_ld, kv_ld, nh * hd};
-    if (!cudnn_shape_fits(q.dt, hd, p, 4, lds, 3, seg.p)) {
+    if (!cudnn_shape_fits(q.dt, hd, p, 5, lds, 3, seg.p)) {
         say_once("this call's shape, dtype or alignment is not one it takes (bf16, head dim a "
                  "multiple of 8 up to 256, no packed documents, 16-byte aligned rows)");
         return 0;
@@ -352,9 +352,9 @@ extern "C" int cuda_cudnn_attention_backward(backend_t *be, tensor_t dq, tensor_
                                              int B, int T, int nh, int nkv, int hd, int q_ld,
                                              int kv_ld, int dq_ld, int dkv_ld)
 {
-    const void *p[] = {q.p, k.p, v.p, out.p, dout.p, dq.p, dk.p, dv.p};
+    const void *p[] = {q.p, k.p, v.p, out.p, dout.p, dq.p, dk.p, dv.p, lse.p};
     const int lds[] = {q_ld, kv_ld, nh * hd, dq_ld, dkv_ld};
-    if (!cudnn_shape_fits(q.dt, hd, p, 8, lds, 5, seg.p)) {
+    if (!cudnn_shape_fits(q.dt, hd, p, 9, lds, 5, seg.p)) {
         say_once("this call's shape, dtype or alignment is not one it takes (bf16, head dim a "
                  "multiple of 8 up to 256, no packed documents, 16-byte aligned rows)");
         return 0;
