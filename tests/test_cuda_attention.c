@@ -863,8 +863,12 @@ Test(cuda_ops, attention_by_cudnn_matches_the_cpu)
     attn_in in = attn_inputs(B, T, nh, nkv, hd, 0);
     gpu_attn a = gpu_attention(in.q, in.k, in.v, in.dout, NULL, B, T, nh, nkv, hd);
     gpu_attn b = gpu_attention(in.q, in.k, in.v, in.dout, NULL, B, T, nh, nkv, hd);
+    cudnn_usable(why, sizeof why, &c0);
     gpu_attn st = gpu_attention_strided(in.q, in.k, in.v, in.dout, NULL, B, T, nh, nkv, hd, 8, &ok);
+    cudnn_usable(why, sizeof why, &c1);
     unsetenv("SPOTUNE_CUDA_ATTENTION");
+    cr_expect_eq(c1 - c0, 2, "column blocks (the trainer's layout): cuDNN ran %ld of its 2 calls",
+                 c1 - c0);
     cr_expect(ok, "cuDNN on column blocks: a padding column or q/k/v changed");
     for (int i = 0; i < 5; i++) {
         double e = rel_err(st.o[i], a.o[i], ns[i]), tol = i == 1 ? TOL_F32 : TOL_BF16;

@@ -196,19 +196,26 @@ static double time_op(backend_t *be, const shape *s, dev_set *d,
     return bench_time_ms("attn_bench", be, call_once, &c, iters);
 }
 
+/* A function of the CUDA module by name, or NULL. */
+static void *module_fn(const char *name)
+{
+    char why[256];
+    return backend_cuda_symbol(name, why, sizeof why);
+}
+
 /* Whether the fused kernels take this call (cuda_flash_handles in the module). */
 static int fused_takes(backend_t *be, const shape *s, dev_set *d)
 {
     typedef int (*handles_fn)(backend_t *, dtype_t, int, int, int, int, int, const void *const *,
-                              int);
-    char why[256];
-    void *sym = backend_cuda_symbol("cuda_flash_handles", why, sizeof why);
+                              int, const int *, int);
+    void *sym = module_fn("cuda_flash_handles");
     if (!sym)
         return 0;
     handles_fn fn;
     memcpy(&fn, &sym, sizeof fn);
     const void *ptrs[] = {d->q.p, d->k.p, d->v.p, d->out.p, d->dout.p, d->dq.p, d->dk.p, d->dv.p};
-    return fn(be, d->q.dt, s->B, s->T, s->nh, s->nkv, s->hd, ptrs, 8);
+    const int lds[] = {s->nh * s->hd, s->nkv * s->hd, s->nh * s->hd, s->nkv * s->hd};
+    return fn(be, d->q.dt, s->B, s->T, s->nh, s->nkv, s->hd, ptrs, 8, lds, 4);
 }
 
 /* Whether the wgmma kernels run now (cuda_flash_wgmma_selected
@@ -216,8 +223,7 @@ static int fused_takes(backend_t *be, const shape *s, dev_set *d)
  * GPU of compute capability 9.0). */
 static int wgmma_runs(backend_t *be)
 {
-    char why[256];
-    void *sym = backend_cuda_symbol("cuda_flash_wgmma_selected", why, sizeof why);
+    void *sym = module_fn("cuda_flash_wgmma_selected");
     int (*fn)(backend_t *);
     if (!sym)
         return 0;
@@ -229,8 +235,7 @@ static int wgmma_runs(backend_t *be)
  * module; 0 without it). */
 static long cudnn_calls(backend_t *be)
 {
-    char why[256];
-    void *sym = backend_cuda_symbol("cuda_cudnn_calls", why, sizeof why);
+    void *sym = module_fn("cuda_cudnn_calls");
     long (*fn)(backend_t *);
     if (!sym)
         return 0;
