@@ -103,6 +103,9 @@
 #   bench 7B cuDNN seq 8192   the same for row 15
 #   bench small LoRA cuDNN    row 6 with it: the small model's step 1 by
 #                             cuDNN's attention checked against the CPU
+#   bench 7B cuDNN + graphs   row 28 with --cuda-graphs on: both opt-ins
+#                             at once, against row 28
+#   bench 13B cuDNN           row 12 with it
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -144,7 +147,8 @@
 #                     comm small_lora small_full b7 hf7 attn_bench elem_bench
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
 #                     hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas
-#                     b7cudnn b7s8kcudnn small_cudnn racecheck memcheck), e.g.
+#                     b7cudnn b7s8kcudnn small_cudnn b7cudnng b13cudnn
+#                     racecheck memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -256,8 +260,8 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
-    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas b7cudnn b7s8kcudnn small_cudnn racecheck \
-    memcheck smi_end; do
+    hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas b7cudnn b7s8kcudnn small_cudnn b7cudnng \
+    b13cudnn racecheck memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -289,6 +293,8 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     b7cudnn) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
     b7s8kcudnn) n="bench llama-7b LoRA r16 mb1 seq 8192, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
     small_cudnn) n="bench small LoRA mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn), step 1 vs CPU" ;;
+    b7cudnng) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by cuDNN and CUDA graphs" ;;
+    b13cudnn) n="bench llama-13b LoRA r16 mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -773,6 +779,11 @@ if want b7cudnn; then
     BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=b7
     bench b7cudnn 60 llama-7b lora 1 5
 fi
+# the same with each step one CUDA graph: both opt-ins together
+if want b7cudnng; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn
+    bench b7cudnng 60 llama-7b lora 1 5 none 2048 b7cudnn
+fi
 # and a whole small training step by it, step 1 checked against the CPU
 if want small_cudnn; then
     BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=small_lora
@@ -780,6 +791,10 @@ if want small_cudnn; then
 fi
 
 want b13 && bench b13 75 llama-13b lora 1 5
+if want b13cudnn; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=b13
+    bench b13cudnn 75 llama-13b lora 1 5
+fi
 want b7mb4 && bench b7mb4 45 llama-7b lora 4 5
 want b7mb8 && bench b7mb8 90 llama-7b lora 8 5
 if [ "${R_RES[${IDX[b7mb8]}]}" = FAIL ] && [ "$(left)" -ge 60 ]; then
