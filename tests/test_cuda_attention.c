@@ -832,9 +832,9 @@ Test(cuda_ops, attention_by_cudnn_falls_back_to_the_fused_kernels)
  * largest value, lse TOL_F32), two calls counted for each shape (so no
  * fallback passes for it): odd T, head dims 64 and 128, query groups 1, 4
  * and 8, and the 7B shape with full shapes; q, k, v as the column blocks
- * of the fused product's output (and dq, dk, dv of its gradient) within
- * TOL_BF16 of the contiguous call; the same step twice the same bits (the
- * deterministic backward). */
+ * of the fused product's output (and dq, dk, dv of its gradient; query
+ * groups of 4) within TOL_BF16 of the contiguous call, counted too; the
+ * same step twice the same bits (the deterministic backward). */
 Test(cuda_ops, attention_by_cudnn_matches_the_cpu)
 {
     char why[320];
@@ -842,10 +842,11 @@ Test(cuda_ops, attention_by_cudnn_matches_the_cpu)
     if (!cudnn_usable(why, sizeof why, &c0))
         cr_skip_test("cuDNN does not run attention here: %s", why);
     cr_log_info("attention by %s", why);
-    static const int shapes[][5] = {
-        {2, 37, 4, 1, 64}, {1, 130, 8, 1, 128}, {2, 300, 8, 2, 128}, {1, 257, 4, 4, 128}};
+    /* (a graph each, built on first use: kept few, as cuDNN may compile
+     * kernels for them; the column blocks below are query groups of 4) */
+    static const int shapes[][5] = {{2, 37, 4, 1, 64}, {1, 130, 8, 1, 128}, {1, 257, 4, 4, 128}};
     cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "cudnn", 1), 0);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 3; i++) {
         check_attention(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
         cudnn_usable(why, sizeof why, &c1);
         cr_expect_eq(c1 - c0, 2, "shape %d: cuDNN ran %ld of its 2 calls (%s)", i, c1 - c0, why);
