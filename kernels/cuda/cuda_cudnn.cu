@@ -128,7 +128,8 @@ static void *cudnn_library(char *why, size_t n)
     return lib;
 }
 
-/* The backend's state, its handle created on first use (0: unavailable). */
+/* The backend's state, its handle created on first use (ready -1 when cuDNN
+ * cannot be used here, the reason in why). */
 static cudnn_state *cudnn_get(backend_t *be)
 {
     cuda_impl *im = CUDA_IMPL(be);
