@@ -41,6 +41,17 @@ static inline const char *cuda_test_backend(void)
     return cuda_test_standin() ? cuda_test_standin() : "cuda";
 }
 
+/* Criterion's run of this program's tests (after a main's own checks). */
+static inline int cuda_test_run_criterion(int argc, char *argv[])
+{
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true))
+        result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
+}
+
 static inline int cuda_test_main(int argc, char *argv[])
 {
     char why[512];
@@ -60,12 +71,7 @@ static inline int cuda_test_main(int argc, char *argv[])
         fflush(stdout);
         return CUDA_TEST_SKIPPED;
     }
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true))
-        result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
+    return cuda_test_run_criterion(argc, argv);
 }
 
 #endif

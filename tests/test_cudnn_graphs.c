@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_test_main.h"
 #include "kernels/backend.h"
 
 typedef int (*validate_fn)(int, int, int, int, int, int, int, int, int, int, int, char *, size_t);
@@ -95,7 +96,7 @@ int main(int argc, char *argv[])
     void *sym = backend_cuda_symbol("cuda_cudnn_validate", why, sizeof why);
     if (!sym) {
         printf("skipped: no CUDA backend to check: %s\n", why);
-        return 77;
+        return CUDA_TEST_SKIPPED;
     }
     validate_fn v;
     memcpy(&v, &sym, sizeof v);
@@ -107,12 +108,7 @@ int main(int argc, char *argv[])
     if (!ok && (ours || strstr(why, "has no cudnn.h") || strstr(why, "has no cuDNN"))) {
         printf("%s: the attention by cuDNN cannot be checked: %s\n",
                required ? "FAILED (SPOTUNE_REQUIRE_CUDNN_FRONTEND=1)" : "skipped", why);
-        return required ? 1 : 77;
+        return required ? 1 : CUDA_TEST_SKIPPED;
     } /* any other refusal of this probe is for the tests below to show */
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true))
-        result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
+    return cuda_test_run_criterion(argc, argv);
 }
