@@ -83,7 +83,7 @@ cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DSPOTUNE_CUDA=ON 
 grep -q "^SPOTUNE_CUDA:STRING=ON" "$BUILD/CMakeCache.txt" || die "the build has the CUDA backend off"
 # the attention by cuDNN needs the frontend's headers (scripts/requirements-build.txt)
 grep -q "^SPOTUNE_CUDNN_FRONTEND_INCLUDE:PATH=/" "$BUILD/CMakeCache.txt" ||
-    die "no cuDNN frontend headers: run scripts/install-deps.sh --python first (the attention by cuDNN would be a stub)"
+    die "no cuDNN frontend headers (the attention by cuDNN needs them): run scripts/install-deps.sh --python first"
 TESTS=(test_cuda_ops test_cuda_elementwise test_cuda_attention test_cuda_layer test_cuda_model
     test_cuda_comm)
 WORKBENCH=(attn_bench elem_bench mm_bench) # kernels/cuda/dev, built into $BUILD/dev

@@ -13,7 +13,8 @@ spotune_test(test_cuda_ops SOURCES test_cuda_ops.c test_cuda_ops_weights.c cuda_
   LIBS spotune_kernels LABELS cuda)
 spotune_test(test_cuda_elementwise SOURCES test_cuda_elementwise.c cuda_ops_util.c
   LIBS spotune_kernels LABELS cuda)
-spotune_test(test_cuda_attention SOURCES test_cuda_attention.c cuda_ops_util.c
+spotune_test(test_cuda_attention SOURCES test_cuda_attention.c test_cuda_attention_cudnn.c
+  cuda_ops_util.c
   LIBS spotune_kernels LABELS cuda)
 spotune_test(test_cudnn_graphs SOURCES test_cudnn_graphs.c LIBS spotune_kernels LABELS cuda)
 spotune_test(test_cuda_layer SOURCES test_cuda_layer.c test_util.c LIBS spotune_trainer

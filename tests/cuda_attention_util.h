@@ -95,4 +95,15 @@ static inline gpu_attn gpu_attention(const float *q, const float *k, const float
     return r;
 }
 
+/* Defined in test_cuda_attention.c, for the suite's other file: the
+ * GPU's attention against the CPU's (forward and backward, TOL_BF16 and
+ * TOL_F32; chunks: also chunk by chunk), and gpu_attention with q, k, v and
+ * their gradients as the column blocks of wider matrices (pad columns
+ * besides; *pad_ok 0 when one changed). */
+void check_attention(int B, int T, int nh, int nkv, int hd);
+void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks);
+gpu_attn gpu_attention_strided(const float *q, const float *k, const float *v, const float *dout,
+                               const int32_t *seg, int B, int T, int nh, int nkv, int hd, int pad,
+                               int *pad_ok);
+
 #endif

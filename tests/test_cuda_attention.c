@@ -232,12 +232,12 @@ static void check_attention_seg(int B, int T, int nh, int nkv, int hd, int chunk
     free(q), free(k), free(v), free(dout);
 }
 
-static void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks)
+void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks)
 {
     check_attention_seg(B, T, nh, nkv, hd, chunks, NULL);
 }
 
-static void check_attention(int B, int T, int nh, int nkv, int hd)
+void check_attention(int B, int T, int nh, int nkv, int hd)
 {
     check_attention_at(B, T, nh, nkv, hd, 0);
 }
@@ -394,9 +394,9 @@ Test(cuda_ops, flash_attention_is_deterministic_and_agrees_with_unfused)
  * trainer's layout of the fused q/k/v product), the pad columns of both
  * holding PAD_VALUE; the outputs as contiguous host arrays, and *pad_ok 0
  * when a pad column (or q) changed. */
-static gpu_attn gpu_attention_strided(const float *q, const float *k, const float *v,
-                                      const float *dout, const int32_t *seg, int B, int T, int nh,
-                                      int nkv, int hd, int pad, int *pad_ok)
+gpu_attn gpu_attention_strided(const float *q, const float *k, const float *v,
+                               const float *dout, const int32_t *seg, int B, int T, int nh,
+                               int nkv, int hd, int pad, int *pad_ok)
 {
     int qd = nh * hd, kvd = nkv * hd, N = qd + 2 * kvd + pad, rows = B * T;
     size_t nm = (size_t)rows * N, nq = (size_t)rows * qd, nl = (size_t)B * nh * T;
@@ -764,122 +764,6 @@ Test(cuda_ops, attention_llama2_7b_shape_dq_recomputed)
     setenv("SPOTUNE_CUDA_ATTENTION", "fused-recompute", 1);
     check_attention_at(1, 2048, 32, 32, 128, 1);
     unsetenv("SPOTUNE_CUDA_ATTENTION");
-}
-
-/* ---- the attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn, cuda_cudnn.cu) ------------- */
-
-/* Whether cuDNN runs attention on this backend (cuda_cudnn_status; why
- * says its version or why not) and how many calls it has run so far. */
-static int cudnn_usable(char *why, size_t n, long *calls)
-{
-    char err[256];
-    void *st = backend_cuda_symbol("cuda_cudnn_status", err, sizeof err);
-    void *ca = backend_cuda_symbol("cuda_cudnn_calls", err, sizeof err);
-    if (!st || !ca) {
-        snprintf(why, n, "the backend has no cuDNN path: %s", err);
-        *calls = 0;
-        return 0;
-    }
-    int (*status)(backend_t *, char *, size_t);
-    long (*ran)(backend_t *);
-    memcpy(&status, &st, sizeof status);
-    memcpy(&ran, &ca, sizeof ran);
-    *calls = ran(gpu);
-    return status(gpu, why, n);
-}
-
-/* Asked for and not run (packed documents, which no cuDNN graph here
- * takes; on a device without cuDNN, every call): the fused kernels run
- * the call instead, the same bits as without the request, and cuDNN's
- * count does not move. */
-Test(cuda_ops, attention_by_cudnn_falls_back_to_the_fused_kernels)
-{
-    if (cuda_test_standin())
-        cr_skip_test("a stand-in backend has one attention");
-    int B = 2, T = 150, nh = 8, nkv = 2, hd = 128;
-    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
-    size_t ns[5] = {nq, nl, nq, nk, nk};
-    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
-    char why[320];
-    long before, after;
-    int usable = cudnn_usable(why, sizeof why, &before);
-    if (strstr(gpu->device_name, "emulated"))
-        cr_expect(!usable && strstr(why, "emulated device has no cuDNN"),
-                  "the emulated device reports cuDNN %s: %s", usable ? "usable" : "unusable", why);
-    for (int packed = 0; packed < 2; packed++) {
-        if (!packed && usable)
-            continue; /* cuDNN runs these: attention_by_cudnn_matches_the_cpu */
-        attn_in in = attn_inputs(B, T, nh, nkv, hd, packed ? 60 : 0);
-        gpu_attn d = gpu_attention(in.q, in.k, in.v, in.dout, in.seg, B, T, nh, nkv, hd);
-        cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "cudnn", 1), 0);
-        gpu_attn c = gpu_attention(in.q, in.k, in.v, in.dout, in.seg, B, T, nh, nkv, hd);
-        unsetenv("SPOTUNE_CUDA_ATTENTION");
-        for (int i = 0; i < 5; i++)
-            cr_expect(memcmp(d.o[i], c.o[i], sizeof(float) * ns[i]) == 0,
-                      "%s: %s with cuDNN asked for differs from the fused kernels' (rel err "
-                      "%.3g)", packed ? "packed" : "dense", names[i], rel_err(c.o[i], d.o[i], ns[i]));
-        for (int i = 0; i < 5; i++)
-            free(d.o[i]), free(c.o[i]);
-        attn_inputs_free(&in);
-    }
-    cudnn_usable(why, sizeof why, &after);
-    cr_expect_eq(after, before, "cuDNN ran %ld call(s) it should have left", after - before);
-}
-
-/* Where cuDNN runs (a GPU with libcudnn.so.9; skipped, with the reason,
- * elsewhere): its forward and backward against the CPU backend at the
- * tolerances of the fused kernels' tests (out, dq, dk, dv TOL_BF16 of the
- * largest value, lse TOL_F32), two calls counted for each shape (so no
- * fallback passes for it): odd T, head dims 64 and 128, query groups 1, 4
- * and 8, and the 7B shape with full shapes; q, k, v as the column blocks
- * of the fused product's output (and dq, dk, dv of its gradient; query
- * groups of 4) within TOL_BF16 of the contiguous call, counted too; the
- * same step twice the same bits (the deterministic backward). */
-Test(cuda_ops, attention_by_cudnn_matches_the_cpu)
-{
-    char why[320];
-    long c0, c1;
-    if (!cudnn_usable(why, sizeof why, &c0))
-        cr_skip_test("cuDNN does not run attention here: %s", why);
-    cr_log_info("attention by %s", why);
-    /* (a graph each, built on first use: kept few, as cuDNN may compile
-     * kernels for them; the column blocks below are query groups of 4) */
-    static const int shapes[][5] = {{2, 37, 4, 1, 64}, {1, 130, 8, 1, 128}, {1, 257, 4, 4, 128}};
-    cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "cudnn", 1), 0);
-    for (int i = 0; i < 3; i++) {
-        check_attention(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
-        cudnn_usable(why, sizeof why, &c1);
-        cr_expect_eq(c1 - c0, 2, "shape %d: cuDNN ran %ld of its 2 calls (%s)", i, c1 - c0, why);
-        c0 = c1;
-    }
-    if (!cuda_test_reduced_shapes()) {
-        check_attention_at(1, 2048, 32, 32, 128, 1);
-        cudnn_usable(why, sizeof why, &c1);
-        cr_expect_eq(c1 - c0, 2, "7B shape: cuDNN ran %ld of its 2 calls", c1 - c0);
-    }
-    int B = 2, T = 150, nh = 8, nkv = 2, hd = 128, ok = 0;
-    size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
-    size_t ns[5] = {nq, nl, nq, nk, nk};
-    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
-    attn_in in = attn_inputs(B, T, nh, nkv, hd, 0);
-    gpu_attn a = gpu_attention(in.q, in.k, in.v, in.dout, NULL, B, T, nh, nkv, hd);
-    gpu_attn b = gpu_attention(in.q, in.k, in.v, in.dout, NULL, B, T, nh, nkv, hd);
-    cudnn_usable(why, sizeof why, &c0);
-    gpu_attn st = gpu_attention_strided(in.q, in.k, in.v, in.dout, NULL, B, T, nh, nkv, hd, 8, &ok);
-    cudnn_usable(why, sizeof why, &c1);
-    unsetenv("SPOTUNE_CUDA_ATTENTION");
-    cr_expect_eq(c1 - c0, 2, "column blocks (the trainer's layout): cuDNN ran %ld of its 2 calls",
-                 c1 - c0);
-    cr_expect(ok, "cuDNN on column blocks: a padding column or q/k/v changed");
-    for (int i = 0; i < 5; i++) {
-        double e = rel_err(st.o[i], a.o[i], ns[i]), tol = i == 1 ? TOL_F32 : TOL_BF16;
-        cr_expect(e <= tol, "cuDNN strided %s: rel err %.3g > %.3g", names[i], e, tol);
-        cr_expect(memcmp(a.o[i], b.o[i], sizeof(float) * ns[i]) == 0,
-                  "cuDNN %s: two runs differ", names[i]);
-    }
-    for (int i = 0; i < 5; i++)
-        free(a.o[i]), free(b.o[i]), free(st.o[i]);
-    attn_inputs_free(&in);
 }
 
 /* ---- main: skip (77, with the CUDA error) without a usable device -------------------- */
