@@ -45,20 +45,31 @@ extern "C" int cuda_cudnn_requested(void)
     return e && strcmp(e, "cudnn") == 0;
 }
 
+static int said; /* the fallback reason printed (once a process) */
+
+static void say_once(const char *why)
+{
+    if (!said) {
+        said = 1;
+        fprintf(stderr, "spotune: attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn): %s; the "
+                        "fused kernels run instead\n", why);
+    }
+}
+
 /* Whether a call of this shape and these pointers is one cuDNN's graph can
- * take at all (before asking cuDNN). */
+ * take at all (before asking cuDNN; if not, it says so once). */
 static int cudnn_shape_fits(dtype_t dt, int hd, const void *const *ptrs, int nptr,
                             const int *lds, int nld, const void *seg)
 {
-    if (dt != DT_BF16 || seg || hd % 8 || hd > 256)
-        return 0;
+    int fits = dt == DT_BF16 && !seg && hd % 8 == 0 && hd <= 256;
     for (int i = 0; i < nptr; i++)
-        if ((uintptr_t)ptrs[i] & 15u)
-            return 0;
+        fits = fits && !((uintptr_t)ptrs[i] & 15u);
     for (int i = 0; i < nld; i++)
-        if (lds[i] % 8)
-            return 0;
-    return 1;
+        fits = fits && lds[i] % 8 == 0;
+    if (!fits)
+        say_once("this call's shape, dtype or alignment is not one it takes (bf16, head dim a "
+                 "multiple of 8 up to 256, no packed documents, 16-byte aligned rows)");
+    return fits;
 }
 
 #if defined(SPOTUNE_CUDNN_FRONTEND) && !defined(SPOTUNE_CUDA_EMU)
@@ -99,17 +110,6 @@ typedef struct cudnn_state {
     long ran; /* calls cuDNN ran (cuda_cudnn_calls) */
     char why[320];
 } cudnn_state;
-
-static int said; /* the fallback reason printed (once a process) */
-
-static void say_once(const char *why)
-{
-    if (!said) {
-        said = 1;
-        fprintf(stderr, "spotune: attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn): %s; the "
-                        "fused kernels run instead\n", why);
-    }
-}
 
 /* libcudnn.so.9, opened once a process; NULL with why set when absent. */
 static void *cudnn_library(char *why, size_t n)
@@ -336,11 +336,8 @@ extern "C" int cuda_cudnn_attention_forward(backend_t *be, tensor_t out, tensor_
 {
     const void *p[] = {q.p, k.p, v.p, out.p, lse.p};
     const int lds[] = {q_ld, kv_ld, nh * hd};
-    if (!cudnn_shape_fits(q.dt, hd, p, 5, lds, 3, seg.p)) {
-        say_once("this call's shape, dtype or alignment is not one it takes (bf16, head dim a "
-                 "multiple of 8 up to 256, no packed documents, 16-byte aligned rows)");
+    if (!cudnn_shape_fits(q.dt, hd, p, 5, lds, 3, seg.p))
         return 0;
-    }
     cudnn_key key = {0, B, T, nh, nkv, hd, q_ld, kv_ld, nh * hd, 0, 0, 0};
     std::unordered_map<int64_t, void *> ptrs = {
         {U_Q, q.p}, {U_K, k.p}, {U_V, v.p}, {U_O, out.p}, {U_STATS, lse.p}};
@@ -355,11 +352,8 @@ extern "C" int cuda_cudnn_attention_backward(backend_t *be, tensor_t dq, tensor_
 {
     const void *p[] = {q.p, k.p, v.p, out.p, dout.p, dq.p, dk.p, dv.p, lse.p};
     const int lds[] = {q_ld, kv_ld, nh * hd, dq_ld, dkv_ld};
-    if (!cudnn_shape_fits(q.dt, hd, p, 9, lds, 5, seg.p)) {
-        say_once("this call's shape, dtype or alignment is not one it takes (bf16, head dim a "
-                 "multiple of 8 up to 256, no packed documents, 16-byte aligned rows)");
+    if (!cudnn_shape_fits(q.dt, hd, p, 9, lds, 5, seg.p))
         return 0;
-    }
     cudnn_key key = {1,     B,      T,          nh, nkv, hd, q_ld, kv_ld, nh * hd, dq_ld, dkv_ld,
                      cudnn_deterministic()};
     std::unordered_map<int64_t, void *> ptrs = {
@@ -440,15 +434,9 @@ extern "C" void cuda_cudnn_release(backend_t *be)
 #define CUDNN_ABSENT "this build has no cuDNN frontend (scripts/requirements-build.txt)"
 #endif
 
-static int said;
-
 static int cudnn_absent(void)
 {
-    if (!said) {
-        said = 1;
-        fprintf(stderr, "spotune: attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn): %s; the "
-                        "fused kernels run instead\n", CUDNN_ABSENT);
-    }
+    say_once(CUDNN_ABSENT);
     return 0;
 }
 
