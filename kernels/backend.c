@@ -56,6 +56,30 @@ int embedding_order(const int32_t *tokens, int n, int32_t *order, int32_t *runs)
     return 0;
 }
 
+int packed_doc_table(const int32_t *seg, int B, int T, int32_t *table)
+{
+    int n = 0;
+    for (int b = 0; b < B; b++) {
+        const int32_t *r = seg + (size_t)b * T;
+        for (int t = 0, start = 0; t < T; t++) {
+            if (t > 0 && r[t] != r[t - 1])
+                start = t; /* a new run */
+            if (r[t] != start)
+                return 0; /* not its run's first position: not whole documents */
+            if (t == start)
+                table[n++] = (int32_t)((size_t)b * T + (size_t)t);
+        }
+    }
+    int bt = B * T, cap = 8;
+    while (cap < n)
+        cap *= 2;
+    if (cap > bt)
+        cap = bt;
+    for (int i = n; i <= cap; i++)
+        table[i] = bt;
+    return cap;
+}
+
 void adamw_hyper(const adamw_args *a, float hyper[3])
 {
     double bc1 = 1.0 - pow((double)a->beta1, (double)a->step);

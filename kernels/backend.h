@@ -65,6 +65,19 @@ typedef struct adamw_args {
  * 0, or -1 when out of host memory. */
 int embedding_order(const int32_t *tokens, int n, int32_t *order, int32_t *runs);
 
+/* The documents of packed rows (attention's seg, I32 [B,T]) as a table,
+ * for a backend that runs them as separate sequences (be->doc_table):
+ * table[i] = b T + t, where document i starts (a document: a run of one
+ * row's positions whose seg is the run's own first position), in order;
+ * table[n..C] = B T after the n documents. C, returned, is the table's
+ * capacity: n rounded up to a power of two, at least 8 and at most B T
+ * (few capacities, so a backend builds few plans, and captured spans
+ * differ only where it does). table holds B T + 1 entries; C + 1 are
+ * written. 0 when seg is not such a set of documents (a position whose
+ * seg is not its run's first position, or outside [0, t]): no table then,
+ * and the attention masks by seg alone. */
+int packed_doc_table(const int32_t *seg, int B, int T, int32_t *table);
+
 /* hyper's values for a's lr and step: {lr, lr / (1 - beta1^step),
  * sqrt(1 - beta2^step)}, as every backend's AdamW derives them. */
 void adamw_hyper(const adamw_args *a, float hyper[3]);
@@ -167,7 +180,12 @@ typedef struct backend_ops {
      * are contiguous. seg: I32 [B,T], variable-length sequences packed in a row: query t
      * attends to keys j in [seg[b,t], t] only (the first position of its
      * document; values clamped to [0, t]), so no token sees another
-     * document; absent (p == NULL): every key j <= t. */
+     * document; absent (p == NULL): every key j <= t. Where be->doc_table
+     * is set, seg may hold more than B T entries: then they are followed
+     * by the rows' document table, C + 1 entries (packed_doc_table, C =
+     * seg.n - B T - 1), which a backend may use instead of the starts (the
+     * CUDA backend's attention by cuDNN runs the documents as sequences of
+     * their own); the others read the first B T. */
     void (*attention_forward)(backend_t *be, tensor_t out, tensor_t lse, tensor_t q, tensor_t k,
                               tensor_t v, tensor_t seg, int B, int T, int nh, int nkv, int hd,
                               int q_ld, int kv_ld);
@@ -327,6 +345,10 @@ struct backend {
     void *impl;
     struct be_prof *prof; /* a step profile being recorded (backend_prof.c), or NULL */
     struct be_trace *trace; /* a launch trace being taken (backend_trace.c), or NULL */
+    /* 1: the attention takes packed rows' document table after seg (the
+     * CUDA backend when the attention by cuDNN is asked for); the trainer
+     * then stages it with the starts */
+    int doc_table;
     /* tests: when set, be_graph_end refuses every capture with this reason,
      * as a device may (so the fallback runs on a backend that never refuses) */
     const char *graph_refuse;

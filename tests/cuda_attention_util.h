@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/base.h"
 #include "cuda_ops_util.h"
@@ -63,8 +64,11 @@ typedef struct gpu_attn {
     size_t grew;
 } gpu_attn;
 
-static inline gpu_attn gpu_attention(const float *q, const float *k, const float *v, const float *dout,
-                              const int32_t *seg, int B, int T, int nh, int nkv, int hd)
+/* seg_n: seg's entries (B T, or with the document table after them,
+ * packed_doc_table, as the trainer stages them for be->doc_table). */
+static inline gpu_attn gpu_attention_n(const float *q, const float *k, const float *v,
+                                       const float *dout, const int32_t *seg, size_t seg_n, int B,
+                                       int T, int nh, int nkv, int hd)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     dtype_t a = gpu->act_dt;
@@ -73,7 +77,7 @@ static inline gpu_attn gpu_attention(const float *q, const float *k, const float
     tensor_t gdq = up(gpu, a, NULL, nq), gdk = up(gpu, a, NULL, nk), gdv = up(gpu, a, NULL, nk);
     tensor_t gsg = {0};
     if (seg) {
-        gsg = be_alloc(gpu, DT_I32, (size_t)B * T);
+        gsg = be_alloc(gpu, DT_I32, seg_n);
         cr_assert(gsg.p);
         be_upload(gpu, gsg, seg, DT_I32);
     }
@@ -95,6 +99,27 @@ static inline gpu_attn gpu_attention(const float *q, const float *k, const float
     return r;
 }
 
+static inline gpu_attn gpu_attention(const float *q, const float *k, const float *v,
+                                     const float *dout, const int32_t *seg, int B, int T, int nh,
+                                     int nkv, int hd)
+{
+    return gpu_attention_n(q, k, v, dout, seg, (size_t)B * T, B, T, nh, nkv, hd);
+}
+
+/* seg's rows followed by their document table (packed_doc_table), as the
+ * trainer stages them for a backend with doc_table (malloc'd; *n entries). */
+static inline int32_t *seg_with_table(const int32_t *seg, int B, int T, size_t *n)
+{
+    size_t bt = (size_t)B * T;
+    int32_t *s = (int32_t *)malloc(sizeof *s * (2 * bt + 1));
+    cr_assert(s);
+    memcpy(s, seg, sizeof *s * bt);
+    int C = packed_doc_table(seg, B, T, s + bt);
+    cr_assert(C > 0, "packed_doc_table refused rows of whole documents");
+    *n = bt + (size_t)C + 1;
+    return s;
+}
+
 /* Defined in test_cuda_attention.c, for the suite's other file: the
  * GPU's attention against the CPU's (forward and backward, TOL_BF16 and
  * TOL_F32; chunks: also chunk by chunk), and gpu_attention with q, k, v and
@@ -102,6 +127,10 @@ static inline gpu_attn gpu_attention(const float *q, const float *k, const float
  * besides; *pad_ok 0 when one changed). */
 void check_attention(int B, int T, int nh, int nkv, int hd);
 void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks);
+/* check_attention_at's comparison of packed rows, seg (seg_n entries on the
+ * GPU: with a document table after the B T starts, or not) */
+void check_attention_packed(int B, int T, int nh, int nkv, int hd, int chunks, const int32_t *seg,
+                            size_t seg_n);
 gpu_attn gpu_attention_strided(const float *q, const float *k, const float *v, const float *dout,
                                const int32_t *seg, int B, int T, int nh, int nkv, int hd, int pad,
                                int *pad_ok);

@@ -163,9 +163,10 @@ static void expect_small(const char *what, tensor_t g, size_t n, double tol)
     free(a);
 }
 
-/* seg: packed documents ([B*T] first keys, backend.h), or NULL */
-static void check_attention_seg(int B, int T, int nh, int nkv, int hd, int chunks,
-                                const int32_t *seg)
+/* seg: packed documents ([B*T] first keys, backend.h; seg_n entries of it
+ * on the GPU: with the document table after them, or not), or NULL */
+void check_attention_packed(int B, int T, int nh, int nkv, int hd, int chunks, const int32_t *seg,
+                            size_t seg_n)
 {
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     float *q = rnd(nq, 1.5f), *k = rnd(nk, 1.5f), *v = rnd(nk, 1.0f), *dout = rnd(nq, 1.0f);
@@ -179,7 +180,7 @@ static void check_attention_seg(int B, int T, int nh, int nkv, int hd, int chunk
     tensor_t cdk = up(cpu, DT_F32, NULL, nk), cdv = up(cpu, DT_F32, NULL, nk);
     tensor_t gsg = {0}, csg = {0};
     if (seg) {
-        gsg = be_alloc(gpu, DT_I32, (size_t)B * T), csg = be_alloc(cpu, DT_I32, (size_t)B * T);
+        gsg = be_alloc(gpu, DT_I32, seg_n), csg = be_alloc(cpu, DT_I32, (size_t)B * T);
         cr_assert(gsg.p && csg.p);
         be_upload(gpu, gsg, seg, DT_I32), be_upload(cpu, csg, seg, DT_I32);
     }
@@ -188,7 +189,7 @@ static void check_attention_seg(int B, int T, int nh, int nkv, int hd, int chunk
     gpu_ok();
     char what[128];
     snprintf(what, sizeof what, "attention B%d T%d nh%d nkv%d hd%d%s", B, T, nh, nkv, hd,
-             seg ? " packed" : "");
+             !seg ? "" : seg_n > (size_t)B * T ? " packed (document table)" : " packed");
     char w2[160];
     snprintf(w2, sizeof w2, "%s out", what);
     expect_close(w2, go, co, nq, TOL_BF16);
@@ -230,6 +231,12 @@ static void check_attention_seg(int B, int T, int nh, int nkv, int hd, int chunk
     if (seg)
         drop(gpu, &gsg), drop(cpu, &csg);
     free(q), free(k), free(v), free(dout);
+}
+
+static void check_attention_seg(int B, int T, int nh, int nkv, int hd, int chunks,
+                                const int32_t *seg)
+{
+    check_attention_packed(B, T, nh, nkv, hd, chunks, seg, (size_t)B * T);
 }
 
 void check_attention_at(int B, int T, int nh, int nkv, int hd, int chunks)

@@ -14,7 +14,8 @@
  *    step's loss within 1% of the CPU's;
  *  - runtime.cuda_graphs: 5 steps of 2 micro-batches replayed as one CUDA
  *    graph against eager launches (tests/graphs_util.h): LoRA with dropout
- *    and packed documents, full fine-tuning with recomputation and a
+ *    and packed documents (also by their table, for the attention by
+ *    cuDNN), full fine-tuning with recomputation and a
  *    micro-batch of another shape, QLoRA, DoRA, bit for bit; one capture, every later
  *    micro-batch of the usual shape a replay, and of the update;
  *  - deterministic: 5 steps of full fine-tuning twice, the same bits.
@@ -37,6 +38,7 @@
 #include "test_util.h"
 #include "trainer/adapter.h"
 #include "trainer/model.h"
+#include "trainer/model_internal.h"
 #include "trainer/model_io.h"
 
 #define LOSS_TOL 1e-2
@@ -158,6 +160,26 @@ static const char *worst_param(const model_t *m, const float *a, const float *b,
     return name;
 }
 
+/* What the trainer staged for the step's attention on a backend that takes
+ * the documents' table (be->doc_table): the starts, then their table, the
+ * one packed_doc_table gives. */
+static void expect_staged_table(side *s)
+{
+    model_scratch *sc = MODEL_SCRATCH(s->m);
+    size_t bt = (size_t)s->B * s->T;
+    int32_t *want = malloc(sizeof(int32_t) * (bt + 1));
+    int32_t *got = malloc(sizeof(int32_t) * (2 * bt + 1));
+    cr_assert(want && got);
+    int C = packed_doc_table(packed_seg, s->B, s->T, want);
+    cr_assert(C > 0);
+    cr_expect_eq(sc->doc_cap, C, "the staged table's capacity %d, not %d", sc->doc_cap, C);
+    be_download(s->be, got, DT_I32, tensor_view(sc->seg, 0, bt + (size_t)C + 1));
+    cr_expect(memcmp(got, packed_seg, sizeof(int32_t) * bt) == 0, "the staged starts differ");
+    cr_expect(memcmp(got + bt, want, sizeof(int32_t) * ((size_t)C + 1)) == 0,
+              "the staged document table differs from packed_doc_table's");
+    free(want), free(got);
+}
+
 static void compare_step(const char *name, int lora, double dropout)
 {
     side g, c;
@@ -173,6 +195,8 @@ static void compare_step(const char *name, int lora, double dropout)
     }
     double loss_g, loss_c;
     float *gg = step(&g, &loss_g), *gc = step(&c, &loss_c);
+    if (packed_seg && g.be->doc_table)
+        expect_staged_table(&g);
     size_t n = g.m->n_trainable;
     double cs = cosine(gg, gc, n), wc;
     const char *worst = worst_param(g.m, gg, gc, &wc);
@@ -204,6 +228,30 @@ Test(cuda_model, llama_gqa_lora_packed_documents)
     packed_seg = fixture_seg;
     compare_step("llama_gqa", 1, 0.0);
     compare_step("qwen2_bias", 0, 0.0);
+}
+
+/* The same with the attention by cuDNN asked for as the backend is made
+ * (SPOTUNE_CUDA_ATTENTION=cudnn, so it takes the documents' table): the
+ * trainer stages each micro-batch's table after the starts (the one
+ * packed_doc_table gives), and the step agrees with the CPU as above: run
+ * by cuDNN's ragged sequences where cuDNN runs, by the fused kernels
+ * elsewhere (the emulated device). */
+Test(cuda_model, llama_gqa_lora_packed_documents_by_cudnn)
+{
+    if (cuda_test_standin())
+        cr_skip_test("a stand-in backend takes no document table");
+    static int32_t pos[22];
+    for (int i = 0; i < 22; i++)
+        pos[i] = i % 11 - fixture_seg[i];
+    packed_pos = pos;
+    packed_seg = fixture_seg;
+    cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "cudnn", 1), 0);
+    side g;
+    open_side(&g, "llama_gqa", 1, 0.0, cuda_test_backend(), RECOMPUTE_NONE);
+    cr_expect_eq(g.be->doc_table, 1, "the CUDA backend made with cuDNN asked for takes no table");
+    close_side(&g);
+    compare_step("llama_gqa", 1, 0.0);
+    unsetenv("SPOTUNE_CUDA_ATTENTION");
 }
 
 /* DoRA's model path on the device (its ops are in test_cuda_ops_weights.c). */
@@ -514,6 +562,20 @@ Test(cuda_model, graphs_replay_lora_with_dropout_bit_for_bit)
 {
     graphs_case gc = {.mode = MODE_LORA, .dropout = 0.1, .packed = 1};
     graphs_same_as_eager(cuda_test_backend(), &gc, "cuda lora dropout packed");
+}
+
+/* The same with packed documents taken by their table (the attention by
+ * cuDNN asked for as the backend is made): the table staged outside the
+ * captured span, cuDNN's ragged sequences inside it where cuDNN runs, the
+ * fused kernels elsewhere. */
+Test(cuda_model, graphs_replay_packed_documents_by_their_table)
+{
+    if (cuda_test_standin())
+        cr_skip_test("a stand-in backend takes no document table");
+    cr_assert_eq(setenv("SPOTUNE_CUDA_ATTENTION", "cudnn", 1), 0);
+    graphs_case gc = {.mode = MODE_LORA, .packed = 1};
+    graphs_same_as_eager(cuda_test_backend(), &gc, "cuda lora packed, document table");
+    unsetenv("SPOTUNE_CUDA_ATTENTION");
 }
 
 /* Deterministic: full fine-tuning (the embedding gradient of repeated

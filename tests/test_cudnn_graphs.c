@@ -23,7 +23,8 @@
 #include "cuda_test_main.h"
 #include "kernels/backend.h"
 
-typedef int (*validate_fn)(int, int, int, int, int, int, int, int, int, int, int, char *, size_t);
+typedef int (*validate_fn)(int, int, int, int, int, int, int, int, int, int, int, int, char *,
+                           size_t);
 
 static validate_fn validate;
 
@@ -39,8 +40,10 @@ TestSuite(cudnn_graphs, .init = setup);
 
 /* One model's attention on a GPU of compute capability sm: forward and
  * backward, q/k/v strided as the fused product leaves them (row stride qd
- * + 2 kvd) and contiguous. */
-static void expect_valid(int sm, const char *model, int B, int T, int nh, int nkv, int hd)
+ * + 2 kvd) and contiguous; C > 0: packed documents, a document table of
+ * capacity C (the graph's batch of ragged sequences). */
+static void expect_valid_docs(int sm, const char *model, int B, int T, int nh, int nkv, int hd,
+                              int C)
 {
     char why[320];
     int qd = nh * hd, kvd = nkv * hd, N = qd + 2 * kvd;
@@ -48,11 +51,17 @@ static void expect_valid(int sm, const char *model, int B, int T, int nh, int nk
     for (int l = 0; l < 2; l++)
         for (int bwd = 0; bwd < 2; bwd++) {
             const int *ld = lds[l];
-            int ok = validate(sm, bwd, B, T, nh, nkv, hd, ld[0], ld[1], ld[2], ld[3], why,
+            int ok = validate(sm, bwd, B, T, nh, nkv, hd, ld[0], ld[1], ld[2], ld[3], C, why,
                               sizeof why);
-            cr_expect(ok, "sm_%d %s %s, %s: the frontend rejects the graph: %s", sm, model,
-                      bwd ? "backward" : "forward", l ? "contiguous" : "strided q/k/v", why);
+            cr_expect(ok, "sm_%d %s%s %s, %s: the frontend rejects the graph: %s", sm, model,
+                      C ? ", packed documents" : "", bwd ? "backward" : "forward",
+                      l ? "contiguous" : "strided q/k/v", why);
         }
+}
+
+static void expect_valid(int sm, const char *model, int B, int T, int nh, int nkv, int hd)
+{
+    expect_valid_docs(sm, model, B, T, nh, nkv, hd, 0);
 }
 
 /* H100 and H200 (sm_90) and A100 (sm_80). */
@@ -71,6 +80,22 @@ Test(cudnn_graphs, the_shapes_spotune_trains)
     }
 }
 
+/* Packed documents (data.packing: documents, the shipped configs'), as
+ * the ragged sequences of a document table: the capacities a run meets
+ * (8 at least, powers of two; a micro-batch of 4 rows of short documents
+ * up to 256), on sm_90. (Ragged graphs on sm_80 need cuDNN 9.18.1; the
+ * fused kernels run them where cuDNN is older.) */
+Test(cudnn_graphs, packed_documents_as_ragged_sequences)
+{
+    expect_valid_docs(90, "Llama-2-7B, T 2048, 8 documents", 1, 2048, 32, 32, 128, 8);
+    expect_valid_docs(90, "Llama-2-7B, T 2048, 64 documents", 1, 2048, 32, 32, 128, 64);
+    expect_valid_docs(90, "Llama-2-7B, micro-batch 4, 256 documents", 4, 2048, 32, 32, 128, 256);
+    expect_valid_docs(90, "Llama-2-13B, 32 documents", 1, 2048, 40, 40, 128, 32);
+    expect_valid_docs(90, "Llama-3-8B (GQA), 16 documents", 1, 2048, 32, 8, 128, 16);
+    expect_valid_docs(90, "head dim 64, 8 query heads a kv head", 2, 1024, 32, 4, 64, 16);
+    expect_valid_docs(90, "odd T", 2, 37, 4, 1, 64, 8);
+}
+
 /* The validation is real, and what it refuses the fused kernels run
  * instead (cuda_cudnn.cu): a single-token backward, and a graph whose kv
  * heads do not divide the query heads (which kernels/backend_ops.c refuses
@@ -78,10 +103,10 @@ Test(cudnn_graphs, the_shapes_spotune_trains)
 Test(cudnn_graphs, a_graph_it_cannot_take_is_refused)
 {
     char why[320];
-    int ok = validate(90, 1, 1, 1, 2, 2, 64, 128, 128, 128, 128, why, sizeof why);
+    int ok = validate(90, 1, 1, 1, 2, 2, 64, 128, 128, 128, 128, 0, why, sizeof why);
     cr_expect(!ok, "a backward of one token passed the frontend's validation");
     cr_log_info("T 1 backward refused: %s", why);
-    ok = validate(90, 0, 1, 64, 6, 4, 64, 6 * 64, 4 * 64, 6 * 64, 4 * 64, why, sizeof why);
+    ok = validate(90, 0, 1, 64, 6, 4, 64, 6 * 64, 4 * 64, 6 * 64, 4 * 64, 0, why, sizeof why);
     cr_expect(!ok, "6 query heads over 4 kv heads passed the frontend's validation");
     cr_log_info("6 over 4 heads refused: %s", why);
 }
@@ -100,7 +125,7 @@ int main(int argc, char *argv[])
     }
     validate_fn v;
     memcpy(&v, &sym, sizeof v);
-    int ok = v(90, 0, 1, 64, 2, 2, 64, 128, 128, 128, 128, why, sizeof why);
+    int ok = v(90, 0, 1, 64, 2, 2, 64, 128, 128, 128, 128, 0, why, sizeof why);
     const char *req = getenv("SPOTUNE_REQUIRE_CUDNN_FRONTEND");
     /* what the project's scripts install (the frontend; cuDNN with the toolkit) */
     int ours = strstr(why, "no cuDNN frontend") || strstr(why, "libcudnn.so.9 not found");

@@ -231,6 +231,39 @@ Test(ops, attention_packed_documents)
     check_packed_attention();
 }
 
+/* packed_doc_table: each document's first token (b T + t) in order, the
+ * rest of the table B T; its capacity the count rounded up to a power of
+ * two, at least 8, at most B T; 0 for starts that are not whole documents
+ * (a query would attend across one), which then get no table. */
+Test(ops, packed_doc_table_of_whole_documents)
+{
+    int32_t table[41];
+    /* row 0: documents of 3, 1 and 5 tokens; row 1: one of 9 */
+    const int32_t seg[18] = {0, 0, 0, 3, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const int32_t want[9] = {0, 3, 4, 9, 18, 18, 18, 18, 18};
+    cr_expect_eq(packed_doc_table(seg, 2, 9, table), 8);
+    cr_expect_arr_eq(table, want, sizeof want, "the table of 4 documents in 2 rows of 9");
+    /* 20 documents of 2 tokens: capacity 32, the tail 40 */
+    int32_t pairs[40];
+    for (int t = 0; t < 40; t++)
+        pairs[t] = t & ~1;
+    cr_expect_eq(packed_doc_table(pairs, 1, 40, table), 32);
+    for (int i = 0; i <= 32; i++)
+        cr_expect_eq(table[i], i < 20 ? 2 * i : 40, "table[%d] = %d", i, table[i]);
+    /* 12 one-token documents: 16 would exceed the 12 tokens */
+    int32_t ones[12];
+    for (int t = 0; t < 12; t++)
+        ones[t] = t % 6; /* starts are row positions */
+    cr_expect_eq(packed_doc_table(ones, 2, 6, table), 12);
+    for (int i = 0; i <= 12; i++)
+        cr_expect_eq(table[i], i, "one-token documents: table[%d] = %d", i, table[i]);
+    /* not whole documents: t 2 attends from 1, inside another run */
+    const int32_t across[4] = {0, 0, 1, 1}, late[4] = {0, 0, 0, 2}, neg[3] = {0, -1, -1};
+    cr_expect_eq(packed_doc_table(across, 1, 4, table), 0);
+    cr_expect_eq(packed_doc_table(late, 1, 4, table), 0);
+    cr_expect_eq(packed_doc_table(neg, 1, 3, table), 0);
+}
+
 /* RoPE with positions restarting at each packed document: each token is
  * rotated by its own position (the reference), and a document placed at
  * offset s0 is rotated exactly as the same document at the start of a row. */

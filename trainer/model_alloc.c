@@ -415,10 +415,11 @@ void model_alloc_activations(model_t *m)
         s->emb_runs = act_alloc(m, BT + 2, DT_I32);
     }
     s->pos = act_alloc(m, BT, DT_I32);
-    s->seg = act_alloc(m, BT, DT_I32);
+    /* the starts, then (be->doc_table) the documents' table (packed_doc_table) */
+    s->seg = act_alloc(m, m->be->doc_table ? 2 * BT + 1 : BT, DT_I32);
     /* the host side of the staged values (stage(), model_step.c): pinned
      * memory on CUDA, so the copies do not wait */
-    s->host_words = 6 * BT + 2 * (size_t)m->o.max_batch + 3;
+    s->host_words = 7 * BT + 2 * (size_t)m->o.max_batch + 4;
     s->host = be_host_alloc(m->be, s->host_words * sizeof(int32_t));
     if (!s->host)
         be_fail(m->be, __FILE__, __LINE__, "out of host memory for the staged inputs (%zu bytes)",

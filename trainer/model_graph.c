@@ -276,7 +276,9 @@ static void fused_backward(const step_ctx *c, int l, int g, const tensor_t *dys,
 }
 
 /* The batch's packed-document positions and segment starts on the device
- * (uploaded by forward), or absent tensors for one stream per row. */
+ * (uploaded by forward; the starts followed by the documents' table when
+ * one was staged: backend.h, attention), or absent tensors for one stream
+ * per row. */
 static tensor_t batch_pos(const step_ctx *c)
 {
     return c->b->pos ? rows_of(MODEL_SCRATCH(c->m)->pos, c->rows, 1) : no_tensor();
@@ -284,7 +286,10 @@ static tensor_t batch_pos(const step_ctx *c)
 
 static tensor_t batch_seg(const step_ctx *c)
 {
-    return c->b->seg ? rows_of(MODEL_SCRATCH(c->m)->seg, c->rows, 1) : no_tensor();
+    model_scratch *s = MODEL_SCRATCH(c->m);
+    if (!c->b->seg)
+        return no_tensor();
+    return tensor_view(s->seg, 0, (size_t)c->rows + (s->doc_cap ? (size_t)s->doc_cap + 1 : 0));
 }
 
 /* Layer l's q, k and v for attention, and their row strides. */

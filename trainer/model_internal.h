@@ -34,7 +34,10 @@ typedef struct model_scratch {
     tensor_t dora;                /* DoRA: a projection's unscaled output, then its
                                      gradient times m / n [BT, widest projection] */
     tensor_t logits, loss, tokens, targets;
-    tensor_t pos, seg; /* packed documents: positions and first positions [BT] (model_batch) */
+    tensor_t pos, seg; /* packed documents: positions and first positions [BT] (model_batch);
+                          seg has room after them for their document table [BT + 1] */
+    int doc_cap; /* the staged micro-batch's document table: its capacity C (C + 1
+                    entries after seg's rows), 0 when none was staged */
     /* per-micro-batch values the launches read from device memory, so a
      * captured micro-batch replays for the next: the LoRA dropout seed of
      * each window (I32 [2 B], a 64-bit value each) and the loss gradient's

@@ -106,8 +106,18 @@ static int stage(const step_ctx *c, sp_err *err)
     stage_words(be, s->targets, h, &at, c->b->targets, n);
     if (c->b->pos)
         stage_words(be, s->pos, h, &at, c->b->pos, n);
-    if (c->b->seg)
+    s->doc_cap = 0;
+    if (c->b->seg) {
         stage_words(be, s->seg, h, &at, c->b->seg, n);
+        /* the documents' table after the starts, for a backend that runs
+         * them as sequences of their own (be->doc_table) */
+        int cap = be->doc_table ? packed_doc_table(c->b->seg, c->b->B, c->b->T, h + at) : 0;
+        if (cap > 0) {
+            be_upload_staged(be, tensor_view(s->seg, n, (size_t)cap + 1), h + at);
+            at += (size_t)cap + 1;
+            s->doc_cap = cap;
+        }
+    }
     if (!c->training)
         return be_check(be, err);
     if (m->o.lora_dropout > 0) { /* the windows' LoRA dropout seeds */

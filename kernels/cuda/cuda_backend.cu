@@ -572,6 +572,7 @@ extern "C" int cuda_backend_create(backend_t **out, int device, int threads, sp_
     be->ops = &cuda_ops_table;
     be->name = "cuda";
     be->act_dt = DT_BF16;
+    be->doc_table = cuda_cudnn_requested(); /* cuDNN runs packed documents by their table */
     be->threads = threads > 0 ? threads : 1;
     be->impl = im;
     snprintf(be->device_name, sizeof be->device_name, "CUDA device %d", im->device);

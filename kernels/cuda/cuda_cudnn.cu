@@ -20,12 +20,23 @@
  * same as the fused kernels save: a forward of one and a backward of the
  * other agree). Scale 1/sqrt(hd), causal from the top left.
  *
- * Where it does not apply (packed documents: the segment starts have no
- * counterpart in a graph of dense rows; not bf16; head dim not a multiple
- * of 8 or above 256; rows not 16-byte aligned), where cuDNN is not found,
- * or where it refuses a graph, the call returns 0 and the fused kernels
- * run; the reason is printed once a process (and cuda_cudnn_status says
- * it). A graph that was built but fails to run is an error of the op.
+ * Packed documents (seg, backend.h) are given as what they are, separate
+ * sequences: with seg's document table (packed_doc_table, which the
+ * trainer stages when be->doc_table), the graph's batch is the table's
+ * capacity C of sequences of at most T tokens, each at its ragged offset
+ * (its first token's row times the tensor's row stride, computed on the
+ * device from the table) with its length (0 for the table's unused
+ * entries), causal within itself. cuDNN keeps their stats token-major
+ * ([B T, nh], its ragged layout), moved to and from lse by a small kernel.
+ * One graph per capacity: a handful a run (C is a power of two). Needs
+ * cuDNN 9.6 (64-bit ragged offsets, ragged stats).
+ *
+ * Where it does not apply (packed documents without their table; not
+ * bf16; head dim not a multiple of 8 or above 256; rows not 16-byte
+ * aligned), where cuDNN is not found, or where it refuses a graph, the
+ * call returns 0 and the fused kernels run; the reason is printed once a
+ * process (and cuda_cudnn_status says it). A graph that was built but
+ * fails to run is an error of the op.
  *
  * Determinism: the backward asks for cuDNN's deterministic algorithm
  * unless SPOTUNE_CUDNN_DETERMINISTIC=0 (dQ is otherwise accumulated with
@@ -37,6 +48,8 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+
+#define STREAM(be) (CUDA_IMPL(be)->stream)
 
 /* Whether SPOTUNE_CUDA_ATTENTION asks for cuDNN (read on every call). */
 extern "C" int cuda_cudnn_requested(void)
@@ -56,20 +69,227 @@ static void say_once(const char *why)
     }
 }
 
-/* Whether a call of this shape and these pointers is one cuDNN's graph can
- * take at all (before asking cuDNN; if not, it says so once). */
-static int cudnn_shape_fits(dtype_t dt, int hd, const void *const *ptrs, int nptr,
-                            const int *lds, int nld, const void *seg)
+/* seg's document table: its capacity C (seg.n - B T - 1); 0 for dense rows
+ * (no seg); -1 for packed rows without a table. */
+static int doc_cap(tensor_t seg, int B, int T)
 {
-    int fits = dt == DT_BF16 && !seg && hd % 8 == 0 && hd <= 256;
+    size_t bt = (size_t)B * (size_t)T;
+    if (!seg.p)
+        return 0;
+    return seg.n > bt + 1 ? (int)(seg.n - bt - 1) : -1;
+}
+
+/* Whether a call of this shape and these pointers is one cuDNN's graph can
+ * take at all (before asking cuDNN; if not, it says so once); cap as
+ * doc_cap gives it. */
+static int cudnn_shape_fits(dtype_t dt, int hd, const void *const *ptrs, int nptr,
+                            const int *lds, int nld, int cap)
+{
+    if (cap < 0) {
+        say_once("packed documents came without their document table (the trainer stages it "
+                 "when SPOTUNE_CUDA_ATTENTION=cudnn is set as the backend is created)");
+        return 0;
+    }
+    int fits = dt == DT_BF16 && hd % 8 == 0 && hd <= 256;
     for (int i = 0; i < nptr; i++)
         fits = fits && !((uintptr_t)ptrs[i] & 15u);
     for (int i = 0; i < nld; i++)
         fits = fits && lds[i] % 8 == 0;
     if (!fits)
         say_once("this call's shape, dtype or alignment is not one it takes (bf16, head dim a "
-                 "multiple of 8 up to 256, no packed documents, 16-byte aligned rows)");
+                 "multiple of 8 up to 256, 16-byte aligned rows)");
     return fits;
+}
+
+/* ---- the graphs' tensors ------------------------------------------------------
+ * Kept apart from the frontend (which the emulated device's build lacks)
+ * so the tests can check, on any device, the layout the graphs declare
+ * and the ragged arguments computed for them (cuda_cudnn_ragged_args). */
+
+/* The graphs' tensors by uid; U_OFF + (uid - U_Q): uid's ragged offsets. */
+enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_DO, U_DQ, U_DK, U_DV, U_SEQ_Q, U_SEQ_KV, U_OFF };
+
+static const char *const cudnn_names[] = {"Q", "K", "V", "O", "stats", "dO", "dQ", "dK", "dV"};
+
+/* What makes two calls' graphs the same; C: packed documents, the table's
+ * capacity (the graph's batch of sequences), 0 for dense rows. */
+typedef struct cudnn_key {
+    int bwd, B, T, nh, nkv, hd, ldq, ldk, ldo, lddq, lddk, det, C;
+} cudnn_key;
+
+/* The ragged offset arrays, one per row stride: R_Q (Q), R_KV (K, V), R_O
+ * (O, dO), R_DQ, R_DKV (dK, dV), R_ST (the stats). */
+enum { R_Q, R_KV, R_O, R_DQ, R_DKV, R_ST, R_N };
+
+static int ragged_array(int uid)
+{
+    switch (uid) {
+    case U_Q:
+        return R_Q;
+    case U_K:
+    case U_V:
+        return R_KV;
+    case U_O:
+    case U_DO:
+        return R_O;
+    case U_DQ:
+        return R_DQ;
+    case U_DK:
+    case U_DV:
+        return R_DKV;
+    default:
+        return R_ST;
+    }
+}
+
+/* Tensor uid's dims and strides in key k's graph; its ragged offsets'
+ * multiplier is returned (sequence i's element 0 at table[i] times it),
+ * 0 for dense rows. Token rows b T + t of q lie ldq apart, head h at
+ * column h hd (the same for the others with theirs); the stats are lse's
+ * [B, nh, T] for dense rows, token-major [B T, nh] for packed ones. */
+static int64_t cudnn_layout(const cudnn_key &k, int uid, int64_t dim[4], int64_t st[4])
+{
+    int64_t nb = k.C ? k.C : k.B, T = k.T, nh = k.nh, hd = k.hd;
+    if (uid == U_STATS) {
+        int64_t d[4] = {nb, nh, T, 1}, dense[4] = {nh * T, T, 1, 1}, ragged[4] = {nh * T, 1, nh, 1};
+        for (int i = 0; i < 4; i++)
+            dim[i] = d[i], st[i] = k.C ? ragged[i] : dense[i];
+        return k.C ? nh : 0;
+    }
+    int kv = uid == U_K || uid == U_V || uid == U_DK || uid == U_DV;
+    int64_t ld = uid == U_Q ? k.ldq : uid == U_K || uid == U_V ? k.ldk : uid == U_DQ ? k.lddq
+               : uid == U_DK || uid == U_DV ? k.lddk : k.ldo;
+    int64_t d[4] = {nb, kv ? k.nkv : nh, T, hd}, s[4] = {T * ld, hd, ld, 1};
+    for (int i = 0; i < 4; i++)
+        dim[i] = d[i], st[i] = s[i];
+    return k.C ? ld : 0;
+}
+
+/* The multipliers of the ragged offset arrays. */
+typedef struct ragged_mult {
+    long long m[R_N];
+} ragged_mult;
+
+static ragged_mult ragged_mults(const cudnn_key &k)
+{
+    static const int rep[R_N] = {U_Q, U_K, U_O, U_DQ, U_DK, U_STATS};
+    ragged_mult r;
+    int64_t d[4], s[4];
+    for (int i = 0; i < R_N; i++)
+        r.m[i] = (long long)cudnn_layout(k, rep[i], d, s);
+    return r;
+}
+
+static size_t align256(size_t x)
+{
+    return (x + 255) & ~(size_t)255;
+}
+
+/* Device bytes a packed call's ragged arguments take: the sequence lengths
+ * (C int32), the offset arrays (R_N x (C + 1) int64), the token-major
+ * stats (B T nh fp32). */
+static size_t ragged_bytes(const cudnn_key &k)
+{
+    return align256((size_t)k.C * 4) + align256((size_t)R_N * (k.C + 1) * 8) +
+           (size_t)k.B * k.T * k.nh * 4;
+}
+
+/* seqlen[i] = table[i + 1] - table[i] (i < C); off[r][i] = table[i] m[r]. */
+__global__ void cudnn_ragged_kernel(const int *table, int C, ragged_mult m, int *seqlen,
+                                    long long *off)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i > C)
+        return;
+    long long t = table[i];
+    for (int r = 0; r < R_N; r++)
+        off[(size_t)r * (C + 1) + i] = t * m.m[r];
+    if (i < C)
+        seqlen[i] = table[i + 1] - table[i];
+}
+
+/* lse [B, nh, T] from the token-major stats st [B T, nh] (to_lse), or
+ * st from lse. */
+__global__ void cudnn_stats_kernel(float *lse, float *st, int T, int nh, size_t n, int to_lse)
+{
+    GRID_STRIDE(i, n)
+    {
+        size_t t = i % (size_t)T, h = (i / (size_t)T) % (size_t)nh, b = i / ((size_t)T * nh);
+        size_t j = (b * (size_t)T + t) * (size_t)nh + h;
+        if (to_lse)
+            lse[i] = st[j];
+        else
+            st[j] = lse[i];
+    }
+}
+
+static int stats_move(backend_t *be, float *lse, float *st, const cudnn_key &k, int to_lse)
+{
+    size_t n = (size_t)k.B * k.T * k.nh;
+    LAUNCH(cudnn_stats_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(lse, st, k.T, k.nh, n,
+                                                                          to_lse);
+    return LAUNCHED(be, "cudnn_stats_kernel");
+}
+
+/* A packed call's ragged arguments in buf (ragged_bytes(k)), from the
+ * device table (seg's tail): their places in *seqlen, *off, *st. */
+static int ragged_args(backend_t *be, const cudnn_key &k, const int *table, char *buf,
+                       int **seqlen, long long **off, float **st)
+{
+    *seqlen = (int *)buf;
+    *off = (long long *)(buf + align256((size_t)k.C * 4));
+    *st = (float *)((char *)*off + align256((size_t)R_N * (k.C + 1) * 8));
+    unsigned blocks = (unsigned)((k.C + 1 + CUDA_BLOCK - 1) / CUDA_BLOCK);
+    LAUNCH(cudnn_ragged_kernel, blocks, CUDA_BLOCK, 0, STREAM(be))(table, k.C, ragged_mults(k),
+                                                                   *seqlen, *off);
+    return LAUNCHED(be, "cudnn_ragged_kernel");
+}
+
+/* For the tests, on any device (the emulated one included): what a
+ * packed backward call of this shape gives cuDNN for one of its tensors
+ * (by name: "Q", "K", "V", "O", "stats", "dO", "dQ", "dK", "dV"): dims and
+ * strides as its graph declares them, the ragged offsets (C + 1, in
+ * elements) and the sequence lengths (C) computed on the device from
+ * seg's document table. C, or -1 (no table, an unknown name, or a device
+ * error, which is then recorded). */
+extern "C" int cuda_cudnn_ragged_args(backend_t *be, tensor_t seg, int B, int T, int nh, int nkv,
+                                      int hd, int q_ld, int kv_ld, int dq_ld, int dkv_ld,
+                                      const char *tensor, long long dim[4], long long stride[4],
+                                      long long *off, int *seqlen)
+{
+    int C = doc_cap(seg, B, T), uid = 0;
+    for (int i = 0; i < 9; i++)
+        if (strcmp(tensor, cudnn_names[i]) == 0)
+            uid = U_Q + i;
+    if (C <= 0 || !uid || be->err.code)
+        return -1;
+    cudnn_key k = {1, B, T, nh, nkv, hd, q_ld, kv_ld, nh * hd, dq_ld, dkv_ld, 1, C};
+    int64_t d[4], s[4];
+    cudnn_layout(k, uid, d, s);
+    for (int i = 0; i < 4; i++)
+        dim[i] = (long long)d[i], stride[i] = (long long)s[i];
+    char *buf = (char *)cuda_scratch(be, ragged_bytes(k));
+    int *sq;
+    long long *of;
+    float *st;
+    if (!buf || ragged_args(be, k, (const int *)seg.p + (size_t)B * T, buf, &sq, &of, &st))
+        return -1;
+    cudaStream_t stream = STREAM(be);
+    if (CUDA_OK(be, cudaMemcpyAsync(off, of + (size_t)ragged_array(uid) * (C + 1),
+                                    sizeof(long long) * (C + 1), cudaMemcpyDeviceToHost, stream)) ||
+        CUDA_OK(be, cudaMemcpyAsync(seqlen, sq, sizeof(int) * C, cudaMemcpyDeviceToHost, stream)) ||
+        CUDA_OK(be, cudaStreamSynchronize(stream)))
+        return -1;
+    return C;
+}
+
+/* For the tests: lse [B, nh, T] from token-major stats st [B T, nh]
+ * (to_lse), or st from lse, as a packed call moves them. */
+extern "C" int cuda_cudnn_stats_lse(backend_t *be, tensor_t st, tensor_t lse, int B, int T, int nh,
+                                    int to_lse)
+{
+    cudnn_key k = {0, B, T, nh, nh, 8, 0, 0, 0, 0, 0, 0, 1};
+    return be->err.code ? -1 : stats_move(be, (float *)lse.p, (float *)st.p, k, to_lse);
 }
 
 #if defined(SPOTUNE_CUDNN_FRONTEND) && !defined(SPOTUNE_CUDA_EMU)
@@ -87,13 +307,6 @@ namespace fe = cudnn_frontend;
 
 #define CUDNN_CACHE 16
 
-enum { U_Q = 1, U_K, U_V, U_O, U_STATS, U_DO, U_DQ, U_DK, U_DV };
-
-/* What makes two calls' graphs the same. */
-typedef struct cudnn_key {
-    int bwd, B, T, nh, nkv, hd, ldq, ldk, ldo, lddq, lddk, det;
-} cudnn_key;
-
 typedef struct cudnn_entry {
     cudnn_key key;
     std::shared_ptr<fe::graph::Graph> g;
@@ -108,6 +321,7 @@ typedef struct cudnn_state {
     cudnn_entry e[CUDNN_CACHE];
     int next; /* the entry the next new graph takes */
     long ran; /* calls cuDNN ran (cuda_cudnn_calls) */
+    size_t version; /* cuDNN's, as 90600 for 9.6.0 */
     char why[320];
 } cudnn_state;
 
@@ -148,6 +362,7 @@ static cudnn_state *cudnn_get(backend_t *be)
     fe::cudnn_dlhandle = lib;
     try {
         size_t v = fe::detail::get_backend_version();
+        s->version = v;
         if (v < 90000) {
             snprintf(s->why, sizeof s->why, "cuDNN %zu is older than 9.0", v);
             s->ready = -1;
@@ -171,20 +386,45 @@ static cudnn_state *cudnn_get(backend_t *be)
     return s;
 }
 
-/* A [d0, d1, d2, d3] bf16 tensor of the graph with these strides. */
-static std::shared_ptr<fe::graph::Tensor_attributes>
-cudnn_tensor(fe::graph::Graph &g, const char *name, int uid, int64_t d0, int64_t d1, int64_t d2,
-             int64_t d3, int64_t s0, int64_t s1, int64_t s2)
+typedef std::shared_ptr<fe::graph::Tensor_attributes> cudnn_t;
+
+/* An index tensor of the graph: n entries, int32 or int64. */
+static cudnn_t cudnn_index(fe::graph::Graph &g, const char *name, int uid, int64_t n, int wide)
 {
     return g.tensor(fe::graph::Tensor_attributes()
                         .set_name(name)
                         .set_uid(uid)
-                        .set_dim({d0, d1, d2, d3})
-                        .set_stride({s0, s1, s2, 1}));
+                        .set_dim({n, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(wide ? fe::DataType_t::INT64 : fe::DataType_t::INT32));
+}
+
+/* Tensor uid of key k's graph, t (an input the graph makes now when t is
+ * NULL; an output of its node), as cudnn_layout lays it out: its uid,
+ * dims and strides, the stats fp32, and for packed documents its ragged
+ * offsets (a tensor of their own, uid U_OFF + uid - U_Q). */
+static cudnn_t cudnn_tensor(fe::graph::Graph &g, const cudnn_key &k, int uid, cudnn_t t)
+{
+    int64_t d[4], st[4];
+    int64_t mult = cudnn_layout(k, uid, d, st);
+    const char *name = cudnn_names[uid - U_Q];
+    if (!t)
+        t = g.tensor(fe::graph::Tensor_attributes().set_name(name));
+    t->set_uid(uid).set_dim({d[0], d[1], d[2], d[3]}).set_stride({st[0], st[1], st[2], st[3]});
+    if (uid == U_STATS)
+        t->set_data_type(fe::DataType_t::FLOAT);
+    if (mult) {
+        char off[16];
+        snprintf(off, sizeof off, "offsets_%s", name);
+        t->set_ragged_offset(cudnn_index(g, off, U_OFF + uid - U_Q, k.C + 1, 1));
+    }
+    return t;
 }
 
 /* The graph of key k: attention forward (O and the stats) or backward (dQ,
- * dK, dV); for a GPU of compute capability sm (0: the current device's). */
+ * dK, dV); for a GPU of compute capability sm (0: the current device's).
+ * Packed documents: C sequences of at most T tokens, each of its own
+ * length (the padding mask), causal within itself. */
 static std::shared_ptr<fe::graph::Graph> cudnn_graph(const cudnn_key &k, int sm)
 {
     auto g = std::make_shared<fe::graph::Graph>();
@@ -193,11 +433,15 @@ static std::shared_ptr<fe::graph::Graph> cudnn_graph(const cudnn_key &k, int sm)
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    int64_t B = k.B, T = k.T, nh = k.nh, nkv = k.nkv, hd = k.hd;
     float scale = 1.0f / sqrtf((float)k.hd);
-    auto Q = cudnn_tensor(*g, "Q", U_Q, B, nh, T, hd, T * k.ldq, hd, k.ldq);
-    auto K = cudnn_tensor(*g, "K", U_K, B, nkv, T, hd, T * k.ldk, hd, k.ldk);
-    auto V = cudnn_tensor(*g, "V", U_V, B, nkv, T, hd, T * k.ldk, hd, k.ldk);
+    auto Q = cudnn_tensor(*g, k, U_Q, nullptr);
+    auto K = cudnn_tensor(*g, k, U_K, nullptr);
+    auto V = cudnn_tensor(*g, k, U_V, nullptr);
+    cudnn_t sq, skv;
+    if (k.C) {
+        sq = cudnn_index(*g, "seq_len_q", U_SEQ_Q, k.C, 0);
+        skv = cudnn_index(*g, "seq_len_kv", U_SEQ_KV, k.C, 0);
+    }
     if (!k.bwd) {
         auto o = fe::graph::SDPA_attributes()
                      .set_name("attention")
@@ -205,37 +449,32 @@ static std::shared_ptr<fe::graph::Graph> cudnn_graph(const cudnn_key &k, int sm)
                      .set_attn_scale(scale)
                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                      .set_diagonal_band_right_bound(0);
+        if (k.C)
+            o.set_padding_mask(true).set_seq_len_q(sq).set_seq_len_kv(skv);
         auto [O, S] = g->sdpa(Q, K, V, o);
-        O->set_output(true).set_uid(U_O).set_dim({B, nh, T, hd}).set_stride(
-            {T * k.ldo, hd, k.ldo, 1});
-        S->set_output(true)
-            .set_uid(U_STATS)
-            .set_data_type(fe::DataType_t::FLOAT)
-            .set_dim({B, nh, T, 1})
-            .set_stride({nh * T, T, 1, 1});
+        cudnn_tensor(*g, k, U_O, O)->set_output(true);
+        cudnn_tensor(*g, k, U_STATS, S)->set_output(true);
         return g;
     }
-    auto O = cudnn_tensor(*g, "O", U_O, B, nh, T, hd, T * k.ldo, hd, k.ldo);
-    auto dO = cudnn_tensor(*g, "dO", U_DO, B, nh, T, hd, T * k.ldo, hd, k.ldo);
-    auto S = g->tensor(fe::graph::Tensor_attributes()
-                           .set_name("stats")
-                           .set_uid(U_STATS)
-                           .set_dim({B, nh, T, 1})
-                           .set_stride({nh * T, T, 1, 1})
-                           .set_data_type(fe::DataType_t::FLOAT));
+    auto O = cudnn_tensor(*g, k, U_O, nullptr);
+    auto dO = cudnn_tensor(*g, k, U_DO, nullptr);
+    auto S = cudnn_tensor(*g, k, U_STATS, nullptr);
     auto o = fe::graph::SDPA_backward_attributes()
                  .set_name("attention_backward")
                  .set_attn_scale(scale)
                  .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                  .set_diagonal_band_right_bound(0)
                  .set_deterministic_algorithm(k.det != 0);
+    if (k.C) /* the workspace sized by the tokens, not C x T */
+        o.set_padding_mask(true)
+            .set_seq_len_q(sq)
+            .set_seq_len_kv(skv)
+            .set_max_total_seq_len_q((int64_t)k.B * k.T)
+            .set_max_total_seq_len_kv((int64_t)k.B * k.T);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, S, o);
-    dQ->set_output(true).set_uid(U_DQ).set_dim({B, nh, T, hd}).set_stride(
-        {T * k.lddq, hd, k.lddq, 1});
-    dK->set_output(true).set_uid(U_DK).set_dim({B, nkv, T, hd}).set_stride(
-        {T * k.lddk, hd, k.lddk, 1});
-    dV->set_output(true).set_uid(U_DV).set_dim({B, nkv, T, hd}).set_stride(
-        {T * k.lddk, hd, k.lddk, 1});
+    cudnn_tensor(*g, k, U_DQ, dQ)->set_output(true);
+    cudnn_tensor(*g, k, U_DK, dK)->set_output(true);
+    cudnn_tensor(*g, k, U_DV, dV)->set_output(true);
     return g;
 }
 
@@ -271,8 +510,8 @@ static cudnn_entry *cudnn_plan(backend_t *be, cudnn_state *s, const cudnn_key &k
         fe::error_t r = built.is_good() ? g->get_workspace_size(ws) : built;
         if (!r.is_good()) {
             snprintf(s->why, sizeof s->why, "cuDNN refused the %s graph (B %d, T %d, heads %d/%d, "
-                     "head dim %d): %s", k.bwd ? "backward" : "forward", k.B, k.T, k.nh, k.nkv,
-                     k.hd, r.get_message().c_str());
+                     "head dim %d, documents %d): %s", k.bwd ? "backward" : "forward", k.B, k.T,
+                     k.nh, k.nkv, k.hd, k.C, r.get_message().c_str());
             return NULL;
         }
         e->g = g;
@@ -280,8 +519,8 @@ static cudnn_entry *cudnn_plan(backend_t *be, cudnn_state *s, const cudnn_key &k
         double dt = sp_now() - t0;
         if (dt > 1.0) /* a one-time cost worth a line: engines compiled at run time */
             fprintf(stderr, "spotune: cuDNN built its attention %s graph (B %d, T %d, heads "
-                            "%d/%d, head dim %d) in %.1f s, once for this shape\n",
-                    k.bwd ? "backward" : "forward", k.B, k.T, k.nh, k.nkv, k.hd, dt);
+                            "%d/%d, head dim %d, documents %d) in %.1f s, once for this shape\n",
+                    k.bwd ? "backward" : "forward", k.B, k.T, k.nh, k.nkv, k.hd, k.C, dt);
     } catch (const std::exception &x) {
         snprintf(s->why, sizeof s->why, "cuDNN graph: %s", x.what());
         return NULL;
@@ -289,12 +528,21 @@ static cudnn_entry *cudnn_plan(backend_t *be, cudnn_state *s, const cudnn_key &k
     return e;
 }
 
-/* Runs the graph of key k on the pointers of its uids; 1 done, 0 not
+/* Runs the graph of key k on the pointers of its uids (packed documents:
+ * with the ragged arguments computed first from the device table, and the
+ * stats moved between lse and their token-major place); 1 done, 0 not
  * (the reason printed once), -1 failed (the op's error set). */
-static int cudnn_run(backend_t *be, const cudnn_key &k, std::unordered_map<int64_t, void *> &ptrs)
+static int cudnn_run(backend_t *be, const cudnn_key &k, std::unordered_map<int64_t, void *> &ptrs,
+                     const int *table, float *lse)
 {
     cudnn_state *s = cudnn_get(be);
     if (s->ready < 0) {
+        say_once(s->why);
+        return 0;
+    }
+    if (k.C && s->version < 90600) {
+        snprintf(s->why, sizeof s->why, "cuDNN %zu is older than 9.6, which packed documents "
+                 "need (64-bit ragged offsets, ragged stats)", s->version);
         say_once(s->why);
         return 0;
     }
@@ -303,9 +551,25 @@ static int cudnn_run(backend_t *be, const cudnn_key &k, std::unordered_map<int64
         say_once(s->why);
         return 0;
     }
-    void *ws = NULL;
-    if (e->ws > 0 && !(ws = cuda_scratch(be, (size_t)e->ws)))
+    size_t wsb = align256((size_t)e->ws), extra = k.C ? ragged_bytes(k) : 0;
+    char *ws = NULL;
+    if (wsb + extra > 0 && !(ws = (char *)cuda_scratch(be, wsb + extra)))
         return -1;
+    float *st = NULL;
+    if (k.C) {
+        int *seqlen;
+        long long *off;
+        if (ragged_args(be, k, table, ws + wsb, &seqlen, &off, &st) ||
+            (k.bwd && stats_move(be, lse, st, k, 0)))
+            return -1;
+        ptrs[U_STATS] = st;
+        ptrs[U_SEQ_Q] = seqlen;
+        ptrs[U_SEQ_KV] = seqlen;
+        const int uids[] = {U_Q, U_K, U_V, U_O, U_STATS, U_DO, U_DQ, U_DK, U_DV};
+        for (int uid : uids)
+            if (ptrs.count(uid))
+                ptrs[U_OFF + uid - U_Q] = off + (size_t)ragged_array(uid) * (k.C + 1);
+    }
     try {
         fe::error_t r = e->g->execute(s->h, ptrs, ws);
         if (!r.is_good()) {
@@ -320,6 +584,8 @@ static int cudnn_run(backend_t *be, const cudnn_key &k, std::unordered_map<int64
     }
     if (cuda_ok(be, cudaGetLastError(), "cuDNN attention", __FILE__, __LINE__))
         return -1;
+    if (k.C && !k.bwd && stats_move(be, lse, st, k, 1))
+        return -1;
     s->ran++;
     return 1;
 }
@@ -330,18 +596,25 @@ static int cudnn_deterministic(void)
     return !(e && strcmp(e, "0") == 0);
 }
 
+/* seg's document table on the device (after its B T starts), or NULL. */
+static const int *doc_table_of(tensor_t seg, int B, int T)
+{
+    return seg.p ? (const int *)seg.p + (size_t)B * T : NULL;
+}
+
 extern "C" int cuda_cudnn_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
                                             tensor_t k, tensor_t v, tensor_t seg, int B, int T,
                                             int nh, int nkv, int hd, int q_ld, int kv_ld)
 {
     const void *p[] = {q.p, k.p, v.p, out.p, lse.p};
     const int lds[] = {q_ld, kv_ld, nh * hd};
-    if (!cudnn_shape_fits(q.dt, hd, p, 5, lds, 3, seg.p))
+    int C = doc_cap(seg, B, T);
+    if (!cudnn_shape_fits(q.dt, hd, p, 5, lds, 3, C))
         return 0;
-    cudnn_key key = {0, B, T, nh, nkv, hd, q_ld, kv_ld, nh * hd, 0, 0, 0};
+    cudnn_key key = {0, B, T, nh, nkv, hd, q_ld, kv_ld, nh * hd, 0, 0, 0, C};
     std::unordered_map<int64_t, void *> ptrs = {
         {U_Q, q.p}, {U_K, k.p}, {U_V, v.p}, {U_O, out.p}, {U_STATS, lse.p}};
-    return cudnn_run(be, key, ptrs);
+    return cudnn_run(be, key, ptrs, doc_table_of(seg, B, T), (float *)lse.p);
 }
 
 extern "C" int cuda_cudnn_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tensor_t dv,
@@ -352,14 +625,15 @@ extern "C" int cuda_cudnn_attention_backward(backend_t *be, tensor_t dq, tensor_
 {
     const void *p[] = {q.p, k.p, v.p, out.p, dout.p, dq.p, dk.p, dv.p, lse.p};
     const int lds[] = {q_ld, kv_ld, nh * hd, dq_ld, dkv_ld};
-    if (!cudnn_shape_fits(q.dt, hd, p, 9, lds, 5, seg.p))
+    int C = doc_cap(seg, B, T);
+    if (!cudnn_shape_fits(q.dt, hd, p, 9, lds, 5, C))
         return 0;
     cudnn_key key = {1,     B,      T,          nh, nkv, hd, q_ld, kv_ld, nh * hd, dq_ld, dkv_ld,
-                     cudnn_deterministic()};
+                     cudnn_deterministic(), C};
     std::unordered_map<int64_t, void *> ptrs = {
         {U_Q, q.p},     {U_K, k.p},       {U_V, v.p},   {U_O, out.p},  {U_DO, dout.p},
         {U_STATS, lse.p}, {U_DQ, dq.p}, {U_DK, dk.p}, {U_DV, dv.p}};
-    return cudnn_run(be, key, ptrs);
+    return cudnn_run(be, key, ptrs, doc_table_of(seg, B, T), (float *)lse.p);
 }
 
 extern "C" int cuda_cudnn_status(backend_t *be, char *why, size_t n)
@@ -376,16 +650,18 @@ extern "C" int cuda_cudnn_status(backend_t *be, char *why, size_t n)
  * on a GPU of compute capability sm (90: H100, H200; 80: A100)
  * (fe::graph::Graph::validate: dims, strides, data types, what its
  * attention node takes there), with no GPU and no handle: libcudnn.so.9
- * loaded for its version alone. 1 valid; 0 not, or cuDNN absent, with
- * why. For the tests (tests/test_cudnn_graphs.c), where no GPU may be. */
+ * loaded for its version alone; C > 0: packed documents, a table of
+ * capacity C. 1 valid; 0 not, or cuDNN absent, with why. For the tests
+ * (tests/test_cudnn_graphs.c), where no GPU may be. */
 extern "C" int cuda_cudnn_validate(int sm, int bwd, int B, int T, int nh, int nkv, int hd,
-                                   int q_ld, int kv_ld, int dq_ld, int dkv_ld, char *why, size_t n)
+                                   int q_ld, int kv_ld, int dq_ld, int dkv_ld, int C, char *why,
+                                   size_t n)
 {
     void *lib = cudnn_library(why, n);
     if (!lib)
         return 0;
     fe::cudnn_dlhandle = lib;
-    cudnn_key k = {bwd, B, T, nh, nkv, hd, q_ld, kv_ld, nh * hd, dq_ld, dkv_ld, 1};
+    cudnn_key k = {bwd, B, T, nh, nkv, hd, q_ld, kv_ld, nh * hd, dq_ld, dkv_ld, 1, C};
     try {
         auto g = cudnn_graph(k, sm);
         fe::error_t r = g->validate();
@@ -446,6 +722,7 @@ extern "C" int cuda_cudnn_attention_forward(backend_t *be, tensor_t out, tensor_
 {
     (void)be, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)seg, (void)B, (void)T;
     (void)nh, (void)nkv, (void)hd, (void)q_ld, (void)kv_ld, (void)cudnn_shape_fits;
+    (void)doc_cap;
     return cudnn_absent();
 }
 
@@ -469,10 +746,11 @@ extern "C" int cuda_cudnn_status(backend_t *be, char *why, size_t n)
 }
 
 extern "C" int cuda_cudnn_validate(int sm, int bwd, int B, int T, int nh, int nkv, int hd,
-                                   int q_ld, int kv_ld, int dq_ld, int dkv_ld, char *why, size_t n)
+                                   int q_ld, int kv_ld, int dq_ld, int dkv_ld, int C, char *why,
+                                   size_t n)
 {
     (void)sm, (void)bwd, (void)B, (void)T, (void)nh, (void)nkv, (void)hd, (void)q_ld, (void)kv_ld;
-    (void)dq_ld, (void)dkv_ld;
+    (void)dq_ld, (void)dkv_ld, (void)C;
     snprintf(why, n, "%s", CUDNN_ABSENT);
     return 0;
 }
