@@ -106,6 +106,16 @@
 #   bench 7B cuDNN + graphs   row 28 with --cuda-graphs on: both opt-ins
 #                             at once, against row 28
 #   bench 13B cuDNN           row 12 with it
+#   bench small packed cuDNN  row 30 on packed documents (--doc-len 300, as
+#                             data.packing: documents gives them, the
+#                             shipped configs' setting): cuDNN's ragged
+#                             sequences, step 1 checked against the CPU
+#   bench 7B packed           row 8 on packed documents (--doc-len 512), by
+#                             the fused kernels
+#   bench 7B packed cuDNN     the same by cuDNN's ragged sequences; row 34's
+#                             speed against it says whether cuDNN should be
+#                             the default for packed documents too (these
+#                             three run right after row 30)
 #   racecheck attention       compute-sanitizer --tool racecheck on the fused
 #                             attention's tests (test_cuda_attention
 #                             cuda_ops/flash_*, reduced shapes): shared-memory
@@ -148,7 +158,7 @@
 #                     b13 b7mb4 b7mb8 b7s8k graphs b13q doctor hf7mb4 hf13
 #                     hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas
 #                     b7cudnn b7s8kcudnn small_cudnn b7cudnng b13cudnn
-#                     racecheck memcheck), e.g.
+#                     small_pkcudnn b7pk b7pkcudnn racecheck memcheck), e.g.
 #                     a rerun after a fix; the others are OMITTED rows, which
 #                     count as neither failed nor skipped (nvidia-smi always runs)
 # Environment: OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_PYTHON (default python3),
@@ -261,7 +271,7 @@ row_set() { # row_set INDEX RESULT SECS FIGURE
 declare -A IDX
 for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench elem_bench b13 b7mb4 b7mb8 b7s8k graphs b13q doctor \
     hf7mb4 hf13 hf7s8k b7one b7s8ks b7wg b7graphs mm_bench b7cublas b7cudnn b7s8kcudnn small_cudnn b7cudnng \
-    b13cudnn racecheck memcheck smi_end; do
+    b13cudnn small_pkcudnn b7pk b7pkcudnn racecheck memcheck smi_end; do
     case $s in
     smi_start) n="nvidia-smi (start): GPU, driver, clocks, memory" ;;
     ops) n="CUDA op tests (test_cuda_ops, test_cuda_elementwise, test_cuda_attention: real attention shapes)" ;;
@@ -295,6 +305,9 @@ for s in smi_start ops layer model comm small_lora small_full b7 hf7 attn_bench 
     small_cudnn) n="bench small LoRA mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn), step 1 vs CPU" ;;
     b7cudnng) n="bench llama-7b LoRA r16 mb1 seq 2048, attention by cuDNN and CUDA graphs" ;;
     b13cudnn) n="bench llama-13b LoRA r16 mb1 seq 2048, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
+    small_pkcudnn) n="bench small LoRA mb1 seq 2048, packed documents, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn), step 1 vs CPU" ;;
+    b7pk) n="bench llama-7b LoRA r16 mb1 seq 2048, packed documents" ;;
+    b7pkcudnn) n="bench llama-7b LoRA r16 mb1 seq 2048, packed documents, attention by cuDNN (SPOTUNE_CUDA_ATTENTION=cudnn)" ;;
     racecheck) n="compute-sanitizer racecheck on the fused attention tests (reduced shapes)" ;;
     memcheck) n="compute-sanitizer memcheck on the CUDA op tests (reduced shapes)" ;;
     smi_end) n="nvidia-smi (end): GPU, driver, clocks, memory" ;;
@@ -444,15 +457,19 @@ bench_figure() { # bench_figure JSON
 }
 
 NO_GPU="" # why no CUDA device is usable, when none is
-BENCH_ENV="" BENCH_VS="" # one bench: VAR=value words it runs with, the row it is compared with
+# one bench: VAR=value words it runs with, the row it is compared with, its
+# further options (--doc-len N)
+BENCH_ENV="" BENCH_VS="" BENCH_ARGS=""
 bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
     # MODE lora, full or qlora (LoRA on NF4 weights: --quantize nf4)
     # GRAPHS_VS: with --cuda-graphs on, against that eager row's tokens/s
     local key=$1 box=$2 preset=$3 mode=$4 mb=$5 steps=$6 rcm=${7:-none} seq=${8:-2048}
-    local vs=${9:-} i=${IDX[$1]} json env_set=$BENCH_ENV env_vs=$BENCH_VS
-    BENCH_ENV="" BENCH_VS=""
+    local vs=${9:-} i=${IDX[$1]} json env_set=$BENCH_ENV env_vs=$BENCH_VS args_set=$BENCH_ARGS
+    BENCH_ENV="" BENCH_VS="" BENCH_ARGS=""
     local extra=()
     [ -n "$vs" ] && extra=(--cuda-graphs on)
+    # shellcheck disable=SC2206 # BENCH_ARGS's words, each an option or its value
+    [ -n "$args_set" ] && extra+=($args_set)
     if [ "$mode" = qlora ]; then
         mode=lora
         extra+=(--quantize nf4)
@@ -475,10 +492,10 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
         local other
         other=$(jget tokens_per_s "${BENCH[$env_vs]:-}")
         if [ -n "$other" ]; then
-            note="$env_set; row $((${IDX[$env_vs]} + 1)) is $(awk -v a="$other" \
+            note="${env_set:+$env_set; }row $((${IDX[$env_vs]} + 1)) is $(awk -v a="$other" \
                 -v b="$(jget tokens_per_s "$json")" 'BEGIN { printf "%.3fx", a / b }') this; "
         else
-            note="$env_set; no row $((${IDX[$env_vs]} + 1)) to compare; "
+            note="${env_set:+$env_set; }no row $((${IDX[$env_vs]} + 1)) to compare; "
         fi
     fi
     if [ -n "$vs" ] && [ $RC -eq 0 ]; then
@@ -495,6 +512,8 @@ bench() { # bench KEY BOX PRESET MODE MB STEPS [RECOMPUTE [SEQ [GRAPHS_VS]]]
             return
         fi
     fi
+    local dl=${args_set#*--doc-len }
+    [ "$dl" != "$args_set" ] && note="packed documents of ~${dl%% *} tokens; $note"
     [ -n "$fell" ] && note="cuDNN DID NOT RUN: $fell; $note"
     case $RC in
     0) BENCH[$key]=$json; row_set "$i" PASS "$DT" "$note$(bench_figure "$json")" ;;
@@ -788,6 +807,21 @@ fi
 if want small_cudnn; then
     BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=small_lora
     bench small_cudnn 45 small lora 1 10
+fi
+# packed documents (data.packing: documents, the shipped configs'): the
+# small step by cuDNN's ragged sequences against the CPU, then 7B by the
+# fused kernels and by cuDNN
+if want small_pkcudnn; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_ARGS="--doc-len 300"
+    bench small_pkcudnn 45 small lora 1 10
+fi
+if want b7pk; then
+    BENCH_VS=b7 BENCH_ARGS="--doc-len 512"
+    bench b7pk 60 llama-7b lora 1 5
+fi
+if want b7pkcudnn; then
+    BENCH_ENV=SPOTUNE_CUDA_ATTENTION=cudnn BENCH_VS=b7pk BENCH_ARGS="--doc-len 512"
+    bench b7pkcudnn 60 llama-7b lora 1 5
 fi
 
 want b13 && bench b13 75 llama-13b lora 1 5

@@ -214,6 +214,39 @@ Test(bench, another_backend_is_checked_against_the_cpu_step, .timeout = 300)
     free(out);
 }
 
+/* --doc-len: windows of packed documents (data.packing: documents), on
+ * every backend; the step is another one (attention stays inside each
+ * document), checked against the CPU's with the same documents; bad
+ * lengths are refused, naming the option. */
+Test(bench, packed_documents_are_benched_and_checked, .timeout = 300)
+{
+    char *out = NULL;
+    const char *run = "bench --backend cpu-ref --threads 2 --preset tiny --mode lora --seq-len 32 "
+                      "--steps 1 --warmup 0 --json";
+    int rc = tu_spotune(&out, "%s --doc-len 6 2>&1", run);
+    cr_assert_eq(rc, 0, "%s", out);
+    json_t *j = last_json(out);
+    cr_expect_eq(json_integer_value(json_object_get(j, "doc_len")), 6);
+    double loss = num(j, "step1_loss"), cpu = num(j, "cpu_step1_loss");
+    cr_expect(fabs(loss - cpu) <= BENCH_LOSS_TOL * fabs(cpu), "%g vs %g", loss, cpu);
+    json_decref(j);
+    free(out);
+    rc = tu_spotune(&out, "%s 2>&1", run);
+    cr_assert_eq(rc, 0, "%s", out);
+    j = last_json(out);
+    cr_expect_eq(json_integer_value(json_object_get(j, "doc_len")), 0);
+    cr_expect(num(j, "step1_loss") != loss, "packed documents left the step's loss %.9g", loss);
+    json_decref(j);
+    free(out);
+    rc = tu_spotune(&out, "bench --doc-len x 2>&1");
+    cr_expect(rc == 2 && tu_contains(out, "--doc-len takes a token count, not 'x'"), "%s", out);
+    free(out);
+    rc = tu_spotune(&out, "bench --seq-len 32 --doc-len 33 2>&1");
+    cr_expect(rc == 2 && tu_contains(out, "--doc-len must be from 0 (none) to --seq-len (32)"),
+              "%s", out);
+    free(out);
+}
+
 Test(bench, probe_cuda_names_the_reason)
 {
     char *out = NULL;

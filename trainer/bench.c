@@ -27,7 +27,25 @@ typedef struct bench_opts {
     int shard_grads;            /* full mode on several ranks: gradients sharded too */
     int nf4;                    /* --quantize nf4: QLoRA, the projections NF4 (model.quantize) */
     int graphs;                 /* --cuda-graphs on: runtime.cuda_graphs */
+    int doc_len;                /* --doc-len N: windows of packed documents of about N tokens */
 } bench_opts;
+
+/* Windows of packed documents (data.packing: documents), as the data
+ * layer gives them: lengths drawn from [N/2, 3N/2] (at least 1, one fixed
+ * draw), each window cut where it ends; positions restart at each
+ * document, seg its first position. */
+static void bench_documents(int B, int T, int N, int32_t *pos, int32_t *seg)
+{
+    uint64_t draw = 0;
+    int lo = N / 2 > 0 ? N / 2 : 1, span = N + N / 2 - lo + 1;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T;) {
+            int len = lo + (int)(sp_rng_u64(9, draw++) % (uint64_t)span);
+            for (int i = t; i < t + len && i < T; i++)
+                seg[(size_t)b * T + i] = t, pos[(size_t)b * T + i] = i - t;
+            t += len;
+        }
+}
 
 /* Dense bf16 tensor-core peaks (TFLOP/s) by device name: the cards of
  * spotune plan's table (trainer/plan.c, with their datasheets), then others. */
@@ -232,9 +250,13 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         fprintf(stderr, "bench: built in %.1f s\n", build_s);
     size_t n = (size_t)bo->micro_batch * (size_t)bo->seq_len;
     int32_t *in = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
-    if (!in || !tg) {
+    int32_t *pos = bo->doc_len ? malloc(sizeof(int32_t) * n) : NULL;
+    int32_t *seg = bo->doc_len ? malloc(sizeof(int32_t) * n) : NULL;
+    if (!in || !tg || (bo->doc_len && (!pos || !seg))) {
         free(in);
         free(tg);
+        free(pos);
+        free(seg);
         model_destroy(m);
         backend_destroy(be);
         return sp_fail(err, SP_EXIT_OTHER, "bench: out of host memory for %zu tokens", n);
@@ -246,13 +268,17 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     }
     for (int b = 0; b < bo->micro_batch && b < 4096; b++)
         ids[b] = (uint64_t)b;
+    if (bo->doc_len)
+        bench_documents(bo->micro_batch, bo->seq_len, bo->doc_len, pos, seg);
     model_batch batch = {.inputs = in,
                          .targets = tg,
                          .sample_ids = ids,
                          .B = bo->micro_batch,
                          .T = bo->seq_len,
                          .grad_scale = (float)(1.0 / (double)n),
-                         .last = 1};
+                         .last = 1,
+                         .pos = pos,
+                         .seg = seg};
     adamw_args a = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                     .weight_decay = 0.0f, .grad_scale = 1.0f};
     double t0 = 0, step1_loss = NAN, step1_gnorm = NAN;
@@ -360,6 +386,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             }
             json_object_set_new(j, "build_s", json_real(build_s));
             json_object_set_new(j, "cuda_graphs", json_boolean(bo->graphs));
+            json_object_set_new(j, "doc_len", json_integer(bo->doc_len));
             if (bo->graphs) {
                 json_object_set_new(j, "graph_replays", json_integer((json_int_t)replays));
                 json_object_set_new(j, "graph_ops", json_integer((json_int_t)graph_ops));
@@ -388,6 +415,8 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                    bo->seq_len, dt, tps, peak_mem / (1 << 30));
             if (mfu >= 0)
                 printf("  MFU %.1f%% (6N: %.1f%%)", 100.0 * mfu, 100.0 * mfu6);
+            if (bo->doc_len)
+                printf("  packed documents of ~%d tokens", bo->doc_len);
             printf("\n  step 1: loss %.6f, gradient norm %.6g; %s\n", step1_loss, step1_gnorm,
                    loss_why);
             if (split_total > 0) {
@@ -422,6 +451,8 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
                      be_name, cpu_why);
     free(in);
     free(tg);
+    free(pos);
+    free(seg);
     return rc;
 }
 
@@ -491,6 +522,9 @@ static void bench_usage(FILE *f)
             "  --cuda-graphs ON     on or off (default off): each step's forward and backward,\n"
             "                       and its update, replayed as captured graphs\n"
             "                       (runtime.cuda_graphs)\n"
+            "  --doc-len N          windows of packed documents of about N tokens (lengths\n"
+            "                       drawn from N/2 to 3N/2), as data.packing: documents gives\n"
+            "                       them: attention stays inside each (default 0: one stream)\n"
             "  --probe-cuda         say whether a CUDA device is usable (exit 0) or why not\n"
             "                       (exit 77), and run nothing\n"
             "Every run records step 1's loss and gradient norm (before any update) and fails\n"
@@ -503,7 +537,7 @@ static void bench_usage(FILE *f)
 int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
 {
     bench_opts bo = {"small", "auto", 2, 1, 2048, 5, 1, 16, RECOMPUTE_NONE, 0, 0, 0.0, 0,
-                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1, 1, 0, 0};
+                     BENCH_LOSS_TOL, BENCH_GNORM_TOL, -1, 1, 0, 0, 0};
     int probe = 0;
     static const struct option longopts[] = {
         {"preset", 1, 0, 'p'},      {"mode", 1, 0, 'm'},     {"micro-batch", 1, 0, 'b'},
@@ -512,7 +546,8 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
         {"threads", 1, 0, 't'},     {"json", 0, 0, 'j'},     {"peak-tflops", 1, 0, 'f'},
         {"plan", 1, 0, 'P'},        {"help", 0, 0, 'h'},     {"cpu-check", 1, 0, 'C'},
         {"check-tol", 1, 0, 'T'},   {"probe-cuda", 0, 0, 'U'}, {"shard-gradients", 1, 0, 'G'},
-        {"quantize", 1, 0, 'Q'},    {"cuda-graphs", 1, 0, 'R'}, {0, 0, 0, 0}};
+        {"quantize", 1, 0, 'Q'},    {"cuda-graphs", 1, 0, 'R'}, {"doc-len", 1, 0, 'D'},
+        {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -580,6 +615,15 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
             if (bo.graphs < 0)
                 return sp_fail(err, SP_EXIT_USAGE, "bench: --cuda-graphs must be on or off");
             break;
+        case 'D': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (end == optarg || *end || v < 0 || v > 1 << 24)
+                return sp_fail(err, SP_EXIT_USAGE, "bench: --doc-len takes a token count, not "
+                                                   "'%s'", optarg);
+            bo.doc_len = (int)v;
+            break;
+        }
         case 'h': bench_usage(stdout); return 0;
         default: bench_usage(stderr); return sp_fail(err, SP_EXIT_USAGE, "bench: bad option");
         }
@@ -595,6 +639,9 @@ int bench_main(int argc, char **argv, comm_t *comm, sp_err *err)
     if (bo.micro_batch < 1 || bo.micro_batch > 4096 || bo.seq_len < 2 || bo.steps < 1 ||
         bo.warmup < 0 || bo.lora_r < 1)
         return sp_fail(err, SP_EXIT_USAGE, "bench: sizes must be positive");
+    if (bo.doc_len < 0 || bo.doc_len > bo.seq_len)
+        return sp_fail(err, SP_EXIT_USAGE, "bench: --doc-len must be from 0 (none) to --seq-len "
+                                           "(%d), not %d", bo.seq_len, bo.doc_len);
     if (bo.nf4 && bo.mode == 1)
         return sp_fail(err, SP_EXIT_USAGE,
                        "bench: --quantize nf4 needs --mode lora (QLoRA trains LoRA on frozen NF4 "

@@ -53,7 +53,8 @@ typedef struct opts {
 /* The host inputs of one shape (bf16-rounded floats) and the CPU's outputs. */
 typedef struct inputs {
     float *q, *k, *v, *dout;
-    int32_t *seg; /* NULL without --packed */
+    int32_t *seg; /* NULL without --packed; the starts, then their document table */
+    size_t seg_n; /* seg's entries */
     float *want[5]; /* out, lse, dq, dk, dv */
     size_t n[5];
 } inputs;
@@ -70,10 +71,14 @@ static int fail_be(backend_t *be, const char *what)
     return bench_fail_be("attn_bench", be, what);
 }
 
-/* Packed documents of 1..maxlen tokens: seg[b*T + t] = start of t's document. */
-static int32_t *packed_seg(int B, int T, int maxlen)
+/* Packed documents of 1..maxlen tokens: seg[b*T + t] = start of t's
+ * document, followed by their table (packed_doc_table, which the
+ * attention by cuDNN runs them by; the other versions read the starts);
+ * *n: seg's entries. */
+static int32_t *packed_seg(int B, int T, int maxlen, size_t *n)
 {
-    int32_t *seg = malloc(sizeof(int32_t) * (size_t)B * T);
+    size_t bt = (size_t)B * T;
+    int32_t *seg = malloc(sizeof(int32_t) * (2 * bt + 1));
     uint64_t draw = 0;
     if (!seg)
         return NULL;
@@ -84,6 +89,7 @@ static int32_t *packed_seg(int B, int T, int maxlen)
                 seg[(size_t)b * T + i] = t;
             t += len;
         }
+    *n = bt + (size_t)packed_doc_table(seg, B, T, seg + bt) + 1;
     return seg;
 }
 
@@ -113,7 +119,7 @@ static int make_set(backend_t *be, const shape *s, const inputs *in, dev_set *d)
     d->lse = be_alloc(be, DT_F32, (size_t)s->B * s->nh * s->T);
     d->dq = be_alloc(be, a, nq), d->dk = be_alloc(be, a, nk), d->dv = be_alloc(be, a, nk);
     if (in->seg)
-        d->seg = be_alloc(be, DT_I32, (size_t)s->B * s->T);
+        d->seg = be_alloc(be, DT_I32, in->seg_n);
     if (fail_be(be, "alloc"))
         return -1;
     be_upload(be, d->q, in->q, DT_F32), be_upload(be, d->k, in->k, DT_F32);
@@ -154,7 +160,7 @@ static int make_inputs(const shape *s, const opts *o, inputs *in)
     memset(in, 0, sizeof *in);
     in->q = bench_random_bf16(nq, 1.5f, 1), in->k = bench_random_bf16(nk, 1.5f, 2);
     in->v = bench_random_bf16(nk, 1.0f, 3), in->dout = bench_random_bf16(nq, 1.0f, 4);
-    in->seg = o->packed ? packed_seg(s->B, s->T, o->packed) : NULL;
+    in->seg = o->packed ? packed_seg(s->B, s->T, o->packed, &in->seg_n) : NULL;
     in->n[0] = in->n[2] = nq, in->n[3] = in->n[4] = nk, in->n[1] = (size_t)s->B * s->nh * s->T;
     return in->q && in->k && in->v && in->dout && (!o->packed || in->seg) ? 0 : -1;
 }
