@@ -79,6 +79,12 @@ static int doc_cap(tensor_t seg, int B, int T)
     return seg.n > bt + 1 ? (int)(seg.n - bt - 1) : -1;
 }
 
+/* seg's document table on the device (after its B T starts), or NULL. */
+static const int *doc_table_of(tensor_t seg, int B, int T)
+{
+    return seg.p ? (const int *)seg.p + (size_t)B * T : NULL;
+}
+
 /* Whether a call of this shape and these pointers is one cuDNN's graph can
  * take at all (before asking cuDNN; if not, it says so once); cap as
  * doc_cap gives it. */
@@ -223,10 +229,10 @@ __global__ void cudnn_stats_kernel(float *lse, float *st, int T, int nh, size_t 
     }
 }
 
-static int stats_move(backend_t *be, float *lse, float *st, const cudnn_key &k, int to_lse)
+static int stats_move(backend_t *be, float *lse, float *st, int B, int T, int nh, int to_lse)
 {
-    size_t n = (size_t)k.B * k.T * k.nh;
-    LAUNCH(cudnn_stats_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(lse, st, k.T, k.nh, n,
+    size_t n = (size_t)B * T * nh;
+    LAUNCH(cudnn_stats_kernel, cuda_blocks(n), CUDA_BLOCK, 0, STREAM(be))(lse, st, T, nh, n,
                                                                           to_lse);
     return LAUNCHED(be, "cudnn_stats_kernel");
 }
@@ -272,7 +278,7 @@ extern "C" int cuda_cudnn_ragged_args(backend_t *be, tensor_t seg, int B, int T,
     int *sq;
     long long *of;
     float *st;
-    if (!buf || ragged_args(be, k, (const int *)seg.p + (size_t)B * T, buf, &sq, &of, &st))
+    if (!buf || ragged_args(be, k, doc_table_of(seg, B, T), buf, &sq, &of, &st))
         return -1;
     cudaStream_t stream = STREAM(be);
     if (CUDA_OK(be, cudaMemcpyAsync(off, of + (size_t)ragged_array(uid) * (C + 1),
@@ -288,8 +294,7 @@ extern "C" int cuda_cudnn_ragged_args(backend_t *be, tensor_t seg, int B, int T,
 extern "C" int cuda_cudnn_stats_lse(backend_t *be, tensor_t st, tensor_t lse, int B, int T, int nh,
                                     int to_lse)
 {
-    cudnn_key k = {0, B, T, nh, nh, 8, 0, 0, 0, 0, 0, 0, 1};
-    return be->err.code ? -1 : stats_move(be, (float *)lse.p, (float *)st.p, k, to_lse);
+    return be->err.code ? -1 : stats_move(be, (float *)lse.p, (float *)st.p, B, T, nh, to_lse);
 }
 
 #if defined(SPOTUNE_CUDNN_FRONTEND) && !defined(SPOTUNE_CUDA_EMU)
@@ -560,7 +565,7 @@ static int cudnn_run(backend_t *be, const cudnn_key &k, std::unordered_map<int64
         int *seqlen;
         long long *off;
         if (ragged_args(be, k, table, ws + wsb, &seqlen, &off, &st) ||
-            (k.bwd && stats_move(be, lse, st, k, 0)))
+            (k.bwd && stats_move(be, lse, st, k.B, k.T, k.nh, 0)))
             return -1;
         ptrs[U_STATS] = st;
         ptrs[U_SEQ_Q] = seqlen;
@@ -584,7 +589,7 @@ static int cudnn_run(backend_t *be, const cudnn_key &k, std::unordered_map<int64
     }
     if (cuda_ok(be, cudaGetLastError(), "cuDNN attention", __FILE__, __LINE__))
         return -1;
-    if (k.C && !k.bwd && stats_move(be, lse, st, k, 1))
+    if (k.C && !k.bwd && stats_move(be, lse, st, k.B, k.T, k.nh, 1))
         return -1;
     s->ran++;
     return 1;
@@ -594,12 +599,6 @@ static int cudnn_deterministic(void)
 {
     const char *e = getenv("SPOTUNE_CUDNN_DETERMINISTIC");
     return !(e && strcmp(e, "0") == 0);
-}
-
-/* seg's document table on the device (after its B T starts), or NULL. */
-static const int *doc_table_of(tensor_t seg, int B, int T)
-{
-    return seg.p ? (const int *)seg.p + (size_t)B * T : NULL;
 }
 
 extern "C" int cuda_cudnn_attention_forward(backend_t *be, tensor_t out, tensor_t lse, tensor_t q,
@@ -722,7 +721,6 @@ extern "C" int cuda_cudnn_attention_forward(backend_t *be, tensor_t out, tensor_
 {
     (void)be, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)seg, (void)B, (void)T;
     (void)nh, (void)nkv, (void)hd, (void)q_ld, (void)kv_ld, (void)cudnn_shape_fits;
-    (void)doc_cap;
     return cudnn_absent();
 }
 
