@@ -229,6 +229,9 @@ Test(bench, packed_documents_are_benched_and_checked, .timeout = 300)
     cr_expect_eq(json_integer_value(json_object_get(j, "doc_len")), 6);
     double loss = num(j, "step1_loss"), cpu = num(j, "cpu_step1_loss");
     cr_expect(fabs(loss - cpu) <= BENCH_LOSS_TOL * fabs(cpu), "%g vs %g", loss, cpu);
+    /* documents of 3 to 9 tokens: each token's attention counts over its own */
+    double ctx = num(j, "attention_context"), fpt = num(j, "flops_per_token");
+    cr_expect(ctx >= 3.0 && ctx <= 9.0, "attention context %g of documents of 3-9 tokens", ctx);
     json_decref(j);
     free(out);
     rc = tu_spotune(&out, "%s 2>&1", run);
@@ -236,6 +239,12 @@ Test(bench, packed_documents_are_benched_and_checked, .timeout = 300)
     j = last_json(out);
     cr_expect_eq(json_integer_value(json_object_get(j, "doc_len")), 0);
     cr_expect(num(j, "step1_loss") != loss, "packed documents left the step's loss %.9g", loss);
+    /* dense rows: the row's 32 keys; the FLOPs differ by the attention's part alone */
+    model_config_t mc = preset("tiny");
+    cr_expect_float_eq(num(j, "attention_context"), 32.0, 1e-12);
+    double attn = 12.0 * (double)mc.layers * (double)(mc.heads * mc.head_dim);
+    cr_expect_float_eq(num(j, "flops_per_token") - fpt, attn * (32.0 - ctx),
+                       1e-9 * num(j, "flops_per_token"));
     json_decref(j);
     free(out);
     rc = tu_spotune(&out, "bench --doc-len x 2>&1");
@@ -245,6 +254,20 @@ Test(bench, packed_documents_are_benched_and_checked, .timeout = 300)
     cr_expect(rc == 2 && tu_contains(out, "--doc-len must be from 0 (none) to --seq-len (32)"),
               "%s", out);
     free(out);
+}
+
+/* A token attends only within its document: the context counted is the sum
+ * of the documents' squared lengths over the tokens. */
+Test(bench, attention_context_of_packed_documents)
+{
+    /* row 0: documents of 3 and 5 tokens; row 1: one of 8 */
+    const int32_t seg[16] = {0, 0, 0, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0};
+    cr_expect_float_eq(bench_attention_context(seg, 2, 8), (9.0 + 25.0 + 64.0) / 16.0, 1e-12);
+    cr_expect_float_eq(bench_attention_context(seg, 1, 8), (9.0 + 25.0) / 8.0, 1e-12);
+    cr_expect_float_eq(bench_attention_context(NULL, 2, 8), 8.0, 1e-12);
+    /* eight documents of one token: each attends to itself alone */
+    const int32_t ones[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    cr_expect_float_eq(bench_attention_context(ones, 1, 8), 1.0, 1e-12);
 }
 
 Test(bench, probe_cuda_names_the_reason)

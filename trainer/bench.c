@@ -67,10 +67,11 @@ static double gpu_peak_tflops(const char *name)
 /* Model FLOPs per trained token, the honest count (PaLM's convention:
  * matmuls forward 2N, backward 2N for activations plus 2N for weights when
  * they train, so 4N for the frozen weights of LoRA and 6N for the trainable
- * ones, LoRA adapters included; attention 12 * layers * heads * head_dim * T;
- * the embedding gather and recomputation are not counted). The common
- * convention is 6 x (every parameter) per token: bench_flops_6n. */
-double bench_flops_per_token(const model_config_t *mc, int mode, double lora_params, int64_t T)
+ * ones, LoRA adapters included; attention 12 * layers * heads * head_dim *
+ * ctx, ctx = T for dense rows; the embedding gather and recomputation are
+ * not counted). The common convention is 6 x (every parameter) per token:
+ * bench_flops_6n. */
+double bench_flops_per_token(const model_config_t *mc, int mode, double lora_params, double ctx)
 {
     double nmm = (double)mc->vocab * (double)mc->hidden;
     for (int p = 0; p < PROJ_COUNT; p++) {
@@ -79,13 +80,29 @@ double bench_flops_per_token(const model_config_t *mc, int mode, double lora_par
         nmm += (double)mc->layers * (double)(in * out);
     }
     double mm = mode == MODE_FULL ? 6.0 * nmm : 4.0 * nmm + 6.0 * lora_params;
-    return mm + 12.0 * (double)mc->layers * (double)(mc->heads * mc->head_dim) * (double)T;
+    return mm + 12.0 * (double)mc->layers * (double)(mc->heads * mc->head_dim) * ctx;
 }
 
-static double flops_per_token(const model_t *m, int T)
+double bench_attention_context(const int32_t *seg, int B, int T)
+{
+    if (!seg || B <= 0 || T <= 0)
+        return (double)T;
+    double sq = 0;
+    for (int b = 0; b < B; b++) {
+        const int32_t *r = seg + (size_t)b * (size_t)T;
+        for (int t = 0, l = 1; t < T; t++, l++)
+            if (t + 1 == T || r[t + 1] != r[t]) { /* t ends a document of l tokens */
+                sq += (double)l * (double)l;
+                l = 0;
+            }
+    }
+    return sq / ((double)B * (double)T);
+}
+
+static double flops_per_token(const model_t *m, double ctx)
 {
     return bench_flops_per_token(&m->mc, m->o.mode,
-                                 m->o.mode == MODE_LORA ? (double)m->n_trainable : 0.0, T);
+                                 m->o.mode == MODE_LORA ? (double)m->n_trainable : 0.0, ctx);
 }
 
 static const char *modes_name(const bench_opts *bo, int mode)
@@ -316,7 +333,9 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
     }
     /* timing done: free the device before the checks */
     int world = comm_size(comm);
-    double fpt = flops_per_token(m, bo->seq_len), fpt6 = bench_flops_6n(&mc);
+    /* packed documents: each token's attention counts over its document */
+    double ctx = bench_attention_context(seg, bo->micro_batch, bo->seq_len);
+    double fpt = flops_per_token(m, ctx), fpt6 = bench_flops_6n(&mc);
     size_t n_trainable = m->n_trainable;
     size_t replays = m->graph_mb.replays, graph_ops = m->graph_mb.ops;
     size_t upd_replays = m->graph_upd.replays, upd_ops = m->graph_upd.ops;
@@ -387,6 +406,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             json_object_set_new(j, "build_s", json_real(build_s));
             json_object_set_new(j, "cuda_graphs", json_boolean(bo->graphs));
             json_object_set_new(j, "doc_len", json_integer(bo->doc_len));
+            json_object_set_new(j, "attention_context", json_real(ctx));
             if (bo->graphs) {
                 json_object_set_new(j, "graph_replays", json_integer((json_int_t)replays));
                 json_object_set_new(j, "graph_ops", json_integer((json_int_t)graph_ops));
@@ -416,7 +436,8 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
             if (mfu >= 0)
                 printf("  MFU %.1f%% (6N: %.1f%%)", 100.0 * mfu, 100.0 * mfu6);
             if (bo->doc_len)
-                printf("  packed documents of ~%d tokens", bo->doc_len);
+                printf("  packed documents of ~%d tokens (attention over %.0f keys a token)",
+                       bo->doc_len, ctx);
             printf("\n  step 1: loss %.6f, gradient norm %.6g; %s\n", step1_loss, step1_gnorm,
                    loss_why);
             if (split_total > 0) {

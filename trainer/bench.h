@@ -40,8 +40,17 @@ double bench_flops_6n(const model_config_t *mc);
  * matmuls forward 2N, backward 2N for activations plus 2N for weights when
  * they train, so 4N for the frozen weights of LoRA and 6N for the trainable
  * ones, LoRA adapters (lora_params) included, lm_head counted, the
- * embedding gather not; attention 12 x layers x heads x head_dim x T;
- * recomputation not counted). mode: MODE_LORA or MODE_FULL. */
-double bench_flops_per_token(const model_config_t *mc, int mode, double lora_params, int64_t T);
+ * embedding gather not; attention 12 x layers x heads x head_dim x ctx;
+ * recomputation not counted). mode: MODE_LORA or MODE_FULL. ctx: the
+ * keys a token's attention is counted over, T for dense rows of T tokens,
+ * bench_attention_context for packed documents. */
+double bench_flops_per_token(const model_config_t *mc, int mode, double lora_params, double ctx);
+/* The attention's context per token of B rows of T tokens whose documents
+ * start where seg says (seg[b T + t]: the position in row b where t's
+ * document starts; NULL: each row one document): sum of l^2 over the
+ * documents, l their lengths, over B T. A token of a document of l tokens
+ * attends only within it, so its attention counts as a row of l; dense rows
+ * give T. */
+double bench_attention_context(const int32_t *seg, int B, int T);
 
 #endif
