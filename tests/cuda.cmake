@@ -203,10 +203,17 @@ if(SPOTUNE_CUDA)
     endforeach()
   endif()
   # the ops and attention (batched, strided products) with cuBLASLt offering
-  # no algorithm, and refusing at run time: every product on the fallback
+  # no algorithm, and refusing at run time: every product on the fallback.
+  # Of the attention, the cases that run products (the unfused path, and
+  # the fused kernels compared with it); not the fused kernels' own
+  # variants, cuDNN's or RoPE, which run none.
+  set(lt_filter_test_cuda_ops "*")
+  string(CONCAT lt_filter_test_cuda_attention "cuda_ops/!(rope_*|flash_attention_odd_shapes_*|"
+    "flash_attention_dq_*|flash_attention_operands_*|*wgmma*|*cudnn*)")
   foreach(mode no-algorithm refuses)
     foreach(suite test_cuda_ops test_cuda_attention)
-      add_test(NAME emu_${suite}_cublaslt_${mode} COMMAND ${suite} --jobs 1)
+      add_test(NAME emu_${suite}_cublaslt_${mode} COMMAND ${suite} --jobs 1
+        --filter "${lt_filter_${suite}}")
       set_tests_properties(emu_${suite}_cublaslt_${mode} PROPERTIES LABELS "cuda_emu" TIMEOUT 900
         ENVIRONMENT "SPOTUNE_CUDA_MODULE=$<TARGET_FILE:spotune_cuda_emu>;SPOTUNE_TEST_SHAPES=reduced;SPOTUNE_CUDA_EMU_GUARD=1;SPOTUNE_CUDA_EMU_CUBLASLT=${mode}"
         FAIL_REGULAR_EXPRESSION "ERROR: LeakSanitizer;ERROR: AddressSanitizer;runtime error:")

@@ -22,6 +22,8 @@
  *   M small with op(B) = B (dA = dxr^T x): B's rows as they lie, into C;
  *   M small with op(B) = B^T: C^T with op(A)^T packed, into a scratch. */
 #include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +35,15 @@
 #define SK_TARGET __attribute__((target("avx512f")))
 #define SK2_TARGET __attribute__((target("avx2,fma")))
 #define SK_PF 8 /* rows ahead of the one read that a prefetch asks for */
+/* Under AddressSanitizer the tiles (always inlined) take their checks from
+ * the block they are inlined into (SK_BLOCK), and carry no marks of their
+ * own: the marks of an inlined function's locals would poison the stack
+ * where the block is not checked, for the code that next uses it. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SK_TILE_ASAN __attribute__((no_sanitize_address))
+#else
+#define SK_TILE_ASAN
+#endif
 
 /* op(X)[k, n] for k < K, n < N into w[k * ldw + n], zero from N to ldw */
 static void sk_pack(float *w, size_t ldw, const float *X, size_t ldx, int trans, int K, int N)
@@ -53,7 +64,7 @@ static void sk_pack(float *w, size_t ldw, const float *X, size_t ldx, int trans,
  * a(i,k) = a[i*am + k*ak] and NZ = ceil(ncols/16) vectors a row; MB, NZ and
  * MW are constants at every call, so the tile is registers. MW: w is a
  * matrix as it lies (its last vector's columns masked), not a padded pack. */
-static inline __attribute__((always_inline)) SK_TARGET void
+static inline __attribute__((always_inline)) SK_TARGET SK_TILE_ASAN void
 sk_tile(const int MB, const int NZ, const int MW, const float *a, size_t am, size_t ak,
         const float *w, size_t ldw, int K, float *c, size_t ldc, int ncols, float alpha,
         float beta)
@@ -148,21 +159,28 @@ sk_tile(const int MB, const int NZ, const int MW, const float *a, size_t am, siz
         break;                                                                                     \
     }
 
-static SK_TARGET void sk_block(int mb, int nz, int mw, const float *a, size_t am, size_t ak,
-                               const float *w, size_t ldw, int K, float *c, size_t ldc, int ncols,
-                               float alpha, float beta)
-{
-    if (mw) {
-        SK_DISPATCH(1)
-    } else {
-        SK_DISPATCH(0)
+/* A block of mb rows by a set's tiles (DISPATCH_: SK_DISPATCH or
+ * SK2_DISPATCH): sk_block and sk_block2, and under AddressSanitizer
+ * sk_block_unchecked and sk_block2_unchecked, the same tiles with their
+ * loads and stores not checked one by one (sk_rows checks the operands'
+ * spans instead: SK_SPANS) */
+#define SK_BLOCK(NAME_, TARGET_, DISPATCH_, ATTR_)                                                 \
+    static TARGET_ ATTR_ void NAME_(int mb, int nz, int mw, const float *a, size_t am, size_t ak,  \
+                                    const float *w, size_t ldw, int K, float *c, size_t ldc,       \
+                                    int ncols, float alpha, float beta)                            \
+    {                                                                                              \
+        if (mw) {                                                                                  \
+            DISPATCH_(1)                                                                           \
+        } else {                                                                                   \
+            DISPATCH_(0)                                                                           \
+        }                                                                                          \
     }
-}
+SK_BLOCK(sk_block, SK_TARGET, SK_DISPATCH, )
 
 /* AVX2 (with FMA): sk_tile with 8-float vectors in 16 registers. The last
  * vector's columns are masked by vmaskmov (masked lanes are not read, so a
  * matrix as it lies is not over-read). */
-static inline __attribute__((always_inline)) SK2_TARGET void
+static inline __attribute__((always_inline)) SK2_TARGET SK_TILE_ASAN void
 sk_tile2(const int MB, const int NZ, const int MW, const float *a, size_t am, size_t ak,
          const float *w, size_t ldw, int K, float *c, size_t ldc, int ncols, float alpha,
          float beta)
@@ -246,16 +264,64 @@ sk_tile2(const int MB, const int NZ, const int MW, const float *a, size_t am, si
         }                                                                                          \
     }
 
-static SK2_TARGET void sk_block2(int mb, int nz, int mw, const float *a, size_t am, size_t ak,
-                                 const float *w, size_t ldw, int K, float *c, size_t ldc,
-                                 int ncols, float alpha, float beta)
+SK_BLOCK(sk_block2, SK2_TARGET, SK2_DISPATCH, )
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+/* Under AddressSanitizer each of the tiles' loads checked as it happens was
+ * 60% of a training test's time (the sanitizer build's suite, 7 minutes of
+ * it). So there, by default, sk_rows checks once that each operand's whole
+ * span is memory it may read (or write: C), reporting as AddressSanitizer
+ * does, and runs the tiles unchecked. SPOTUNE_ASAN_SKINNY=loads checks
+ * every load and store instead (the ops suite, which drives the tiles'
+ * edges: tests/trainer.cmake). */
+#define SK_NO_ASAN __attribute__((no_sanitize_address))
+SK_BLOCK(sk_block_unchecked, SK_TARGET, SK_DISPATCH, SK_NO_ASAN)
+SK_BLOCK(sk_block2_unchecked, SK2_TARGET, SK2_DISPATCH, SK_NO_ASAN)
+
+static int sk_check_loads(void)
 {
-    if (mw) {
-        SK2_DISPATCH(1)
-    } else {
-        SK2_DISPATCH(0)
+    static int v = -1; /* the same answer from every thread */
+    int r = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (r < 0) {
+        const char *e = getenv("SPOTUNE_ASAN_SKINNY");
+        r = e && strcmp(e, "loads") == 0;
+        __atomic_store_n(&v, r, __ATOMIC_RELAXED);
+    }
+    return r;
+}
+
+/* n floats from p, all addressable, or AddressSanitizer's report of the
+ * first that is not (it ends the process), after a line naming the span */
+static void __attribute__((noinline)) sk_span(const float *p, size_t n, int is_write,
+                                              const char *what)
+{
+    void *bad = __asan_region_is_poisoned((void *)(uintptr_t)p, sizeof(float) * n);
+    if (bad) {
+        fprintf(stderr, "spotune: a skinny product's %s (%zu floats from %p) is not all memory "
+                        "it may %s (its span checked before its tiles; SPOTUNE_ASAN_SKINNY=loads "
+                        "checks each load)\n",
+                what, n, (const void *)p, is_write ? "write" : "read");
+        __asan_report_error(__builtin_return_address(0), __builtin_frame_address(0),
+                            __builtin_frame_address(0), bad, is_write, sizeof(float));
     }
 }
+
+/* the spans the tiles of sk_rows read and write: a(m, k) for m < M, k < K;
+ * w's K rows (as they lie: N columns; packed: ldw); C's M rows of N */
+#define SK_SPANS()                                                                                 \
+    do {                                                                                           \
+        sk_span(a, (size_t)(M - 1) * am + (size_t)(K - 1) * ak + 1, 0, "broadcast operand");       \
+        sk_span(w, (size_t)(K - 1) * ldw + (mw ? (size_t)N : ldw), 0, "vector operand");           \
+        sk_span(c, (size_t)(M - 1) * ldc + (size_t)N, 1, "output");                                \
+    } while (0)
+#define SK_UNCHECKED() (!sk_check_loads())
+#else
+#define SK_SPANS() ((void)0)
+#define SK_UNCHECKED() 0
+#define sk_block_unchecked sk_block
+#define sk_block2_unchecked sk_block2
+#endif
 
 /* The register tiles of an instruction set: vector width in floats; column
  * chunks of four vectors (64 or 32 floats), and for a few rows of a wide
@@ -294,6 +360,9 @@ static void sk_rows(int isa, int M, int N, int K, const float *a, size_t am, siz
     int by_chunk = nchunks > 1 && (nchunks > nblocks || few);
     int ntask = nblocks * nchunks;
     double work = (double)M * (double)N * (double)K;
+    int unchecked = SK_UNCHECKED();
+    if (unchecked)
+        SK_SPANS();
 #pragma omp parallel for schedule(static) if (work > 262144.0 && !omp_in_parallel())
     for (int t_ = 0; t_ < ntask; t_++) {
         int bi = by_chunk ? t_ % nblocks : t_ / nchunks;
@@ -305,8 +374,14 @@ static void sk_rows(int isa, int M, int N, int K, const float *a, size_t am, siz
         int nz = (ncols + t->vw - 1) / t->vw;
         const float *ab = a + (size_t)m0 * am;
         float *cb = c + (size_t)m0 * ldc + (size_t)n0;
-        if (isa == CPU_SKINNY_AVX512)
+        if (isa == CPU_SKINNY_AVX512 && unchecked)
+            sk_block_unchecked(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha,
+                               beta);
+        else if (isa == CPU_SKINNY_AVX512)
             sk_block(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha, beta);
+        else if (unchecked)
+            sk_block2_unchecked(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha,
+                                beta);
         else
             sk_block2(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha, beta);
     }
