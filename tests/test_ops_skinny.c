@@ -318,7 +318,8 @@ static int short_operand(const char *mode, int which, size_t cut, char *out, siz
  * skips it. */
 Test(ops, skinny_operands_past_their_memory_are_reported_under_asan, .timeout = 120)
 {
-    cr_assert_neq(cpu_skinny_isa(), CPU_SKINNY_NONE, "no tiles on this CPU: nothing to check");
+    if (cpu_skinny_isa() == CPU_SKINNY_NONE)
+        cr_skip_test("this CPU has neither AVX-512 nor AVX2: no tiles to check");
     static char out[65536];
     const char *names[] = {"broadcast operand", "vector operand", "output"};
     for (int which = 0; which < 3; which++) {
