@@ -296,9 +296,7 @@ static int short_operand(const char *mode, int which, size_t cut, char *out, siz
     close(fd[1]);
     size_t got = 0;
     ssize_t r;
-    while ((r = read(fd[0], out + got, n - 1 - got)) > 0 && got + (size_t)r < n - 1)
-        got += (size_t)r;
-    if (r > 0)
+    while (got < n - 1 && (r = read(fd[0], out + got, n - 1 - got)) > 0)
         got += (size_t)r;
     out[got] = '\0';
     close(fd[0]);

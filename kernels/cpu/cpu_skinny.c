@@ -164,6 +164,9 @@ sk_tile(const int MB, const int NZ, const int MW, const float *a, size_t am, siz
  * sk_block_unchecked and sk_block2_unchecked, the same tiles with their
  * loads and stores not checked one by one (sk_rows checks the operands'
  * spans instead: SK_SPANS) */
+typedef void sk_block_fn(int mb, int nz, int mw, const float *a, size_t am, size_t ak,
+                         const float *w, size_t ldw, int K, float *c, size_t ldc, int ncols,
+                         float alpha, float beta);
 #define SK_BLOCK(NAME_, TARGET_, DISPATCH_, ATTR_)                                                 \
     static TARGET_ ATTR_ void NAME_(int mb, int nz, int mw, const float *a, size_t am, size_t ak,  \
                                     const float *w, size_t ldw, int K, float *c, size_t ldc,       \
@@ -269,8 +272,7 @@ SK_BLOCK(sk_block2, SK2_TARGET, SK2_DISPATCH, )
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 /* Under AddressSanitizer each of the tiles' loads checked as it happens was
- * 60% of a training test's time (the sanitizer build's suite, 7 minutes of
- * it). So there, by default, sk_rows checks once that each operand's whole
+ * 60% of a training test's time. So there, by default, sk_rows checks once that each operand's whole
  * span is memory it may read (or write: C), reporting as AddressSanitizer
  * does, and runs the tiles unchecked. SPOTUNE_ASAN_SKINNY=loads checks
  * every load and store instead (the ops suite, which drives the tiles'
@@ -363,6 +365,8 @@ static void sk_rows(int isa, int M, int N, int K, const float *a, size_t am, siz
     int unchecked = SK_UNCHECKED();
     if (unchecked)
         SK_SPANS();
+    sk_block_fn *block = isa == CPU_SKINNY_AVX512 ? (unchecked ? sk_block_unchecked : sk_block)
+                                                  : (unchecked ? sk_block2_unchecked : sk_block2);
 #pragma omp parallel for schedule(static) if (work > 262144.0 && !omp_in_parallel())
     for (int t_ = 0; t_ < ntask; t_++) {
         int bi = by_chunk ? t_ % nblocks : t_ / nchunks;
@@ -374,16 +378,7 @@ static void sk_rows(int isa, int M, int N, int K, const float *a, size_t am, siz
         int nz = (ncols + t->vw - 1) / t->vw;
         const float *ab = a + (size_t)m0 * am;
         float *cb = c + (size_t)m0 * ldc + (size_t)n0;
-        if (isa == CPU_SKINNY_AVX512 && unchecked)
-            sk_block_unchecked(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha,
-                               beta);
-        else if (isa == CPU_SKINNY_AVX512)
-            sk_block(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha, beta);
-        else if (unchecked)
-            sk_block2_unchecked(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha,
-                                beta);
-        else
-            sk_block2(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha, beta);
+        block(mb, nz, mw, ab, am, ak, w + n0, ldw, K, cb, ldc, ncols, alpha, beta);
     }
 }
 
