@@ -320,7 +320,9 @@ Test(cuda_ops, packed_documents_as_cudnn_is_given_them)
  * table (dozens of short ones; the 7B shape's); q, k, v as the column blocks
  * of the fused product's output (and dq, dk, dv of its gradient; query
  * groups of 4) within TOL_BF16 of the contiguous call, counted too; the
- * same step twice the same bits (the deterministic backward). */
+ * same step twice the same bits (the deterministic backward); a backward
+ * over its workspace budget refused, the fused kernels' backward after
+ * cuDNN's forward still the CPU's. */
 Test(cuda_ops, attention_by_cudnn_matches_the_cpu)
 {
     char why[320];
@@ -345,10 +347,16 @@ Test(cuda_ops, attention_by_cudnn_matches_the_cpu)
         c0 = c1;
     }
     /* packed documents by their table: short ones (1 to 40 tokens, so
-     * dozens of sequences, with odd lengths), and the 7B shape's */
+     * dozens of sequences, with odd lengths), and the 7B shape's (8
+     * sequences of up to 2048: a deterministic dP of 2 GiB, over the
+     * default workspace budget where cuDNN cannot accumulate dQ in order
+     * (before 9.25): given 4 GiB, so that its results are checked on any
+     * cuDNN) */
     static const int packed[][6] = {{2, 300, 8, 2, 128, 40}, {1, 2048, 32, 32, 128, 700}};
     for (int i = 0; i < (cuda_test_reduced_shapes() ? 1 : 2); i++) {
         const int *p = packed[i];
+        if (i == 1)
+            cr_assert_eq(setenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET", "4294967296", 1), 0);
         int32_t *sg = malloc(sizeof(int32_t) * 2 * (size_t)p[0] * p[1]);
         cr_assert(sg);
         size_t n;
@@ -360,7 +368,17 @@ Test(cuda_ops, attention_by_cudnn_matches_the_cpu)
                      p[1], c1 - c0, why);
         c0 = c1;
         free(tab), free(sg);
+        unsetenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET");
     }
+    /* a workspace budget of one byte: the backward (never without one) is
+     * refused, and the fused kernels run it from whichever forward ran
+     * (cuDNN's stats are the fused kernels' lse): still the CPU's results */
+    cr_assert_eq(setenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET", "1", 1), 0);
+    check_attention(1, 96, 4, 2, 64);
+    unsetenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET");
+    cudnn_usable(why, sizeof why, &c1);
+    cr_expect(c1 - c0 <= 1, "a 1-byte workspace budget: cuDNN ran %ld calls, the backward's "
+              "among them", c1 - c0);
     int B = 2, T = 150, nh = 8, nkv = 2, hd = 128, ok = 0;
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, nl = (size_t)B * nh * T;
     size_t ns[5] = {nq, nl, nq, nk, nk};

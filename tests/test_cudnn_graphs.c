@@ -15,6 +15,7 @@
  * frontend; libcudnn.so.9 comes with the CUDA toolkit) makes that a
  * failure; skipped where the toolkit has no cudnn.h at all, and under the
  * emulated device's module (no cuDNN). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +110,88 @@ Test(cudnn_graphs, a_graph_it_cannot_take_is_refused)
     ok = validate(90, 0, 1, 64, 6, 4, 64, 6 * 64, 4 * 64, 6 * 64, 4 * 64, 0, why, sizeof why);
     cr_expect(!ok, "6 query heads over 4 kv heads passed the frontend's validation");
     cr_log_info("6 over 4 heads refused: %s", why);
+}
+
+/* A symbol of the CUDA module (main checked that it loads). */
+static void *module_symbol(const char *name)
+{
+    char why[320];
+    void *sym = backend_cuda_symbol(name, why, sizeof why);
+    cr_assert(sym, "%s: %s", name, why);
+    return sym;
+}
+
+#define MIB (1LL << 20)
+#define DP_LIMIT "CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT"
+
+/* The workspace a graph may take (cuda_cudnn.cu): 512 MiB unless
+ * SPOTUNE_CUDNN_WORKSPACE_BUDGET (bytes) says otherwise. A graph asking for
+ * more is refused, so the fused kernels run its shape, rather than the
+ * scratch growing past what the memory plan counted (the deterministic
+ * backward's dP at the 7B shape's seq 8192 is 4 GiB where cuDNN cannot
+ * accumulate dQ in order); a malformed budget is refused with its value. */
+Test(cudnn_graphs, a_workspace_over_the_budget_is_refused)
+{
+    int (*allowed)(long long, char *, size_t);
+    void *sym = module_symbol("cuda_cudnn_workspace_allowed");
+    memcpy(&allowed, &sym, sizeof allowed);
+    char why[384];
+    long long dp8k = 32LL * 8192 * 8192 * 2; /* 7B, seq 8192: B x heads x T^2 x 2 bytes */
+    unsetenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET");
+    cr_expect_eq(allowed(512 * MIB, why, sizeof why), 1, "512 MiB refused: %s", why);
+    cr_expect_eq(allowed(0, why, sizeof why), 1, "no workspace refused: %s", why);
+    cr_expect_eq(allowed(512 * MIB + 1, why, sizeof why), 0, "512 MiB + 1 byte allowed");
+    cr_expect(strstr(why, "0.50 GiB budget") && strstr(why, "SPOTUNE_CUDNN_WORKSPACE_BUDGET"),
+              "the refusal does not name the budget: %s", why);
+    cr_expect_eq(allowed(dp8k, why, sizeof why), 0, "seq 8192's dP allowed");
+    cr_expect(strstr(why, "would be 4.00 GiB"), "the refusal does not give the size: %s", why);
+    setenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET", "8589934592", 1);
+    cr_expect_eq(allowed(dp8k, why, sizeof why), 1, "4 GiB refused under an 8 GiB budget: %s",
+                 why);
+    cr_expect_eq(allowed(dp8k * 2 + 1, why, sizeof why), 0, "8 GiB + 1 byte allowed");
+    static const char *const bad[] = {"abc", "0", "-1", "12MB", "1e9", " ", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET", bad[i], 1);
+        why[0] = 0;
+        cr_expect_eq(allowed(MIB, why, sizeof why), -1, "budget '%s' taken", bad[i]);
+        char want[96];
+        snprintf(want, sizeof want, "SPOTUNE_CUDNN_WORKSPACE_BUDGET=%s is not", bad[i]);
+        cr_expect(strstr(why, want), "budget '%s': the refusal does not name it: %s", bad[i],
+                  why);
+    }
+}
+
+/* The frontend plans the deterministic backward's dP only within 7/8 of
+ * the budget (CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT, which it reads as it
+ * builds a graph; past it cuDNN 9.25 and later accumulate dQ in order, in
+ * a workspace linear in T); a value the user set is theirs, and a
+ * malformed budget sets nothing. */
+Test(cudnn_graphs, the_frontend_is_told_the_dp_workspace_it_may_plan)
+{
+    void (*setup_env)(void);
+    void *sym = module_symbol("cuda_cudnn_setup_env");
+    memcpy(&setup_env, &sym, sizeof setup_env);
+    unsetenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET");
+    unsetenv(DP_LIMIT);
+    setup_env();
+    const char *v = getenv(DP_LIMIT);
+    cr_expect(v && strcmp(v, "469762048") == 0, "default budget: %s is %s, not 448 MiB",
+              DP_LIMIT, v ? v : "unset");
+    unsetenv(DP_LIMIT);
+    setenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET", "1073741824", 1);
+    setup_env();
+    v = getenv(DP_LIMIT);
+    cr_expect(v && strcmp(v, "939524096") == 0, "1 GiB budget: %s is %s, not 896 MiB", DP_LIMIT,
+              v ? v : "unset");
+    setenv(DP_LIMIT, "0", 1);
+    setup_env();
+    v = getenv(DP_LIMIT);
+    cr_expect(v && strcmp(v, "0") == 0, "the user's %s=0 became %s", DP_LIMIT, v ? v : "unset");
+    unsetenv(DP_LIMIT);
+    setenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET", "lots", 1);
+    setup_env();
+    v = getenv(DP_LIMIT);
+    cr_expect(!v, "a malformed budget set %s=%s", DP_LIMIT, v);
 }
 
 /* 77 (ctest: skipped, with the reason) where nothing can be checked: no

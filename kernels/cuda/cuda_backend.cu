@@ -573,6 +573,8 @@ extern "C" int cuda_backend_create(backend_t **out, int device, int threads, sp_
     be->name = "cuda";
     be->act_dt = DT_BF16;
     be->doc_table = cuda_cudnn_requested(); /* cuDNN runs packed documents by their table */
+    if (be->doc_table) /* before the trainer's threads read the environment */
+        cuda_cudnn_setup_env();
     be->threads = threads > 0 ? threads : 1;
     be->impl = im;
     snprintf(be->device_name, sizeof be->device_name, "CUDA device %d", im->device);

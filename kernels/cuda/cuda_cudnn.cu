@@ -40,8 +40,18 @@
  *
  * Determinism: the backward asks for cuDNN's deterministic algorithm
  * unless SPOTUNE_CUDNN_DETERMINISTIC=0 (dQ is otherwise accumulated with
- * atomics in fp32); the forward is deterministic either way. */
+ * atomics in fp32); the forward is deterministic either way.
+ *
+ * Workspace: a graph may take SPOTUNE_CUDNN_WORKSPACE_BUDGET bytes (512
+ * MiB unless set); one that asks for more is refused, and the fused kernels
+ * run that shape. The deterministic backward keeps dP (B x heads x T^2 x 2
+ * bytes: 4.3 GB at the 7B shape's seq 8192) unless told a limit
+ * (CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT, which the frontend reads as it
+ * builds), under which cuDNN 9.25 and later on Hopper accumulate dQ in
+ * order with a workspace linear in T: cuda_cudnn_setup_env sets that
+ * limit to 7/8 of the budget, unless the variable is set already. */
 #include <cstring> /* before the frontend, which uses std::strlen */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -297,6 +307,64 @@ extern "C" int cuda_cudnn_stats_lse(backend_t *be, tensor_t st, tensor_t lse, in
     return be->err.code ? -1 : stats_move(be, (float *)lse.p, (float *)st.p, B, T, nh, to_lse);
 }
 
+/* ---- the workspace budget ------------------------------------------------ */
+
+#define CUDNN_WS_BUDGET ((long long)512 << 20)
+#define CUDNN_DP_LIMIT_VAR "CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT"
+
+/* The bytes a graph's workspace may take (SPOTUNE_CUDNN_WORKSPACE_BUDGET,
+ * a whole number of bytes above 0, or CUDNN_WS_BUDGET); -1 when the
+ * variable is malformed, with why. */
+static long long cudnn_ws_budget(char *why, size_t n)
+{
+    const char *e = getenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET");
+    if (!e || !*e)
+        return CUDNN_WS_BUDGET;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(e, &end, 10);
+    if (errno || end == e || *end || v <= 0) {
+        snprintf(why, n, "SPOTUNE_CUDNN_WORKSPACE_BUDGET=%.40s is not a number of bytes above 0",
+                 e);
+        return -1;
+    }
+    return v;
+}
+
+/* Whether a graph asking for ws bytes of workspace may run: 1 yes; 0 over
+ * the budget, -1 the budget malformed, each with why. For the tests too
+ * (tests/test_cudnn_graphs.c). */
+extern "C" int cuda_cudnn_workspace_allowed(long long ws, char *why, size_t n)
+{
+    long long budget = cudnn_ws_budget(why, n);
+    if (budget < 0)
+        return -1;
+    if (ws <= budget)
+        return 1;
+    snprintf(why, n, "its workspace would be %.2f GiB, over the %.2f GiB budget "
+             "(SPOTUNE_CUDNN_WORKSPACE_BUDGET, bytes; the deterministic backward keeps dP, B x "
+             "heads x T^2 x 2 bytes, where cuDNN before 9.25 or a GPU before Hopper cannot "
+             "accumulate dQ in order)", (double)ws / (1 << 30), (double)budget / (1 << 30));
+    return 0;
+}
+
+/* Tells the frontend the dP workspace it may plan for the deterministic
+ * backward (CUDNN_DP_LIMIT_VAR: 7/8 of the budget, leaving the rest of
+ * the graph's workspace room), unless that variable is set already or
+ * the budget is malformed (cudnn_get says so then). Called as the backend
+ * is created, before the trainer starts threads that read the environment
+ * (libcurl's), and again before the first graph is built. */
+extern "C" void cuda_cudnn_setup_env(void)
+{
+    char why[160], v[32];
+    long long budget = cudnn_ws_budget(why, sizeof why);
+    const char *set = getenv(CUDNN_DP_LIMIT_VAR);
+    if (budget < 0 || (set && *set))
+        return;
+    snprintf(v, sizeof v, "%lld", budget - budget / 8);
+    setenv(CUDNN_DP_LIMIT_VAR, v, 0);
+}
+
 #if defined(SPOTUNE_CUDNN_FRONTEND) && !defined(SPOTUNE_CUDA_EMU)
 
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
@@ -327,7 +395,7 @@ typedef struct cudnn_state {
     int next; /* the entry the next new graph takes */
     long ran; /* calls cuDNN ran (cuda_cudnn_calls) */
     size_t version; /* cuDNN's, as 90600 for 9.6.0 */
-    char why[320];
+    char why[512];
 } cudnn_state;
 
 /* libcudnn.so.9, opened once a process; NULL with why set when absent. */
@@ -365,6 +433,19 @@ static cudnn_state *cudnn_get(backend_t *be)
         return s;
     }
     fe::cudnn_dlhandle = lib;
+    if (cudnn_ws_budget(s->why, sizeof s->why) < 0) {
+        s->ready = -1;
+        return s;
+    }
+    cuda_cudnn_setup_env();
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(im->stream, &cap) != cudaSuccess ||
+        cap != cudaStreamCaptureStatusNone) { /* the handle is made outside a capture */
+        (void)cudaGetLastError();
+        snprintf(s->why, sizeof s->why, "cuDNN is set up outside a CUDA graph capture, and "
+                                        "this call is the first to ask for it");
+        return s; /* ready 0: asked again by the next call */
+    }
     try {
         size_t v = fe::detail::get_backend_version();
         s->version = v;
@@ -511,12 +592,19 @@ static cudnn_entry *cudnn_plan(backend_t *be, cudnn_state *s, const cudnn_key &k
     try {
         auto g = cudnn_graph(k, 0);
         int64_t ws = 0;
-        fe::error_t built = g->build(s->h, {fe::HeurMode_t::A});
+        fe::error_t built = g->build(s->h, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
         fe::error_t r = built.is_good() ? g->get_workspace_size(ws) : built;
         if (!r.is_good()) {
             snprintf(s->why, sizeof s->why, "cuDNN refused the %s graph (B %d, T %d, heads %d/%d, "
                      "head dim %d, documents %d): %s", k.bwd ? "backward" : "forward", k.B, k.T,
                      k.nh, k.nkv, k.hd, k.C, r.get_message().c_str());
+            return NULL;
+        }
+        char over[384];
+        if (cuda_cudnn_workspace_allowed((long long)ws, over, sizeof over) != 1) {
+            snprintf(s->why, sizeof s->why, "the %s graph (B %d, T %d, heads %d/%d, head dim "
+                     "%d, documents %d) is not run: %s", k.bwd ? "backward" : "forward", k.B,
+                     k.T, k.nh, k.nkv, k.hd, k.C, over);
             return NULL;
         }
         e->g = g;
@@ -541,7 +629,7 @@ static int cudnn_run(backend_t *be, const cudnn_key &k, std::unordered_map<int64
                      const int *table, float *lse)
 {
     cudnn_state *s = cudnn_get(be);
-    if (s->ready < 0) {
+    if (s->ready <= 0) {
         say_once(s->why);
         return 0;
     }
@@ -688,6 +776,8 @@ extern "C" void cuda_cudnn_release(backend_t *be)
     cudnn_state *s = (cudnn_state *)im->cudnn;
     if (!s)
         return;
+    for (int i = 0; i < CUDNN_CACHE; i++) /* the plans before the handle they were built on */
+        s->e[i].g.reset();
     if (s->ready > 0) {
         try {
             fe::detail::destroy_handle(s->h);

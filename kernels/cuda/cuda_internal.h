@@ -314,6 +314,12 @@ int cuda_cudnn_attention_backward(backend_t *be, tensor_t dq, tensor_t dk, tenso
 int cuda_cudnn_status(backend_t *be, char *why, size_t n);
 long cuda_cudnn_calls(backend_t *be);
 void cuda_cudnn_release(backend_t *be);
+/* cuda_cudnn_workspace_allowed: whether a graph asking for ws bytes of
+ * workspace may run (1; 0 over SPOTUNE_CUDNN_WORKSPACE_BUDGET, -1 that
+ * variable malformed, with why); cuda_cudnn_setup_env: the frontend's dP
+ * workspace limit from that budget, unless set (cuda_cudnn.cu). */
+int cuda_cudnn_workspace_allowed(long long ws, char *why, size_t n);
+void cuda_cudnn_setup_env(void);
 
 /* cuda_flash.cu: the fused kernels. cuda_flash_handles: 1 when they take
  * this call (BF16, hd 64 or 128, compute capability 8.0 or later, every
