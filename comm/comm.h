@@ -154,4 +154,17 @@ int comm_device_group_end(comm_t *c, sp_err *err);
  * (comm_opts.nccl_world_of_one, after comm_device_init). */
 int comm_device_collectives(const comm_t *c);
 
+/* The watchdog over the host's waits for device work that may hold device
+ * collectives (a stream sync, a copy to the host, a free: the CUDA
+ * backend's, through backend_t.wait_hook; comm_device_wait and the NCCL
+ * calls themselves): a GPU waiting for a peer that never comes (stuck, or
+ * gone without its connections closing) reports nothing, so without this
+ * the host would wait for ever. Between begin and end, a wait longer than
+ * the timeout ends the job as a collective's would: "the wait for the
+ * GPU's work (what; device collectives among it) timed out after N s",
+ * then the roll call. what is a literal. Not counted as a collective (the
+ * roll call's count); not nested in a host collective. */
+void comm_watch_wait_begin(comm_t *c, const char *what);
+void comm_watch_end(comm_t *c);
+
 #endif

@@ -38,6 +38,7 @@ struct comm_watchdog {
     _Atomic int64_t busy_since_ns; /* monotonic start of the collective in flight, 0: none */
     _Atomic int64_t seq;           /* collectives begun so far (the same count on every rank) */
     _Atomic(const char *) what;    /* its name (a literal) */
+    _Atomic int device_wait;       /* 1: a wait for device work (comm_watch_wait_begin) */
     _Atomic int64_t timeout_ns;    /* <= 0: never */
 };
 
@@ -80,9 +81,9 @@ struct comm {
     int nccl_world_of_one;   /* comm_opts.nccl_world_of_one */
 };
 
-/* Marks the start and end of a blocking collective for the watchdog. */
+/* Marks the start and end of a blocking collective for the watchdog
+ * (comm_watch_wait_begin, comm.h, for the waits on device work). */
 void comm_watch_begin(comm_t *c, const char *what);
-void comm_watch_end(comm_t *c);
 
 /* comm_roll.c. open: at start, every rank (gathers the host names, posts
  * the first receive); serve: answer the asks that arrived; close: stop

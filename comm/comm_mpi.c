@@ -116,12 +116,18 @@ static void abort_guard(comm_t *c, int code, double after_s, const char *msg);
 /* The rank that notices asks the others where they are (each answers within
  * its own watchdog period, at most 1 s), so the message names who is
  * missing; the roll call and MPI_Abort together are bounded by the guard. */
-static _Noreturn void watchdog_fire(comm_t *c, const char *what, int64_t timeout_ns)
+static _Noreturn void watchdog_fire(comm_t *c, const char *what, int device_wait,
+                                    int64_t timeout_ns)
 {
     char msg[1024];
     double wait_s = 2e-9 * (double)watchdog_period_ns(timeout_ns) + 0.5;
-    snprintf(msg, sizeof msg, "collective %s timed out after %g s (a peer may have died)",
-             what ? what : "?", (double)timeout_ns * 1e-9);
+    if (device_wait)
+        snprintf(msg, sizeof msg, "the wait for the GPU's work (%s; device collectives among it) "
+                 "timed out after %g s (a peer may have died)", what ? what : "?",
+                 (double)timeout_ns * 1e-9);
+    else
+        snprintf(msg, sizeof msg, "collective %s timed out after %g s (a peer may have died)",
+                 what ? what : "?", (double)timeout_ns * 1e-9);
     abort_guard(c, SP_EXIT_OTHER, wait_s + COMM_ABORT_GRACE_S, msg);
     comm_roll_call(c, wait_s, msg, sizeof msg);
     comm_abort(c, SP_EXIT_OTHER, msg);
@@ -143,7 +149,7 @@ static void *watchdog_main(void *arg)
         int64_t limit = atomic_load(&w->timeout_ns);
         int64_t since = atomic_load(&w->busy_since_ns);
         if (limit > 0 && since > 0 && now_ns() - since > limit)
-            watchdog_fire(c, atomic_load(&w->what), limit);
+            watchdog_fire(c, atomic_load(&w->what), atomic_load(&w->device_wait), limit);
         pthread_mutex_lock(&w->mu);
         if (quit && !w->roll_closed) {
             w->roll_closed = 1;
@@ -211,11 +217,23 @@ void comm_watch_begin(comm_t *c, const char *what)
 {
     atomic_fetch_add_explicit(&c->wd.seq, 1, memory_order_relaxed);
     atomic_store_explicit(&c->wd.what, what, memory_order_relaxed);
+    atomic_store_explicit(&c->wd.device_wait, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->wd.busy_since_ns, now_ns(), memory_order_release);
+}
+
+void comm_watch_wait_begin(comm_t *c, const char *what)
+{
+    if (!c)
+        return;
+    atomic_store_explicit(&c->wd.what, what, memory_order_relaxed);
+    atomic_store_explicit(&c->wd.device_wait, 1, memory_order_relaxed);
     atomic_store_explicit(&c->wd.busy_since_ns, now_ns(), memory_order_release);
 }
 
 void comm_watch_end(comm_t *c)
 {
+    if (!c)
+        return;
     atomic_store_explicit(&c->wd.busy_since_ns, 0, memory_order_release);
 }
 

@@ -299,10 +299,15 @@ static void backoff(int *spins)
     nanosleep(&ts, NULL);
 }
 
+/* Aborts the communicator (the job is ending; its own error adds
+ * nothing), after closing a group left open: an abort inside one waits
+ * for a group end that would never come. */
 static void device_break(comm_t *c)
 {
+    if (c->dev->nccl && c->dev->grouped)
+        (void)lib.ncclGroupEnd();
     if (c->dev->nccl)
-        lib.ncclCommAbort(c->dev->nccl); /* the job is ending; its own error adds nothing */
+        lib.ncclCommAbort(c->dev->nccl);
     c->dev->nccl = NULL;
     c->dev->broken = 1;
 }
@@ -356,8 +361,20 @@ static int nccl_enqueued(comm_t *c, ncclResult_t r, const char *fn, const char *
     device_break(c);
     return err->code;
 }
+/* rc, after the watch over the call that gave it ends */
+static int nccl_watched(comm_t *c, int rc)
+{
+    comm_watch_end(c);
+    return rc;
+}
+
+/* An NCCL call under the watchdog (comm_watch_wait_begin): a call that
+ * waits for peers (connecting, a full queue, the emulated NCCL's
+ * collectives), its settling and an abort that hangs all end the job
+ * after the timeout. */
 #define NCCL_ENQUEUE(c, err, fn, args)                                                  \
-    nccl_enqueued((c), lib.fn args, #fn, __FILE__, __LINE__, (err))
+    (comm_watch_wait_begin((c), #fn),                                                   \
+     nccl_watched((c), nccl_enqueued((c), lib.fn args, #fn, __FILE__, __LINE__, (err))))
 
 /* ---- communicator ------------------------------------------------------- */
 
@@ -512,8 +529,11 @@ void comm_device_free(comm_t *c)
 {
     if (!c->dev)
         return;
-    if (c->dev->nccl)
+    if (c->dev->nccl) {
+        comm_watch_wait_begin(c, "ncclCommFinalize"); /* the abort it may end in can hang */
         nccl_release(c, c->dev->nccl);
+        comm_watch_end(c);
+    }
     free(c->dev);
     c->dev = NULL;
 }
@@ -654,12 +674,11 @@ static int device_async_ok(comm_t *c, sp_err *err)
     return err->code;
 }
 
-int comm_device_wait(comm_t *c, void *stream, sp_err *err)
+/* comm_device_wait's polling (its own timeout below the watchdog's) */
+static int device_wait_poll(comm_t *c, void *stream, sp_err *err)
 {
     double t0 = sp_now();
     int spins = 0;
-    if (device_ready(c, "comm_device_wait", COMM_F32, COMM_SUM, err))
-        return err->code;
     for (;;) {
         cudaError_t q = lib.cudaStreamQuery((cudaStream_t)stream);
         if (q == cudaSuccess)
@@ -680,6 +699,16 @@ int comm_device_wait(comm_t *c, void *stream, sp_err *err)
         }
         backoff(&spins);
     }
+}
+
+int comm_device_wait(comm_t *c, void *stream, sp_err *err)
+{
+    if (device_ready(c, "comm_device_wait", COMM_F32, COMM_SUM, err))
+        return err->code;
+    comm_watch_wait_begin(c, "comm_device_wait"); /* a query that blocks, an abort that hangs */
+    int rc = device_wait_poll(c, stream, err);
+    comm_watch_end(c);
+    return rc;
 }
 
 #endif /* SPOTUNE_COMM_NCCL */

@@ -352,6 +352,15 @@ struct backend {
     /* tests: when set, be_graph_end refuses every capture with this reason,
      * as a device may (so the fallback runs on a backend that never refuses) */
     const char *graph_refuse;
+    /* Set by the backend's owner: called with what (a short name) as the
+     * host starts to wait for the device's work (a sync, a copy to or from
+     * the host, a free, a grown scratch; the CUDA backend) and with NULL
+     * when that wait ends. The trainer's watchdog watches such waits when
+     * gradients cross GPUs (grad_sync_watch_waits): the work waited for may
+     * be behind a collective whose peer never comes, and the GPU never
+     * says so. */
+    void (*wait_hook)(void *ctx, const char *what);
+    void *wait_ctx;
 };
 
 /* Creates "cpu" or "cuda" ("auto": cuda when a device is visible, else cpu).

@@ -60,6 +60,48 @@ Test(cuda_ops, aux_stream_and_fences)
     gpu_ok();
 }
 
+/* The host's waits for the device, as a wait hook records them (backend.h
+ * wait_hook: the trainer's watchdog watches them when gradients cross
+ * GPUs): each wait is announced with its name before it and closed after
+ * it; work the host does not wait for (a launch, an async copy) is not. */
+static char hook_log[512];
+
+static void record_wait(void *ctx, const char *what)
+{
+    size_t n = strlen(hook_log);
+    snprintf(hook_log + n, sizeof hook_log - n, "%s%s", n ? " " : "", what ? what : "/");
+    (void)ctx;
+}
+
+Test(cuda_ops, host_waits_are_announced_to_the_wait_hook)
+{
+    if (cuda_test_standin())
+        cr_skip_test("a stand-in backend never waits for a device");
+    tensor_t t = be_alloc(gpu, DT_F32, 4096);
+    cr_assert(t.p);
+    float *h = be_host_alloc(gpu, sizeof(float) * 4096);
+    cr_assert(h);
+    for (int i = 0; i < 4096; i++)
+        h[i] = 0.5f;
+    hook_log[0] = 0;
+    gpu->wait_hook = record_wait;
+    be_zero(gpu, t);
+    be_upload_staged(gpu, t, h);
+    cr_expect_str_empty(hook_log, "a launch or an async copy waited: %s", hook_log);
+    be_staged_wait(gpu);
+    be_sync(gpu);
+    double ss = be_sumsq(gpu, t, t.n);
+    be_d2h(gpu, h, t.p, sizeof(float) * 16);
+    be_h2d(gpu, t.p, h, sizeof(float) * 16);
+    be_free(gpu, &t);
+    gpu->wait_hook = NULL;
+    cr_expect_str_eq(hook_log, "h2d_wait / sync / sumsq / d2h / h2d / cudaFree /",
+                     "the waits announced");
+    cr_expect_float_eq(ss, 4096 * 0.25, 1e-9, "sumsq %g", ss);
+    be_host_free(gpu, h);
+    gpu_ok();
+}
+
 Test(cuda_ops, alloc_is_zeroed_and_counted)
 {
     size_t before = gpu->bytes_in_use;

@@ -291,6 +291,39 @@ Test(cuda_ranks, a_missing_nccl_is_named_by_every_rank)
     free(out);
 }
 
+/* A rank stuck inside a collective (its GPU hung: alive, so the launcher
+ * sees nothing) while the other's GPU waits for it: NCCL reports nothing,
+ * and the host waiting for that GPU would wait for ever. The watchdog
+ * watches those waits (the backend's syncs and copies, the NCCL calls,
+ * comm_device_wait): after comm.timeout_s the job ends non-zero, naming
+ * the wait. The emulated NCCL stops rank 1 in its 4th collective
+ * (SPOTUNE_NCCL_EMU_STALL) and, as NCCL, waits for ever for a missing
+ * peer (SPOTUNE_NCCL_EMU_TIMEOUT_S=never); a run that hangs is cut at
+ * 240 s and fails. */
+Test(cuda_ranks, a_peer_stuck_in_a_collective_ends_the_job)
+{
+    const char *module = getenv("SPOTUNE_CUDA_MODULE");
+    if (cuda_test_standin() || !module || !*module)
+        cr_skip_test("needs the emulated NCCL, which can stop a rank in a collective");
+    char *out = NULL;
+    double t0 = sp_now();
+    int rc = tu_sh(&out,
+                   "SPOTUNE_NCCL_EMU_STALL=1:4 SPOTUNE_NCCL_EMU_TIMEOUT_S=never "
+                   "timeout -k 10 240 %s %s/spotune train %s/base.yaml --set run.dir=%s/stuck "
+                   "--set runtime.backend=cuda --set comm.timeout_s=5",
+                   tu_mpirun(2), tu_binary_dir(), dir, dir);
+    double secs = sp_now() - t0;
+    cr_expect(rc != 0 && rc != 124 && rc != 137, "exit %d after %.0f s: %s", rc, secs, out);
+    cr_expect(tu_contains(out, "rank 1 stalls in its collective 4"), "no stall: %s", out);
+    cr_expect(tu_contains(out, "the wait for the GPU's work (") &&
+                  tu_contains(out, "timed out after 5 s (a peer may have died)"),
+              "the watchdog did not name the wait: %s", out);
+    /* start-up of two ranks on the emulated device, a step or two, the 5 s
+     * and the roll call and teardown, on a loaded machine */
+    cr_expect_lt(secs, 150.0, "took %.0f s: %s", secs, out);
+    free(out);
+}
+
 /* ---- main: two devices or skipped (77) ---------------------------------------------- */
 
 int main(int argc, char *argv[])

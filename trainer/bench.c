@@ -244,9 +244,7 @@ static int bench_one(const bench_opts *bo, int mode, comm_t *comm, sp_err *err)
         threads = comm_cores_per_rank(comm);
     if (backend_create(&be, bo->backend, comm_local_rank(comm), threads, err))
         return err->code;
-    if (strcmp(be->name, "cuda") == 0 && comm_size(comm) > 1 &&
-        (comm_check_devices_distinct(comm, be->device_uuid, be->device, be->device_count, err) ||
-         comm_device_init(comm, be->device, err))) {
+    if (grad_sync_device_init(be, comm, err)) {
         backend_destroy(be);
         return err->code;
     }

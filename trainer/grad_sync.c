@@ -353,3 +353,24 @@ int grad_sync_update(model_t *m, comm_t *comm, const adamw_args *a, double max_n
         return err->code;
     return grad_sync_gather_weights(m, comm, err);
 }
+
+/* backend_t.wait_hook: the backend's host waits under the watchdog */
+static void watch_device_wait(void *ctx, const char *what)
+{
+    if (what)
+        comm_watch_wait_begin((comm_t *)ctx, what);
+    else
+        comm_watch_end((comm_t *)ctx);
+}
+
+int grad_sync_device_init(backend_t *be, comm_t *comm, sp_err *err)
+{
+    if (strcmp(be->name, "cuda") != 0 || comm_size(comm) < 2)
+        return 0;
+    if (comm_check_devices_distinct(comm, be->device_uuid, be->device, be->device_count, err) ||
+        comm_device_init(comm, be->device, err))
+        return err->code;
+    be->wait_hook = watch_device_wait;
+    be->wait_ctx = comm;
+    return 0;
+}

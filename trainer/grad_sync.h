@@ -86,5 +86,12 @@ int grad_sync_sumsq(model_t *m, comm_t *comm, double *sumsq, sp_err *err);
  * not finite nothing is updated (returns 0; the caller fails the step). */
 int grad_sync_update(model_t *m, comm_t *comm, const adamw_args *a, double max_norm,
                      double *gnorm, sp_err *err);
+/* Device gradients over NCCL, where the backend is CUDA and the world has
+ * more than one rank: the ranks' GPUs checked distinct, the communicator
+ * made, and the backend's host waits put under the watchdog
+ * (backend_t.wait_hook, comm_watch_wait_begin: a wait for work behind a
+ * collective whose peer never comes ends the job after comm.timeout_s).
+ * Elsewhere nothing (0). */
+int grad_sync_device_init(backend_t *be, comm_t *comm, sp_err *err);
 
 #endif

@@ -568,10 +568,7 @@ static int setup(trainer_t *t, sp_err *err)
     if (c->log_samples && open_samples(t, err))
         return err->code;
     /* device gradients travel over NCCL, bootstrapped over MPI */
-    if (strcmp(t->be->name, "cuda") == 0 && t->world > 1 &&
-        (comm_check_devices_distinct(t->comm, t->be->device_uuid, t->be->device,
-                                     t->be->device_count, err) ||
-         comm_device_init(t->comm, t->be->device, err)))
+    if (grad_sync_device_init(t->be, t->comm, err))
         return err->code;
     if (t->out) {
         char blas[256] = "";

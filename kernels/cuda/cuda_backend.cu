@@ -93,7 +93,7 @@ static void cuda_free(backend_t *be, tensor_t *t)
         /* cudaFree waits for the device; nothing queued can still use t.
          * A free that fails (a sticky device fault) keeps its count: the
          * memory was not given back */
-        if (CUDA_OK(be, cudaFree(t->p)) == 0)
+        if (CUDA_OK(be, CUDA_WAITING(be, "cudaFree", cudaFree(t->p))) == 0)
             be->bytes_in_use -= t->n * dtype_size(t->dt);
     }
     t->p = NULL;
@@ -107,7 +107,8 @@ extern "C" void *cuda_scratch(backend_t *be, size_t bytes)
         return im->scratch;
     size_t want = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
     if (im->scratch) {
-        if (CUDA_OK(be, cudaStreamSynchronize(im->stream)) || CUDA_OK(be, cudaFree(im->scratch)))
+        if (CUDA_OK(be, CUDA_WAITING(be, "scratch", cudaStreamSynchronize(im->stream))) ||
+            CUDA_OK(be, CUDA_WAITING(be, "scratch", cudaFree(im->scratch))))
             return NULL;
         be->bytes_in_use -= im->scratch_bytes;
         im->scratch = NULL;
@@ -132,7 +133,7 @@ static void cuda_h2d(backend_t *be, void *dst, const void *src, size_t bytes)
     if (!bytes || be->err.code)
         return;
     if (!CUDA_OK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, im->stream)))
-        CUDA_OK(be, cudaStreamSynchronize(im->stream));
+        CUDA_OK(be, CUDA_WAITING(be, "h2d", cudaStreamSynchronize(im->stream)));
 }
 
 static void cuda_d2h(backend_t *be, void *dst, const void *src, size_t bytes)
@@ -145,7 +146,7 @@ static void cuda_d2h(backend_t *be, void *dst, const void *src, size_t bytes)
         return;
     }
     if (CUDA_OK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, im->stream)) ||
-        CUDA_OK(be, cudaStreamSynchronize(im->stream)))
+        CUDA_OK(be, CUDA_WAITING(be, "d2h", cudaStreamSynchronize(im->stream))))
         memset(dst, 0, bytes);
 }
 
@@ -186,7 +187,7 @@ static void cuda_h2d_wait(backend_t *be)
     if (!im->staged_pending)
         return;
     im->staged_pending = 0;
-    CUDA_OK(be, cudaEventSynchronize(im->staged));
+    CUDA_OK(be, CUDA_WAITING(be, "h2d_wait", cudaEventSynchronize(im->staged)));
 }
 
 static void cuda_zero(backend_t *be, tensor_t t)
@@ -228,7 +229,7 @@ static void cuda_copy2d(backend_t *be, tensor_t dst, tensor_t src, int rows, int
 
 static void cuda_sync(backend_t *be)
 {
-    CUDA_OK(be, cudaStreamSynchronize(CUDA_IMPL(be)->stream));
+    CUDA_OK(be, CUDA_WAITING(be, "sync", cudaStreamSynchronize(CUDA_IMPL(be)->stream)));
 }
 
 /* ---- streams ---------------------------------------------------------------- */
@@ -292,7 +293,7 @@ static int cuda_prof_read(backend_t *be, double *ms, int n)
     for (int i = 0; i < n; i++) /* a mark never recorded: no profile, not a device error */
         if (!im->prof_ev[i])
             return -1;
-    if (CUDA_OK(be, cudaEventSynchronize(im->prof_ev[n - 1])))
+    if (CUDA_OK(be, CUDA_WAITING(be, "prof_read", cudaEventSynchronize(im->prof_ev[n - 1]))))
         return -1;
     for (int i = 0; i < n; i++) {
         float f = 0;

@@ -64,6 +64,24 @@ void cuda_fail(backend_t *be, const char *file, int line, const char *fmt, ...) 
 }
 
 #define CUDA_OK(be, call) cuda_ok((be), (call), #call, __FILE__, __LINE__)
+
+/* A host wait on the device's work, announced to be->wait_hook before
+ * call runs and after it returns (backend.h): CUDA_OK(be, CUDA_WAITING(be,
+ * "sync", cudaStreamSynchronize(s))). */
+static inline cudaError_t cuda_waiting_begin(backend_t *be, const char *what)
+{
+    if (be->wait_hook)
+        be->wait_hook(be->wait_ctx, what);
+    return cudaSuccess;
+}
+
+static inline cudaError_t cuda_waited(backend_t *be, cudaError_t e)
+{
+    if (be->wait_hook)
+        be->wait_hook(be->wait_ctx, NULL);
+    return e;
+}
+#define CUDA_WAITING(be, what, call) (cuda_waiting_begin((be), (what)), cuda_waited((be), (call)))
 #define CUBLAS_OK(be, call) cublas_ok((be), (call), #call, __FILE__, __LINE__)
 /* After every kernel launch: a bad configuration is reported here, a fault
  * in the kernel at the next synchronising call. */

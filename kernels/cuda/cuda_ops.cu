@@ -671,7 +671,7 @@ extern "C" double cuda_sumsq(backend_t *be, tensor_t x, size_t n)
     if (!part || launch_sumsq(be, part + nb, part, nb, x, n) ||
         CUDA_OK(be, cudaMemcpyAsync(im->host_sum, part + nb, sizeof(double),
                                     cudaMemcpyDeviceToHost, im->stream)) ||
-        CUDA_OK(be, cudaStreamSynchronize(im->stream)))
+        CUDA_OK(be, CUDA_WAITING(be, "sumsq", cudaStreamSynchronize(im->stream))))
         return 0.0;
     return *im->host_sum;
 }

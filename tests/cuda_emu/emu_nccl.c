@@ -17,11 +17,13 @@
  * A communicator made non-blocking answers ncclInProgress and then
  * ncclSuccess from ncclCommGetAsyncError, as NCCL may. A peer that never
  * comes (died, or issued other collectives) is an error after
- * SPOTUNE_NCCL_EMU_TIMEOUT_S (default 60) seconds, and a peer's
+ * SPOTUNE_NCCL_EMU_TIMEOUT_S (default 60) seconds (never: it is waited
+ * for for ever, as NCCL does, whose GPU reports nothing), and a peer's
  * ncclCommAbort ends the others' waits at once: both become the
  * communicator's asynchronous error (ncclRemoteError) with a message.
  * A collective on a stream being captured is refused (ncclInvalidUsage):
- * unlike NCCL this cannot be recorded into a graph.
+ * unlike NCCL this cannot be recorded into a graph. SPOTUNE_NCCL_EMU_STALL=
+ * R:N stops rank R, alive, in its N-th collective (a hung GPU).
  *
  * Not emulated: anything NCCL does on a network or between hosts, timing
  * and overlap with compute, ring or tree summation orders. */
@@ -231,6 +233,8 @@ static double now_s(void)
 static double timeout_s(void)
 {
     const char *env = getenv("SPOTUNE_NCCL_EMU_TIMEOUT_S");
+    if (env && strcmp(env, "never") == 0) /* as NCCL: a peer that never comes is no error */
+        return INFINITY;
     double t = env ? atof(env) : 60.0;
     return t > 0 ? t : 60.0;
 }
@@ -537,8 +541,25 @@ static unsigned char *slot(ncclComm *c, int rank, int piece)
 
 /* One collective, chunk by chunk: each rank puts its pieces in its slots,
  * all meet, each takes what it receives, all meet again. */
+/* SPOTUNE_NCCL_EMU_STALL=R:N: rank R's N-th collective run (from 1) never
+ * returns: the rank stays alive and stuck, as one whose GPU hung, which
+ * the launcher cannot see (the others' watchdogs must end the job). */
+static void stall_if_asked(const ncclComm *c)
+{
+    static int runs;
+    const char *e = getenv("SPOTUNE_NCCL_EMU_STALL");
+    int r, n;
+    if (!e || sscanf(e, "%d:%d", &r, &n) != 2 || r != c->rank || ++runs != n)
+        return;
+    fprintf(stderr, "nccl-emu: rank %d stalls in its collective %d (SPOTUNE_NCCL_EMU_STALL)\n",
+            r, n);
+    for (;;)
+        pause();
+}
+
 static ncclResult_t run(const coll *o)
 {
+    stall_if_asked(o->comm);
     ncclComm *c = o->comm;
     stream_run(o->stream);
     size_t es = type_size(o->type);
