@@ -15,6 +15,7 @@
  *   double log/cos differ from glibc's in the last ulp)
  * Without a usable CUDA device main prints "skipped: no usable CUDA device: "
  * and the CUDA error (cuda_test_main.h), and exits 77. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -40,6 +41,34 @@ Test(cuda_ops, creation_sets_the_memory_plan_fields)
     cr_expect(strlen(gpu->device_name) > 0 && strcmp(gpu->device_name, "CPU") != 0,
               "device name '%s'", gpu->device_name);
     cr_expect_geq(gpu->threads, 1);
+}
+
+/* Made with the attention by cuDNN asked for, the backend's workspace for
+ * the memory plan holds cuDNN's workspace budget where the fused kernels'
+ * 256 MiB would not (SPOTUNE_CUDNN_WORKSPACE_BUDGET, 512 MiB unless set). */
+Test(cuda_ops, the_workspace_planned_holds_cudnn_s_budget)
+{
+    if (cuda_test_standin())
+        cr_skip_test("a stand-in backend has no cuDNN path");
+    const size_t mib = (size_t)1 << 20;
+    size_t fused = gpu->workspace_bytes;
+    static const char *const budgets[] = {NULL, "1073741824", "1048576"};
+    const size_t want[] = {fused + 256 * mib, fused + 768 * mib, fused};
+    for (int i = 0; i < 3; i++) {
+        backend_t *be = NULL;
+        sp_err err = {0};
+        setenv("SPOTUNE_CUDA_ATTENTION", "cudnn", 1);
+        if (budgets[i])
+            setenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET", budgets[i], 1);
+        else
+            unsetenv("SPOTUNE_CUDNN_WORKSPACE_BUDGET");
+        cr_assert_eq(backend_create(&be, "cuda", 0, 1, &err), 0, "%s", err.msg);
+        unsetenv("SPOTUNE_CUDA_ATTENTION");
+        cr_expect_eq(be->workspace_bytes, want[i], "budget %s: workspace %zu MiB, not %zu",
+                     budgets[i] ? budgets[i] : "unset", be->workspace_bytes / mib,
+                     want[i] / mib);
+        backend_destroy(be);
+    }
 }
 
 Test(cuda_ops, aux_stream_and_fences)

@@ -538,6 +538,8 @@ static int cuda_setup(backend_t *be, cuda_impl *im)
     /* matmul workspace, attention score blocks, and the fp32 dK/dV
      * accumulators of a long sequence */
     be->workspace_bytes = ((size_t)32 << 20) + ((size_t)256 << 20) + ((size_t)64 << 20);
+    if (im->cudnn_ws > ((size_t)256 << 20)) /* the attention by cuDNN: its workspace budget */
+        be->workspace_bytes += im->cudnn_ws - ((size_t)256 << 20);
     if (CUDA_OK(be, cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking)))
         return -1;
     be->stream = (void *)im->stream;
@@ -576,6 +578,7 @@ extern "C" int cuda_backend_create(backend_t **out, int device, int threads, sp_
     be->doc_table = cuda_cudnn_requested(); /* cuDNN runs packed documents by their table */
     if (be->doc_table) /* before the trainer's threads read the environment */
         cuda_cudnn_setup_env();
+    im->cudnn_ws = be->doc_table ? cuda_cudnn_workspace_budget() : 0;
     be->threads = threads > 0 ? threads : 1;
     be->impl = im;
     snprintf(be->device_name, sizeof be->device_name, "CUDA device %d", im->device);

@@ -348,6 +348,13 @@ extern "C" int cuda_cudnn_workspace_allowed(long long ws, char *why, size_t n)
     return 0;
 }
 
+extern "C" size_t cuda_cudnn_workspace_budget(void)
+{
+    char why[160];
+    long long b = cudnn_ws_budget(why, sizeof why);
+    return (size_t)(b > 0 ? b : CUDNN_WS_BUDGET);
+}
+
 /* Tells the frontend the dP workspace it may plan for the deterministic
  * backward (CUDNN_DP_LIMIT_VAR: 7/8 of the budget, leaving the rest of
  * the graph's workspace room), unless that variable is set already or

@@ -47,6 +47,7 @@ typedef struct cuda_impl {
     cudaEvent_t *prof_ev;     /* the step profile's marks (created on first use, reused) */
     int prof_cap;
     void *cudnn;              /* cuDNN's handle and graphs (cuda_cudnn.cu), made on first use */
+    size_t cudnn_ws;          /* its workspace budget when asked for at creation, else 0 */
 } cuda_impl;
 
 #define CUDA_SKINNY_COUNTERS 4096 /* row tiles a skinny product splits at most */
@@ -338,6 +339,8 @@ void cuda_cudnn_release(backend_t *be);
  * workspace limit from that budget, unless set (cuda_cudnn.cu). */
 int cuda_cudnn_workspace_allowed(long long ws, char *why, size_t n);
 void cuda_cudnn_setup_env(void);
+/* the budget in bytes (the default where the variable is malformed) */
+size_t cuda_cudnn_workspace_budget(void);
 
 /* cuda_flash.cu: the fused kernels. cuda_flash_handles: 1 when they take
  * this call (BF16, hd 64 or 128, compute capability 8.0 or later, every
