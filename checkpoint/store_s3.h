@@ -105,6 +105,7 @@ typedef struct s3_req {
     uint64_t content_length;
     char etag[160];
     char code[96];             /* the store's <Code>, or "" */
+    char region[64];           /* x-amz-bucket-region of the answer, or "" */
     char msg[512];             /* the store's <Message>, or "" */
     /* private to the request core */
     membuf ebody;

@@ -70,11 +70,20 @@ const xmlNode *s3_xml_node(const xmlNode *n, const char *name)
     return NULL;
 }
 
+/* Leading white space is skipped: S3 sends spaces while a
+ * CompleteMultipartUpload runs (its 200 comes first), and an XML
+ * declaration after them is not well-formed XML. */
 xmlDoc *s3_xml_parse(const membuf *b)
 {
     if (!b || !b->n || b->n > INT32_MAX)
         return NULL;
-    return xmlReadMemory((const char *)b->p, (int)b->n, "s3.xml", NULL,
+    size_t skip = 0;
+    for (char c; skip < b->n && ((c = ((const char *)b->p)[skip]) == ' ' || c == '\t' ||
+                                 c == '\r' || c == '\n');)
+        skip++;
+    if (skip == b->n)
+        return NULL;
+    return xmlReadMemory((const char *)b->p + skip, (int)(b->n - skip), "s3.xml", NULL,
                          XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
 }
 
@@ -242,7 +251,10 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg)
     size_t k;
     if (header_is(data, n, "HTTP/")) {
         r->etag[0] = 0;
+        r->region[0] = 0;
         r->content_length = 0;
+    } else if ((k = header_is(data, n, "x-amz-bucket-region:")) && n > k) {
+        header_value(data, n, k, r->region, sizeof r->region);
     } else if ((k = header_is(data, n, "etag:")) && n > k) {
         header_value(data, n, k, r->etag, sizeof r->etag);
     } else if ((k = header_is(data, n, "content-length:")) && n > k) {
@@ -446,6 +458,8 @@ static int http_transient(const s3_req *r)
         return 1;
     if (st == 409 && !strcmp(r->code, "ConditionalRequestConflict"))
         return 1;
+    if (st == 403 && !strcmp(r->code, "RequestTimeTooSkewed")) /* until the clock is set */
+        return 1;
     if (st == 200) /* an <Error> inside a 200 (CompleteMultipartUpload) */
         return !strcmp(r->code, "InternalError") || !strcmp(r->code, "SlowDown") ||
                !strcmp(r->code, "ServiceUnavailable");
@@ -458,6 +472,16 @@ static int expired_token(const s3_req *r)
 {
     return (r->status == 400 || r->status == 401 || r->status == 403) &&
            (!strcmp(r->code, "ExpiredToken") || !strcmp(r->code, "TokenRefreshRequired"));
+}
+
+/* The bucket is in another region than the one requests are signed for
+ * (AWS: 301 PermanentRedirect, a HEAD's 301 without a body, 400
+ * AuthorizationHeaderMalformed or IllegalLocationConstraintException). */
+static int wrong_region(const s3_req *r)
+{
+    return r->status == 301 || !strcmp(r->code, "PermanentRedirect") ||
+           !strcmp(r->code, "AuthorizationHeaderMalformed") ||
+           !strcmp(r->code, "IllegalLocationConstraintException");
 }
 
 static int http_rc(const s3_req *r)
@@ -497,8 +521,13 @@ static int classify(s3_req *r, CURLcode cc, const char *errbuf, store_cancel c, 
     if (r->status >= 300)
         parse_error_body(r, &r->ebody);
     else if (r->body_may_be_error && r->out && r->out->p &&
-             (err_in_200 = strstr((char *)r->out->p, "<Error") != NULL))
+             (err_in_200 = strstr((char *)r->out->p, "<Error") != NULL)) {
         parse_error_body(r, r->out);
+        if (!r->code[0]) { /* an error all the same: not a success */
+            snprintf(r->code, sizeof r->code, "InternalError");
+            snprintf(r->msg, sizeof r->msg, "an <Error> in a 200 answer that could not be read");
+        }
+    }
     if (r->status >= 200 && r->status < 300 && !r->code[0])
         return 0;
     if (r->code[0])
@@ -507,6 +536,13 @@ static int classify(s3_req *r, CURLcode cc, const char *errbuf, store_cancel c, 
         snprintf(detail, dn, "%ld %s", r->status, status_text(r->status));
     if (http_transient(r))
         return 1;
+    if (wrong_region(r)) {
+        size_t k = strlen(detail);
+        snprintf(detail + k, dn - k, " (the bucket is in %s%s, not in this store's region: set "
+                 "checkpoint.region, or AWS_REGION)", r->region[0] ? "region " : "another region",
+                 r->region);
+        return STORE_EUSAGE;
+    }
     return err_in_200 ? STORE_EFAIL : http_rc(r);
 }
 

@@ -3,10 +3,20 @@
 #
 # Runs COMMAND (e.g. `mpirun -np 8 spotune train run.yaml`, or scripts/launch.sh)
 # and, beside it, a watcher that polls the cloud's spot-termination notice:
-#   AWS        IMDSv2 token, then  /latest/meta-data/spot/instance-action
-#   GCP        /computeMetadata/v1/instance/preempted        (Metadata-Flavor: Google)
-#   Azure      /metadata/scheduledevents (an event of type Preempt; Metadata: true)
+#   AWS        /latest/meta-data/spot/instance-action, with an IMDSv2 token
+#              (IMDSv1 when no token comes back: a container behind the
+#              default hop limit of 1)
+#   GCP        /computeMetadata/v1/instance/preempted = TRUE, or
+#              maintenance-event = TERMINATE_ON_HOST_MAINTENANCE (GPU VMs)
+#              (Metadata-Flavor: Google)
+#   Azure      /metadata/scheduledevents: an event of type Preempt whose
+#              Resources name this VM (Metadata: true)
 #   Alibaba    /latest/meta-data/instance/spot/termination-time
+# Every request bypasses proxies (the services answer on link-local or
+# internal addresses). A service that cannot be asked (no answer, or one
+# that is not the documented one) is said on stderr, once a minute, rather
+# than taken for "no notice". The watcher sees this machine's notice only:
+# on several nodes, a worker's notice is not seen here (docs/launching.md).
 # When the notice appears it sends SIGUSR1 to COMMAND (mpirun forwards it to
 # every rank): the ranks agree at the next step boundary, write a checkpoint,
 # push it to checkpoint.remote (up to checkpoint.upload_deadline_s) and exit 75.
@@ -39,7 +49,8 @@
 # usage: scripts/spot-run.sh [options] -- COMMAND [ARGS...]
 #   --cloud NAME          aws, gcp, azure, alibaba, auto (default: probe each) or none
 #   --metadata-url URL    base URL of the metadata service (tests, proxies)
-#   --poll SECONDS        notice polling interval (default 5)
+#   --poll SECONDS        notice polling interval (default 5 on AWS, whose notice
+#                         comes 2 minutes ahead; 2 elsewhere: 30 s ahead)
 #   --max-restarts N      crashes in a row before giving up (default 20)
 #   --backoff SECONDS     first crash backoff (default 10)
 #   --max-backoff SECONDS (default 300)
@@ -48,12 +59,13 @@
 #                         launch's processes to exit, then kill them (default 30)
 #   --resend SECONDS      after a notice or a stop, send SIGUSR1 again this often
 #                         until COMMAND exits (default 2)
-#   --check-notice        poll once, print "notice" or "none", exit 0/1 (diagnostics)
+#   --check-notice        poll once, print "notice", "none" or "cannot ask: WHY",
+#                         exit 0/1/2 (diagnostics)
 set -uo pipefail
 
 cloud=auto
 meta_url=""
-poll=5
+poll=
 max_restarts=20
 backoff=10
 max_backoff=300
@@ -84,7 +96,7 @@ for v in max-restarts:"$max_restarts" backoff:"$backoff" max-backoff:"$max_backo
     ''|*[!0-9]*) echo "spot-run: --${v%%:*} takes a whole number, got '${v#*:}'" >&2; exit 2 ;;
   esac
 done
-if ! [[ "$poll" =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+if [ -n "$poll" ] && ! [[ "$poll" =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
   echo "spot-run: --poll takes a number of seconds, got '$poll'" >&2
   exit 2
 fi
@@ -104,57 +116,158 @@ base_for() {
   esac
 }
 
-# Prints "notice" and returns 0 when the cloud has scheduled our termination.
+# curl for the metadata services: silent, never through a proxy
+mcurl() { curl -s --noproxy '*' "$@" 2>/dev/null; }
+
+# HTTP status and body of a GET: sets $code and $body ("000": no answer)
+get() {
+  local out
+  out=$(mcurl -m 2 -w '\n%{http_code}' "$@") || true
+  code=${out##*$'\n'}
+  body=${out%$'\n'*}
+  [ "$out" = "$code" ] && body=""
+  [ -n "$code" ] || code=000
+}
+
+# Azure: this VM's name, which its Preempt events list in Resources
+azure_name=""
+
+# Whether the cloud has scheduled our termination: returns 0 (a notice),
+# 1 (none) or 2 (the service could not be asked: $why says why).
 notice_for() {
-  local c=$1 b body code token
+  local c=$1 b token
   b=$(base_for "$c")
+  why=""
   case "$c" in
     aws)
-      token=$(curl -s -m 2 -X PUT "$b/latest/api/token" \
-        -H "X-aws-ec2-metadata-token-ttl-seconds: 300" 2>/dev/null) || return 1
-      code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' \
-        -H "X-aws-ec2-metadata-token: $token" "$b/latest/meta-data/spot/instance-action")
-      [ "$code" = 200 ] ;;
+      token=$(mcurl -m 2 -f -X PUT "$b/latest/api/token" \
+        -H "X-aws-ec2-metadata-token-ttl-seconds: 300") || token=""
+      if [ -n "$token" ]; then
+        get -H "X-aws-ec2-metadata-token: $token" "$b/latest/meta-data/spot/instance-action"
+      else # no token (IMDSv1 only, or a container past the hop limit)
+        get "$b/latest/meta-data/spot/instance-action"
+      fi
+      case "$code" in
+        200) return 0 ;;
+        404) return 1 ;;
+      esac
+      why="HTTP $code from $b/latest/meta-data/spot/instance-action${token:+ (with a token)}" ;;
     gcp)
-      body=$(curl -s -m 2 -H "Metadata-Flavor: Google" \
-        "$b/computeMetadata/v1/instance/preempted" 2>/dev/null) || return 1
-      [ "$body" = TRUE ] ;;
+      get -H "Metadata-Flavor: Google" "$b/computeMetadata/v1/instance/preempted"
+      if [ "$code" = 200 ]; then
+        [ "$body" = TRUE ] && return 0
+        get -H "Metadata-Flavor: Google" "$b/computeMetadata/v1/instance/maintenance-event"
+        [ "$code" = 200 ] && [ "$body" = TERMINATE_ON_HOST_MAINTENANCE ] && return 0
+        return 1
+      fi
+      why="HTTP $code from $b/computeMetadata/v1/instance/preempted" ;;
     azure)
-      body=$(curl -s -m 2 -H "Metadata: true" \
-        "$b/metadata/scheduledevents?api-version=2020-07-01" 2>/dev/null) || return 1
-      echo "$body" | grep -Eq '"EventType"[[:space:]]*:[[:space:]]*"Preempt"' ;;
+      if [ -z "$azure_name" ]; then
+        get -H "Metadata: true" \
+          "$b/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+        [ "$code" = 200 ] && azure_name=$body
+      fi
+      get -H "Metadata: true" "$b/metadata/scheduledevents?api-version=2020-07-01"
+      if [ "$code" = 200 ]; then
+        preempt_for "$azure_name" <<< "$body"
+        case $? in 0) return 0 ;; 1) return 1 ;; esac
+        why="unreadable scheduled events from $b: ${body:0:80}"
+      else
+        why="HTTP $code from $b/metadata/scheduledevents"
+      fi ;;
     alibaba)
-      code=$(curl -s -m 2 -o /dev/null -w '%{http_code}' \
-        "$b/latest/meta-data/instance/spot/termination-time")
-      [ "$code" = 200 ] ;;
+      get "$b/latest/meta-data/instance/spot/termination-time"
+      case "$code" in
+        200) return 0 ;;
+        404) return 1 ;;
+      esac
+      why="HTTP $code from $b/latest/meta-data/instance/spot/termination-time" ;;
     *) return 1 ;;
+  esac
+  return 2
+}
+
+# Azure's scheduled events on stdin: 0 when one is a Preempt of VM $1 (of
+# any VM when $1 is empty: the name could not be read), 1 when none is, 2
+# when the document cannot be read. Events reach every VM of a scale or
+# availability set; Resources says which they are for.
+preempt_for() {
+  python3 -c '
+import json, sys
+try:
+    events = json.load(sys.stdin).get("Events", [])
+except ValueError:
+    sys.exit(2)
+name = sys.argv[1]
+sys.exit(0 if any(e.get("EventType") == "Preempt" and (not name or name in e.get("Resources", []))
+                  for e in events) else 1)' "$1"
+}
+
+# The cloud DMI says this machine is in, or nothing.
+dmi_cloud() {
+  local v
+  v=$(cat /sys/class/dmi/id/sys_vendor /sys/class/dmi/id/product_name \
+        /sys/class/dmi/id/chassis_asset_tag 2>/dev/null | tr '\n' ' ')
+  case "$v" in
+    *"Amazon EC2"*) echo aws ;;
+    *Google*) echo gcp ;;
+    *7783-7084-3265-9085-8269-3286-77*) echo azure ;;
+    *Alibaba*) echo alibaba ;;
   esac
 }
 
-# Which cloud answers (auto): the first whose metadata service responds.
+# Which cloud answers (auto): the first whose metadata service gives its
+# documented answer (HTTP 200; a proxy's or a captive portal's page is
+# not one). Three tries: a service can be slow to answer at boot.
 detect_cloud() {
-  local b
-  b=$(base_for aws)
-  if curl -s -m 1 -o /dev/null -X PUT "$b/latest/api/token" \
-       -H "X-aws-ec2-metadata-token-ttl-seconds: 60" -w '%{http_code}' 2>/dev/null | grep -q 200; then
-    echo aws; return; fi
-  b=$(base_for gcp)
-  if curl -s -m 1 -H "Metadata-Flavor: Google" "$b/computeMetadata/v1/instance/id" >/dev/null 2>&1; then
-    echo gcp; return; fi
-  b=$(base_for azure)
-  if curl -s -m 1 -H "Metadata: true" "$b/metadata/instance?api-version=2021-02-01" 2>/dev/null | grep -q compute; then
-    echo azure; return; fi
-  b=$(base_for alibaba)
-  if curl -s -m 1 "$b/latest/meta-data/instance-id" >/dev/null 2>&1; then
-    echo alibaba; return; fi
+  local b _
+  for _ in 1 2 3; do
+    b=$(base_for aws)
+    if [ "$(mcurl -m 2 -o /dev/null -X PUT "$b/latest/api/token" \
+            -H "X-aws-ec2-metadata-token-ttl-seconds: 60" -w '%{http_code}')" = 200 ] ||
+       [ "$(mcurl -m 2 -o /dev/null -w '%{http_code}' "$b/latest/meta-data/instance-id")" = 200 ]
+    then echo aws; return; fi
+    b=$(base_for gcp)
+    get -H "Metadata-Flavor: Google" "$b/computeMetadata/v1/instance/id"
+    if [ "$code" = 200 ]; then echo gcp; return; fi
+    b=$(base_for azure)
+    get -H "Metadata: true" "$b/metadata/instance?api-version=2021-02-01"
+    if [ "$code" = 200 ] && [[ "$body" == *compute* ]]; then echo azure; return; fi
+    b=$(base_for alibaba)
+    get "$b/latest/meta-data/instance-id"
+    if [ "$code" = 200 ]; then echo alibaba; return; fi
+    [ -n "$(dmi_cloud)" ] || break # not a cloud machine: no need to ask again
+    sleep 1
+  done
   echo none
 }
 
 if [ "$cloud" = auto ]; then cloud=$(detect_cloud); fi
-if [ "$check_only" = 1 ]; then
-  if notice_for "$cloud"; then echo notice; exit 0; else echo none; exit 1; fi
+if [ -z "$poll" ]; then
+  case "$cloud" in aws|none) poll=5 ;; *) poll=2 ;; esac
 fi
-[ "$cloud" = none ] && say "no cloud metadata service: the spot-notice watcher is off"
+if [ "$check_only" = 1 ]; then
+  notice_for "$cloud"
+  case $? in
+    0) echo notice; exit 0 ;;
+    1) echo none; exit 1 ;;
+    *) echo "cannot ask: $why"; exit 2 ;;
+  esac
+fi
+if [ "$cloud" = none ]; then
+  dmi=$(dmi_cloud)
+  if [ -n "$dmi" ]; then
+    say "WARNING: this machine is on $dmi (DMI) but its metadata service does not answer:" \
+      "the spot-notice watcher is off, and a spot notice will be missed" \
+      "(a container without the host's network? pass --cloud $dmi to keep asking)"
+  else
+    say "no cloud metadata service: the spot-notice watcher is off"
+  fi
+fi
+if [ "$cloud" = azure ]; then # the service starts on the first request: up to 2 minutes
+  mcurl -m 120 -o /dev/null -H "Metadata: true" \
+    "$(base_for azure)/metadata/scheduledevents?api-version=2020-07-01" &
+fi
 
 state=$(mktemp -d "${TMPDIR:-/tmp}/spot-run.XXXXXX")
 trap 'rm -rf "$state"' EXIT
@@ -173,12 +286,19 @@ trap 'on_signal SIGTERM' TERM
 trap 'on_signal SIGINT' INT
 
 watch() { # $1: pid to signal
+  local said_at=-60 rc
   while kill -0 "$1" 2>/dev/null; do
-    if notice_for "$cloud"; then
+    notice_for "$cloud"
+    rc=$?
+    if [ "$rc" = 0 ]; then
       say "spot termination notice from $cloud: sending SIGUSR1 to the run (pid $1)"
       touch "$state/notice"
       keep_asking "$1"
       return
+    fi
+    if [ "$rc" = 2 ] && [ $((SECONDS - said_at)) -ge 60 ]; then
+      say "WARNING: cannot ask $cloud for a spot notice ($why): a notice now would be missed"
+      said_at=$SECONDS
     fi
     sleep "$poll"
   done
@@ -252,6 +372,10 @@ while :; do
       say "checkpointed and stopped (exit 75): restarting to resume" ;;
     *)
       if [ -e "$state/stopping" ]; then say "stopped (exit $rc)"; exit "$rc"; fi
+      if [ -e "$state/notice" ]; then
+        say "exit $rc after the spot notice: this machine is going away; not restarting"
+        exit "$rc"
+      fi
       if [ "$crashes" -ge "$max_restarts" ]; then
         say "exit $rc after $crashes restart(s) (crashes in a row): giving up"
         exit "$rc"

@@ -41,6 +41,9 @@ spotune_test(test_store_wire
   SOURCES test_store_wire.c test_util.c
   LIBS spotune_trainer
   LABELS store)
+# (libxml2 too: the client's XML reading is checked on its own there)
+pkg_check_modules(LIBXML2_TESTS REQUIRED IMPORTED_TARGET libxml-2.0)
+target_link_libraries(test_store_wire PRIVATE PkgConfig::LIBXML2_TESTS)
 set_tests_properties(test_store_wire PROPERTIES
   ENVIRONMENT "${store_common_env}" FAIL_REGULAR_EXPRESSION "${store_fail_regex}")
 

@@ -28,7 +28,8 @@ check() { # description, command...
   if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fails=$((fails + 1)); fi
 }
 
-python3 "$src/tests/tools/fake_metadata.py" --trigger "$work/notice" > "$work/port" &
+python3 "$src/tests/tools/fake_metadata.py" --trigger "$work/notice" --other "$work/other" \
+  --maintenance "$work/maint" > "$work/port" &
 server=$!
 for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.05; done
 url="http://127.0.0.1:$(cat "$work/port")"
@@ -40,7 +41,45 @@ touch "$work/notice"
 for c in aws gcp azure alibaba; do
   check "$c: notice seen" bash -c "'$spot' --cloud $c --metadata-url $url --check-notice | grep -qx notice"
 done
+# Azure: a Preempt of another VM of the set (its Resources) is not ours
+touch "$work/other"
+check "azure: another VM's Preempt is not a notice here" \
+  bash -c "'$spot' --cloud azure --metadata-url $url --check-notice | grep -qx none"
+rm -f "$work/other"
+# a proxy in the environment is bypassed: a dead one changes nothing
+check "a dead proxy in the environment: the notice is still seen" \
+  env http_proxy=http://127.0.0.1:9 HTTP_PROXY=http://127.0.0.1:9 all_proxy=http://127.0.0.1:9 \
+  bash -c "'$spot' --cloud aws --metadata-url $url --check-notice | grep -qx notice"
 rm -f "$work/notice"
+# GCP: a GPU VM's host maintenance that will terminate it is a notice too
+touch "$work/maint"
+check "gcp: TERMINATE_ON_HOST_MAINTENANCE is a notice" \
+  bash -c "'$spot' --cloud gcp --metadata-url $url --check-notice | grep -qx notice"
+rm -f "$work/maint"
+# a service that cannot be asked is said, not taken for "no notice"
+for c in aws gcp azure alibaba; do
+  out=$("$spot" --cloud "$c" --metadata-url http://127.0.0.1:9 --check-notice); rc=$?
+  check "$c: no service: 'cannot ask', exit 2 ($out)" \
+    test "$rc" = 2 -a "${out#cannot ask: HTTP 000 from http://127.0.0.1:9/}" != "$out"
+done
+# AWS without a token (IMDSv1 only, or a container past the hop limit of 1)
+python3 "$src/tests/tools/fake_metadata.py" --trigger "$work/notice" --imdsv1 \
+  > "$work/port1" &
+server1=$!
+for _ in $(seq 100); do [ -s "$work/port1" ] && break; sleep 0.05; done
+url1="http://127.0.0.1:$(cat "$work/port1")"
+check "aws, IMDSv1: no notice yet" \
+  bash -c "'$spot' --cloud aws --metadata-url $url1 --check-notice | grep -qx none"
+touch "$work/notice"
+check "aws, IMDSv1: notice seen" \
+  bash -c "'$spot' --cloud aws --metadata-url $url1 --check-notice | grep -qx notice"
+rm -f "$work/notice"
+kill "$server1" 2>/dev/null
+# the watcher says, once a minute, that it cannot ask
+timeout 20 "$spot" --cloud gcp --metadata-url http://127.0.0.1:9 --poll 0.1 -- sleep 1 \
+  > "$work/blind.log" 2>&1
+check "a watcher that cannot ask says so once a minute" \
+  bash -c "[ \$(grep -c 'WARNING: cannot ask gcp for a spot notice (HTTP 000' '$work/blind.log') = 1 ]"
 
 # a small training run
 "$src/scripts/make_demo_text.sh" "$work/text.txt" 5 >/dev/null
@@ -236,6 +275,25 @@ for _ in $(seq 700); do [ -s "$work/deaf2.rc" ] && break; sleep 0.1; done
 check "SIGTERM to the supervisor, first signal lost: exit 75" rc_is deaf2 75
 check "SIGTERM to the supervisor: the signal was sent again" \
   test "$(cat "$work/deaf2/usr1" 2>/dev/null)" = 2
+
+# a notice, then an exit other than 75 (mpirun dying of the resent signal in
+# its own shutdown, a launcher still in bash): the machine is still going
+# away, so no restart
+cat > "$work/dies.sh" <<'SH'
+#!/usr/bin/env bash
+trap 'exit 138' USR1
+while :; do sleep 0.05; done
+SH
+chmod +x "$work/dies.sh"
+touch "$work/notice"
+timeout 30 "$spot" --cloud aws --metadata-url "$url" --poll 0.1 --backoff 0 -- "$work/dies.sh" \
+  > "$work/dies.log" 2>&1
+echo $? > "$work/dies.rc"
+rm -f "$work/notice"
+check "notice, then exit 138: the supervisor exits 138" rc_is dies 138
+check "notice, then exit 138: not restarted" \
+  bash -c "[ \$(grep -c 'starting:' '$work/dies.log') = 1 ] &&
+           grep -q 'after the spot notice: this machine is going away' '$work/dies.log'"
 
 if [ "$fails" -gt 0 ]; then echo "$fails check(s) failed"; cat "$work"/*.log; exit 1; fi
 echo "all spot-run checks passed"

@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include "checkpoint/store.h"
+#include "checkpoint/store_impl.h"
+#include "checkpoint/store_s3.h"
 #include "test_util.h"
 
 TestSuite(store_wire, .timeout = 60);
@@ -238,6 +240,97 @@ Test(store_wire, retries_give_up_with_the_last_reason)
     store_close(s);
     fake_stop(&f);
     fake_free(&f);
+}
+
+/* A bucket in another region than the requests are signed for: AWS
+ * answers 301 PermanentRedirect (a HEAD: 301 and no body) with the
+ * bucket's region in x-amz-bucket-region, or 400
+ * AuthorizationHeaderMalformed. Not retried, and a usage error naming the
+ * region and the setting (the job ends at its start, exit 2, instead of
+ * training on without ever pushing a checkpoint). */
+/* 301 PermanentRedirect with the bucket's region, as AWS answers a PUT */
+static const char *moved(void)
+{
+    static char buf[640];
+    static const char body[] = "<Error><Code>PermanentRedirect</Code><Message>The bucket you are "
+                               "attempting to access must be addressed using the specified "
+                               "endpoint.</Message></Error>";
+    snprintf(buf, sizeof buf,
+             "HTTP/1.1 301 Moved Permanently\r\nx-amz-bucket-region: eu-west-1\r\n"
+             "Content-Type: application/xml\r\nContent-Length: %zu\r\nConnection: close\r\n"
+             "\r\n%s",
+             sizeof body - 1, body);
+    return buf;
+}
+#define MOVED_HEAD "HTTP/1.1 301 Moved Permanently\r\nx-amz-bucket-region: ap-south-1\r\n" \
+                   "Content-Length: 0\r\nConnection: close\r\n\r\n"
+#define MALFORMED error_answer(3, "400 Bad Request", "AuthorizationHeaderMalformed", \
+                               "the region 'us-east-1' is wrong; expecting 'eu-west-1'")
+
+Test(store_wire, a_bucket_in_another_region_is_a_usage_error_naming_it)
+{
+    setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+    fake f = {.answers = {moved(), MOVED_HEAD, MALFORMED}};
+    fake_start(&f);
+    store_opts o = {.retry_base_s = 0.01, .retry_max_s = 0.05};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    sp_err err = {0};
+    cr_expect_eq(store_put_bytes(s, "k", "x", 1, 0, &err), STORE_EUSAGE, "%s", err.msg);
+    cr_expect(strstr(err.msg, "301 PermanentRedirect") &&
+                  strstr(err.msg, "(the bucket is in region eu-west-1, not in this store's "
+                                  "region: set checkpoint.region, or AWS_REGION)"),
+              "%s", err.msg);
+    cr_expect_eq(f.n, 1, "a wrong region is retried");
+    int exists = -1;
+    memset(&err, 0, sizeof err);
+    cr_expect_eq(store_exists(s, "k", &exists, NULL, &err), STORE_EUSAGE, "HEAD: %s", err.msg);
+    cr_expect(strstr(err.msg, "the bucket is in region ap-south-1"), "HEAD: %s", err.msg);
+    memset(&err, 0, sizeof err);
+    cr_expect_eq(store_put_bytes(s, "k", "x", 1, 0, &err), STORE_EUSAGE, "%s", err.msg);
+    cr_expect(strstr(err.msg, "AuthorizationHeaderMalformed") &&
+                  strstr(err.msg, "the bucket is in another region"), "%s", err.msg);
+    cr_expect_eq(f.n, 3);
+    store_close(s);
+    fake_stop(&f);
+    fake_free(&f);
+}
+
+/* A clock too far from the store's: retried (the clock is often set a
+ * little after boot), not a refusal of the credentials. */
+Test(store_wire, a_skewed_clock_is_retried)
+{
+    setenv("AWS_ACCESS_KEY_ID", "AKID", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+    fake f = {.answers = {error_answer(0, "403 Forbidden", "RequestTimeTooSkewed",
+                                       "The difference between the request time and the "
+                                       "current time is too large."),
+                          OK_EMPTY}};
+    fake_start(&f);
+    store_opts o = {.retry_base_s = 0.01, .retry_max_s = 0.05};
+    store_t *s = open_fake(&f, "s3://bkt", &o);
+    sp_err err = {0};
+    cr_expect_eq(store_put_bytes(s, "k", "x", 1, 0, &err), 0, "%s", err.msg);
+    cr_expect_eq(f.n, 2);
+    store_close(s);
+    fake_stop(&f);
+    fake_free(&f);
+}
+
+/* The error document of a CompleteMultipartUpload comes after the spaces
+ * S3 sends while it works (and its 200): it must still be read, or the
+ * failed upload would be taken for done. */
+Test(store_wire, an_error_after_white_space_is_read)
+{
+    static const char doc[] = "  \r\n \n<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error>"
+                              "<Code>InternalError</Code><Message>We encountered an internal "
+                              "error.</Message></Error>";
+    membuf b = {.p = (unsigned char *)doc, .n = sizeof doc - 1};
+    char *code = s3_xml_find(&b, "Code");
+    cr_expect(code && !strcmp(code, "InternalError"), "code %s", code ? code : "(none)");
+    free(code);
+    membuf blank = {.p = (unsigned char *)"  \n", .n = 3};
+    cr_expect_null(s3_xml_parse(&blank), "white space alone parsed as a document");
 }
 
 /* ---- an EC2 instance role's credentials ------------------------------------------ */

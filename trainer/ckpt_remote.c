@@ -50,9 +50,11 @@ static void on_upload(void *arg, const uploader_event *ev)
                   ev->attempt, ev->retry_in_s, ev->err ? ev->err->msg : "");
         break;
     case UPLOADER_JOB_FAILED: {
-        /* credentials refused or no such bucket: said once, loudly; the store
-         * gets nothing more from this run, which ends non-zero */
-        int refused = ev->rc == STORE_EAUTH || ev->rc == STORE_ENOBUCKET;
+        /* credentials refused, no such bucket or another region: said once,
+         * loudly; the store gets nothing more from this run, which ends
+         * non-zero */
+        int refused = ev->rc == STORE_EAUTH || ev->rc == STORE_ENOBUCKET ||
+                      ev->rc == STORE_EUSAGE;
         pthread_mutex_lock(&c->remote_mu);
         int first = refused && !c->remote_refused;
         c->remote_refused |= refused;
@@ -134,7 +136,7 @@ static int probe_remote(ckpt_ctl *c, int *connected, sp_err *err)
     if (!rc)
         store_delete(c->lease_store, key, &e);
     *connected = rc == 0;
-    if (rc == STORE_EAUTH || rc == STORE_ENOBUCKET) {
+    if (rc == STORE_EAUTH || rc == STORE_ENOBUCKET || rc == STORE_EUSAGE) {
         *err = e;
         sp_err_prefix(err, "%s: the store refuses to hold this job's checkpoints: ",
                       store_url(c->store));

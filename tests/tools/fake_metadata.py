@@ -14,7 +14,14 @@ TEXT} to answer TEXT instead, or {"status": CODE} to answer that; each
 credentials request appends a line to FILE.fetches. Prints the port it
 listens on, then serves until killed. Standard library only.
 
-usage: fake_metadata.py [--trigger PATH] [--creds FILE] [--port 0]
+With --imdsv1 the token is refused (403, as a container past the hop limit
+would see no answer) and the notice is served without one. With --other
+PATH, while PATH exists Azure's Preempt event is for another VM of the set
+(vm1; this one is vm0). With --maintenance PATH, while PATH exists GCP's
+maintenance-event is TERMINATE_ON_HOST_MAINTENANCE (else NONE).
+
+usage: fake_metadata.py [--trigger PATH] [--creds FILE] [--imdsv1] [--other PATH]
+                        [--maintenance PATH] [--port 0]
 """
 import argparse
 import http.server
@@ -71,7 +78,7 @@ def serve_container(h, creds):
     h.reply(200, json.dumps(body).encode(), "application/json")
 
 
-def make_handler(trigger, creds):
+def make_handler(trigger, creds, imdsv1=False, other=None, maintenance=None):
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -84,7 +91,9 @@ def make_handler(trigger, creds):
             self.wfile.write(body)
 
         def do_PUT(self):
-            if self.path == "/latest/api/token" and \
+            if imdsv1:
+                self.reply(403, b"Forbidden")
+            elif self.path == "/latest/api/token" and \
                     self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
                 self.reply(200, TOKEN.encode())
             else:
@@ -98,7 +107,7 @@ def make_handler(trigger, creds):
             elif creds and p == "/v1/credentials":
                 serve_container(self, creds)
             elif p.startswith("/latest/meta-data/spot/instance-action"):
-                if self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+                if self.headers.get("X-aws-ec2-metadata-token") != TOKEN and not imdsv1:
                     self.reply(401)
                 elif noticed:
                     body = json.dumps({"action": "terminate", "time": "2026-11-29T12:00:00Z"})
@@ -110,6 +119,15 @@ def make_handler(trigger, creds):
                     self.reply(403)
                 else:
                     self.reply(200, b"TRUE" if noticed else b"FALSE")
+            elif p.startswith("/computeMetadata/v1/instance/maintenance-event"):
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    self.reply(403)
+                elif maintenance and os.path.exists(maintenance):
+                    self.reply(200, b"TERMINATE_ON_HOST_MAINTENANCE")
+                else:
+                    self.reply(200, b"NONE")
+            elif p.startswith("/metadata/instance/compute/name"):
+                self.reply(200 if self.headers.get("Metadata") == "true" else 400, b"vm0")
             elif p.startswith("/metadata/scheduledevents"):
                 if self.headers.get("Metadata") != "true":
                     self.reply(400)
@@ -117,7 +135,9 @@ def make_handler(trigger, creds):
                 events = []
                 if noticed:
                     events.append({"EventId": "1", "EventType": "Preempt",
-                                   "ResourceType": "VirtualMachine", "Resources": ["vm0"],
+                                   "ResourceType": "VirtualMachine",
+                                   "Resources": ["vm1" if other and os.path.exists(other)
+                                                 else "vm0"],
                                    "EventStatus": "Scheduled", "NotBefore": "Sun, 29 Nov 2026"})
                 body = json.dumps({"DocumentIncarnation": 1, "Events": events})
                 self.reply(200, body.encode(), "application/json")
@@ -136,10 +156,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trigger")
     ap.add_argument("--creds")
+    ap.add_argument("--imdsv1", action="store_true")
+    ap.add_argument("--other")
+    ap.add_argument("--maintenance")
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", args.port),
-                                          make_handler(args.trigger, args.creds))
+    srv = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", args.port),
+        make_handler(args.trigger, args.creds, args.imdsv1, args.other, args.maintenance))
     print(srv.server_address[1], flush=True)
     srv.serve_forever()
 
