@@ -142,5 +142,44 @@ show() {
 
 cmd+=("$@")
 show "${cmd[@]}"
+
+# Several nodes under scripts/spot-run.sh (SPOTUNE_SPOT_WATCH names the
+# cloud it watches on this node): a watcher on every node too, through a
+# second mpirun (spot-run.sh --watch-local, one a node, no MPI), which
+# sends SIGUSR1 to its node's ranks when that node's notice comes; the
+# ranks agree at the next step boundary, so one node's notice stops the
+# whole job with a checkpoint. This script then stays, forwards the
+# signals to the job's mpirun and stops the watchers when it ends.
+wcmd=()
+if [[ -n "$hostfile" && "$nodes" -gt 1 && -n "${SPOTUNE_SPOT_WATCH:-}" &&
+      -n "${SPOTUNE_SUPERVISOR_TAG:-}" && -n "${SPOTUNE_SPOT_RUN:-}" ]]; then
+    wcmd=("$mpirun" --hostfile "$hostfile" -np "$nodes" --map-by ppr:1:node --bind-to none)
+    ((nodes < avail)) && wcmd+=(--host "$(hostfile_first "$hostfile" "$nodes" 1)")
+    [[ -z "${OMPI_MCA_oob_tcp_keepalive_time:-}" ]] &&
+        wcmd+=(--mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 5
+            --mca oob_tcp_keepalive_probes 3)
+    [[ $(id -u) -eq 0 ]] && wcmd+=(--allow-run-as-root)
+    wcmd+=(-x SPOTUNE_SUPERVISOR_TAG -x PATH)
+    wcmd+=(bash "$SPOTUNE_SPOT_RUN" --cloud "$SPOTUNE_SPOT_WATCH" --watch-local)
+    [[ -n "${SPOTUNE_SPOT_METADATA_URL:-}" ]] &&
+        wcmd+=(--metadata-url "$SPOTUNE_SPOT_METADATA_URL")
+    [[ -n "${SPOTUNE_SPOT_POLL:-}" ]] && wcmd+=(--poll "$SPOTUNE_SPOT_POLL")
+    show "${wcmd[@]}"
+fi
 ((dry)) && exit 0
-exec "${cmd[@]}"
+((${#wcmd[@]})) || exec "${cmd[@]}"
+"${wcmd[@]}" </dev/null >&2 &
+watchers=$!
+"${cmd[@]}" &
+job=$!
+# (SIGINT to a background job of a script is ignored: it becomes SIGTERM)
+trap 'kill -USR1 "$job" 2>/dev/null' USR1
+trap 'kill -TERM "$job" 2>/dev/null' TERM INT
+while :; do
+    rc=0
+    wait "$job" || rc=$?
+    kill -0 "$job" 2>/dev/null || break # else a trapped signal ended the wait
+done
+kill -TERM "$watchers" 2>/dev/null
+wait "$watchers" 2>/dev/null || true
+exit "$rc"

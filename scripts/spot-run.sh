@@ -15,8 +15,11 @@
 # Every request bypasses proxies (the services answer on link-local or
 # internal addresses). A service that cannot be asked (no answer, or one
 # that is not the documented one) is said on stderr, once a minute, rather
-# than taken for "no notice". The watcher sees this machine's notice only:
-# on several nodes, a worker's notice is not seen here (docs/launching.md).
+# than taken for "no notice". The watcher sees this machine's notice; on
+# several nodes scripts/launch.sh --hostfile starts one more on every node
+# (--watch-local, below), told the cloud through SPOTUNE_SPOT_WATCH,
+# SPOTUNE_SPOT_METADATA_URL, SPOTUNE_SPOT_POLL and SPOTUNE_SPOT_RUN, which
+# this script sets for COMMAND.
 # When the notice appears it sends SIGUSR1 to COMMAND (mpirun forwards it to
 # every rank): the ranks agree at the next step boundary, write a checkpoint,
 # push it to checkpoint.remote (up to checkpoint.upload_deadline_s) and exit 75.
@@ -61,6 +64,11 @@
 #                         until COMMAND exits (default 2)
 #   --check-notice        poll once, print "notice", "none" or "cannot ask: WHY",
 #                         exit 0/1/2 (diagnostics)
+#   --watch-local         no COMMAND: watch this node's notice and, once it comes,
+#                         send SIGUSR1 every --resend seconds to this node's
+#                         processes of the launch SPOTUNE_SUPERVISOR_TAG names
+#                         (its ranks), until killed (scripts/launch.sh runs one
+#                         on every node of a hostfile)
 set -uo pipefail
 
 cloud=auto
@@ -73,6 +81,7 @@ healthy_after=600
 orphan_wait=30
 resend=2
 check_only=0
+watch_local=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cloud) cloud=$2; shift 2 ;;
@@ -85,6 +94,7 @@ while [ $# -gt 0 ]; do
     --healthy-after) healthy_after=$2; shift 2 ;;
     --orphan-wait) orphan_wait=$2; shift 2 ;;
     --check-notice) check_only=1; shift ;;
+    --watch-local) watch_local=1; shift ;;
     --) shift; break ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "spot-run: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -100,7 +110,7 @@ if [ -n "$poll" ] && ! [[ "$poll" =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
   echo "spot-run: --poll takes a number of seconds, got '$poll'" >&2
   exit 2
 fi
-if [ "$check_only" = 0 ] && [ $# -eq 0 ]; then
+if [ "$check_only" = 0 ] && [ "$watch_local" = 0 ] && [ $# -eq 0 ]; then
   echo "spot-run: no command given (usage: spot-run.sh [options] -- COMMAND ...)" >&2
   exit 2
 fi
@@ -336,6 +346,44 @@ wait_orphans() {
     sleep 0.2
   done
 }
+
+# --watch-local: this node's notice, then SIGUSR1 to this node's ranks
+if [ "$watch_local" = 1 ]; then
+  tag=${SPOTUNE_SUPERVISOR_TAG:-}
+  if [ -z "$tag" ]; then
+    echo "spot-run: --watch-local needs SPOTUNE_SUPERVISOR_TAG (the launch whose ranks to signal)" >&2
+    exit 2
+  fi
+  unset SPOTUNE_SUPERVISOR_TAG # this watcher's own children are not ranks
+  trap 'exit 0' TERM INT
+  host=$(hostname)
+  said_at=-60
+  while :; do
+    notice_for "$cloud"
+    rc=$?
+    if [ "$rc" = 0 ]; then
+      say "spot termination notice from $cloud on $host: sending SIGUSR1 to this node's ranks"
+      while :; do # ranks may not exist yet, or lose the first signal
+        pids=$(tagged "$tag")
+        [ -n "$pids" ] && kill -USR1 $pids 2>/dev/null
+        sleep "$resend"
+      done
+    fi
+    if [ "$rc" = 2 ] && [ $((SECONDS - said_at)) -ge 60 ]; then
+      say "WARNING: on $host: cannot ask $cloud for a spot notice ($why): a notice now would" \
+        "be missed"
+      said_at=$SECONDS
+    fi
+    sleep "$poll"
+  done
+fi
+
+# for scripts/launch.sh: the watcher it starts on every node of a hostfile
+if [ "$cloud" != none ]; then
+  SPOTUNE_SPOT_RUN="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+  export SPOTUNE_SPOT_WATCH=$cloud SPOTUNE_SPOT_METADATA_URL=$meta_url SPOTUNE_SPOT_POLL=$poll
+  export SPOTUNE_SPOT_RUN
+fi
 
 crashes=0
 delay=$backoff

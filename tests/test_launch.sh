@@ -44,6 +44,24 @@ out=$(env -i PATH="$PATH" HOME="$tmp" "$launch" --hostfile "$tmp/hosts" -g 4 --n
 has "$out" " -np 4 --map-by ppr:4:node"
 check "--nodes 1 of 2" $? "$out"
 
+# under spot-run.sh (SPOTUNE_SPOT_WATCH ...): a watcher on every node, through
+# a second mpirun of one process a node; none on one node, none without it
+spot=(SPOTUNE_SUPERVISOR_TAG=t1 SPOTUNE_SPOT_WATCH=gcp SPOTUNE_SPOT_RUN=/opt/s/spot-run.sh
+    SPOTUNE_SPOT_METADATA_URL=http://127.0.0.1:9 SPOTUNE_SPOT_POLL=2)
+out=$(env -i PATH="$PATH" HOME="$tmp" "${spot[@]}" "$launch" --hostfile "$tmp/hosts" -g 8 \
+    --dry-run prog 2>&1)
+has "$out" "--hostfile $tmp/hosts -np 2 --map-by ppr:1:node --bind-to none" &&
+    has "$out" "-x SPOTUNE_SUPERVISOR_TAG -x PATH bash /opt/s/spot-run.sh --cloud gcp --watch-local --metadata-url http://127.0.0.1:9 --poll 2" &&
+    has "$out" "-np 16 --map-by ppr:8:node"
+check "spot-run, 2 nodes: a watcher on each node" $? "$out"
+out=$(env -i PATH="$PATH" HOME="$tmp" "${spot[@]}" "$launch" --hostfile "$tmp/hosts" -g 8 \
+    --nodes 1 --dry-run prog 2>&1)
+! has "$out" "--watch-local"
+check "spot-run, 1 node of 2: no watcher (spot-run.sh watches this one)" $? "$out"
+out=$(env -i PATH="$PATH" HOME="$tmp" "$launch" --hostfile "$tmp/hosts" -g 8 --dry-run prog 2>&1)
+! has "$out" "--watch-local"
+check "no spot-run: no watcher" $? "$out"
+
 # errors: exit 2 and a message naming the problem
 out=$(env -i PATH="$PATH" HOME="$tmp" "$launch" --hostfile "$tmp/hosts" --nodes 3 --dry-run prog 2>&1)
 rc=$?

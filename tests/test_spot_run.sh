@@ -276,6 +276,48 @@ check "SIGTERM to the supervisor, first signal lost: exit 75" rc_is deaf2 75
 check "SIGTERM to the supervisor: the signal was sent again" \
   test "$(cat "$work/deaf2/usr1" 2>/dev/null)" = 2
 
+# several nodes: launch.sh --hostfile under spot-run.sh starts a watcher on
+# every node (spot-run.sh --watch-local) through a second mpirun; a worker's
+# notice reaches that node's ranks as SIGUSR1. Here mpirun is a stand-in
+# that runs both commands on this machine, the "worker's" watcher asking its
+# own metadata service (a second fake, with the notice up), the supervisor's
+# none: only the worker's watcher can signal the rank.
+printf 'node-a slots=1\nnode-b slots=1\n' > "$work/hosts"
+mkdir -p "$work/nodeb"
+python3 "$src/tests/tools/fake_metadata.py" --trigger "$work/nodeb/notice" > "$work/portb" &
+serverb=$!
+for _ in $(seq 100); do [ -s "$work/portb" ] && break; sleep 0.05; done
+touch "$work/nodeb/notice"
+cat > "$work/mpirun.sh" <<SH
+#!/usr/bin/env bash
+# runs the program after mpirun's options here; a watcher asks node-b's service
+while [ \$# -gt 0 ] && [ "\$1" != bash ] && [ "\$1" != "$work/rank.sh" ]; do shift; done
+if [ "\$1" = bash ]; then
+  exec "\$@" --metadata-url "http://127.0.0.1:$(cat "$work/portb")"
+fi
+exec "\$@"
+SH
+cat > "$work/rank.sh" <<'SH'
+#!/usr/bin/env bash
+# a rank: SIGUSR1 ends it (exit 0, so that the supervisor is done too)
+trap 'echo usr1 >> "$0.got"; exit 0' USR1
+for _ in $(seq 600); do sleep 0.05; done
+exit 9
+SH
+chmod +x "$work/mpirun.sh" "$work/rank.sh"
+timeout 60 "$spot" --cloud aws --metadata-url "$url" --poll 0.1 --resend 0.3 -- \
+  "$src/scripts/launch.sh" --mpirun "$work/mpirun.sh" --hostfile "$work/hosts" -g 1 \
+  "$work/rank.sh" > "$work/nodes.log" 2>&1
+echo $? > "$work/nodes.rc"
+kill "$serverb" 2>/dev/null
+check "2 nodes: the worker's notice reached its rank" test -s "$work/rank.sh.got"
+check "2 nodes: the worker's watcher said so" \
+  grep -q "spot termination notice from aws on .*: sending SIGUSR1 to this node's ranks" \
+  "$work/nodes.log"
+check "2 nodes: the job ended as the rank did (exit 0)" rc_is nodes 0
+check "2 nodes: the watchers were stopped with the job" \
+  bash -c "! pgrep -f -- '[-]-watch-local --metadata-url http://127.0.0.1:$(cat "$work/portb")'"
+
 # a notice, then an exit other than 75 (mpirun dying of the resent signal in
 # its own shutdown, a launcher still in bash): the machine is still going
 # away, so no restart
