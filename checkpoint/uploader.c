@@ -33,7 +33,9 @@ struct uploader {
     int qn;
     int busy;               /* a job is in progress */
     int stop;
-    atomic_int cancel;
+    int hurry;              /* uploader_hurry: the newest first */
+    atomic_int cancel;      /* uploader_stop */
+    atomic_int job_cancel;  /* the push or prune in flight: stopped, or hurried past */
     sp_err last_err;
     int has_err;
     uint64_t rng;
@@ -93,10 +95,15 @@ static void run_retention(uploader_t *u)
     pthread_mutex_unlock(&u->mu);
     if (keep <= 0)
         return;
+    pthread_mutex_lock(&u->mu);
+    int newer = u->hurry && u->qn > 0; /* the newest first: pruned after it */
+    pthread_mutex_unlock(&u->mu);
+    if (newer)
+        return;
     sp_err e = {0};
     job_ctx c = {u, NULL};
-    store_xfer_opts x = {&u->cancel, on_key, &c, 0, 0};
-    if (store_prune_steps(u->store, keep, every, &x, NULL, &e) && !atomic_load(&u->cancel))
+    store_xfer_opts x = {&u->job_cancel, on_key, &c, 0, 0};
+    if (store_prune_steps(u->store, keep, every, &x, NULL, &e) && !atomic_load(&u->job_cancel))
         emit(u, (uploader_event){.kind = UPLOADER_PRUNE_FAILED, .err = &e});
 }
 
@@ -134,9 +141,15 @@ static void finish_job(uploader_t *u, job *j, int rc, const sp_err *e, double se
     double retry_in = 0;
     uploader_event_kind kind = UPLOADER_JOB_DONE;
     job copy = *j; /* requeue moves j's strings into the queue */
+    sp_err passed = {0};
     pthread_mutex_lock(&u->mu);
     int stopping = u->stop;
-    if (rc) {
+    if (rc == STORE_ECANCELED && !stopping && u->hurry && u->qn > 0) {
+        kind = UPLOADER_JOB_DROPPED; /* hurried past: a newer checkpoint goes first */
+        sp_fail(&passed, SP_EXIT_OTHER, "superseded by a newer checkpoint, pushed first as "
+                "the job stops");
+        e = &passed;
+    } else if (rc) {
         u->last_err = *e;
         u->has_err = 1;
         kind = stopping ? UPLOADER_JOB_FAILED : requeue(u, j, rc, &retry_in);
@@ -206,7 +219,8 @@ static void run_job(uploader_t *u, job *j)
         }
     }
     job_ctx c = {u, j};
-    store_xfer_opts x = {&u->cancel, on_key, &c, j->shards_wait_s > 0, j->shards_wait_s};
+    atomic_store(&u->job_cancel, atomic_load(&u->cancel));
+    store_xfer_opts x = {&u->job_cancel, on_key, &c, j->shards_wait_s > 0, j->shards_wait_s};
     sp_err e = {0};
     j->attempt++;
     double t0 = sp_now();
@@ -287,6 +301,7 @@ int uploader_start(uploader_t **out, store_t *store, const uploader_opts *opts, 
     apply_defaults(&u->o);
     u->rng = store_rng_seed();
     atomic_init(&u->cancel, 0);
+    atomic_init(&u->job_cancel, 0);
     u->q = calloc((size_t)u->o.max_queue + 1, sizeof *u->q);
     if (!u->q || init_sync(u)) {
         free(u->q);
@@ -324,6 +339,30 @@ static int submit(uploader_t *u, const char *local_dir, const char *prefix, doub
     }
     u->q[u->qn++] = j;
     pthread_cond_signal(&u->work_cv);
+    pthread_mutex_unlock(&u->mu);
+    return dropped;
+}
+
+int uploader_hurry(uploader_t *u)
+{
+    if (!u)
+        return 0;
+    pthread_mutex_lock(&u->mu);
+    u->hurry = 1;
+    int dropped = 0;
+    while (u->qn > 1) { /* the oldest waiting ones */
+        job_free(&u->q[0]);
+        memmove(u->q, u->q + 1, (size_t)(u->qn - 1) * sizeof *u->q);
+        u->qn--;
+        dropped++;
+    }
+    if (u->qn > 0)
+        u->q[0].not_before = 0; /* no backoff left to wait out */
+    if (u->busy && u->qn > 0) {
+        atomic_store(&u->job_cancel, 1);
+        dropped++;
+    }
+    pthread_cond_broadcast(&u->work_cv);
     pthread_mutex_unlock(&u->mu);
     return dropped;
 }
@@ -384,6 +423,7 @@ void uploader_stop(uploader_t *u)
     pthread_mutex_lock(&u->mu);
     u->stop = 1;
     atomic_store(&u->cancel, 1);
+    atomic_store(&u->job_cancel, 1);
     pthread_cond_broadcast(&u->work_cv);
     pthread_mutex_unlock(&u->mu);
     pthread_join(u->thread, NULL);

@@ -15,6 +15,8 @@
  * except that a sharded checkpoint whose ranks did not all put their shard
  * (STORE_EPEER) is dropped when a newer checkpoint is waiting.
  *
+ * uploader_hurry (the job stopping) keeps only the newest: see below.
+ *
  * A job may also be held before its push, for as long as may_push says
  * "not yet": it stays in the queue (oldest first, dropped like any waiting
  * job when newer ones fill it).
@@ -90,6 +92,13 @@ int uploader_pending(uploader_t *u);
 /* Blocks until nothing is pending or timeout_s passes (< 0: no limit).
  * Returns 1 when everything submitted was pushed (or failed for good), else 0. */
 int uploader_wait(uploader_t *u, double timeout_s);
+
+/* The job is stopping (a spot notice: seconds count): from now on only
+ * the newest checkpoint matters. Every waiting job but the newest is
+ * dropped, the push in flight is canceled when a newer job waits (and
+ * dropped, not retried), and retention waits until nothing newer does.
+ * Returns how many older checkpoints will not be pushed. */
+int uploader_hurry(uploader_t *u);
 
 /* Changes retention for the pushes that follow (keep 0: none). */
 void uploader_set_retention(uploader_t *u, int keep, int keep_every);

@@ -740,6 +740,82 @@ Test(store_file, uploader_bounded_queue_drops_oldest_waiting)
     close_fixture(&f);
 }
 
+/* on_event that holds the uploader's thread at the first file of a job
+ * until the test lets it go (a push in flight for as long as it takes) */
+typedef struct held_push {
+    ev_log ev;
+    int holding, release;
+} held_push;
+
+static void hold_first_file(void *arg, const uploader_event *e)
+{
+    held_push *h = arg;
+    on_event(&h->ev, e);
+    pthread_mutex_lock(&h->ev.mu);
+    int hold = e->kind == UPLOADER_FILE_DONE && !h->release;
+    h->holding = hold;
+    pthread_mutex_unlock(&h->ev.mu);
+    while (hold) {
+        usleep(10 * 1000);
+        pthread_mutex_lock(&h->ev.mu);
+        hold = !h->release;
+        pthread_mutex_unlock(&h->ev.mu);
+    }
+}
+
+/* The job stops (a spot notice): uploader_hurry. The push in flight of an
+ * older checkpoint is canceled and dropped, not retried; of the waiting
+ * ones only the newest stays; the newest is pushed, and nothing older after
+ * it. */
+Test(store_file, uploader_hurry_pushes_the_newest_first)
+{
+    store_fx f = open_fixture("hurry");
+    sp_err err = {0};
+    cr_assert_eq(store_create_bucket(f.s, &err), 0);
+    char *local = path_in(f.dir, "local");
+    mkdir(local, 0777);
+    char *c[3];
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "step-%08d", (i + 1) * 100);
+        c[i] = make_ckpt(local, name, (uint64_t)i, 4096);
+    }
+    held_push h = {.ev = {.mu = PTHREAD_MUTEX_INITIALIZER}};
+    uploader_opts o = {.max_queue = 4, .retry_base_s = 0.05, .retry_max_s = 0.1,
+                       .on_event = hold_first_file, .arg = &h};
+    uploader_t *u;
+    cr_assert_eq(uploader_start(&u, f.s, &o, &err), 0, "%s", err.msg);
+    cr_assert_eq(uploader_submit(u, c[0], "step-00000100", &err), 0);
+    for (int i = 0; i < 500 && !ev_get(&h.ev, &h.holding); i++)
+        usleep(10 * 1000);
+    cr_assert(ev_get(&h.ev, &h.holding), "the first push never reached its first file");
+    cr_assert_eq(uploader_submit(u, c[1], "step-00000200", &err), 0);
+    cr_assert_eq(uploader_submit(u, c[2], "step-00000300", &err), 0);
+    cr_expect_eq(uploader_hurry(u), 2, "step 200 waiting and step 100 in flight passed over");
+    pthread_mutex_lock(&h.ev.mu);
+    h.release = 1;
+    pthread_mutex_unlock(&h.ev.mu);
+    cr_assert_eq(uploader_wait(u, 20), 1);
+    cr_expect_eq(ev_get(&h.ev, &h.ev.done), 1, "one push completed");
+    cr_expect_str_eq(h.ev.last_prefix, "step-00000300", "the newest");
+    cr_expect_eq(ev_get(&h.ev, &h.ev.dropped), 1, "the push in flight dropped");
+    cr_expect_eq(ev_get(&h.ev, &h.ev.retry), 0, "a hurried push is not retried");
+    int exists = 1;
+    static const char *const gone[] = {"step-00000100/MANIFEST.json",
+                                       "step-00000200/MANIFEST.json"};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(store_exists(f.s, gone[i], &exists, NULL, &err), 0, "%s", err.msg);
+        cr_expect_not(exists, "%s pushed after the hurry", gone[i]);
+    }
+    cr_assert_eq(store_exists(f.s, "step-00000300/MANIFEST.json", &exists, NULL, &err), 0);
+    cr_expect(exists, "the newest checkpoint was not pushed");
+    uploader_stop(u);
+    for (int i = 0; i < 3; i++)
+        free(c[i]);
+    free(local);
+    close_fixture(&f);
+}
+
 /* The uploader's thread is named ckpt-upload while it runs (top -H, gdb)
  * and is gone once uploader_stop returns. */
 Test(store_file, uploader_thread_is_named_and_gone_after_stop)

@@ -616,6 +616,13 @@ int ckpt_ctl_boundary(ckpt_ctl *c, model_t *m, const train_progress *p, int fina
             code = last_committed(c, err);
         b.t_commit = sp_now();
         if (!code && c->up) {
+            /* seconds count (a spot notice): the newest checkpoint first */
+            int passed = uploader_hurry(c->up);
+            if (passed > 0)
+                log_event(c->log, c->metrics, "warning",
+                          "checkpoint step %lld is pushed first: %d older checkpoint(s) will "
+                          "not be pushed",
+                          (long long)p->step, passed);
             int pushed = uploader_wait(c->up, cfg->ckpt_upload_deadline_s);
             b.t_remote = pushed && ckpt_ctl_remote_behind(c) == 0 ? sp_now() : -1;
             log_event(c->log, c->metrics, pushed ? "info" : "warning",
