@@ -73,7 +73,8 @@ endforeach()
 # backend.
 if(SPOTUNE_CUDA)
   set(emu_cuda_sources cuda_backend.cu cuda_matmul.cu cuda_matmul_ops.cu cuda_skinny.cu cuda_wide.cu cuda_ops.cu cuda_nf4.cu cuda_vec.cu
-    cuda_attention.cu cuda_flash.cu cuda_flash_wgmma.cu cuda_cudnn.cu cuda_doctor.cu)
+    cuda_attention.cu cuda_flash.cu cuda_flash_wgmma.cu cuda_cudnn.cu cuda_cudnn_layout.cu
+    cuda_doctor.cu)
   list(TRANSFORM emu_cuda_sources PREPEND ${CMAKE_SOURCE_DIR}/kernels/cuda/)
   set_source_files_properties(${emu_cuda_sources} PROPERTIES LANGUAGE CXX)
   function(spotune_emu_module name)

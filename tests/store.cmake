@@ -34,6 +34,12 @@ spotune_test(test_store_file
   LABELS store)
 set_tests_properties(test_store_file PROPERTIES
   ENVIRONMENT "${store_common_env}" FAIL_REGULAR_EXPRESSION "${store_fail_regex}")
+spotune_test(test_store_file_uploader
+  SOURCES test_store_file_uploader.c test_store_util.c test_util.c
+  LIBS spotune_trainer
+  LABELS store)
+set_tests_properties(test_store_file_uploader PROPERTIES
+  ENVIRONMENT "${store_common_env}" FAIL_REGULAR_EXPRESSION "${store_fail_regex}")
 
 # The S3 client on the wire against an in-process fake endpoint (no server),
 # with instance-role credentials from tests/tools/fake_metadata.py.

@@ -58,4 +58,21 @@ void tu_check_get_range(store_t *s, const char *key);
 
 #define TU_BUCKET "spotune-test"
 
+/* A file:// store in a fresh scratch directory (tests/test_store_file*.c). */
+typedef struct tu_file_fx {
+    char *dir;   /* scratch */
+    char *root;  /* store root (dir/store) */
+    char *url;
+    store_t *s;
+} tu_file_fx;
+tu_file_fx tu_file_store(const char *tag);
+void tu_file_store_close(tu_file_fx *f);
+/* "dir/name", malloc'ed */
+char *tu_path_in(const char *dir, const char *name);
+/* A checkpoint directory parent/name: state.h5 (big bytes), two shards, a
+ * sub/ file, MANIFEST.json; its path, malloc'ed. */
+char *tu_make_ckpt(const char *parent, const char *name, uint64_t seed, size_t big);
+/* The files tu_make_ckpt makes are the same bytes under a and b (asserted). */
+void tu_assert_same_tree(const char *a, const char *b);
+
 #endif
