@@ -276,6 +276,12 @@ check "SIGTERM to the supervisor, first signal lost: exit 75" rc_is deaf2 75
 check "SIGTERM to the supervisor: the signal was sent again" \
   test "$(cat "$work/deaf2/usr1" 2>/dev/null)" = 2
 
+# --watch-local without the launch it is to signal: refused by name
+out=$(env -u SPOTUNE_SUPERVISOR_TAG "$spot" --cloud aws --metadata-url "$url" --watch-local 2>&1)
+rc=$?
+check "--watch-local without SPOTUNE_SUPERVISOR_TAG: exit 2, named ($out)" \
+  test "$rc" = 2 -a "${out#*needs SPOTUNE_SUPERVISOR_TAG}" != "$out"
+
 # several nodes: launch.sh --hostfile under spot-run.sh starts a watcher on
 # every node (spot-run.sh --watch-local) through a second mpirun; a worker's
 # notice reaches that node's ranks as SIGUSR1. Here mpirun is a stand-in
