@@ -147,7 +147,7 @@ show "${cmd[@]}"
 # cloud it watches on this node): a watcher on every node too, through a
 # second mpirun (spot-run.sh --watch-local, one a node, no MPI), which
 # sends SIGUSR1 to its node's ranks when that node's notice comes; the
-# ranks agree at the next step boundary, so one node's notice stops the
+# ranks agree at the next micro-batch, so one node's notice stops the
 # whole job with a checkpoint. This script then stays, forwards the
 # signals to the job's mpirun and stops the watchers when it ends.
 wcmd=()

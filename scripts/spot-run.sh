@@ -21,7 +21,7 @@
 # SPOTUNE_SPOT_METADATA_URL, SPOTUNE_SPOT_POLL and SPOTUNE_SPOT_RUN, which
 # this script sets for COMMAND.
 # When the notice appears it sends SIGUSR1 to COMMAND (mpirun forwards it to
-# every rank): the ranks agree at the next step boundary, write a checkpoint,
+# every rank): the ranks agree at the next micro-batch, write a checkpoint,
 # push it to checkpoint.remote (up to checkpoint.upload_deadline_s) and exit 75.
 # The machine is going away, so the supervisor then stops (exit 75); on the
 # next machine the same command resumes from the checkpoint.

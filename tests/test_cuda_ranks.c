@@ -324,6 +324,29 @@ Test(cuda_ranks, a_peer_stuck_in_a_collective_ends_the_job)
     free(out);
 }
 
+/* The first step pays one-time costs that the host waits for (NCCL
+ * connecting its channels on the first collective, cuDNN and cuBLASLt
+ * planning), unevenly over the ranks: the watchdog gives it at least 300 s
+ * whatever comm.timeout_s says. Rank 1's first collective is held 9 s with
+ * comm.timeout_s=3: the run must finish, where a later step held as long
+ * ends the job (the test above). */
+Test(cuda_ranks, a_slow_first_step_is_not_taken_for_a_stuck_peer)
+{
+    const char *module = getenv("SPOTUNE_CUDA_MODULE");
+    if (cuda_test_standin() || !module || !*module)
+        cr_skip_test("needs the emulated NCCL, which can hold a rank in a collective");
+    char *out = NULL;
+    int rc = tu_sh(&out,
+                   "SPOTUNE_NCCL_EMU_STALL=1:1:9 "
+                   "timeout -k 10 240 %s %s/spotune train %s/base.yaml --set run.dir=%s/slow1 "
+                   "--set runtime.backend=cuda --set comm.timeout_s=3",
+                   tu_mpirun(2), tu_binary_dir(), dir, dir);
+    cr_expect(tu_contains(out, "rank 1 holds its collective 1 for 9 s"), "not held: %s", out);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
+    cr_expect(!tu_contains(out, "timed out"), "%s", out);
+    free(out);
+}
+
 /* ---- main: two devices or skipped (77) ---------------------------------------------- */
 
 int main(int argc, char *argv[])

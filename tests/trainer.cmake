@@ -23,8 +23,9 @@ spotune_test(test_graphs SOURCES test_graphs.c graphs_util.c test_util.c LIBS sp
 # spotune doctor's host.blas (the rest of the doctor: test_doctor, with the S3 server)
 spotune_test(test_doctor_blas SOURCES test_doctor_blas.c test_util.c LIBS spotune_trainer)
 spotune_test(test_plan SOURCES test_plan.c test_plan_model.c test_util.c LIBS spotune_trainer)
-# preemption and resume, the checkpoint policy, long paths: one fixture (resume_util)
-foreach(suite resume resume_choice ckpt_policy rank_change long_paths)
+# preemption and resume, the checkpoint policy, long paths, stops within a step or a
+# validation: one fixture (resume_util)
+foreach(suite resume resume_choice ckpt_policy rank_change long_paths stop_early)
   spotune_test(test_${suite} SOURCES test_${suite}.c resume_util.c test_util.c
                LIBS spotune_trainer)
 endforeach()

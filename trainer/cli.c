@@ -79,7 +79,8 @@ static void train_usage(FILE *f)
                "  job stops pushing); same as --set checkpoint.take_over=true.\n"
                "One job per run.dir (a lock) and per checkpoint.remote (a lease): see\n"
                "  run.lock_wait_s and checkpoint.lease_s.\n"
-               "SIGTERM, SIGINT or SIGUSR1: checkpoint at the next step boundary, exit 75.\n");
+               "SIGTERM, SIGINT or SIGUSR1: stop at the next micro-batch, checkpoint the last\n"
+               "  step done, exit 75.\n");
 }
 
 /* Before MPI starts, the launcher's environment says which rank this is:

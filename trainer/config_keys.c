@@ -157,7 +157,8 @@ const key_def config_keys[] = {
      "pass). Sharded gradients (train.shard_gradients) go a layer at a time instead."},
     {"comm.timeout_s", K_FLOAT, O(comm_timeout_s), "60", 1, 86400, NULL, 0,
      "A collective that does not finish in this many seconds ends the whole job (a rank died "
-     "or hangs). While the ranks load the model and the checkpoint it is at least an hour."},
+     "or hangs). While the ranks load the model and the checkpoint it is at least an hour; "
+     "on CUDA the first step (and the validation before it) gets at least 300 s."},
     {"checkpoint.every_steps", K_INT, O(ckpt_every_steps), "0", 0, BIG, NULL, 0,
      "Checkpoint every N optimizer steps (0: off). Checkpoints are also written every "
      "checkpoint.every_minutes, at the end, and on SIGTERM, SIGINT or SIGUSR1."},

@@ -58,6 +58,11 @@ typedef struct grad_sync {
 void grad_sync_begin(grad_sync_t *g, model_t *m, comm_t *comm, double bucket_mb);
 /* Reduces what is left and waits until every bucket is summed. */
 int grad_sync_finish(grad_sync_t *g, sp_err *err);
+/* A step given up between two micro-batches (a stop): the reductions in
+ * flight (sharded gradients) are waited for and nothing more is reduced;
+ * the gradients are the caller's to drop. Every rank gives up after the
+ * same micro-batch, so every collective begun has all its ranks. */
+int grad_sync_abandon(grad_sync_t *g, sp_err *err);
 /* Both at once, after the backward (no overlap); refused with sharded
  * gradients, which must be reduced during the backward. */
 int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err);

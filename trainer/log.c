@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -94,6 +95,30 @@ void log_val(FILE *out, metrics_t *m, int64_t step, double val_loss, int64_t tok
                 (long long)tokens);
         fflush(out);
     }
+}
+
+int metrics_has_val(metrics_t *m, const char *run_dir, int64_t step)
+{
+    if (m && m->f)
+        fflush(m->f);
+    char *path = sp_strf("%s/metrics.jsonl", run_dir);
+    FILE *f = path ? fopen(path, "r") : NULL;
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0;
+    while (f && !found && getline(&line, &cap, f) > 0) {
+        json_t *o = json_loads(line, 0, NULL);
+        const char *ev = json_string_value(json_object_get(o, "event"));
+        json_t *st = json_object_get(o, "step");
+        found = ev && strcmp(ev, "val") == 0 && json_is_integer(st) &&
+                json_integer_value(st) == (json_int_t)step;
+        json_decref(o);
+    }
+    free(line);
+    if (f)
+        fclose(f);
+    free(path);
+    return found;
 }
 
 static void event_v(FILE *out, metrics_t *m, const char *event, json_t *fields, const char *fmt,

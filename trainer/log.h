@@ -28,6 +28,10 @@ typedef struct step_report {
 
 void log_step(FILE *out, metrics_t *m, const step_report *r, int print);
 void log_val(FILE *out, metrics_t *m, int64_t step, double val_loss, int64_t tokens);
+/* Whether RUN_DIR/metrics.jsonl holds a validation record of step (a
+ * resumed run whose stop gave up that validation runs it first). Flushes
+ * m's own records first; an unreadable file holds none. */
+int metrics_has_val(metrics_t *m, const char *run_dir, int64_t step);
 /* An event with a free-form message (info, warning) to both outputs. */
 void log_event(FILE *out, metrics_t *m, const char *event, const char *fmt, ...) SP_PRINTF(4, 5);
 /* The same with fields of its own merged into the metrics record: fields

@@ -1,7 +1,8 @@
 /* trainer/signals.h — SIGTERM, SIGINT and SIGUSR1 (which mpirun forwards to
  * every rank, and which scripts/spot-run.sh sends on a spot-termination
  * notice) become a request to stop: the training loop sees it at the next
- * step boundary, all ranks agree, write a checkpoint and exit 75. A second
+ * micro-batch (or validation batch), all ranks agree, write a checkpoint
+ * of the last step done and exit 75. A second
  * signal during that save changes nothing. The handler's counter (with the
  * first signal and its time) is the process's one piece of global mutable
  * state: a signal handler can reach nothing else. */

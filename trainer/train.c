@@ -38,6 +38,7 @@ typedef struct trainer {
     int32_t *inputs, *targets;
     int32_t *pos, *seg; /* packed documents (data.packing), else NULL */
     uint64_t *sample_ids;
+    uint64_t *sample_at; /* log.samples: each slot's epoch and window, written once trained */
     ckpt_ctl *ck;
     run_lock *lock; /* rank 0: this job holds run.dir */
     FILE *samples; /* log.samples audit, or NULL */
@@ -152,14 +153,27 @@ static int check_memory(trainer_t *t, const model_opts *o, sp_err *err)
     return 0;
 }
 
+/* Collective: whether any rank has received a stop signal (*stop). Between
+ * micro-batches and validation batches too, so that a 30-second notice is
+ * not spent finishing a long step or a validation; one rank alone needs no
+ * collective. */
+static int stop_agreed(trainer_t *t, int *stop, sp_err *err)
+{
+    int32_t seen = signals_received() > 0;
+    if (t->world > 1 && comm_allreduce(t->comm, &seen, 1, COMM_I32, COMM_MAX, err))
+        return err->code;
+    *stop = seen != 0;
+    return 0;
+}
+
 /* Collective: a stop signal on any rank before the first step ends the run
  * here, before the (possibly long) work that comes next. Nothing has been
  * trained since the newest checkpoint, which is complete: exit 75, and the
  * same command resumes. */
 static int stop_before_training(trainer_t *t, const char *before, sp_err *err)
 {
-    int32_t seen = signals_received() > 0;
-    if (comm_allreduce(t->comm, &seen, 1, COMM_I32, COMM_MAX, err))
+    int seen = 0;
+    if (stop_agreed(t, &seen, err))
         return err->code;
     if (!seen)
         return 0;
@@ -289,7 +303,9 @@ static int setup_data(trainer_t *t, sp_err *err)
     t->inputs = malloc(sizeof(int32_t) * n);
     t->targets = malloc(sizeof(int32_t) * n);
     t->sample_ids = malloc(sizeof(uint64_t) * (size_t)(t->ga * t->mb));
-    if (!t->inputs || !t->targets || !t->sample_ids)
+    if (t->samples)
+        t->sample_at = malloc(2 * sizeof(uint64_t) * (size_t)(t->ga * t->mb));
+    if (!t->inputs || !t->targets || !t->sample_ids || (t->samples && !t->sample_at))
         return sp_fail(err, SP_EXIT_OTHER, "out of memory");
     if (c->data_packing != DATA_PACK_STREAM) {
         t->pos = malloc(sizeof(int32_t) * n);
@@ -335,25 +351,56 @@ static int load_step(trainer_t *t, int64_t *trained, sp_err *err)
                                     t->targets + slot * t->T, t->pos ? t->pos + slot * t->T : NULL,
                                     t->seg ? t->seg + slot * t->T : NULL, &n, err))
                 return err->code;
-            if (t->samples)
-                fprintf(t->samples, "%lld\t%llu\t%llu\t%llu\n", (long long)t->p.step + 1,
-                        (unsigned long long)sample, (unsigned long long)e,
-                        (unsigned long long)w);
+            if (t->sample_at) {
+                t->sample_at[2 * slot] = e;
+                t->sample_at[2 * slot + 1] = w;
+            }
             local += n;
         }
-    if (t->samples)
-        fflush(t->samples);
     if (comm_allreduce(t->comm, &local, 1, COMM_I64, COMM_SUM, err))
         return err->code;
     *trained = local;
     return 0;
 }
 
-static int run_step(trainer_t *t, step_report *rep, sp_err *err)
+/* log.samples: the windows of the step just trained (a step given up on a
+ * stop is trained again after the resume, and only then written). */
+static void write_samples(trainer_t *t)
+{
+    if (!t->samples)
+        return;
+    for (int64_t slot = 0; slot < t->ga * t->mb; slot++)
+        fprintf(t->samples, "%lld\t%llu\t%llu\t%llu\n", (long long)t->p.step,
+                (unsigned long long)t->sample_ids[slot],
+                (unsigned long long)t->sample_at[2 * slot],
+                (unsigned long long)t->sample_at[2 * slot + 1]);
+    fflush(t->samples);
+}
+
+/* A stop agreed between two micro-batches: the step is given up. Nothing of
+ * it has touched the weights or the optimizer (the update comes after the
+ * last micro-batch), so the state is still the previous step's: the
+ * reductions in flight are waited for, the gradients and the loss dropped,
+ * and the step (the same windows: the cursor has not moved) is trained
+ * again after the resume. */
+static int give_up_step(trainer_t *t, grad_sync_t *gs, sp_err *err)
+{
+    double dropped = 0.0;
+    if (grad_sync_abandon(gs, err) || model_loss_take(t->m, &dropped, err))
+        return err->code;
+    model_zero_grads(t->m);
+    return be_check(t->be, err);
+}
+
+/* One optimizer step. *given_up: 0 when it was done, else the micro-batches
+ * it had run when a stop signal was agreed and it was given up (nothing
+ * changed: see give_up_step). */
+static int run_step(trainer_t *t, step_report *rep, int64_t *given_up, sp_err *err)
 {
     const config_t *c = t->cfg;
     double t0 = sp_now();
     int64_t trained = 0;
+    *given_up = 0;
     if (load_step(t, &trained, err))
         return err->code;
     double loss_sum = 0.0, gnorm = 0.0, lr = optim_lr(c, t->p.step);
@@ -376,6 +423,15 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
             if (model_forward_backward(t->m, &b, NULL, err)) {
                 t->m->grads_ready = NULL;
                 return err->code;
+            }
+            int stop = 0;
+            if (k < t->ga - 1 && stop_agreed(t, &stop, err)) {
+                t->m->grads_ready = NULL;
+                return err->code;
+            }
+            if (stop) {
+                *given_up = k + 1;
+                return give_up_step(t, &gs, err);
             }
         }
         if (grad_sync_finish(&gs, err) || model_loss_take(t->m, &loss_sum, err) ||
@@ -406,6 +462,7 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
     }
     t->p.step++;
     t->p.cursor += (uint64_t)t->global_batch;
+    write_samples(t);
     double dt = sp_now() - t0;
     t->p.elapsed_s += dt;
     if (t->steps_run++ > 0) { /* the first step of a process pays one-time costs */
@@ -427,16 +484,39 @@ static int run_step(trainer_t *t, step_report *rep, sp_err *err)
     return 0;
 }
 
-static int run_validation(trainer_t *t, sp_err *err)
+/* The validation loss over the first data.val_windows windows of data.val
+ * (rank r the windows r, r + world, ...), logged by rank 0. Every rank runs
+ * the same number of batches (the last ones may be partial or empty) and
+ * after each the ranks agree whether a stop signal came: if one did, the
+ * validation is given up (*given_up = 1, nothing logged) so that the stop's
+ * checkpoint is not kept waiting; the resumed run validates that step
+ * first. */
+static int run_validation(trainer_t *t, int *given_up, sp_err *err)
 {
     uint64_t nwin = t->val.n_windows < (uint64_t)t->cfg->val_windows
                         ? t->val.n_windows
                         : (uint64_t)t->cfg->val_windows;
+    uint64_t world = (uint64_t)t->world, mb = (uint64_t)t->mb;
+    uint64_t per_rank = (nwin + world - 1) / world, batches = (per_rank + mb - 1) / mb;
     double sums[2] = {0.0, 0.0}; /* loss, tokens */
-    int64_t filled = 0;
-    for (uint64_t w = (uint64_t)t->rank;; w += (uint64_t)t->world) {
-        int last = w >= nwin;
-        if (!last) {
+    *given_up = 0;
+    for (uint64_t i = 0; i < batches; i++) {
+        if (stop_agreed(t, given_up, err))
+            return err->code;
+        if (*given_up) {
+            if (t->out)
+                log_event(t->out, &t->metrics, "info",
+                          "stop requested: the validation of step %lld is given up after %llu "
+                          "of %llu batches (the resumed run validates this step first)",
+                          (long long)t->p.step, (unsigned long long)i,
+                          (unsigned long long)batches);
+            return 0;
+        }
+        int64_t filled = 0;
+        for (uint64_t j = 0; j < mb; j++) {
+            uint64_t w = (uint64_t)t->rank + world * (i * mb + j);
+            if (w >= nwin)
+                break;
             int64_t n = 0;
             t->sample_ids[filled] = w;
             if (dataset_read_window(&t->val, w, t->inputs + filled * t->T,
@@ -447,7 +527,7 @@ static int run_validation(trainer_t *t, sp_err *err)
             sums[1] += (double)n;
             filled++;
         }
-        if (filled == t->mb || (last && filled > 0)) {
+        if (filled > 0) {
             model_batch b = {.inputs = t->inputs,
                              .targets = t->targets,
                              .sample_ids = t->sample_ids,
@@ -457,10 +537,7 @@ static int run_validation(trainer_t *t, sp_err *err)
                              .seg = t->seg};
             if (model_evaluate(t->m, &b, &sums[0], err))
                 return err->code;
-            filled = 0;
         }
-        if (last)
-            break;
     }
     if (comm_allreduce(t->comm, sums, 2, COMM_F64, COMM_SUM, err))
         return err->code;
@@ -590,6 +667,46 @@ static int setup(trainer_t *t, sp_err *err)
     return setup_model(t, err) || setup_data(t, err) ? err->code : 0;
 }
 
+/* The end of a run that ckpt_ctl_boundary told to stop (stop 1: a signal,
+ * 2: a newer checkpoint in the store), its checkpoint committed: exit 75. */
+static int stopped(trainer_t *t, int stop, sp_err *err)
+{
+    if (stop == 2)
+        return sp_fail(err, SP_EXIT_PREEMPTED,
+                       "stopped after committing checkpoint step %lld: checkpoint.remote "
+                       "holds a newer checkpoint of this run (step %lld), which the start "
+                       "could not see; run the same command to resume from it",
+                       (long long)t->p.step, (long long)ckpt_ctl_newer_in_store(t->ck));
+    return sp_fail(err, SP_EXIT_PREEMPTED,
+                   "stopped by a signal after committing checkpoint step %lld; run the same "
+                   "command to resume",
+                   (long long)t->p.step);
+}
+
+/* A stop agreed within step p.step + 1 after `done` of its micro-batches:
+ * the step was given up (run_step), so the stop's checkpoint is step
+ * p.step's, written now unless this run resumed it or has written it. A
+ * fresh run stopped in its first step has nothing to keep. */
+static int stop_within_step(trainer_t *t, int64_t done, sp_err *err)
+{
+    if (t->out)
+        log_event(t->out, &t->metrics, "info",
+                  "stop requested (%s): step %lld is given up after %lld of its %lld "
+                  "micro-batches; nothing of it was applied, and the resumed run trains it "
+                  "again",
+                  signals_received() ? signals_first_name() : "another rank",
+                  (long long)t->p.step + 1, (long long)done, (long long)t->ga);
+    if (t->p.step == 0 && !t->resumed)
+        return stop_before_training(t, "in the first step", err);
+    int stop = 0;
+    if (ckpt_ctl_boundary(t->ck, t->m, &t->p, 0, &stop, err))
+        return err->code;
+    if (!stop) /* the signal is still received: the boundary cannot miss it */
+        return sp_fail(err, SP_EXIT_OTHER, "step %lld was given up for a stop that did not come",
+                       (long long)t->p.step + 1);
+    return stopped(t, stop, err);
+}
+
 /* Returns 0 when the last step is done, SP_EXIT_PREEMPTED after a stop
  * signal and its checkpoint, or an error. */
 static int train_loop(trainer_t *t, sp_err *err)
@@ -615,8 +732,13 @@ static int train_loop(trainer_t *t, sp_err *err)
                         "graph");
     while (t->p.step < c->steps) {
         step_report rep;
-        if (run_step(t, &rep, err))
+        int64_t given_up = 0;
+        if (run_step(t, &rep, &given_up, err))
             return err->code;
+        if (given_up)
+            return stop_within_step(t, given_up, err);
+        if (t->steps_run == 1)
+            comm_set_timeout(t->comm, c->comm_timeout_s);
         if (c->cuda_graphs && t->m->graph_off[0] && !t->graphs_noted && t->rank == 0) {
             log_event(t->out, &t->metrics, "warning",
                       "runtime.cuda_graphs: %s; the run goes on without graphs",
@@ -628,21 +750,13 @@ static int train_loop(trainer_t *t, sp_err *err)
             log_step(t->out, &t->metrics, &rep, print);
         int val_due = t->has_val && ((c->val_every > 0 && t->p.step % c->val_every == 0) ||
                                      t->p.step == c->steps);
-        if (val_due && run_validation(t, err))
+        int val_given_up = 0; /* a stop: the boundary sees it and checkpoints */
+        if (val_due && run_validation(t, &val_given_up, err))
             return err->code;
         if (ckpt_ctl_boundary(t->ck, t->m, &t->p, t->p.step == c->steps, &stop, err))
             return err->code;
-        if (stop == 2)
-            return sp_fail(err, SP_EXIT_PREEMPTED,
-                           "stopped after committing checkpoint step %lld: checkpoint.remote "
-                           "holds a newer checkpoint of this run (step %lld), which the start "
-                           "could not see; run the same command to resume from it",
-                           (long long)t->p.step, (long long)ckpt_ctl_newer_in_store(t->ck));
         if (stop)
-            return sp_fail(err, SP_EXIT_PREEMPTED,
-                           "stopped by a signal after committing checkpoint step %lld; run the "
-                           "same command to resume",
-                           (long long)t->p.step);
+            return stopped(t, stop, err);
     }
     if (c->cuda_graphs && t->rank == 0) {
         const model_graph_count *mb = &t->m->graph_mb, *up = &t->m->graph_upd;
@@ -658,6 +772,51 @@ static int train_loop(trainer_t *t, sp_err *err)
                   mb->replays, mb->captures, mb->eager, upd);
     }
     return 0;
+}
+
+/* The watchdog's deadline for the validation before the first step and
+ * for the first step. On CUDA these pay one-time costs that the host waits
+ * for, unevenly over the ranks: NCCL connects its channels on the first
+ * collective that uses them, cuDNN and cuBLASLt plan on first use. They get
+ * at least FIRST_STEP_TIMEOUT_S; every later step comm.timeout_s. */
+enum { FIRST_STEP_TIMEOUT_S = 300 };
+
+static double first_step_timeout(const trainer_t *t)
+{
+    double timeout = t->cfg->comm_timeout_s;
+    if (t->be && strcmp(t->be->name, "cuda") == 0 && timeout < FIRST_STEP_TIMEOUT_S)
+        return FIRST_STEP_TIMEOUT_S;
+    return timeout;
+}
+
+/* Collective, before the first step: whether a validation is owed at the
+ * start. A fresh run's is the starting point of the curve; a resumed one
+ * owes the validation of its checkpoint's step when it was due there and
+ * metrics.jsonl lacks it (a stop gave it up). Rank 0 decides. */
+static int validation_owed(trainer_t *t, int *owed, sp_err *err)
+{
+    const config_t *c = t->cfg;
+    int32_t v = 0;
+    if (t->rank == 0 && t->has_val) {
+        int due = (c->val_every > 0 && t->p.step % c->val_every == 0) || t->p.step == c->steps;
+        v = !t->resumed || (t->p.step > 0 && due &&
+                            !metrics_has_val(&t->metrics, c->run_dir, t->p.step));
+    }
+    if (comm_allreduce(t->comm, &v, 1, COMM_I32, COMM_MAX, err))
+        return err->code;
+    *owed = v != 0;
+    return 0;
+}
+
+/* The validation owed before the first step; a stop that gives it up ends
+ * the run as a stop before training (nothing was trained since the
+ * newest checkpoint). */
+static int validate_first(trainer_t *t, sp_err *err)
+{
+    int owed = 0, given_up = 0;
+    if (validation_owed(t, &owed, err) || !owed || run_validation(t, &given_up, err))
+        return err->code;
+    return given_up ? stop_before_training(t, "during the first validation", err) : 0;
 }
 
 int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err)
@@ -684,9 +843,9 @@ int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err
         rc = setup(&t, err);
     if (!rc)
         rc = stop_before_training(&t, "before the first step", err);
-    comm_set_timeout(comm, timeout);
-    if (!rc && t.has_val && !t.resumed)
-        rc = run_validation(&t, err); /* the starting point of the curve */
+    comm_set_timeout(comm, first_step_timeout(&t));
+    if (!rc)
+        rc = validate_first(&t, err);
     if (!rc)
         rc = train_loop(&t, err);
     if (!rc)

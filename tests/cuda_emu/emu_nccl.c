@@ -23,7 +23,8 @@
  * communicator's asynchronous error (ncclRemoteError) with a message.
  * A collective on a stream being captured is refused (ncclInvalidUsage):
  * unlike NCCL this cannot be recorded into a graph. SPOTUNE_NCCL_EMU_STALL=
- * R:N stops rank R, alive, in its N-th collective (a hung GPU).
+ * R:N stops rank R, alive, in its N-th collective (a hung GPU); R:N:S
+ * holds it there S seconds only (a slow first connection).
  *
  * Not emulated: anything NCCL does on a network or between hosts, timing
  * and overlap with compute, ring or tree summation orders. */
@@ -543,14 +544,23 @@ static unsigned char *slot(ncclComm *c, int rank, int piece)
  * all meet, each takes what it receives, all meet again. */
 /* SPOTUNE_NCCL_EMU_STALL=R:N: rank R's N-th collective run (from 1) never
  * returns: the rank stays alive and stuck, as one whose GPU hung, which
- * the launcher cannot see (the others' watchdogs must end the job). */
+ * the launcher cannot see (the others' watchdogs must end the job).
+ * R:N:S: it returns after S seconds (NCCL connecting slowly). */
 static void stall_if_asked(const ncclComm *c)
 {
     static int runs;
     const char *e = getenv("SPOTUNE_NCCL_EMU_STALL");
-    int r, n;
-    if (!e || sscanf(e, "%d:%d", &r, &n) != 2 || r != c->rank || ++runs != n)
+    int r, n, secs = -1;
+    if (!e || sscanf(e, "%d:%d:%d", &r, &n, &secs) < 2 || r != c->rank || ++runs != n)
         return;
+    if (secs >= 0) {
+        fprintf(stderr, "nccl-emu: rank %d holds its collective %d for %d s "
+                        "(SPOTUNE_NCCL_EMU_STALL)\n", r, n, secs);
+        struct timespec ts = {secs, 0};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        return;
+    }
     fprintf(stderr, "nccl-emu: rank %d stalls in its collective %d (SPOTUNE_NCCL_EMU_STALL)\n",
             r, n);
     for (;;)
