@@ -605,6 +605,7 @@ static void trainer_free(trainer_t *t)
     free(t->inputs);
     free(t->targets);
     free(t->sample_ids);
+    free(t->sample_at);
     free(t->pos);
     free(t->seg);
     run_lock_release(t->lock);
