@@ -239,6 +239,7 @@ typedef struct list_page {
     size_t strip;     /* length of "prefix/" to remove from keys */
     int truncated;
     char *token;
+    char *last; /* the page's last key, whole (start-after) */
 } list_page;
 
 static int page_entry(list_page *p, const xmlNode *contents)
@@ -246,7 +247,11 @@ static int page_entry(list_page *p, const xmlNode *contents)
     char *key = s3_xml_text(s3_xml_node(contents->children, "Key"));
     char *size = s3_xml_text(s3_xml_node(contents->children, "Size"));
     int rc = 0;
-    if (!key)
+    if (key) {
+        free(p->last);
+        p->last = strdup(key);
+    }
+    if (!key || !p->last)
         rc = -1;
     else if (strlen(key) > p->strip) /* skip the prefix itself, if it is an object */
         rc = store_list_add(p->out, &p->cap, key + p->strip, size ? strtoull(size, NULL, 10) : 0);
@@ -281,15 +286,38 @@ static int parse_page(list_page *p, const membuf *body)
     return rc;
 }
 
-static char *list_query(const char *token, const char *enc_prefix)
+/* libcurl 8.14 to 8.18 sign a '+' of a query as a space (%20) while the
+ * request carries %2B (curl issue 20543, fixed in 8.19): the store answers
+ * SignatureDoesNotMatch. Their continuation tokens (base64) mostly hold one. */
+static int sigv4_plus_broken(void)
 {
-    if (!token)
+    const curl_version_info_data *v = curl_version_info(CURLVERSION_NOW);
+    return v && v->version_num >= 0x080e00 && v->version_num < 0x081300;
+}
+
+/* The next page's query: after the continuation token, or after the last
+ * key listed (start-after, which ListObjectsV2 takes too) where the token
+ * would be mis-signed or SPOTUNE_S3_LIST=start-after asks. */
+static char *list_query(const list_page *p, int start_after, const char *enc_prefix)
+{
+    if (!p->token && !(start_after && p->last))
         return sp_strf("list-type=2&prefix=%s", enc_prefix);
-    char *t = s3_uri_encode(token, 0);
-    char *q = t ? sp_strf("continuation-token=%s&list-type=2&prefix=%s", t, enc_prefix)
-                : NULL;
+    char *t = s3_uri_encode(start_after ? p->last : p->token, 0);
+    char *q = !t ? NULL
+              : start_after ? sp_strf("list-type=2&prefix=%s&start-after=%s", enc_prefix, t)
+                            : sp_strf("continuation-token=%s&list-type=2&prefix=%s", t,
+                                      enc_prefix);
     free(t);
     return q;
+}
+
+/* SPOTUNE_S3_LIST: "auto" (unset), "token" or "start-after"; -1 for
+ * anything else. */
+static int list_mode(void)
+{
+    const char *m = s3_env("SPOTUNE_S3_LIST");
+    return !m || !strcmp(m, "auto") ? 0 : !strcmp(m, "token") ? 1 : !strcmp(m, "start-after") ? 2
+                                                                                               : -1;
 }
 
 static int s3_list(store_t *s, const char *prefix, store_listing *out, store_cancel c, sp_err *err)
@@ -297,11 +325,22 @@ static int s3_list(store_t *s, const char *prefix, store_listing *out, store_can
     s3_backend *b = s->impl;
     char *fp = b->prefix[0] ? sp_strf("%s/%s", b->prefix, prefix) : strdup(prefix);
     char *enc = fp ? s3_uri_encode(fp, 0) : NULL;
-    list_page p = {out, 0, b->prefix[0] ? strlen(b->prefix) + 1 : 0, 0, NULL};
+    list_page p = {out, 0, b->prefix[0] ? strlen(b->prefix) + 1 : 0, 0, NULL, NULL};
+    int mode = list_mode(), broken = mode == 0 && sigv4_plus_broken(), start_after = mode == 2;
     int rc = enc ? 0 : store_fail(s, err, STORE_EFAIL, prefix, "LIST failed: out of memory");
+    if (!rc && mode < 0)
+        rc = store_fail(s, err, STORE_EUSAGE, prefix,
+                        "SPOTUNE_S3_LIST=%s: expected auto, token or start-after",
+                        s3_env("SPOTUNE_S3_LIST"));
+    if (!rc && broken && strchr(fp, '+'))
+        rc = store_fail(s, err, STORE_EUSAGE, prefix,
+                        "libcurl %s signs a '+' in a query wrongly (fixed in 8.19), so the "
+                        "store would refuse this listing: choose a checkpoint.remote prefix "
+                        "without '+', or run with another libcurl",
+                        curl_version_info(CURLVERSION_NOW)->version);
     do {
         membuf body = {0};
-        char *q = rc ? NULL : list_query(p.token, enc);
+        char *q = rc ? NULL : list_query(&p, start_after, enc);
         s3_req r = {.method = "GET", .what = "ListObjectsV2", .query = q, .out = &body, .fd = -1};
         if (!rc && !q)
             rc = store_fail(s, err, STORE_EFAIL, prefix, "LIST failed: out of memory");
@@ -309,14 +348,24 @@ static int s3_list(store_t *s, const char *prefix, store_listing *out, store_can
             rc = s3_call(s, &r, c, err);
         if (!rc && parse_page(&p, &body))
             rc = store_fail(s, err, STORE_EFAIL, prefix, "ListObjectsV2: unreadable answer");
-        if (!rc && p.truncated && !p.token)
+        if (!rc && p.truncated && !p.token && !p.last)
             rc = store_fail(s, err, STORE_EFAIL, prefix,
                             "ListObjectsV2: truncated page without a continuation token");
+        if (!rc && p.truncated && (!p.token || (broken && strchr(p.token, '+'))))
+            start_after = 1;
+        if (!rc && p.truncated && start_after && !p.last)
+            rc = store_fail(s, err, STORE_EFAIL, prefix, "ListObjectsV2: truncated empty page");
+        if (!rc && p.truncated && start_after && broken && strchr(p.last, '+'))
+            rc = store_fail(s, err, STORE_EUSAGE, prefix,
+                            "libcurl %s signs a '+' in a query wrongly (fixed in 8.19): the "
+                            "listing cannot go on after %s",
+                            curl_version_info(CURLVERSION_NOW)->version, p.last);
         s3_req_free(&r);
         membuf_free(&body);
         free(q);
     } while (!rc && p.truncated);
     free(p.token);
+    free(p.last);
     free(fp);
     free(enc);
     return rc;
