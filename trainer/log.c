@@ -107,6 +107,8 @@ int metrics_has_val(metrics_t *m, const char *run_dir, int64_t step)
     size_t cap = 0;
     int found = 0;
     while (f && !found && getline(&line, &cap, f) > 0) {
+        if (!strstr(line, "\"val\"")) /* a long run's file: most lines are steps */
+            continue;
         json_t *o = json_loads(line, 0, NULL);
         const char *ev = json_string_value(json_object_get(o, "event"));
         json_t *st = json_object_get(o, "step");
