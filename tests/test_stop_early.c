@@ -18,7 +18,7 @@
 
 TestSuite(stop_early, .init = resume_setup, .fini = resume_teardown, .timeout = 900);
 
-enum { STEPS = 4 };
+enum { STEPS = 3 };
 
 /* The step named given up in a log, and after how many of its
  * micro-batches; 0 when the stop came at a boundary instead. */
@@ -80,15 +80,15 @@ static void expect_same_losses(const char *a, const char *b)
         cr_expect_eq(la[i], lb[i], "step %d: %.17g vs %.17g", i + 1, la[i], lb[i]);
 }
 
-/* One rank, LoRA with dropout: 80 micro-batches a step, SIGUSR1 within
- * step 3 (or so). The step is given up after fewer than its 80; the
+/* One rank, LoRA with dropout: 40 micro-batches a step, SIGUSR1 within
+ * step 3 (or so). The step is given up after fewer than its 40; the
  * resumed run ends with the uninterrupted one's losses and adapter, bit
  * for bit, and the sample audit holds each step's windows once. */
 Test(stop_early, a_stop_between_micro_batches_gives_up_the_step)
 {
     char extra[512];
     snprintf(extra, sizeof extra,
-             "--set train.steps=%d --set train.micro_batch=1 --set train.grad_accum=80 "
+             "--set train.steps=%d --set train.micro_batch=1 --set train.grad_accum=40 "
              "--set log.samples=true",
              STEPS);
     char *out = NULL;
@@ -97,7 +97,7 @@ Test(stop_early, a_stop_between_micro_batches_gives_up_the_step)
     int step = 0, done = 0, of = 0;
     char *text = stop_in_step(NULL, "cut", extra, SIGUSR1, -1, &step, &done, &of);
     cr_expect(tu_contains(text, "stop requested (SIGUSR1): step"), "%s", text);
-    cr_expect(of == 80 && done >= 1 && done < 80, "given up after %d of %d", done, of);
+    cr_expect(of == 40 && done >= 1 && done < 40, "given up after %d of %d", done, of);
     cr_assert(step >= 2 && step <= STEPS, "step %d given up", step);
     expect_stopped_before("cut", text, step);
     free(text);
@@ -105,7 +105,7 @@ Test(stop_early, a_stop_between_micro_batches_gives_up_the_step)
     sample_row *rows = calloc(MAX_ROWS, sizeof *rows);
     cr_assert(rows);
     int n = read_samples("cut", 0, rows, MAX_ROWS);
-    cr_expect_eq(n, (step - 1) * 80, "the stopped run audited %d windows for %d steps", n,
+    cr_expect_eq(n, (step - 1) * 40, "the stopped run audited %d windows for %d steps", n,
                  step - 1);
     for (int i = 0; i < n; i++)
         cr_expect_lt(rows[i].step, step, "the audit holds step %lld, which was given up",
@@ -123,7 +123,7 @@ Test(stop_early, a_stop_between_micro_batches_gives_up_the_step)
     free(a);
     free(b);
     n = read_samples("cut", 0, rows, MAX_ROWS);
-    expect_every_sample_once(rows, n, STEPS, 80);
+    expect_every_sample_once(rows, n, STEPS, 40);
     free(rows);
 }
 
@@ -137,7 +137,7 @@ Test(stop_early, two_ranks_give_up_the_step_one_of_them_was_signalled_in)
     char extra[512];
     snprintf(extra, sizeof extra,
              "--set train.mode=full --set train.lr=5e-4 --set train.steps=%d "
-             "--set train.micro_batch=1 --set train.grad_accum=40",
+             "--set train.micro_batch=1 --set train.grad_accum=20",
              STEPS);
     char prefix[2048], *out = NULL;
     snprintf(prefix, sizeof prefix, "%s", tu_mpirun(2));
@@ -147,7 +147,7 @@ Test(stop_early, two_ranks_give_up_the_step_one_of_them_was_signalled_in)
     int step = 0, done = 0, of = 0;
     char *text = stop_in_step(prefix, "cut2", extra, SIGTERM, 1, &step, &done, &of);
     cr_expect(tu_contains(text, "stop requested (another rank): step"), "%s", text);
-    cr_expect(of == 40 && done >= 1 && done < 40, "given up after %d of %d", done, of);
+    cr_expect(of == 20 && done >= 1 && done < 20, "given up after %d of %d", done, of);
     expect_stopped_before("cut2", text, step);
     free(text);
     cr_assert_eq(run(prefix, "cut2", extra, &out), 0, "%s", out);
@@ -173,17 +173,17 @@ static int read_vals(const char *name, long long *steps, double *losses, int max
     return n;
 }
 
-/* SIGUSR1 as step 2's validation starts (2000 windows: a second or more): it is
- * given up, the stop checkpoint is step 2, and metrics.jsonl has no
- * validation of step 2 yet; the resumed run runs it before step 3, so the
- * finished curve has the uninterrupted run's validations (steps 0, 2, 4),
+/* SIGUSR1 as step 2's validation starts (1000 windows): it is given up,
+ * the stop checkpoint is step 2, and metrics.jsonl has no validation of
+ * step 2 yet; the resumed run runs it before step 3, so the
+ * finished curve has the uninterrupted run's validations (steps 0, 2, 3),
  * each once and bit for bit. */
 Test(stop_early, a_validation_given_up_is_run_first_on_resume)
 {
     char extra[4096];
     snprintf(extra, sizeof extra,
              "--set train.steps=%d --set train.grad_accum=1 --set data.val=%s/data.train.h5 "
-             "--set data.val_every=2 --set data.val_windows=2000",
+             "--set data.val_every=2 --set data.val_windows=1000",
              STEPS, dir);
     char *out = NULL;
     cr_assert_eq(run(NULL, "vwhole", extra, &out), 0, "%s", out);
