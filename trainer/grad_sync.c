@@ -297,16 +297,13 @@ int grad_sync_finish(grad_sync_t *g, sp_err *err)
 
 int grad_sync_abandon(grad_sync_t *g, sp_err *err)
 {
-    model_t *m = g->m;
-    m->grads_ready = NULL;
-    if (g->err.code)
-        return sp_fail(err, g->err.code, "%s", g->err.msg);
-    if (m->shard_grads)
-        return shard_finish(g, err);
+    if (g->m->shard_grads) /* the reductions in flight waited for, as at a step's end */
+        return finish(g, err);
+    g->m->grads_ready = NULL;
     /* unsharded, the buckets go only during the step's last micro-batch */
-    if (g->launched)
+    if (!g->err.code && g->launched)
         return sp_fail(err, SP_EXIT_OTHER, "a step given up after its last micro-batch");
-    return 0;
+    return g->err.code ? sp_fail(err, g->err.code, "%s", g->err.msg) : 0;
 }
 
 int grad_sync(model_t *m, comm_t *comm, double bucket_mb, sp_err *err)

@@ -22,33 +22,7 @@
 #include "model_io.h"
 #include "optim.h"
 #include "signals.h"
-
-typedef struct trainer {
-    const config_t *cfg;
-    comm_t *comm;
-    int rank, world;
-    FILE *out; /* stdout on rank 0, NULL elsewhere */
-    backend_t *be;
-    model_config_t mc;
-    model_t *m;
-    dataset_t train, val;
-    int has_val;
-    metrics_t metrics;
-    int64_t T, mb, ga, global_batch;
-    int32_t *inputs, *targets;
-    int32_t *pos, *seg; /* packed documents (data.packing), else NULL */
-    uint64_t *sample_ids;
-    uint64_t *sample_at; /* log.samples: each slot's epoch and window, written once trained */
-    ckpt_ctl *ck;
-    run_lock *lock; /* rank 0: this job holds run.dir */
-    FILE *samples; /* log.samples audit, or NULL */
-    const char *resume;
-    int resumed;
-    train_progress p;
-    double steps_time_s;
-    int64_t steps_timed, steps_run;
-    int graphs_noted; /* runtime.cuda_graphs turned off: said once */
-} trainer_t;
+#include "train_internal.h"
 
 static int mkdir_p(const char *dir, sp_err *err)
 {
@@ -153,37 +127,6 @@ static int check_memory(trainer_t *t, const model_opts *o, sp_err *err)
     return 0;
 }
 
-/* Collective: whether any rank has received a stop signal (*stop). Between
- * micro-batches and validation batches too, so that a 30-second notice is
- * not spent finishing a long step or a validation; one rank alone needs no
- * collective. */
-static int stop_agreed(trainer_t *t, int *stop, sp_err *err)
-{
-    int32_t seen = signals_received() > 0;
-    if (t->world > 1 && comm_allreduce(t->comm, &seen, 1, COMM_I32, COMM_MAX, err))
-        return err->code;
-    *stop = seen != 0;
-    return 0;
-}
-
-/* Collective: a stop signal on any rank before the first step ends the run
- * here, before the (possibly long) work that comes next. Nothing has been
- * trained since the newest checkpoint, which is complete: exit 75, and the
- * same command resumes. */
-static int stop_before_training(trainer_t *t, const char *before, sp_err *err)
-{
-    int seen = 0;
-    if (stop_agreed(t, &seen, err))
-        return err->code;
-    if (!seen)
-        return 0;
-    return sp_fail(err, SP_EXIT_PREEMPTED,
-                   "stopped by %s before training started (%s); nothing was trained, so "
-                   "the newest checkpoint is complete: run the same command to resume",
-                   signals_received() ? signals_first_name() : "a signal to another rank",
-                   before);
-}
-
 /* lora.init_from on a fresh start: every rank reads the same adapter into its
  * LoRA weights (after ckpt_ctl_resume, which restored nothing); a resumed run
  * keeps the checkpoint's weights. */
@@ -242,9 +185,9 @@ static int setup_model(trainer_t *t, sp_err *err)
         o.shard_grads = c->shard_gradients;
     }
     if (check_memory(t, &o, err) || model_create(&t->m, t->be, &t->mc, &o, err) ||
-        stop_before_training(t, "before loading the model", err) ||
+        train_stop_before_training(t, "before loading the model", err) ||
         model_io_load_base(t->m, c->model_path, err) ||
-        stop_before_training(t, "after loading the model", err))
+        train_stop_before_training(t, "after loading the model", err))
         return err->code;
     if (t->out) { /* what the model's files hold that this model does not read */
         char names[1024];
@@ -425,7 +368,7 @@ static int run_step(trainer_t *t, step_report *rep, int64_t *given_up, sp_err *e
                 return err->code;
             }
             int stop = 0;
-            if (k < t->ga - 1 && stop_agreed(t, &stop, err)) {
+            if (k < t->ga - 1 && train_stop_agreed(t, &stop, err)) {
                 t->m->grads_ready = NULL;
                 return err->code;
             }
@@ -481,69 +424,6 @@ static int run_step(trainer_t *t, step_report *rep, int64_t *given_up, sp_err *e
                          .step_s = dt,
                          .tokens = trained,
                          .remote_behind = ckpt_ctl_remote_behind(t->ck)};
-    return 0;
-}
-
-/* The validation loss over the first data.val_windows windows of data.val
- * (rank r the windows r, r + world, ...), logged by rank 0. Every rank runs
- * the same number of batches (the last ones may be partial or empty) and
- * after each the ranks agree whether a stop signal came: if one did, the
- * validation is given up (*given_up = 1, nothing logged) so that the stop's
- * checkpoint is not kept waiting; the resumed run validates that step
- * first. */
-static int run_validation(trainer_t *t, int *given_up, sp_err *err)
-{
-    uint64_t nwin = t->val.n_windows < (uint64_t)t->cfg->val_windows
-                        ? t->val.n_windows
-                        : (uint64_t)t->cfg->val_windows;
-    uint64_t world = (uint64_t)t->world, mb = (uint64_t)t->mb;
-    uint64_t per_rank = (nwin + world - 1) / world, batches = (per_rank + mb - 1) / mb;
-    double sums[2] = {0.0, 0.0}; /* loss, tokens */
-    *given_up = 0;
-    for (uint64_t i = 0; i < batches; i++) {
-        if (stop_agreed(t, given_up, err))
-            return err->code;
-        if (*given_up) {
-            if (t->out)
-                log_event(t->out, &t->metrics, "info",
-                          "stop requested: the validation of step %lld is given up after %llu "
-                          "of %llu batches (the resumed run validates this step first)",
-                          (long long)t->p.step, (unsigned long long)i,
-                          (unsigned long long)batches);
-            return 0;
-        }
-        int64_t filled = 0;
-        for (uint64_t j = 0; j < mb; j++) {
-            uint64_t w = (uint64_t)t->rank + world * (i * mb + j);
-            if (w >= nwin)
-                break;
-            int64_t n = 0;
-            t->sample_ids[filled] = w;
-            if (dataset_read_window(&t->val, w, t->inputs + filled * t->T,
-                                    t->targets + filled * t->T,
-                                    t->pos ? t->pos + filled * t->T : NULL,
-                                    t->seg ? t->seg + filled * t->T : NULL, &n, err))
-                return err->code;
-            sums[1] += (double)n;
-            filled++;
-        }
-        if (filled > 0) {
-            model_batch b = {.inputs = t->inputs,
-                             .targets = t->targets,
-                             .sample_ids = t->sample_ids,
-                             .B = (int)filled,
-                             .T = (int)t->T,
-                             .pos = t->pos,
-                             .seg = t->seg};
-            if (model_evaluate(t->m, &b, &sums[0], err))
-                return err->code;
-        }
-    }
-    if (comm_allreduce(t->comm, sums, 2, COMM_F64, COMM_SUM, err))
-        return err->code;
-    if (t->out)
-        log_val(t->out, &t->metrics, t->p.step, sums[1] > 0 ? sums[0] / sums[1] : NAN,
-                (int64_t)sums[1]);
     return 0;
 }
 
@@ -668,46 +548,6 @@ static int setup(trainer_t *t, sp_err *err)
     return setup_model(t, err) || setup_data(t, err) ? err->code : 0;
 }
 
-/* The end of a run that ckpt_ctl_boundary told to stop (stop 1: a signal,
- * 2: a newer checkpoint in the store), its checkpoint committed: exit 75. */
-static int stopped(trainer_t *t, int stop, sp_err *err)
-{
-    if (stop == 2)
-        return sp_fail(err, SP_EXIT_PREEMPTED,
-                       "stopped after committing checkpoint step %lld: checkpoint.remote "
-                       "holds a newer checkpoint of this run (step %lld), which the start "
-                       "could not see; run the same command to resume from it",
-                       (long long)t->p.step, (long long)ckpt_ctl_newer_in_store(t->ck));
-    return sp_fail(err, SP_EXIT_PREEMPTED,
-                   "stopped by a signal after committing checkpoint step %lld; run the same "
-                   "command to resume",
-                   (long long)t->p.step);
-}
-
-/* A stop agreed within step p.step + 1 after `done` of its micro-batches:
- * the step was given up (run_step), so the stop's checkpoint is step
- * p.step's, written now unless this run resumed it or has written it. A
- * fresh run stopped in its first step has nothing to keep. */
-static int stop_within_step(trainer_t *t, int64_t done, sp_err *err)
-{
-    if (t->out)
-        log_event(t->out, &t->metrics, "info",
-                  "stop requested (%s): step %lld is given up after %lld of its %lld "
-                  "micro-batches; nothing of it was applied, and the resumed run trains it "
-                  "again",
-                  signals_received() ? signals_first_name() : "another rank",
-                  (long long)t->p.step + 1, (long long)done, (long long)t->ga);
-    if (t->p.step == 0 && !t->resumed)
-        return stop_before_training(t, "in the first step", err);
-    int stop = 0;
-    if (ckpt_ctl_boundary(t->ck, t->m, &t->p, 0, &stop, err))
-        return err->code;
-    if (!stop) /* the signal is still received: the boundary cannot miss it */
-        return sp_fail(err, SP_EXIT_OTHER, "step %lld was given up for a stop that did not come",
-                       (long long)t->p.step + 1);
-    return stopped(t, stop, err);
-}
-
 /* Returns 0 when the last step is done, SP_EXIT_PREEMPTED after a stop
  * signal and its checkpoint, or an error. */
 static int train_loop(trainer_t *t, sp_err *err)
@@ -737,7 +577,7 @@ static int train_loop(trainer_t *t, sp_err *err)
         if (run_step(t, &rep, &given_up, err))
             return err->code;
         if (given_up)
-            return stop_within_step(t, given_up, err);
+            return train_stop_within_step(t, given_up, err);
         if (t->steps_run == 1)
             comm_set_timeout(t->comm, c->comm_timeout_s);
         if (c->cuda_graphs && t->m->graph_off[0] && !t->graphs_noted && t->rank == 0) {
@@ -752,12 +592,12 @@ static int train_loop(trainer_t *t, sp_err *err)
         int val_due = t->has_val && ((c->val_every > 0 && t->p.step % c->val_every == 0) ||
                                      t->p.step == c->steps);
         int val_given_up = 0; /* a stop: the boundary sees it and checkpoints */
-        if (val_due && run_validation(t, &val_given_up, err))
+        if (val_due && train_run_validation(t, &val_given_up, err))
             return err->code;
         if (ckpt_ctl_boundary(t->ck, t->m, &t->p, t->p.step == c->steps, &stop, err))
             return err->code;
         if (stop)
-            return stopped(t, stop, err);
+            return train_stopped(t, stop, err);
     }
     if (c->cuda_graphs && t->rank == 0) {
         const model_graph_count *mb = &t->m->graph_mb, *up = &t->m->graph_upd;
@@ -790,36 +630,6 @@ static double first_step_timeout(const trainer_t *t)
     return timeout;
 }
 
-/* Collective, before the first step: whether a validation is owed at the
- * start. A fresh run's is the starting point of the curve; a resumed one
- * owes the validation of its checkpoint's step when it was due there and
- * metrics.jsonl lacks it (a stop gave it up). Rank 0 decides. */
-static int validation_owed(trainer_t *t, int *owed, sp_err *err)
-{
-    const config_t *c = t->cfg;
-    int32_t v = 0;
-    if (t->rank == 0 && t->has_val) {
-        int due = (c->val_every > 0 && t->p.step % c->val_every == 0) || t->p.step == c->steps;
-        v = !t->resumed || (t->p.step > 0 && due &&
-                            !metrics_has_val(&t->metrics, c->run_dir, t->p.step));
-    }
-    if (comm_allreduce(t->comm, &v, 1, COMM_I32, COMM_MAX, err))
-        return err->code;
-    *owed = v != 0;
-    return 0;
-}
-
-/* The validation owed before the first step; a stop that gives it up ends
- * the run as a stop before training (nothing was trained since the
- * newest checkpoint). */
-static int validate_first(trainer_t *t, sp_err *err)
-{
-    int owed = 0, given_up = 0;
-    if (validation_owed(t, &owed, err) || !owed || run_validation(t, &given_up, err))
-        return err->code;
-    return given_up ? stop_before_training(t, "during the first validation", err) : 0;
-}
-
 int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err)
 {
     trainer_t t;
@@ -839,14 +649,14 @@ int train_run(const config_t *cfg, comm_t *comm, const char *resume, sp_err *err
      * ranks much longer than others: the watchdog waits longer meanwhile */
     double timeout = cfg->comm_timeout_s;
     comm_set_timeout(comm, timeout > 3600.0 ? timeout : 3600.0);
-    int rc = stop_before_training(&t, "at start-up", err);
+    int rc = train_stop_before_training(&t, "at start-up", err);
     if (!rc)
         rc = setup(&t, err);
     if (!rc)
-        rc = stop_before_training(&t, "before the first step", err);
+        rc = train_stop_before_training(&t, "before the first step", err);
     comm_set_timeout(comm, first_step_timeout(&t));
     if (!rc)
-        rc = validate_first(&t, err);
+        rc = train_validate_first(&t, err);
     if (!rc)
         rc = train_loop(&t, err);
     if (!rc)
