@@ -17,6 +17,9 @@
 
 /* How long the end of a job waits for the lease to be deleted. */
 #define RELEASE_WAIT_S 3
+/* How many times the start of a job reads and writes the lease again when
+ * another job wrote it in between. */
+#define LEASE_RACES 8
 
 /* ---- who this job is ----------------------------------------------------------- */
 
@@ -176,13 +179,16 @@ static const char *str_field(json_t *j, const char *k)
 }
 
 /* 1: a lease was read into *info; 0: none (or not one this program wrote);
- * < 0: a store error (err). */
-static int lease_read(store_t *st, lease_info *info, sp_err *err)
+ * < 0: a store error (err). tag (NULL, or STORE_TAG_MAX bytes) receives the
+ * object's version tag ("" when there is none), for a write that replaces
+ * only what was read. */
+static int lease_read(store_t *st, lease_info *info, char *tag, sp_err *err)
 {
     void *data = NULL;
     size_t n = 0;
     memset(info, 0, sizeof *info);
-    int rc = store_get_bytes(st, LEASE_KEY, &data, &n, err);
+    int rc = tag ? store_get_bytes_tag(st, LEASE_KEY, &data, &n, tag, err)
+                 : store_get_bytes(st, LEASE_KEY, &data, &n, err);
     if (rc == STORE_ENOENT) {
         sp_err_clear(err);
         return 0;
@@ -207,7 +213,9 @@ static int lease_read(store_t *st, lease_info *info, sp_err *err)
     return 1;
 }
 
-static int lease_write(lease_t *l, sp_err *err)
+/* Writes this job's lease over the one read with version tag ("": none
+ * there): STORE_EEXIST when another job wrote or deleted it since. */
+static int lease_write(lease_t *l, const char *tag, sp_err *err)
 {
     json_t *j = json_pack("{s:s, s:I, s:s, s:s, s:f, s:f, s:f}", "host", l->me.host, "pid",
                           (json_int_t)l->me.pid, "job", l->me.job, "run_dir", l->run_dir,
@@ -219,7 +227,7 @@ static int lease_write(lease_t *l, sp_err *err)
         sp_fail(err, SP_EXIT_OTHER, "out of memory");
         return STORE_EFAIL;
     }
-    int rc = store_put_bytes(l->st, LEASE_KEY, text, strlen(text), 0, err);
+    int rc = store_put_bytes_if(l->st, LEASE_KEY, text, strlen(text), tag, err);
     free(text);
     return rc;
 }
@@ -260,20 +268,23 @@ static int refuse_store(lease_t *l, const sp_err *e, sp_err *err)
 
 /* The renewal thread: every ttl/3 (every 2 s while the store has not been
  * reached), reads the lease and, while it is still this job's (or free),
- * writes it again. Another job's lease found there means this job lost it. */
+ * writes it again, replacing only what it read. Another job's lease found
+ * there means this job lost it; one written between the read and the write
+ * is read again at once. */
 static void *renew_main(void *arg)
 {
     lease_t *l = arg;
     sp_name_thread("lease-renew");
+    int again = 0; /* the last write found the lease changed since its read */
     pthread_mutex_lock(&l->mu);
     while (!l->stop && !l->lost) {
-        double every = l->written ? l->o.ttl_s / 3.0 : 2.0;
+        double every = again ? 0.0 : l->written ? l->o.ttl_s / 3.0 : 2.0;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         double until = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + every;
         ts.tv_sec = (time_t)until;
         ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
-        while (!l->stop && pthread_cond_timedwait(&l->cv, &l->mu, &ts) != ETIMEDOUT)
+        while (!again && !l->stop && pthread_cond_timedwait(&l->cv, &l->mu, &ts) != ETIMEDOUT)
             ;
         if (l->stop)
             break;
@@ -281,7 +292,9 @@ static void *renew_main(void *arg)
         lease_info in;
         sp_err e = {0};
         double age = 0;
-        int rc = lease_read(l->st, &in, &e), lost = 0, wrote = 0;
+        char tag[STORE_TAG_MAX];
+        int rc = lease_read(l->st, &in, tag, &e), lost = 0, wrote = 0;
+        again = 0;
         holder_state h = rc == 1 ? judge(l, &in, &age) : HOLDER_NONE;
         /* another job's lease: live, or (once this job had written its own)
          * any, since it was written over this job's */
@@ -294,7 +307,9 @@ static void *renew_main(void *arg)
                     store_url(l->st), LEASE_KEY, who);
             lost = 1;
         } else if (rc >= 0) {
-            wrote = lease_write(l, &e) == 0;
+            int w = lease_write(l, tag, &e);
+            wrote = w == 0;
+            again = w == STORE_EEXIST;
         }
         pthread_mutex_lock(&l->mu);
         if (lost) {
@@ -309,7 +324,7 @@ static void *renew_main(void *arg)
         lease_info in;
         sp_err e = {0};
         double age;
-        if (lease_read(l->st, &in, &e) == 1 && judge(l, &in, &age) == HOLDER_ME)
+        if (lease_read(l->st, &in, NULL, &e) == 1 && judge(l, &in, &age) == HOLDER_ME)
             store_delete(l->st, LEASE_KEY, &e);
     }
     pthread_mutex_lock(&l->mu);
@@ -328,16 +343,18 @@ static void lease_free(lease_t *l)
     free(l);
 }
 
-/* Reads the lease until it is free, this job's, ended or expired (1), the
- * store cannot be reached (0), or it fails (< 0: err set). */
-static int wait_for_lease(lease_t *l, char *note, size_t n, sp_err *err)
+/* Reads the lease until it is free, this job's, ended or expired (1: tag
+ * receives the version read, "" for none), the store cannot be reached (0),
+ * or it fails (< 0: err set). */
+static int wait_for_lease(lease_t *l, char *tag, char *note, size_t n, sp_err *err)
 {
     double t0 = sp_now();
+    note[0] = 0;
     for (;;) {
         lease_info in;
         double age = 0;
         sp_err e = {0};
-        int rc = lease_read(l->st, &in, &e);
+        int rc = lease_read(l->st, &in, tag, &e);
         if (rc < 0 && fatal_store_error(rc)) {
             refuse_store(l, &e, err);
             return -1;
@@ -393,20 +410,37 @@ int lease_acquire(lease_t **out, store_t *st, const lease_opts *o, int *connecte
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, &ca);
     pthread_condattr_destroy(&ca);
-    int free_ = wait_for_lease(l, note, n, err);
-    if (free_ < 0) {
-        lease_free(l);
-        return err->code;
-    }
-    if (free_ > 0) {
+    /* Another job that writes the lease between this job's read and write
+     * makes the write fail (where the store checks the condition): the lease
+     * is read and judged again, as any other job's. */
+    for (int tries = 0;; tries++) {
+        char tag[STORE_TAG_MAX];
+        int free_ = wait_for_lease(l, tag, note, n, err);
+        if (free_ < 0) {
+            lease_free(l);
+            return err->code;
+        }
+        if (free_ == 0)
+            break;
         sp_err e = {0};
-        int rc = lease_write(l, &e);
+        int rc = lease_write(l, tag, &e);
+        if (rc == STORE_EEXIST && tries < LEASE_RACES)
+            continue;
+        if (rc == STORE_EEXIST) {
+            sp_fail(err, SP_EXIT_USAGE,
+                    "%s/%s changed each of the %d times this job wrote it: other jobs are "
+                    "starting on this prefix",
+                    store_url(l->st), LEASE_KEY, LEASE_RACES + 1);
+            lease_free(l);
+            return err->code;
+        }
         if (rc && fatal_store_error(rc)) {
             refuse_store(l, &e, err);
             lease_free(l);
             return err->code;
         }
         l->written = rc == 0;
+        break;
     }
     if (pthread_create(&l->thread, NULL, renew_main, l) != 0) {
         lease_free(l);
@@ -478,7 +512,7 @@ int lease_check(store_t *st, const char *job, sp_err *why)
 {
     lease_info in;
     sp_err e = {0};
-    int rc = lease_read(st, &in, &e);
+    int rc = lease_read(st, &in, NULL, &e);
     if (rc == 1 && strcmp(in.id.job, job) == 0)
         return 1;
     if (rc < 0)

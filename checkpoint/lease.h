@@ -14,7 +14,11 @@
  * a thread of its own, and deletes it at the end. A lease not renewed for its
  * time to live (by the clock of the machine that reads it) is expired; one of
  * a process on this host that no longer exists is stale: both are taken over
- * with a note. Writing it at start is also the probe of the store: a store
+ * with a note. Each write replaces only the lease as it was read
+ * (store_put_bytes_if: If-None-Match or If-Match on S3): a job that finds it
+ * written by another job in between reads and judges it again, so jobs that
+ * race for the prefix end with one holder, and a renewal never writes over a
+ * takeover. Writing it at start is also the probe of the store: a store
  * that refuses the credentials (401/403) or has no such bucket fails the
  * acquisition at once (STORE_EAUTH, STORE_ENOBUCKET); one that does not answer
  * is retried by the renewal thread while the job goes on.

@@ -365,7 +365,32 @@ int store_get_bytes(store_t *s, const char *key, void **data, size_t *n, sp_err 
     *data = NULL;
     *n = 0;
     int rc = store_check_key(s, key, 0, err);
-    return rc ? rc : s->ops->get_bytes(s, key, data, n, NULL, err);
+    return rc ? rc : s->ops->get_bytes(s, key, data, n, NULL, NULL, err);
+}
+
+int store_get_bytes_tag(store_t *s, const char *key, void **data, size_t *n, char *tag,
+                        sp_err *err)
+{
+    *data = NULL;
+    *n = 0;
+    tag[0] = 0;
+    int rc = store_check_key(s, key, 0, err);
+    return rc ? rc : s->ops->get_bytes(s, key, data, n, tag, NULL, err);
+}
+
+int store_put_bytes_if(store_t *s, const char *key, const void *data, size_t n, const char *tag,
+                       sp_err *err)
+{
+    int rc = store_check_key(s, key, 0, err);
+    if (rc)
+        return rc;
+    if (n > s->opts.part_bytes)
+        return store_fail(s, err, STORE_EUSAGE, key,
+                          "a conditional put takes at most %zu bytes, not %zu",
+                          s->opts.part_bytes, n);
+    if (strlen(tag) >= STORE_TAG_MAX)
+        return store_fail(s, err, STORE_EUSAGE, key, "a version tag of %zu bytes", strlen(tag));
+    return s->ops->put_bytes_if(s, key, data, n, tag, NULL, err);
 }
 
 int store_get_range(store_t *s, const char *key, uint64_t off, size_t n, void *dst, sp_err *err)

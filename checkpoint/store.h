@@ -112,6 +112,25 @@ int store_put_file(store_t *s, const char *key, const char *local_path, int if_n
 int store_put_bytes(store_t *s, const char *key, const void *data, size_t n, int if_none_match,
                     sp_err *err);
 
+/* Compare-and-swap on a small object (at most part_bytes), for an object
+ * that several jobs may race to write (the lease): store_get_bytes_tag reads
+ * it as store_get_bytes does, plus its version tag (tag: STORE_TAG_MAX bytes;
+ * the ETag on s3://, the file's inode, time and size on file://);
+ * store_put_bytes_if writes it only while it is as read: tag "" when it must
+ * not exist, else the tag read. STORE_EEXIST when it is not (another writer
+ * came first, or it was deleted); read it again to see who. s3:// sends
+ * If-None-Match: * or If-Match: TAG (AWS S3, R2 and MinIO make that atomic);
+ * a store that answers 501 NotImplemented to If-Match is remembered and then
+ * checked with a HEAD before a plain PUT, which is not atomic against a
+ * concurrent writer. file:// checks and renames under an exclusive lock on
+ * the object's directory (flock), and falls back the same way where the
+ * directory cannot be locked (some network file systems). */
+#define STORE_TAG_MAX 160
+int store_get_bytes_tag(store_t *s, const char *key, void **data, size_t *n, char *tag,
+                        sp_err *err);
+int store_put_bytes_if(store_t *s, const char *key, const void *data, size_t n, const char *tag,
+                       sp_err *err);
+
 /* Downloads into local_path through a temporary file in the same directory,
  * fsync'ed and renamed into place (an existing file is replaced). Large objects
  * are fetched as parallel ranged GETs pinned to one ETag. */

@@ -105,7 +105,7 @@ static int remote_manifest(store_t *s, const char *mkey, const void *data, size_
     void *remote = NULL;
     size_t rn = 0;
     sp_err e1 = {0};
-    int rc = s->ops->get_bytes(s, mkey, &remote, &rn, c, &e1);
+    int rc = s->ops->get_bytes(s, mkey, &remote, &rn, NULL, c, &e1);
     if (rc == STORE_ENOENT)
         return 0;
     if (rc) {

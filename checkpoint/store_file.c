@@ -2,7 +2,8 @@
  * and the local-file routines every backend uses: objects are files under the
  * root; a put writes a temporary file beside the target, fsyncs it, then
  * renames it into place (or links it, so that if_none_match never replaces an
- * existing object) and fsyncs the directory. Listing walks the tree and skips
+ * existing object) and fsyncs the directory; a compare-and-swap put does so
+ * under a flock of the directory. Listing walks the tree and skips
  * temporary files. Holds no state but the root path, so it is thread-safe. */
 #define _GNU_SOURCE
 #include "checkpoint/store_impl.h"
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +26,8 @@ typedef struct fstore {
 } fstore;
 
 /* ---- local files (shared by all backends) ----------------------------------- */
+
+static int local_read_tag(const char *path, void **data, size_t *n, char *tag);
 
 int store_local_mkdirs(const char *dir)
 {
@@ -142,11 +146,37 @@ int store_local_publish(int fd, const char *tmp_path, const char *path, int nore
     return fsync_parent(path);
 }
 
+/* A file's version tag (STORE_TAG_MAX bytes): a put renames a new file into
+ * place, so its inode and time change with each (not its ctime, which the
+ * unlink after a link changes). */
+static int local_tag(int fd, char *tag)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return errno;
+    snprintf(tag, STORE_TAG_MAX, "%llx-%llx-%llx-%lld.%09ld", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino, (unsigned long long)st.st_size,
+             (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    return 0;
+}
+
 int store_local_read(const char *path, void **data, size_t *n)
+{
+    return local_read_tag(path, data, n, NULL);
+}
+
+static int local_read_tag(const char *path, void **data, size_t *n, char *tag)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return errno;
+    if (tag) {
+        int e = local_tag(fd, tag);
+        if (e) {
+            close(fd);
+            return e;
+        }
+    }
     membuf b = {0};
     char buf[65536];
     int rc = 0;
@@ -332,6 +362,40 @@ static int f_put_bytes(store_t *s, const char *key, const void *data, size_t n, 
     return e ? io_fail(s, err, STORE_EFAIL, key, "put", e) : 0;
 }
 
+/* Compare-and-swap: tag "" links into place (never replaces); else, under an
+ * exclusive flock of the object's directory, the file's tag is compared and
+ * the new one renamed over it. Where the directory cannot be locked (some
+ * network file systems), compared without the lock (not atomic). */
+static int f_put_bytes_if(store_t *s, const char *key, const void *data, size_t n,
+                          const char *tag, store_cancel c, sp_err *err)
+{
+    if (!tag[0])
+        return f_put_bytes(s, key, data, n, 1, c, err);
+    char *dst = fpath(s, key), *dir = dst ? strdup(dst) : NULL;
+    if (!dir) {
+        free(dst);
+        return store_fail(s, err, STORE_EFAIL, key, "put failed: out of memory");
+    }
+    int d = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    while (d >= 0 && flock(d, LOCK_EX) != 0 && errno == EINTR)
+        ;
+    char now[STORE_TAG_MAX];
+    int fd = open(dst, O_RDONLY | O_CLOEXEC), e = fd < 0 ? errno : local_tag(fd, now), rc;
+    if (fd >= 0)
+        close(fd);
+    if (e == ENOENT || e == ENOTDIR || (!e && strcmp(now, tag)))
+        rc = store_fail(s, err, STORE_EEXIST, key, "put failed: the object is no longer as read");
+    else if (e)
+        rc = io_fail(s, err, STORE_EFAIL, key, "put", e);
+    else
+        rc = f_put_bytes(s, key, data, n, 0, c, err);
+    if (d >= 0)
+        close(d); /* the lock goes with it */
+    free(dst);
+    return rc;
+}
+
 static int f_get_file(store_t *s, const char *key, const char *path, store_cancel c,
                       sp_err *err)
 {
@@ -352,12 +416,12 @@ static int f_get_file(store_t *s, const char *key, const char *path, store_cance
     return 0;
 }
 
-static int f_get_bytes(store_t *s, const char *key, void **data, size_t *n, store_cancel c,
-                       sp_err *err)
+static int f_get_bytes(store_t *s, const char *key, void **data, size_t *n, char *tag,
+                       store_cancel c, sp_err *err)
 {
     (void)c; /* one local call: nothing to cancel part-way */
     char *p = fpath(s, key);
-    int e = p ? store_local_read(p, data, n) : ENOMEM;
+    int e = p ? local_read_tag(p, data, n, tag) : ENOMEM;
     free(p);
     if (e == ENOENT || e == ENOTDIR)
         return store_fail(s, err, STORE_ENOENT, key, "get failed: no such object");
@@ -542,6 +606,7 @@ static const store_ops file_ops = {
     .put_bytes = f_put_bytes,
     .get_file = f_get_file,
     .get_bytes = f_get_bytes,
+    .put_bytes_if = f_put_bytes_if,
     .get_range = f_get_range,
     .list = f_list,
     .del = f_del,

@@ -18,8 +18,10 @@ typedef struct store_ops {
     int (*put_bytes)(store_t *s, const char *key, const void *data, size_t n, int inm,
                      store_cancel c, sp_err *err);
     int (*get_file)(store_t *s, const char *key, const char *path, store_cancel c, sp_err *err);
-    int (*get_bytes)(store_t *s, const char *key, void **data, size_t *n, store_cancel c,
-                     sp_err *err);
+    int (*get_bytes)(store_t *s, const char *key, void **data, size_t *n, char *tag,
+                     store_cancel c, sp_err *err); /* tag: NULL or STORE_TAG_MAX bytes */
+    int (*put_bytes_if)(store_t *s, const char *key, const void *data, size_t n,
+                        const char *tag, store_cancel c, sp_err *err); /* n <= part_bytes */
     int (*get_range)(store_t *s, const char *key, uint64_t off, size_t n, void *dst,
                      store_cancel c, sp_err *err); /* n > 0 */
     int (*list)(store_t *s, const char *prefix, store_listing *out, store_cancel c, sp_err *err);

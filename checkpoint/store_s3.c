@@ -1,7 +1,8 @@
 /* checkpoint/store_s3.c — the s3:// backend's operations: endpoint,
  * addressing and region resolution (credentials: store_s3_creds.c),
- * single-request PUT/GET/HEAD/DELETE, conditional PUT with its fallback for
- * stores that reject If-None-Match (remembered per handle), ListObjectsV2
+ * single-request PUT/GET/HEAD/DELETE, conditional PUT (If-None-Match,
+ * If-Match) with its fallback for stores that reject the header
+ * (remembered per handle), ListObjectsV2
  * with continuation tokens, and CreateBucket. Requests and retries are in
  * store_s3_request.c; multipart uploads and ranged GETs in
  * store_s3_multipart.c. Thread safety: the backend record is read-only after
@@ -61,40 +62,68 @@ static int put_plain(store_t *s, const char *key, const void *data, size_t n, co
     return rc;
 }
 
-static int exists_fail(store_t *s, const char *key, sp_err *err)
+/* The object is not as the put required: it exists (a create), or it is
+ * missing or has another ETag (a replace). */
+static int conflict_fail(store_t *s, const char *key, int create, sp_err *err)
 {
-    return store_fail(s, err, STORE_EEXIST, key, "PUT failed: the object already exists");
+    return store_fail(s, err, STORE_EEXIST, key, "PUT failed: %s",
+                      create ? "the object already exists" : "the object is no longer as read");
 }
 
-/* If-None-Match: *, or where the store rejects it, HEAD then PUT. */
-static int put_small(store_t *s, const char *key, const void *data, size_t n, int inm,
-                     store_cancel c, sp_err *err)
+/* A PUT that must find the object absent (tag "": If-None-Match: *) or as
+ * read (its ETag tag: If-Match). Where the store answers that header with
+ * 501 (remembered per handle and header), a HEAD compares first and a plain
+ * PUT follows, which is not atomic against a concurrent writer. AWS answers
+ * If-Match on a missing object with 404: not as read either. */
+static int put_checked(store_t *s, const char *key, const void *data, size_t n, const char *tag,
+                       store_cancel c, sp_err *err)
 {
     s3_backend *b = s->impl;
-    char sha[65];
+    int create = !tag[0];
+    atomic_int *unsupported = create ? &b->inm_unsupported : &b->im_unsupported;
+    char sha[65], cond[STORE_TAG_MAX + 16];
     s3_sha256_hex(data, n, sha);
-    if (!inm)
-        return put_plain(s, key, data, n, sha, NULL, c, err, NULL);
-    if (!atomic_load(&b->inm_unsupported)) {
+    if (create)
+        snprintf(cond, sizeof cond, "If-None-Match: *");
+    else
+        snprintf(cond, sizeof cond, "If-Match: %s", tag);
+    if (!atomic_load(unsupported)) {
         sp_err e1 = {0};
         s3_req r;
-        int rc = put_plain(s, key, data, n, sha, "If-None-Match: *", c, &e1, &r);
+        int rc = put_plain(s, key, data, n, sha, cond, c, &e1, &r);
         int notimpl = r.status == 501 || (r.status == 400 && !strcmp(r.code, "NotImplemented"));
         s3_req_free(&r);
-        if (rc == STORE_EEXIST)
-            return exists_fail(s, key, err);
+        if (rc == STORE_EEXIST || (!create && rc == STORE_ENOENT))
+            return conflict_fail(s, key, create, err);
         if (rc == 0 || !notimpl) {
             s3_err_take(err, &e1);
             return rc;
         }
-        atomic_store(&b->inm_unsupported, 1);
+        atomic_store(unsupported, 1);
     }
     int exists = 0;
     uint64_t size;
-    int rc = s3_head(s, key, &exists, &size, NULL, c, err);
-    if (!rc && exists)
-        return exists_fail(s, key, err);
+    char now[160];
+    int rc = s3_head(s, key, &exists, &size, now, c, err);
+    if (!rc && (create ? exists : (!exists || strcmp(now, tag) != 0)))
+        return conflict_fail(s, key, create, err);
     return rc ? rc : put_plain(s, key, data, n, sha, NULL, c, err, NULL);
+}
+
+static int put_small(store_t *s, const char *key, const void *data, size_t n, int inm,
+                     store_cancel c, sp_err *err)
+{
+    if (inm)
+        return put_checked(s, key, data, n, "", c, err);
+    char sha[65];
+    s3_sha256_hex(data, n, sha);
+    return put_plain(s, key, data, n, sha, NULL, c, err, NULL);
+}
+
+static int s3_put_bytes_if(store_t *s, const char *key, const void *data, size_t n,
+                           const char *tag, store_cancel c, sp_err *err)
+{
+    return put_checked(s, key, data, n, tag, c, err);
 }
 
 static int s3_put_bytes(store_t *s, const char *key, const void *data, size_t n, int inm,
@@ -145,13 +174,17 @@ static int s3_put_file(store_t *s, const char *key, const char *path, int inm, s
     return rc;
 }
 
-static int s3_get_bytes(store_t *s, const char *key, void **data, size_t *n, store_cancel c,
-                        sp_err *err)
+static int s3_get_bytes(store_t *s, const char *key, void **data, size_t *n, char *tag,
+                        store_cancel c, sp_err *err)
 {
     membuf body = {0};
     s3_req r = {.method = "GET", .key = key, .out = &body, .fd = -1};
     int rc = s3_call(s, &r, c, err);
+    if (tag)
+        snprintf(tag, STORE_TAG_MAX, "%s", rc == 0 ? r.etag : "");
     s3_req_free(&r);
+    if (!rc && tag && !tag[0])
+        rc = store_fail(s, err, STORE_EFAIL, key, "GET failed: the answer has no ETag");
     if (!rc && !body.p && membuf_append(&body, "", 0))
         rc = store_fail(s, err, STORE_EFAIL, key, "GET failed: out of memory");
     if (rc) {
@@ -425,6 +458,7 @@ static const store_ops s3_ops = {
     .put_bytes = s3_put_bytes,
     .get_file = s3_get_file,
     .get_bytes = s3_get_bytes,
+    .put_bytes_if = s3_put_bytes_if,
     .get_range = s3_get_range,
     .list = s3_list,
     .del = s3_del,
@@ -534,6 +568,7 @@ int store_s3_open(store_t *s, const char *bucket, const char *prefix, sp_err *er
     s->ops = &s3_ops;
     pthread_mutex_init(&b->mu, NULL);
     atomic_init(&b->inm_unsupported, 0);
+    atomic_init(&b->im_unsupported, 0);
     b->pool_cap = (size_t)s->opts.parallel + 4;
     b->pool = calloc(b->pool_cap, sizeof *b->pool);
     b->bucket = strdup(bucket);

@@ -72,6 +72,7 @@ typedef struct s3_backend {
     CURL **pool;           /* idle handles; each keeps its connections */
     size_t pool_n, pool_cap;
     atomic_int inm_unsupported; /* the store answered If-None-Match with 501 */
+    atomic_int im_unsupported;  /* the store answered If-Match with 501 */
 } s3_backend;
 
 /* getenv(name), or NULL when it is unset or empty. */

@@ -53,6 +53,14 @@ target_link_libraries(test_store_wire PRIVATE PkgConfig::LIBXML2_TESTS)
 set_tests_properties(test_store_wire PROPERTIES
   ENVIRONMENT "${store_common_env}" FAIL_REGULAR_EXPRESSION "${store_fail_regex}")
 
+# The lease's races, against file:// and tests/tools/fake_s3.py (no server).
+spotune_test(test_lease
+  SOURCES test_lease.c test_store_util.c test_util.c
+  LIBS spotune_trainer
+  LABELS store)
+set_tests_properties(test_lease PROPERTIES
+  ENVIRONMENT "${store_common_env}" FAIL_REGULAR_EXPRESSION "${store_fail_regex}")
+
 add_test(NAME s3_server_start COMMAND bash ${store_swift} start --clean)
 set_tests_properties(s3_server_start PROPERTIES
   FIXTURES_SETUP s3 ENVIRONMENT "${store_server_env}" LABELS "store;s3" TIMEOUT 90)

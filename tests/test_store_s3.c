@@ -283,6 +283,15 @@ Test(store_s3, if_none_match_falls_back_and_keeps_the_first)
     store_close(s);
 }
 
+/* The lease's compare-and-swap put on the S3 server (whose s3api answers
+ * If-Match and If-None-Match on PUT with 501: the HEAD check). */
+Test(store_s3, a_conditional_put_replaces_only_what_was_read)
+{
+    store_t *s = tu_s3_open("cas", NULL, NULL);
+    tu_check_put_if(s);
+    store_close(s);
+}
+
 Test(store_s3, missing_objects_and_delete)
 {
     store_t *s = tu_s3_open("miss", NULL, NULL);

@@ -341,3 +341,45 @@ void tu_assert_same_tree(const char *a, const char *b)
         free(pb);
     }
 }
+
+void tu_check_put_if(store_t *st)
+{
+    const char *key = "cas/LEASE.json";
+    sp_err err = {0};
+    char tag[STORE_TAG_MAX], tag2[STORE_TAG_MAX];
+    void *data = NULL;
+    size_t n = 0;
+    cr_assert_eq(store_put_bytes_if(st, key, "one", 3, "", &err), 0, "%s", err.msg);
+    cr_expect_eq(store_put_bytes_if(st, key, "two", 3, "", &err), STORE_EEXIST,
+                 "a create replaced an object");
+    cr_expect(tu_contains(err.msg, "cas/LEASE.json"), "the refusal names no key: %s", err.msg);
+    sp_err_clear(&err);
+    cr_assert_eq(store_get_bytes_tag(st, key, &data, &n, tag, &err), 0, "%s", err.msg);
+    cr_expect(n == 3 && !memcmp(data, "one", 3), "the first put is not what is there");
+    cr_expect(tag[0], "no version tag");
+    free(data);
+    cr_assert_eq(store_put_bytes_if(st, key, "three", 5, tag, &err), 0, "%s", err.msg);
+    cr_assert_eq(store_get_bytes_tag(st, key, &data, &n, tag2, &err), 0, "%s", err.msg);
+    cr_expect(n == 5 && !memcmp(data, "three", 5), "the replacement is not there");
+    cr_expect_str_neq(tag, tag2, "a replaced object kept its version tag");
+    free(data);
+    /* the tag read before the replacement no longer holds */
+    cr_expect_eq(store_put_bytes_if(st, key, "four", 4, tag, &err), STORE_EEXIST,
+                 "a stale version tag replaced the object");
+    sp_err_clear(&err);
+    cr_assert_eq(store_get_bytes(st, key, &data, &n, &err), 0, "%s", err.msg);
+    cr_expect(n == 5 && !memcmp(data, "three", 5), "a refused put changed the object");
+    free(data);
+    /* a deleted object is not as read either */
+    cr_assert_eq(store_delete(st, key, &err), 0, "%s", err.msg);
+    cr_expect_eq(store_put_bytes_if(st, key, "five", 4, tag2, &err), STORE_EEXIST,
+                 "a put over a deleted object's tag went through");
+    sp_err_clear(&err);
+    int exists = 1;
+    cr_assert_eq(store_exists(st, key, &exists, NULL, &err), 0, "%s", err.msg);
+    cr_expect(!exists, "a refused put created the object");
+    /* a missing object reads as "" with STORE_ENOENT */
+    cr_expect_eq(store_get_bytes_tag(st, key, &data, &n, tag, &err), STORE_ENOENT);
+    cr_expect_str_eq(tag, "");
+    sp_err_clear(&err);
+}

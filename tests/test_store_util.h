@@ -56,6 +56,12 @@ void tu_expect_mpu_aborted(store_t *s, const char *key, const char *full_key, si
  * naming the key), a missing key (STORE_ENOENT) and n == 0 (0). */
 void tu_check_get_range(store_t *s, const char *key);
 
+/* store_put_bytes_if on key cas/LEASE.json: a create ("") once only, a
+ * replace with the tag read, a stale tag refused (the object unchanged), a
+ * deleted object's tag refused (nothing created), a missing object read
+ * as STORE_ENOENT with tag "". */
+void tu_check_put_if(store_t *s);
+
 #define TU_BUCKET "spotune-test"
 
 /* A file:// store in a fresh scratch directory (tests/test_store_file*.c). */

@@ -251,8 +251,13 @@ int tu_spawn(const char *log, const char *fmt, ...)
 
 int tu_fake_metadata(const char *log, const char *args, char *url, size_t n)
 {
+    return tu_fake_server("fake_metadata.py", log, args, url, n);
+}
+
+int tu_fake_server(const char *script, const char *log, const char *args, char *url, size_t n)
+{
     unlink(log);
-    int pid = tu_spawn(log, "python3 %s/tests/tools/fake_metadata.py %s", tu_source_dir(), args);
+    int pid = tu_spawn(log, "python3 %s/tests/tools/%s %s", tu_source_dir(), script, args);
     cr_assert(pid > 0);
     char *port = NULL;
     for (int i = 0; i < 200 && !(port && atoi(port) > 0); i++) {
@@ -260,7 +265,7 @@ int tu_fake_metadata(const char *log, const char *args, char *url, size_t n)
         tu_sleep(0.05);
         port = tu_read_file(log, NULL);
     }
-    cr_assert(port && atoi(port) > 0, "the fake metadata service did not start: %s",
+    cr_assert(port && atoi(port) > 0, "%s did not start: %s", script,
               port ? port : "(no output)");
     snprintf(url, n, "http://127.0.0.1:%d", atoi(port));
     free(port);

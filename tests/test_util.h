@@ -56,6 +56,8 @@ int tu_spawn(const char *log, const char *fmt, ...);
  * output in log) and waits until it listens: its pid, and its URL
  * ("http://127.0.0.1:PORT") in url. Stop it with kill and tu_wait. */
 int tu_fake_metadata(const char *log, const char *args, char *url, size_t n);
+/* The same for tests/tools/SCRIPT (fake_s3.py, fake_metadata.py). */
+int tu_fake_server(const char *script, const char *log, const char *args, char *url, size_t n);
 /* Waits for pid up to timeout_s (then SIGKILLs its group); returns the exit
  * status, 128+signal, or -1 on timeout. */
 int tu_wait(int pid, double timeout_s);
