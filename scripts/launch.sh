@@ -113,6 +113,22 @@ if [[ -n "$hostfile" && -z "${OMPI_MCA_oob_tcp_keepalive_time:-}" ]]; then
 fi
 [[ $(id -u) -eq 0 ]] && cmd+=(--allow-run-as-root)
 
+# How the ranks say that they stopped with a complete checkpoint (exit 75):
+# Open MPI's mpirun takes any non-zero exit of a rank for a failed job and
+# then waits 2 x odls_base_sigkill_timeout (above) before it exits, whether
+# the ranks are still there or not: 4 minutes after every stop. So the ranks
+# exit 0 and rank 0 writes 75 into this file (one that it can open and that
+# starts with this nonce: on a machine that does not see the file, it exits
+# 75 itself), and this script exits 75.
+status_file=""
+if ((! dry)); then
+    status_file=$(mktemp "${TMPDIR:-/tmp}/spotune-exit.XXXXXX")
+    trap 'rm -f "$status_file"' EXIT
+    nonce=$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
+    echo "$nonce" >"$status_file"
+    export SPOTUNE_EXIT_STATUS_FILE=$status_file SPOTUNE_EXIT_STATUS_NONCE=$nonce
+fi
+
 # Variables to pass, by name only: mpirun copies the value from here.
 vars=()
 while IFS= read -r name; do
@@ -167,19 +183,51 @@ if [[ -n "$hostfile" && "$nodes" -gt 1 && -n "${SPOTUNE_SPOT_WATCH:-}" &&
     show "${wcmd[@]}"
 fi
 ((dry)) && exit 0
-((${#wcmd[@]})) || exec "${cmd[@]}"
-"${wcmd[@]}" </dev/null >&2 &
-watchers=$!
+watchers=""
+if ((${#wcmd[@]})); then
+    "${wcmd[@]}" </dev/null >&2 &
+    watchers=$!
+fi
+# This script stays in front of mpirun (which, as a background job of a
+# script, ignores SIGINT): SIGUSR1 goes on to it; the first SIGTERM or
+# SIGINT (docker stop, a pod's end, Ctrl-C) becomes SIGUSR1 too, a stop with
+# a checkpoint, where mpirun itself would kill the ranks after its timeout;
+# a second one is passed on as SIGTERM (mpirun's own way to end the ranks).
 "${cmd[@]}" &
 job=$!
-# (SIGINT to a background job of a script is ignored: it becomes SIGTERM)
-trap 'kill -USR1 "$job" 2>/dev/null' USR1
-trap 'kill -TERM "$job" 2>/dev/null' TERM INT
+asked=0
+on_stop() {
+    asked=$((asked + 1))
+    if ((asked == 1)); then
+        echo "launch.sh: $1: asking the ranks to checkpoint and stop (SIGUSR1 to mpirun);" \
+            "again to end them now" >&2
+        kill -USR1 "$job" 2>/dev/null || true
+    else
+        kill -TERM "$job" 2>/dev/null || true
+    fi
+}
+# (|| true: under set -e a failed kill in a trap, the job just gone, would
+# end this script)
+trap 'sig=1; kill -USR1 "$job" 2>/dev/null || true' USR1
+trap 'sig=1; on_stop SIGTERM' TERM
+trap 'sig=1; on_stop SIGINT' INT
 while :; do
-    rc=0
+    sig=0 rc=0
     wait "$job" || rc=$?
-    kill -0 "$job" 2>/dev/null || break # else a trapped signal ended the wait
+    ((sig)) || break                       # the job ended: rc is its status
+    kill -0 "$job" 2>/dev/null && continue # a trapped signal ended the wait
+    # the job ended as a signal came: its status (if that wait had it, 127)
+    first=$rc rc=0
+    wait "$job" 2>/dev/null || rc=$?
+    ((rc == 127)) && rc=$first
+    break
 done
-kill -TERM "$watchers" 2>/dev/null
-wait "$watchers" 2>/dev/null || true
+if [[ -n "$watchers" ]]; then
+    kill -TERM "$watchers" 2>/dev/null
+    wait "$watchers" 2>/dev/null || true
+fi
+# rank 0 writes 75 after every rank agreed on the stop and its checkpoint
+# was committed: that is the job's end, whatever mpirun made of its own
+# (a signal passed on while it shuts down can make it exit 1)
+[[ $(sed -n 2p "$status_file" 2>/dev/null) == 75 ]] && rc=75
 exit "$rc"

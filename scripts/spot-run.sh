@@ -317,10 +317,16 @@ watch() { # $1: pid to signal
 # The pids of processes (other than this script) whose environment holds
 # SPOTUNE_SUPERVISOR_TAG=$1.
 tagged() {
-  local d pid
+  local d pid net
+  # $2 = local: only the processes of this network namespace (a node: the
+  # containers of several nodes may share one PID namespace)
+  [ "${2:-}" = local ] && net=$(readlink /proc/self/ns/net 2>/dev/null)
   for d in /proc/[0-9]*; do
     pid=${d#/proc/}
-    [ "$pid" = "$$" ] && continue
+    # (this shell, and the subshell running this function: a fork carries
+    # the environment this script started with)
+    [ "$pid" = "$$" ] || [ "$pid" = "$BASHPID" ] && continue
+    [ -n "${net:-}" ] && [ "$(readlink "$d/ns/net" 2>/dev/null)" != "$net" ] && continue
     # (grep reads it all: with pipefail, -q would let tr die of SIGPIPE)
     tr "\\0" "\\n" 2>/dev/null < "$d/environ" | grep -xF "SPOTUNE_SUPERVISOR_TAG=$1" >/dev/null &&
       echo "$pid"
@@ -356,6 +362,10 @@ if [ "$watch_local" = 1 ]; then
   fi
   unset SPOTUNE_SUPERVISOR_TAG # this watcher's own children are not ranks
   trap 'exit 0' TERM INT
+  # the watchers' mpirun carries the launch's tag too, so another node's
+  # watcher on a shared PID namespace, or a node's notice sent to the
+  # supervisor's launch, may forward SIGUSR1 here: not a rank's signal
+  trap '' USR1
   host=$(hostname)
   said_at=-60
   while :; do
@@ -363,9 +373,14 @@ if [ "$watch_local" = 1 ]; then
     rc=$?
     if [ "$rc" = 0 ]; then
       say "spot termination notice from $cloud on $host: sending SIGUSR1 to this node's ranks"
+      named=0
       while :; do # ranks may not exist yet, or lose the first signal
-        pids=$(tagged "$tag")
+        pids=$(tagged "$tag" local)
         [ -n "$pids" ] && kill -USR1 $pids 2>/dev/null
+        if [ -n "$pids" ] && [ "$named" = 0 ]; then
+          say "on $host: SIGUSR1 sent to pids $(echo $pids)"
+          named=1
+        fi
         sleep "$resend"
       done
     fi

@@ -16,7 +16,7 @@ add_executable(spotune-mn-audit multinode/mn_audit.c)
 target_link_libraries(spotune-mn-audit PRIVATE spotune_trainer)
 
 foreach(case trajectory launch_hostfile node_lost partition storage_partition
-             resume_fewer_ranks sharded_shared_dir sharded_spread doctor)
+             resume_fewer_ranks sharded_shared_dir sharded_spread doctor spot_watch)
   add_test(NAME multinode_${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/multinode/multinode.sh ${CMAKE_BINARY_DIR} ${case})
   set_tests_properties(multinode_${case} PROPERTIES

@@ -2,8 +2,9 @@
 # tests/test_launch.sh — scripts/launch.sh: the mpirun command it builds for
 # one node (ranks from CUDA_VISIBLE_DEVICES or --gpus-per-node) and for
 # several (hostfile, --nodes, ppr mapping), the variables it passes by name
-# only (never a value: secrets stay off command lines), its errors, and one
-# real launch of 2 ranks of the comm test program.
+# only (never a value: secrets stay off command lines), its errors, one
+# real launch of 2 ranks of the comm test program, and a stop of 2 spotune
+# ranks through it (SIGUSR1, SIGTERM): exit 75 at once.
 # usage: tests/test_launch.sh BUILD_DIR
 set -uo pipefail
 build=$1
@@ -96,6 +97,87 @@ if [[ -n "$prog" ]]; then
     check "2 ranks launched for real" $? "rc $rc: $out"
 else
     check "2 ranks launched for real" 1 "spotune-comm-prog not found under $build"
+fi
+
+# A stop with a checkpoint: the ranks exit 0 and rank 0 writes 75 into
+# launch.sh's status file, so mpirun ends at once (a rank's non-zero exit
+# would hold it 2 x odls_base_sigkill_timeout, 2 x 30 s here) and launch.sh
+# exits 75; SIGTERM to launch.sh is the same stop (passed on as SIGUSR1).
+# Without launch.sh's file, or with another nonce in it, rank 0 exits 75
+# itself.
+spotune="$build/spotune"
+if [[ -x "$spotune" ]]; then
+    d="$tmp/stop"
+    mkdir -p "$d"
+    "$here/scripts/make_demo_text.sh" "$d/text.txt" 3 >/dev/null &&
+        "$spotune" prepare-text "$d/text.txt" "$d/data" --val-fraction 0 >/dev/null &&
+        "$spotune" init-model --preset tiny --seed 5 "$d/model" >/dev/null
+    check "the stop's inputs" $? "$d"
+    cat >"$d/run.yaml" <<EOF
+model:
+  path: $d/model
+train:
+  mode: lora
+  steps: 100000
+  seq_len: 32
+  micro_batch: 2
+  lr: 3e-3
+lora:
+  r: 4
+  alpha: 8
+  targets: [q_proj, v_proj]
+data:
+  train: $d/data.train.h5
+log:
+  every: 1
+runtime:
+  backend: cpu
+  threads: 1
+checkpoint:
+  every_minutes: 0
+EOF
+    asan=${ASAN_OPTIONS:-}
+    mpienv=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_VISIBLE_DEVICES=
+        OMPI_MCA_pml=ob1 OMPI_MCA_rmaps_base_oversubscribe=1
+        ASAN_OPTIONS="${asan:+$asan:}fast_unwind_on_malloc=0:intercept_tls_get_addr=0")
+    trained() { grep -q '"event":"train","step":3,' "$1/metrics.jsonl" 2>/dev/null; }
+    for sig in USR1 TERM; do
+        "${mpienv[@]}" TMPDIR="$d" SPOTUNE_SIGKILL_TIMEOUT=30 "$launch" -g 2 --tcp -- \
+            "$spotune" train "$d/run.yaml" --set run.dir="$d/$sig" >"$d/$sig.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 1200); do trained "$d/$sig" && break; sleep 0.1; done
+        t0=$(date +%s%N)
+        kill -"$sig" "$pid"
+        wait "$pid"
+        rc=$?
+        dt=$((($(date +%s%N) - t0) / 1000000))
+        out=$(grep -v '^step ' "$d/$sig.log")
+        [[ $rc -eq 75 ]] && has "$out" "stopped by a signal after committing checkpoint step"
+        check "SIG$sig to launch.sh: a checkpoint, exit 75" $? "rc $rc: $out"
+        ((dt < 20000))
+        check "SIG$sig: mpirun ends at once, not 2 x 30 s later (${dt} ms)" $? "$out"
+    done
+    [[ -z $(find "$d" -maxdepth 1 -name 'spotune-exit.*') ]]
+    check "launch.sh removes its status file" $? "$(ls "$d")"
+    # plain mpirun, a status file with another nonce, then none
+    echo other >"$d/status"
+    for v in "SPOTUNE_EXIT_STATUS_FILE=$d/status" "SPOTUNE_EXIT_STATUS_FILE=$d/none"; do
+        "${mpienv[@]}" "$v" SPOTUNE_EXIT_STATUS_NONCE=0123456789abcdef mpirun -np 2 --bind-to none \
+            -x SPOTUNE_EXIT_STATUS_FILE -x SPOTUNE_EXIT_STATUS_NONCE "$spotune" train \
+            "$d/run.yaml" --set run.dir="$d/plain" >"$d/plain.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 1200); do trained "$d/plain" && break; sleep 0.1; done
+        # (mpirun forwards SIGUSR1 to the ranks)
+        kill -USR1 "$pid"
+        wait "$pid"
+        rc=$?
+        [[ $rc -eq 75 && $(cat "$d/status") == other && ! -e "$d/none" ]]
+        check "${v%%=*} not launch.sh's (${v##*/}): rank 0 exits 75 itself" $? \
+            "rc $rc, status file: $(cat "$d/status"): $(grep -v '^step ' "$d/plain.log")"
+        rm -rf "$d/plain"
+    done
+else
+    check "a stop through launch.sh" 1 "$spotune is not built"
 fi
 
 if [[ $fails -gt 0 ]]; then echo "$fails check(s) failed"; exit 1; fi

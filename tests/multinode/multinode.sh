@@ -55,6 +55,11 @@
 #                       node-b's shards of a run's last checkpoint, refused
 #                       by the bucket past upload_deadline_s, put at the
 #                       run's end once it takes them again
+#   spot_watch          a spot notice on node-b alone (each node's own metadata
+#                       service): scripts/spot-run.sh on node-a, launch.sh's
+#                       watcher on node-b signals node-b's ranks only, the
+#                       job stops with a checkpoint, the supervisor restarts
+#                       and the restart resumes; no watcher is left behind
 #   doctor              spotune doctor over 2 nodes x 2 ranks: one report
 #                       from rank 0, each node's host and storage lines once,
 #                       named by its host; a FAIL on rank 0 ends all with 1
@@ -474,6 +479,108 @@ case_launch_hostfile() {
     report
 }
 
+# pids of the spot watchers (spot-run.sh --watch-local) on a node
+watchers_on() {
+    local p
+    for p in $(ip netns pids "$(ns_of "$1")" 2>/dev/null); do
+        tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q -- "--watch-local" && echo "$p"
+    done
+}
+
+watchers_on_both() { [[ -n $(watchers_on a) && -n $(watchers_on b) ]]; }
+watchers_gone() { [[ -z $(watchers_on a)$(watchers_on b) ]]; }
+
+# A spot notice on a worker: scripts/spot-run.sh on node-a runs
+# scripts/launch.sh --hostfile, which starts a watcher on each node through
+# a second mpirun. Each node has its own metadata service (the same URL,
+# on its own loopback: a machine's link-local service is its own); only
+# node-b's gives a notice. Its watcher sends SIGUSR1 to node-b's ranks,
+# and to them alone; the job stops with a checkpoint (exit 75); the
+# supervisor, whose own node has no notice, restarts it, and the restart
+# resumes (the notice is taken down once seen, as if node-b had been
+# spared, so that the restart can run); SIGTERM to the supervisor ends it
+# all with 75; every step is trained and logged once, and no watcher is
+# left on either node.
+case_spot_watch() {
+    topo_up a b
+    inputs
+    local port=18169 n log=$work/watch.log
+    for n in a b; do
+        on_node "$n" python3 "$src/tests/tools/fake_metadata.py" --port "$port" \
+            --trigger "$work/notice-$n" >"$work/meta-$n.out" 2>&1 &
+    done
+    wait_until 30 grep -qx "$port" "$work/meta-a.out" &&
+        wait_until 30 grep -qx "$port" "$work/meta-b.out"
+    check "a metadata service on each node's loopback" $? "$(cat "$work"/meta-*.out)"
+    # (the background job is a subshell running on_node: the supervisor's
+    # own pid comes from the file, its exit status from the subshell)
+    on_node a sh -c 'echo $$ >"$0" && exec "$@"' "$work/sup.pid" \
+        env SPOTUNE_SIGKILL_TIMEOUT=$K "$src/scripts/spot-run.sh" --cloud aws \
+        --metadata-url "http://127.0.0.1:$port" --poll 0.2 --resend 1 --orphan-wait 20 -- \
+        "$launch" --hostfile "$work/hosts" -g 2 --tcp "${pass[@]}" -- \
+        $(train_cmd watch --set train.steps=100000) >"$log" 2>&1 &
+    local sup=$!
+    wait_until 120 reached watch 5
+    check "training runs on 2 nodes under spot-run.sh" $? "$(tail -20 "$log")"
+    wait_until 30 watchers_on_both
+    check "a watcher on each node" $? "a: $(watchers_on a); b: $(watchers_on b)"
+    local ranks_b
+    ranks_b=$(procs_of b spotune | sort -n | xargs)
+    [[ $(wc -w <<<"$ranks_b") -eq 2 ]]
+    check "node-b runs 2 ranks" $? "$ranks_b"
+
+    touch "$work/notice-b"
+    wait_until 30 grep -q "spot termination notice from aws on node-b" "$log"
+    check "node-b's watcher sees node-b's notice" $? "$(tail -20 "$log")"
+    wait_until 30 grep -q "on node-b: SIGUSR1 sent to pids" "$log"
+    rm -f "$work/notice-b"
+    local sent
+    sent=$(grep -o "on node-b: SIGUSR1 sent to pids .*" "$log" | head -1 | sed 's/.*pids //' |
+        tr ' ' '\n' | sort -n | xargs)
+    [[ $sent == "$ranks_b" ]]
+    check "it signals node-b's ranks and nothing else" $? \
+        "sent to '$sent', node-b's ranks '$ranks_b'"
+    wait_until 60 grep -q "checkpointed and stopped (exit 75): restarting to resume" "$log"
+    check "the job stops with a checkpoint (75) and the supervisor restarts it" $? \
+        "$(tail -30 "$log")"
+    # rank 0 (node-a) got no signal of its own: node-b's ranks told it
+    has "$(cat "$log")" "stop requested \(another rank\): committing checkpoint" &&
+        ! has "$(cat "$log")" "stop requested \(SIG"
+    check "rank 0 stops for another rank's signal, not its own" $? "$(grep "stop requested" "$log")"
+    local before
+    before=$(steps_logged watch)
+    wait_until 120 bash -c "grep -q 'resumed from' '$log' && \
+        (( \$(grep -c '\"event\":\"train\"' '$work/watch/metrics.jsonl') > $before + 3 ))"
+    check "the restart resumes and trains on" $? "$(tail -30 "$log")"
+
+    kill -TERM "$(cat "$work/sup.pid")"
+    wait_until 120 bash -c "! kill -0 $sup 2>/dev/null"
+    local rc
+    if running "$sup"; then
+        kill -9 "$sup"
+        rc=-1
+    else
+        wait "$sup"
+        rc=$?
+    fi
+    keep "$(cat "$log")"
+    ((rc == 75)) &&
+        has "$(cat "$log")" "checkpointed and stopped \(exit 75\); this machine is going away"
+    check "SIGTERM to the supervisor: a checkpoint and exit 75 (exit $rc)" $? "$(tail -20 "$log")"
+    ! has "$(cat "$log")" "notice from aws on node-a"
+    check "node-a's watchers see no notice" $? "$(grep "notice" "$log")"
+    local dup last count
+    dup=$(metrics watch | grep -o '"event":"train","step":[0-9]*' | sort | uniq -d | head -3)
+    last=$(metrics watch | grep -o '"event":"train","step":[0-9]*' | sed 's/.*://' |
+        sort -n | tail -1)
+    count=$(steps_logged watch)
+    [[ -z $dup && $count -eq $last && $(grep -c 'resumed from' "$log") -eq 1 ]]
+    check "steps 1-$last logged once each, one resume" $? "duplicates: $dup; $count records"
+    wait_until 20 watchers_gone
+    check "no watcher left on either node" $? "pids $(watchers_on a) $(watchers_on b)"
+    report "$log"
+}
+
 # Waits for the job to end (up to 120 s); sets $rc and $took.
 wait_job() {
     local t0=$1
@@ -876,7 +983,7 @@ case_doctor() {
 
 case "$case_name" in
 trajectory | launch_hostfile | node_lost | partition | storage_partition | resume_fewer_ranks | \
-    sharded_shared_dir | sharded_spread | doctor)
+    sharded_shared_dir | sharded_spread | doctor | spot_watch)
     "case_$case_name" ;;
 *)
     echo "unknown case $case_name" >&2
