@@ -243,7 +243,7 @@ Test(lease, an_expired_lease_found_by_several_jobs_goes_to_one)
  * lease is still there after that, 0 when the renewal wrote over it. */
 static int renewal_after_a_takeover(const char *conditions)
 {
-    fake_s3 f = fake_start(conditions, 1.0);
+    fake_s3 f = fake_start(conditions, 0.5);
     lease_opts lo = {.ttl_s = 1.5, .wait_s = 0, .run_dir = "/runs/renew"};
     lease_t *l = NULL;
     int connected = 0;
@@ -252,7 +252,7 @@ static int renewal_after_a_takeover(const char *conditions)
     cr_assert_eq(lease_acquire(&l, fake_store(&f), &lo, &connected, note, sizeof note, &err), 0,
                  "%s", err.msg);
     cr_assert(connected);
-    /* the renewal's next GET: answered 1 s late, with the lease as it was */
+    /* the renewal's next GET: answered 0.5 s late, with the lease as it was */
     const char *get = "GET /lease/run/LEASE.json -";
     int gets = requests_with(&f, get);
     for (int i = 0; i < 400 && requests_with(&f, get) == gets; i++)
@@ -265,8 +265,8 @@ static int renewal_after_a_takeover(const char *conditions)
                                 sp_wall_time(), sp_wall_time());
     cr_assert_eq(store_put_bytes(other, "LEASE.json", theirs, strlen(theirs), 0, &err), 0, "%s",
                  err.msg);
-    /* the renewal's write, then its second read (1 s) */
-    for (int i = 0; i < 400 && !lease_lost(l, NULL); i++)
+    /* the renewal's write, then its second read (0.5 s) */
+    for (int i = 0; i < 300 && !lease_lost(l, NULL); i++)
         tu_sleep(0.01);
     int lost = lease_lost(l, &err);
     if (lost)
