@@ -362,6 +362,9 @@ if [ "$watch_local" = 1 ]; then
   fi
   unset SPOTUNE_SUPERVISOR_TAG # this watcher's own children are not ranks
   trap 'exit 0' TERM INT
+  # mpirun ends the watchers with SIGTERM to their process groups: a sleep
+  # in the foreground would die of it first and bash say "Terminated"
+  nap() { sleep "$1" & wait $!; }
   # the watchers' mpirun carries the launch's tag too, so another node's
   # watcher on a shared PID namespace, or a node's notice sent to the
   # supervisor's launch, may forward SIGUSR1 here: not a rank's signal
@@ -381,7 +384,7 @@ if [ "$watch_local" = 1 ]; then
           say "on $host: SIGUSR1 sent to pids $(echo $pids)"
           named=1
         fi
-        sleep "$resend"
+        nap "$resend"
       done
     fi
     if [ "$rc" = 2 ] && [ $((SECONDS - said_at)) -ge 60 ]; then
@@ -389,7 +392,7 @@ if [ "$watch_local" = 1 ]; then
         "be missed"
       said_at=$SECONDS
     fi
-    sleep "$poll"
+    nap "$poll"
   done
 fi
 

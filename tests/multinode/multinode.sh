@@ -578,6 +578,9 @@ case_spot_watch() {
     check "steps 1-$last logged once each, one resume" $? "duplicates: $dup; $count records"
     wait_until 20 watchers_gone
     check "no watcher left on either node" $? "pids $(watchers_on a) $(watchers_on b)"
+    ! grep -q "^Terminated" "$log"
+    check "the watchers end without a word (no 'Terminated' from their shells)" $? \
+        "$(grep -c "^Terminated" "$log") line(s)"
     report "$log"
 }
 
