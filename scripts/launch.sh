@@ -98,7 +98,8 @@ fi
 cmd+=(--bind-to "$bind")
 # On SIGTERM mpirun kills the ranks after odls_base_sigkill_timeout seconds
 # (default 1): give a rank's stop checkpoint and upload time to finish.
-cmd+=(--mca odls_base_sigkill_timeout "${SPOTUNE_SIGKILL_TIMEOUT:-120}")
+sigkill_timeout=${SPOTUNE_SIGKILL_TIMEOUT:-120}
+cmd+=(--mca odls_base_sigkill_timeout "$sigkill_timeout")
 ((tcp)) && cmd+=(--mca btl tcp,self)
 # Several nodes: mpirun notices a node that went silent (a partition, a
 # machine gone without a word) only through TCP keepalive on its connections
@@ -192,7 +193,8 @@ fi
 # script, ignores SIGINT): SIGUSR1 goes on to it; the first SIGTERM or
 # SIGINT (docker stop, a pod's end, Ctrl-C) becomes SIGUSR1 too, a stop with
 # a checkpoint, where mpirun itself would kill the ranks after its timeout;
-# a second one is passed on as SIGTERM (mpirun's own way to end the ranks).
+# a second one is passed on as SIGTERM (mpirun's own way to end the ranks:
+# SIGTERM after odls_base_sigkill_timeout, SIGKILL after twice that).
 "${cmd[@]}" &
 job=$!
 asked=0
@@ -200,7 +202,8 @@ on_stop() {
     asked=$((asked + 1))
     if ((asked == 1)); then
         echo "launch.sh: $1: asking the ranks to checkpoint and stop (SIGUSR1 to mpirun);" \
-            "again to end them now" >&2
+            "a second SIGINT or SIGTERM has mpirun kill them (SIGTERM after" \
+            "${sigkill_timeout} s, SIGKILL after twice that)" >&2
         kill -USR1 "$job" 2>/dev/null || true
     else
         kill -TERM "$job" 2>/dev/null || true
