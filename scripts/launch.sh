@@ -184,19 +184,19 @@ if [[ -n "$hostfile" && "$nodes" -gt 1 && -n "${SPOTUNE_SPOT_WATCH:-}" &&
     show "${wcmd[@]}"
 fi
 ((dry)) && exit 0
-watchers=""
-if ((${#wcmd[@]})); then
-    "${wcmd[@]}" </dev/null >&2 &
-    watchers=$!
-fi
 # This script stays in front of mpirun (which, as a background job of a
 # script, ignores SIGINT): SIGUSR1 goes on to it; the first SIGTERM or
 # SIGINT (docker stop, a pod's end, Ctrl-C) becomes SIGUSR1 too, a stop with
 # a checkpoint, where mpirun itself would kill the ranks after its timeout;
 # a second one is passed on as SIGTERM (mpirun's own way to end the ranks:
 # SIGTERM after odls_base_sigkill_timeout, SIGKILL after twice that).
-"${cmd[@]}" &
-job=$!
+job="" pending=""
+# pass: a signal to the job, or (not started yet) kept for when it starts;
+# (|| true: under set -e a failed kill in a trap, the job just gone, would
+# end this script)
+pass() {
+    if [[ -n "$job" ]]; then kill -"$1" "$job" 2>/dev/null || true; else pending=$1; fi
+}
 asked=0
 on_stop() {
     asked=$((asked + 1))
@@ -204,16 +204,22 @@ on_stop() {
         echo "launch.sh: $1: asking the ranks to checkpoint and stop (SIGUSR1 to mpirun);" \
             "a second SIGINT or SIGTERM has mpirun kill them (SIGTERM after" \
             "${sigkill_timeout} s, SIGKILL after twice that)" >&2
-        kill -USR1 "$job" 2>/dev/null || true
+        pass USR1
     else
-        kill -TERM "$job" 2>/dev/null || true
+        pass TERM
     fi
 }
-# (|| true: under set -e a failed kill in a trap, the job just gone, would
-# end this script)
-trap 'sig=1; kill -USR1 "$job" 2>/dev/null || true' USR1
+trap 'sig=1; pass USR1' USR1
 trap 'sig=1; on_stop SIGTERM' TERM
 trap 'sig=1; on_stop SIGINT' INT
+watchers=""
+if ((${#wcmd[@]})); then
+    "${wcmd[@]}" </dev/null >&2 &
+    watchers=$!
+fi
+"${cmd[@]}" &
+job=$!
+[[ -n "$pending" ]] && pass "$pending"
 while :; do
     sig=0 rc=0
     wait "$job" || rc=$?

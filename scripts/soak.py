@@ -69,8 +69,14 @@ The basic kinds are sometimes sent during start-up (before the first step).
 
 Not part of CI. Python 3 standard library only.
 
+With --launcher launch every run goes through scripts/launch.sh, as users
+start it: the SIGTERM and SIGUSR1 kinds are sent to launch.sh (which turns
+SIGTERM into a graceful stop: exit 75) and SIGKILL to its mpirun; the ranks
+of a stop then exit 0 and launch.sh exits 75 from rank 0's status file.
+
 usage: scripts/soak.py [--interruptions N] [--episodes N] [--seed S] [--keep]
                        [--quick] [--modes M,...] [--spotune PATH] [--work DIR]
+                       [--launcher mpirun|launch]
 """
 import argparse
 import array
@@ -404,6 +410,13 @@ class Soak:
                         AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
         for k in ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             self.env.pop(k, None)
+        self.via_launch = args.launcher == "launch"
+        if self.via_launch:
+            # what the mpirun command line below sets, and mpirun's own grace
+            # after SIGTERM (launch.sh's default, 120 s, would make the
+            # kill-mpirun and second-signal kinds wait minutes)
+            self.env.update(OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_pml="ob1",
+                            SPOTUNE_SIGKILL_TIMEOUT="1")
         self.failures = []
         self.kinds = Counter()
         self.kind_rc = defaultdict(Counter)
@@ -566,10 +579,14 @@ checkpoint:
 
     # -- one run of spotune under mpirun
     def command(self, ranks, run_dir, mode, steps, ga, prefix):
-        cmd = ["mpirun", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
-               "-np", str(ranks)]
-        if prefix:
-            cmd += ["-x", "AWS_ACCESS_KEY_ID", "-x", "AWS_SECRET_ACCESS_KEY", "-x", "AWS_REGION"]
+        if self.via_launch:  # (it passes AWS_* on by name)
+            cmd = [os.path.join(REPO, "scripts", "launch.sh"), "-g", str(ranks), "--tcp", "--"]
+        else:
+            cmd = ["mpirun", "--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl",
+                   "tcp,self", "-np", str(ranks)]
+            if prefix:
+                cmd += ["-x", "AWS_ACCESS_KEY_ID", "-x", "AWS_SECRET_ACCESS_KEY", "-x",
+                        "AWS_REGION"]
         cmd += [self.spotune, "train", os.path.join(self.inputs, "run.yaml"),
                 "--set", "run.dir=" + run_dir, "--set", "train.steps=%d" % steps,
                 "--set", "train.grad_accum=%d" % ga]
@@ -588,11 +605,23 @@ checkpoint:
         self.current, self.current_ranks = p, []
         return p
 
+    def mpirun_of(self, p):
+        """The mpirun of an attempt: p itself, or launch.sh's child."""
+        if not self.via_launch:
+            return p.pid
+        kids = children(p.pid, "mpirun")
+        return kids[0][0] if kids else None
+
+    def ranks_of(self, p):
+        """The rank processes of an attempt (mpirun's spotune children)."""
+        m = self.mpirun_of(p)
+        return children(m, "spotune") if m else []
+
     def abandon(self):
         """The soak itself is stopped: end the attempt it started, if any."""
         p = getattr(self, "current", None)
         if p is not None:
-            self.kill_all(p, self.current_ranks + children(p.pid, "spotune"))
+            self.kill_all(p, self.current_ranks + self.ranks_of(p))
 
     def wait_exit(self, p, timeout):
         try:
@@ -645,7 +674,7 @@ checkpoint:
                                 d + ".log")
                 rc = self.wait_exit(p, FINAL_S)
                 if rc != 0:
-                    self.kill_all(p, children(p.pid, "spotune"))
+                    self.kill_all(p, self.ranks_of(p))
                     raise SystemExit("soak: the reference run %s ended %s; see %s.log"
                                      % (d, rc, d))
                 bad = []
@@ -834,7 +863,7 @@ checkpoint:
             return p.poll() is None and now() < deadline
 
         def refresh():
-            for pid, st in children(p.pid, "spotune"):
+            for pid, st in self.ranks_of(p):
                 seen[pid] = st
             return len(seen)
 
@@ -853,8 +882,16 @@ checkpoint:
             if sig_kind.endswith("-mpirun"):
                 sig = {"term": signal.SIGTERM, "usr1": signal.SIGUSR1,
                        "kill": signal.SIGKILL}[sig_kind.split("-")[0]]
-                if p.poll() is None:
-                    os.kill(p.pid, sig)
+                # via launch.sh: SIGTERM and SIGUSR1 to it (as a supervisor or
+                # docker stop send them), SIGKILL to its mpirun
+                target = p.pid
+                if self.via_launch and sig == signal.SIGKILL:
+                    target = self.mpirun_of(p)
+                if p.poll() is None and target:
+                    try:
+                        os.kill(target, sig)
+                    except ProcessLookupError:
+                        return False
                     return True
                 return False
             sig = {"term": signal.SIGTERM, "int": signal.SIGINT,
@@ -1032,7 +1069,8 @@ checkpoint:
             self.fail("exit", where, "exit %d after %s:\n%s" % (rc, kind, tail(text)))
         elif kind is None and rc != 0:
             self.fail("exit", where, "exit %s without an interruption:\n%s" % (rc, tail(text)))
-        elif (sig in GRACEFUL or kind == "second") and rc not in (75, 0):
+        elif (sig in GRACEFUL or kind == "second" or
+              (self.via_launch and sig == "term-mpirun")) and rc not in (75, 0):
             self.fail("exit", where, "exit %s after %s%s (a graceful stop exits 75):\n%s"
                       % (rc, kind, "/" + sub if sub else "", tail(text)))
         elif sig == "term-mpirun" and rc not in (1, 0, 75):
@@ -1160,6 +1198,9 @@ checkpoint:
         t_start = now()
         os.makedirs(self.work, exist_ok=True)
         log("soak: seed %d, work dir %s, spotune %s" % (self.a.seed, self.work, self.spotune))
+        if self.via_launch:
+            log("soak: every run through scripts/launch.sh: the SIGTERM and SIGUSR1 kinds go to "
+                "it (SIGTERM is a graceful stop there: exit 75), SIGKILL to its mpirun")
         self.make_inputs()
         self.start_store()
         self.references()
@@ -1300,6 +1341,9 @@ def main():
                     help="comma-separated training modes to run (default all: %s)"
                          % ", ".join(MODES))
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--launcher", choices=("mpirun", "launch"), default="mpirun",
+                    help="start each run with mpirun (default) or scripts/launch.sh, whose "
+                         "stop hands exit 75 over a status file")
     ap.add_argument("--quick", action="store_true",
                     help="a short smoke run (a few minutes): 12 interruptions, 3 an episode")
     ap.add_argument("--spotune", default=os.path.join(REPO, "build", "spotune"),
