@@ -123,11 +123,16 @@ fi
 # 75 itself), and this script exits 75.
 status_file=""
 if ((! dry)); then
-    status_file=$(mktemp "${TMPDIR:-/tmp}/spotune-exit.XXXXXX")
-    trap 'rm -f "$status_file"' EXIT
-    nonce=$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
-    echo "$nonce" >"$status_file"
-    export SPOTUNE_EXIT_STATUS_FILE=$status_file SPOTUNE_EXIT_STATUS_NONCE=$nonce
+    if status_file=$(mktemp "${TMPDIR:-/tmp}/spotune-exit.XXXXXX" 2>/dev/null); then
+        trap 'rm -f "$status_file"' EXIT
+        nonce=$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')
+        echo "$nonce" >"$status_file"
+        export SPOTUNE_EXIT_STATUS_FILE=$status_file SPOTUNE_EXIT_STATUS_NONCE=$nonce
+    else
+        status_file=""
+        echo "launch.sh: cannot make a status file in ${TMPDIR:-/tmp}: a stop (exit 75)" \
+            "will end only after mpirun's 2 x odls_base_sigkill_timeout" >&2
+    fi
 fi
 
 # Variables to pass, by name only: mpirun copies the value from here.
@@ -238,5 +243,5 @@ fi
 # rank 0 writes 75 after every rank agreed on the stop and its checkpoint
 # was committed: that is the job's end, whatever mpirun made of its own
 # (a signal passed on while it shuts down can make it exit 1)
-[[ $(sed -n 2p "$status_file" 2>/dev/null) == 75 ]] && rc=75
+[[ -n "$status_file" && $(sed -n 2p "$status_file" 2>/dev/null) == 75 ]] && rc=75
 exit "$rc"

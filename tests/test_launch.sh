@@ -159,6 +159,17 @@ EOF
     done
     [[ -z $(find "$d" -maxdepth 1 -name 'spotune-exit.*') ]]
     check "launch.sh removes its status file" $? "$(ls "$d")"
+    # no status file where TMPDIR cannot hold one: said, and the stop is 75 still
+    "${mpienv[@]}" TMPDIR="$d/no-such-dir" SPOTUNE_SIGKILL_TIMEOUT=1 "$launch" -g 2 --tcp -- \
+        "$spotune" train "$d/run.yaml" --set run.dir="$d/notmp" >"$d/notmp.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1200); do trained "$d/notmp" && break; sleep 0.1; done
+    kill -USR1 "$pid"
+    wait "$pid"
+    rc=$?
+    out=$(grep -v '^step ' "$d/notmp.log")
+    [[ $rc -eq 75 ]] && has "$out" "launch.sh: cannot make a status file in $d/no-such-dir"
+    check "no status file (TMPDIR not a directory): said, and exit 75" $? "rc $rc: $out"
     # plain mpirun, a status file with another nonce, then none
     echo other >"$d/status"
     for v in "SPOTUNE_EXIT_STATUS_FILE=$d/status" "SPOTUNE_EXIT_STATUS_FILE=$d/none"; do
