@@ -170,6 +170,26 @@ EOF
     out=$(grep -v '^step ' "$d/notmp.log")
     [[ $rc -eq 75 ]] && has "$out" "launch.sh: cannot make a status file in $d/no-such-dir"
     check "no status file (TMPDIR not a directory): said, and exit 75" $? "rc $rc: $out"
+    # a second SIGTERM: passed on to mpirun as SIGTERM, which ends ranks that
+    # ignore the stop (here a stand-in that ignores SIGUSR1)
+    "${mpienv[@]}" TMPDIR="$d" SPOTUNE_SIGKILL_TIMEOUT=1 "$launch" -g 2 --tcp -- \
+        sh -c 'trap "" USR1; echo up; while :; do sleep 0.1; done' >"$d/second.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do [[ $(grep -c '^up' "$d/second.log") -eq 2 ]] && break; sleep 0.1; done
+    kill -TERM "$pid"
+    sleep 1
+    alive=0
+    kill -0 "$pid" 2>/dev/null && alive=1
+    t0=$(date +%s%N)
+    kill -TERM "$pid"
+    wait "$pid"
+    rc=$?
+    dt=$((($(date +%s%N) - t0) / 1000000))
+    out=$(cat "$d/second.log")
+    ((alive && rc != 0 && rc != 75 && dt < 15000)) &&
+        [[ $(grep -c "asking the ranks to checkpoint and stop" <<<"$out") -eq 1 ]]
+    check "a second SIGTERM has mpirun end ranks that ignore the stop (exit $rc, ${dt} ms)" $? \
+        "alive after the first: $alive; $out"
     # plain mpirun, a status file with another nonce, then none
     echo other >"$d/status"
     for v in "SPOTUNE_EXIT_STATUS_FILE=$d/status" "SPOTUNE_EXIT_STATUS_FILE=$d/none"; do
