@@ -91,12 +91,20 @@ Test(lease, a_conditional_put_replaces_only_what_was_read_on_file)
     tu_file_store_close(&f);
 }
 
-Test(lease, a_conditional_put_replaces_only_what_was_read_on_s3)
+/* tu_check_put_if on the fake endpoint answering conditions so; the fake
+ * is left running for the caller to read its request log. */
+static fake_s3 fake_checked(const char *conditions)
 {
-    fake_s3 f = fake_start("honour", 0);
+    fake_s3 f = fake_start(conditions, 0);
     store_t *st = fake_store(&f);
     tu_check_put_if(st);
     store_close(st);
+    return f;
+}
+
+Test(lease, a_conditional_put_replaces_only_what_was_read_on_s3)
+{
+    fake_s3 f = fake_checked("honour");
     cr_expect_eq(requests_with(&f, " If-Match:\""), 3, "If-Match was not sent for each replace");
     cr_expect_eq(requests_with(&f, " If-None-Match:*"), 2, "If-None-Match was not sent");
     fake_stop(&f);
@@ -107,10 +115,7 @@ Test(lease, a_conditional_put_replaces_only_what_was_read_on_s3)
  * per store handle. */
 Test(lease, a_store_without_conditional_puts_gets_the_head_check)
 {
-    fake_s3 f = fake_start("501", 0);
-    store_t *st = fake_store(&f);
-    tu_check_put_if(st);
-    store_close(st);
+    fake_s3 f = fake_checked("501");
     cr_expect_eq(requests_with(&f, " If-Match:\""), 1, "the 501 to If-Match was not remembered");
     cr_expect_eq(requests_with(&f, " If-None-Match:*"), 1,
                  "the 501 to If-None-Match was not remembered");
